@@ -1,0 +1,43 @@
+"""The memory layers as plain synchronous classes (no threads; actors serialise access)."""
+
+if __name__ != "memstrata.layers":  # nothing generic may be importable at top level
+    raise ImportError("import memstrata.layers, not layers: memstrata's folders live under the memstrata package")
+
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._blackboard import BlackboardState
+    from ._episodic import Episode, EpisodeHit, EpisodicMemory
+    from ._files import Codebase, FileHit, MemoryFiles, SyncStats
+    from ._knowledge import KnowledgeEntry, KnowledgeHit, KnowledgeStore
+    from ._working import WorkingMemory
+
+_LAZY = {
+    "KnowledgeStore": "._knowledge",
+    "KnowledgeEntry": "._knowledge",
+    "KnowledgeHit": "._knowledge",
+    "EpisodicMemory": "._episodic",
+    "Episode": "._episodic",
+    "EpisodeHit": "._episodic",
+    "MemoryFiles": "._files",
+    "Codebase": "._files",
+    "FileHit": "._files",
+    "SyncStats": "._files",
+    "WorkingMemory": "._working",
+    "BlackboardState": "._blackboard",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'memstrata.layers' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,116 @@
+"""memstrata: layered memory for multi-agent orchestrators.
+
+Public names are imported lazily so that ``import memstrata`` stays cheap (the CLI and the
+JSON-lines server start fast) and the embedding model loads only when first needed.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path as _Path
+from typing import TYPE_CHECKING, Any
+
+# In a source checkout (e.g. ``python -c`` run from the repository root) the sibling folders
+# ``storage/``, ``layers/``, ... are this package's subpackages, as the installed mapping says.
+_root = _Path(__file__).resolve().parent.parent
+if not (_Path(__file__).parent / "storage").is_dir() and (_root / "storage" / "__init__.py").is_file():
+    __path__.append(str(_root))
+
+from .config import Config
+from .errors import (
+    ActorCrashedError,
+    AgentDegradedError,
+    ArchiveError,
+    ConfigError,
+    DatabaseBusyError,
+    EmbedderUnavailableError,
+    EmbeddingError,
+    InvalidInputError,
+    MemstrataError,
+    PathOutsideRootError,
+    SchemaMismatchError,
+    StorageError,
+    SystemStoppedError,
+)
+
+if TYPE_CHECKING:
+    from memstrata.layers import (
+        Codebase,
+        Episode,
+        EpisodeHit,
+        EpisodicMemory,
+        FileHit,
+        KnowledgeEntry,
+        KnowledgeHit,
+        KnowledgeStore,
+        MemoryFiles,
+        SyncStats,
+    )
+    from memstrata.storage import Embedder, FastEmbedEmbedder, default_embedder
+
+    from ._system import Agent, Blackboard, MemorySystem, Subscription
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "KnowledgeStore": "memstrata.layers",
+    "KnowledgeEntry": "memstrata.layers",
+    "KnowledgeHit": "memstrata.layers",
+    "EpisodicMemory": "memstrata.layers",
+    "Episode": "memstrata.layers",
+    "EpisodeHit": "memstrata.layers",
+    "MemoryFiles": "memstrata.layers",
+    "Codebase": "memstrata.layers",
+    "FileHit": "memstrata.layers",
+    "SyncStats": "memstrata.layers",
+    "Embedder": "memstrata.storage",
+    "FastEmbedEmbedder": "memstrata.storage",
+    "default_embedder": "memstrata.storage",
+    "MemorySystem": "memstrata._system",
+    "Agent": "memstrata._system",
+    "Blackboard": "memstrata._system",
+    "Subscription": "memstrata._system",
+}
+
+__all__ = [
+    "ActorCrashedError",
+    "Agent",
+    "AgentDegradedError",
+    "ArchiveError",
+    "Blackboard",
+    "Codebase",
+    "Config",
+    "ConfigError",
+    "DatabaseBusyError",
+    "Embedder",
+    "EmbedderUnavailableError",
+    "EmbeddingError",
+    "Episode",
+    "EpisodeHit",
+    "EpisodicMemory",
+    "FastEmbedEmbedder",
+    "FileHit",
+    "InvalidInputError",
+    "KnowledgeEntry",
+    "KnowledgeHit",
+    "KnowledgeStore",
+    "MemoryFiles",
+    "MemorySystem",
+    "MemstrataError",
+    "PathOutsideRootError",
+    "SchemaMismatchError",
+    "StorageError",
+    "Subscription",
+    "SyncStats",
+    "SystemStoppedError",
+    "default_embedder",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'memstrata' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

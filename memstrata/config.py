@@ -1,0 +1,269 @@
+"""Configuration: dataclasses loaded from TOML, then the environment, then explicit arguments.
+
+Lookup order for the file: ``--config``/``path``, ``./memstrata.toml``,
+``~/.config/memstrata/config.toml``. Unknown keys and bad values raise :class:`ConfigError`
+naming the key. ``[agents.<id>]`` tables override agent settings per agent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from memstrata.errors import ConfigError
+
+__all__ = [
+    "AgentConfig",
+    "ChunkingConfig",
+    "Config",
+    "EmbeddingConfig",
+    "EpisodicConfig",
+    "FilesConfig",
+    "SearchConfig",
+    "default_data_dir",
+]
+
+
+def default_data_dir() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("memstrata"))
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingConfig:
+    model: str = "default"  # "default" = the packaged offline model; a fastembed name or a directory
+    dim: int | None = None  # required for a model directory
+    threads: int | None = None
+    batch_size: int = 64
+    max_batch_wait_ms: float = 2.0  # how long the shared embedding service waits to fill a batch
+
+
+@dataclass(frozen=True, slots=True)
+class SearchConfig:
+    max_results: int = 6  # file search
+    top_k: int = 10  # knowledge and episodic search
+    min_score: float = 0.35  # cosine floor for the semantic side of file search
+    snippet_chars: int = 700
+    rrf_k: int = 60
+    vector_weight: float = 1.0
+    keyword_weight: float = 1.0
+    depth: int = 50  # candidates per list before fusion
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkingConfig:
+    tokens: int = 400
+    overlap: int = 80
+
+
+@dataclass(frozen=True, slots=True)
+class FilesConfig:
+    extra_paths: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ("IDENTITY.md", "SOUL.md", "USER.md", "AGENTS.md", "TOOLS.md")
+    code_extensions: tuple[str, ...] = (
+        ".py", ".rs", ".ts", ".tsx", ".js", ".jsx", ".cs", ".go", ".java",
+        ".md", ".toml", ".json", ".yaml", ".yml",
+    )  # fmt: skip
+    pruned_dirs: tuple[str, ...] = (
+        ".git", "node_modules", "__pycache__", "bin", "obj", "target", "dist", "build", ".venv", "venv",
+    )  # fmt: skip
+    max_file_bytes: int = 2_000_000
+    watch_debounce_ms: int = 1500
+    sync_interval_s: float | None = None
+    lazy_sync_wait_s: float = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodicConfig:
+    recency_half_life_s: float | None = None
+    retention_max_count: int | None = None
+    retention_max_age_s: float | None = None
+    archive_dir: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    retrieval_timeout_s: float = 5.0
+    retrieval_top_k: int = 5
+    include_shared: bool = True
+    clear_working_memory_on_task_end: bool = True
+    recent_episodes_in_prompt: int = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    data_dir: Path = field(default_factory=default_data_dir)
+    max_content_bytes: int = 4_000_000
+    embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
+    chunking: ChunkingConfig = field(default_factory=ChunkingConfig)
+    files: FilesConfig = field(default_factory=FilesConfig)
+    episodic: EpisodicConfig = field(default_factory=EpisodicConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    agents: Mapping[str, AgentConfig] = field(default_factory=dict)
+
+    def for_agent(self, agent_id: str) -> AgentConfig:
+        return self.agents.get(agent_id, self.agent)
+
+    @classmethod
+    def load(
+        cls,
+        path: str | Path | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        **overrides: Any,
+    ) -> Config:
+        """File, then environment (``MEMSTRATA_*``), then ``overrides`` (dotted keys allowed as ``a__b``)."""
+        env = os.environ if env is None else env
+        data: dict[str, Any] = {}
+        source = _find_file(path, env)
+        if source is not None:
+            try:
+                data = tomllib.loads(source.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ConfigError(f"cannot read config file {source}: {exc}") from exc
+            except tomllib.TOMLDecodeError as exc:
+                raise ConfigError(f"config file {source} is not valid TOML: {exc}") from exc
+        for key, value in env.items():
+            if key.startswith("MEMSTRATA_") and key not in _NOT_CONFIG_ENV:
+                _set_dotted(data, key[len("MEMSTRATA_") :].lower().replace("__", "."), value, from_env=True)
+        for key, value in overrides.items():
+            if value is not None:
+                _set_dotted(data, key.replace("__", "."), value, from_env=False)
+        where = str(source) if source else "configuration"
+        return cls.from_mapping(data, where=where)
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], *, where: str = "configuration") -> Config:
+        agents_raw = data.get("agents", {})
+        base = {k: v for k, v in data.items() if k != "agents"}
+        config = _build(cls, base, "", where)
+        if not isinstance(agents_raw, Mapping):
+            raise ConfigError(f"{where}: 'agents' must be a table of agent ids")
+        agents = {
+            str(agent_id): _build(AgentConfig, values, f"agents.{agent_id}.", where, base=config.agent)
+            for agent_id, values in agents_raw.items()
+        }
+        return replace(config, agents=agents)
+
+
+_NOT_CONFIG_ENV = {"MEMSTRATA_MODEL_DIR", "MEMSTRATA_CONFIG", "MEMSTRATA_DEBUG"}
+
+
+def _find_file(path: str | Path | None, env: Mapping[str, str]) -> Path | None:
+    if path is None and env.get("MEMSTRATA_CONFIG"):
+        path = env["MEMSTRATA_CONFIG"]
+    if path is not None:
+        candidate = Path(path).expanduser()
+        if not candidate.is_file():
+            raise ConfigError(f"config file {candidate} does not exist")
+        return candidate
+    for candidate in (Path.cwd() / "memstrata.toml", Path.home() / ".config" / "memstrata" / "config.toml"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any, *, from_env: bool) -> None:
+    parts = dotted.split(".")
+    node = data
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"config key {dotted!r}: {part!r} is not a table")
+    node[parts[-1]] = _EnvValue(value) if from_env else value
+
+
+class _EnvValue(str):
+    """A string from the environment: converted to the field's type, not type-checked as str."""
+
+
+def _build(cls: Any, data: Any, prefix: str, where: str, base: Any = None) -> Any:
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where}: {prefix.rstrip('.') or 'config'} must be a table")
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in fields(cls) if f.name != "agents"}
+    values: dict[str, Any] = {}
+    for key, raw in data.items():
+        if key not in known:
+            raise ConfigError(f"{where}: unknown config key {prefix + key!r}")
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint):
+            values[key] = _build(hint, raw, f"{prefix}{key}.", where, base=getattr(base, key, None))
+        else:
+            values[key] = _convert(raw, hint, prefix + key, where)
+    start = base if base is not None else cls()
+    return replace(start, **values)
+
+
+def _convert(raw: Any, hint: Any, key: str, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if isinstance(raw, _EnvValue) and raw.lower() in ("", "none", "null"):
+            if type(None) in args:
+                return None
+        if raw is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _convert(raw, inner[0], key, where)
+    try:
+        if hint is Path:
+            if not isinstance(raw, str | Path):
+                raise TypeError
+            return Path(raw).expanduser()
+        if hint is bool:
+            if isinstance(raw, _EnvValue):
+                lowered = raw.lower()
+                if lowered in ("1", "true", "yes", "on"):
+                    return True
+                if lowered in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError
+            if not isinstance(raw, bool):
+                raise TypeError
+            return raw
+        if hint is int:
+            if isinstance(raw, bool) or not isinstance(raw, int | str):
+                raise TypeError
+            value = int(raw) if isinstance(raw, _EnvValue) else raw
+            if not isinstance(value, int) or value < 0:
+                raise ValueError
+            return value
+        if hint is float:
+            if isinstance(raw, bool) or not isinstance(raw, int | float | str):
+                raise TypeError
+            value = float(raw) if isinstance(raw, _EnvValue) else raw
+            if not isinstance(value, int | float) or value != value or value < 0:
+                raise ValueError
+            return float(value)
+        if hint is str:
+            if not isinstance(raw, str):
+                raise TypeError
+            return str(raw)
+        if origin is tuple:
+            items = raw.split(",") if isinstance(raw, _EnvValue) else raw
+            if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
+                raise TypeError
+            return tuple(i.strip() for i in items if i.strip())
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: config key {key!r} has invalid value {raw!r} (expected {_name(hint)})") from exc
+    raise ConfigError(f"{where}: config key {key!r} has an unsupported type")  # pragma: no cover
+
+
+def _name(hint: Any) -> str:
+    if hint is float:
+        return "a non-negative number"
+    if hint is int:
+        return "a non-negative integer"
+    if typing.get_origin(hint) is tuple:
+        return "a list of strings"
+    return getattr(hint, "__name__", str(hint))

@@ -1,0 +1,65 @@
+"""The SQLite engine: connections, migrations, vectors, full text, fusion, embeddings."""
+
+if __name__ != "memstrata.storage":  # nothing generic may be importable at top level
+    raise ImportError("import memstrata.storage, not storage: memstrata's folders live under the memstrata package")
+
+
+from ._connection import Database, DriverInfo, disable_vec_for_tests, driver_info, open_database
+from ._embedding import (
+    DEFAULT_MODEL_ID,
+    Embedder,
+    EmbeddingCache,
+    FastEmbedEmbedder,
+    default_embedder,
+    default_model_dir,
+    embed_documents,
+    embed_query,
+    load_embedder,
+    text_hash,
+)
+from ._fulltext import KeywordQuery, build_keyword_query, fts_schema, identifier_words, keyword_terms
+from ._fusion import DEFAULT_RRF_K, Fused, match_type, rrf
+from ._hybrid import Filter, Mode, RankedId, SearchParams, hybrid_search, keyword_search, validate_mode
+from ._migrations import EmbeddingMismatch, Migration, apply_migrations, embedding_mismatch, get_meta, set_meta
+from ._vectors import VectorHit, VectorIndex
+
+__all__ = [
+    "DEFAULT_MODEL_ID",
+    "DEFAULT_RRF_K",
+    "Database",
+    "DriverInfo",
+    "Embedder",
+    "EmbeddingCache",
+    "EmbeddingMismatch",
+    "FastEmbedEmbedder",
+    "Filter",
+    "Fused",
+    "KeywordQuery",
+    "Migration",
+    "Mode",
+    "RankedId",
+    "SearchParams",
+    "VectorHit",
+    "VectorIndex",
+    "apply_migrations",
+    "build_keyword_query",
+    "default_embedder",
+    "default_model_dir",
+    "disable_vec_for_tests",
+    "driver_info",
+    "embed_documents",
+    "embed_query",
+    "embedding_mismatch",
+    "fts_schema",
+    "get_meta",
+    "hybrid_search",
+    "identifier_words",
+    "keyword_search",
+    "keyword_terms",
+    "load_embedder",
+    "match_type",
+    "open_database",
+    "rrf",
+    "set_meta",
+    "text_hash",
+]

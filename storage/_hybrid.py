@@ -1,0 +1,173 @@
+"""Hybrid retrieval shared by every layer: vector KNN + FTS5 keyword search, fused with RRF.
+
+A layer owns a content table (integer primary key ``id``) indexed by :func:`fts_schema` and a
+:class:`VectorIndex` keyed by the same ids. It describes its filters once, as SQL that selects
+the allowed ids plus equality filters on vector metadata columns, and this module runs both
+searches on exactly that set, so filtered results are exact, never over-fetched and post-filtered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from memstrata.errors import InvalidInputError
+
+from ._connection import Database
+from ._fulltext import KeywordQuery, build_keyword_query
+from ._fusion import DEFAULT_RRF_K, match_type, rrf
+from ._vectors import VectorIndex
+
+__all__ = ["Filter", "Mode", "RankedId", "SearchParams", "hybrid_search", "keyword_search", "validate_mode"]
+
+Mode = Literal["hybrid", "vector", "keyword"]
+MODES = ("hybrid", "vector", "keyword")
+
+
+def validate_mode(mode: object) -> Mode:
+    if mode not in MODES:
+        raise InvalidInputError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
+    return mode  # type: ignore[return-value]
+
+
+@dataclass(frozen=True, slots=True)
+class Filter:
+    """Which rows may match: ``sql`` selects allowed ids (or ``None`` for all rows),
+    ``where`` holds equality filters on vector metadata columns that ``sql`` also applies."""
+
+    sql: str | None = None
+    params: tuple[Any, ...] = ()
+    where: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def empty(self) -> bool:
+        return self.sql is None
+
+
+@dataclass(frozen=True, slots=True)
+class SearchParams:
+    top_k: int = 10
+    mode: Mode = "hybrid"
+    depth: int = 50  # candidates taken from each list before fusion (independent of top_k)
+    rrf_k: int = DEFAULT_RRF_K
+    vector_weight: float = 1.0
+    keyword_weight: float = 1.0
+    min_similarity: float | None = None  # drops semantic candidates below it; never keyword hits
+
+
+@dataclass(frozen=True, slots=True)
+class RankedId:
+    id: int
+    score: float  # 0..1
+    match_type: str
+    vector_rank: int | None
+    keyword_rank: int | None
+    similarity: float | None
+
+
+def keyword_search(
+    db: Database,
+    table: str,
+    columns: Sequence[str],
+    query: KeywordQuery,
+    limit: int,
+    flt: Filter,
+    *,
+    column_weights: Sequence[float] | None = None,
+) -> list[int]:
+    """Ids ranked by BM25 (words), trigram match (CJK) and LIKE (short CJK), fused by RRF."""
+    if query.empty or limit <= 0:
+        return []
+    restrict = f" AND rowid IN ({flt.sql})" if flt.sql else ""
+    params = tuple(flt.params)
+    weights = ", ".join(str(float(w)) for w in (column_weights or [1.0] * len(columns)))
+    lists: list[list[int]] = []
+    if query.words:
+        sql = (
+            f"SELECT rowid FROM {table}_fts WHERE {table}_fts MATCH ?{restrict} "
+            f"ORDER BY bm25({table}_fts, {weights}) LIMIT ?"
+        )
+        lists.append([r[0] for r in db.query(sql, (query.words, *params, limit))])
+    if query.cjk:
+        sql = (
+            f"SELECT rowid FROM {table}_tri WHERE {table}_tri MATCH ?{restrict} "
+            f"ORDER BY bm25({table}_tri) LIMIT ?"
+        )
+        lists.append([r[0] for r in db.query(sql, (query.cjk, *params, limit))])
+    if query.cjk_short:
+        likes = " OR ".join(f"{c} LIKE ?" for c in columns for _ in query.cjk_short)
+        like_params = [f"%{run}%" for _ in columns for run in query.cjk_short]
+        restrict_id = f" AND id IN ({flt.sql})" if flt.sql else ""
+        sql = f"SELECT id FROM {table} WHERE ({likes}){restrict_id} ORDER BY id DESC LIMIT ?"
+        lists.append([r[0] for r in db.query(sql, (*like_params, *params, limit))])
+    if len(lists) == 1:
+        return lists[0]
+    return [f.key for f in rrf(lists)][:limit]
+
+
+def hybrid_search(
+    db: Database,
+    *,
+    table: str,
+    columns: Sequence[str],
+    vectors: VectorIndex | None,
+    query_vector: npt.NDArray[np.float32] | None,
+    query_text: str,
+    params: SearchParams,
+    flt: Filter,
+    column_weights: Sequence[float] | None = None,
+) -> list[RankedId]:
+    """Top ``params.top_k`` ids for a query, best first. ``vectors``/``query_vector`` may be
+    ``None`` (keyword-only mode); the keyword side is skipped in ``"vector"`` mode."""
+    if params.top_k <= 0:
+        return []
+    depth = max(params.depth, params.top_k)
+    use_vectors = params.mode != "keyword" and vectors is not None and query_vector is not None
+    use_keywords = params.mode != "vector"
+
+    candidates: list[int] | None = None
+    if use_vectors and flt.sql is not None:
+        candidates = [r[0] for r in db.query(flt.sql, flt.params)]
+
+    vector_hits = []
+    if use_vectors:
+        assert vectors is not None and query_vector is not None
+        vector_hits = vectors.search(query_vector, depth, where=flt.where, candidates=candidates)
+        if params.min_similarity is not None:
+            vector_hits = [h for h in vector_hits if h.similarity >= params.min_similarity]
+    similarity = {h.rowid: h.similarity for h in vector_hits}
+
+    keyword_ids: list[int] = []
+    if use_keywords:
+        keyword_ids = keyword_search(
+            db, table, columns, build_keyword_query(query_text), depth, flt, column_weights=column_weights
+        )
+
+    if params.mode == "vector":
+        lists, weights = [[h.rowid for h in vector_hits]], [1.0]
+    elif params.mode == "keyword" or not use_vectors:
+        lists, weights = [keyword_ids], [1.0]
+    else:
+        lists = [[h.rowid for h in vector_hits], keyword_ids]
+        weights = [params.vector_weight, params.keyword_weight]
+    fused = rrf(lists, k=params.rrf_k, weights=weights)[: params.top_k]
+
+    results = []
+    for f in fused:
+        if params.mode == "vector":
+            vrank, krank = f.ranks[0], None
+        elif len(f.ranks) == 1:
+            vrank, krank = None, f.ranks[0]
+        else:
+            vrank, krank = f.ranks
+        sim = similarity.get(f.key)
+        if sim is None and vectors is not None and query_vector is not None and vectors.available:
+            stored = vectors.get(f.key)
+            if stored is not None:
+                sim = float(stored @ query_vector)
+        results.append(RankedId(f.key, f.score, match_type(vrank, krank), vrank, krank, sim))
+    return results
