@@ -1,4 +1,4 @@
 """memstrata.actors"""
 
 if __name__ != "memstrata.actors":  # nothing generic may be importable at top level
-    raise ImportError("import memstrata.actors, not actors: memstrata's folders live under the memstrata package")
+    raise ImportError(f"import memstrata.actors, not {__name__}: it is part of the memstrata package")

@@ -1,4 +1,4 @@
 """memstrata.bridges"""
 
 if __name__ != "memstrata.bridges":  # nothing generic may be importable at top level
-    raise ImportError("import memstrata.bridges, not bridges: memstrata's folders live under the memstrata package")
+    raise ImportError(f"import memstrata.bridges, not {__name__}: it is part of the memstrata package")

@@ -1,10 +1,9 @@
 """The memory layers as plain synchronous classes (no threads; actors serialise access)."""
 
-if __name__ != "memstrata.layers":  # nothing generic may be importable at top level
-    raise ImportError("import memstrata.layers, not layers: memstrata's folders live under the memstrata package")
-
-
 from __future__ import annotations
+
+if __name__ != "memstrata.layers":  # nothing generic may be importable at top level
+    raise ImportError(f"import memstrata.layers, not {__name__}: it is part of the memstrata package")
 
 import importlib
 from typing import TYPE_CHECKING, Any
@@ -31,7 +30,20 @@ _LAZY = {
     "BlackboardState": "._blackboard",
 }
 
-__all__ = sorted(_LAZY)
+__all__ = [
+    "BlackboardState",
+    "Codebase",
+    "Episode",
+    "EpisodeHit",
+    "EpisodicMemory",
+    "FileHit",
+    "KnowledgeEntry",
+    "KnowledgeHit",
+    "KnowledgeStore",
+    "MemoryFiles",
+    "SyncStats",
+    "WorkingMemory",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -16,8 +16,8 @@ _root = _Path(__file__).resolve().parent.parent
 if not (_Path(__file__).parent / "storage").is_dir() and (_root / "storage" / "__init__.py").is_file():
     __path__.append(str(_root))
 
-from .config import Config
-from .errors import (
+from .config import Config  # noqa: E402
+from .errors import (  # noqa: E402
     ActorCrashedError,
     AgentDegradedError,
     ArchiveError,

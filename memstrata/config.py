@@ -208,9 +208,8 @@ def _convert(raw: Any, hint: Any, key: str, where: str) -> Any:
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
-        if isinstance(raw, _EnvValue) and raw.lower() in ("", "none", "null"):
-            if type(None) in args:
-                return None
+        if isinstance(raw, _EnvValue) and raw.lower() in ("", "none", "null") and type(None) in args:
+            return None
         if raw is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
@@ -255,7 +254,9 @@ def _convert(raw: Any, hint: Any, key: str, where: str) -> Any:
                 raise TypeError
             return tuple(i.strip() for i in items if i.strip())
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}: config key {key!r} has invalid value {raw!r} (expected {_name(hint)})") from exc
+        raise ConfigError(
+            f"{where}: config key {key!r} has invalid value {raw!r} (expected {_name(hint)})"
+        ) from exc
     raise ConfigError(f"{where}: config key {key!r} has an unsupported type")  # pragma: no cover
 
 

@@ -1,8 +1,7 @@
 """The SQLite engine: connections, migrations, vectors, full text, fusion, embeddings."""
 
 if __name__ != "memstrata.storage":  # nothing generic may be importable at top level
-    raise ImportError("import memstrata.storage, not storage: memstrata's folders live under the memstrata package")
-
+    raise ImportError(f"import memstrata.storage, not {__name__}: it is part of the memstrata package")
 
 from ._connection import Database, DriverInfo, disable_vec_for_tests, driver_info, open_database
 from ._embedding import (
@@ -20,7 +19,14 @@ from ._embedding import (
 from ._fulltext import KeywordQuery, build_keyword_query, fts_schema, identifier_words, keyword_terms
 from ._fusion import DEFAULT_RRF_K, Fused, match_type, rrf
 from ._hybrid import Filter, Mode, RankedId, SearchParams, hybrid_search, keyword_search, validate_mode
-from ._migrations import EmbeddingMismatch, Migration, apply_migrations, embedding_mismatch, get_meta, set_meta
+from ._migrations import (
+    EmbeddingMismatch,
+    Migration,
+    apply_migrations,
+    embedding_mismatch,
+    get_meta,
+    set_meta,
+)
 from ._vectors import VectorHit, VectorIndex
 
 __all__ = [
@@ -62,4 +68,5 @@ __all__ = [
     "rrf",
     "set_meta",
     "text_hash",
+    "validate_mode",
 ]

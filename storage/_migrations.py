@@ -29,7 +29,8 @@ def get_meta(db: Database, key: str) -> str | None:
 
 def set_meta(db: Database, key: str, value: str | int) -> None:
     db.execute(
-        "INSERT INTO metadata(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+        "INSERT INTO metadata(key, value) VALUES (?, ?) "
+        "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
         (key, str(value)),
     )
 
@@ -42,7 +43,9 @@ def apply_migrations(db: Database, kind: str, migrations: Sequence[Migration]) -
         if existing_kind is None:
             set_meta(db, "schema_kind", kind)
         elif existing_kind != kind:
-            raise SchemaMismatchError(f"database {db.path} is a {existing_kind!r} store, not a {kind!r} store")
+            raise SchemaMismatchError(
+                f"database {db.path} is a {existing_kind!r} store, not a {kind!r} store"
+            )
     version = int(get_meta(db, "schema_version") or 0)
     if version > len(migrations):
         raise SchemaMismatchError(

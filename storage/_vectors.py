@@ -72,7 +72,9 @@ class _Mirror:
             vocab[value] = len(vocab)
         return vocab[value]
 
-    def put_many(self, rowids: Sequence[int], vectors: FloatArray, metas: Sequence[Mapping[str, Any]]) -> None:
+    def put_many(
+        self, rowids: Sequence[int], vectors: FloatArray, metas: Sequence[Mapping[str, Any]]
+    ) -> None:
         for rowid in rowids:
             self.remove(rowid)
         start = self.size
@@ -214,7 +216,8 @@ class VectorIndex:
         else:
             cols = "".join(f", {c} {t}" for c, t in self.metadata.items())
             self.db.execute(
-                f"CREATE TABLE IF NOT EXISTS {self.table} (rowid INTEGER PRIMARY KEY, embedding BLOB NOT NULL{cols})"
+                f"CREATE TABLE IF NOT EXISTS {self.table} "
+                f"(rowid INTEGER PRIMARY KEY, embedding BLOB NOT NULL{cols})"
             )
 
     def reset(self, dim: int) -> None:
@@ -234,7 +237,8 @@ class VectorIndex:
     def _require(self) -> None:
         if not self.available:
             raise StorageError(
-                f"vector table {self.table} needs sqlite-vec, which could not be loaded ({self.db.vec_reason})"
+                f"vector table {self.table} needs sqlite-vec, which could not be loaded "
+                f"({self.db.vec_reason})"
             )
 
     # -- writes --------------------------------------------------------------------------------
@@ -376,7 +380,9 @@ class VectorIndex:
             rows = cursor.fetchmany(8192)
             if not rows:
                 break
-            vectors = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), self.dim)
+            vectors = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(
+                len(rows), self.dim
+            )
             metas = [dict(zip(self.metadata, r[2:], strict=True)) for r in rows]
             mirror.put_many([int(r[0]) for r in rows], vectors, metas)
         return mirror
