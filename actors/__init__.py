@@ -1,4 +1,55 @@
-"""memstrata.actors"""
+"""memstrata.actors: the pykka actor tree behind :class:`memstrata.MemorySystem`.
+
+Most users never import this package: the facade hides it. Orchestrators that want the pieces
+(a clock for simulations, the batching embedder, the prompt builder) find them here.
+"""
 
 if __name__ != "memstrata.actors":  # nothing generic may be importable at top level
     raise ImportError(f"import memstrata.actors, not {__name__}: it is part of the memstrata package")
+
+from ._agent import AgentActor
+from ._base import MemoryActor, Supervision
+from ._blackboard import BlackboardActor
+from ._clock import Clock, ManualClock, SystemClock
+from ._embedding import BatchingEmbedder, EmbeddingStats
+from ._prompt import build_prompt, fallback_prompt, merge_hits, xml_attr, xml_name, xml_text
+from ._runtime import Runtime, StopReport, route
+from ._stores import EpisodicActor, KnowledgeStoreActor, LayerStores, StoreFactory, WorkingMemoryActor
+from ._supervisors import (
+    AgentSupervisor,
+    BlackboardSupervisor,
+    KnowledgeSupervisor,
+    MemorySupervisor,
+    Supervisor,
+)
+
+__all__ = [
+    "AgentActor",
+    "AgentSupervisor",
+    "BatchingEmbedder",
+    "BlackboardActor",
+    "BlackboardSupervisor",
+    "Clock",
+    "EmbeddingStats",
+    "EpisodicActor",
+    "KnowledgeStoreActor",
+    "KnowledgeSupervisor",
+    "LayerStores",
+    "ManualClock",
+    "MemoryActor",
+    "MemorySupervisor",
+    "Runtime",
+    "StopReport",
+    "StoreFactory",
+    "Supervision",
+    "Supervisor",
+    "SystemClock",
+    "WorkingMemoryActor",
+    "build_prompt",
+    "fallback_prompt",
+    "merge_hits",
+    "route",
+    "xml_attr",
+    "xml_name",
+    "xml_text",
+]

@@ -8,6 +8,7 @@ naming the key. ``[agents.<id>]`` tables override agent settings per agent.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tomllib
 import types
@@ -20,7 +21,9 @@ from typing import Any
 from memstrata.errors import ConfigError
 
 __all__ = [
+    "ActorsConfig",
     "AgentConfig",
+    "BridgesConfig",
     "ChunkingConfig",
     "Config",
     "EmbeddingConfig",
@@ -96,6 +99,25 @@ class AgentConfig:
     include_shared: bool = True
     clear_working_memory_on_task_end: bool = True
     recent_episodes_in_prompt: int = 3
+    retrieval_min_score: float | None = 0.3  # cosine floor for semantic hits in prompts (keyword hits stay)
+
+
+@dataclass(frozen=True, slots=True)
+class ActorsConfig:
+    max_restarts: int = 3  # restarts of one actor within restart_window_s before its agent is degraded
+    restart_window_s: float = 60.0
+    ask_timeout_s: float = 30.0  # default bound on a request to an actor
+    stop_timeout_s: float = 30.0  # how long stop() waits for mailboxes to drain
+    embed_timeout_s: float = 120.0  # bound on one call of the shared embedding service
+    writeback_retries: int = 5  # retries of a failed write-back before it waits for the next start
+    blackboard_snapshot: bool = False  # save blackboards to blackboard/{session}.sqlite on stop, load on start
+
+
+@dataclass(frozen=True, slots=True)
+class BridgesConfig:
+    agent_id: str = "default"  # the agent LLM tools and MCP use when a call names none
+    workers: int = 4  # `memstrata serve` thread pool
+    max_line_bytes: int = 16 * 1024 * 1024  # longest request line `memstrata serve` accepts
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +130,8 @@ class Config:
     files: FilesConfig = field(default_factory=FilesConfig)
     episodic: EpisodicConfig = field(default_factory=EpisodicConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
+    actors: ActorsConfig = field(default_factory=ActorsConfig)
+    bridges: BridgesConfig = field(default_factory=BridgesConfig)
     agents: Mapping[str, AgentConfig] = field(default_factory=dict)
 
     def for_agent(self, agent_id: str) -> AgentConfig:
@@ -145,7 +169,7 @@ class Config:
     def from_mapping(cls, data: Mapping[str, Any], *, where: str = "configuration") -> Config:
         agents_raw = data.get("agents", {})
         base = {k: v for k, v in data.items() if k != "agents"}
-        config = _build(cls, base, "", where)
+        config: Config = _build(cls, base, "", where)
         if not isinstance(agents_raw, Mapping):
             raise ConfigError(f"{where}: 'agents' must be a table of agent ids")
         agents = {
@@ -186,6 +210,13 @@ class _EnvValue(str):
     """A string from the environment: converted to the field's type, not type-checked as str."""
 
 
+def _from_env(raw: Any, dotted: str) -> str:
+    """Names the environment variable a bad value came from, so the user knows where to look."""
+    if not isinstance(raw, _EnvValue):
+        return ""
+    return f" (from environment variable MEMSTRATA_{dotted.upper().replace('.', '__')})"
+
+
 def _build(cls: Any, data: Any, prefix: str, where: str, base: Any = None) -> Any:
     if not isinstance(data, Mapping):
         raise ConfigError(f"{where}: {prefix.rstrip('.') or 'config'} must be a table")
@@ -194,7 +225,7 @@ def _build(cls: Any, data: Any, prefix: str, where: str, base: Any = None) -> An
     values: dict[str, Any] = {}
     for key, raw in data.items():
         if key not in known:
-            raise ConfigError(f"{where}: unknown config key {prefix + key!r}")
+            raise ConfigError(f"{where}: unknown config key {prefix + key!r}{_from_env(raw, prefix + key)}")
         hint = hints[key]
         if dataclasses.is_dataclass(hint):
             values[key] = _build(hint, raw, f"{prefix}{key}.", where, base=getattr(base, key, None))
@@ -240,10 +271,10 @@ def _convert(raw: Any, hint: Any, key: str, where: str) -> Any:
         if hint is float:
             if isinstance(raw, bool) or not isinstance(raw, int | float | str):
                 raise TypeError
-            value = float(raw) if isinstance(raw, _EnvValue) else raw
-            if not isinstance(value, int | float) or value != value or value < 0:
+            number = float(raw) if isinstance(raw, _EnvValue) else raw
+            if not isinstance(number, int | float) or not math.isfinite(number) or number < 0:
                 raise ValueError
-            return float(value)
+            return float(number)
         if hint is str:
             if not isinstance(raw, str):
                 raise TypeError
@@ -256,6 +287,7 @@ def _convert(raw: Any, hint: Any, key: str, where: str) -> Any:
     except (TypeError, ValueError) as exc:
         raise ConfigError(
             f"{where}: config key {key!r} has invalid value {raw!r} (expected {_name(hint)})"
+            f"{_from_env(raw, key)}"
         ) from exc
     raise ConfigError(f"{where}: config key {key!r} has an unsupported type")  # pragma: no cover
 

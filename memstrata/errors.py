@@ -18,6 +18,7 @@ __all__ = [
     "InvalidInputError",
     "MemstrataError",
     "PathOutsideRootError",
+    "RequestTimeoutError",
     "SchemaMismatchError",
     "StorageError",
     "SystemStoppedError",
@@ -70,6 +71,13 @@ class ActorCrashedError(MemstrataError):
 
 class AgentDegradedError(ActorCrashedError):
     """An agent's actors crashed more often than the restart budget allows."""
+
+
+class RequestTimeoutError(MemstrataError, TimeoutError):
+    """A memory actor did not answer a request within its timeout.
+
+    The request is dropped if the actor had not started it yet; one already running completes.
+    """
 
 
 class SystemStoppedError(MemstrataError):

@@ -25,6 +25,8 @@ from ._migrations import (
     apply_migrations,
     embedding_mismatch,
     get_meta,
+    record_embedding,
+    schema_version,
     set_meta,
 )
 from ._vectors import VectorHit, VectorIndex
@@ -65,7 +67,9 @@ __all__ = [
     "load_embedder",
     "match_type",
     "open_database",
+    "record_embedding",
     "rrf",
+    "schema_version",
     "set_meta",
     "text_hash",
     "validate_mode",

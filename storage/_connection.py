@@ -18,9 +18,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from memstrata.errors import DatabaseBusyError, StorageError
+from memstrata.errors import DatabaseBusyError, InvalidInputError, StorageError
 
-__all__ = ["Database", "DriverInfo", "driver_info", "open_database"]
+__all__ = ["Database", "DriverInfo", "disable_vec_for_tests", "driver_info", "open_database", "split_sql"]
 
 DEFAULT_BUSY_TIMEOUT_MS = 5_000
 DEFAULT_LOCK_BOUND_S = 30.0
@@ -107,6 +107,21 @@ def _is_busy(exc: BaseException) -> bool:
     return "locked" in text or "busy" in text
 
 
+def split_sql(script: str) -> list[str]:
+    """Split a script into complete statements (a ``;`` inside a trigger body or string stays)."""
+    statements: list[str] = []
+    buffer = ""
+    for piece in script.split(";"):
+        buffer += piece + ";"
+        if _MODULE.complete_statement(buffer):
+            if buffer.strip(" \n\t\r;"):
+                statements.append(buffer.strip())
+            buffer = ""
+    if buffer.strip(" \n\t\r;"):
+        statements.append(buffer.strip())
+    return statements
+
+
 class Database:
     """One SQLite connection with memstrata's pragmas and a retrying write transaction.
 
@@ -128,11 +143,16 @@ class Database:
         self.read_only = read_only
         self.lock_bound_s = lock_bound_s
         self._in_tx = False
+        self._savepoints = 0
         self._rollback_hooks: list[Callable[[], None]] = []
+        # writes per vector table made through this connection: in-memory mirrors compare it,
+        # since ``PRAGMA data_version`` only changes for other connections' commits
+        self._vector_generations: dict[str, int] = {}
+        self.conn: Any = None
         try:
             if read_only:
-                uri = f"file:{self.path}?mode=ro"
-                self.conn: Any = _MODULE.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+                uri = self.path.resolve().as_uri() + "?mode=ro"
+                self.conn = _MODULE.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
             else:
                 if str(self.path) != ":memory:":
                     self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -145,32 +165,55 @@ class Database:
             self.conn.execute("PRAGMA temp_store = MEMORY")
             # touch the schema so a file that is not a database fails here, with its path
             self.conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
-        except _MODULE.Error as exc:
-            with contextlib.suppress(Exception):
-                self.conn.close()
-            raise StorageError(f"cannot open database {self.path}: {exc}") from exc
+        except (_MODULE.Error, StorageError, OSError) as exc:
+            if self.conn is not None:
+                with contextlib.suppress(Exception):
+                    self.conn.close()
+            reason = exc.__cause__ if isinstance(exc, StorageError) and exc.__cause__ else exc
+            if isinstance(exc, DatabaseBusyError):
+                raise
+            raise StorageError(f"cannot open database {self.path}: {reason}") from exc
         self.vec_version, self.vec_reason = _load_vec(self.conn) if load_vec else (None, "not requested")
         self.native_vectors = self.vec_version is not None
 
     # -- queries -------------------------------------------------------------------------------
 
     def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Any:
+        """One statement. Outside a transaction a busy database is retried like :meth:`transaction`
+        (an autocommit statement that failed as busy changed nothing, so running it again is safe)."""
         try:
             return self.conn.execute(sql, params)
         except _MODULE.Error as exc:
+            if _is_busy(exc) and not self._in_tx and not self.conn.in_transaction:
+                return self._retry_busy(lambda: self.conn.execute(sql, params))
             raise self._translate(exc) from exc
+        except UnicodeEncodeError as exc:
+            raise self._bad_text(exc) from exc
 
     def executemany(self, sql: str, rows: Any) -> Any:
         try:
             return self.conn.executemany(sql, rows)
         except _MODULE.Error as exc:
             raise self._translate(exc) from exc
+        except UnicodeEncodeError as exc:
+            raise self._bad_text(exc) from exc
 
     def executescript(self, sql: str) -> None:
-        try:
-            self.conn.executescript(sql)
-        except _MODULE.Error as exc:
-            raise self._translate(exc) from exc
+        """Run every statement of ``sql``; inside :meth:`transaction` they join it.
+
+        The driver's own ``executescript`` commits an open transaction first, which would
+        silently break a migration's atomicity, so statements are run one by one instead.
+        """
+        if not self._in_tx and not self.conn.in_transaction:
+            try:
+                self.conn.executescript(sql)
+            except _MODULE.Error as exc:
+                raise self._translate(exc) from exc
+            except UnicodeEncodeError as exc:
+                raise self._bad_text(exc) from exc
+            return
+        for statement in split_sql(sql):
+            self.execute(statement)
 
     def query(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[Any]:
         return list(self.execute(sql, params).fetchall())
@@ -183,9 +226,14 @@ class Database:
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Database]:
-        """``BEGIN IMMEDIATE`` ... ``COMMIT``; rolls back on any exception. Nested calls join."""
+        """``BEGIN IMMEDIATE`` ... ``COMMIT``; rolls back on any exception.
+
+        A nested call is a savepoint: an exception inside it undoes only its own writes (and runs
+        the rollback hooks, which must be idempotent), then propagates to the outer block.
+        """
         if self._in_tx:
-            yield self
+            with self._savepoint():
+                yield self
             return
         self._retry_busy(lambda: self.conn.execute("BEGIN IMMEDIATE"))
         self._in_tx = True
@@ -202,6 +250,25 @@ class Database:
             self._rolled_back()
             raise
         self._rollback_hooks.clear()
+
+    @contextlib.contextmanager
+    def _savepoint(self) -> Iterator[None]:
+        self._savepoints += 1
+        name = f"memstrata_sp{self._savepoints}"
+        try:
+            self.execute(f"SAVEPOINT {name}")
+            try:
+                yield
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    self.conn.execute(f"ROLLBACK TO {name}")
+                    self.conn.execute(f"RELEASE {name}")
+                for hook in list(self._rollback_hooks):  # kept: the outer block may still roll back
+                    hook()
+                raise
+            self.execute(f"RELEASE {name}")
+        finally:
+            self._savepoints -= 1
 
     def on_rollback(self, hook: Callable[[], None]) -> None:
         """Run ``hook`` if the current transaction rolls back (in-memory mirrors resync)."""
@@ -240,13 +307,37 @@ class Database:
             return DatabaseBusyError(f"database {self.path} is locked by another process: {exc}")
         return StorageError(f"database {self.path}: {exc}")
 
+    def _bad_text(self, exc: UnicodeEncodeError) -> InvalidInputError:
+        return InvalidInputError(
+            f"database {self.path}: a text parameter is not valid UTF-8 (lone surrogate at "
+            f"position {exc.start}); clean it before storing"
+        )
+
     def data_version(self) -> int:
         """Changes whenever another connection commits (used to refresh in-memory mirrors)."""
         return int(self.scalar("PRAGMA data_version"))
 
+    def driver_info(self) -> DriverInfo:
+        """The driver of this connection and whether sqlite-vec is loaded in it (and if not, why)."""
+        version = str(self.scalar("SELECT sqlite_version()"))
+        return DriverInfo(_MODULE.__name__, version, self.vec_version, self.native_vectors, self.vec_reason)
+
+    def pragmas(self) -> dict[str, Any]:
+        """The settings that matter for durability and concurrency, as SQLite reports them."""
+        return {
+            name: self.scalar(f"PRAGMA {name}")
+            for name in ("journal_mode", "synchronous", "busy_timeout", "foreign_keys")
+        }
+
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.conn.close()
+
+    def __enter__(self) -> Database:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def open_database(path: Path | str, **kwargs: Any) -> Database:

@@ -79,7 +79,8 @@ def text_hash(text: str) -> bytes:
 def _normalise(array: FloatArray) -> FloatArray:
     norms = np.linalg.norm(array, axis=-1, keepdims=True)
     norms[norms == 0] = 1.0
-    return (array / norms).astype(np.float32, copy=False)
+    unit: FloatArray = (array / norms).astype(np.float32, copy=False)
+    return unit
 
 
 # -- the default model, offline ----------------------------------------------------------------
@@ -132,14 +133,51 @@ _TOKENIZER_CONFIG = {
 }
 
 
+def _fingerprint(path: Path) -> list[int]:
+    info = path.stat()
+    return [info.st_size, info.st_mtime_ns]
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _link_atomic(source: Path, link: Path) -> None:
+    tmp = link.with_name(f".{link.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    try:
+        tmp.symlink_to(source)
+    except OSError:
+        shutil.copyfile(source, tmp)
+    os.replace(tmp, link)
+
+
 def default_model_dir() -> Path:
-    """Assemble (once) the fastembed model directory for the packaged default model."""
+    """Assemble (once) the fastembed model directory for the packaged default model.
+
+    The packaged files' sha256 are verified before the directory is (re)built, and again
+    whenever a file's size or modification time differs from the last verification.
+    """
     onnx, tokenizer = _packaged_files()
     target = _cache_root() / DEFAULT_MODEL_ID
     stamp = target / "memstrata-model.json"
-    expected = {"model": str(onnx), "tokenizer": str(tokenizer), "sha256": _MODEL_SHA256}
+    try:
+        expected = {
+            "model": str(onnx),
+            "tokenizer": str(tokenizer),
+            "sha256": _MODEL_SHA256,
+            "tokenizer_sha256": _TOKENIZER_SHA256,
+            "fingerprints": [_fingerprint(onnx), _fingerprint(tokenizer)],
+        }
+    except OSError as exc:
+        raise EmbedderUnavailableError(f"the default model's files are unreadable: {exc}") from exc
     with contextlib.suppress(OSError, ValueError):
-        if json.loads(stamp.read_text()) == expected:
+        if json.loads(stamp.read_text()) == expected and all(
+            (target / name).is_file() for name in ("model.onnx", "tokenizer.json", "tokenizer_config.json")
+        ):
             return target
     for path, digest in ((onnx, _MODEL_SHA256), (tokenizer, _TOKENIZER_SHA256)):
         actual = _sha256_file(path)
@@ -147,20 +185,19 @@ def default_model_dir() -> Path:
             raise EmbedderUnavailableError(
                 f"{path} has sha256 {actual}, expected {digest}; reinstall memstrata"
             )
-    target.mkdir(parents=True, exist_ok=True)
-    for source, name in ((onnx, "model.onnx"), (tokenizer, "tokenizer.json")):
-        link = target / name
-        with contextlib.suppress(FileNotFoundError):
-            link.unlink()
-        try:
-            link.symlink_to(source)
-        except OSError:
-            shutil.copyfile(source, link)
-    special = {k: v for k, v in _TOKENIZER_CONFIG.items() if k.endswith("_token")}
-    (target / "tokenizer_config.json").write_text(json.dumps(_TOKENIZER_CONFIG))
-    (target / "special_tokens_map.json").write_text(json.dumps(special))
-    (target / "config.json").write_text(json.dumps({"pad_token_id": 0, "max_position_embeddings": 512}))
-    stamp.write_text(json.dumps(expected))
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        for source, name in ((onnx, "model.onnx"), (tokenizer, "tokenizer.json")):
+            _link_atomic(source, target / name)
+        special = {k: v for k, v in _TOKENIZER_CONFIG.items() if k.endswith("_token")}
+        _write_atomic(target / "tokenizer_config.json", json.dumps(_TOKENIZER_CONFIG))
+        _write_atomic(target / "special_tokens_map.json", json.dumps(special))
+        _write_atomic(target / "config.json", json.dumps({"pad_token_id": 0, "max_position_embeddings": 512}))
+        _write_atomic(stamp, json.dumps(expected))
+    except OSError as exc:
+        raise EmbedderUnavailableError(
+            f"cannot assemble the default model directory in {target}: {exc} (set MEMSTRATA_MODEL_DIR)"
+        ) from exc
     return target
 
 
@@ -205,6 +242,7 @@ class FastEmbedEmbedder:
         else:
             name = model
         self._model_id = name
+        self._counter: Any = None
         try:
             if local_dir is not None:
                 source = _CUSTOM_SOURCE if model is None else f"memstrata-local/{local_dir.name}"
@@ -245,12 +283,37 @@ class FastEmbedEmbedder:
         rows = list(self._model.query_embed(text))
         return _normalise(np.asarray(rows[0], dtype=np.float32))
 
-    def count_tokens(self, text: str) -> int:
-        """Tokens the model sees for ``text`` (used by chunkers to respect the budget)."""
+    @property
+    def max_tokens(self) -> int | None:
+        """The model's input window: text beyond it is truncated before embedding."""
         tokenizer = getattr(getattr(self._model, "model", None), "tokenizer", None)
+        truncation = getattr(tokenizer, "truncation", None)
+        return int(truncation["max_length"]) if truncation else None
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens of ``text`` without special tokens and without the model's truncation (used by
+        chunkers to respect a budget that may exceed the model window)."""
+        tokenizer = self._counting_tokenizer()
         if tokenizer is None:
             return max(1, len(text) // 4)
-        return len(tokenizer.encode(text, add_special_tokens=False).ids)
+        safe = text.encode("utf-8", "replace").decode("utf-8")
+        return len(tokenizer.encode(safe, add_special_tokens=False).ids)
+
+    def _counting_tokenizer(self) -> Any:
+        if self._counter is None:
+            tokenizer = getattr(getattr(self._model, "model", None), "tokenizer", None)
+            if tokenizer is None:
+                return None
+            try:
+                from tokenizers import Tokenizer
+
+                counter = Tokenizer.from_str(tokenizer.to_str())
+                counter.no_truncation()
+                counter.no_padding()
+            except Exception:  # an unusual tokenizer: count with it as it is
+                counter = tokenizer
+            self._counter = counter
+        return self._counter
 
 
 _DEFAULT_LOCK = threading.Lock()
@@ -286,7 +349,8 @@ def _with_retries(what: str, call: Callable[[], _T], tries: int = RETRIES) -> _T
             raise
         except Exception as exc:
             if attempt == tries:
-                raise EmbeddingError(f"{what} failed after {tries} tries: {exc}") from exc
+                cause = f"{type(exc).__name__}: {exc}"
+                raise EmbeddingError(f"{what} failed after {tries} tries: {cause}") from exc
             time.sleep(delay)
             delay *= 4
     raise AssertionError("unreachable")  # pragma: no cover
@@ -348,7 +412,7 @@ def embed_documents(
             embedder, _with_retries("embedding", lambda: embedder.embed_documents(safe)), len(safe)
         )
     hashes = [text_hash(t) for t in safe]
-    known = cache.lookup(embedder.model_id, hashes)
+    known = {h: v for h, v in cache.lookup(embedder.model_id, hashes).items() if v.shape == (dim,)}
     missing: dict[bytes, str] = {}
     for h, t in zip(hashes, safe, strict=True):
         if h not in known and h not in missing:
@@ -367,7 +431,8 @@ def embed_documents(
 def embed_query(embedder: Embedder, text: str) -> FloatArray:
     safe = text.encode("utf-8", "replace").decode("utf-8")
     vector = _with_retries("query embedding", lambda: embedder.embed_query(safe))
-    return _checked(embedder, vector.reshape(1, -1), 1)[0]
+    row: FloatArray = _checked(embedder, np.asarray(vector).reshape(1, -1), 1)[0]
+    return row
 
 
 def _checked(embedder: Embedder, vectors: Any, n: int) -> FloatArray:

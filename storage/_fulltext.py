@@ -21,6 +21,7 @@ __all__ = [
 
 MAX_QUERY_TERMS = 32
 MAX_QUERY_CHARS = 4_096
+MAX_CJK_PHRASE = 32
 TOKENIZER = "porter unicode61 remove_diacritics 2"
 
 # English function words: matching them adds noise to BM25 and costs long posting lists.
@@ -37,7 +38,10 @@ _STOP_WORDS_TEXT = """
 STOP_WORDS = frozenset(_STOP_WORDS_TEXT.split())
 
 _WORD = re.compile(r"[^\W_]+(?:['’][^\W_]+)*", re.UNICODE)
-_IDENT = re.compile(r"[A-Za-z0-9_]*[a-z0-9][A-Z][A-Za-z0-9_]*|[A-Za-z0-9]+(?:_[A-Za-z0-9]+)+")
+# an ASCII identifier-like token; matched greedily, once per token, so scanning stays linear
+_TOKEN = re.compile(r"[A-Za-z0-9_]+")
+# a case change inside a token: ``parseHttp``, ``getX``, ``HTTPServer`` (but not ``HTTP`` or ``Word``)
+_CASE_CHANGE = re.compile(r"[a-z0-9][A-Z]|[A-Z]{2}[a-z]")
 _CAMEL_PARTS = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
 _CJK = re.compile(
     "[\u2e80-\u2fdf\u3040-\u30ff\u3100-\u31bf\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]+"
@@ -52,10 +56,10 @@ def identifier_words(text: str) -> str:
     """
     words: list[str] = []
     seen: set[str] = set()
-    for match in _IDENT.finditer(text):
+    for match in _TOKEN.finditer(text):
         ident = match.group(0)
-        if "_" in ident and not any(c.isupper() for c in ident):
-            continue
+        if not _CASE_CHANGE.search(ident):
+            continue  # plain words and snake_case: unicode61 already splits them
         for part in _CAMEL_PARTS.findall(ident):
             lower = part.lower()
             if lower not in seen:
@@ -115,14 +119,24 @@ def build_keyword_query(text: str) -> KeywordQuery:
         terms = keyword_terms(text, keep_stop_words=True)
     terms = terms[:MAX_QUERY_TERMS]
     words = " OR ".join(_quote(t) for t in terms) if terms else None
-    runs: list[str] = []
-    for run in _CJK.findall(text):
-        if run not in runs:
-            runs.append(run)
-    long_runs = [r for r in runs if len(r) >= 3][:MAX_QUERY_TERMS]
-    short_runs = tuple(r for r in runs if len(r) < 3)[:8]
-    cjk = " OR ".join(_quote(r) for r in long_runs) if long_runs else None
-    return KeywordQuery(words, cjk, short_runs)
+    runs = list(dict.fromkeys(_CJK.findall(text)))
+    grams: dict[str, None] = {}
+    for run in (r for r in runs if len(r) >= 3):
+        # the run itself (when short enough to be a plausible phrase), then its trigrams: a
+        # document holding only part of the run still matches
+        if len(run) <= MAX_CJK_PHRASE:
+            grams[run] = None
+        for i in range(len(run) - 2 if len(run) > 3 else 0):
+            if len(grams) >= MAX_QUERY_TERMS:
+                break
+            grams.setdefault(run[i : i + 3], None)
+        if len(grams) >= MAX_QUERY_TERMS:
+            break
+    short_runs = [r for r in runs if len(r) < 3]
+    if grams or any(len(r) == 2 for r in short_runs):
+        short_runs = [r for r in short_runs if len(r) == 2]  # one character is noise beside more
+    cjk = " OR ".join(_quote(g) for g in grams) if grams else None
+    return KeywordQuery(words, cjk, tuple(short_runs[:8]))
 
 
 def fts_schema(table: str, columns: list[str], *, key: str = "id") -> str:

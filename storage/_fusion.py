@@ -6,9 +6,12 @@ a document first in both lists scores 1.0 and thresholds mean the same for any `
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
+
+from memstrata.errors import InvalidInputError
 
 __all__ = ["DEFAULT_RRF_K", "Fused", "match_type", "rrf"]
 
@@ -29,14 +32,17 @@ def rrf(
     k: int = DEFAULT_RRF_K,
     weights: Sequence[float] | None = None,
 ) -> list[Fused[K]]:
-    """Fuse ranked lists of keys (best first); ties keep the order of first appearance."""
-    if k < 0:
-        raise ValueError(f"k must be >= 0, got {k}")
-    weights = [1.0] * len(lists) if weights is None else list(weights)
+    """Fuse ranked lists of keys (best first); ties keep the order of first appearance.
+
+    A key repeated inside one list counts at its first (best) rank only.
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise InvalidInputError(f"k must be an integer >= 0, got {k!r}")
+    weights = [1.0] * len(lists) if weights is None else [float(w) for w in weights]
     if len(weights) != len(lists):
-        raise ValueError(f"weights has {len(weights)} values for {len(lists)} lists")
-    if any(w < 0 for w in weights):
-        raise ValueError(f"weights must be >= 0, got {weights}")
+        raise InvalidInputError(f"weights has {len(weights)} values for {len(lists)} lists")
+    if any(not math.isfinite(w) or w < 0 for w in weights):
+        raise InvalidInputError(f"weights must be finite and >= 0, got {weights}")
     best = sum(w / (k + 1) for w in weights) or 1.0
     ranks: dict[K, list[int | None]] = {}
     for index, keys in enumerate(lists):

@@ -20,7 +20,7 @@ from memstrata.errors import InvalidInputError
 from ._connection import Database
 from ._fulltext import KeywordQuery, build_keyword_query
 from ._fusion import DEFAULT_RRF_K, match_type, rrf
-from ._vectors import VectorIndex
+from ._vectors import VectorHit, VectorIndex
 
 __all__ = ["Filter", "Mode", "RankedId", "SearchParams", "hybrid_search", "keyword_search", "validate_mode"]
 
@@ -121,19 +121,28 @@ def hybrid_search(
     flt: Filter,
     column_weights: Sequence[float] | None = None,
 ) -> list[RankedId]:
-    """Top ``params.top_k`` ids for a query, best first. ``vectors``/``query_vector`` may be
-    ``None`` (keyword-only mode); the keyword side is skipped in ``"vector"`` mode."""
+    """Top ``params.top_k`` ids for a query, best first.
+
+    ``vectors``/``query_vector`` may be ``None``, and a vector index that cannot be used
+    (sqlite-vec missing) is skipped: keyword-only mode. The keyword side is
+    skipped in ``"vector"`` mode and when ``query_text`` holds no searchable term. Each list is
+    cut at ``max(depth, top_k)`` before fusion, so for any ``top_k <= depth`` the ranking is the
+    same and a smaller ``top_k`` returns a prefix of a larger one. Scores are normalised by the
+    best possible sum of the lists that took part (rank 1 in each of them scores 1.0).
+    """
+    mode = validate_mode(params.mode)
     if params.top_k <= 0:
         return []
     depth = max(params.depth, params.top_k)
-    use_vectors = params.mode != "keyword" and vectors is not None and query_vector is not None
-    use_keywords = params.mode != "vector"
+    use_vectors = mode != "keyword" and vectors is not None and query_vector is not None and vectors.available
+    keyword_query = build_keyword_query(query_text) if mode != "vector" else None
+    use_keywords = keyword_query is not None and not keyword_query.empty
 
     candidates: list[int] | None = None
     if use_vectors and flt.sql is not None:
         candidates = [r[0] for r in db.query(flt.sql, flt.params)]
 
-    vector_hits = []
+    vector_hits: list[VectorHit] = []
     if use_vectors:
         assert vectors is not None and query_vector is not None
         vector_hits = vectors.search(query_vector, depth, where=flt.where, candidates=candidates)
@@ -143,31 +152,40 @@ def hybrid_search(
 
     keyword_ids: list[int] = []
     if use_keywords:
+        assert keyword_query is not None
         keyword_ids = keyword_search(
-            db, table, columns, build_keyword_query(query_text), depth, flt, column_weights=column_weights
+            db, table, columns, keyword_query, depth, flt, column_weights=column_weights
         )
 
-    if params.mode == "vector":
-        lists, weights = [[h.rowid for h in vector_hits]], [1.0]
-    elif params.mode == "keyword" or not use_vectors:
-        lists, weights = [keyword_ids], [1.0]
-    else:
-        lists = [[h.rowid for h in vector_hits], keyword_ids]
-        weights = [params.vector_weight, params.keyword_weight]
+    lists: list[list[int]] = []
+    weights: list[float] = []
+    if use_vectors:
+        lists.append([h.rowid for h in vector_hits])
+        weights.append(params.vector_weight if use_keywords else 1.0)
+    if use_keywords:
+        lists.append(keyword_ids)
+        weights.append(params.keyword_weight if use_vectors else 1.0)
+    if not lists:
+        return []
     fused = rrf(lists, k=params.rrf_k, weights=weights)[: params.top_k]
 
     results = []
     for f in fused:
-        if params.mode == "vector":
-            vrank, krank = f.ranks[0], None
-        elif len(f.ranks) == 1:
-            vrank, krank = None, f.ranks[0]
-        else:
-            vrank, krank = f.ranks
+        vrank = f.ranks[0] if use_vectors else None
+        krank = f.ranks[-1] if use_keywords else None
         sim = similarity.get(f.key)
         if sim is None and vectors is not None and query_vector is not None and vectors.available:
             stored = vectors.get(f.key)
             if stored is not None:
-                sim = float(stored @ query_vector)
+                sim = _cosine(stored, query_vector)
         results.append(RankedId(f.key, f.score, match_type(vrank, krank), vrank, krank, sim))
     return results
+
+
+def _cosine(a: npt.NDArray[np.float32], b: npt.NDArray[np.float32]) -> float | None:
+    a = np.asarray(a, dtype=np.float32).reshape(-1)
+    b = np.asarray(b, dtype=np.float32).reshape(-1)
+    if a.shape != b.shape:
+        return None
+    norm = float(np.linalg.norm(a) * np.linalg.norm(b))
+    return float(a @ b) / norm if norm > 0 else None

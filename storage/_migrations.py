@@ -7,27 +7,50 @@ its own transaction, so a crash mid-upgrade leaves the previous version intact.
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from memstrata.errors import SchemaMismatchError
+from memstrata.errors import InvalidInputError, MemstrataError, SchemaMismatchError, StorageError
 
-from ._connection import Database
+from ._connection import Database, split_sql
 
-__all__ = ["EmbeddingMismatch", "Migration", "apply_migrations", "embedding_mismatch", "get_meta", "set_meta"]
+__all__ = [
+    "EmbeddingMismatch",
+    "Migration",
+    "apply_migrations",
+    "embedding_mismatch",
+    "ensure_metadata",
+    "get_meta",
+    "record_embedding",
+    "schema_version",
+    "set_meta",
+]
 
 Migration = str | Callable[[Database], None]
 
 _METADATA_SQL = "CREATE TABLE IF NOT EXISTS metadata (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
 
 
+def ensure_metadata(db: Database) -> None:
+    """Create the ``metadata`` table if this database has none yet (idempotent)."""
+    db.execute(_METADATA_SQL)
+
+
 def get_meta(db: Database, key: str) -> str | None:
+    """The recorded value of ``key``, or ``None`` (also when the database has no metadata yet)."""
+    if db.scalar("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'metadata'") is None:
+        return None
     value = db.scalar("SELECT value FROM metadata WHERE key = ?", (key,))
     return None if value is None else str(value)
 
 
+def schema_version(db: Database) -> int:
+    """The number of the last migration applied (0 for a new database)."""
+    return int(get_meta(db, "schema_version") or 0)
+
+
 def set_meta(db: Database, key: str, value: str | int) -> None:
+    ensure_metadata(db)
     db.execute(
         "INSERT INTO metadata(key, value) VALUES (?, ?) "
         "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
@@ -36,7 +59,14 @@ def set_meta(db: Database, key: str, value: str | int) -> None:
 
 
 def apply_migrations(db: Database, kind: str, migrations: Sequence[Migration]) -> int:
-    """Bring ``db`` to ``len(migrations)``; refuses a database of another kind or a newer schema."""
+    """Bring ``db`` to ``len(migrations)``; refuses a database of another kind or a newer schema.
+
+    Each migration runs in its own transaction together with the version bump, so a failing
+    migration leaves the database at the previous version and raises :class:`StorageError`
+    naming the kind and number (a :class:`MemstrataError` raised by a callable propagates as is).
+    """
+    if not kind or not isinstance(kind, str):
+        raise InvalidInputError(f"kind must be a non-empty string, got {kind!r}")
     with db.transaction():
         db.execute(_METADATA_SQL)
         existing_kind = get_meta(db, "schema_kind")
@@ -59,28 +89,25 @@ def apply_migrations(db: Database, kind: str, migrations: Sequence[Migration]) -
             if current >= number:
                 continue
             step = migrations[number - 1]
-            if isinstance(step, str):
-                for statement in _split_sql(step):
-                    db.execute(statement)
-            else:
-                step(db)
+            try:
+                if isinstance(step, str):
+                    for statement in split_sql(step):
+                        db.execute(statement)
+                else:
+                    step(db)
+            except MemstrataError as exc:
+                if type(exc) is not StorageError:
+                    raise
+                raise StorageError(f"{kind} migration {number} failed, {exc}") from exc
+            except Exception as exc:
+                raise StorageError(
+                    f"{kind} migration {number} failed on database {db.path}: {type(exc).__name__}: {exc}"
+                ) from exc
             set_meta(db, "schema_version", number)
     return len(migrations)
 
 
-def _split_sql(script: str) -> list[str]:
-    """Split a script into statements at each ``;`` that completes one (trigger bodies stay whole)."""
-    statements: list[str] = []
-    buffer = ""
-    for piece in script.split(";"):
-        buffer += piece + ";"
-        if sqlite3.complete_statement(buffer):
-            if buffer.strip(" \n\t;"):
-                statements.append(buffer.strip())
-            buffer = ""
-    if buffer.strip(" \n\t;"):
-        statements.append(buffer.strip())
-    return statements
+_split_sql = split_sql  # older name
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,13 +120,22 @@ class EmbeddingMismatch:
     dim: int
 
 
+def record_embedding(db: Database, model_id: str, dim: int) -> None:
+    """Record which model and dimension made the stored vectors (after a (re)build completes)."""
+    set_meta(db, "embedding_model", model_id)
+    set_meta(db, "embedding_dim", int(dim))
+
+
 def embedding_mismatch(db: Database, model_id: str, dim: int) -> EmbeddingMismatch | None:
     """``None`` when the stored model id and dimension match (or nothing is recorded yet)."""
     stored_model = get_meta(db, "embedding_model")
     stored_dim_text = get_meta(db, "embedding_dim")
     if stored_model is None and stored_dim_text is None:
         return None
-    stored_dim = int(stored_dim_text) if stored_dim_text is not None else None
+    try:
+        stored_dim = int(stored_dim_text) if stored_dim_text is not None else None
+    except ValueError:
+        stored_dim = None
     if stored_model == model_id and stored_dim == dim:
         return None
     return EmbeddingMismatch(stored_model, stored_dim, model_id, dim)

@@ -1,0 +1,390 @@
+"""The agent actor: an agent's task lifecycle, from prompt to write-back.
+
+``TaskAssigned``: the actor sends ``QueryKnowledge`` to the agent's store (and the shared store,
+and a ``SearchMemory`` for recent episodes) and returns at once to its mailbox; the replies come
+back as messages, and a timer posts a deadline. Whichever completes the retrieval first (all
+replies, or the deadline) answers the caller with a :class:`TaskPrompt`, so a stuck store costs
+the caller the retrieval timeout and never blocks this actor.
+
+``TaskCompleted``/``TaskFailed``: the outcome is committed to the agent's outbox, the caller is
+answered (the write-back is now durable), and the two parts (knowledge entry and episode) are
+sent to the store actors. Each part's reply marks it done; a row whose parts are both done is
+deleted. Failed parts are retried with backoff; rows left when the process dies are replayed
+the next time the agent's actor starts (the system starts it for every outbox with rows).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import logging
+import re
+from collections import Counter
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from memstrata.errors import AgentDegradedError, InvalidInputError, SystemStoppedError
+from memstrata.messages import (
+    SHARED,
+    ClearWorkingMemory,
+    QueryKnowledge,
+    SearchMemory,
+    StoreKnowledge,
+    StoreMemory,
+    TaskAssigned,
+    TaskCompleted,
+    TaskFailed,
+    TaskPrompt,
+    WriteBackQueued,
+)
+
+from ._base import DEFERRED, MemoryActor, set_result
+from ._concurrency import TimerHandle
+from ._outbox import Outbox, OutboxRow
+from ._prompt import build_prompt, fallback_prompt, merge_hits
+from ._stores import StoreMemoryOnce
+
+__all__ = ["AgentActor", "describe_error"]
+
+log = logging.getLogger("memstrata.actors")
+
+_MAX_OPEN_TASKS = 10_000
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+_PART_LABELS = {"own": "knowledge query", "shared": "shared knowledge query", "episodes": "episode search"}
+
+
+def describe_error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+@dataclass(slots=True)
+class _Retrieval:
+    rid: int
+    task: TaskAssigned
+    reply: Future[Any] | None
+    timeout_s: float
+    top_k: int
+    episodes_wanted: int
+    waiting: set[str] = field(default_factory=set)
+    results: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    timer: TimerHandle | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _RetrievalPart:
+    rid: int
+    part: str
+    future: Future[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class _RetrievalDeadline:
+    rid: int
+
+
+@dataclass(frozen=True, slots=True)
+class _WriteBackPart:
+    row_id: int
+    part: str
+    future: Future[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class _RetryWriteBack:
+    row_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """Internal: process every outbox row that is not already in flight."""
+
+
+class AgentActor(MemoryActor):
+    """One agent's task lifecycle; owns ``outbox/{agent}.sqlite``."""
+
+    kind = "agent"
+
+    def __init__(self, runtime: Any, key: str, owner: str | None = None) -> None:
+        super().__init__(runtime, key, owner)
+        self._retrievals: dict[int, _Retrieval] = {}
+        self._rids = itertools.count(1)
+        self._inflight: dict[int, set[str]] = {}
+        self._tasks: dict[str, str] = {}
+        self.counters: Counter[str] = Counter()
+        self._reply: Future[Any] | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def open_layer(self) -> Any:
+        outbox = Outbox(self.runtime.path("outbox", self.key))
+        # rows left over by a crash (of this process or of this actor) are processed again
+        self.runtime.post(self.actor_ref, Replay())
+        return outbox
+
+    def refuses_when_degraded(self, message: Any) -> bool:
+        return False  # prompts fall back and write-backs still reach the outbox
+
+    def _deliver(self, envelope: Any) -> None:
+        self._reply = envelope.reply
+        try:
+            super()._deliver(envelope)
+        finally:
+            self._reply = None
+
+    def handle(self, message: Any) -> Any:
+        if isinstance(message, TaskAssigned):
+            return self._assign(message)
+        if isinstance(message, _RetrievalPart):
+            return self._retrieval_part(message)
+        if isinstance(message, _RetrievalDeadline):
+            retrieval = self._retrievals.get(message.rid)
+            if retrieval is not None:
+                self._finish(retrieval, timed_out=True)
+            return None
+        if isinstance(message, TaskCompleted):
+            return self._write_back("completed", message.task_id, message.summary)
+        if isinstance(message, TaskFailed):
+            return self._write_back("failed", message.task_id, message.reason)
+        if isinstance(message, _WriteBackPart):
+            return self._write_back_part(message)
+        if isinstance(message, _RetryWriteBack):
+            row = self.layer.get(message.row_id)
+            if row is not None:
+                self._dispatch(row, replay=True)
+            return None
+        if isinstance(message, Replay):
+            for row in self.layer.pending():
+                self._dispatch(row, replay=True)
+            return None
+        return super().handle(message)
+
+    # -- pre-task retrieval --------------------------------------------------------------------
+
+    def _exists(self, kind: str, key: str) -> bool:
+        return self.runtime.existing(kind, key) is not None or self.runtime.path(kind, key).exists()
+
+    def _assign(self, task: TaskAssigned) -> Any:
+        config = self.runtime.config.for_agent(self.key)
+        self._tasks.pop(task.task_id, None)
+        self._tasks[task.task_id] = task.description
+        while len(self._tasks) > _MAX_OPEN_TASKS:  # tasks begun and never ended: forget the oldest
+            del self._tasks[next(iter(self._tasks))]
+        retrieval = _Retrieval(
+            rid=next(self._rids),
+            task=task,
+            reply=self._reply,
+            timeout_s=config.retrieval_timeout_s,
+            top_k=task.top_k or config.retrieval_top_k,
+            episodes_wanted=config.recent_episodes_in_prompt,
+        )
+        self._retrievals[retrieval.rid] = retrieval
+        degraded = self.runtime.supervision.degraded_reason(self.key)
+        if degraded is not None:
+            retrieval.errors["own"] = f"agent {self.key} is degraded: {degraded}"
+            self._finish(retrieval, timed_out=False)
+            return DEFERRED
+        query = QueryKnowledge(
+            self.key,
+            task.query or task.description,
+            category=task.category,
+            top_k=retrieval.top_k,
+            tags=task.tags,
+            scope=task.scope,
+            min_score=config.retrieval_min_score,
+        )
+        if self._exists("knowledge", self.key):
+            self._request(retrieval, "own", "knowledge", self.key, query)
+        if config.include_shared and self._exists("knowledge", SHARED):
+            self._request(
+                retrieval, "shared", "knowledge", SHARED, dataclasses.replace(query, agent_id=SHARED)
+            )
+        if retrieval.episodes_wanted > 0 and self._exists("episodic", self.key):
+            search = SearchMemory(
+                self.key, task.query or task.description, top_k=retrieval.episodes_wanted + retrieval.top_k
+            )
+            self._request(retrieval, "episodes", "episodic", self.key, search)
+        if not retrieval.waiting:
+            self._finish(retrieval, timed_out=False)
+            return DEFERRED
+        me, rid = self.actor_ref, retrieval.rid
+
+        def deadline() -> None:
+            self.runtime.post(me, _RetrievalDeadline(rid))
+
+        retrieval.timer = self.runtime.scheduler.call_later(retrieval.timeout_s, deadline)
+        return DEFERRED
+
+    def _request(self, retrieval: _Retrieval, part: str, kind: str, key: str, message: Any) -> None:
+        try:
+            future = self.runtime.request(kind, key, message)
+        except Exception as exc:
+            retrieval.errors[part] = describe_error(exc)
+            return
+        retrieval.waiting.add(part)
+        me, rid = self.actor_ref, retrieval.rid
+        future.add_done_callback(lambda f: self.runtime.post(me, _RetrievalPart(rid, part, f)))
+
+    def _retrieval_part(self, message: _RetrievalPart) -> None:
+        retrieval = self._retrievals.get(message.rid)
+        if retrieval is None:
+            return  # answered already (deadline)
+        error = message.future.exception()
+        if error is not None:
+            retrieval.errors[message.part] = describe_error(error)
+        else:
+            retrieval.results[message.part] = tuple(message.future.result().hits)
+        retrieval.waiting.discard(message.part)
+        if not retrieval.waiting:
+            self._finish(retrieval, timed_out=False)
+
+    def _finish(self, retrieval: _Retrieval, *, timed_out: bool) -> None:
+        self._retrievals.pop(retrieval.rid, None)
+        if retrieval.timer is not None:
+            retrieval.timer.cancel()
+        task = retrieval.task
+        hits = merge_hits(
+            retrieval.results.get("own", ()), retrieval.results.get("shared", ()), retrieval.top_k
+        )
+        notes = []
+        for part, label in _PART_LABELS.items():
+            if part in retrieval.errors:
+                notes.append(f"{label} failed ({retrieval.errors[part]})")
+            elif timed_out and part in retrieval.waiting:
+                notes.append(f"{label} timed out after {retrieval.timeout_s:g} s")
+        if hits:
+            contents = {str(h.entry.content) for h in hits}
+            episodes = [
+                e for e in retrieval.results.get("episodes", ()) if str(e.episode.content) not in contents
+            ][: retrieval.episodes_wanted]
+            text = build_prompt(task.description, hits, episodes)
+            reason = f"partial: {'; '.join(notes)}" if notes else None
+            prompt = TaskPrompt(text, tuple(hits), False, reason, self.key, task.task_id, tuple(episodes))
+        else:
+            if "own" in retrieval.errors:
+                reason = f"error: knowledge query failed ({retrieval.errors['own']})"
+            elif timed_out and "own" in retrieval.waiting:
+                reason = f"timeout: knowledge query took longer than {retrieval.timeout_s:g} s"
+            else:
+                reason = "no-hits: no knowledge matched the task"
+            others = [n for n in notes if not n.startswith(_PART_LABELS["own"] + " ")]
+            if others:
+                reason += f"; {'; '.join(others)}"
+            prompt = TaskPrompt(fallback_prompt(task.description), (), True, reason, self.key, task.task_id)
+            self.counters["fallbacks"] += 1
+        self.counters["prompts"] += 1
+        if retrieval.reply is not None:
+            set_result(retrieval.reply, prompt)
+
+    # -- write-back ----------------------------------------------------------------------------
+
+    def _write_back(self, kind: str, task_id: str, text: str) -> WriteBackQueued:
+        # a lone surrogate cannot be stored as text by every layer: keep the rest, mark the spot
+        text = _LONE_SURROGATE.sub("\ufffd", text)
+        limit = self.runtime.config.max_content_bytes
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if size > limit:
+            what = "summary" if kind == "completed" else "reason"
+            raise InvalidInputError(f"task {what} is {size} bytes, more than max_content_bytes={limit}")
+        outbox: Outbox = self.layer
+        at = self.runtime.clock.now()
+        row_id = outbox.append(kind, task_id, text, at)  # committed: durable from here on
+        self._tasks.pop(task_id, None)
+        self.counters[f"tasks_{kind}"] += 1
+        self._dispatch(OutboxRow(row_id, kind, task_id, text, at, False, False, 0), replay=False)
+        if self.runtime.config.for_agent(self.key).clear_working_memory_on_task_end:
+            working = self.runtime.existing("working", self.key)
+            if working is not None:
+                self.runtime.post(working, ClearWorkingMemory(self.key))
+        return WriteBackQueued(self.key, task_id, row_id)
+
+    def _part_message(self, row: OutboxRow, part: str, replay: bool) -> Any:
+        completed = row.kind == "completed"
+        if part == "knowledge":
+            category = "outcome" if completed else "pitfall"
+            return StoreKnowledge(self.key, row.text, category, {"taskId": row.task_id}, author=self.key)
+        episode = StoreMemory(
+            self.key,
+            row.task_id,
+            row.text,
+            title=f"Task {row.task_id} {'completed' if completed else 'failed'}",
+            tags={"taskId": row.task_id, "outcome": row.kind},
+            kind="task",
+            at=row.at,
+        )
+        return StoreMemoryOnce(episode) if replay else episode
+
+    def _dispatch(self, row: OutboxRow, *, replay: bool) -> None:
+        inflight = self._inflight.setdefault(row.id, set())
+        me = self.actor_ref
+        for part in row.pending_parts():
+            if part in inflight:
+                continue
+            kind = "knowledge" if part == "knowledge" else "episodic"
+            try:
+                future = self.runtime.request(kind, self.key, self._part_message(row, part, replay))
+            except Exception as exc:
+                self._part_failed(row.id, part, exc)
+                continue
+            inflight.add(part)
+            future.add_done_callback(functools.partial(self._post_part, me, row.id, part))
+        if not inflight:
+            self._inflight.pop(row.id, None)
+
+    def _post_part(self, me: Any, row_id: int, part: str, future: Future[Any]) -> None:
+        self.runtime.post(me, _WriteBackPart(row_id, part, future))
+
+    def _write_back_part(self, message: _WriteBackPart) -> None:
+        inflight = self._inflight.get(message.row_id)
+        if inflight is not None:
+            inflight.discard(message.part)
+            if not inflight:
+                del self._inflight[message.row_id]
+        error = message.future.exception()
+        if error is not None:
+            self._part_failed(message.row_id, message.part, error)
+            return
+        if self.layer.mark_done(message.row_id, message.part):
+            self.counters["written_back"] += 1
+
+    def _part_failed(self, row_id: int, part: str, error: BaseException) -> None:
+        outbox: Outbox = self.layer
+        text = f"{part}: {describe_error(error)}"
+        if isinstance(error, InvalidInputError):
+            outbox.record_failure(row_id, text, dead=True)  # can never succeed: kept and reported
+            self.counters["dead_letters"] += 1
+            log.error("write-back %s of agent %s rejected: %s", row_id, self.key, text)
+            return
+        outbox.record_failure(row_id, text)
+        if isinstance(error, AgentDegradedError | SystemStoppedError):
+            return  # stays in the outbox until the agent is revived or the system restarts
+        row = outbox.get(row_id)
+        retries = int(self.runtime.config_actors("writeback_retries"))
+        if row is None or row.attempts > retries:
+            self.counters["writeback_deferred"] += 1
+            return
+        self.counters["writeback_retries"] += 1
+        delay = 0.05 * (2 ** (row.attempts - 1))
+        self.runtime.activity.begin()  # a retry due later is work in flight
+
+        def fire(me: Any = self.actor_ref) -> None:
+            try:
+                self.runtime.post(me, _RetryWriteBack(row_id))
+            finally:
+                self.runtime.activity.done()
+
+        self.runtime.scheduler.call_later(delay, fire)
+
+    def status(self) -> dict[str, Any]:
+        base = super().status()
+        base["open_tasks"] = len(self._tasks)
+        base["pending_retrievals"] = len(self._retrievals)
+        base["writebacks_in_flight"] = len(self._inflight)
+        if self.layer is not None:
+            counts = self.layer.counts()
+            base["outbox_pending"] = counts["pending"]
+            base["outbox_dead"] = counts["dead"]
+        base.update(self.counters)
+        return base

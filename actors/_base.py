@@ -1,0 +1,285 @@
+"""The actor base: envelopes with reply futures, failure handling and the restart budget.
+
+Every request travels as an :class:`Envelope` holding the message and, for an ask, a
+``concurrent.futures.Future`` for the reply. Futures (rather than pykka's blocking ask) let an
+actor ask another actor without blocking its own mailbox: it attaches a callback that posts the
+reply back to itself as a new message.
+
+Failure contract, for every memory actor:
+
+- invalid input (:class:`InvalidInputError`, or any ``ValueError`` from a layer) goes back to the
+  caller as an error; the actor carries on, nothing is restarted;
+- any other exception is a *crash*: the caller's future fails at once with
+  :class:`ActorCrashedError` (so no ask hangs), the actor drops its layer object and reports to
+  its supervisor's :class:`Supervision`, which either restarts it (the layer is reopened from
+  storage, in the actor's own thread, and its mailbox is kept so queued messages are not lost) or,
+  past the restart budget, marks the owner (agent or session) degraded; a degraded owner's actors
+  answer :class:`AgentDegradedError` until it is revived.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import pykka
+
+from memstrata.errors import (
+    ActorCrashedError,
+    AgentDegradedError,
+    InvalidInputError,
+    MemstrataError,
+    SystemStoppedError,
+)
+
+if TYPE_CHECKING:
+    from ._runtime import Runtime
+
+__all__ = ["DEFERRED", "Envelope", "MemoryActor", "Supervision"]
+
+log = logging.getLogger("memstrata.actors")
+
+
+class _Deferred:
+    """Returned by a handler that will complete the reply future itself, later."""
+
+    __repr__ = lambda self: "DEFERRED"  # noqa: E731
+
+
+DEFERRED: Any = _Deferred()
+
+
+@dataclass(slots=True)
+class Envelope:
+    message: Any
+    reply: Future[Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Status:
+    """Internal: ask an actor for a status dict."""
+
+
+@dataclass(slots=True)
+class _Owner:
+    owner: str = ""
+    restarts: deque[float] = field(default_factory=deque)
+    total_restarts: int = 0
+    crashes: int = 0
+    last_error: str | None = None
+    degraded: bool = False
+
+
+class Supervision:
+    """Restart budget and degraded owners, shared by a system's supervisors (thread-safe).
+
+    A child that crashes asks :meth:`child_failed` whether to restart. More than
+    ``max_restarts`` restarts of one child within ``window_s`` marks its owner degraded.
+    """
+
+    def __init__(self, *, max_restarts: int, window_s: float, clock: Callable[[], float]) -> None:
+        self.max_restarts = max_restarts
+        self.window_s = window_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._children: dict[tuple[str, str], _Owner] = {}
+        self._degraded: dict[str, str] = {}  # owner -> reason
+
+    def child_failed(self, kind: str, key: str, owner: str, error: BaseException) -> bool:
+        """Record a crash of child ``(kind, key)``; True to restart it, False when now degraded."""
+        now = self._clock()
+        with self._lock:
+            state = self._children.setdefault((kind, key), _Owner(owner))
+            state.crashes += 1
+            state.last_error = f"{type(error).__name__}: {error}"
+            while state.restarts and now - state.restarts[0] > self.window_s:
+                state.restarts.popleft()
+            if len(state.restarts) >= self.max_restarts:
+                state.degraded = True
+                self._degraded[owner] = (
+                    f"{kind} actor crashed {len(state.restarts) + 1} times within {self.window_s:g} s "
+                    f"(last: {state.last_error})"
+                )
+                return False
+            state.restarts.append(now)
+            state.total_restarts += 1
+            return True
+
+    def degraded_reason(self, owner: str) -> str | None:
+        with self._lock:
+            return self._degraded.get(owner)
+
+    def degraded(self) -> dict[str, str]:
+        with self._lock:
+            return dict(self._degraded)
+
+    def revive(self, owner: str) -> bool:
+        """Clear ``owner``'s degraded mark and restart budgets; True if it was degraded."""
+        with self._lock:
+            was = self._degraded.pop(owner, None) is not None
+            for state in self._children.values():
+                if state.owner != owner:
+                    continue
+                state.restarts.clear()
+                state.degraded = False
+            return was
+
+    def restarts(self) -> dict[str, int]:
+        with self._lock:
+            return {f"{k}:{key}": s.total_restarts for (k, key), s in self._children.items() if s.crashes}
+
+
+class MemoryActor(pykka.ThreadingActor):
+    """A thread with a mailbox of :class:`Envelope` s that owns one layer object.
+
+    Subclasses set ``kind``, implement :meth:`open_layer` / :meth:`close_layer` (run in the
+    actor's thread, so the layer's connection is confined to it) and :meth:`handle`.
+    """
+
+    use_daemon_thread = True
+    kind: ClassVar[str] = "actor"
+
+    def __init__(self, runtime: Runtime, key: str, owner: str | None = None) -> None:
+        super().__init__()
+        self.runtime = runtime
+        self.key = key
+        self.owner = owner if owner is not None else key
+        self.layer: Any = None
+        self.handled = 0
+        self.started_at = time.monotonic()
+        runtime.activity.begin()  # starting up is work in flight until on_start has run
+
+    def __str__(self) -> str:
+        return f"{type(self).__name__}({self.key})"
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def open_layer(self) -> Any:
+        return None
+
+    def close_layer(self, layer: Any) -> None:
+        close = getattr(layer, "close", None)
+        if callable(close):
+            close()
+
+    def on_start(self) -> None:
+        try:
+            self.layer = self.open_layer()
+        except Exception as exc:  # reopened on the next message; counted like a crash
+            self._crashed(exc, "opening")
+        finally:
+            self.runtime.activity.done()
+
+    def on_stop(self) -> None:
+        self._drop_layer()
+
+    def _drop_layer(self) -> None:
+        layer, self.layer = self.layer, None
+        if layer is not None:
+            try:
+                self.close_layer(layer)
+            except Exception:
+                log.exception("%s: closing its layer failed", self)
+
+    def ensure_layer(self) -> Any:
+        if self.layer is None:
+            self.layer = self.open_layer()
+        return self.layer
+
+    # -- messages ------------------------------------------------------------------------------
+
+    def on_receive(self, message: Any) -> Any:
+        if not isinstance(message, Envelope):
+            log.warning("%s ignored a message that is not an envelope: %r", self, message)
+            return None
+        try:
+            self._deliver(message)
+        finally:
+            self.runtime.activity.done()
+        return None
+
+    def _deliver(self, envelope: Envelope) -> None:
+        reply = envelope.reply
+        if reply is not None and reply.done():  # the caller gave up (timeout): skip the work
+            return
+        try:
+            result = self._guarded(envelope.message)
+        except BaseException as exc:
+            if reply is not None:
+                _set_exception(reply, exc)
+            elif not isinstance(exc, InvalidInputError | SystemStoppedError | AgentDegradedError):
+                log.warning("%s: %s", self, exc)
+            return
+        if result is DEFERRED:
+            return
+        if reply is not None:
+            _set_result(reply, result)
+
+    def _guarded(self, message: Any) -> Any:
+        if isinstance(message, _Status):
+            return self.status()
+        reason = self.runtime.supervision.degraded_reason(self.owner)
+        if reason is not None and self.refuses_when_degraded(message):
+            raise AgentDegradedError(f"{self.owner} is degraded: {reason}")
+        try:
+            self.ensure_layer()
+            result = self.handle(message)
+        except (InvalidInputError, SystemStoppedError, ActorCrashedError):
+            raise
+        except ValueError as exc:
+            raise InvalidInputError(str(exc)) from exc
+        except Exception as exc:
+            restarted = self._crashed(exc, type(message).__name__)
+            after = (
+                "was restarted" if restarted else f"exhausted its restart budget ({self.owner} is degraded)"
+            )
+            raise ActorCrashedError(
+                f"{self} crashed handling {type(message).__name__} and {after}: {type(exc).__name__}: {exc}"
+            ) from exc
+        self.handled += 1
+        return result
+
+    def refuses_when_degraded(self, message: Any) -> bool:
+        return True
+
+    def _crashed(self, exc: BaseException, what: str) -> bool:
+        """Drop the layer and ask the supervision policy; True when restarted (layer reopened)."""
+        log.error("%s crashed while %s: %s: %s", self, what, type(exc).__name__, exc, exc_info=exc)
+        self._drop_layer()
+        restart = self.runtime.supervision.child_failed(self.kind, self.key, self.owner, exc)
+        if restart:
+            with contextlib.suppress(Exception):  # a failing reopen is retried on the next message
+                self.layer = self.open_layer()
+        return restart
+
+    def handle(self, message: Any) -> Any:
+        raise InvalidInputError(f"{self} does not handle {type(message).__name__}")
+
+    def status(self) -> dict[str, Any]:
+        return {"handled": self.handled, "open": self.layer is not None}
+
+
+def _set_result(future: Future[Any], value: Any) -> None:
+    with contextlib.suppress(Exception):  # already cancelled or timed out by the caller
+        future.set_result(value)
+
+
+def _set_exception(future: Future[Any], exc: BaseException) -> None:
+    if not isinstance(exc, MemstrataError | ValueError):
+        wrapped = ActorCrashedError(f"{type(exc).__name__}: {exc}")
+        wrapped.__cause__ = exc
+        exc = wrapped
+    with contextlib.suppress(Exception):
+        future.set_exception(exc)
+
+
+set_result = _set_result
+set_exception = _set_exception
+Status = _Status

@@ -1,0 +1,208 @@
+"""The blackboard actor: one session's board, with subscriber callbacks on a delivery thread.
+
+The actor owns the :class:`BlackboardState` and decides who is told about each change; a
+per-session delivery thread runs the callbacks in the order the changes were made (so each
+publisher's order is kept), never on the publisher's thread and never on the actor's, so a slow
+subscriber cannot stall publishing. A callback that raises is unsubscribed and counted; the
+others carry on. A new subscriber first receives the current matching values, queued in the same
+step that registers it, so it misses nothing and sees nothing twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from memstrata.messages import (
+    ListSignals,
+    PublishSignal,
+    QuerySignal,
+    Signal,
+    SignalList,
+    SignalPublished,
+    SignalSubscribed,
+    SignalUnsubscribed,
+    SignalValue,
+    SubscribeSignal,
+    UnsubscribeSignal,
+)
+
+from ._base import MemoryActor
+from ._concurrency import Activity
+
+__all__ = ["BlackboardActor", "SubscribeWithCallback", "SubscriberFailed"]
+
+log = logging.getLogger("memstrata.actors")
+
+SignalCallback = Callable[[Signal], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class SubscribeWithCallback:
+    """Internal: a :class:`SubscribeSignal` plus the callable to deliver to."""
+
+    request: SubscribeSignal
+    callback: SignalCallback
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriberFailed:
+    """Internal: the delivery thread reports a callback that raised."""
+
+    subscription_id: int
+    error: str
+
+
+class _Delivery:
+    """A FIFO of (subscription, signal) served by one thread."""
+
+    def __init__(self, session_id: str, activity: Activity, on_failure: Callable[[int, BaseException], None]):
+        self._activity = activity
+        self._on_failure = on_failure
+        self._callbacks: dict[int, SignalCallback] = {}
+        self._lock = threading.Lock()
+        self._queue: queue.SimpleQueue[tuple[int, Signal] | None] = queue.SimpleQueue()
+        self.delivered = 0
+        self.errors = 0
+        self.last_error: str | None = None
+        self._thread = threading.Thread(target=self._run, name=f"memstrata-board-{session_id}", daemon=True)
+        self._thread.start()
+
+    def add(self, sub_id: int, callback: SignalCallback) -> None:
+        with self._lock:
+            self._callbacks[sub_id] = callback
+
+    def remove(self, sub_id: int) -> bool:
+        with self._lock:
+            return self._callbacks.pop(sub_id, None) is not None
+
+    def post(self, sub_id: int, signal: Signal) -> None:
+        self._activity.begin()
+        self._queue.put((sub_id, signal))
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            sub_id, signal = item
+            try:
+                with self._lock:
+                    callback = self._callbacks.get(sub_id)
+                if callback is None:
+                    continue  # unsubscribed meanwhile
+                try:
+                    callback(signal)
+                    self.delivered += 1
+                except Exception as exc:
+                    with self._lock:
+                        self._callbacks.pop(sub_id, None)
+                        self.errors += 1
+                        self.last_error = f"subscription {sub_id}: {type(exc).__name__}: {exc}"
+                    log.warning("blackboard subscriber %s raised and was removed: %s", sub_id, exc)
+                    with contextlib.suppress(Exception):
+                        self._on_failure(sub_id, exc)
+            finally:
+                self._activity.done()
+
+    def close(self, timeout: float) -> None:
+        """Deliver what is queued, then stop (bounded by ``timeout``)."""
+        self._queue.put(None)
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=timeout)
+
+
+class BlackboardActor(MemoryActor):
+    """A session's blackboard; snapshot to ``blackboard/{session}.sqlite`` when configured."""
+
+    kind = "blackboard"
+
+    def __init__(self, runtime: Any, key: str, owner: str | None = None) -> None:
+        super().__init__(runtime, key, owner if owner is not None else f"session:{key}")
+        self._delivery = _Delivery(key, runtime.activity, self._subscriber_failed)
+
+    def _subscriber_failed(self, sub_id: int, exc: BaseException) -> None:
+        self.runtime.post(self.actor_ref, SubscriberFailed(sub_id, f"{type(exc).__name__}: {exc}"))
+
+    def open_layer(self) -> Any:
+        from memstrata.layers import BlackboardState
+
+        state = BlackboardState(clock=self.runtime.clock.now)
+        if self.runtime.config_actors("blackboard_snapshot"):
+            state.restore(self.runtime.path("blackboard", self.key))
+        return state
+
+    def close_layer(self, layer: Any) -> None:
+        if self.runtime.config_actors("blackboard_snapshot"):
+            layer.snapshot(self.runtime.path("blackboard", self.key))
+
+    def on_stop(self) -> None:
+        try:
+            super().on_stop()
+        finally:
+            self._delivery.close(timeout=float(self.runtime.config_actors("stop_timeout_s")))
+
+    def _signal(self, record: Any) -> Signal:
+        return Signal(
+            self.key,
+            record.key,
+            orjson.loads(record.data),
+            record.publisher_id,
+            record.version,
+            record.updated_at,
+        )
+
+    def handle(self, message: Any) -> Any:
+        state = self.layer
+        if isinstance(message, PublishSignal):
+            record, subscribers = state.publish(message.key, message.value, message.publisher_id)
+            for sub_id in subscribers:
+                self._delivery.post(sub_id, self._signal(record))
+            return SignalPublished(self.key, record.key, record.version)
+        if isinstance(message, QuerySignal):
+            record = state.get(message.key)
+            if record is None:
+                return SignalValue(self.key, message.key)
+            return SignalValue(
+                self.key,
+                record.key,
+                record.value,
+                True,
+                record.publisher_id,
+                record.version,
+                record.updated_at,
+            )
+        if isinstance(message, ListSignals):
+            return SignalList(self.key, message.prefix, tuple(state.list(message.prefix or None)))
+        if isinstance(message, SubscribeWithCallback):
+            sub_id, current = state.subscribe(message.request.key_or_prefix)
+            self._delivery.add(sub_id, message.callback)
+            for record in current:
+                self._delivery.post(sub_id, self._signal(record))
+            return SignalSubscribed(self.key, sub_id, message.request.key_or_prefix)
+        if isinstance(message, UnsubscribeSignal):
+            self._delivery.remove(message.subscription_id)
+            removed = state.unsubscribe(message.subscription_id)
+            return SignalUnsubscribed(self.key, message.subscription_id, removed)
+        if isinstance(message, SubscriberFailed):
+            state.unsubscribe(message.subscription_id)
+            return None
+        return super().handle(message)
+
+    def status(self) -> dict[str, Any]:
+        base = super().status()
+        state = self.layer
+        if state is not None:
+            base["keys"] = len(state)
+            base["subscribers"] = state.subscriber_count
+        base["delivered"] = self._delivery.delivered
+        base["subscriber_errors"] = self._delivery.errors
+        base["last_subscriber_error"] = self._delivery.last_error
+        return base

@@ -1,0 +1,150 @@
+"""Pre-task prompts: XML-escaped knowledge context, optional episodes, then the task.
+
+Shape (one ``<entry>`` per knowledge hit, best first)::
+
+    <knowledge-context>
+    <entry category="pitfall" relevance="0.87" taskId="t1">Avoid the Strategy pattern ...</entry>
+    </knowledge-context>
+    <recent-episodes>
+    <episode relevance="0.52" at="2025-01-01T10:00:00+00:00" title="Task t1 failed">...</episode>
+    </recent-episodes>
+    <task>Refactor the payment module</task>
+
+Attributes are ``category`` and ``relevance`` (the hit's normalised 0-1 score, two decimals)
+followed by the entry's tags in key order. Everything is escaped: text and attribute values with
+XML entities (newlines and tabs in attributes as character references), characters XML 1.0
+cannot carry replaced by U+FFFD, and tag keys turned into valid XML names by encoding each
+character that is not allowed as ``_xHHHH_`` (a key that collides with ``category`` or
+``relevance`` gets a ``tag-`` prefix). The fallback prompt is the ``<task>`` element alone.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+__all__ = [
+    "build_prompt",
+    "fallback_prompt",
+    "merge_hits",
+    "xml_attr",
+    "xml_name",
+    "xml_text",
+]
+
+_INVALID_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+_NAME_START = re.compile(r"[A-Za-z_]")
+_NAME_CHAR = re.compile(r"[A-Za-z0-9._-]")
+_ESCAPE_LIKE = re.compile(r"_x[0-9A-Fa-f]{4,8}_")
+_RESERVED = ("category", "relevance")
+
+
+def _clean(text: str) -> str:
+    return _INVALID_XML.sub("\ufffd", text)
+
+
+def xml_text(text: str) -> str:
+    """Escape element content."""
+    return _clean(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def xml_attr(value: str) -> str:
+    """Escape an attribute value (to be placed between double quotes)."""
+    return (
+        xml_text(value)
+        .replace('"', "&quot;")
+        .replace("\t", "&#9;")
+        .replace("\n", "&#10;")
+        .replace("\r", "&#13;")
+    )
+
+
+def xml_name(key: str) -> str:
+    """A valid XML attribute name for ``key``: disallowed characters become ``_xHHHH_``."""
+    out: list[str] = []
+    for index, char in enumerate(key):
+        allowed = _NAME_START.fullmatch(char) if index == 0 else _NAME_CHAR.fullmatch(char)
+        if char == "_" and _ESCAPE_LIKE.match(key, index):
+            allowed = None  # escape an underscore that would read as an escape sequence
+        out.append(char if allowed else f"_x{ord(char):04X}_")
+    return "".join(out) or "_"
+
+
+def _relevance(score: Any) -> str:
+    try:
+        value = float(score)
+    except (TypeError, ValueError):
+        value = 0.0
+    if value != value:
+        value = 0.0
+    return f"{min(1.0, max(0.0, value)):.2f}"
+
+
+def _attributes(pairs: Iterable[tuple[str, str]], tags: Mapping[str, str] | None) -> str:
+    parts = [f'{name}="{xml_attr(value)}"' for name, value in pairs]
+    used = {name for name, _ in pairs}
+    for key in sorted(tags or {}):
+        name = xml_name(key)
+        if name in _RESERVED:
+            name = f"tag-{name}"
+        if name in used:
+            continue
+        used.add(name)
+        parts.append(f'{name}="{xml_attr(str(tags[key]))}"')  # type: ignore[index]
+    return " ".join(parts)
+
+
+def _entry(hit: Any) -> str:
+    entry = hit.entry
+    pairs = [("category", str(entry.category)), ("relevance", _relevance(hit.score))]
+    return f"<entry {_attributes(pairs, entry.tags)}>{xml_text(str(entry.content))}</entry>"
+
+
+def _episode(hit: Any) -> str:
+    episode = hit.episode
+    pairs = [("relevance", _relevance(hit.score))]
+    at = getattr(episode, "at", None)
+    if at is not None:
+        pairs.append(("at", at.isoformat() if hasattr(at, "isoformat") else str(at)))
+    title = getattr(episode, "title", None)
+    if title:
+        pairs.append(("title", str(title)))
+    return f"<episode {_attributes(pairs, None)}>{xml_text(str(episode.content))}</episode>"
+
+
+def fallback_prompt(description: str) -> str:
+    """The prompt when no knowledge could be given: the full task description, escaped."""
+    return f"<task>{xml_text(description)}</task>"
+
+
+def build_prompt(description: str, hits: Sequence[Any], episodes: Sequence[Any] = ()) -> str:
+    """Knowledge context (hits best first), optional recent episodes, then the task."""
+    lines = ["<knowledge-context>", *(_entry(h) for h in hits), "</knowledge-context>"]
+    if episodes:
+        lines += ["<recent-episodes>", *(_episode(e) for e in episodes), "</recent-episodes>"]
+    lines.append(fallback_prompt(description))
+    return "\n".join(lines)
+
+
+def merge_hits(own: Sequence[Any], shared: Sequence[Any], top_k: int) -> list[Any]:
+    """Fuse an agent's hits with the shared store's hits, best first, at most ``top_k``.
+
+    Both lists come from the same hybrid search with the same parameters, so their normalised
+    RRF scores are on the same scale (1.0 = first in both the vector and the keyword list). Hits
+    are ordered by that score, ties broken by cosine similarity (comparable across stores: same
+    model), then the agent's own entry first. Content that appears in both stores with the same
+    category is kept once (the agent's own copy).
+    """
+    ranked: list[tuple[tuple[float, float, int, int], Any]] = []
+    seen: set[tuple[str, str]] = set()
+    for source, hits in enumerate((own, shared)):
+        for rank, hit in enumerate(hits):
+            identity = (str(hit.entry.content), str(hit.entry.category))
+            if identity in seen:
+                continue
+            seen.add(identity)
+            similarity = hit.similarity if getattr(hit, "similarity", None) is not None else -1.0
+            ranked.append(((-float(hit.score), -float(similarity), source, rank), hit))
+    ranked.sort(key=lambda item: item[0])
+    return [hit for _, hit in ranked[:top_k]]

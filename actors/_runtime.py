@@ -1,0 +1,401 @@
+"""The runtime: one system's actor tree, its shared services, and message routing.
+
+It holds what every actor of a system shares (configuration, the embedding service, the clock,
+the activity counter, the timer, the restart policy) and the four supervisors, routes each public
+message to the actor that owns its agent or session (creating it on first use), and stops the
+tree in an order that loses nothing: wait until every mailbox is drained (write-backs included),
+then stop agents, then the stores (which commit and close), then blackboards (which snapshot).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from pathlib import Path
+from typing import Any, cast
+
+import pykka
+from memstrata.storage import Embedder
+
+from memstrata.config import Config
+from memstrata.errors import (
+    InvalidInputError,
+    RequestTimeoutError,
+    SystemStoppedError,
+)
+from memstrata.messages import (
+    SHARED,
+    ClearWorkingMemory,
+    CommitMemory,
+    GetWorkingMemory,
+    KnowledgeResult,
+    ListSignals,
+    Message,
+    PublishSignal,
+    QueryKnowledge,
+    QuerySignal,
+    SearchMemory,
+    SetWorkingMemory,
+    StoreKnowledge,
+    StoreMemory,
+    SubscribeSignal,
+    TaskAssigned,
+    TaskCompleted,
+    TaskFailed,
+    TaskPrompt,
+    UnsubscribeSignal,
+    check_agent_id,
+)
+
+from ._agent import describe_error
+from ._base import Envelope, Status, Supervision
+from ._blackboard import SubscribeWithCallback
+from ._clock import Clock
+from ._concurrency import Activity, Scheduler
+from ._embedding import BatchingEmbedder
+from ._outbox import has_pending
+from ._prompt import fallback_prompt, merge_hits
+from ._stores import StoreFactory
+from ._supervisors import (
+    AgentSupervisor,
+    BlackboardSupervisor,
+    Children,
+    KnowledgeSupervisor,
+    MemorySupervisor,
+    Spawn,
+    StopChildren,
+)
+
+__all__ = ["Runtime", "StopReport", "route"]
+
+log = logging.getLogger("memstrata.actors")
+
+_SUPERVISOR_OF = {
+    "knowledge": "knowledge",
+    "episodic": "memory",
+    "working": "memory",
+    "blackboard": "blackboard",
+    "agent": "agent",
+}
+_FOLDER = {
+    "knowledge": "knowledge",
+    "episodic": "episodic",
+    "agent": "outbox",
+    "outbox": "outbox",
+    "blackboard": "blackboard",
+}
+_STOP_ORDER = ("agent", "knowledge", "memory", "blackboard")
+# how much longer than the retrieval timeout a caller of TaskAssigned waits for the agent actor
+PROMPT_MARGIN_S = 1.0
+
+
+def route(message: Message) -> tuple[str, str]:
+    """The ``(kind, key)`` of the actor that handles ``message``."""
+    if isinstance(message, StoreKnowledge | QueryKnowledge):
+        return "knowledge", message.agent_id
+    if isinstance(message, StoreMemory | SearchMemory | CommitMemory):
+        return "episodic", message.agent_id
+    if isinstance(message, SetWorkingMemory | GetWorkingMemory | ClearWorkingMemory):
+        return "working", message.agent_id
+    if isinstance(message, PublishSignal | QuerySignal | SubscribeSignal | UnsubscribeSignal | ListSignals):
+        return "blackboard", message.session_id
+    if isinstance(message, TaskAssigned | TaskCompleted | TaskFailed):
+        if message.agent_id is None:
+            raise InvalidInputError(
+                f"{type(message).__name__}.agent_id is required here (or send it through system.agent(id))"
+            )
+        return "agent", message.agent_id
+    raise InvalidInputError(f"{type(message).__name__} is not a request a memory actor handles")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StopReport:
+    drained: bool  # every mailbox was empty before the actors stopped
+    late: tuple[str, ...]  # actors that did not stop within the timeout
+    seconds: float
+
+
+class Runtime:
+    """One system's actors and shared services."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        embedder: Embedder | None,
+        clock: Clock,
+        stores: StoreFactory,
+        embedder_note: str | None = None,
+        owns_embedder: bool = True,
+    ) -> None:
+        self.config = config
+        self.data_dir = Path(config.data_dir)
+        self.embedder = embedder
+        self.embedder_note = embedder_note
+        self._owns_embedder = owns_embedder
+        self.clock = clock
+        self.stores = stores
+        self.activity = Activity()
+        self.scheduler = Scheduler()
+        actors = config.actors
+        self.supervision = Supervision(
+            max_restarts=actors.max_restarts, window_s=actors.restart_window_s, clock=clock.monotonic
+        )
+        self._refs: dict[tuple[str, str], pykka.ActorRef[Any]] = {}
+        self._lock = threading.Lock()
+        self.accepting = True
+        self._stopped = threading.Event()
+        self._stop_lock = threading.Lock()
+        self.shared_query_errors = 0
+        self.supervisors: dict[str, pykka.ActorRef[Any]] = {
+            "knowledge": KnowledgeSupervisor.start(self),
+            "memory": MemorySupervisor.start(self),
+            "blackboard": BlackboardSupervisor.start(self),
+            "agent": AgentSupervisor.start(self),
+        }
+
+    # -- configuration and paths ---------------------------------------------------------------
+
+    def config_actors(self, name: str) -> Any:
+        return getattr(self.config.actors, name)
+
+    def path(self, kind: str, key: str) -> Path:
+        return self.data_dir / _FOLDER[kind] / f"{key}.sqlite"
+
+    # -- actors --------------------------------------------------------------------------------
+
+    def existing(self, kind: str, key: str) -> pykka.ActorRef[Any] | None:
+        with self._lock:
+            ref = self._refs.get((kind, key))
+        return ref if ref is not None and ref.is_alive() else None
+
+    def ref(self, kind: str, key: str) -> pykka.ActorRef[Any]:
+        """The actor for ``(kind, key)``, created by its supervisor on first use."""
+        ref = self.existing(kind, key)
+        if ref is not None:
+            return ref
+        if self._stopped.is_set():
+            raise SystemStoppedError("the memory system is stopped")
+        supervisor = self.supervisors[_SUPERVISOR_OF[kind]]
+        try:
+            ref = cast(
+                "pykka.ActorRef[Any]",
+                supervisor.ask(Spawn(kind, key), timeout=self.config.actors.ask_timeout_s),
+            )
+        except pykka.ActorDeadError as exc:
+            raise SystemStoppedError("the memory system is stopped") from exc
+        except pykka.Timeout as exc:
+            raise RequestTimeoutError(f"creating the {kind} actor for {key!r} timed out") from exc
+        with self._lock:
+            self._refs[(kind, key)] = ref
+        return ref
+
+    def post(self, ref: pykka.ActorRef[Any], message: Any, reply: Future[Any] | None = None) -> bool:
+        """Put ``message`` in ``ref``'s mailbox (counted as work in flight); False if it is gone."""
+        self.activity.begin()
+        try:
+            ref.tell(Envelope(message, reply))
+        except pykka.ActorDeadError:
+            self.activity.done()
+            if reply is not None:
+                with contextlib.suppress(Exception):
+                    reply.set_exception(SystemStoppedError(f"{ref} has stopped"))
+            return False
+        return True
+
+    def request(self, kind: str, key: str, message: Any) -> Future[Any]:
+        """Send ``message`` to the ``(kind, key)`` actor; its answer arrives on the future."""
+        future: Future[Any] = Future()
+        self.post(self.ref(kind, key), message, future)
+        return future
+
+    # -- the public message interface ------------------------------------------------------------
+
+    def check_open(self) -> None:
+        if not self.accepting:
+            raise SystemStoppedError("the memory system is stopped; start a new one")
+
+    def tell(self, message: Message) -> None:
+        """Fire and forget (errors are logged by the receiving actor)."""
+        self.check_open()
+        if isinstance(message, SubscribeSignal):
+            raise InvalidInputError("SubscribeSignal needs a callback: use ask(message, callback=...)")
+        kind, key = route(message)
+        self.post(self.ref(kind, key), message)
+
+    def ask(
+        self,
+        message: Message,
+        *,
+        timeout: float | None = None,
+        callback: Callable[[Any], Any] | None = None,
+    ) -> Any:
+        """Send ``message`` and wait for the answer (at most ``timeout`` seconds)."""
+        self.check_open()
+        if not isinstance(message, Message):
+            raise InvalidInputError(f"ask() takes a memstrata message, got {type(message).__name__}")
+        if isinstance(message, TaskAssigned):
+            return self.begin_task(message, timeout=timeout)
+        if isinstance(message, QueryKnowledge) and message.include_shared and message.agent_id != SHARED:
+            return self.query_knowledge(message, timeout=timeout)
+        if isinstance(message, SubscribeSignal):
+            if callback is None or not callable(callback):
+                raise InvalidInputError("SubscribeSignal needs a callback: ask(message, callback=fn)")
+            message = SubscribeWithCallback(message, callback)  # type: ignore[assignment]
+            kind, key = "blackboard", message.request.session_id  # type: ignore[attr-defined]
+        else:
+            kind, key = route(message)
+        return self.wait(
+            self.request(kind, key, message), timeout, f"{type(message).__name__} to {kind} {key!r}"
+        )
+
+    def wait(self, future: Future[Any], timeout: float | None, what: str) -> Any:
+        limit = self.config.actors.ask_timeout_s if timeout is None else timeout
+        try:
+            return future.result(timeout=limit)
+        except FutureTimeout as exc:
+            future.cancel()
+            raise RequestTimeoutError(f"{what} got no answer within {limit:g} s") from exc
+
+    def query_knowledge(self, message: QueryKnowledge, *, timeout: float | None = None) -> KnowledgeResult:
+        """The agent's hits fused with the shared store's (see :func:`merge_hits`)."""
+        own_query = dataclasses.replace(message, include_shared=False)
+        own = self.request("knowledge", message.agent_id, own_query)
+        shared: Future[Any] | None = None
+        if self.existing("knowledge", SHARED) is not None or self.path("knowledge", SHARED).exists():
+            shared = self.request("knowledge", SHARED, dataclasses.replace(own_query, agent_id=SHARED))
+        deadline = time.monotonic() + (self.config.actors.ask_timeout_s if timeout is None else timeout)
+        own_result = self.wait(own, deadline - time.monotonic(), f"QueryKnowledge to {message.agent_id!r}")
+        shared_hits: tuple[Any, ...] = ()
+        if shared is not None:
+            try:
+                shared_hits = self.wait(
+                    shared, max(0.0, deadline - time.monotonic()), "shared QueryKnowledge"
+                ).hits
+            except Exception as exc:  # the shared store is a supplement: the agent's own hits still count
+                with self._lock:
+                    self.shared_query_errors += 1
+                log.warning(
+                    "shared knowledge query failed; answering with %s's own hits: %s", message.agent_id, exc
+                )
+        merged = merge_hits(own_result.hits, shared_hits, message.top_k)
+        return KnowledgeResult(message.agent_id, tuple(merged))
+
+    def begin_task(self, message: TaskAssigned, *, timeout: float | None = None) -> TaskPrompt:
+        """The prompt for a task, within the agent's retrieval timeout plus a small margin."""
+        if message.agent_id is None:
+            route(message)  # raises the clear error
+        agent_id = str(message.agent_id)
+        retrieval = self.config.for_agent(agent_id).retrieval_timeout_s
+        limit = retrieval + PROMPT_MARGIN_S if timeout is None else timeout
+        try:
+            future = self.request("agent", agent_id, message)
+            return self.wait(future, limit, f"TaskAssigned to agent {agent_id!r}")  # type: ignore[no-any-return]
+        except (InvalidInputError, SystemStoppedError):
+            raise
+        except RequestTimeoutError:
+            reason = f"timeout: agent {agent_id} did not answer within {limit:g} s"
+        except Exception as exc:
+            reason = f"error: {describe_error(exc)}"
+        return TaskPrompt(fallback_prompt(message.description), (), True, reason, agent_id, message.task_id)
+
+    # -- agents, idle, stop ----------------------------------------------------------------------
+
+    def replay_outboxes(self) -> list[str]:
+        """Start the agent actor of every agent whose outbox still holds write-backs."""
+        started: list[str] = []
+        folder = self.data_dir / _FOLDER["agent"]
+        if not folder.is_dir():
+            return started
+        for path in sorted(folder.glob("*.sqlite")):
+            try:
+                check_agent_id(path.stem)
+                if has_pending(path):
+                    self.ref("agent", path.stem)
+                    started.append(path.stem)
+            except Exception as exc:
+                log.error("cannot replay outbox %s: %s", path, exc)
+        return started
+
+    def retire(self, owner: str, timeout: float) -> list[str]:
+        """Stop every actor of one agent (or ``session:{id}``), draining their mailboxes first."""
+        late: list[str] = []
+        for name in _STOP_ORDER:
+            late += cast(
+                "list[str]", self.supervisors[name].ask(StopChildren(timeout, owner), timeout=timeout + 5)
+            )
+        with self._lock:
+            for k in [
+                k for k in self._refs if (f"session:{k[1]}" if k[0] == "blackboard" else k[1]) == owner
+            ]:
+                del self._refs[k]
+        return late
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        return self.activity.wait_idle(timeout)
+
+    def stop(self, timeout: float | None = None) -> StopReport:
+        """Refuse new requests, drain every mailbox, then stop the actors in order and close."""
+        limit = self.config.actors.stop_timeout_s if timeout is None else timeout
+        with self._stop_lock:
+            if self._stopped.is_set():
+                return StopReport(True, (), 0.0)
+            started = time.monotonic()
+            self.accepting = False
+            drained = self.activity.wait_idle(limit)
+            if not drained:
+                log.error("stop: %d requests still in flight after %g s", self.activity.in_flight, limit)
+            late: list[str] = []
+            for name in _STOP_ORDER:
+                remaining = max(1.0, limit - (time.monotonic() - started))
+                try:
+                    stopped = self.supervisors[name].ask(StopChildren(remaining), timeout=remaining + 5)
+                    late += cast("list[str]", stopped)
+                except Exception as exc:
+                    late.append(f"{name} supervisor: {exc}")
+                with contextlib.suppress(Exception):
+                    self.supervisors[name].stop(block=True, timeout=5)
+            self._stopped.set()
+            if self._owns_embedder and isinstance(self.embedder, BatchingEmbedder):
+                self.embedder.close()
+            self.scheduler.close()
+            return StopReport(drained, tuple(late), time.monotonic() - started)
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped.is_set()
+
+    # -- status --------------------------------------------------------------------------------
+
+    def children(self) -> list[tuple[str, str, pykka.ActorRef[Any]]]:
+        found: list[tuple[str, str, pykka.ActorRef[Any]]] = []
+        for supervisor in self.supervisors.values():
+            with contextlib.suppress(Exception):
+                found += cast(
+                    "list[tuple[str, str, pykka.ActorRef[Any]]]", supervisor.ask(Children(), timeout=5)
+                )
+        return found
+
+    def actor_status(self, timeout: float = 2.0) -> dict[tuple[str, str], dict[str, Any]]:
+        """Each live actor's status (``{"error": ...}`` for one that does not answer in time)."""
+        pending = []
+        for kind, key, ref in self.children():
+            future: Future[Any] = Future()
+            if self.post(ref, Status(), future):
+                pending.append(((kind, key), future))
+        deadline = time.monotonic() + timeout
+        result: dict[tuple[str, str], dict[str, Any]] = {}
+        for ident, future in pending:
+            try:
+                result[ident] = future.result(timeout=max(0.0, deadline - time.monotonic()))
+            except FutureTimeout:
+                result[ident] = {"error": "busy: no answer within the status timeout"}
+            except Exception as exc:
+                result[ident] = {"error": describe_error(exc)}
+        return result

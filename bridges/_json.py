@@ -1,0 +1,93 @@
+"""orjson on the wire, made total: any result can be written, any line can be judged.
+
+orjson refuses lone surrogates when writing; a stored text may hold them (the Python API accepts
+any ``str``), so the writer falls back to a copy with those code points replaced rather than
+failing a response that was already computed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+from collections.abc import Mapping
+from pathlib import PurePath
+from typing import Any
+
+import orjson
+
+__all__ = ["MAX_DEPTH", "dumps", "json_depth", "loads", "to_jsonable"]
+
+MAX_DEPTH = 64
+"""Deepest nesting of arrays and objects accepted from the outside world."""
+
+_OPTIONS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, PurePath):
+        return str(value)
+    if isinstance(value, set | frozenset | tuple):
+        return list(value)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    raise TypeError(f"cannot write {type(value).__name__} as JSON")
+
+
+def dumps(value: Any, *, indent: bool = False) -> bytes:
+    """Serialise ``value``; strings with lone surrogates are repaired instead of failing."""
+    option = _OPTIONS | (orjson.OPT_INDENT_2 if indent else 0)
+    try:
+        return orjson.dumps(value, default=_default, option=option)
+    except orjson.JSONEncodeError:
+        return orjson.dumps(_repair(value), default=_default, option=option)
+
+
+def _repair(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.encode("utf-8", "replace").decode("utf-8")
+    if isinstance(value, Mapping):
+        return {_repair(str(k)): _repair(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_repair(v) for v in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _repair({f.name: getattr(value, f.name) for f in dataclasses.fields(value)})
+    return value
+
+
+def loads(data: bytes | str) -> Any:
+    """Parse JSON; raises ``orjson.JSONDecodeError`` (a ``ValueError``)."""
+    return orjson.loads(data)
+
+
+def json_depth(value: Any, limit: int = MAX_DEPTH) -> int:
+    """Nesting depth of a parsed value, counting stops once it passes ``limit`` (iterative)."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, depth)
+        if deepest > limit:
+            return deepest
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return deepest
+
+
+def to_jsonable(value: Any) -> Any:
+    """Plain JSON types for values that leave through a bridge (datetimes as ISO 8601 strings)."""
+    if isinstance(value, _dt.datetime | _dt.date):
+        return value.isoformat()
+    if isinstance(value, PurePath):
+        return str(value)
+    if isinstance(value, Mapping):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [to_jsonable(v) for v in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    return value

@@ -1,0 +1,187 @@
+"""Check arguments against the very JSON Schemas the bridges publish.
+
+Tool schemas (for LLMs) and server method params are declared once as JSON Schema; this module
+enforces the subset they use, so what a model is told and what the dispatcher accepts cannot
+drift apart. Failures are one-line :class:`InvalidInputError` messages that name the argument,
+written for a model (or a person) to correct the call.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from memstrata.errors import InvalidInputError
+
+__all__ = ["check", "describe_type"]
+
+_TYPE_NAMES = {
+    "string": "a string",
+    "integer": "an integer",
+    "number": "a number",
+    "boolean": "a boolean",
+    "object": "an object",
+    "array": "an array",
+    "null": "null",
+}
+
+
+def describe_type(value: Any) -> str:
+    """How a JSON value's type reads in an error message."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, Mapping):
+        return "an object"
+    if isinstance(value, list | tuple):
+        return "an array"
+    return f"a {type(value).__name__}"
+
+
+def _label(path: str, noun: str) -> str:
+    return f"{noun} {path!r}" if path else f"{noun}s"
+
+
+def _matches_type(kind: str, value: Any) -> Any:
+    """The value converted to ``kind`` (an integral float is an integer), or ``_NO``."""
+    if kind == "string":
+        return value if isinstance(value, str) else _NO
+    if kind == "boolean":
+        return value if isinstance(value, bool) else _NO
+    if kind == "null":
+        return value if value is None else _NO
+    if kind == "object":
+        return value if isinstance(value, Mapping) else _NO
+    if kind == "array":
+        return list(value) if isinstance(value, list | tuple) else _NO
+    if isinstance(value, bool):
+        return _NO
+    if kind == "integer":
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        return _NO
+    if kind == "number":
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and math.isfinite(value):
+            return value
+        return _NO
+    raise AssertionError(f"schema type {kind!r} is not supported")  # pragma: no cover
+
+
+_NO = object()
+
+
+def check(schema: Mapping[str, Any], value: Any, *, path: str = "", noun: str = "argument") -> Any:
+    """Validate ``value``; returns it normalised (integral floats as ints, tuples as lists)."""
+    if "anyOf" in schema:
+        # the options differ by type: the first whose type fits decides (and words the error)
+        for option in schema["anyOf"]:
+            kind = option.get("type")
+            if kind is None or _matches_type(kind, value) is not _NO:
+                return check(option, value, path=path, noun=noun)
+        expected = " or ".join(_TYPE_NAMES[str(o["type"])] for o in schema["anyOf"])
+        raise InvalidInputError(f"{_label(path, noun)} must be {expected}, got {describe_type(value)}")
+    kinds = schema.get("type")
+    if kinds is not None:
+        options = [kinds] if isinstance(kinds, str) else list(kinds)
+        for kind in options:
+            converted = _matches_type(kind, value)
+            if converted is not _NO:
+                value = converted
+                break
+        else:
+            expected = " or ".join(_TYPE_NAMES[k] for k in options)
+            raise InvalidInputError(f"{_label(path, noun)} must be {expected}, got {describe_type(value)}")
+    if "enum" in schema and value not in schema["enum"]:
+        allowed = ", ".join(repr(v) for v in schema["enum"])
+        raise InvalidInputError(f"{_label(path, noun)} must be one of {allowed}, got {_short(value)}")
+    if isinstance(value, str):
+        _check_string(schema, value, path, noun)
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        _check_number(schema, value, path, noun)
+    elif isinstance(value, Mapping):
+        value = _check_object(schema, value, path, noun)
+    elif isinstance(value, list):
+        value = _check_array(schema, value, path, noun)
+    return value
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _check_string(schema: Mapping[str, Any], value: str, path: str, noun: str) -> None:
+    label = _label(path, noun)
+    if "minLength" in schema and len(value) < schema["minLength"]:
+        if schema["minLength"] == 1:
+            raise InvalidInputError(f"{label} must not be empty")
+        raise InvalidInputError(f"{label} must be at least {schema['minLength']} characters long")
+    if "maxLength" in schema and len(value) > schema["maxLength"]:
+        raise InvalidInputError(
+            f"{label} is too long ({len(value)} characters, at most {schema['maxLength']})"
+        )
+    if "pattern" in schema and not re.search(schema["pattern"], value):
+        hint = schema.get("x-pattern-hint") or f"match {schema['pattern']}"
+        raise InvalidInputError(f"{label} must {hint}, got {_short(value)}")
+
+
+def _check_number(schema: Mapping[str, Any], value: float, path: str, noun: str) -> None:
+    label = _label(path, noun)
+    if "minimum" in schema and value < schema["minimum"]:
+        raise InvalidInputError(f"{label} must be at least {schema['minimum']}, got {value}")
+    if "maximum" in schema and value > schema["maximum"]:
+        raise InvalidInputError(f"{label} must be at most {schema['maximum']}, got {value}")
+
+
+def _check_object(
+    schema: Mapping[str, Any], value: Mapping[Any, Any], path: str, noun: str
+) -> dict[str, Any]:
+    properties: Mapping[str, Any] = schema.get("properties", {})
+    extra = schema.get("additionalProperties", True)
+    out: dict[str, Any] = {}
+    for key in schema.get("required", ()):
+        if key not in value:
+            raise InvalidInputError(f"missing required {noun} {_join(path, key)!r}")
+    for key, item in value.items():
+        if not isinstance(key, str):
+            raise InvalidInputError(f"{_label(path, noun)} has a non-string key {_short(key)}")
+        sub = _join(path, key)
+        if key in properties:
+            out[key] = check(properties[key], item, path=sub, noun=noun)
+        elif extra is False:
+            known = ", ".join(properties) or "none"
+            where = f" in {path!r}" if path else ""
+            raise InvalidInputError(f"unknown {noun} {key!r}{where} (expected: {known})")
+        elif isinstance(extra, Mapping):
+            out[key] = check(extra, item, path=sub, noun=noun)
+        else:
+            out[key] = item
+    if "maxProperties" in schema and len(out) > schema["maxProperties"]:
+        raise InvalidInputError(f"{_label(path, noun)} has more than {schema['maxProperties']} entries")
+    return out
+
+
+def _check_array(schema: Mapping[str, Any], value: list[Any], path: str, noun: str) -> list[Any]:
+    if "maxItems" in schema and len(value) > schema["maxItems"]:
+        raise InvalidInputError(f"{_label(path, noun)} has more than {schema['maxItems']} items")
+    items = schema.get("items")
+    if items is None:
+        return value
+    return [check(items, item, path=f"{path}[{i}]", noun=noun) for i, item in enumerate(value)]
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key

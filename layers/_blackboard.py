@@ -1,0 +1,213 @@
+"""Blackboard state: one session's shared key-value board with key and prefix subscriptions.
+
+Pure and synchronous: it stores values and works out *who* must be told about a change; its
+actor delivers the notifications on a separate thread. Values are JSON data kept as orjson
+bytes, so every reader and subscriber gets its own copy. ``snapshot``/``restore`` persist the
+values (never the subscriptions) to a small SQLite file.
+"""
+
+from __future__ import annotations
+
+import builtins
+import datetime as _dt
+import itertools
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+from memstrata.storage import apply_migrations, open_database
+
+from memstrata.errors import InvalidInputError
+
+__all__ = ["BlackboardState", "SignalRecord"]
+
+_MAX_KEY_CHARS = 1024
+_SNAPSHOT_MIGRATIONS = [
+    "CREATE TABLE signals ("
+    " key TEXT PRIMARY KEY,"
+    " value BLOB NOT NULL,"
+    " publisher_id TEXT,"
+    " version INTEGER NOT NULL,"
+    " updated_at TEXT NOT NULL)"
+]
+
+
+def _utcnow() -> _dt.datetime:
+    return _dt.datetime.now(_dt.UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class SignalRecord:
+    """One key's current value (as JSON bytes) and who set it, when, at which version."""
+
+    key: str
+    data: bytes
+    publisher_id: str | None
+    version: int
+    updated_at: _dt.datetime
+
+    @property
+    def value(self) -> Any:
+        """A fresh copy of the value."""
+        return orjson.loads(self.data)
+
+
+def _check_key(key: object, what: str = "key") -> str:
+    if not isinstance(key, str) or not key or len(key) > _MAX_KEY_CHARS:
+        raise InvalidInputError(
+            f"blackboard {what} must be a non-empty string of at most {_MAX_KEY_CHARS} characters, "
+            f"got {key!r:.80}"
+        )
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidInputError(f"blackboard {what} must not contain lone surrogates") from exc
+    return key
+
+
+def _encode(value: Any, key: str) -> bytes:
+    try:
+        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
+    except (TypeError, orjson.JSONEncodeError) as exc:
+        raise InvalidInputError(
+            f"blackboard value for {key!r} must be JSON-serialisable data: {exc}"
+        ) from exc
+
+
+class BlackboardState:
+    """Values by key plus subscriptions to a key or to a prefix (a pattern ending in ``*``)."""
+
+    def __init__(self, *, clock: Callable[[], _dt.datetime] = _utcnow) -> None:
+        self._clock = clock
+        self._values: dict[str, SignalRecord] = {}
+        self._exact: dict[str, set[int]] = {}
+        self._prefixes: dict[int, str] = {}
+        self._patterns: dict[int, str] = {}
+        self._ids = itertools.count(1)
+
+    # -- values --------------------------------------------------------------------------------
+
+    def publish(
+        self, key: str, value: Any, publisher_id: str | None = None
+    ) -> tuple[SignalRecord, builtins.list[int]]:
+        """Set ``key``; returns the new record and the subscription ids to notify (in order)."""
+        _check_key(key)
+        if "*" in key:
+            raise InvalidInputError(
+                f"blackboard key must not contain '*' (reserved for prefixes), got {key!r}"
+            )
+        if publisher_id is not None:
+            _check_key(publisher_id, "publisher id")
+        data = _encode(value, key)
+        previous = self._values.get(key)
+        record = SignalRecord(
+            key, data, publisher_id, (previous.version + 1) if previous else 1, self._clock()
+        )
+        self._values[key] = record
+        return record, self.subscribers_of(key)
+
+    def get(self, key: str) -> SignalRecord | None:
+        _check_key(key)
+        return self._values.get(key)
+
+    def list(self, prefix: str | None = None) -> builtins.list[str]:
+        """Keys, sorted; only those starting with ``prefix`` when it is given."""
+        if prefix:
+            _check_key(prefix, "prefix")
+            return sorted(k for k in self._values if k.startswith(prefix))
+        return sorted(self._values)
+
+    def records(self, keys: Iterable[str]) -> builtins.list[SignalRecord]:
+        return [self._values[k] for k in keys if k in self._values]
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    # -- subscriptions -------------------------------------------------------------------------
+
+    def subscribe(self, pattern: str) -> tuple[int, builtins.list[SignalRecord]]:
+        """Register a subscription; returns its id and the current matching records (sorted)."""
+        prefix = self._prefix_of(pattern)
+        sub_id = next(self._ids)
+        self._patterns[sub_id] = pattern
+        if prefix is None:
+            self._exact.setdefault(pattern, set()).add(sub_id)
+            current = [self._values[pattern]] if pattern in self._values else []
+        else:
+            self._prefixes[sub_id] = prefix
+            current = self.records(self.list(prefix or None))
+        return sub_id, current
+
+    @staticmethod
+    def _prefix_of(pattern: str) -> str | None:
+        """``None`` for an exact key; the prefix (possibly ``""``) for ``prefix*``."""
+        if pattern == "*":
+            return ""
+        _check_key(pattern, "subscription pattern")
+        if "*" in pattern[:-1]:
+            raise InvalidInputError(f"'*' may only end a subscription pattern, got {pattern!r}")
+        return pattern[:-1] if pattern.endswith("*") else None
+
+    def unsubscribe(self, sub_id: int) -> bool:
+        pattern = self._patterns.pop(sub_id, None)
+        if pattern is None:
+            return False
+        if self._prefixes.pop(sub_id, None) is None:
+            ids = self._exact.get(pattern)
+            if ids is not None:
+                ids.discard(sub_id)
+                if not ids:
+                    del self._exact[pattern]
+        return True
+
+    def subscribers_of(self, key: str) -> builtins.list[int]:
+        """Subscription ids interested in ``key``, oldest subscription first."""
+        ids = set(self._exact.get(key, ()))
+        ids.update(s for s, prefix in self._prefixes.items() if key.startswith(prefix))
+        return sorted(ids)
+
+    def pattern_of(self, sub_id: int) -> str | None:
+        return self._patterns.get(sub_id)
+
+    @property
+    def subscriber_count(self) -> int:
+        return len(self._patterns)
+
+    # -- persistence ---------------------------------------------------------------------------
+
+    def snapshot(self, path: str | Path) -> int:
+        """Replace the snapshot at ``path`` with the current values (one transaction)."""
+        db = open_database(path, load_vec=False)
+        try:
+            apply_migrations(db, "blackboard", _SNAPSHOT_MIGRATIONS)
+            with db.transaction():
+                db.execute("DELETE FROM signals")
+                db.executemany(
+                    "INSERT INTO signals(key, value, publisher_id, version, updated_at) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    [
+                        (r.key, r.data, r.publisher_id, r.version, r.updated_at.isoformat())
+                        for r in self._values.values()
+                    ],
+                )
+        finally:
+            db.close()
+        return len(self._values)
+
+    def restore(self, path: str | Path) -> int:
+        """Load the values saved at ``path`` (a missing file restores nothing)."""
+        if not Path(path).is_file():
+            return 0
+        db = open_database(path, load_vec=False)
+        try:
+            apply_migrations(db, "blackboard", _SNAPSHOT_MIGRATIONS)
+            rows = db.query("SELECT key, value, publisher_id, version, updated_at FROM signals")
+        finally:
+            db.close()
+        for key, data, publisher, version, updated in rows:
+            self._values[key] = SignalRecord(
+                key, bytes(data), publisher, int(version), _dt.datetime.fromisoformat(updated)
+            )
+        return len(rows)

@@ -1,0 +1,532 @@
+"""Memory files and codebases: indexed in chunks with line ranges, searchable, read back safely.
+
+:class:`MemoryFiles` indexes an agent workspace's notes (``MEMORY.md``, ``memory.md``,
+``memory/**/*.md`` and configured extra paths); :class:`Codebase` indexes a source tree (files
+with configured extensions, outside hidden and pruned directories). Both keep their database in
+the data dir, never in the tree, so a read-only tree works. Both sync incrementally (explicit
+``sync()``, lazily before ``search()``, from a watchdog watcher with a debounce, or on an
+interval) and serve ``get()`` only for files their rules allow, inside the root.
+
+An index object is used by one thread at a time (its owner, typically an actor). ``watch()``
+starts a watcher whose worker syncs through its own connection to the same database; syncs of
+the owner and of the worker never run at the same time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, ClassVar, Self
+
+from memstrata.storage import Embedder, load_embedder
+
+from memstrata.config import Config
+from memstrata.errors import (
+    ConfigError,
+    EmbedderUnavailableError,
+    InvalidInputError,
+    MemstrataError,
+    StorageError,
+)
+
+from ._chunking import split_lines
+from ._paths import (
+    SkipFile,
+    SourceRules,
+    decode,
+    normalise_extra,
+    read_source,
+    resolve_request,
+)
+from ._sync import Plan, SearchRow, Store, SyncResult, make_snippet
+from ._watch import Watcher
+
+__all__ = ["Codebase", "FileHit", "MemoryFiles", "SyncStats"]
+
+ProgressCallback = Callable[[int, int, str], None]
+_MAX_LINES = 100_000
+_MAX_RESULTS = 1_000
+_CHEAP_CHECK_S = 0.05  # a lazy check this fast runs before every search
+_CHECK_COST_FACTOR = 5.0  # slower ones run at most once per 5x their cost
+_LANGUAGE_ALIASES = {
+    "py": "python", "rs": "rust", "ts": "typescript", "tsx": "typescript", "js": "javascript",
+    "jsx": "javascript", "cs": "csharp", "c#": "csharp", "md": "markdown", "yml": "yaml",
+}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class FileHit:
+    """One search result: a chunk of a file, its 1-based inclusive line range and a snippet."""
+
+    path: str  # relative to the root, with "/" separators
+    start_line: int
+    end_line: int
+    score: float  # fused rank score, 0..1
+    snippet: str  # at most ``search.snippet_chars`` characters, centred on the query's terms
+    match_type: str  # "semantic", "keyword" or "hybrid"
+    language: str | None = None
+    similarity: float | None = None  # cosine similarity with the query, when known
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class SyncStats:
+    """What a sync did. ``skipped`` lists ``(path, reason)`` for source files not indexed."""
+
+    files_processed: int = 0  # files whose chunks were (re)built
+    files_unchanged: int = 0
+    files_deleted: int = 0
+    chunks_indexed: int = 0
+    chunks_deleted: int = 0  # chunks of changed, deleted or now-skipped files
+    chunks_purged: int = 0  # chunks rebuilt because the chunker or the model changed
+    files_skipped: int = 0
+    skipped: tuple[tuple[str, str], ...] = ()
+    chunks_embedded: int = 0  # texts sent to the model (the rest came from the cache)
+    complete: bool = True  # False when a bounded (lazy) sync left work for the next one
+    seconds: float = 0.0
+
+    @classmethod
+    def _from(cls, result: SyncResult) -> SyncStats:
+        return cls(
+            files_processed=result.files_processed,
+            files_unchanged=result.files_unchanged,
+            files_deleted=result.files_deleted,
+            chunks_indexed=result.chunks_indexed,
+            chunks_deleted=result.chunks_deleted,
+            chunks_purged=result.chunks_purged,
+            files_skipped=len(result.skipped),
+            skipped=tuple(result.skipped),
+            chunks_embedded=result.chunks_embedded,
+            complete=result.complete,
+            seconds=result.seconds,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["skipped"] = [list(s) for s in self.skipped]
+        return data
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.")[:40] or "root"
+
+
+def default_db_path(config: Config, kind: str, root: Path) -> Path:
+    """``<data_dir>/files/<kind>-<root name>-<12 hex of sha256(resolved root)>.sqlite``: one
+    database per tree, outside the tree."""
+    digest = hashlib.sha256(str(root).encode("utf-8", "surrogateescape")).hexdigest()[:12]
+    return Path(config.data_dir) / "files" / f"{kind}-{_slug(root.name)}-{digest}.sqlite"
+
+
+def _check_int(name: str, value: object, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidInputError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
+    return value
+
+
+def _check_score(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not -1.0 <= float(value) <= 1.0:
+        raise InvalidInputError(f"min_score must be a number in [-1, 1], got {value!r}")
+    return float(value)
+
+
+def _check_query(query: object) -> str:
+    if not isinstance(query, str):
+        raise InvalidInputError(f"query must be a string, got {type(query).__name__}")
+    return query
+
+
+def _check_mode(mode: object) -> str:
+    if mode not in ("hybrid", "vector", "keyword"):
+        raise InvalidInputError(f"mode must be 'hybrid', 'vector' or 'keyword', got {mode!r}")
+    return str(mode)
+
+
+class _FileIndex:
+    """What memory files and codebases share: store, sync triggers, safe reads, status."""
+
+    _kind: ClassVar[str]
+    _schema_kind: ClassVar[str]
+
+    def __init__(
+        self,
+        root: Path,
+        db_path: Path,
+        rules: SourceRules,
+        embedder: Embedder | None,
+        embedder_error: str | None,
+        config: Config,
+    ) -> None:
+        self.root = root
+        self.db_path = db_path
+        self.rules = rules
+        self.config = config
+        self._embedder = embedder
+        self._embedder_error = embedder_error
+        self._store: Store | None = self._open_store()
+        self._sync_lock = threading.Lock()
+        self._watcher: Watcher | None = None
+        self._last_check = float("-inf")
+        self._check_cost = 0.0
+        self._last_stats: SyncStats | None = None
+        self._last_sync_at: float | None = None
+        self._stats_lock = threading.Lock()
+        self._lazy_error: str | None = None
+
+    @classmethod
+    def open(
+        cls,
+        root: str | os.PathLike[str],
+        *,
+        db_path: str | os.PathLike[str] | None = None,
+        embedder: Embedder | None = None,
+        config: Config | None = None,
+    ) -> Self:
+        """Open (creating if needed) the index of ``root``. Nothing is read until a sync.
+
+        ``embedder`` ``None`` loads the configured model; when none can be loaded the index
+        works keyword-only and ``status()`` says why. ``db_path`` defaults to
+        ``<data_dir>/files/<kind>-<name>-<hash of the resolved root>.sqlite``.
+        """
+        config = config if config is not None else Config()
+        if not isinstance(config, Config):
+            raise InvalidInputError(f"config must be a memstrata Config, got {type(config).__name__}")
+        if not isinstance(root, str | os.PathLike) or not os.fspath(root):
+            raise InvalidInputError(f"root must be a directory path, got {root!r}")
+        resolved = Path(os.path.realpath(os.fspath(root)))
+        if not resolved.is_dir():
+            raise InvalidInputError(f"root {os.fspath(root)!r} is not a directory")
+        chunking = config.chunking
+        if chunking.tokens < 8 or not 0 <= chunking.overlap < chunking.tokens:
+            raise ConfigError(
+                f"chunking.tokens must be >= 8 and chunking.overlap in [0, tokens); got "
+                f"{chunking.tokens} and {chunking.overlap}"
+            )
+        rules = cls._rules(resolved, config)
+        path = Path(db_path) if db_path is not None else default_db_path(config, cls._kind, resolved)
+        error = None
+        if embedder is None:
+            try:
+                embedder = load_embedder(
+                    config.embedding.model, dim=config.embedding.dim, threads=config.embedding.threads
+                )
+            except EmbedderUnavailableError as exc:
+                error = str(exc)
+        return cls(resolved, path, rules, embedder, error, config)
+
+    @classmethod
+    def _rules(cls, root: Path, config: Config) -> SourceRules:
+        raise NotImplementedError
+
+    def _open_store(self) -> Store:
+        return Store(
+            self.db_path,
+            kind=self._schema_kind,
+            root=self.root,
+            rules=self.rules,
+            embedder=self._embedder,
+            config=self.config,
+        )
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            raise StorageError(f"the {self._kind} index of {self.root} is closed")
+        return self._store
+
+    # -- sync ----------------------------------------------------------------------------------
+
+    def sync(self, progress: ProgressCallback | None = None) -> SyncStats:
+        """Index new and changed files, prune deleted ones; ``progress(done, total, path)``."""
+        if progress is not None and not callable(progress):
+            raise InvalidInputError("progress must be a callable (done, total, path) or None")
+        store = self.store
+        with self._sync_lock:
+            result = store.sync(progress=progress)
+        if self._watcher is not None:
+            self._watcher.clear_dirty()
+        return self._record(result)
+
+    def _record(self, result: SyncResult) -> SyncStats:
+        stats = SyncStats._from(result)
+        with self._stats_lock:
+            self._last_stats = stats
+            self._last_sync_at = time.time()
+        return stats
+
+    def _lazy_sync(self) -> None:
+        """Before a search: sync what changed, waiting at most ``files.lazy_sync_wait_s``."""
+        store = self.store
+        now = time.monotonic()
+        forced = self._watcher is not None and self._watcher.dirty
+        cost = self._check_cost
+        if not forced and cost >= _CHEAP_CHECK_S and now - self._last_check < cost * _CHECK_COST_FACTOR:
+            return  # a large tree: re-check at most once per 5x the time a check takes
+        wait = self.config.files.lazy_sync_wait_s
+        deadline = now + wait
+        if not self._sync_lock.acquire(timeout=wait):
+            return  # the watcher is syncing and takes longer: search what is indexed
+        try:
+            started = time.perf_counter()
+            plan: Plan = store.plan()
+            self._check_cost = time.perf_counter() - started
+            if plan.dirty:
+                result = store.sync(plan=plan, deadline=deadline, newest_first=True)
+                self._record(result)
+                if result.complete and self._watcher is not None:
+                    self._watcher.clear_dirty()
+            self._lazy_error = None
+        except MemstrataError as exc:
+            # a search still answers from what is indexed; status() shows why it may be stale
+            self._lazy_error = f"sync before search failed: {type(exc).__name__}: {exc}"
+        finally:
+            self._sync_lock.release()
+            self._last_check = time.monotonic()
+
+    # -- search --------------------------------------------------------------------------------
+
+    def _search(
+        self, query: object, top_k: int, min_score: float | None, mode: str, language: str | None
+    ) -> list[FileHit]:
+        text = _check_query(query)
+        if not text.strip():
+            return []
+        self._lazy_sync()
+        rows = self.store.search(text, top_k=top_k, min_score=min_score, mode=mode, language=language)
+        limit = self.config.search.snippet_chars
+        return [self._hit(row, text, limit) for row in rows]
+
+    def _hit(self, row: SearchRow, query: str, limit: int) -> FileHit:
+        return FileHit(
+            path=row.path,
+            start_line=row.start_line,
+            end_line=row.end_line,
+            score=row.score,
+            snippet=make_snippet(row.text, query, limit),
+            match_type=row.match_type,
+            language=row.language,
+            similarity=row.similarity,
+        )
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def get(self, path: str, *, from_line: int = 1, lines: int = 50) -> str:
+        """Lines ``from_line .. from_line + lines - 1`` (1-based) of a file this index may hold.
+
+        ``path`` is relative to the root. ``..``, absolute paths and symlinks leaving the root
+        raise :class:`PathOutsideRootError`; files the rules do not allow, missing, binary or
+        oversized files raise :class:`InvalidInputError`. Past the end of the file: ``""``.
+        """
+        _check_int("from_line", from_line, 1, 2**31)
+        _check_int("lines", lines, 1, _MAX_LINES)
+        rel, real = resolve_request(self.root, path, self.rules)
+        try:
+            data, _ = read_source(real, self.rules.max_bytes)
+        except SkipFile as skip:
+            raise InvalidInputError(f"path {rel!r} cannot be served: {skip.reason}") from None
+        all_lines = split_lines(decode(data))
+        return "\n".join(all_lines[from_line - 1 : from_line - 1 + lines])
+
+    # -- watching ------------------------------------------------------------------------------
+
+    def watch(
+        self,
+        *,
+        on_synced: Callable[[SyncStats], None] | None = None,
+        on_error: Callable[[BaseException], None] | None = None,
+        events: bool = True,
+    ) -> None:
+        """Keep the index in sync in the background: watchdog events (debounced by
+        ``files.watch_debounce_ms``) and, if ``files.sync_interval_s`` is set, an interval.
+        ``on_synced(stats)`` runs in the watcher's thread after each of its syncs."""
+        self.store  # noqa: B018 - raises when closed
+        if self._watcher is not None:
+            return
+        holder: dict[str, Store] = {}
+
+        def run_sync(should_stop: Callable[[], bool]) -> SyncStats:
+            store = holder.get("store")
+            if store is None:
+                store = holder["store"] = self._open_store()
+            with self._sync_lock:
+                result = store.sync(should_stop=should_stop)
+            return self._record(result)
+
+        def close_worker() -> None:
+            store = holder.pop("store", None)
+            if store is not None:
+                store.close()
+
+        files = self.config.files
+        watcher = Watcher(
+            self.root,
+            relevant=self._relevant,
+            run_sync=run_sync,
+            close_worker=close_worker,
+            debounce_s=files.watch_debounce_ms / 1000.0,
+            interval_s=files.sync_interval_s,
+            on_synced=on_synced,
+            on_error=on_error,
+            events=events,
+        )
+        watcher.start()
+        self._watcher = watcher
+
+    def _relevant(self, rel: str, is_dir: bool) -> bool:
+        if is_dir:
+            return self.rules.descend(rel)
+        return self.rules.allows(rel)
+
+    def stop_watching(self) -> None:
+        """Stop the watcher and join its threads (a sync in progress stops at a file boundary)."""
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            watcher.stop()
+
+    # -- status --------------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        store = self.store
+        with self._stats_lock:
+            last = self._last_stats
+            last_at = self._last_sync_at
+        embedding: dict[str, Any]
+        if store.semantic and self._embedder is not None:
+            embedding = {"model": self._embedder.model_id, "dim": self._embedder.dim, "available": True}
+        else:
+            reason = self._embedder_error or (
+                "the vector table cannot be used (sqlite-vec missing)" if self._embedder is not None else None
+            )
+            embedding = {"model": None, "available": False, "reason": f"KEYWORD-ONLY: {reason}"}
+        return {
+            "kind": self._kind,
+            "root": str(self.root),
+            "db_path": str(self.db_path),
+            "mode": "hybrid" if store.semantic else "keyword-only",
+            "embedding": embedding,
+            "chunker": store.signature,
+            "sources": self.rules.describe(),
+            **store.counts(),
+            "vectors": store.vectors.status() if store.vectors is not None else None,
+            "last_sync": None if last is None else {**last.as_dict(), "at": last_at},
+            "lazy_sync_error": self._lazy_error,
+            "watcher": self._watcher.status() if self._watcher is not None else {"running": False},
+        }
+
+    # -- lifetime ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop watching and close the database (idempotent)."""
+        self.stop_watching()
+        store, self._store = self._store, None
+        if store is not None:
+            with self._sync_lock:
+                store.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            if self._watcher is not None:
+                self._watcher.stop(timeout=1.0)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self.root)!r})"
+
+
+class MemoryFiles(_FileIndex):
+    """An agent workspace's Markdown memory: ``MEMORY.md``, ``memory.md``, ``memory/**/*.md``
+    and ``files.extra_paths`` (inside the workspace), minus ``files.exclude``."""
+
+    _kind = "memory"
+    _schema_kind = "files"
+
+    @classmethod
+    def _rules(cls, root: Path, config: Config) -> SourceRules:
+        files = config.files
+        return SourceRules(
+            kind="memory",
+            exclude=tuple(files.exclude),
+            extra=normalise_extra(root, files.extra_paths),
+            max_bytes=files.max_file_bytes,
+        )
+
+    def search(
+        self,
+        query: str,
+        *,
+        max_results: int | None = None,
+        min_score: float | None = None,
+        mode: str = "hybrid",
+    ) -> list[FileHit]:
+        """Best chunks for ``query`` (hybrid vector + keyword, fused with RRF), best first.
+
+        ``min_score`` (default ``search.min_score``) is a cosine floor on the semantic side
+        only: keyword matches are never dropped by it.
+        """
+        search = self.config.search
+        top_k = _check_int(
+            "max_results", search.max_results if max_results is None else max_results, 1, _MAX_RESULTS
+        )
+        floor = _check_score(search.min_score if min_score is None else min_score)
+        return self._search(query, top_k, floor, _check_mode(mode), None)
+
+
+class Codebase(_FileIndex):
+    """A source tree: files with ``files.code_extensions`` outside hidden directories and
+    ``files.pruned_dirs``, at most ``files.max_file_bytes`` each, binary files skipped."""
+
+    _kind = "codebase"
+    _schema_kind = "codebase"
+
+    @classmethod
+    def _rules(cls, root: Path, config: Config) -> SourceRules:
+        files = config.files
+        extensions = frozenset(
+            e.lower() if e.startswith(".") else f".{e.lower()}" for e in files.code_extensions
+        )
+        return SourceRules(
+            kind="codebase",
+            extensions=extensions,
+            pruned=frozenset(files.pruned_dirs),
+            exclude=tuple(files.exclude),
+            max_bytes=files.max_file_bytes,
+        )
+
+    def search(
+        self,
+        query: str,
+        *,
+        top_k: int = 10,
+        language: str | None = None,
+        min_score: float | None = None,
+        mode: str = "hybrid",
+    ) -> list[FileHit]:
+        """Best chunks for ``query``, optionally only in one ``language`` (``"python"``,
+        ``"rust"``, ...; extensions like ``"py"`` work too). ``min_score`` defaults to none:
+        code embeds with lower similarities than prose, and ranks matter more than a floor."""
+        top = _check_int("top_k", top_k, 1, _MAX_RESULTS)
+        floor = None if min_score is None else _check_score(min_score)
+        lang = None
+        if language is not None:
+            if not isinstance(language, str) or not language.strip():
+                raise InvalidInputError(f"language must be a non-empty string or None, got {language!r}")
+            lang = language.strip().lower().lstrip(".")
+            lang = _LANGUAGE_ALIASES.get(lang, lang)
+        return self._search(query, top, floor, _check_mode(mode), lang)

@@ -1,0 +1,1123 @@
+"""Long-term knowledge: what an agent learnt (outcomes, pitfalls, patterns, ...), consulted before
+every task with hybrid search.
+
+One store is one SQLite file (``knowledge/{agent}.sqlite`` or ``knowledge/shared.sqlite``).
+Entries are plain rows; tags live in a side table so tag filters are SQL; text is indexed by
+FTS5 (content, tags, the words inside identifiers) and vectors by sqlite-vec with the category as
+a vec0 metadata column, so a category filter is exact inside the KNN. Search fuses the vector and
+keyword rankings with weighted Reciprocal Rank Fusion; the weights and depth are measured on real
+text (``benchmarks/bench_knowledge.py``), not guessed.
+
+Vectors are derived data: an entry is stored even when embedding fails (its vector is *pending*
+and is computed on the next successful write, open or :meth:`KnowledgeStore.reindex`), and when
+the embedding model changes, every vector is rebuilt from the stored text before one transaction
+swaps the new index in.
+"""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+from memstrata.storage import (
+    Database,
+    Embedder,
+    EmbeddingCache,
+    Filter,
+    VectorHit,
+    VectorIndex,
+    apply_migrations,
+    build_keyword_query,
+    default_embedder,
+    embed_documents,
+    embed_query,
+    embedding_mismatch,
+    fts_schema,
+    get_meta,
+    identifier_words,
+    keyword_search,
+    load_embedder,
+    match_type,
+    open_database,
+    record_embedding,
+    rrf,
+    text_hash,
+    validate_mode,
+)
+
+from memstrata.config import Config
+from memstrata.errors import EmbedderUnavailableError, EmbeddingError, InvalidInputError, StorageError
+
+from ._common import (
+    check_author,
+    check_category,
+    check_content,
+    check_id,
+    check_int,
+    check_min_score,
+    check_scope,
+    check_tags,
+    scope_ancestors,
+    scope_subtree_sql,
+)
+
+__all__ = ["CATEGORIES", "KnowledgeEntry", "KnowledgeHit", "KnowledgeStore"]
+
+FloatArray = npt.NDArray[np.float32]
+
+CATEGORIES: Final = ("outcome", "pitfall", "pattern", "codebase", "preference")
+ORDER_BY: Final = ("updated_at", "created_at", "id")
+MAX_TOP_K: Final = 1000
+MAX_LIST_LIMIT: Final = 10_000
+SHARED: Final = "shared"
+# Models read a few hundred tokens; tokenising megabytes would only cost time.
+EMBED_CHARS: Final = 8192
+_BATCH: Final = 1000  # rows per transaction in add_many and rebuilds
+_TABLE: Final = "knowledge"
+_FTS_COLUMNS: Final = ("content", "tag_text", "ident")
+_ENTRY_COLUMNS: Final = "id, content, category, scope, author, created_at, updated_at"
+_ALLOWED_ITEM_KEYS: Final = frozenset({"content", "category", "tags", "scope", "author"})
+
+
+@dataclass(frozen=True, slots=True)
+class SearchTuning:
+    """How the two rankings are fused; defaults measured by ``benchmarks/bench_knowledge.py``."""
+
+    depth: int = 50  # candidates taken from each ranking before fusion
+    rrf_k: int = 60
+    vector_weight: float = 1.0
+    keyword_weight: float = 1.0
+    column_weights: tuple[float, float, float] = (1.0, 1.0, 1.0)  # bm25: content, tags, identifiers
+
+
+@dataclass(frozen=True, slots=True)
+class KnowledgeEntry:
+    """One piece of knowledge. Times are UNIX seconds (UTC)."""
+
+    id: int
+    content: str
+    category: str
+    tags: dict[str, str] = field(default_factory=dict)
+    scope: str = "/"
+    author: str | None = None
+    created_at: float = 0.0
+    updated_at: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class KnowledgeHit:
+    """A search result: ``score`` is the fused score normalised to 0..1 (1 = first in every
+    ranking used), ``similarity`` the cosine similarity to the query when a vector exists."""
+
+    entry: KnowledgeEntry
+    score: float
+    match_type: str  # "semantic" | "keyword" | "hybrid"
+    vector_rank: int | None
+    keyword_rank: int | None
+    similarity: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Final = _Unset()
+
+
+_SCHEMA_V1 = f"""
+CREATE TABLE {_TABLE} (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    content TEXT NOT NULL,
+    category TEXT NOT NULL,
+    scope TEXT NOT NULL DEFAULT '/',
+    author TEXT,
+    content_hash BLOB NOT NULL,
+    tag_text TEXT NOT NULL DEFAULT '',
+    ident TEXT NOT NULL DEFAULT '',
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    vector_pending INTEGER NOT NULL DEFAULT 1
+);
+CREATE UNIQUE INDEX {_TABLE}_dedup ON {_TABLE}(content_hash, category, scope);
+CREATE INDEX {_TABLE}_updated ON {_TABLE}(updated_at);
+CREATE INDEX {_TABLE}_category ON {_TABLE}(category, updated_at);
+CREATE INDEX {_TABLE}_scope ON {_TABLE}(scope);
+CREATE INDEX {_TABLE}_pending ON {_TABLE}(id) WHERE vector_pending = 1;
+CREATE TABLE {_TABLE}_tags (
+    entry_id INTEGER NOT NULL REFERENCES {_TABLE}(id) ON DELETE CASCADE,
+    key TEXT NOT NULL,
+    value TEXT NOT NULL,
+    PRIMARY KEY (entry_id, key)
+) WITHOUT ROWID;
+CREATE INDEX {_TABLE}_tags_kv ON {_TABLE}_tags(key, value, entry_id);
+{fts_schema(_TABLE, list(_FTS_COLUMNS))}
+"""
+
+MIGRATIONS: Final = [_SCHEMA_V1]
+
+
+def _tag_text(tags: Mapping[str, str]) -> str:
+    """Tags as indexed words: ``{"lang": "python"}`` -> ``"lang python"``."""
+    return " ".join(f"{k} {v}" if v else k for k, v in tags.items())
+
+
+@dataclass(slots=True)
+class _Item:
+    content: str
+    category: str
+    tags: dict[str, str]
+    scope: str
+    author: str | None
+    hash: bytes = b""
+
+    @property
+    def key(self) -> tuple[bytes, str, str]:
+        return (self.hash, self.category, self.scope)
+
+
+class KnowledgeStore:
+    """Categorised, tagged, scoped knowledge of one agent (or the shared store), with hybrid search.
+
+    A plain synchronous object that owns its database connection: use it from one thread at a
+    time (the actors serialise access). Open it with :meth:`open`; it is a context manager.
+    """
+
+    SHARED: Final = SHARED
+
+    def __init__(
+        self,
+        db: Database,
+        embedder: Embedder | None,
+        *,
+        unavailable_reason: str | None = None,
+        max_content_bytes: int = 4_000_000,
+        tuning: SearchTuning | None = None,
+    ) -> None:
+        self._db = db
+        self._embedder = embedder
+        self._unavailable = unavailable_reason
+        self._max_bytes = max_content_bytes
+        self._tuning = tuning or SearchTuning()
+        self._closed = False
+        self._last_error: str | None = None
+        self._rebuild_needed = False
+        self._seen_version = -1
+        self._foreign_model: str | None = None  # another process rebuilt vectors with this model
+        apply_migrations(db, "knowledge", MIGRATIONS)
+        self._cache = EmbeddingCache(db)
+        self._vectors = self._open_vectors()
+        if embedder is not None:
+            self._start_vectors(embedder)
+
+    # -- opening ----------------------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        path: str | Path,
+        embedder: Embedder | None = None,
+        *,
+        config: Config | None = None,
+    ) -> KnowledgeStore:
+        """Open (creating if needed) the store at ``path``.
+
+        ``embedder`` ``None`` loads the configured model (the packaged default unless ``config``
+        names another); when no model can be loaded the store runs keyword-only and
+        :meth:`status` says why.
+        """
+        if not isinstance(path, str | Path):
+            raise InvalidInputError(f"path must be a str or Path, got {type(path).__name__}")
+        config = config or Config()
+        reason: str | None = None
+        if embedder is None:
+            try:
+                if config.embedding.model in ("", "default"):
+                    embedder = default_embedder()
+                else:
+                    embedder = load_embedder(
+                        config.embedding.model, dim=config.embedding.dim, threads=config.embedding.threads
+                    )
+            except EmbedderUnavailableError as exc:
+                reason = f"no embedding model: {exc}"
+        search = config.search
+        tuning = SearchTuning(
+            depth=search.depth,
+            rrf_k=search.rrf_k,
+            vector_weight=search.vector_weight,
+            keyword_weight=search.keyword_weight,
+        )
+        db = open_database(path)
+        try:
+            return cls(
+                db,
+                embedder,
+                unavailable_reason=reason,
+                max_content_bytes=config.max_content_bytes,
+                tuning=tuning,
+            )
+        except BaseException:
+            db.close()
+            raise
+
+    @staticmethod
+    def path_for(data_dir: str | Path, owner: str) -> Path:
+        """``{data_dir}/knowledge/{owner}.sqlite``; ``owner`` is an agent id or ``"shared"``."""
+        if (
+            not isinstance(owner, str)
+            or not owner
+            or owner in (".", "..")
+            or len(owner) > 128
+            or any(not (c.isalnum() or c in "-_.@") for c in owner)
+        ):
+            raise InvalidInputError(
+                f"owner {owner!r} must be 1-128 letters, digits or '-_.@' (an agent id or 'shared')"
+            )
+        return Path(data_dir) / "knowledge" / f"{owner}.sqlite"
+
+    def _open_vectors(self) -> VectorIndex | None:
+        """The existing vector table (any model), or ``None`` if this store never had one."""
+        stored_dim = get_meta(self._db, f"vector_dim:{_TABLE}")
+        if stored_dim is None:
+            return None
+        return VectorIndex(self._db, _TABLE, int(stored_dim), metadata={"category": "text"})
+
+    def _start_vectors(self, embedder: Embedder) -> None:
+        if self._vectors is None:
+            with self._db.transaction():
+                self._vectors = VectorIndex(self._db, _TABLE, embedder.dim, metadata={"category": "text"})
+                record_embedding(self._db, embedder.model_id, embedder.dim)
+        elif embedding_mismatch(self._db, embedder.model_id, embedder.dim) is not None:
+            self._rebuild_needed = True
+        elif get_meta(self._db, "embedding_model") is None:
+            record_embedding(self._db, embedder.model_id, embedder.dim)
+        self._seen_version = self._db.data_version()
+        self._catch_up()
+
+    # -- state ------------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StorageError(f"knowledge store {self._db.path} is closed")
+
+    def _vectors_writable(self) -> bool:
+        """New vectors can be computed and stored with the current model."""
+        return (
+            self._embedder is not None
+            and self._vectors is not None
+            and self._vectors.available
+            and not self._rebuild_needed
+            and self._foreign_model is None
+        )
+
+    def _refresh_foreign(self) -> None:
+        """Follow another connection's model change: a rebuild with this store's model is adopted;
+        one with another model leaves this store keyword-only until it is reopened."""
+        version = self._db.data_version()
+        if version == self._seen_version:
+            return
+        self._seen_version = version
+        stored_dim = _int_or_none(get_meta(self._db, f"vector_dim:{_TABLE}"))
+        if stored_dim is not None and (self._vectors is None or self._vectors.dim != stored_dim):
+            self._vectors = self._open_vectors()
+        if self._embedder is None:
+            return
+        mismatch = embedding_mismatch(self._db, self._embedder.model_id, self._embedder.dim)
+        if mismatch is None:
+            self._foreign_model = None
+            self._rebuild_needed = False
+        elif not self._rebuild_needed:
+            self._foreign_model = str(mismatch.stored_model)
+
+    @property
+    def path(self) -> Path:
+        return self._db.path
+
+    @property
+    def embedder(self) -> Embedder | None:
+        return self._embedder
+
+    @property
+    def mode(self) -> str:
+        """``"hybrid"`` when vector search is usable, else ``"keyword-only"``."""
+        return "hybrid" if self._vector_reason() is None else "keyword-only"
+
+    def _vector_reason(self) -> str | None:
+        if self._embedder is None:
+            return self._unavailable or "no embedding model"
+        if self._vectors is None:
+            return "no vector index"
+        if not self._vectors.available:
+            return f"sqlite-vec could not be loaded: {self._db.vec_reason}"
+        if self._foreign_model is not None:
+            return (
+                f"another process rebuilt the vectors with model {self._foreign_model!r}; "
+                "reopen the store to use them"
+            )
+        if self._rebuild_needed:
+            return (
+                f"vectors were made by another model; rebuilding them for {self._embedder.model_id!r} "
+                f"failed ({self._last_error}); call reindex()"
+            )
+        return None
+
+    # -- writes -----------------------------------------------------------------------------------
+
+    def add(
+        self,
+        content: str,
+        *,
+        category: str = "pattern",
+        tags: Mapping[str, str] | Sequence[str] | None = None,
+        scope: str = "/",
+        author: str | None = None,
+    ) -> int:
+        """Store one entry and return its id. The same content, category and scope as an existing
+        entry returns that entry's id: its ``updated_at`` is refreshed and the given tags are
+        merged into its tags (a given key's value replaces the old one; other keys stay)."""
+        self._check_open()
+        item = {"content": content, "category": category, "tags": tags, "scope": scope, "author": author}
+        return self._write([self._check_item(item, "")])[0]
+
+    def add_many(self, items: Iterable[Mapping[str, Any]]) -> list[int]:
+        """Store many entries (mappings with :meth:`add`'s keyword names); ids in input order.
+
+        Every item is checked before anything is written. Embedding is batched; writes are one
+        transaction per batch of 1000.
+        """
+        self._check_open()
+        if isinstance(items, str | bytes) or not isinstance(items, Iterable):
+            raise InvalidInputError(f"items must be an iterable of mappings, got {type(items).__name__}")
+        checked = []
+        for index, item in enumerate(items):
+            if not isinstance(item, Mapping):
+                raise InvalidInputError(f"items[{index}] must be a mapping, got {type(item).__name__}")
+            checked.append(self._check_item(item, f"items[{index}]."))
+        return self._write(checked)
+
+    def _write(self, checked: list[_Item]) -> list[int]:
+        self._refresh_foreign()
+        if self._rebuild_needed and checked:
+            self._try_rebuild()
+        ids: list[int] = []
+        embedded_ok = True
+        for start in range(0, len(checked), _BATCH):
+            batch_ids, ok = self._add_batch(checked[start : start + _BATCH])
+            ids.extend(batch_ids)
+            embedded_ok = embedded_ok and ok
+        if embedded_ok and checked:
+            self._catch_up()
+        return ids
+
+    def _check_item(self, item: Mapping[str, Any], where: str) -> _Item:
+        unknown = set(item) - _ALLOWED_ITEM_KEYS
+        if unknown:
+            raise InvalidInputError(
+                f"{where.rstrip('.') or 'item'} has unknown key(s) {sorted(map(str, unknown))}; "
+                f"allowed: {', '.join(sorted(_ALLOWED_ITEM_KEYS))}"
+            )
+        if "content" not in item:
+            raise InvalidInputError(f"{where.rstrip('.') or 'item'} has no 'content'")
+        category = item.get("category", "pattern")
+        scope = item.get("scope", "/")
+        checked = _Item(
+            content=check_content(item["content"], max_bytes=self._max_bytes, name=f"{where}content"),
+            category=check_category("pattern" if category is None else category, name=f"{where}category"),
+            tags=check_tags(item.get("tags"), name=f"{where}tags"),
+            scope=check_scope("/" if scope is None else scope, name=f"{where}scope"),
+            author=check_author(item.get("author"), name=f"{where}author"),
+        )
+        checked.hash = text_hash(checked.content)
+        return checked
+
+    def _existing(self, items: Sequence[_Item]) -> dict[tuple[bytes, str, str], int]:
+        found: dict[tuple[bytes, str, str], int] = {}
+        hashes = list(dict.fromkeys(i.hash for i in items))
+        for start in range(0, len(hashes), 500):
+            chunk = hashes[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            for row_id, digest, category, scope in self._db.query(
+                f"SELECT id, content_hash, category, scope FROM {_TABLE} WHERE content_hash IN ({marks})",
+                chunk,
+            ):
+                found[(bytes(digest), category, scope)] = int(row_id)
+        return found
+
+    def _embed(self, texts: Sequence[str]) -> FloatArray | None:
+        """Vectors for ``texts``, or ``None`` (error recorded) when the model fails."""
+        assert self._embedder is not None
+        try:
+            return embed_documents(self._embedder, [t[:EMBED_CHARS] for t in texts], self._cache)
+        except EmbeddingError as exc:
+            self._last_error = str(exc)
+            return None
+
+    def _add_batch(self, batch: list[_Item]) -> tuple[list[int], bool]:
+        """Write one batch; returns its ids and whether its embedding succeeded."""
+        existing = self._existing(batch)
+        fresh: dict[tuple[bytes, str, str], _Item] = {}
+        for item in batch:
+            if item.key not in existing and item.key not in fresh:
+                fresh[item.key] = item
+        vectors: dict[tuple[bytes, str, str], FloatArray] = {}
+        embedded_ok = True
+        if fresh and self._vectors_writable():
+            keys = list(fresh)
+            array = self._embed([fresh[k].content for k in keys])
+            if array is None:
+                embedded_ok = False
+            else:
+                vectors = dict(zip(keys, array, strict=True))
+        now = time.time()
+        with self._db.transaction():
+            existing = self._existing(batch)  # authoritative, under the write lock
+            next_id = self._next_id()
+            new_rows: dict[tuple[bytes, str, str], tuple[int, _Item]] = {}
+            refresh: dict[int, _Item] = {}
+            ids: list[int] = []
+            for item in batch:
+                if item.key in existing:
+                    row_id = existing[item.key]
+                    _merge_into(refresh, row_id, item)
+                elif item.key in new_rows:
+                    row_id, first = new_rows[item.key]
+                    first.tags.update(item.tags)
+                    first.author = first.author or item.author
+                else:
+                    row_id = next_id
+                    next_id += 1
+                    new_rows[item.key] = (row_id, dataclasses.replace(item, tags=dict(item.tags)))
+                ids.append(row_id)
+            if new_rows:
+                self._insert_rows(new_rows, vectors, now)
+            if refresh:
+                self._refresh_rows(refresh, now)
+        return ids, embedded_ok
+
+    def _next_id(self) -> int:
+        seq = self._db.scalar("SELECT seq FROM sqlite_sequence WHERE name = ?", (_TABLE,))
+        top = self._db.scalar(f"SELECT max(id) FROM {_TABLE}")
+        return max(int(seq or 0), int(top or 0)) + 1
+
+    def _insert_rows(
+        self,
+        rows: Mapping[tuple[bytes, str, str], tuple[int, _Item]],
+        vectors: Mapping[tuple[bytes, str, str], FloatArray],
+        now: float,
+    ) -> None:
+        self._db.executemany(
+            f"INSERT INTO {_TABLE}(id, content, category, scope, author, content_hash, tag_text, ident, "
+            "created_at, updated_at, vector_pending) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                (
+                    row_id,
+                    item.content,
+                    item.category,
+                    item.scope,
+                    item.author,
+                    item.hash,
+                    _tag_text(item.tags),
+                    identifier_words(item.content),
+                    now,
+                    now,
+                    0 if key in vectors else 1,
+                )
+                for key, (row_id, item) in rows.items()
+            ],
+        )
+        tag_rows = [(row_id, k, v) for row_id, item in rows.values() for k, v in item.tags.items()]
+        if tag_rows:
+            self._db.executemany(
+                f"INSERT INTO {_TABLE}_tags(entry_id, key, value) VALUES (?, ?, ?)", tag_rows
+            )
+        with_vectors = [
+            (row_id, item, vectors[key]) for key, (row_id, item) in rows.items() if key in vectors
+        ]
+        if with_vectors:
+            assert self._vectors is not None
+            self._vectors.upsert_many(
+                [r for r, _, _ in with_vectors],
+                np.stack([v for _, _, v in with_vectors]),
+                [{"category": item.category} for _, item, _ in with_vectors],
+            )
+
+    def _refresh_rows(self, refresh: Mapping[int, _Item], now: float) -> None:
+        """Dedup hits: bump ``updated_at``, merge tags, fill a missing author."""
+        self._db.executemany(
+            f"UPDATE {_TABLE} SET updated_at = ?, author = coalesce(author, ?) WHERE id = ?",
+            [(now, item.author, row_id) for row_id, item in refresh.items()],
+        )
+        tagged = {row_id: item.tags for row_id, item in refresh.items() if item.tags}
+        if not tagged:
+            return
+        self._db.executemany(
+            f"INSERT INTO {_TABLE}_tags(entry_id, key, value) VALUES (?, ?, ?) "
+            "ON CONFLICT(entry_id, key) DO UPDATE SET value = excluded.value",
+            [(row_id, k, v) for row_id, tags in tagged.items() for k, v in tags.items()],
+        )
+        merged = self._tags_of(list(tagged))
+        self._db.executemany(
+            f"UPDATE {_TABLE} SET tag_text = ? WHERE id = ?",
+            [(_tag_text(merged.get(row_id, {})), row_id) for row_id in tagged],
+        )
+
+    def get(self, id: int) -> KnowledgeEntry | None:
+        """The entry with this id, or ``None``."""
+        self._check_open()
+        entries = self._load([check_id(id)])
+        return entries.get(id)
+
+    def update(
+        self,
+        id: int,
+        *,
+        content: str | _Unset = UNSET,
+        category: str | _Unset = UNSET,
+        tags: Mapping[str, str] | Sequence[str] | _Unset | None = UNSET,
+        scope: str | _Unset = UNSET,
+        author: str | _Unset | None = UNSET,
+    ) -> KnowledgeEntry | None:
+        """Change the given fields (``tags`` replaces all tags; ``None`` or ``{}`` clears them);
+        re-embeds when the content changes. Returns the new entry, or ``None`` if ``id`` does not
+        exist. Raises ``ValueError`` if the change would duplicate another entry."""
+        self._check_open()
+        entry_id = check_id(id)
+        new_content = (
+            None if isinstance(content, _Unset) else check_content(content, max_bytes=self._max_bytes)
+        )
+        new_category = None if isinstance(category, _Unset) else check_category(category)
+        new_tags = None if isinstance(tags, _Unset) else check_tags(tags)
+        new_scope = None if isinstance(scope, _Unset) else check_scope(scope)
+        new_author = UNSET if isinstance(author, _Unset) else check_author(author)
+        current = self.get(entry_id)
+        if current is None:
+            return None
+        self._refresh_foreign()
+        content_changed = new_content is not None and new_content != current.content
+        vector: FloatArray | None = None
+        embedded_ok = True
+        if content_changed and self._vectors_writable():
+            assert new_content is not None
+            array = self._embed([new_content])
+            embedded_ok = array is not None
+            vector = None if array is None else array[0]
+        final_content = new_content if new_content is not None else current.content
+        final_category = new_category or current.category
+        final_scope = new_scope or current.scope
+        digest = text_hash(final_content)
+        with self._db.transaction():
+            other = self._db.scalar(
+                f"SELECT id FROM {_TABLE} WHERE content_hash = ? AND category = ? AND scope = ? AND id != ?",
+                (digest, final_category, final_scope, entry_id),
+            )
+            if other is not None:
+                raise InvalidInputError(
+                    f"update of entry {entry_id} would duplicate entry {other} "
+                    "(same content, category and scope)"
+                )
+            if self._db.scalar(f"SELECT 1 FROM {_TABLE} WHERE id = ?", (entry_id,)) is None:
+                return None
+            sets = ["updated_at = ?", "content = ?", "content_hash = ?", "category = ?", "scope = ?"]
+            params: list[Any] = [time.time(), final_content, digest, final_category, final_scope]
+            if content_changed:
+                sets.append("ident = ?")
+                params.append(identifier_words(final_content))
+            if not isinstance(new_author, _Unset):
+                sets.append("author = ?")
+                params.append(new_author)
+            if new_tags is not None:
+                sets.append("tag_text = ?")
+                params.append(_tag_text(new_tags))
+                self._db.execute(f"DELETE FROM {_TABLE}_tags WHERE entry_id = ?", (entry_id,))
+                self._db.executemany(
+                    f"INSERT INTO {_TABLE}_tags(entry_id, key, value) VALUES (?, ?, ?)",
+                    [(entry_id, k, v) for k, v in new_tags.items()],
+                )
+            self._db.execute(f"UPDATE {_TABLE} SET {', '.join(sets)} WHERE id = ?", (*params, entry_id))
+            self._update_vector(entry_id, content_changed, vector, final_category, current.category)
+        if embedded_ok and content_changed:
+            self._catch_up()
+        return self.get(entry_id)
+
+    def _update_vector(
+        self,
+        entry_id: int,
+        content_changed: bool,
+        vector: FloatArray | None,
+        category: str,
+        old_category: str,
+    ) -> None:
+        if vector is not None:
+            assert self._vectors is not None
+            self._vectors.upsert_many([entry_id], vector.reshape(1, -1), [{"category": category}])
+            self._db.execute(f"UPDATE {_TABLE} SET vector_pending = 0 WHERE id = ?", (entry_id,))
+        elif content_changed:
+            # the old vector describes old text: drop it, compute the new one later
+            if self._vectors is not None:
+                self._vectors.delete_many([entry_id])
+            self._db.execute(f"UPDATE {_TABLE} SET vector_pending = 1 WHERE id = ?", (entry_id,))
+        elif category != old_category and self._vectors is not None:
+            stored = self._vectors.get(entry_id) if self._vectors.available else None
+            if stored is not None and not self._rebuild_needed and self._foreign_model is None:
+                self._vectors.upsert_many([entry_id], stored.reshape(1, -1), [{"category": category}])
+            elif self._db.scalar(f"SELECT vector_pending FROM {_TABLE} WHERE id = ?", (entry_id,)) == 0:
+                # the vector cannot be reached now: rewrite it (with its new category) later
+                self._vectors.delete_many([entry_id])
+                self._db.execute(f"UPDATE {_TABLE} SET vector_pending = 1 WHERE id = ?", (entry_id,))
+
+    def delete(self, id: int) -> bool:
+        """Delete an entry: ``True`` if it existed, ``False`` otherwise."""
+        self._check_open()
+        entry_id = check_id(id)
+        with self._db.transaction():
+            gone = self._db.execute(f"DELETE FROM {_TABLE} WHERE id = ?", (entry_id,)).rowcount > 0
+            if gone and self._vectors is not None:
+                self._vectors.delete_many([entry_id])
+        return bool(gone)
+
+    # -- vectors: pending rows and model changes -------------------------------------------------
+
+    def reindex(self, *, full: bool = False) -> int:
+        """Compute missing vectors (``full=True``: rebuild every vector, e.g. after changing the
+        model outside memstrata). Returns how many vectors were written. Raises
+        :class:`EmbeddingError` if the model fails and :class:`EmbedderUnavailableError` in
+        keyword-only mode."""
+        self._check_open()
+        if self._embedder is None:
+            raise EmbedderUnavailableError(
+                f"knowledge store {self.path} is keyword-only: {self._vector_reason()}"
+            )
+        self._refresh_foreign()
+        if self._foreign_model is not None:
+            raise StorageError(str(self._vector_reason()))
+        if full or self._rebuild_needed:
+            return self._rebuild()
+        written, ok = self._embed_pending()
+        if not ok:
+            raise EmbeddingError(f"reindex of {self.path} stopped: {self._last_error}")
+        return written
+
+    def _catch_up(self) -> None:
+        """After a successful write or open: finish a model change or embed pending rows."""
+        if self._embedder is None:
+            return
+        if self._rebuild_needed:
+            self._try_rebuild()
+        elif self._vectors_writable() and self._pending_count() > 0:
+            self._embed_pending()
+
+    def _pending_count(self) -> int:
+        return int(self._db.scalar(f"SELECT count(*) FROM {_TABLE} WHERE vector_pending = 1"))
+
+    def _embed_pending(self) -> tuple[int, bool]:
+        """Embed rows whose vector is pending; returns (vectors written, whether the model worked)."""
+        written = 0
+        after = 0
+        while self._vectors_writable():
+            rows = self._db.query(
+                f"SELECT id, content FROM {_TABLE} WHERE vector_pending = 1 AND id > ? ORDER BY id LIMIT ?",
+                (after, _BATCH),
+            )
+            if not rows:
+                break
+            after = int(rows[-1][0])
+            array = self._embed([r[1] for r in rows])
+            if array is None:
+                return written, False
+            by_id = {int(r[0]): (text_hash(r[1]), v) for r, v in zip(rows, array, strict=True)}
+            with self._db.transaction():
+                marks = ",".join("?" * len(by_id))
+                current = self._db.query(
+                    f"SELECT id, content_hash, category FROM {_TABLE} "
+                    f"WHERE vector_pending = 1 AND id IN ({marks})",
+                    list(by_id),
+                )
+                # rows changed meanwhile (by another process) stay pending for the next pass
+                ready = [(int(i), c) for i, h, c in current if bytes(h) == by_id[int(i)][0]]
+                if ready:
+                    assert self._vectors is not None
+                    self._vectors.upsert_many(
+                        [i for i, _ in ready],
+                        np.stack([by_id[i][1] for i, _ in ready]),
+                        [{"category": c} for _, c in ready],
+                    )
+                    self._db.executemany(
+                        f"UPDATE {_TABLE} SET vector_pending = 0 WHERE id = ?", [(i,) for i, _ in ready]
+                    )
+                    written += len(ready)
+        self._last_error = None
+        return written, True
+
+    def _try_rebuild(self) -> None:
+        try:
+            self._rebuild()
+        except EmbeddingError as exc:
+            self._last_error = str(exc)
+
+    def _rows(self) -> Iterator[list[tuple[int, str, str]]]:
+        after = 0
+        while True:
+            rows = self._db.query(
+                f"SELECT id, content, category FROM {_TABLE} WHERE id > ? ORDER BY id LIMIT ?",
+                (after, _BATCH),
+            )
+            if not rows:
+                return
+            after = int(rows[-1][0])
+            yield [(int(i), str(c), str(cat)) for i, c, cat in rows]
+
+    def _rebuild(self) -> int:
+        """Re-embed every entry with the current model, then swap the index in one transaction.
+
+        Phase 1 fills the embedding cache batch by batch without holding the write lock (other
+        connections keep searching the old index; an interruption keeps the progress). Phase 2
+        resets the vector table and writes every vector from the cache in one transaction.
+        """
+        embedder = self._embedder
+        assert embedder is not None
+        for rows in self._rows():
+            embed_documents(embedder, [c[:EMBED_CHARS] for _, c, _ in rows], self._cache)
+        written = 0
+        try:
+            with self._db.transaction():
+                if self._vectors is None:
+                    self._vectors = VectorIndex(self._db, _TABLE, embedder.dim, metadata={"category": "text"})
+                else:
+                    self._vectors.reset(embedder.dim)
+                for rows in self._rows():
+                    array = embed_documents(embedder, [c[:EMBED_CHARS] for _, c, _ in rows], self._cache)
+                    self._vectors.upsert_many(
+                        [i for i, _, _ in rows], array, [{"category": cat} for _, _, cat in rows]
+                    )
+                    written += len(rows)
+                self._db.execute(f"UPDATE {_TABLE} SET vector_pending = 0 WHERE vector_pending != 0")
+                record_embedding(self._db, embedder.model_id, embedder.dim)
+                # vectors of other models are dead weight now
+                self._db.execute("DELETE FROM embedding_cache WHERE model_id != ?", (embedder.model_id,))
+        except BaseException:
+            self._vectors = self._open_vectors()
+            raise
+        self._rebuild_needed = False
+        self._foreign_model = None
+        self._last_error = None
+        self._seen_version = self._db.data_version()
+        return written
+
+    # -- reads ------------------------------------------------------------------------------------
+
+    def _tags_of(self, ids: Sequence[int]) -> dict[int, dict[str, str]]:
+        tags: dict[int, dict[str, str]] = {}
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            for entry_id, key, value in self._db.query(
+                f"SELECT entry_id, key, value FROM {_TABLE}_tags WHERE entry_id IN ({marks}) "
+                "ORDER BY entry_id, key",
+                list(chunk),
+            ):
+                tags.setdefault(int(entry_id), {})[key] = value
+        return tags
+
+    def _load(self, ids: Sequence[int]) -> dict[int, KnowledgeEntry]:
+        """Entries by id, two queries for the lot (rows, then tags)."""
+        if not ids:
+            return {}
+        rows: list[Any] = []
+        for start in range(0, len(ids), 500):
+            chunk = list(ids[start : start + 500])
+            marks = ",".join("?" * len(chunk))
+            rows.extend(self._db.query(f"SELECT {_ENTRY_COLUMNS} FROM {_TABLE} WHERE id IN ({marks})", chunk))
+        tags = self._tags_of([int(r[0]) for r in rows])
+        return {int(r[0]): _entry(r, tags.get(int(r[0]), {})) for r in rows}
+
+    def _filter(
+        self,
+        category: str | None,
+        tags: Mapping[str, str] | Sequence[str] | None,
+        scope: str | None,
+        *,
+        subtree: bool,
+    ) -> tuple[list[str], list[Any], dict[str, Any]]:
+        """SQL conditions on the entries table, their parameters and vec0 metadata filters."""
+        conditions: list[str] = []
+        params: list[Any] = []
+        where: dict[str, Any] = {}
+        if category is not None:
+            conditions.append("category = ?")
+            params.append(check_category(category))
+            where["category"] = category
+        if scope is not None:
+            normal = check_scope(scope)
+            if subtree:
+                sql, values = scope_subtree_sql("scope", normal)
+                conditions.append(sql)
+                params.extend(values)
+            else:
+                ancestors = scope_ancestors(normal)
+                conditions.append(f"scope IN ({','.join('?' * len(ancestors))})")
+                params.extend(ancestors)
+        for key, value in check_tags(tags, name="tags filter").items():
+            if value:
+                conditions.append(f"id IN (SELECT entry_id FROM {_TABLE}_tags WHERE key = ? AND value = ?)")
+                params.extend((key, value))
+            else:
+                conditions.append(f"id IN (SELECT entry_id FROM {_TABLE}_tags WHERE key = ?)")
+                params.append(key)
+        return conditions, params, where
+
+    def list(
+        self,
+        category: str | None = None,
+        tags: Mapping[str, str] | Sequence[str] | None = None,
+        scope: str | None = None,
+        limit: int = 50,
+        offset: int = 0,
+        order_by: str = "updated_at",
+        descending: bool = True,
+    ) -> list[KnowledgeEntry]:
+        """Entries matching every filter (``scope``: that scope and its descendants), ordered by
+        ``order_by`` (``updated_at``, ``created_at`` or ``id``; ties by id), paginated."""
+        self._check_open()
+        limit = check_int(limit, "limit", 0, MAX_LIST_LIMIT)
+        offset = check_int(offset, "offset", 0, 2**62)
+        if order_by not in ORDER_BY:
+            raise InvalidInputError(f"order_by must be one of {', '.join(ORDER_BY)}; got {order_by!r}")
+        if not isinstance(descending, bool):
+            raise InvalidInputError(f"descending must be a bool, got {type(descending).__name__}")
+        conditions, params, _ = self._filter(category, tags, scope, subtree=True)
+        direction = "DESC" if descending else "ASC"
+        where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
+        order = f"{order_by} {direction}" + (f", id {direction}" if order_by != "id" else "")
+        rows = self._db.query(
+            f"SELECT {_ENTRY_COLUMNS} FROM {_TABLE}{where} ORDER BY {order} LIMIT ? OFFSET ?",
+            (*params, limit, offset),
+        )
+        tags_by_id = self._tags_of([int(r[0]) for r in rows])
+        return [_entry(r, tags_by_id.get(int(r[0]), {})) for r in rows]
+
+    def count(
+        self,
+        category: str | None = None,
+        tags: Mapping[str, str] | Sequence[str] | None = None,
+        scope: str | None = None,
+    ) -> int:
+        """How many entries match (all entries without filters; ``scope`` as in :meth:`list`)."""
+        self._check_open()
+        conditions, params, _ = self._filter(category, tags, scope, subtree=True)
+        where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
+        return int(self._db.scalar(f"SELECT count(*) FROM {_TABLE}{where}", params))
+
+    def search(
+        self,
+        query: str,
+        *,
+        top_k: int = 10,
+        mode: str = "hybrid",
+        category: str | None = None,
+        tags: Mapping[str, str] | Sequence[str] | None = None,
+        scope: str | None = None,
+        min_score: float | None = None,
+        query_vector: FloatArray | None = None,
+    ) -> builtins.list[KnowledgeHit]:
+        """The ``top_k`` entries that best match ``query``, best first.
+
+        ``mode``: ``"hybrid"`` (weighted RRF of both rankings), ``"vector"`` or ``"keyword"``; in
+        keyword-only mode every mode searches by keywords. ``scope`` keeps entries of that scope
+        and its ancestors. ``min_score`` drops semantic candidates whose cosine similarity is
+        below it; keyword matches are never dropped by it. Any ``str`` query is safe.
+        ``query_vector`` replaces embedding the query (it must come from the store's model).
+        """
+        self._check_open()
+        if not isinstance(query, str):
+            raise InvalidInputError(f"query must be a str, got {type(query).__name__}")
+        top_k = check_int(top_k, "top_k", 1, MAX_TOP_K)
+        checked_mode = validate_mode(mode)
+        threshold = check_min_score(min_score)
+        conditions, params, where = self._filter(category, tags, scope, subtree=False)
+        if not query.strip() and query_vector is None:
+            return []
+        self._refresh_foreign()
+        vectors = self._vectors if self._vector_reason() is None else None
+        qv: FloatArray | None = None
+        if vectors is not None and checked_mode != "keyword":
+            qv = self._query_vector(query, query_vector, vectors.dim)
+            if qv is None:
+                vectors = None
+        use_vectors = vectors is not None and qv is not None
+        use_keywords = checked_mode != "vector" or not use_vectors
+        tuning = self._tuning
+        depth = max(tuning.depth, top_k)
+        sql = f"SELECT id FROM {_TABLE} WHERE {' AND '.join(conditions)}" if conditions else None
+        flt = Filter(sql=sql, params=tuple(params), where=where)
+
+        vector_hits: builtins.list[VectorHit] = []
+        if use_vectors:
+            assert vectors is not None and qv is not None
+            vector_hits = self._vector_search(vectors, qv, depth, conditions, flt)
+            if threshold is not None:
+                vector_hits = [h for h in vector_hits if h.similarity >= threshold]
+        keyword_ids: builtins.list[int] = []
+        if use_keywords:
+            keyword_ids = keyword_search(
+                self._db,
+                _TABLE,
+                list(_FTS_COLUMNS),
+                build_keyword_query(query),
+                depth,
+                flt,
+                column_weights=tuning.column_weights,
+            )
+
+        lists: builtins.list[builtins.list[int]] = []
+        weights: builtins.list[float] = []
+        if use_vectors:
+            lists.append([h.rowid for h in vector_hits])
+            weights.append(tuning.vector_weight if use_keywords else 1.0)
+        if use_keywords:
+            lists.append(keyword_ids)
+            weights.append(tuning.keyword_weight if use_vectors else 1.0)
+        fused = rrf(lists, k=tuning.rrf_k, weights=weights)[:top_k]
+        if not fused:
+            return []
+        similarity = {h.rowid: h.similarity for h in vector_hits}
+        missing = [f.key for f in fused if f.key not in similarity]
+        if missing and use_vectors:
+            assert vectors is not None and qv is not None
+            for hit in vectors.search(qv, len(missing), candidates=missing):
+                similarity[hit.rowid] = hit.similarity
+        entries = self._load([f.key for f in fused])
+        hits = []
+        for f in fused:
+            entry = entries.get(f.key)
+            if entry is None:  # deleted by another connection since the ranking
+                continue
+            vrank = f.ranks[0] if use_vectors else None
+            krank = f.ranks[-1] if use_keywords else None
+            hits.append(
+                KnowledgeHit(entry, f.score, match_type(vrank, krank), vrank, krank, similarity.get(f.key))
+            )
+        return hits
+
+    def _query_vector(self, query: str, given: object, dim: int) -> FloatArray | None:
+        if given is not None:
+            try:
+                array = np.asarray(given, dtype=np.float32).reshape(-1)
+            except (TypeError, ValueError) as exc:
+                raise InvalidInputError(f"query_vector must be an array of {dim} numbers: {exc}") from exc
+            if array.shape != (dim,) or not np.isfinite(array).all() or not array.any():
+                raise InvalidInputError(
+                    f"query_vector must be {dim} finite numbers, not all zero; got shape {array.shape}"
+                )
+            return array
+        assert self._embedder is not None
+        try:
+            return embed_query(self._embedder, query[:EMBED_CHARS])
+        except EmbeddingError as exc:  # a search still answers, by keywords
+            self._last_error = str(exc)
+            return None
+
+    def _vector_search(
+        self, vectors: VectorIndex, qv: FloatArray, depth: int, conditions: builtins.list[str], flt: Filter
+    ) -> builtins.list[VectorHit]:
+        # a category alone is a vec0 metadata filter: no candidate list needed
+        only_category = conditions == ["category = ?"]
+        if flt.sql is None or only_category:
+            return vectors.search(qv, depth, where=flt.where)
+        candidates = [r[0] for r in self._db.query(flt.sql, flt.params)]
+        if not candidates:
+            return []
+        return vectors.search(qv, depth, where=flt.where, candidates=candidates)
+
+    # -- status and lifetime ----------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """What this store holds and how it searches; ``mode`` is ``"keyword-only"`` (with a
+        ``reason``) whenever vector search cannot be used."""
+        self._check_open()
+        self._refresh_foreign()
+        reason = self._vector_reason()
+        return {
+            "kind": "knowledge",
+            "path": str(self.path),
+            "mode": "hybrid" if reason is None else "keyword-only",
+            "reason": reason,
+            "entries": self.count(),
+            "pending_vectors": self._pending_count(),
+            "model": None if self._embedder is None else self._embedder.model_id,
+            "dim": None if self._embedder is None else self._embedder.dim,
+            "stored_model": get_meta(self._db, "embedding_model"),
+            "stored_dim": _int_or_none(get_meta(self._db, "embedding_dim")),
+            "vectors": None if self._vectors is None else self._vectors.status(),
+            "last_error": self._last_error,
+            "schema_version": len(MIGRATIONS),
+            "tuning": dataclasses.asdict(self._tuning),
+        }
+
+    def close(self) -> None:
+        """Close the connection (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            self._db.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> KnowledgeStore:
+        self._check_open()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else self.mode
+        return f"KnowledgeStore({str(self.path)!r}, {state})"
+
+
+def _merge_into(refresh: dict[int, _Item], row_id: int, item: _Item) -> None:
+    known = refresh.get(row_id)
+    if known is None:
+        refresh[row_id] = dataclasses.replace(item, tags=dict(item.tags))
+    else:
+        known.tags.update(item.tags)
+        known.author = known.author or item.author
+
+
+def _entry(row: Sequence[Any], tags: dict[str, str]) -> KnowledgeEntry:
+    return KnowledgeEntry(
+        id=int(row[0]),
+        content=row[1],
+        category=row[2],
+        tags=tags,
+        scope=row[3],
+        author=row[4],
+        created_at=float(row[5]),
+        updated_at=float(row[6]),
+    )
+
+
+def _int_or_none(text: str | None) -> int | None:
+    try:
+        return None if text is None else int(text)
+    except ValueError:
+        return None

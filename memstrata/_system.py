@@ -1,0 +1,578 @@
+"""The Python facade: ``MemorySystem``, ``Agent``, ``Blackboard`` and ``Subscription``.
+
+It hides the actor plumbing: each method builds the message (validating it in the caller's
+thread), sends it to the actor that owns the agent or session, and waits for the answer within a
+bounded time. Orchestrators that prefer messages use ``system.tell(msg)`` / ``system.ask(msg)``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import datetime as _dt
+import logging
+import threading
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from memstrata.actors import (
+    BatchingEmbedder,
+    Clock,
+    LayerStores,
+    Runtime,
+    StopReport,
+    StoreFactory,
+    SystemClock,
+)
+from memstrata.config import Config
+from memstrata.errors import EmbedderUnavailableError, InvalidInputError, StorageError, SystemStoppedError
+from memstrata.messages import (
+    SHARED,
+    ClearWorkingMemory,
+    CommitMemory,
+    GetWorkingMemory,
+    ListSignals,
+    Message,
+    PublishSignal,
+    QueryKnowledge,
+    QuerySignal,
+    SearchMemory,
+    SetWorkingMemory,
+    Signal,
+    SignalValue,
+    StoreKnowledge,
+    StoreMemory,
+    SubscribeSignal,
+    TaskAssigned,
+    TaskCompleted,
+    TaskFailed,
+    TaskPrompt,
+    UnsubscribeSignal,
+    WriteBackQueued,
+    check_agent_id,
+    check_session_id,
+)
+from memstrata.storage import Embedder, driver_info, load_embedder
+
+if TYPE_CHECKING:
+    from memstrata.layers import EpisodeHit, KnowledgeHit
+
+__all__ = ["Agent", "Blackboard", "MemorySystem", "Subscription"]
+
+log = logging.getLogger("memstrata")
+
+_RUNNING: weakref.WeakSet[MemorySystem] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_at_exit() -> None:  # pragma: no cover - interpreter shutdown
+    for system in list(_RUNNING):
+        with contextlib.suppress(Exception):
+            system.stop(timeout=10)
+
+
+class MemorySystem:
+    """One process's memory: supervisors, per-agent actors, blackboards, the embedding service.
+
+    Start it with :meth:`start` (a context manager); everything persists under
+    ``config.data_dir``. Thread-safe: any thread may use it and its handles.
+    """
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+        self._agents: dict[str, Agent] = {}
+        self._boards: dict[str, Blackboard] = {}
+        self._lock = threading.Lock()
+        _RUNNING.add(self)
+
+    @classmethod
+    def start(
+        cls,
+        config: Config | str | Path | None = None,
+        embedder: Embedder | None = None,
+        *,
+        clock: Clock | None = None,
+        stores: StoreFactory | None = None,
+    ) -> MemorySystem:
+        """Start a system.
+
+        ``config``: a :class:`Config`, a path to a TOML file, or ``None`` for
+        :meth:`Config.load` (``memstrata.toml``, then the environment). ``embedder``: any
+        ``Embedder``; ``None`` loads the configured model, and if none can be loaded the system
+        runs keyword-only and says so in :meth:`status`. ``clock`` stamps episodes and blackboard
+        values and drives working-memory expiry (``ManualClock`` for simulations). ``stores``
+        opens the persistent layers (tests inject faults through it). Write-backs left in an
+        outbox by a previous process are replayed at once.
+        """
+        if config is None or isinstance(config, str | Path):
+            config = Config.load(config)
+        if not isinstance(config, Config):
+            raise InvalidInputError(f"config must be a Config, a path or None, got {type(config).__name__}")
+        note: str | None = None
+        inner = embedder
+        if inner is None:
+            try:
+                model = config.embedding.model
+                inner = load_embedder(
+                    None if model in ("", "default") else model,
+                    dim=config.embedding.dim,
+                    threads=config.embedding.threads,
+                )
+            except EmbedderUnavailableError as exc:
+                note = f"keyword-only: no embedding model could be loaded ({exc})"
+                log.warning("memstrata runs KEYWORD-ONLY: %s", exc)
+        service: Embedder | None
+        owns = True
+        if inner is None:
+            service = None
+        elif isinstance(inner, BatchingEmbedder):
+            service, owns = inner, False
+        else:
+            service = BatchingEmbedder(
+                inner,
+                batch_size=config.embedding.batch_size,
+                max_batch_wait_ms=config.embedding.max_batch_wait_ms,
+                call_timeout_s=config.actors.embed_timeout_s,
+            )
+        try:
+            Path(config.data_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            if isinstance(service, BatchingEmbedder) and owns:
+                service.close()
+            raise StorageError(f"cannot create the data dir {config.data_dir}: {exc}") from exc
+        runtime = Runtime(
+            config,
+            embedder=service,
+            clock=clock or SystemClock(),
+            stores=stores or LayerStores(),
+            embedder_note=note,
+            owns_embedder=owns,
+        )
+        system = cls(runtime)
+        try:
+            runtime.replay_outboxes()
+        except BaseException:
+            system.stop()
+            raise
+        return system
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def __enter__(self) -> MemorySystem:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def stop(self, timeout: float | None = None) -> StopReport:
+        """Refuse new requests, drain every mailbox (write-backs included), commit and close.
+
+        Idempotent. ``timeout`` (default ``actors.stop_timeout_s``) bounds the wait for a stuck
+        actor; whatever it had not processed is still in the outbox and is replayed next start.
+        """
+        report = self._runtime.stop(timeout)
+        _RUNNING.discard(self)
+        return report
+
+    @property
+    def stopped(self) -> bool:
+        return not self._runtime.accepting
+
+    def wait_idle(self, timeout: float | None = 10.0) -> bool:
+        """Block until every mailbox is empty and no write-back or callback is pending.
+
+        True when idle; False if ``timeout`` passed first. Meant for tests and simulations.
+        """
+        return self._runtime.wait_idle(timeout)
+
+    @property
+    def config(self) -> Config:
+        return self._runtime.config
+
+    @property
+    def data_dir(self) -> Path:
+        return self._runtime.data_dir
+
+    @property
+    def clock(self) -> Clock:
+        return self._runtime.clock
+
+    @property
+    def embedder(self) -> Embedder | None:
+        """The shared embedding service (``None`` in keyword-only mode)."""
+        return self._runtime.embedder
+
+    # -- handles -------------------------------------------------------------------------------
+
+    def agent(self, agent_id: str) -> Agent:
+        """The handle of agent ``agent_id`` (its actors are created on first use)."""
+        self._runtime.check_open()
+        check_agent_id(agent_id)
+        with self._lock:
+            handle = self._agents.get(agent_id)
+            if handle is None:
+                handle = self._agents[agent_id] = Agent(self, agent_id)
+            return handle
+
+    def blackboard(self, session_id: str = "default") -> Blackboard:
+        """The blackboard of session ``session_id``."""
+        self._runtime.check_open()
+        check_session_id(session_id)
+        with self._lock:
+            board = self._boards.get(session_id)
+            if board is None:
+                board = self._boards[session_id] = Blackboard(self, session_id)
+            return board
+
+    def retire(self, agent_id: str, timeout: float | None = None) -> None:
+        """Stop an agent's actors after they drain their mailboxes (they restart on next use)."""
+        self._runtime.check_open()
+        check_agent_id(agent_id)
+        self._runtime.wait_idle(timeout or self.config.actors.stop_timeout_s)
+        self._runtime.retire(agent_id, timeout or self.config.actors.stop_timeout_s)
+
+    def revive(self, agent_id: str) -> bool:
+        """Clear a degraded agent's mark and restart budget; queued write-backs are replayed."""
+        self._runtime.check_open()
+        check_agent_id(agent_id, allow_shared=True)
+        was = self._runtime.supervision.revive(agent_id)
+        if agent_id != SHARED:
+            from memstrata.actors._agent import Replay
+
+            self._runtime.post(self._runtime.ref("agent", agent_id), Replay())
+        return was
+
+    # -- raw messages --------------------------------------------------------------------------
+
+    def tell(self, message: Message) -> None:
+        """Send a message without waiting (errors are logged by the receiving actor)."""
+        if not isinstance(message, Message):
+            raise InvalidInputError(f"tell() takes a memstrata message, got {type(message).__name__}")
+        self._runtime.tell(message)
+
+    def ask(
+        self,
+        message: Message,
+        *,
+        timeout: float | None = None,
+        callback: Callable[[Signal], Any] | None = None,
+    ) -> Any:
+        """Send a message and return the answer (a reply message).
+
+        ``TaskAssigned`` answers a :class:`TaskPrompt` (never raises for retrieval problems);
+        ``QueryKnowledge(include_shared=True)`` fuses the shared store's hits; ``SubscribeSignal``
+        needs ``callback``. Raises :class:`RequestTimeoutError` after ``timeout`` (default
+        ``actors.ask_timeout_s``), :class:`ActorCrashedError` if the actor crashed on it.
+        """
+        return self._runtime.ask(message, timeout=timeout, callback=callback)
+
+    # -- status --------------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """What runs and what is stored: drivers, vectors, model, per-agent counts, degradation."""
+        runtime = self._runtime
+        info = driver_info()
+        embedder = runtime.embedder
+        embedding: dict[str, Any] = {
+            "model": None if embedder is None else embedder.model_id,
+            "dim": None if embedder is None else embedder.dim,
+            "keyword_only": embedder is None,
+            "note": runtime.embedder_note,
+        }
+        if isinstance(embedder, BatchingEmbedder):
+            embedding.update(embedder.stats().as_dict())
+        agents: dict[str, dict[str, Any]] = {}
+        boards: dict[str, dict[str, Any]] = {}
+        shared: dict[str, Any] = {}
+        degraded = runtime.supervision.degraded()
+        if not runtime.stopped:
+            for (kind, key), state in runtime.actor_status().items():
+                if kind == "blackboard":
+                    boards[key] = state
+                    continue
+                if key == SHARED:
+                    shared = state
+                    continue
+                agents.setdefault(key, {})[kind] = state
+        for agent_id, kinds in agents.items():
+            kinds["degraded"] = degraded.get(agent_id)
+        return {
+            "data_dir": str(runtime.data_dir),
+            "stopped": runtime.stopped or not runtime.accepting,
+            "driver": info.as_dict(),
+            "vectors": "native (sqlite-vec)" if info.native_vectors else f"fallback (numpy): {info.reason}",
+            "embedding": embedding,
+            "agents": agents,
+            "shared_knowledge": shared,
+            "blackboards": boards,
+            "degraded": degraded,
+            "restarts": runtime.supervision.restarts(),
+            "shared_query_errors": runtime.shared_query_errors,
+            "blackboard_subscriber_errors": sum(int(b.get("subscriber_errors", 0)) for b in boards.values()),
+            "in_flight": runtime.activity.in_flight,
+        }
+
+    def __repr__(self) -> str:
+        state = "stopped" if self.stopped else "running"
+        return f"<MemorySystem {self.data_dir} {state}>"
+
+
+def _timeout(system: MemorySystem, timeout: float | None) -> float:
+    return system.config.actors.ask_timeout_s if timeout is None else timeout
+
+
+class Agent:
+    """One agent's memory: knowledge, episodes, working memory and the task lifecycle."""
+
+    def __init__(self, system: MemorySystem, agent_id: str) -> None:
+        self._system = system
+        self.id = agent_id
+
+    def __repr__(self) -> str:
+        return f"<Agent {self.id}>"
+
+    def _ask(self, message: Message, timeout: float | None = None) -> Any:
+        return self._system.ask(message, timeout=_timeout(self._system, timeout))
+
+    # -- long-term knowledge -------------------------------------------------------------------
+
+    def store_knowledge(
+        self,
+        content: str,
+        *,
+        category: str = "pattern",
+        tags: Mapping[str, str] | Sequence[str] | None = None,
+        scope: str = "/",
+        shared: bool = False,
+        timeout: float | None = None,
+    ) -> int:
+        """Add an entry to this agent's store (or, with ``shared=True``, the shared store, with
+        this agent as its author); returns its id. Same content, category and scope -> same id."""
+        target = SHARED if shared else self.id
+        message = StoreKnowledge(target, content, category, tags, scope, author=self.id)  # type: ignore[arg-type]
+        return int(self._ask(message, timeout).entry_id)
+
+    def query_knowledge(
+        self,
+        query: str,
+        *,
+        top_k: int | None = None,
+        category: str | None = None,
+        tags: Mapping[str, str] | Sequence[str] | None = None,
+        scope: str | None = None,
+        include_shared: bool | None = None,
+        mode: str = "hybrid",
+        min_score: float | None = None,
+        timeout: float | None = None,
+    ) -> list[KnowledgeHit]:
+        """Hybrid search, best first: the same ``KnowledgeHit`` objects as ``KnowledgeStore.search``.
+
+        ``include_shared`` (default: the agent's ``include_shared`` setting) merges the shared
+        store's hits by score.
+        """
+        if include_shared is None:
+            include_shared = self._system.config.for_agent(self.id).include_shared
+        message = QueryKnowledge(
+            self.id,
+            query,
+            category=category,
+            top_k=top_k or self._system.config.search.top_k,
+            tags=tags,  # type: ignore[arg-type]
+            scope=scope,
+            include_shared=include_shared,
+            mode=mode,
+            min_score=min_score,
+        )
+        return list(self._ask(message, timeout).hits)
+
+    # -- episodic memory -----------------------------------------------------------------------
+
+    def remember(
+        self,
+        content: str,
+        *,
+        title: str | None = None,
+        task_run_id: str | None = None,
+        tags: Mapping[str, str] | None = None,
+        kind: str = "note",
+        at: _dt.datetime | None = None,
+        timeout: float | None = None,
+    ) -> int:
+        """Record an episode (``at`` defaults to the system clock); returns its id once committed."""
+        message = StoreMemory(self.id, task_run_id, content, title, tags, kind, at)  # type: ignore[arg-type]
+        return int(self._ask(message, timeout).episode_id)
+
+    def recall(
+        self,
+        query: str,
+        *,
+        top_k: int | None = None,
+        task_run_id: str | None = None,
+        since: _dt.datetime | None = None,
+        until: _dt.datetime | None = None,
+        timeout: float | None = None,
+    ) -> list[EpisodeHit]:
+        """Search this agent's episodes (hybrid), optionally within a task run or time range."""
+        message = SearchMemory(
+            self.id, query, task_run_id, top_k or self._system.config.search.top_k, since, until
+        )
+        return list(self._ask(message, timeout).hits)
+
+    def commit(self, timeout: float | None = None) -> None:
+        """Apply the episodic retention policy and checkpoint its database."""
+        self._ask(CommitMemory(self.id), timeout)
+
+    # -- task lifecycle ------------------------------------------------------------------------
+
+    def begin_task(
+        self,
+        task_id: str,
+        description: str,
+        *,
+        query: str | None = None,
+        category: str | None = None,
+        tags: Mapping[str, str] | None = None,
+        scope: str | None = None,
+        top_k: int | None = None,
+    ) -> TaskPrompt:
+        """The prompt for a task, within the agent's retrieval timeout (+1 s at most).
+
+        Knowledge found -> ``<knowledge-context>`` + ``<task>``; nothing found, an error or the
+        timeout -> the fallback prompt (the task alone) with ``fallback=True`` and a ``reason``.
+        """
+        message = TaskAssigned(task_id, description, self.id, query, category, tags, scope, top_k)  # type: ignore[arg-type]
+        return self._system._runtime.begin_task(message)
+
+    def complete_task(self, task_id: str, summary: str, *, timeout: float | None = None) -> WriteBackQueued:
+        """Record the outcome: durable when this returns; stored as knowledge and episode soon after."""
+        return self._ask(TaskCompleted(task_id, summary, self.id), timeout)  # type: ignore[no-any-return]
+
+    def fail_task(self, task_id: str, reason: str, *, timeout: float | None = None) -> WriteBackQueued:
+        """Record a failure: the reason becomes a ``pitfall`` (durable when this returns)."""
+        return self._ask(TaskFailed(task_id, reason, self.id), timeout)  # type: ignore[no-any-return]
+
+    # -- working memory ------------------------------------------------------------------------
+
+    def set_working(
+        self, key: str, value: Any, *, ttl_s: float | None = None, timeout: float | None = None
+    ) -> None:
+        """Set a working-memory key (JSON data); ``ttl_s`` makes it expire."""
+        self._ask(SetWorkingMemory(self.id, key, value, ttl_s), timeout)
+
+    def get_working(self, key: str, default: Any = None, *, timeout: float | None = None) -> Any:
+        """A copy of a working-memory value, or ``default``."""
+        reply = self._ask(GetWorkingMemory(self.id, key), timeout)
+        return reply.value if reply.found else default
+
+    def clear_working(self, key: str | None = None, *, timeout: float | None = None) -> int:
+        """Remove one key, or everything; returns how many keys were removed."""
+        return int(self._ask(ClearWorkingMemory(self.id, key), timeout).removed)
+
+    # -- raw messages --------------------------------------------------------------------------
+
+    def _own(self, message: Message) -> Message:
+        current = getattr(message, "agent_id", self.id)
+        if current is None and isinstance(message, TaskAssigned | TaskCompleted | TaskFailed):
+            import dataclasses
+
+            return dataclasses.replace(message, agent_id=self.id)
+        if current != self.id:
+            raise InvalidInputError(f"message is for agent {current!r}, not {self.id!r}")
+        return message
+
+    def tell(self, message: Message) -> None:
+        self._system.tell(self._own(message))
+
+    def ask(self, message: Message, *, timeout: float | None = None) -> Any:
+        return self._system.ask(self._own(message), timeout=timeout)
+
+
+class Subscription:
+    """A blackboard subscription; :meth:`unsubscribe` stops further callbacks."""
+
+    def __init__(self, system: MemorySystem, session_id: str, subscription_id: int, pattern: str) -> None:
+        self._system = system
+        self.session_id = session_id
+        self.id = subscription_id
+        self.pattern = pattern
+        self._active = True
+
+    @property
+    def active(self) -> bool:
+        return self._active
+
+    def unsubscribe(self) -> bool:
+        """Stop delivering to this subscription; True the first time. No callback starts after
+        this returns (one already running on the delivery thread finishes)."""
+        if not self._active:
+            return False
+        self._active = False
+        if self._system.stopped:
+            return True
+        reply = self._system.ask(UnsubscribeSignal(self.id, self.session_id))
+        return bool(reply.removed)
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with contextlib.suppress(SystemStoppedError):
+            self.unsubscribe()
+
+    def __repr__(self) -> str:
+        return f"<Subscription {self.id} {self.pattern!r} on {self.session_id}>"
+
+
+class Blackboard:
+    """A session's shared board: publish/get/list and subscriptions to a key or a ``prefix*``."""
+
+    def __init__(self, system: MemorySystem, session_id: str) -> None:
+        self._system = system
+        self.session_id = session_id
+
+    def __repr__(self) -> str:
+        return f"<Blackboard {self.session_id}>"
+
+    def publish(
+        self, key: str, value: Any, publisher: str | None = None, *, wait: bool = False
+    ) -> int | None:
+        """Set ``key`` to ``value`` (any JSON data) and notify subscribers.
+
+        Fire-and-forget unless ``wait`` (then returns the key's new version). Invalid keys and
+        values that are not JSON-serialisable raise at once, in the caller's thread.
+        """
+        message = PublishSignal(key, value, publisher, self.session_id)
+        if not wait:
+            self._system.tell(message)
+            return None
+        return int(self._system.ask(message).version)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """A copy of the current value of ``key``, or ``default``."""
+        reply = self.signal(key)
+        return reply.value if reply.found else default
+
+    def signal(self, key: str) -> SignalValue:
+        """The current value of ``key`` with its publisher, version and time."""
+        return self._system.ask(QuerySignal(key, self.session_id))  # type: ignore[no-any-return]
+
+    def list(self, prefix: str | None = None) -> list[str]:
+        """The keys, sorted; only those starting with ``prefix`` when given."""
+        return list(self._system.ask(ListSignals(prefix, self.session_id)).keys)
+
+    def subscribe(self, key_or_prefix: str, callback: Callable[[Signal], Any]) -> Subscription:
+        """Call ``callback(signal)`` for every change of a key, or of any key under ``prefix*``.
+
+        The current matching values are delivered at once. Callbacks run on the session's
+        delivery thread, in publication order; one that raises is unsubscribed (counted in
+        ``status()``) and the others carry on.
+        """
+        if not callable(callback):
+            raise InvalidInputError(f"callback must be callable, got {type(callback).__name__}")
+        reply = self._system.ask(SubscribeSignal(key_or_prefix, self.session_id), callback=callback)
+        return Subscription(self._system, self.session_id, reply.subscription_id, key_or_prefix)

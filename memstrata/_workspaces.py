@@ -1,0 +1,493 @@
+"""The registry of indexed roots: which folders are indexed, as what, and where their index lives.
+
+``memstrata index PATH`` registers a root (a memory workspace or a source tree) in
+``workspaces.sqlite`` in the data dir; ``search``, ``get`` and ``watch`` (CLI, JSON-lines server,
+LLM tools, MCP) then share it. Each root's layer object (:class:`MemoryFiles` or
+:class:`Codebase`) owns one SQLite connection; every call into it holds that root's lock, so any
+thread may use a :class:`Workspaces` while each layer stays confined to one caller at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+import hashlib
+import os
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import orjson
+
+from memstrata.config import Config
+from memstrata.errors import InvalidInputError, PathOutsideRootError, StorageError
+
+if TYPE_CHECKING:
+    from memstrata.storage import Database, Embedder
+
+__all__ = ["FileText", "Kind", "Workspace", "WorkspaceHit", "Workspaces", "detect_kind"]
+
+Kind = Literal["memory", "code"]
+KINDS: tuple[Kind, ...] = ("memory", "code")
+
+_MIGRATIONS = [
+    """
+    CREATE TABLE roots (
+        root TEXT NOT NULL,
+        kind TEXT NOT NULL CHECK (kind IN ('memory', 'code')),
+        db_path TEXT NOT NULL,
+        added_at TEXT NOT NULL,
+        last_sync_at TEXT,
+        last_stats TEXT,
+        PRIMARY KEY (root, kind)
+    );
+    """
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Workspace:
+    """One indexed root."""
+
+    root: Path
+    kind: Kind
+    db_path: Path
+    added_at: dt.datetime
+    last_sync_at: dt.datetime | None
+    last_stats: dict[str, Any] | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "root": str(self.root),
+            "kind": self.kind,
+            "db_path": str(self.db_path),
+            "added_at": self.added_at.isoformat(),
+            "last_sync_at": self.last_sync_at.isoformat() if self.last_sync_at else None,
+            "last_stats": self.last_stats,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class WorkspaceHit:
+    """A file-search hit with the root it came from (``path`` is relative to ``root``)."""
+
+    root: Path
+    kind: Kind
+    path: str
+    start_line: int
+    end_line: int
+    score: float
+    snippet: str
+    match_type: str
+    language: str | None = None
+
+    @property
+    def absolute_path(self) -> Path:
+        return self.root / self.path
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "root": str(self.root),
+            "kind": self.kind,
+            "path": self.path,
+            "start_line": self.start_line,
+            "end_line": self.end_line,
+            "score": self.score,
+            "snippet": self.snippet,
+            "match_type": self.match_type,
+            "language": self.language,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class FileText:
+    """Lines read back from an indexed file."""
+
+    root: Path
+    kind: Kind
+    path: str
+    from_line: int
+    lines: int
+    text: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "root": str(self.root),
+            "kind": self.kind,
+            "path": self.path,
+            "from_line": self.from_line,
+            "lines": self.lines,
+            "text": self.text,
+        }
+
+
+def detect_kind(root: Path) -> Kind:
+    """A memory workspace when it holds ``MEMORY.md`` (or ``memory.md``) or ``memory/``, else code."""
+    if (root / "MEMORY.md").is_file() or (root / "memory.md").is_file() or (root / "memory").is_dir():
+        return "memory"
+    return "code"
+
+
+def _normalise_root(path: str | os.PathLike[str]) -> Path:
+    """Absolute, symlinks resolved: one folder has one registry key however it is spelled."""
+    try:
+        root = Path(os.fspath(path)).expanduser().resolve(strict=True)
+    except (OSError, RuntimeError) as exc:
+        raise InvalidInputError(f"path {os.fspath(path)!r} does not exist or cannot be read") from exc
+    if not root.is_dir():
+        raise InvalidInputError(f"path {str(root)!r} is not a directory")
+    return root
+
+
+class _Handle:
+    """A layer object and the lock that confines it to one caller at a time."""
+
+    __slots__ = ("layer", "lock", "watching")
+
+    def __init__(self, layer: Any) -> None:
+        self.layer = layer
+        self.lock = threading.RLock()
+        self.watching = False
+
+
+class Workspaces:
+    """Registry of indexed roots in a data dir, with their layer objects opened on demand."""
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str],
+        *,
+        config: Config | None = None,
+        embedder: Embedder | None = None,
+    ) -> None:
+        from memstrata.storage import apply_migrations, open_database
+
+        self.data_dir = Path(data_dir)
+        self.config = config if config is not None else Config(data_dir=self.data_dir)
+        self._embedder = embedder
+        self._lock = threading.RLock()
+        self._handles: dict[tuple[Path, Kind], _Handle] = {}
+        self._closed = False
+        self._db: Database = open_database(self.data_dir / "workspaces.sqlite", load_vec=False)
+        try:
+            apply_migrations(self._db, "workspaces", _MIGRATIONS)
+        except BaseException:
+            self._db.close()
+            raise
+
+    @classmethod
+    def open(
+        cls,
+        data_dir: str | os.PathLike[str],
+        *,
+        config: Config | None = None,
+        embedder: Embedder | None = None,
+    ) -> Workspaces:
+        return cls(data_dir, config=config, embedder=embedder)
+
+    def __enter__(self) -> Workspaces:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- registry ------------------------------------------------------------------------------
+
+    def roots(self) -> list[Workspace]:
+        """Every registered root, memory workspaces first, then in registration order."""
+        with self._lock:
+            self._check_open()
+            rows = self._db.query(
+                "SELECT root, kind, db_path, added_at, last_sync_at, last_stats FROM roots "
+                "ORDER BY kind = 'code', added_at, root"
+            )
+        return [_row_to_workspace(row) for row in rows]
+
+    def find(self, path: str | os.PathLike[str], kind: Kind | None = None) -> list[Workspace]:
+        """The registrations of exactly this root (one per kind)."""
+        root = _normalise_root(path)
+        return [w for w in self.roots() if w.root == root and (kind is None or w.kind == kind)]
+
+    def _register(self, root: Path, kind: Kind) -> Workspace:
+        digest = hashlib.sha256(str(root).encode("utf-8", "surrogatepass")).hexdigest()[:16]
+        db_path = self.data_dir / "workspaces" / f"{kind}-{digest}.sqlite"
+        now = dt.datetime.now(dt.UTC).isoformat()
+        with self._lock, self._db.transaction():
+            self._db.execute(
+                "INSERT INTO roots(root, kind, db_path, added_at) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT(root, kind) DO NOTHING",
+                (str(root), kind, str(db_path), now),
+            )
+            row = self._db.query(
+                "SELECT root, kind, db_path, added_at, last_sync_at, last_stats FROM roots "
+                "WHERE root = ? AND kind = ?",
+                (str(root), kind),
+            )[0]
+        return _row_to_workspace(row)
+
+    def forget(self, path: str | os.PathLike[str], kind: Kind | None = None) -> int:
+        """Unregister a root and delete its index files (the folder itself is never touched)."""
+        root = _normalise_root(path)
+        removed = 0
+        for ws in self.find(root, kind):
+            with self._lock:
+                handle = self._handles.pop((ws.root, ws.kind), None)
+            if handle is not None:
+                with handle.lock:
+                    _close_layer(handle)
+            with self._lock, self._db.transaction():
+                self._db.execute("DELETE FROM roots WHERE root = ? AND kind = ?", (str(ws.root), ws.kind))
+            for suffix in ("", "-wal", "-shm"):
+                with contextlib.suppress(OSError):
+                    Path(str(ws.db_path) + suffix).unlink()
+            removed += 1
+        return removed
+
+    # -- layers --------------------------------------------------------------------------------
+
+    def _handle(self, ws: Workspace) -> _Handle:
+        key = (ws.root, ws.kind)
+        with self._lock:
+            self._check_open()
+            handle = self._handles.get(key)
+            if handle is None:
+                handle = _Handle(self._open_layer(ws))
+                self._handles[key] = handle
+            return handle
+
+    def _open_layer(self, ws: Workspace) -> Any:
+        from memstrata.layers import Codebase, MemoryFiles
+
+        opener = MemoryFiles.open if ws.kind == "memory" else Codebase.open
+        return opener(ws.root, db_path=ws.db_path, embedder=self._embedder, config=self.config)
+
+    @contextlib.contextmanager
+    def _using(self, ws: Workspace) -> Iterator[Any]:
+        handle = self._handle(ws)
+        with handle.lock:
+            yield handle.layer
+
+    def index(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        kind: Kind | Literal["auto"] = "auto",
+        progress: Callable[..., None] | None = None,
+    ) -> tuple[Workspace, Any]:
+        """Register ``path`` (if new) and bring its index up to date; returns it and the SyncStats."""
+        if kind not in ("auto", *KINDS):
+            raise InvalidInputError(f"kind must be 'auto', 'memory' or 'code', got {kind!r}")
+        root = _normalise_root(path)
+        chosen: Kind = detect_kind(root) if kind == "auto" else kind
+        ws = self._register(root, chosen)
+        with self._using(ws) as layer:
+            stats = layer.sync(progress=progress)
+        return self._record_sync(ws, stats), stats
+
+    def _record_sync(self, ws: Workspace, stats: Any) -> Workspace:
+        stats_dict = _stats_dict(stats)
+        now = dt.datetime.now(dt.UTC)
+        with self._lock:
+            if self._closed:
+                return ws
+            with self._db.transaction():
+                self._db.execute(
+                    "UPDATE roots SET last_sync_at = ?, last_stats = ? WHERE root = ? AND kind = ?",
+                    (now.isoformat(), orjson.dumps(stats_dict).decode(), str(ws.root), ws.kind),
+                )
+        return dataclasses.replace(ws, last_sync_at=now, last_stats=stats_dict)
+
+    def _select(self, root: str | os.PathLike[str] | None) -> list[Workspace]:
+        if root is None:
+            return self.roots()
+        selected = self.find(root)
+        if not selected:
+            raise InvalidInputError(f"root {os.fspath(root)!r} is not indexed (run: memstrata index PATH)")
+        return selected
+
+    def search(
+        self,
+        query: str,
+        *,
+        root: str | os.PathLike[str] | None = None,
+        max_results: int | None = None,
+        min_score: float | None = None,
+        language: str | None = None,
+    ) -> list[WorkspaceHit]:
+        """Search every indexed root (or one), best first across roots."""
+        if not isinstance(query, str):
+            raise InvalidInputError(f"query must be a string, got {type(query).__name__}")
+        limit = self.config.search.max_results if max_results is None else max_results
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise InvalidInputError(f"max_results must be a positive integer, got {limit!r}")
+        floor = self.config.search.min_score if min_score is None else min_score
+        hits: list[WorkspaceHit] = []
+        for ws in self._select(root):
+            with self._using(ws) as layer:
+                if ws.kind == "memory":
+                    found = layer.search(query, max_results=limit, min_score=floor)
+                else:
+                    found = layer.search(query, top_k=limit, language=language)
+            hits.extend(_hit(ws, h) for h in found)
+        hits.sort(key=lambda h: -h.score)
+        return hits[:limit]
+
+    def get(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        root: str | os.PathLike[str] | None = None,
+        from_line: int = 1,
+        lines: int = 50,
+    ) -> FileText:
+        """Read lines of an indexed file: an absolute path inside a root, or one relative to a root."""
+        raw = os.fspath(path)
+        if not isinstance(raw, str) or not raw:
+            raise InvalidInputError("path must be a non-empty string")
+        if "\x00" in raw:
+            raise InvalidInputError("path must not contain NUL characters")
+        candidates = self._select(root)
+        if not candidates:
+            raise InvalidInputError("no memories indexed yet (run: memstrata index PATH)")
+        expanded = os.path.expanduser(raw)
+        if os.path.isabs(expanded):
+            absolute = os.path.normpath(expanded)
+            inside = [w for w in candidates if _is_within(absolute, w.root)]
+            if not inside:
+                raise PathOutsideRootError(f"path {raw!r} is not inside an indexed root")
+            inside.sort(key=lambda w: len(str(w.root)), reverse=True)
+            ws = inside[0]
+            relative = os.path.relpath(absolute, ws.root)
+        else:
+            relative = raw
+            existing = [w for w in candidates if os.path.lexists(os.path.join(w.root, raw))]
+            ws = (existing or candidates)[0]
+        with self._using(ws) as layer:
+            text = layer.get(relative, from_line=from_line, lines=lines)
+        count = 0 if not text else text.count("\n") + (0 if text.endswith("\n") else 1)
+        return FileText(ws.root, ws.kind, Path(relative).as_posix(), from_line, count, text)
+
+    def watch(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        kind: Kind | Literal["auto"] = "auto",
+        on_synced: Callable[[Workspace, Any], None] | None = None,
+    ) -> list[Workspace]:
+        """Keep a root in sync with its files (indexing it first if it is new).
+
+        ``on_synced(workspace, stats)`` runs in the watcher's thread after each background sync.
+        """
+        found = self.find(path) if kind == "auto" else self.find(path, kind)
+        if not found:
+            ws, _ = self.index(path, kind=kind)
+            found = [ws]
+        for ws in found:
+            handle = self._handle(ws)
+
+            def synced(stats: Any, ws: Workspace = ws) -> None:
+                recorded = self._record_sync(ws, stats)
+                if on_synced is not None:
+                    on_synced(recorded, stats)
+
+            with handle.lock:
+                if not handle.watching:
+                    handle.layer.watch(on_synced=synced)
+                    handle.watching = True
+        return found
+
+    def status(self) -> list[dict[str, Any]]:
+        """Registry rows plus each open layer's own status (opening layers that are not open yet)."""
+        out = []
+        for ws in self.roots():
+            entry = ws.as_dict()
+            try:
+                with self._using(ws) as layer:
+                    entry["index"] = _plain(layer.status())
+            except Exception as exc:  # a broken index is reported, never hides the others
+                entry["error"] = f"{type(exc).__name__}: {exc}"
+            out.append(entry)
+        return out
+
+    def close(self) -> None:
+        """Stop watchers and close every layer and the registry; idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            handles = list(self._handles.values())
+            self._handles.clear()
+        for handle in handles:
+            with handle.lock:
+                _close_layer(handle)
+        self._db.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StorageError("the workspace registry is closed")
+
+
+def _close_layer(handle: _Handle) -> None:
+    if handle.watching:
+        with contextlib.suppress(Exception):
+            handle.layer.stop_watching()
+        handle.watching = False
+    with contextlib.suppress(Exception):
+        handle.layer.close()
+
+
+def _is_within(path: str, root: Path) -> bool:
+    root_text = str(root)
+    return path == root_text or path.startswith(root_text.rstrip(os.sep) + os.sep)
+
+
+def _row_to_workspace(row: Any) -> Workspace:
+    root, kind, db_path, added_at, last_sync_at, last_stats = row
+    return Workspace(
+        root=Path(root),
+        kind=kind,
+        db_path=Path(db_path),
+        added_at=dt.datetime.fromisoformat(added_at),
+        last_sync_at=dt.datetime.fromisoformat(last_sync_at) if last_sync_at else None,
+        last_stats=orjson.loads(last_stats) if last_stats else None,
+    )
+
+
+def _hit(ws: Workspace, hit: Any) -> WorkspaceHit:
+    return WorkspaceHit(
+        root=ws.root,
+        kind=ws.kind,
+        path=str(hit.path),
+        start_line=int(hit.start_line),
+        end_line=int(hit.end_line),
+        score=float(hit.score),
+        snippet=str(hit.snippet),
+        match_type=str(hit.match_type),
+        language=getattr(hit, "language", None),
+    )
+
+
+def _stats_dict(stats: Any) -> dict[str, Any]:
+    if dataclasses.is_dataclass(stats) and not isinstance(stats, type):
+        return _plain(stats)  # type: ignore[no-any-return]
+    if isinstance(stats, dict):
+        return stats
+    return {"value": str(stats)}
+
+
+def _plain(value: Any) -> Any:
+    """Dataclasses, paths and datetimes as plain JSON-ready values."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, dt.datetime | dt.date):
+        return value.isoformat()
+    return value

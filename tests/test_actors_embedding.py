@@ -1,0 +1,171 @@
+"""The shared batching embedder: coalescing, routing, failures, caching."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from memstrata.actors import BatchingEmbedder
+
+from memstrata.errors import EmbeddingError
+from tests.fakes import FakeEmbedder
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Poll a condition (bounded) — for a queue filling up, which has no event to wait on."""
+    done = threading.Event()
+    for _ in range(int(timeout * 1000)):
+        if predicate():
+            return
+        done.wait(0.001)
+    raise AssertionError("condition not reached in time")
+
+
+class GatedEmbedder(FakeEmbedder):
+    """Blocks its first document call until released, so other requests queue up meanwhile."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.batches: list[list[str]] = []
+        self.fail_on: str | None = None
+
+    def embed_documents(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        self.batches.append(list(texts))
+        if len(self.batches) == 1:
+            self.entered.set()
+            assert self.release.wait(10)
+        if self.fail_on is not None and self.fail_on in texts:
+            raise RuntimeError(f"model choked on {self.fail_on}")
+        return super().embed_documents(texts)
+
+
+def run_threads(target: Callable[[int], object], n: int) -> list[object]:
+    results: list[object] = [None] * n
+
+    def work(i: int) -> None:
+        try:
+            results[i] = target(i)
+        except Exception as exc:
+            results[i] = exc
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+        assert not t.is_alive()
+    return results
+
+
+def test_concurrent_requests_coalesce_and_results_are_routed_back() -> None:
+    inner = GatedEmbedder()
+    service = BatchingEmbedder(inner, batch_size=64, max_batch_wait_ms=1)
+    try:
+        first = threading.Thread(target=service.embed_documents, args=(["warm up"],))
+        first.start()
+        assert inner.entered.wait(5)
+        out: dict[int, npt.NDArray[np.float32]] = {}
+
+        def embed(i: int) -> None:
+            out[i] = service.embed_documents([f"text number {i}", f"other {i}"])
+
+        threads = [threading.Thread(target=embed, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        wait_until(lambda: service.stats().document_requests == 9)
+        inner.release.set()
+        for t in [*threads, first]:
+            t.join(10)
+        assert len(inner.batches) <= 3  # 1 + the 8 requests coalesced (at most split once)
+        for i in range(8):
+            expected = FakeEmbedder().embed_documents([f"text number {i}", f"other {i}"])
+            np.testing.assert_allclose(out[i], expected, rtol=1e-6)
+        stats = service.stats()
+        assert stats.model_calls == len(inner.batches)
+        assert stats.texts_requested == 17
+    finally:
+        service.close()
+
+
+def test_a_failing_request_does_not_fail_its_batch_neighbours() -> None:
+    inner = GatedEmbedder()
+    inner.fail_on = "poison"
+    service = BatchingEmbedder(inner, max_batch_wait_ms=1)
+    try:
+        first = threading.Thread(target=service.embed_documents, args=(["warm up"],))
+        first.start()
+        assert inner.entered.wait(5)
+        texts = ["fine a", "poison", "fine b"]
+        results: list[object] = []
+        threads = [
+            threading.Thread(target=lambda t=t: results.append(_try(service.embed_documents, [t])))
+            for t in texts
+        ]
+        for t in threads:
+            t.start()
+        wait_until(lambda: service.stats().document_requests == 4)
+        inner.release.set()
+        for t in [*threads, first]:
+            t.join(10)
+        errors = [r for r in results if isinstance(r, Exception)]
+        assert len(errors) == 1
+        assert isinstance(errors[0], EmbeddingError)
+        assert "poison" in str(errors[0])
+    finally:
+        service.close()
+
+
+def _try(fn: Callable[..., object], *args: object) -> object:
+    try:
+        return fn(*args)
+    except Exception as exc:
+        return exc
+
+
+def test_errors_reach_every_caller() -> None:
+    class Broken(FakeEmbedder):
+        def embed_documents(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+            raise RuntimeError("onnx exploded")
+
+        def embed_query(self, text: str) -> npt.NDArray[np.float32]:
+            raise RuntimeError("onnx exploded")
+
+    service = BatchingEmbedder(Broken())
+    try:
+        results = run_threads(lambda i: service.embed_documents([f"t{i}"]), 6)
+        assert all(isinstance(r, EmbeddingError) and "onnx exploded" in str(r) for r in results)
+        with pytest.raises(EmbeddingError, match="onnx exploded"):
+            service.embed_query("q")
+    finally:
+        service.close()
+
+
+def test_repeated_texts_and_queries_hit_the_cache() -> None:
+    inner = FakeEmbedder()
+    service = BatchingEmbedder(inner)
+    try:
+        a = service.embed_documents(["same text", "same text"])
+        calls = inner.calls
+        b = service.embed_documents(["same text"])
+        assert inner.calls == calls
+        np.testing.assert_array_equal(a[0], b[0])
+        q1 = service.embed_query("a query")
+        q1[0] = 42.0  # callers get copies: the cache is not corrupted
+        q2 = service.embed_query("a query")
+        assert q2[0] != 42.0
+        assert service.stats().cache_hits >= 2
+    finally:
+        service.close()
+
+
+def test_closed_service_fails_clearly() -> None:
+    service = BatchingEmbedder(FakeEmbedder())
+    service.close()
+    with pytest.raises(EmbeddingError, match="closed"):
+        service.embed_documents(["x"])
+    assert service.embed_documents([]).shape == (0, 64)

@@ -1,0 +1,94 @@
+"""Prompt shape and escaping, and fusion of an agent's hits with the shared store's."""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from memstrata.actors import build_prompt, fallback_prompt, merge_hits, xml_name
+from memstrata.layers import KnowledgeEntry, KnowledgeHit
+
+
+def hit(content: str, score: float, *, category: str = "pitfall", tags: dict[str, str] | None = None,
+        similarity: float | None = 0.5, entry_id: int = 1) -> KnowledgeHit:  # fmt: skip
+    entry = KnowledgeEntry(entry_id, content, category, tags or {}, "/", None, 0.0, 0.0)
+    return KnowledgeHit(entry, score, "hybrid", 1, 1, similarity)
+
+
+def test_prompt_shape_matches_the_design() -> None:
+    text = build_prompt("Refactor the payment module", [hit("Avoid Strategy", 0.8734, tags={"taskId": "t1"})])
+    assert text == (
+        "<knowledge-context>\n"
+        '<entry category="pitfall" relevance="0.87" taskId="t1">Avoid Strategy</entry>\n'
+        "</knowledge-context>\n"
+        "<task>Refactor the payment module</task>"
+    )
+
+
+def test_fallback_is_the_full_task_alone() -> None:
+    description = "Line one\nline <two> & three " + "x" * 5000
+    text = fallback_prompt(description)
+    assert text.startswith("<task>") and text.endswith("</task>")
+    assert ET.fromstring(text).text == description
+
+
+def test_everything_is_escaped_and_parses() -> None:
+    nasty = "a\"b<c>&d'e\n\tf\x00g\ud800h"
+    hits = [hit(nasty, 0.5, category="x-y", tags={nasty: nasty, "category": "c", "ok": "", "2bad key": "v"})]
+    text = build_prompt(nasty, hits)
+    root = ET.fromstring(f"<root>{text}</root>")
+    entry = root.find("knowledge-context/entry")
+    assert entry is not None
+    assert entry.get("category") == "x-y"
+    assert entry.get("tag-category") == "c"
+    assert entry.get("ok") == ""
+    assert entry.get(xml_name(nasty)) == "a\"b<c>&d'e\n\tf\ufffdg\ufffdh"
+    assert entry.text == "a\"b<c>&d'e\n\tf\ufffdg\ufffdh"
+    assert entry.get(xml_name("2bad key")) == "v"
+
+
+def test_relevance_is_clamped_to_two_decimals() -> None:
+    text = build_prompt("t", [hit("a", 1.7), hit("b", -0.2, entry_id=2), hit("c", 0.005, entry_id=3)])
+    assert re.findall(r'relevance="([^"]+)"', text) == ["1.00", "0.00", "0.01"]
+
+
+@given(st.text(min_size=1, max_size=40))
+def test_xml_names_are_valid_and_distinct(key: str) -> None:
+    name = xml_name(key)
+    assert re.fullmatch(r"[A-Za-z_][A-Za-z0-9._-]*", name)
+    ET.fromstring(f'<e {name}="v"/>')
+    if key != "k":
+        assert name != xml_name("k") or key == "k"
+
+
+@given(st.text(max_size=200), st.text(max_size=200))
+def test_any_text_makes_a_well_formed_prompt(content: str, description: str) -> None:
+    text = build_prompt(description or "x", [hit(content or "c", 0.3, tags={content or "k": description})])
+    ET.fromstring(f"<root>{text}</root>")
+
+
+def test_merge_orders_by_score_then_similarity_and_prefers_the_agent() -> None:
+    own = [
+        hit("mine", 0.9, similarity=0.4),
+        hit("same", 0.5, entry_id=2),
+        hit("tie", 0.6, similarity=0.3, entry_id=3),
+    ]
+    shared = [
+        hit("theirs", 0.95),
+        hit("same", 0.99, entry_id=9),
+        hit("tie2", 0.6, similarity=0.8, entry_id=4),
+    ]
+    merged = merge_hits(own, shared, 10)
+    assert [h.entry.content for h in merged] == ["theirs", "mine", "tie2", "tie", "same"]
+    assert merged[-1] is own[1]  # the agent's copy of duplicated content wins
+    assert len(merge_hits(own, shared, 2)) == 2
+
+
+@pytest.mark.parametrize("top_k", [1, 3])
+def test_merge_with_one_side_empty(top_k: int) -> None:
+    own = [hit(f"e{i}", 1 - i / 10, entry_id=i) for i in range(5)]
+    assert merge_hits(own, [], top_k) == own[:top_k]
+    assert merge_hits([], own, top_k) == own[:top_k]

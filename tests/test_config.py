@@ -1,0 +1,174 @@
+"""Configuration: file lookup, TOML < environment < arguments, per-agent overrides, clear errors."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from memstrata.config import AgentConfig, Config
+from memstrata.errors import ConfigError, InvalidInputError
+
+
+@pytest.fixture
+def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """No config file is found unless a test writes one: cwd and home are empty temp dirs."""
+    home = tmp_path / "home"
+    work = tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    for name in [n for n in os.environ if n.startswith("MEMSTRATA_")]:
+        monkeypatch.delenv(name)
+    return tmp_path
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_documented_defaults(isolated: Path) -> None:
+    config = Config.load(env={})
+    assert (config.chunking.tokens, config.chunking.overlap) == (400, 80)
+    assert config.files.watch_debounce_ms == 1500
+    assert config.search.max_results == 6 and config.search.top_k == 10
+    assert config.search.min_score == 0.35 and config.search.snippet_chars == 700
+    assert config.search.rrf_k == 60
+    assert config.agent.retrieval_timeout_s == 5.0
+    assert config.embedding.model == "default"
+    assert "SOUL.md" in config.files.exclude and ".git" in config.files.pruned_dirs
+    assert config.agents == {} and config.for_agent("anyone") == config.agent
+
+
+def test_precedence_file_then_env_then_arguments(isolated: Path) -> None:
+    path = _write(
+        isolated / "cfg.toml",
+        "[search]\ntop_k = 3\nrrf_k = 30\nsnippet_chars = 100\n[chunking]\ntokens = 200\n",
+    )
+    env = {"MEMSTRATA_SEARCH__TOP_K": "4", "MEMSTRATA_SEARCH__RRF_K": "40"}
+    config = Config.load(path, env=env, search__top_k=5)
+    assert config.search.top_k == 5  # argument beats environment and file
+    assert config.search.rrf_k == 40  # environment beats file
+    assert config.search.snippet_chars == 100  # file beats default
+    assert config.chunking.tokens == 200 and config.chunking.overlap == 80  # untouched default
+    assert Config.load(path, env=env, search__top_k=None).search.top_k == 4  # None means "not given"
+
+
+def test_file_lookup_order(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home_file = _write(isolated / "home" / ".config" / "memstrata" / "config.toml", "[search]\ntop_k = 1\n")
+    assert Config.load(env={}).search.top_k == 1
+    _write(isolated / "work" / "memstrata.toml", "[search]\ntop_k = 2\n")
+    assert Config.load(env={}).search.top_k == 2  # the working directory's file wins over home
+    via_env = _write(isolated / "elsewhere.toml", "[search]\ntop_k = 3\n")
+    assert Config.load(env={"MEMSTRATA_CONFIG": str(via_env)}).search.top_k == 3
+    assert Config.load(home_file, env={"MEMSTRATA_CONFIG": str(via_env)}).search.top_k == 1  # explicit path
+
+
+def test_missing_explicit_file_is_an_error(isolated: Path) -> None:
+    with pytest.raises(ConfigError, match=r"nope\.toml does not exist"):
+        Config.load(isolated / "nope.toml", env={})
+    with pytest.raises(ConfigError, match=r"gone\.toml does not exist"):
+        Config.load(env={"MEMSTRATA_CONFIG": str(isolated / "gone.toml")})
+
+
+def test_invalid_toml_names_the_file(isolated: Path) -> None:
+    path = _write(isolated / "bad.toml", "[search\ntop_k = ")
+    with pytest.raises(ConfigError, match=r"bad\.toml is not valid TOML"):
+        Config.load(path, env={})
+
+
+def test_environment_values_are_converted(isolated: Path) -> None:
+    env = {
+        "MEMSTRATA_DATA_DIR": "~/memdata",
+        "MEMSTRATA_EMBEDDING__MODEL": "BAAI/bge-small-en-v1.5",
+        "MEMSTRATA_EMBEDDING__DIM": "384",
+        "MEMSTRATA_SEARCH__MIN_SCORE": "0.5",
+        "MEMSTRATA_AGENT__INCLUDE_SHARED": "off",
+        "MEMSTRATA_FILES__EXTRA_PATHS": "notes, docs/,,",
+        "MEMSTRATA_FILES__SYNC_INTERVAL_S": "none",
+        "MEMSTRATA_MODEL_DIR": "/not/a/config/key",  # read by the embedder, not by Config
+    }
+    config = Config.load(env=env)
+    assert config.data_dir == Path.home() / "memdata"
+    assert config.embedding.model == "BAAI/bge-small-en-v1.5" and config.embedding.dim == 384
+    assert config.search.min_score == 0.5
+    assert config.agent.include_shared is False
+    assert config.files.extra_paths == ("notes", "docs/")
+    assert config.files.sync_interval_s is None
+
+
+def test_unknown_keys_are_named(isolated: Path) -> None:
+    path = _write(isolated / "cfg.toml", "[search]\ntopk = 3\n")
+    with pytest.raises(ConfigError, match=r"cfg.toml: unknown config key 'search.topk'"):
+        Config.load(path, env={})
+    with pytest.raises(ConfigError, match=r"unknown config key 'colour'"):
+        Config.load(_write(isolated / "c2.toml", 'colour = "blue"\n'), env={})
+    with pytest.raises(ConfigError, match=r"unknown config key 'search.depthh'.*MEMSTRATA_SEARCH__DEPTHH"):
+        Config.load(env={"MEMSTRATA_SEARCH__DEPTHH": "3"})
+    with pytest.raises(ConfigError, match=r"unknown config key 'agents.ops.bogus'"):
+        Config.load(env={}, agents={"ops": {"bogus": 1}})
+
+
+@pytest.mark.parametrize(
+    ("toml", "key"),
+    [
+        ('[search]\ntop_k = "ten"\n', "search.top_k"),
+        ("[search]\ntop_k = -1\n", "search.top_k"),
+        ("[search]\ntop_k = true\n", "search.top_k"),
+        ("[search]\nmin_score = nan\n", "search.min_score"),
+        ("[search]\nmin_score = inf\n", "search.min_score"),
+        ('[agent]\ninclude_shared = "yes"\n', "agent.include_shared"),
+        ("[embedding]\nmodel = 5\n", "embedding.model"),
+        ("[files]\nexclude = [1, 2]\n", "files.exclude"),
+        ("data_dir = 3\n", "data_dir"),
+        ('[agents.ops]\nretrieval_timeout_s = "soon"\n', "agents.ops.retrieval_timeout_s"),
+    ],
+)
+def test_bad_values_name_the_key(isolated: Path, toml: str, key: str) -> None:
+    path = _write(isolated / "cfg.toml", toml)
+    with pytest.raises(ConfigError, match=f"config key '{key}' has invalid value"):
+        Config.load(path, env={})
+
+
+def test_bad_environment_values_name_the_variable(isolated: Path) -> None:
+    with pytest.raises(
+        ConfigError, match=r"'search.top_k' has invalid value 'lots'.*MEMSTRATA_SEARCH__TOP_K"
+    ):
+        Config.load(env={"MEMSTRATA_SEARCH__TOP_K": "lots"})
+    with pytest.raises(ConfigError, match=r"agent\.include_shared"):
+        Config.load(env={"MEMSTRATA_AGENT__INCLUDE_SHARED": "maybe"})
+
+
+def test_a_section_must_be_a_table(isolated: Path) -> None:
+    with pytest.raises(ConfigError, match="search must be a table"):
+        Config.load(_write(isolated / "c.toml", "search = 5\n"), env={})
+    with pytest.raises(ConfigError, match="'agents' must be a table"):
+        Config.from_mapping({"agents": 5})
+
+
+def test_per_agent_overrides(isolated: Path) -> None:
+    path = _write(
+        isolated / "cfg.toml",
+        "[agent]\nretrieval_timeout_s = 4.0\nretrieval_top_k = 7\n"
+        "[agents.architect]\nretrieval_timeout_s = 2.0\n"
+        "[agents.reviewer]\ninclude_shared = false\n",
+    )
+    env = {"MEMSTRATA_AGENTS__REVIEWER__RETRIEVAL_TOP_K": "9"}
+    config = Config.load(path, env=env)
+    architect = config.for_agent("architect")
+    assert architect.retrieval_timeout_s == 2.0 and architect.retrieval_top_k == 7  # inherits [agent]
+    reviewer = config.for_agent("reviewer")
+    assert reviewer.include_shared is False and reviewer.retrieval_top_k == 9
+    assert reviewer.retrieval_timeout_s == 4.0
+    assert config.for_agent("someone-else") == config.agent
+    assert isinstance(architect, AgentConfig)
+
+
+def test_config_errors_are_value_errors(isolated: Path) -> None:
+    with pytest.raises(ValueError):
+        Config.load(env={"MEMSTRATA_SEARCH__TOP_K": "x"})
+    assert issubclass(ConfigError, InvalidInputError)

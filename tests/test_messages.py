@@ -1,0 +1,224 @@
+"""Messages: validation at construction and an exact orjson round trip for every type."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from typing import Any
+
+import orjson
+import pytest
+from memstrata.layers import Episode, EpisodeHit, KnowledgeEntry, KnowledgeHit
+
+from memstrata.errors import InvalidInputError
+from memstrata.messages import (
+    ClearWorkingMemory,
+    CommitMemory,
+    GetWorkingMemory,
+    KnowledgeResult,
+    KnowledgeStored,
+    ListSignals,
+    MemoryCommitted,
+    MemorySearchResult,
+    MemoryStored,
+    Message,
+    PublishSignal,
+    QueryKnowledge,
+    QuerySignal,
+    SearchMemory,
+    SetWorkingMemory,
+    Signal,
+    SignalList,
+    SignalPublished,
+    SignalSubscribed,
+    SignalUnsubscribed,
+    SignalValue,
+    StoreKnowledge,
+    StoreMemory,
+    SubscribeSignal,
+    TaskAssigned,
+    TaskCompleted,
+    TaskFailed,
+    TaskPrompt,
+    UnsubscribeSignal,
+    WorkingMemoryCleared,
+    WorkingMemoryValue,
+    WriteBackQueued,
+    check_agent_id,
+    decode,
+    encode,
+    message_types,
+)
+
+AT = dt.datetime(2025, 3, 1, 12, 30, tzinfo=dt.UTC)
+ENTRY = KnowledgeEntry(7, "Avoid <Strategy> & co", "pitfall", {"taskId": "t1"}, "/src", "a1", 1.5, 2.5)
+KHIT = KnowledgeHit(ENTRY, 0.87, "hybrid", 1, 2, 0.61)
+EPISODE = Episode(3, "did things", "Task t1 completed", "t1", {"taskId": "t1"}, "task", AT, "uuid-1")
+EHIT = EpisodeHit(EPISODE, 0.5, "semantic", 0.4, 1, None)
+
+EXAMPLES: list[Message] = [
+    StoreKnowledge("a1", "content", "pitfall", {"taskId": "t1"}, "/src", author="a1"),
+    KnowledgeStored("a1", 4),
+    QueryKnowledge("a1", "payment", "pattern", 5, {"k": ""}, "/src", True, "keyword", 0.2),
+    KnowledgeResult("a1", (KHIT,)),
+    StoreMemory("a1", "t1", "content", "title", {"x": "y"}, "task", AT),
+    MemoryStored("a1", 9),
+    SearchMemory("a1", "query", "t1", 3, AT, AT + dt.timedelta(days=1)),
+    MemorySearchResult("a1", "t1", (EHIT,)),
+    CommitMemory("a1"),
+    MemoryCommitted("a1"),
+    SetWorkingMemory("a1", "plan", {"steps": [1, 2, {"n": None}]}, 2.5),
+    GetWorkingMemory("a1", "plan"),
+    WorkingMemoryValue("a1", "plan", [1, "two"], True),
+    ClearWorkingMemory("a1", "plan"),
+    WorkingMemoryCleared("a1", 2),
+    PublishSignal("agent:a1:status", {"state": "busy", "n": 3}, "a1", "s1"),
+    SignalPublished("s1", "k", 2),
+    QuerySignal("k", "s1"),
+    SignalValue("s1", "k", [1], True, "a1", 3, AT),
+    Signal("s1", "k", "v", None, 1, AT),
+    SubscribeSignal("agent:*", "s1"),
+    SignalSubscribed("s1", 5, "agent:*"),
+    UnsubscribeSignal(5, "s1"),
+    SignalUnsubscribed("s1", 5, True),
+    ListSignals("agent:", "s1"),
+    SignalList("s1", "agent:", ("agent:a", "agent:b")),
+    TaskAssigned("t1", "Refactor payment", "a1", "payment", "pitfall", {"a": "b"}, "/src", 4),
+    TaskPrompt("<task>x</task>", (KHIT,), False, None, "a1", "t1", (EHIT,)),
+    TaskCompleted("t1", "done", "a1"),
+    TaskFailed("t1", "broke", None),
+    WriteBackQueued("a1", "t1", 12),
+]
+
+
+def test_every_message_type_has_an_example() -> None:
+    assert {type(m).__name__ for m in EXAMPLES} == set(message_types())
+
+
+@pytest.mark.parametrize("message", EXAMPLES, ids=lambda m: type(m).__name__)
+def test_orjson_round_trip_is_exact(message: Message) -> None:
+    data = encode(message)
+    assert orjson.loads(data)["type"] == type(message).__name__
+    back = decode(data)
+    assert back == message
+    assert type(back) is type(message)
+    assert type(message).from_dict(message.to_dict()) == message
+    assert decode(data.decode("utf-8")) == message
+
+
+@pytest.mark.parametrize("message", EXAMPLES, ids=lambda m: type(m).__name__)
+def test_messages_are_frozen_and_slotted(message: Message) -> None:
+    assert not hasattr(message, "__dict__")
+    field = dataclasses.fields(message)[0].name  # type: ignore[arg-type]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(message, field, "x")
+
+
+def test_hits_decode_to_layer_objects() -> None:
+    result = decode(encode(KnowledgeResult("a1", (KHIT,))))
+    assert isinstance(result, KnowledgeResult)
+    assert isinstance(result.hits[0], KnowledgeHit)
+    assert isinstance(result.hits[0].entry, KnowledgeEntry)
+    episodes = decode(encode(MemorySearchResult("a1", None, (EHIT,))))
+    assert isinstance(episodes, MemorySearchResult)
+    assert episodes.hits[0].episode.at == AT
+    assert episodes.hits[0].episode.at.tzinfo is not None
+
+
+@pytest.mark.parametrize(
+    ("build", "needle"),
+    [
+        (lambda: StoreKnowledge("", "c", "pitfall"), "StoreKnowledge.agent_id"),
+        (lambda: StoreKnowledge("../etc", "c", "pitfall"), "StoreKnowledge.agent_id"),
+        (lambda: StoreKnowledge("a/b", "c", "pitfall"), "StoreKnowledge.agent_id"),
+        (lambda: StoreKnowledge("a1", "   ", "pitfall"), "StoreKnowledge.content"),
+        (lambda: StoreKnowledge("a1", 5, "pitfall"), "StoreKnowledge.content"),
+        (lambda: StoreKnowledge("a1", "c", "Bad Category"), "StoreKnowledge.category"),
+        (lambda: StoreKnowledge("a1", "c", "pitfall", {"k": 1}), "StoreKnowledge.tags['k']"),
+        (lambda: StoreKnowledge("a1", "c", "pitfall", scope="src"), "StoreKnowledge.scope"),
+        (lambda: QueryKnowledge("a1", "q", top_k=0), "QueryKnowledge.top_k"),
+        (lambda: QueryKnowledge("a1", "q", top_k=True), "QueryKnowledge.top_k"),
+        (lambda: QueryKnowledge("a1", "q", mode="fuzzy"), "QueryKnowledge.mode"),
+        (lambda: QueryKnowledge("a1", "q", min_score=2.0), "QueryKnowledge.min_score"),
+        (lambda: StoreMemory("a1", "t1", "c", at=dt.datetime(2025, 1, 1)), "StoreMemory.at"),
+        (lambda: SearchMemory("a1", "q", since="yesterday"), "SearchMemory.since"),
+        (lambda: StoreMemory("shared", None, "c"), "StoreMemory.agent_id"),
+        (lambda: SetWorkingMemory("a1", "k", object()), "SetWorkingMemory.value"),
+        (lambda: SetWorkingMemory("a1", "", 1), "SetWorkingMemory.key"),
+        (lambda: SetWorkingMemory("a1", "k", 1, ttl_s=-1), "SetWorkingMemory.ttl_s"),
+        (lambda: PublishSignal("k*", 1), "PublishSignal.key"),
+        (lambda: PublishSignal("k", {1, 2}), "PublishSignal.value"),
+        (lambda: PublishSignal("k", 1, session_id="a b"), "PublishSignal.session_id"),
+        (lambda: SubscribeSignal("a*b*"), "SubscribeSignal.key_or_prefix"),
+        (lambda: UnsubscribeSignal(0), "UnsubscribeSignal.subscription_id"),
+        (lambda: TaskAssigned("", "d"), "TaskAssigned.task_id"),
+        (lambda: TaskAssigned("t\n1", "d"), "TaskAssigned.task_id"),
+        (lambda: TaskAssigned("t1", ""), "TaskAssigned.description"),
+        (lambda: TaskCompleted("t1", ""), "TaskCompleted.summary"),
+        (lambda: TaskFailed("t1", None), "TaskFailed.reason"),
+    ],
+)
+def test_bad_fields_fail_at_construction_naming_the_field(build: Any, needle: str) -> None:
+    with pytest.raises(InvalidInputError) as info:
+        build()
+    assert needle in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("agent_id", ["a", "architect", "Agent-7", "a.b_c", "x" * 64])
+def test_valid_agent_ids(agent_id: str) -> None:
+    assert check_agent_id(agent_id) == agent_id
+
+
+@pytest.mark.parametrize(
+    "agent_id", ["", ".", "..", "a.", "-a", "x" * 65, "con", "NUL", "com1.txt", "shared", "a b", "é", "a\x00"]
+)
+def test_unsafe_agent_ids_are_rejected(agent_id: str) -> None:
+    with pytest.raises(InvalidInputError):
+        check_agent_id(agent_id)
+
+
+def test_shared_is_a_knowledge_target_but_not_an_agent() -> None:
+    assert StoreKnowledge("shared", "c", "pattern").agent_id == "shared"
+    with pytest.raises(InvalidInputError, match="reserved"):
+        TaskCompleted("t1", "s", "shared")
+
+
+def test_bare_tags_become_empty_values_and_tags_are_copied() -> None:
+    tags = {"k": "v"}
+    message = StoreKnowledge("a1", "c", "pattern", tags)
+    tags["k"] = "changed"
+    assert message.tags == {"k": "v"}
+    assert StoreKnowledge("a1", "c", "pattern", ["urgent", "db"]).tags == {"urgent": "", "db": ""}
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['"; DROP TABLE x; --', "NEAR(a b) OR c*", "\U0001f600 emoji", "中文内容", "\ud800 lone", "x" * 100_000],
+)
+def test_hostile_content_is_accepted_and_round_trips(text: str) -> None:
+    message = StoreKnowledge("a1", text, "pattern")
+    if "\ud800" in text:  # JSON cannot carry a lone surrogate: a clear error, not a crash
+        with pytest.raises((InvalidInputError, TypeError, orjson.JSONEncodeError)):
+            encode(message)
+        return
+    assert decode(encode(message)) == message
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"not json", b"[1, 2]", b'{"type": "Nope"}', b'{"type": "StoreKnowledge", "agent_id": "a1"}', b"{}"],
+)
+def test_decode_rejects_bad_input_clearly(data: bytes) -> None:
+    with pytest.raises(InvalidInputError):
+        decode(data)
+
+
+def test_decode_rejects_unknown_fields_and_invalid_values() -> None:
+    good = StoreKnowledge("a1", "c", "pattern").to_dict()
+    with pytest.raises(InvalidInputError, match="unknown field"):
+        decode({**good, "extra": 1})
+    with pytest.raises(InvalidInputError, match=r"StoreKnowledge\.category"):
+        decode({**good, "category": "NOT OK"})
+    with pytest.raises(InvalidInputError, match="expected a StoreKnowledge"):
+        StoreKnowledge.from_dict({**good, "type": "StoreMemory"})

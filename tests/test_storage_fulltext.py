@@ -1,0 +1,268 @@
+"""The FTS5 query builder and schema: any string is safe, and what users type is findable."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from memstrata.storage import (
+    Database,
+    Filter,
+    KeywordQuery,
+    apply_migrations,
+    build_keyword_query,
+    fts_schema,
+    identifier_words,
+    keyword_search,
+    keyword_terms,
+    open_database,
+)
+
+from memstrata.errors import InvalidInputError
+
+DOCS = {
+    1: "The quick brown fox jumps over the lazy dog",
+    2: "call parse_http_request before sending the reply",
+    3: "def parseHttpRequest(raw): return HTTPServer(raw)",
+    4: "The dog runs every morning in the park",
+    5: "東京大学で機械学習を研究しています",
+    6: "to be or not to be",
+    7: "party tonight 🎉 with emoji 😀 and café crème",
+    8: 'NEAR alpha beta gamma column:value "quoted" star* caret^',
+    9: "北京是中国的首都",
+    10: "日本語のテキスト検索は難しい",
+}
+
+
+def _migration(db: Database) -> None:
+    db.execute("CREATE TABLE docs (id INTEGER PRIMARY KEY, body TEXT NOT NULL, idwords TEXT NOT NULL)")
+    db.executescript(fts_schema("docs", ["body", "idwords"]))
+
+
+def _store(db: Database, doc_id: int, body: str) -> None:
+    db.execute(
+        "INSERT OR REPLACE INTO docs(id, body, idwords) VALUES (?, ?, ?)",
+        (doc_id, body, identifier_words(body)),
+    )
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Database]:
+    path: Path = tmp_path_factory.mktemp("fts") / "fts.sqlite"
+    database = open_database(path)
+    apply_migrations(database, "fts-test", [_migration])
+    with database.transaction():
+        for doc_id, body in DOCS.items():
+            _store(database, doc_id, body)
+    yield database
+    database.close()
+
+
+def search(db: Database, text: str, limit: int = 20) -> list[int]:
+    return keyword_search(db, "docs", ["body", "idwords"], build_keyword_query(text), limit, Filter())
+
+
+def _run_match(db: Database, query: KeywordQuery) -> None:
+    """Every expression runs against both indexes: neither may raise a syntax error."""
+    for expression in (query.words, query.cjk):
+        if expression is None:
+            continue
+        for table in ("docs_fts", "docs_tri"):
+            db.query(f"SELECT rowid FROM {table} WHERE {table} MATCH ? LIMIT 5", (expression,))
+
+
+FTS_SYNTAX = st.sampled_from(
+    [
+        '"', "'", "NEAR(", "NEAR", ")", "(", "*", "^", "col:", "body:", "{body idwords}:", "AND", "OR",
+        "NOT", "+", "-", ":", ",", "\x00", "\ud800", "\udfff", " ", "東京", "🎉", "_", "camelCase",
+        "snake_case", "\\", "''", '""', "-x", "a*b", "AND OR NOT",
+    ]
+)  # fmt: skip
+ANY_TEXT = st.text(alphabet=st.characters(exclude_categories=()), max_size=60)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.one_of(FTS_SYNTAX, ANY_TEXT), max_size=12).map("".join))
+def test_any_string_gives_a_match_sqlite_accepts(db: Database, text: str) -> None:
+    query = build_keyword_query(text)
+    _run_match(db, query)
+    search(db, text)  # the full path, including the LIKE fallback for short CJK runs
+
+
+@settings(max_examples=200, deadline=None)
+@given(ANY_TEXT)
+def test_query_expressions_are_only_quoted_terms(text: str) -> None:
+    query = build_keyword_query(text)
+    for expression in (query.words, query.cjk):
+        if expression is None:
+            continue
+        for part in expression.split(" OR "):
+            assert part.startswith('"') and part.endswith('"'), part
+            assert '"' not in part[1:-1].replace('""', ""), part
+            assert "\x00" not in part
+
+
+HOSTILE = [
+    '"',
+    '""',
+    'say "hello',
+    "NEAR(alpha beta)",
+    "NEAR(",
+    "*",
+    "alph*",
+    "^alpha",
+    "body:alpha",
+    "{body}: alpha",
+    "alpha AND beta",
+    "alpha OR",
+    "NOT alpha",
+    "AND OR NOT",
+    "alpha\x00beta",
+    "\x00",
+    "alpha\ud800beta",
+    "\udfff",
+    "x" * 100_000,
+    "word " * 20_000,
+    "🎉😀🔥",
+    "東京大学",
+    "東" * 100_000,
+    "東京大学の" * 20_000,
+    "-alpha +beta",
+    "(((((",
+    ")",
+    "'",
+    "\\",
+    "",
+    "   ",
+]
+
+
+@pytest.mark.parametrize("text", HOSTILE, ids=lambda t: repr(t[:20]))
+def test_hostile_strings_never_raise(db: Database, text: str) -> None:
+    _run_match(db, build_keyword_query(text))
+    assert isinstance(search(db, text), list)
+
+
+def test_non_string_input_is_an_empty_query() -> None:
+    assert build_keyword_query(None).empty  # type: ignore[arg-type]
+    assert build_keyword_query(b"bytes").empty  # type: ignore[arg-type]
+
+
+def test_empty_and_symbol_only_queries_are_empty() -> None:
+    for text in ("", "   ", "*", "()", '""', "\x00", "\ud800"):
+        assert build_keyword_query(text).empty, text
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('say "hello" to the fox', 1),
+        ("NEAR(fox dog)", 1),
+        ("^fox", 1),
+        ("body:fox", 1),
+        ("fox AND NOT cat", 1),
+        ("fox\x00", 1),
+        ("fox\ud800", 1),
+        ("🎉 party", 7),
+        ("cafe", 7),  # diacritics folded
+        ("crème", 7),
+    ],
+)
+def test_hostile_queries_still_find_their_words(db: Database, text: str, expected: int) -> None:
+    assert expected in search(db, text)
+
+
+def test_cjk_found_by_two_and_four_character_queries(db: Database) -> None:
+    assert search(db, "東京") == [5]  # 2 characters: below trigram length, LIKE fallback
+    assert search(db, "機械学習") == [5]  # 4 characters: trigram index
+    assert search(db, "首都") == [9]
+    assert 10 in search(db, "テキスト検索")
+
+
+def test_long_cjk_query_matches_documents_holding_part_of_it(db: Database) -> None:
+    # the whole run appears in no document, but its trigrams do
+    assert search(db, "機械学習の論文を読む")[:1] == [5]
+
+
+def test_snake_case_identifier_found_by_its_parts(db: Database) -> None:
+    assert 2 in search(db, "http")
+    assert 2 in search(db, "request")
+    assert search(db, "parse_http_request")[0] in (2, 3)
+
+
+def test_camel_case_identifier_found_by_its_parts(db: Database) -> None:
+    assert 3 in search(db, "http")
+    assert 3 in search(db, "request")
+    assert 3 in search(db, "server")  # HTTPServer
+    assert 3 in search(db, "parseHttpRequest")
+
+
+def test_stemming_running_finds_runs(db: Database) -> None:
+    assert search(db, "running") == [4]
+    assert 4 in search(db, "mornings")
+
+
+def test_stop_word_only_query_still_searches(db: Database) -> None:
+    query = build_keyword_query("to be")
+    assert query.words == '"to" OR "be"'
+    assert search(db, "to be")[0] == 6
+
+
+def test_stop_words_dropped_when_other_terms_exist() -> None:
+    assert keyword_terms("the lazy dog") == ["lazy", "dog"]
+    assert build_keyword_query("the lazy dog").words == '"lazy" OR "dog"'
+
+
+def test_more_matching_terms_rank_first(db: Database) -> None:
+    assert search(db, "lazy dog fox")[0] == 1
+
+
+def test_identifier_words() -> None:
+    assert identifier_words("parseHttpRequest") == "parse http request"
+    assert identifier_words("HTTPServer getX") == "http server get x"
+    assert identifier_words("plain words and snake_case only") == ""
+    assert identifier_words("") == ""
+
+
+def test_identifier_words_on_a_huge_token_finishes() -> None:
+    # a 100 KB run of letters once took quadratic time in the identifier scanner
+    assert identifier_words("a" * 100_000) == ""
+    assert identifier_words("aB" * 50_000) == "a ba b"  # parts: a, Ba, ..., B
+
+
+def test_query_is_bounded() -> None:
+    query = build_keyword_query(" ".join(f"w{i}" for i in range(1000)))
+    assert query.words is not None and query.words.count(" OR ") < 32
+
+
+def test_hostile_documents_are_indexed(tmp_path: Path) -> None:
+    db = open_database(tmp_path / "docs.sqlite")
+    apply_migrations(db, "fts-test", [_migration])
+    with db.transaction():
+        _store(db, 1, 'nul\x00inside NEAR( "quote" 🎉 ' + "long " * 20_000)
+        _store(db, 2, "x" * 100_000)
+    assert search(db, "inside") == [1]
+    with pytest.raises(InvalidInputError, match="surrogate"):
+        _store(db, 3, "lone \ud800 surrogate")
+    db.close()
+
+
+def test_filter_restricts_keyword_hits(db: Database) -> None:
+    only_even = Filter(sql="SELECT id FROM docs WHERE id % 2 = 0")
+    ids = keyword_search(db, "docs", ["body", "idwords"], build_keyword_query("dog fox"), 10, only_even)
+    assert ids == [4]
+
+
+def test_update_and_delete_keep_both_indexes_in_sync(tmp_path: Path) -> None:
+    db = open_database(tmp_path / "docs.sqlite")
+    apply_migrations(db, "fts-test", [_migration])
+    _store(db, 1, "alpha 東京大学")
+    db.execute("UPDATE docs SET body = ? WHERE id = 1", ("beta 上海市場",))
+    assert search(db, "alpha") == [] and search(db, "東京大学") == []
+    assert search(db, "beta") == [1] and search(db, "上海市場") == [1]
+    db.execute("DELETE FROM docs WHERE id = 1")
+    assert search(db, "beta") == [] and search(db, "上海市場") == []
+    db.close()

@@ -1,0 +1,309 @@
+"""RRF and hybrid search: invariants checked with hypothesis on real SQLite + sqlite-vec."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from memstrata.storage import (
+    Database,
+    Filter,
+    SearchParams,
+    VectorIndex,
+    apply_migrations,
+    disable_vec_for_tests,
+    fts_schema,
+    hybrid_search,
+    identifier_words,
+    match_type,
+    open_database,
+    rrf,
+    validate_mode,
+)
+
+from memstrata.errors import InvalidInputError
+from tests.fakes import FakeEmbedder
+
+# -- rrf --------------------------------------------------------------------------------------
+
+ranked_lists = st.lists(st.lists(st.integers(0, 40), max_size=25, unique=True), min_size=1, max_size=4)
+
+
+@given(ranked_lists, st.integers(0, 100))
+def test_scores_are_normalised_and_sorted(lists: list[list[int]], k: int) -> None:
+    fused = rrf(lists, k=k)
+    assert {f.key for f in fused} == {key for keys in lists for key in keys}
+    scores = [f.score for f in fused]
+    assert scores == sorted(scores, reverse=True)
+    assert all(0.0 < s <= 1.0 + 1e-12 for s in scores)
+    for f in fused:
+        for keys, rank in zip(lists, f.ranks, strict=True):
+            assert (rank is None) == (f.key not in keys)
+            if rank is not None:
+                assert keys[rank - 1] == f.key
+
+
+@given(ranked_lists, st.integers(0, 100))
+def test_rank_one_everywhere_scores_one(lists: list[list[int]], k: int) -> None:
+    lists = [[999, *(key for key in keys if key != 999)] for keys in lists]
+    fused = rrf(lists, k=k)
+    assert fused[0].key == 999 and fused[0].score == pytest.approx(1.0)
+
+
+@given(ranked_lists, st.integers(0, 100), st.lists(st.floats(0.01, 10), min_size=4, max_size=4))
+def test_dominating_ranks_score_strictly_higher(lists: list[list[int]], k: int, weights: list[float]) -> None:
+    """A doc ranked at least as well in every list (and found in more) outranks the other."""
+    fused = rrf(lists, k=k, weights=weights[: len(lists)])
+    for a in fused:
+        for b in fused:
+            if a.key == b.key:
+                continue
+            pairs = list(zip(a.ranks, b.ranks, strict=True))
+            no_worse = all(rb is None or (ra is not None and ra <= rb) for ra, rb in pairs)
+            strictly = any(ra is not None and (rb is None or ra < rb) for ra, rb in pairs)
+            if no_worse and strictly:
+                assert a.score > b.score, (a, b)
+
+
+@given(st.integers(1, 30), st.integers(0, 100))
+def test_both_lists_outrank_one_list_at_the_same_ranks(rank: int, k: int) -> None:
+    filler = list(range(100, 100 + rank - 1))
+    vector = [*filler, 1, 2]  # doc 1 and doc 2 share ranks in the vector list
+    keyword = [*filler, 1]  # only doc 1 is found by keywords too
+    fused = {f.key: f for f in rrf([vector, keyword], k=k)}
+    assert fused[1].score > fused[2].score
+
+
+def test_formula_and_weights() -> None:
+    fused = rrf([[1, 2], [2]], k=60)
+    best = 2 / 61
+    assert fused[0].key == 2 and fused[0].score == pytest.approx((1 / 62 + 1 / 61) / best)
+    assert fused[1].key == 1 and fused[1].score == pytest.approx((1 / 61) / best)
+    assert [f.key for f in rrf([[1, 2], [2, 1]], weights=[3.0, 1.0])] == [1, 2]
+    assert [f.key for f in rrf([[1, 2], [2, 1]], weights=[1.0, 3.0])] == [2, 1]
+    assert [f.key for f in rrf([[1, 2], [2, 1]], weights=[0.0, 1.0])] == [2, 1]
+    only = rrf([[5, 6]], weights=[2.5])
+    assert only[0].score == pytest.approx(1.0)
+
+
+def test_ties_keep_first_appearance_and_duplicates_count_once() -> None:
+    assert [f.key for f in rrf([[1], [2]])] == [1, 2]
+    fused = rrf([[7, 7, 8]])
+    assert [(f.key, f.ranks) for f in fused] == [(7, (1,)), (8, (3,))]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"k": -1}, "k must be"),
+        ({"weights": [1.0]}, "weights has 1 values for 2 lists"),
+        ({"weights": [1.0, -1.0]}, "weights must be finite"),
+        ({"weights": [1.0, float("nan")]}, "weights must be finite"),
+    ],
+)
+def test_rrf_rejects_bad_arguments(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(InvalidInputError, match=message):
+        rrf([[1], [2]], **kwargs)  # type: ignore[arg-type]
+
+
+def test_match_type_and_mode() -> None:
+    assert match_type(1, 2) == "hybrid"
+    assert match_type(1, None) == "semantic"
+    assert match_type(None, 3) == "keyword"
+    assert validate_mode("keyword") == "keyword"
+    with pytest.raises(InvalidInputError, match="mode must be one of"):
+        validate_mode("fuzzy")
+
+
+# -- hybrid_search ----------------------------------------------------------------------------
+
+WORDS = [
+    "payment", "module", "refactor", "strategy", "pattern", "circular", "dependency", "interface",
+    "database", "index", "migration", "cache", "embedding", "vector", "keyword", "search", "ranking",
+    "fusion", "agent", "memory", "pitfall", "outcome", "parser", "token", "chunk", "file", "watcher",
+    "actor", "supervisor", "timeout", "retry",
+]  # fmt: skip
+EMBEDDER = FakeEmbedder(dim=32)
+
+
+def _migration(db: Database) -> None:
+    db.execute(
+        "CREATE TABLE docs (id INTEGER PRIMARY KEY, body TEXT NOT NULL, idwords TEXT NOT NULL, "
+        "cat TEXT NOT NULL)"
+    )
+    db.executescript(fts_schema("docs", ["body", "idwords"]))
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Database, VectorIndex]]:
+    path: Path = tmp_path_factory.mktemp("hybrid") / "h.sqlite"
+    db = open_database(path)
+    apply_migrations(db, "hybrid-test", [_migration])
+    vectors = VectorIndex(db, "docs", EMBEDDER.dim, metadata={"cat": "text"})
+    rng = np.random.default_rng(3)
+    bodies = [" ".join(rng.choice(WORDS, size=int(rng.integers(3, 9)))) for _ in range(150)]
+    cats = [("a", "b", "c")[i % 3] for i in range(150)]
+    with db.transaction():
+        for i, (body, cat) in enumerate(zip(bodies, cats, strict=True), start=1):
+            db.execute(
+                "INSERT INTO docs(id, body, idwords, cat) VALUES (?, ?, ?, ?)",
+                (i, body, identifier_words(body), cat),
+            )
+        vectors.upsert_many(list(range(1, 151)), EMBEDDER.embed_documents(bodies), [{"cat": c} for c in cats])
+    yield db, vectors
+    db.close()
+
+
+def _search(
+    corpus: tuple[Database, VectorIndex], text: str, flt: Filter | None = None, **params: object
+) -> list:  # type: ignore[type-arg]
+    db, vectors = corpus
+    return hybrid_search(
+        db,
+        table="docs",
+        columns=["body", "idwords"],
+        vectors=vectors,
+        query_vector=EMBEDDER.embed_query(text),
+        query_text=text,
+        params=SearchParams(**params),  # type: ignore[arg-type]
+        flt=flt or Filter(),
+    )
+
+
+query_texts = st.lists(
+    st.sampled_from([*WORDS, "zzz", "the", "🎉", "NEAR(", '"']), min_size=1, max_size=5
+).map(" ".join)
+SETTINGS = settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+
+
+@SETTINGS
+@given(
+    query_texts,
+    st.sampled_from(["hybrid", "vector", "keyword"]),
+    st.integers(5, 60),
+    st.floats(0.1, 3),
+    st.floats(0.1, 3),
+)
+def test_top_k_one_is_the_top_of_top_k_five(
+    corpus: tuple[Database, VectorIndex], text: str, mode: str, depth: int, vw: float, kw: float
+) -> None:
+    params: dict[str, Any] = {"mode": mode, "depth": depth, "vector_weight": vw, "keyword_weight": kw}
+    one = _search(corpus, text, top_k=1, **params)
+    five = _search(corpus, text, top_k=5, **params)
+    assert [h.id for h in one] == [h.id for h in five[:1]]
+    assert [h.id for h in _search(corpus, text, top_k=3, **params)] == [h.id for h in five[:3]]
+
+
+@SETTINGS
+@given(query_texts, st.sampled_from(["hybrid", "vector", "keyword"]))
+def test_hits_are_consistent(corpus: tuple[Database, VectorIndex], text: str, mode: str) -> None:
+    hits = _search(corpus, text, top_k=20, mode=mode)
+    scores = [h.score for h in hits]
+    assert scores == sorted(scores, reverse=True)
+    assert len({h.id for h in hits}) == len(hits)
+    for hit in hits:
+        assert 0.0 < hit.score <= 1.0 + 1e-12
+        assert hit.match_type == match_type(hit.vector_rank, hit.keyword_rank)
+        assert hit.similarity is not None and -1.0 <= hit.similarity <= 1.0 + 1e-6
+        if mode == "vector":
+            assert hit.keyword_rank is None
+        if mode == "keyword":
+            assert hit.vector_rank is None
+
+
+@SETTINGS
+@given(query_texts, st.sampled_from(["vector", "keyword", "hybrid"]))
+def test_filter_is_exact(corpus: tuple[Database, VectorIndex], text: str, mode: str) -> None:
+    """Filtered lists are the unfiltered ranking restricted to allowed ids: nothing lost to over-fetch."""
+    flt = Filter(sql="SELECT id FROM docs WHERE cat = ?", params=("b",), where={"cat": "b"})
+    hits = _search(corpus, text, flt=flt, top_k=20, mode=mode)
+    db, _ = corpus
+    allowed = {r[0] for r in db.query("SELECT id FROM docs WHERE cat = 'b'")}
+    assert {h.id for h in hits} <= allowed
+    if mode != "hybrid":
+        everything = _search(corpus, text, top_k=150, depth=150, mode=mode)
+        assert [h.id for h in hits] == [h.id for h in everything if h.id in allowed][:20]
+
+
+def test_best_in_both_lists_scores_one(tmp_path: Path) -> None:
+    db = open_database(tmp_path / "h.sqlite")
+    apply_migrations(db, "hybrid-test", [_migration])
+    vectors = VectorIndex(db, "docs", EMBEDDER.dim, metadata={"cat": "text"})
+    bodies = ["payment module refactor", "database index migration", "agent memory pitfall"]
+    for i, body in enumerate(bodies, start=1):
+        db.execute("INSERT INTO docs(id, body, idwords, cat) VALUES (?, ?, '', 'a')", (i, body))
+    vectors.upsert_many([1, 2, 3], EMBEDDER.embed_documents(bodies), [{"cat": "a"}] * 3)
+    hits = _search((db, vectors), "payment module refactor", top_k=3)
+    assert hits[0].id == 1 and hits[0].score == pytest.approx(1.0) and hits[0].match_type == "hybrid"
+    assert hits[0].vector_rank == 1 and hits[0].keyword_rank == 1
+    assert hits[0].similarity == pytest.approx(1.0, abs=1e-5)
+    # no keyword term in the query: the vector list alone is the best possible
+    only_vector = _search((db, vectors), "🎉", top_k=1)
+    assert only_vector[0].score == pytest.approx(1.0) and only_vector[0].match_type == "semantic"
+    db.close()
+
+
+def test_min_similarity_never_drops_keyword_hits(corpus: tuple[Database, VectorIndex]) -> None:
+    hits = _search(corpus, "payment", top_k=50, min_similarity=0.99)
+    assert hits and all(h.keyword_rank is not None for h in hits)
+    assert all(h.vector_rank is None or (h.similarity or 0) >= 0.99 for h in hits)
+    keyword_hits = _search(corpus, "payment", top_k=200, mode="keyword")
+    everything = _search(corpus, "payment", top_k=200, min_similarity=0.99)
+    assert {h.id for h in keyword_hits} <= {h.id for h in everything}
+
+
+def test_keyword_only_without_vectors(corpus: tuple[Database, VectorIndex]) -> None:
+    db, _ = corpus
+    hits = hybrid_search(
+        db,
+        table="docs",
+        columns=["body", "idwords"],
+        vectors=None,
+        query_vector=None,
+        query_text="payment module",
+        params=SearchParams(top_k=5),
+        flt=Filter(),
+    )
+    assert hits and all(h.match_type == "keyword" and h.similarity is None for h in hits)
+    assert hits[0].score == pytest.approx(1.0)
+
+
+def test_unavailable_vector_index_falls_back_to_keywords(tmp_path: Path) -> None:
+    path = tmp_path / "h.sqlite"
+    db = open_database(path)
+    apply_migrations(db, "hybrid-test", [_migration])
+    vectors = VectorIndex(db, "docs", EMBEDDER.dim, metadata={"cat": "text"})
+    db.execute("INSERT INTO docs(id, body, idwords, cat) VALUES (1, 'payment module', '', 'a')")
+    vectors.upsert(1, EMBEDDER.embed_query("payment module"), {"cat": "a"})
+    db.close()
+    disable_vec_for_tests(True)
+    try:
+        db = open_database(path)
+        vectors = VectorIndex(db, "docs", EMBEDDER.dim, metadata={"cat": "text"})
+        assert not vectors.available
+        hits = _search((db, vectors), "payment", top_k=5)
+        assert [(h.id, h.match_type, h.similarity) for h in hits] == [(1, "keyword", None)]
+        db.close()
+    finally:
+        disable_vec_for_tests(False)
+
+
+def test_weights_shift_the_balance(corpus: tuple[Database, VectorIndex]) -> None:
+    text = "payment cache"
+    keyword_heavy = _search(corpus, text, top_k=1, vector_weight=0.01, keyword_weight=1.0)
+    vector_heavy = _search(corpus, text, top_k=1, vector_weight=1.0, keyword_weight=0.01)
+    assert keyword_heavy[0].keyword_rank == 1
+    assert vector_heavy[0].vector_rank == 1
+
+
+def test_bad_mode_and_zero_top_k(corpus: tuple[Database, VectorIndex]) -> None:
+    assert _search(corpus, "payment", top_k=0) == []
+    with pytest.raises(InvalidInputError, match="mode"):
+        _search(corpus, "payment", mode="fuzzy")

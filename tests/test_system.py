@@ -1,0 +1,303 @@
+"""The facade: agents, knowledge, episodes, working memory, tasks, raw messages, status, stop."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from memstrata.actors import ManualClock
+from memstrata.layers import EpisodeHit, KnowledgeHit, KnowledgeStore
+
+from memstrata import Config, MemorySystem
+from memstrata.config import AgentConfig
+from memstrata.errors import InvalidInputError, RequestTimeoutError, SystemStoppedError
+from memstrata.messages import (
+    GetWorkingMemory,
+    KnowledgeResult,
+    QueryKnowledge,
+    StoreKnowledge,
+    TaskAssigned,
+    TaskCompleted,
+    TaskPrompt,
+    WorkingMemoryValue,
+)
+from tests.fakes import FakeEmbedder
+
+
+@pytest.fixture
+def system(data_dir: Path, fake_embedder: FakeEmbedder) -> Iterator[MemorySystem]:
+    with MemorySystem.start(Config(data_dir=data_dir), embedder=fake_embedder) as running:
+        yield running
+
+
+def test_design_sketch_runs(system: MemorySystem) -> None:
+    agent = system.agent("architect")
+    agent.store_knowledge("Avoid Strategy pattern in payment: circular dep", category="pitfall")
+    hits = agent.query_knowledge("payment module patterns", top_k=5)
+    assert hits and isinstance(hits[0], KnowledgeHit)
+    assert hits[0].entry.category == "pitfall"
+    prompt = agent.begin_task("t1", "Refactor the payment module")
+    assert isinstance(prompt, TaskPrompt) and not prompt.fallback
+    assert '<entry category="pitfall"' in prompt.text and prompt.text.endswith(
+        "<task>Refactor the payment module</task>"
+    )
+    agent.complete_task("t1", "Extracted an interface")
+    board = system.blackboard("session-1")
+    board.publish("agent:architect:status", "busy")
+    assert board.get("agent:architect:status") == "busy"
+
+
+def test_query_returns_the_same_hits_as_the_store(system: MemorySystem, data_dir: Path) -> None:
+    agent = system.agent("a1")
+    for text in ["parse the http request", "retry the database connection", "cache the http response"]:
+        agent.store_knowledge(text, category="pattern", tags={"area": "net"})
+    via_actor = agent.query_knowledge("http", top_k=3, include_shared=False)
+    system.stop()
+    with KnowledgeStore.open(data_dir / "knowledge" / "a1.sqlite", FakeEmbedder()) as store:
+        direct = store.search("http", top_k=3)
+    assert [(h.entry, h.match_type, h.vector_rank, h.keyword_rank) for h in via_actor] == [
+        (h.entry, h.match_type, h.vector_rank, h.keyword_rank) for h in direct
+    ]
+    assert [round(h.score, 6) for h in via_actor] == [round(h.score, 6) for h in direct]
+
+
+def test_shared_knowledge_is_merged_into_queries_and_prompts(system: MemorySystem) -> None:
+    a1, a2 = system.agent("a1"), system.agent("a2")
+    a1.store_knowledge("deploys need the feature flag service running", category="pattern")
+    a2.store_knowledge(
+        "the feature flag service must be warmed up before deploys", category="pitfall", shared=True
+    )
+    hits = a1.query_knowledge("feature flag deploys")
+    assert {h.entry.content for h in hits} == {
+        "deploys need the feature flag service running",
+        "the feature flag service must be warmed up before deploys",
+    }
+    shared_hit = next(h for h in hits if h.entry.category == "pitfall")
+    assert shared_hit.entry.author == "a2"
+    assert len(a1.query_knowledge("feature flag deploys", include_shared=False)) == 1
+    prompt = a1.begin_task("t1", "deploys of the feature flag service")
+    assert prompt.text.count("<entry ") == 2
+
+
+def test_episodes_remember_and_recall_with_an_injected_clock(data_dir: Path) -> None:
+    clock = ManualClock(dt.datetime(2025, 6, 1, tzinfo=dt.UTC))
+    with MemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder(), clock=clock) as system:
+        agent = system.agent("a1")
+        agent.remember("looked at the flaky login test", title="triage", task_run_id="run-1")
+        clock.advance(3600)
+        agent.remember("fixed the flaky login test by mocking time", task_run_id="run-2", kind="observation")
+        hits = agent.recall("flaky login test")
+        assert len(hits) == 2 and isinstance(hits[0], EpisodeHit)
+        assert {h.episode.at for h in hits} == {clock.now() - dt.timedelta(hours=1), clock.now()}
+        only = agent.recall("flaky", task_run_id="run-2")
+        assert [h.episode.task_run_id for h in only] == ["run-2"]
+        later = agent.recall("flaky", since=clock.now() - dt.timedelta(minutes=1))
+        assert len(later) == 1
+        agent.commit()
+
+
+def test_working_memory_and_clearing_at_task_end(data_dir: Path) -> None:
+    clock = ManualClock()
+    config = Config(data_dir=data_dir)
+    with MemorySystem.start(config, embedder=FakeEmbedder(), clock=clock) as system:
+        agent = system.agent("a1")
+        agent.set_working("plan", {"steps": ["read", "write"]})
+        agent.set_working("token", "abc", ttl_s=30)
+        assert agent.get_working("plan") == {"steps": ["read", "write"]}
+        clock.advance(31)
+        assert agent.get_working("token", "expired") == "expired"
+        assert agent.clear_working("plan") == 1
+        agent.set_working("scratch", 1)
+        agent.begin_task("t1", "do a thing")
+        agent.complete_task("t1", "did the thing")
+        assert system.wait_idle(10)
+        assert agent.get_working("scratch") is None
+
+
+def test_working_memory_can_survive_task_end_when_configured(data_dir: Path) -> None:
+    config = Config(data_dir=data_dir, agent=AgentConfig(clear_working_memory_on_task_end=False))
+    with MemorySystem.start(config, embedder=FakeEmbedder()) as system:
+        agent = system.agent("a1")
+        agent.set_working("scratch", 1)
+        agent.complete_task("t1", "done")
+        assert system.wait_idle(10)
+        assert agent.get_working("scratch") == 1
+
+
+def test_raw_messages(system: MemorySystem) -> None:
+    system.tell(StoreKnowledge("a1", "told, not asked", "pattern"))
+    assert system.wait_idle(10)
+    result = system.ask(QueryKnowledge("a1", "told asked"))
+    assert isinstance(result, KnowledgeResult)
+    assert result.hits[0].entry.content == "told, not asked"
+    prompt = system.ask(TaskAssigned("t1", "told asked", agent_id="a1"))
+    assert isinstance(prompt, TaskPrompt) and not prompt.fallback
+    queued = system.agent("a1").ask(TaskCompleted("t1", "finished"))  # agent id filled in
+    assert queued.agent_id == "a1"
+    reply = system.ask(GetWorkingMemory("a1", "nothing"))
+    assert reply == WorkingMemoryValue("a1", "nothing", None, False)
+    with pytest.raises(InvalidInputError, match="agent_id is required"):
+        system.ask(TaskCompleted("t1", "no agent"))
+    with pytest.raises(InvalidInputError, match="not 'a1'"):
+        system.agent("a1").ask(StoreKnowledge("a2", "x", "pattern"))
+
+
+def test_invalid_input_is_reported_not_a_crash(system: MemorySystem) -> None:
+    agent = system.agent("a1")
+    with pytest.raises(InvalidInputError):
+        agent.store_knowledge("x", category="NOT VALID")
+    with pytest.raises(InvalidInputError):
+        agent.query_knowledge("x", scope="no-slash")
+    with pytest.raises(InvalidInputError):
+        agent.remember("x", at=dt.datetime(2025, 1, 1))
+    with pytest.raises(InvalidInputError):
+        agent.set_working("k", object())
+    with pytest.raises(InvalidInputError):
+        system.agent("../escape")
+    assert system.status()["restarts"] == {}
+    assert agent.store_knowledge("still fine", category="pattern") > 0
+
+
+def test_content_over_the_limit_is_refused_before_it_is_acknowledged(data_dir: Path) -> None:
+    with MemorySystem.start(
+        Config(data_dir=data_dir, max_content_bytes=100), embedder=FakeEmbedder()
+    ) as system:
+        agent = system.agent("a1")
+        with pytest.raises(InvalidInputError, match="max_content_bytes"):
+            agent.complete_task("t1", "x" * 101)
+        with pytest.raises(InvalidInputError, match="max_content_bytes"):
+            agent.store_knowledge("x" * 101)
+        assert system.status()["agents"]["a1"]["agent"]["outbox_pending"] == 0
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['"; DROP TABLE x; --', "NEAR(a b) OR c*", "\U0001f600", "中文内容测试", "\ud800 lone", "x" * 100_000],
+)
+def test_hostile_strings_never_crash(system: MemorySystem, text: str) -> None:
+    agent = system.agent("a1")
+    with contextlib.suppress(InvalidInputError):
+        agent.store_knowledge(text, category="pattern")
+    assert isinstance(agent.query_knowledge(text), list)
+    assert isinstance(agent.recall(text), list)
+    prompt = agent.begin_task("t1", text)
+    assert prompt.text.startswith("<")
+    agent.fail_task("t1", text)
+    assert system.wait_idle(10)
+    assert system.status()["restarts"] == {}
+
+
+def test_status_reports_stores_and_embedding(system: MemorySystem) -> None:
+    agent = system.agent("a1")
+    agent.store_knowledge("one", category="pattern")
+    agent.remember("an episode")
+    agent.set_working("k", 1)
+    system.blackboard("s1").publish("k", 1, wait=True)
+    status = system.status()
+    assert status["embedding"]["model"] == "fake-bow" and status["embedding"]["keyword_only"] is False
+    assert status["vectors"].startswith(("native", "fallback"))
+    a1 = status["agents"]["a1"]
+    assert a1["knowledge"]["count"] == 1
+    assert a1["episodic"]["count"] == 1
+    assert a1["working"]["count"] == 1
+    assert a1["degraded"] is None
+    assert status["blackboards"]["s1"]["keys"] == 1
+    assert status["degraded"] == {}
+
+
+def test_after_stop_every_call_raises_system_stopped(data_dir: Path) -> None:
+    system = MemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder())
+    agent = system.agent("a1")
+    board = system.blackboard("s1")
+    report = system.stop()
+    assert report.drained and report.late == ()
+    assert system.stop().drained  # idempotent
+    for call in (
+        lambda: agent.store_knowledge("x"),
+        lambda: agent.query_knowledge("x"),
+        lambda: agent.begin_task("t", "d"),
+        lambda: agent.complete_task("t", "d"),
+        lambda: board.publish("k", 1),
+        lambda: board.get("k"),
+        lambda: system.agent("a2"),
+        lambda: system.tell(StoreKnowledge("a1", "x", "pattern")),
+    ):
+        with pytest.raises(SystemStoppedError):
+            call()
+    assert system.status()["stopped"] is True
+
+
+def test_ask_timeout_is_a_clear_error(system: MemorySystem) -> None:
+    gate = threading.Event()
+    board = system.blackboard("s1")
+    board.subscribe("k", lambda signal: None)
+    agent = system.agent("a1")
+    # a working-memory actor blocked by a callback would be artificial; block the embedder instead
+    inner = system.embedder
+    assert inner is not None
+    original = inner.inner.embed_documents  # type: ignore[attr-defined]
+
+    def slow(texts: list[str]) -> object:
+        gate.wait(10)
+        return original(texts)
+
+    inner.inner.embed_documents = slow  # type: ignore[attr-defined]
+    try:
+        with pytest.raises(RequestTimeoutError, match=r"no answer within 0\.2 s"):
+            agent.store_knowledge("blocked", timeout=0.2)
+    finally:
+        gate.set()
+    assert system.wait_idle(10)
+    assert agent.query_knowledge("blocked")[0].entry.content == "blocked"
+
+
+def test_config_for_an_agent_overrides(data_dir: Path) -> None:
+    config = dataclasses.replace(
+        Config(data_dir=data_dir), agents={"quick": AgentConfig(retrieval_timeout_s=0.5, retrieval_top_k=1)}
+    )
+    with MemorySystem.start(config, embedder=FakeEmbedder()) as system:
+        quick = system.agent("quick")
+        for i in range(3):
+            quick.store_knowledge(f"payment note {i}", category="pattern")
+        prompt = quick.begin_task("t1", "payment note")
+        assert len(prompt.hits) == 1
+
+
+def test_keyword_only_when_no_model_can_be_loaded(data_dir: Path) -> None:
+    from memstrata.config import EmbeddingConfig
+
+    config = Config(data_dir=data_dir, embedding=EmbeddingConfig(model="no-such-org/no-such-model"))
+    with MemorySystem.start(config) as system:
+        agent = system.agent("a1")
+        agent.store_knowledge("keyword only entry about payments", category="pattern")
+        hits = agent.query_knowledge("payments")
+        assert [h.match_type for h in hits] == ["keyword"]
+        assert not agent.begin_task("t1", "payments work").fallback
+        status = system.status()
+        assert status["embedding"]["keyword_only"] is True
+        assert "no-such-model" in status["embedding"]["note"]
+        assert status["agents"]["a1"]["knowledge"]["store"]["mode"] == "keyword-only"
+
+
+def test_a_retired_agent_comes_back_with_its_memory(system: MemorySystem) -> None:
+    agent = system.agent("a1")
+    agent.store_knowledge("kept across retirement", category="pattern")
+    agent.complete_task("t1", "finished before retiring")
+    system.retire("a1")
+    assert "a1" not in system.status()["agents"]
+    contents = {h.entry.content for h in agent.query_knowledge("retiring retirement", include_shared=False)}
+    assert contents == {"kept across retirement", "finished before retiring"}
+
+
+def test_an_unusable_data_dir_is_a_clear_error(tmp_path: Path) -> None:
+    from memstrata.errors import StorageError
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(StorageError, match="cannot create the data dir"):
+        MemorySystem.start(Config(data_dir=blocker / "data"), embedder=FakeEmbedder())

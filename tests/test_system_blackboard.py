@@ -1,0 +1,208 @@
+"""Blackboard through the facade: pub/sub semantics, ordering, failures, snapshots."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memstrata import Config, MemorySystem
+from memstrata.config import ActorsConfig
+from memstrata.errors import InvalidInputError
+from memstrata.messages import (
+    ListSignals,
+    PublishSignal,
+    Signal,
+    SignalList,
+    SignalSubscribed,
+    SubscribeSignal,
+    UnsubscribeSignal,
+)
+from tests.fakes import FakeEmbedder
+
+
+@pytest.fixture
+def system(data_dir: Path) -> Iterator[MemorySystem]:
+    with MemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder()) as running:
+        yield running
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.signals: list[Signal] = []
+        self.threads: set[int] = set()
+        self.lock = threading.Lock()
+
+    def __call__(self, signal: Signal) -> None:
+        with self.lock:
+            self.signals.append(signal)
+            self.threads.add(threading.get_ident())
+
+    def pairs(self) -> list[tuple[str, Any]]:
+        with self.lock:
+            return [(s.key, s.value) for s in self.signals]
+
+
+def test_publish_get_list(system: MemorySystem) -> None:
+    board = system.blackboard("s1")
+    board.publish("agent:b:status", "idle")
+    board.publish("agent:a:status", {"state": "busy", "task": "t1"}, publisher="a")
+    board.publish("plan", [1, 2, 3])
+    assert board.get("agent:a:status") == {"state": "busy", "task": "t1"}
+    assert board.get("missing", "none") == "none"
+    assert board.list() == ["agent:a:status", "agent:b:status", "plan"]
+    assert board.list("agent:") == ["agent:a:status", "agent:b:status"]
+    signal = board.signal("agent:a:status")
+    assert (signal.publisher_id, signal.version, signal.found) == ("a", 1, True)
+    assert board.publish("plan", [4], wait=True) == 2
+    assert system.blackboard("other").list() == []  # sessions are separate
+
+
+def test_a_new_subscriber_gets_current_values_at_once(system: MemorySystem) -> None:
+    board = system.blackboard("s1")
+    board.publish("agent:a:status", "busy")
+    board.publish("agent:b:status", "idle")
+    board.publish("unrelated", 1)
+    prefix, exact = Recorder(), Recorder()
+    board.subscribe("agent:*", prefix)
+    board.subscribe("agent:b:status", exact)
+    assert system.wait_idle(5)
+    assert prefix.pairs() == [("agent:a:status", "busy"), ("agent:b:status", "idle")]
+    assert exact.pairs() == [("agent:b:status", "idle")]
+    board.publish("agent:b:status", "busy")
+    board.publish("agent:c:status", "new")
+    board.publish("unrelated", 2)
+    assert system.wait_idle(5)
+    assert prefix.pairs()[2:] == [("agent:b:status", "busy"), ("agent:c:status", "new")]
+    assert exact.pairs() == [("agent:b:status", "idle"), ("agent:b:status", "busy")]
+
+
+def test_per_publisher_order_is_preserved(system: MemorySystem) -> None:
+    board = system.blackboard("s1")
+    everything = Recorder()
+    board.subscribe("*", everything)
+    publishers = 6
+    count = 150
+
+    def publish(p: int) -> None:
+        for i in range(count):
+            board.publish(f"counter:{p}", i, publisher=f"p{p}")
+
+    threads = [threading.Thread(target=publish, args=(p,)) for p in range(publishers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert system.wait_idle(10)
+    by_publisher: dict[str, list[int]] = {}
+    for signal in everything.signals:
+        by_publisher.setdefault(str(signal.publisher_id), []).append(signal.value)
+    assert by_publisher == {f"p{p}": list(range(count)) for p in range(publishers)}
+    versions = [s.version for s in everything.signals if s.key == "counter:0"]
+    assert versions == list(range(1, count + 1))
+
+
+def test_callbacks_run_on_a_delivery_thread(system: MemorySystem) -> None:
+    board = system.blackboard("s1")
+    recorder = Recorder()
+    board.subscribe("k", recorder)
+    board.publish("k", 1)
+    assert system.wait_idle(5)
+    assert recorder.threads and threading.get_ident() not in recorder.threads
+
+
+def test_a_raising_subscriber_is_removed_without_harming_others(system: MemorySystem) -> None:
+    board = system.blackboard("s1")
+    good = Recorder()
+    calls = []
+
+    def bad(signal: Signal) -> None:
+        calls.append(signal.value)
+        raise ValueError("subscriber bug")
+
+    board.subscribe("k", good)
+    board.subscribe("k", bad)
+    for i in range(5):
+        board.publish("k", i)
+    assert system.wait_idle(5)
+    assert [v for _, v in good.pairs()] == [0, 1, 2, 3, 4]
+    assert calls == [0]
+    status = system.status()
+    assert status["blackboard_subscriber_errors"] == 1
+    assert status["blackboards"]["s1"]["subscribers"] == 1
+    assert "subscriber bug" in status["blackboards"]["s1"]["last_subscriber_error"]
+
+
+def test_unsubscribe_stops_deliveries(system: MemorySystem) -> None:
+    board = system.blackboard("s1")
+    recorder = Recorder()
+    with board.subscribe("k", recorder) as subscription:
+        board.publish("k", 1)
+        assert system.wait_idle(5)
+    assert not subscription.active
+    assert subscription.unsubscribe() is False
+    board.publish("k", 2)
+    assert system.wait_idle(5)
+    assert recorder.pairs() == [("k", 1)]
+
+
+def test_subscribers_get_their_own_copies(system: MemorySystem) -> None:
+    board = system.blackboard("s1")
+    seen: list[Any] = []
+
+    def mutate(signal: Signal) -> None:
+        signal.value.append("mutated")
+        seen.append(signal.value)
+
+    other = Recorder()
+    board.subscribe("k", mutate)
+    board.subscribe("k", other)
+    board.publish("k", ["original"])
+    assert system.wait_idle(5)
+    assert other.pairs() == [("k", ["original"])]
+    assert board.get("k") == ["original"]
+
+
+@pytest.mark.parametrize("value", [object(), {1, 2}, b"bytes", {"f": len}])
+def test_values_that_are_not_json_are_rejected(system: MemorySystem, value: Any) -> None:
+    with pytest.raises(InvalidInputError, match="JSON"):
+        system.blackboard("s1").publish("k", value)
+
+
+@pytest.mark.parametrize("key", ["", "a*", "x" * 2000, "\ud800", 5])
+def test_bad_keys_are_rejected(system: MemorySystem, key: Any) -> None:
+    with pytest.raises(InvalidInputError):
+        system.blackboard("s1").publish(key, 1)
+
+
+def test_raw_blackboard_messages(system: MemorySystem) -> None:
+    recorder = Recorder()
+    subscribed = system.ask(SubscribeSignal("a:*", "s2"), callback=recorder)
+    assert isinstance(subscribed, SignalSubscribed)
+    system.tell(PublishSignal("a:1", {"x": 1}, "p", "s2"))
+    assert system.wait_idle(5)
+    assert recorder.pairs() == [("a:1", {"x": 1})]
+    assert system.ask(ListSignals("a:", "s2")) == SignalList("s2", "a:", ("a:1",))
+    assert system.ask(UnsubscribeSignal(subscribed.subscription_id, "s2")).removed is True
+    with pytest.raises(InvalidInputError, match="callback"):
+        system.ask(SubscribeSignal("a:*", "s2"))
+
+
+def test_snapshot_on_stop_and_restore_on_start(data_dir: Path) -> None:
+    config = Config(data_dir=data_dir, actors=dataclasses.replace(ActorsConfig(), blackboard_snapshot=True))
+    with MemorySystem.start(config, embedder=FakeEmbedder()) as system:
+        board = system.blackboard("s1")
+        board.publish("plan", {"steps": ["a", "b"]}, publisher="planner")
+        board.publish("plan", {"steps": ["a", "b", "c"]}, publisher="planner")
+    assert (data_dir / "blackboard" / "s1.sqlite").is_file()
+    with MemorySystem.start(config, embedder=FakeEmbedder()) as system:
+        signal = system.blackboard("s1").signal("plan")
+        assert (signal.value, signal.version, signal.publisher_id) == ({"steps": ["a", "b", "c"]}, 2, "planner")
+    off = Config(data_dir=data_dir / "other")
+    with MemorySystem.start(off, embedder=FakeEmbedder()) as system:
+        system.blackboard("s1").publish("k", 1)
+    assert not (data_dir / "other" / "blackboard").exists()

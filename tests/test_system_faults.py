@@ -1,0 +1,345 @@
+"""Retrieval under load and under faults; supervision: restarts, crash loops, degraded agents."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from memstrata.actors import LayerStores
+from memstrata.storage import Embedder
+
+from memstrata import Config, MemorySystem
+from memstrata.config import ActorsConfig, AgentConfig
+from memstrata.errors import ActorCrashedError, AgentDegradedError, StorageError
+from memstrata.messages import TaskAssigned, TaskPrompt
+from tests.fakes import FakeEmbedder
+
+MARGIN_S = 1.5  # what "within the timeout plus a small margin" allows on a shared 2-core machine
+
+
+class Faults:
+    """What the stores of one agent (or every agent, ``agent=None``) should do wrong."""
+
+    def __init__(self) -> None:
+        self.agent: str | None = None
+        self.crash_searches = 0  # the next N searches raise RuntimeError
+        self.raise_on_search: BaseException | None = None  # every search raises this
+        self.gate: threading.Event | None = None  # searches wait for it
+        self.fail_opens = 0
+        self.lock = threading.Lock()
+
+    def applies(self, path: Path) -> bool:
+        return self.agent is None or path.stem == self.agent
+
+    def before_search(self) -> None:
+        with self.lock:
+            crash = self.crash_searches > 0
+            if crash:
+                self.crash_searches -= 1
+        if crash:
+            raise RuntimeError("injected crash")
+        if self.raise_on_search is not None:
+            raise self.raise_on_search
+        if self.gate is not None:
+            self.gate.wait(30)
+
+
+class FaultyKnowledge:
+    def __init__(self, inner: Any, faults: Faults) -> None:
+        self._inner = inner
+        self._faults = faults
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def search(self, *args: Any, **kwargs: Any) -> Any:
+        self._faults.before_search()
+        return self._inner.search(*args, **kwargs)
+
+
+class FaultyStores(LayerStores):
+    def __init__(self, faults: Faults) -> None:
+        self.faults = faults
+
+    def open_knowledge(self, path: Path, embedder: Embedder | None, config: Config) -> Any:
+        if self.faults.applies(path):
+            with self.faults.lock:
+                fail = self.faults.fail_opens > 0
+                self.faults.fail_opens -= int(fail)
+            if fail:
+                raise StorageError(f"injected open failure of {path}")
+        store = super().open_knowledge(path, embedder, config)
+        return FaultyKnowledge(store, self.faults) if self.faults.applies(path) else store
+
+    def open_episodic(
+        self, path: Path, embedder: Embedder | None, config: Config, clock: Callable[[], datetime]
+    ) -> Any:
+        return super().open_episodic(path, embedder, config, clock)
+
+
+@pytest.fixture
+def faults() -> Faults:
+    return Faults()
+
+
+def start(
+    data_dir: Path, faults: Faults, *, embedder: Any = None, timeout_s: float = 5.0, **actors: Any
+) -> MemorySystem:
+    config = Config(
+        data_dir=data_dir,
+        agent=AgentConfig(retrieval_timeout_s=timeout_s),
+        actors=dataclasses.replace(ActorsConfig(), **actors),
+    )
+    return MemorySystem.start(config, embedder=embedder or FakeEmbedder(), stores=FaultyStores(faults))
+
+
+@pytest.fixture
+def system(data_dir: Path, faults: Faults) -> Iterator[MemorySystem]:
+    running = start(data_dir, faults)
+    yield running
+    if faults.gate is not None:
+        faults.gate.set()
+    running.stop()
+
+
+TOPICS = ["payment", "billing", "search", "auth", "cache", "queue", "deploy", "logging"]
+
+
+def test_sixteen_agents_retrieving_at_once_none_falls_back(system: MemorySystem) -> None:
+    agents = [system.agent(f"agent-{i}") for i in range(16)]
+    for i, agent in enumerate(agents):
+        topic = TOPICS[i % len(TOPICS)]
+        agent.store_knowledge(f"the {topic} module breaks when the config is stale", category="pitfall")
+        agent.store_knowledge(f"restart the {topic} worker after a schema change", category="pattern")
+    barrier = threading.Barrier(16)
+    prompts: list[Any] = [None] * 16
+
+    def run(i: int) -> None:
+        barrier.wait(10)
+        prompts[i] = agents[i].begin_task(f"t{i}", f"fix the {TOPICS[i % len(TOPICS)]} module config")
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+        assert not t.is_alive()
+    assert all(p is not None and not p.fallback for p in prompts), [p.reason for p in prompts if p]
+    for i, prompt in enumerate(prompts):
+        assert TOPICS[i % len(TOPICS)] in prompt.text
+        assert prompt.task_id == f"t{i}" and prompt.agent_id == f"agent-{i}"
+
+
+class GatedQueries(FakeEmbedder):
+    """Documents embed normally; queries hang until released (a model stuck on a query)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+
+    def embed_query(self, text: str) -> npt.NDArray[np.float32]:
+        self.gate.wait(30)
+        return super().embed_query(text)
+
+
+def test_slow_embedder_falls_back_within_the_timeout(data_dir: Path, faults: Faults) -> None:
+    embedder = GatedQueries()
+    system = start(data_dir, faults, embedder=embedder, timeout_s=0.3)
+    try:
+        agent = system.agent("a1")
+        agent.store_knowledge("payment retries need idempotency keys", category="pitfall")
+        description = "Make payment retries safe <with> idempotency & backoff"
+        started = time.monotonic()
+        prompt = agent.begin_task("t1", description)
+        elapsed = time.monotonic() - started
+        assert prompt.fallback
+        assert prompt.reason is not None and prompt.reason.startswith("timeout:")
+        assert prompt.text == "<task>Make payment retries safe &lt;with&gt; idempotency &amp; backoff</task>"
+        assert elapsed < 0.3 + MARGIN_S
+        # the agent's mailbox is not blocked by its stuck store: a write-back is acknowledged
+        started = time.monotonic()
+        agent.complete_task("t1", "made retries idempotent")
+        assert time.monotonic() - started < MARGIN_S
+        second = agent.begin_task("t2", "another payment task")
+        assert second.fallback and second.reason.startswith("timeout:")  # type: ignore[union-attr]
+    finally:
+        embedder.gate.set()
+    assert system.wait_idle(10)
+    assert any(
+        h.entry.content == "made retries idempotent" for h in agent.query_knowledge("retries idempotent")
+    )
+    system.stop()
+
+
+def test_stuck_store_falls_back_in_time_and_recovers(data_dir: Path, faults: Faults) -> None:
+    system = start(data_dir, faults, timeout_s=0.5)
+    try:
+        agent = system.agent("a1")
+        agent.store_knowledge("cache invalidation needs versioned keys", category="pattern")
+        faults.gate = threading.Event()
+        started = time.monotonic()
+        prompt = system.ask(TaskAssigned("t1", "cache invalidation", agent_id="a1"))  # the raw message
+        assert isinstance(prompt, TaskPrompt)
+        assert prompt.fallback and prompt.reason is not None and prompt.reason.startswith("timeout:")
+        assert time.monotonic() - started < 0.5 + MARGIN_S
+        faults.gate.set()
+        faults.gate = None
+        assert system.wait_idle(10)
+        assert not agent.begin_task("t2", "cache invalidation").fallback
+    finally:
+        if faults.gate is not None:
+            faults.gate.set()
+        system.stop()
+
+
+def test_raising_store_falls_back_with_the_reason(system: MemorySystem, faults: Faults) -> None:
+    agent = system.agent("a1")
+    agent.store_knowledge("queue consumers must ack after commit", category="pitfall")
+    faults.raise_on_search = StorageError("disk I/O error")
+    prompt = agent.begin_task("t1", "queue consumers")
+    assert prompt.fallback
+    assert prompt.reason is not None and prompt.reason.startswith("error:")
+    assert "disk I/O error" in prompt.reason
+    assert prompt.text == "<task>queue consumers</task>"
+
+
+def test_no_knowledge_falls_back_with_no_hits(system: MemorySystem) -> None:
+    prompt = system.agent("newcomer").begin_task("t1", "anything at all")
+    assert prompt.fallback and prompt.reason is not None and prompt.reason.startswith("no-hits:")
+    assert prompt.hits == ()
+
+
+def test_crash_restarts_the_actor_and_later_queries_work(system: MemorySystem, faults: Faults) -> None:
+    agent = system.agent("a1")
+    agent.store_knowledge("auth tokens expire after an hour", category="pattern")
+    faults.crash_searches = 1
+    started = time.monotonic()
+    with pytest.raises(ActorCrashedError, match="was restarted: RuntimeError: injected crash"):
+        agent.query_knowledge("auth tokens")
+    assert time.monotonic() - started < MARGIN_S  # fails fast, does not wait for the ask timeout
+    hits = agent.query_knowledge("auth tokens")
+    assert hits[0].entry.content == "auth tokens expire after an hour"
+    status = system.status()
+    assert status["restarts"] == {"knowledge:a1": 1}
+    assert status["degraded"] == {}
+
+
+def test_crash_loop_degrades_the_agent_until_revived(data_dir: Path, faults: Faults) -> None:
+    faults.agent = "a1"
+    system = start(data_dir, faults, max_restarts=3)
+    try:
+        a1, a2 = system.agent("a1"), system.agent("a2")
+        a1.store_knowledge("logs rotate daily", category="pattern")
+        a2.store_knowledge("logs rotate daily", category="pattern")
+        faults.crash_searches = 100
+        for _ in range(3):
+            with pytest.raises(ActorCrashedError, match="was restarted"):
+                a1.query_knowledge("logs")
+        with pytest.raises(ActorCrashedError, match="a1 is degraded"):
+            a1.query_knowledge("logs")
+        with pytest.raises(AgentDegradedError):
+            a1.query_knowledge("logs")
+        with pytest.raises(AgentDegradedError):
+            a1.store_knowledge("more")
+        assert "a1" in system.status()["degraded"]
+        assert system.status()["agents"]["a1"]["degraded"]
+        # other agents are unaffected
+        assert a2.query_knowledge("logs")[0].entry.content == "logs rotate daily"
+        # a degraded agent still gets a prompt (the fallback) and its write-backs are kept
+        prompt = a1.begin_task("t1", "logs")
+        assert prompt.fallback and "degraded" in (prompt.reason or "")
+        a1.complete_task("t1", "rotated the logs by hand")
+        assert system.wait_idle(10)
+        assert system.status()["agents"]["a1"]["agent"]["outbox_pending"] == 1
+        # revived: the budget resets and the queued write-back is replayed
+        faults.crash_searches = 0
+        assert system.revive("a1") is True
+        assert system.wait_idle(10)
+        assert system.status()["agents"]["a1"]["agent"]["outbox_pending"] == 0
+        contents = {h.entry.content for h in a1.query_knowledge("rotated logs", include_shared=False)}
+        assert "rotated the logs by hand" in contents
+    finally:
+        system.stop()
+
+
+def test_a_failed_open_is_retried(system: MemorySystem, faults: Faults) -> None:
+    faults.fail_opens = 1
+    assert system.agent("a1").store_knowledge("opened on the second try", category="pattern") > 0
+    assert system.status()["restarts"] == {"knowledge:a1": 1}
+
+
+def test_a_failing_shared_store_does_not_fail_the_agent(system: MemorySystem, faults: Faults) -> None:
+    faults.agent = "shared"
+    agent = system.agent("a1")
+    agent.store_knowledge("own entry about deploys", category="pattern")
+    agent.store_knowledge("shared entry about deploys", category="pattern", shared=True)
+    faults.raise_on_search = StorageError("shared store unreadable")
+    hits = agent.query_knowledge("deploys")
+    assert [h.entry.content for h in hits] == ["own entry about deploys"]
+    assert system.status()["shared_query_errors"] == 1
+    prompt = agent.begin_task("t1", "deploys")
+    assert not prompt.fallback
+    assert prompt.reason is not None and prompt.reason.startswith("partial:") and "shared" in prompt.reason
+
+
+def test_no_deadlock_under_mixed_concurrent_load(system: MemorySystem) -> None:
+    board = system.blackboard("s1")
+    seen: list[str] = []
+    lock = threading.Lock()
+
+    def echo(signal: Any) -> None:  # a subscriber that talks back to the board from its callback
+        with lock:
+            seen.append(signal.key)
+        if signal.key.startswith("status:"):
+            board.publish(f"echo:{signal.key}", signal.value)
+
+    board.subscribe("status:*", echo)
+    errors: list[BaseException] = []
+
+    def worker(n: int) -> None:
+        try:
+            agent = system.agent(f"w{n % 4}")
+            for i in range(15):
+                agent.store_knowledge(f"note {n}-{i} about topic {i % 3}", category="pattern")
+                agent.set_working(f"k{i}", i)
+                agent.begin_task(f"t{n}-{i}", f"topic {i % 3}")
+                if i % 4 == 0:
+                    agent.fail_task(f"t{n}-{i}", f"failed on topic {i % 3}")
+                else:
+                    agent.complete_task(f"t{n}-{i}", f"done with topic {i % 3} by {n}")
+                board.publish(f"status:w{n}", i, publisher=f"w{n}")
+                agent.recall(f"topic {i % 3}")
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+        assert not t.is_alive(), "a worker hung"
+    assert errors == []
+    assert system.wait_idle(30)
+    report = system.stop()
+    assert report.drained and report.late == ()
+    assert len([k for k in seen if k.startswith("status:")]) >= 8
+
+
+def test_tasks_sequence_is_independent_of_sleeping(system: MemorySystem) -> None:
+    """wait_idle is the only synchronisation the tests need: write-backs are visible after it."""
+    agent = system.agent("a1")
+    for i in range(20):
+        agent.complete_task(f"t{i}", f"unique outcome number {i}")
+    assert system.wait_idle(10)
+    status = system.status()["agents"]["a1"]
+    assert status["knowledge"]["count"] == 20
+    assert status["episodic"]["count"] == 20
+    assert status["agent"]["written_back"] == 20

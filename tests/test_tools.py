@@ -1,0 +1,134 @@
+"""The tool dispatcher against a running system (fake embedder) and a real file index."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from memstrata.bridges import tools
+
+from memstrata import Config, MemorySystem
+from memstrata._workspaces import Workspaces
+from tests.fakes import FakeEmbedder
+
+
+@pytest.fixture
+def env(data_dir: Path) -> Iterator[tuple[MemorySystem, Workspaces]]:
+    embedder = FakeEmbedder()
+    with (
+        MemorySystem.start(Config(data_dir=data_dir), embedder=embedder) as system,
+        Workspaces(data_dir, config=system.config, embedder=embedder) as registry,
+    ):
+        yield system, registry
+
+
+def call(env: tuple[MemorySystem, Workspaces], name: str, arguments: Any, agent_id: str = "a1") -> Any:
+    system, registry = env
+    return tools.dispatch(name, arguments, system, agent_id=agent_id, workspaces=registry)
+
+
+def test_empty_index_says_so(env: Any) -> None:
+    result = call(env, "memory_search", {"query": "anything at all"})
+    assert result["results"] == []
+    assert "no memories indexed yet" in result["message"]
+    assert "no memories indexed yet" in call(env, "memory_get", {"path": "MEMORY.md"})["error"]
+
+
+def test_add_search_get_list_delete(env: Any) -> None:
+    first = {
+        "content": "Line one about ferrets\nLine two\nLine three",
+        "scope": "/pets",
+        "tags": {"kind": "fact"},
+    }
+    added = call(env, "memory_add", first)
+    assert added["saved"] is True and added["path"] == f"memory://{added['id']}"
+    saved = call(
+        env, "memory_save", '{"content": "The office plant needs water on Fridays", "source": "chat"}'
+    )
+    hits = call(env, "memory_search", {"query": "ferrets"})
+    assert hits[0]["path"] == added["path"] and hits[0]["startLine"] == 1 and hits[0]["endLine"] == 3
+    assert call(env, "memory_get", {"path": added["path"], "from": 2, "lines": 1})["text"] == "Line two\n"
+    listed = call(env, "memory_list", {})
+    assert [m["id"] for m in listed] == [saved["id"], added["id"]]  # newest first
+    assert listed[0]["tags"] == {"source": "chat"}
+    assert [m["id"] for m in call(env, "memory_list", {"scope": "/pets"})] == [added["id"]]
+    assert [m["id"] for m in call(env, "memory_list", {"tags": ["kind=fact"]})] == [added["id"]]
+    assert [m["id"] for m in call(env, "memory_list", {"limit": 1, "offset": 1})] == [added["id"]]
+    assert call(env, "memory_delete", {"id": str(added["id"])}) == {"id": added["id"], "deleted": True}
+    assert "no saved memory" in call(env, "memory_delete", {"id": added["id"]})["error"]
+    assert [m["id"] for m in call(env, "memory_list", {})] == [saved["id"]]
+    assert call(env, "memory_delete", {"id": saved["path"]})["deleted"] is True
+
+
+def test_memories_belong_to_their_agent(env: Any) -> None:
+    mine = call(env, "memory_add", {"content": "private note of a1"}, agent_id="a1")
+    assert call(env, "memory_list", {}, agent_id="a2") == []
+    assert "no saved memory" in call(env, "memory_get", {"path": mine["path"]}, agent_id="a2")["error"]
+    assert "no saved memory" in call(env, "memory_delete", {"id": mine["id"]}, agent_id="a2")["error"]
+
+
+def test_memory_tools_do_not_touch_other_knowledge(env: Any) -> None:
+    stored = call(env, "knowledge_store", {"content": "Never deploy on Friday", "category": "pitfall"})
+    assert stored["stored"] is True
+    assert "no saved memory" in call(env, "memory_delete", {"id": stored["id"]})["error"]
+    assert "no saved memory" in call(env, "memory_get", {"path": f"memory://{stored['id']}"})["error"]
+    hits = call(env, "knowledge_query", {"query": "deploy friday", "category": "pitfall", "topK": 3})
+    assert hits[0]["id"] == stored["id"] and hits[0]["matchType"] in ("hybrid", "keyword", "semantic")
+
+
+def test_any_well_formed_category_is_accepted(env: Any) -> None:
+    stored = call(env, "knowledge_store", {"content": "Plan the schema first", "category": "planning-pitfall",
+                                           "tags": ["area=db", "urgent"]})  # fmt: skip
+    hits = call(env, "knowledge_query", {"query": "schema plan", "category": "planning-pitfall"})
+    assert hits[0]["id"] == stored["id"] and hits[0]["tags"] == {"area": "db", "urgent": ""}
+
+
+def test_search_merges_files_and_saved_memories(env: Any, tmp_path: Path) -> None:
+    _, registry = env
+    root = tmp_path / "ws"
+    (root / "memory").mkdir(parents=True)
+    (root / "MEMORY.md").write_text("# Garden\n\nTomatoes need full sun.\n", encoding="utf-8")
+    (root / "memory" / "2025-05-01.md").write_text("Planted basil next to the tomatoes.\n", encoding="utf-8")
+    registry.index(root)
+    call(env, "memory_add", {"content": "Tomatoes were late this year"})
+    hits = call(env, "memory_search", {"query": "tomatoes", "maxResults": 10, "minScore": 0})
+    paths = {h["path"] for h in hits}
+    assert str(root.resolve() / "MEMORY.md") in paths
+    assert any(p.startswith("memory://") for p in paths)
+    assert hits == sorted(hits, key=lambda h: -h["score"])
+    assert len(call(env, "memory_search", {"query": "tomatoes", "maxResults": 1})) == 1
+    got = call(env, "memory_get", {"path": "memory/2025-05-01.md"})
+    assert got["text"] == "Planted basil next to the tomatoes." and got["from"] == 1
+    outside = call(env, "memory_get", {"path": "../../etc/passwd"})
+    assert "error" in outside
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        '" OR 1=1 -- NEAR(a b) AND title:*',
+        "nul\x00byte",
+        "lone \udc80 surrogate",
+        "长期记忆 🚀",
+        "q" * 100_000,
+        "\t\n\r ",
+    ],
+)
+def test_hostile_queries_return_lists(env: Any, query: str) -> None:
+    call(env, "memory_add", {"content": "something to find"})
+    for name, args in (
+        ("memory_search", {"query": query}),
+        ("knowledge_query", {"query": query}),
+    ):
+        result = call(env, name, args)
+        assert isinstance(result, list) or set(result) == {"error"}, result
+
+
+def test_hostile_content_round_trips(env: Any) -> None:
+    content = "quotes \" ' and NUL \x00 and 中文 and 🚀 " + "z" * 10_000
+    added = call(env, "memory_add", {"content": content})
+    assert call(env, "memory_get", {"path": added["path"], "lines": 10})["text"] == content
+    too_big = call(env, "memory_add", {"content": "x" * 4_000_001})
+    assert "too long" in too_big["error"]

@@ -1,0 +1,139 @@
+"""The registry of indexed roots shared by the CLI, `serve`, the tools and MCP."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memstrata import Config, InvalidInputError, PathOutsideRootError
+from memstrata._workspaces import Workspaces, detect_kind
+from tests.fakes import FakeEmbedder
+
+
+@pytest.fixture
+def registry(data_dir: Path) -> Iterator[Workspaces]:
+    config = Config(data_dir=data_dir)
+    config = dataclasses.replace(config, files=dataclasses.replace(config.files, watch_debounce_ms=50))
+    with Workspaces(data_dir, config=config, embedder=FakeEmbedder()) as workspaces:
+        yield workspaces
+
+
+def _tree(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    return root
+
+
+def test_kind_detection(tmp_path: Path) -> None:
+    assert detect_kind(_tree(tmp_path / "a", {"MEMORY.md": "x"})) == "memory"
+    assert detect_kind(_tree(tmp_path / "b", {"memory/2025-01-01.md": "x"})) == "memory"
+    assert detect_kind(_tree(tmp_path / "c", {"src/app.py": "x = 1\n"})) == "code"
+
+
+def test_index_registers_once_and_resyncs(registry: Workspaces, tmp_path: Path) -> None:
+    root = _tree(tmp_path / "ws", {"MEMORY.md": "# A\n\nalpha beta\n"})
+    ws, stats = registry.index(root)
+    assert ws.kind == "memory" and stats.files_processed == 1
+    again, stats = registry.index(str(root) + "/")  # another spelling of the same folder
+    assert again.root == ws.root and stats.files_processed == 0 and stats.files_unchanged == 1
+    assert [w.root for w in registry.roots()] == [root.resolve()]
+    assert registry.roots()[0].last_stats is not None
+
+
+def test_one_root_can_be_indexed_as_both_kinds(registry: Workspaces, tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path / "repo", {"MEMORY.md": "# Notes\n\nuse the parser\n", "parser.py": "def parse(): ...\n"}
+    )
+    registry.index(root, kind="memory")
+    registry.index(root, kind="code")
+    assert sorted(w.kind for w in registry.find(root)) == ["code", "memory"]
+    hits = registry.search("parser", max_results=10, min_score=0)
+    assert {h.kind for h in hits} == {"memory", "code"}
+    assert registry.forget(root, "code") == 1
+    assert [w.kind for w in registry.find(root)] == ["memory"]
+
+
+def test_registry_persists(data_dir: Path, tmp_path: Path) -> None:
+    root = _tree(tmp_path / "ws", {"MEMORY.md": "# A\n\nalpha\n"})
+    with Workspaces(data_dir, embedder=FakeEmbedder()) as first:
+        first.index(root)
+    with Workspaces(data_dir, embedder=FakeEmbedder()) as second:
+        assert [w.root for w in second.roots()] == [root.resolve()]
+        assert second.search("alpha")[0].path == "MEMORY.md"
+
+
+def test_get_resolution(registry: Workspaces, tmp_path: Path) -> None:
+    outer = _tree(tmp_path / "outer", {"MEMORY.md": "outer line\n"})
+    inner = _tree(outer / "inner", {"MEMORY.md": "inner line\n"})
+    registry.index(outer)
+    registry.index(inner)
+    assert registry.get(str(inner / "MEMORY.md")).root == inner.resolve()  # the deepest root wins
+    assert registry.get(str(outer / "MEMORY.md")).text == "outer line"
+    assert registry.get("MEMORY.md", root=inner).text == "inner line"
+    with pytest.raises(PathOutsideRootError):
+        registry.get(str(tmp_path / "elsewhere.md"))
+    with pytest.raises(PathOutsideRootError):
+        registry.get("../MEMORY.md", root=inner)
+    with pytest.raises(InvalidInputError, match="NUL"):
+        registry.get("MEMORY\x00.md")
+    with pytest.raises(InvalidInputError, match="is not indexed"):
+        registry.search("x", root=tmp_path)
+
+
+def test_bad_arguments(registry: Workspaces, tmp_path: Path) -> None:
+    with pytest.raises(InvalidInputError, match="does not exist"):
+        registry.index(tmp_path / "missing")
+    (tmp_path / "file.txt").write_text("x", encoding="utf-8")
+    with pytest.raises(InvalidInputError, match="not a directory"):
+        registry.index(tmp_path / "file.txt")
+    with pytest.raises(InvalidInputError, match="kind"):
+        registry.index(tmp_path, kind="video")  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match="max_results"):
+        registry.search("x", max_results=0)
+
+
+def test_concurrent_searches_and_reads(registry: Workspaces, tmp_path: Path) -> None:
+    files = {
+        f"memory/2025-01-{d:02d}.md": f"# Day {d}\n\nworked on feature {d} today\n" for d in range(1, 21)
+    }
+    root = _tree(tmp_path / "ws", files)
+    registry.index(root)
+
+    def work(n: int) -> Any:
+        day = n % 20 + 1
+        hits = registry.search(f"feature {day}", max_results=3, min_score=0)
+        text = registry.get(f"memory/2025-01-{day:02d}.md", lines=1).text
+        return hits, text
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(work, range(64)))
+    for n, (hits, text) in enumerate(results):
+        assert hits and text == f"# Day {n % 20 + 1}"
+
+
+def test_watch_keeps_the_index_in_sync(registry: Workspaces, tmp_path: Path) -> None:
+    root = _tree(tmp_path / "ws", {"MEMORY.md": "# Start\n\nnothing yet\n"})
+    synced = threading.Event()
+    seen: list[Any] = []
+
+    def on_synced(ws: Any, stats: Any) -> None:
+        seen.append(stats)
+        if stats.files_processed:
+            synced.set()
+
+    assert [w.root for w in registry.watch(root, on_synced=on_synced)] == [root.resolve()]
+    (root / "memory").mkdir()
+    (root / "memory" / "2025-02-02.md").write_text("The kiln reached 1200 degrees.\n", encoding="utf-8")
+    assert synced.wait(30), seen
+    assert registry.search("kiln degrees")[0].path == "memory/2025-02-02.md"
+    assert registry.find(root)[0].last_sync_at is not None
+    registry.close()
+    registry.close()  # idempotent

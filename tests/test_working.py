@@ -1,0 +1,90 @@
+"""WorkingMemory: key-value with TTL on an injectable clock, copies in and out."""
+
+from __future__ import annotations
+
+import pytest
+from memstrata.layers import WorkingMemory
+
+from memstrata.errors import InvalidInputError
+
+
+class Tick:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_set_get_delete_clear() -> None:
+    wm = WorkingMemory()
+    wm.set("plan", ["a", "b"])
+    wm.set("count", 3)
+    assert wm.get("plan") == ["a", "b"]
+    assert wm.get("missing", "dflt") == "dflt"
+    assert wm.keys() == ["count", "plan"]
+    assert "plan" in wm and len(wm) == 2
+    assert wm.delete("plan") is True
+    assert wm.delete("plan") is False
+    assert wm.clear() == 1
+    assert len(wm) == 0
+
+
+def test_values_are_copies() -> None:
+    wm = WorkingMemory()
+    value = {"steps": [1]}
+    wm.set("k", value)
+    value["steps"].append(2)
+    got = wm.get("k")
+    assert got == {"steps": [1]}
+    got["steps"].append(3)
+    assert wm.get("k") == {"steps": [1]}
+
+
+def test_ttl_follows_the_injected_clock() -> None:
+    tick = Tick()
+    wm = WorkingMemory(clock=tick)
+    wm.set("short", 1, ttl_s=5)
+    wm.set("long", 2)
+    tick.now += 4.9
+    assert wm.get("short") == 1
+    tick.now += 0.2
+    assert wm.get("short") is None
+    assert wm.keys() == ["long"]
+    assert wm.items() == {"long": 2}
+
+
+def test_overwriting_resets_ttl() -> None:
+    tick = Tick()
+    wm = WorkingMemory(clock=tick)
+    wm.set("k", 1, ttl_s=1)
+    wm.set("k", 2)
+    tick.now += 10
+    assert wm.get("k") == 2
+
+
+@pytest.mark.parametrize("key", ["", 5, None, "x" * 1025])
+def test_bad_keys(key: object) -> None:
+    with pytest.raises(InvalidInputError, match="key"):
+        WorkingMemory().set(key, 1)  # type: ignore[arg-type]
+
+
+def test_bad_values_and_ttl() -> None:
+    wm = WorkingMemory()
+    with pytest.raises(InvalidInputError, match="JSON"):
+        wm.set("k", object())
+    with pytest.raises(InvalidInputError, match="ttl_s"):
+        wm.set("k", 1, ttl_s=-1)
+    assert len(wm) == 0
+
+
+def test_limits() -> None:
+    wm = WorkingMemory(max_items=2, max_value_bytes=10)
+    wm.set("a", 1)
+    wm.set("b", 2)
+    with pytest.raises(InvalidInputError, match="full"):
+        wm.set("c", 3)
+    wm.set("a", 5)  # replacing an existing key is fine
+    with pytest.raises(InvalidInputError, match="bytes"):
+        wm.set("a", "x" * 20)
+    assert wm.get("a") == 5
