@@ -33,8 +33,11 @@ from memstrata.messages import (
     SHARED,
     ClearWorkingMemory,
     CommitMemory,
+    DeleteKnowledge,
+    GetKnowledge,
     GetWorkingMemory,
     KnowledgeResult,
+    ListKnowledge,
     ListSignals,
     Message,
     PublishSignal,
@@ -97,7 +100,7 @@ PROMPT_MARGIN_S = 1.0
 
 def route(message: Message) -> tuple[str, str]:
     """The ``(kind, key)`` of the actor that handles ``message``."""
-    if isinstance(message, StoreKnowledge | QueryKnowledge):
+    if isinstance(message, StoreKnowledge | QueryKnowledge | ListKnowledge | GetKnowledge | DeleteKnowledge):
         return "knowledge", message.agent_id
     if isinstance(message, StoreMemory | SearchMemory | CommitMemory):
         return "episodic", message.agent_id

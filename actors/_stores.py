@@ -20,9 +20,15 @@ from memstrata.errors import InvalidInputError
 from memstrata.messages import (
     ClearWorkingMemory,
     CommitMemory,
+    DeleteKnowledge,
+    GetKnowledge,
     GetWorkingMemory,
+    KnowledgeDeleted,
+    KnowledgeItem,
+    KnowledgeList,
     KnowledgeResult,
     KnowledgeStored,
+    ListKnowledge,
     MemoryCommitted,
     MemorySearchResult,
     MemoryStored,
@@ -145,6 +151,19 @@ class KnowledgeStoreActor(_PersistentActor):
                 min_score=message.min_score,
             )
             return KnowledgeResult(self.key, tuple(hits))
+        if isinstance(message, ListKnowledge):
+            entries = layer.list(
+                category=message.category,
+                tags=message.tags,
+                scope=message.scope,
+                limit=message.limit,
+                offset=message.offset,
+            )
+            return KnowledgeList(self.key, tuple(entries))
+        if isinstance(message, GetKnowledge):
+            return KnowledgeItem(self.key, layer.get(message.entry_id))
+        if isinstance(message, DeleteKnowledge):
+            return KnowledgeDeleted(self.key, message.entry_id, bool(layer.delete(message.entry_id)))
         return super().handle(message)
 
 

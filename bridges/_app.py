@@ -49,10 +49,14 @@ class CliState:
             yield system
 
     @contextlib.contextmanager
-    def workspaces(self) -> Iterator[Workspaces]:
+    def workspaces(self, system: Any = None) -> Iterator[Workspaces]:
+        """The file-index registry; with a running ``system``, its shared embedder is used."""
         from memstrata._workspaces import Workspaces
 
-        registry = Workspaces(self.config.data_dir, config=self.config, embedder=self.embedder)
+        embedder = self.embedder
+        if embedder is None and system is not None:
+            embedder = system.embedder
+        registry = Workspaces(self.config.data_dir, config=self.config, embedder=embedder)
         try:
             yield registry
         finally:

@@ -532,7 +532,7 @@ def status(ctx: click.Context, verbose: bool, as_json: bool) -> None:
     from . import _status
 
     state = _state(ctx)
-    with state.system() as system, state.workspaces() as registry:
+    with state.system() as system, state.workspaces(system) as registry:
         report = _status.collect(system, registry, state.config)
     if as_json:
         _echo_json(report)
@@ -582,7 +582,7 @@ def serve(ctx: click.Context, workers: int | None, max_line_bytes: int | None) -
 
     state = _state(ctx)
     bridges = state.config.bridges
-    with state.system() as system, state.workspaces() as registry:
+    with state.system() as system, state.workspaces(system) as registry:
         server: JsonLinesServer | None = None
 
         def server_status() -> dict[str, Any]:
@@ -615,7 +615,7 @@ def mcp(ctx: click.Context, agent_id: str | None) -> None:
 
     require_sdk()
     state = _state(ctx)
-    with state.system() as system, state.workspaces() as registry:
+    with state.system() as system, state.workspaces(system) as registry:
         run_stdio(system, registry, agent_id=agent_id or state.config.bridges.agent_id)
 
 

@@ -21,9 +21,9 @@ from __future__ import annotations
 import atexit
 import datetime as dt
 import threading
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from memstrata.errors import InvalidInputError, MemstrataError
@@ -169,7 +169,7 @@ def _memory_search(ctx: _Context, args: dict[str, Any]) -> Any:
                 }
             )
     if ctx.system is not None:
-        saved = ctx.agent().query_knowledge(query, category=MEMORY_CATEGORY, top_k=limit)
+        saved = ctx.agent().query_knowledge(query, category=MEMORY_CATEGORY, top_k=limit, min_score=min_score)
         results.extend(_memory_hit(h, config.search.snippet_chars) for h in saved)
     if not roots and not results and not _has_saved_memories(ctx):
         return {"results": [], "message": NO_MEMORIES}
@@ -551,28 +551,28 @@ def dispatch_json(
 
 # -- the default file-index registry -------------------------------------------------------------
 
-_REGISTRIES: dict[Path, Workspaces] = {}
+_REGISTRIES: weakref.WeakKeyDictionary[Any, Workspaces] = weakref.WeakKeyDictionary()
 _REGISTRY_LOCK = threading.Lock()
 
 
 def _default_workspaces(system: Any) -> Workspaces:
+    """The registry in the system's data dir, opened once per system with its shared embedder."""
     from memstrata._workspaces import Workspaces
 
     config = getattr(system, "config", None)
     if config is None:
         raise MemstrataError("no workspace registry was given and the memory system has no config")
-    key = Path(config.data_dir)
     with _REGISTRY_LOCK:
-        registry = _REGISTRIES.get(key)
+        registry = _REGISTRIES.get(system)
         if registry is None:
-            registry = Workspaces(key, config=config)
-            _REGISTRIES[key] = registry
+            registry = Workspaces(config.data_dir, config=config, embedder=getattr(system, "embedder", None))
+            _REGISTRIES[system] = registry
         return registry
 
 
 @atexit.register
 def _close_registries() -> None:
     with _REGISTRY_LOCK:
-        for registry in _REGISTRIES.values():
+        for registry in list(_REGISTRIES.values()):
             registry.close()
         _REGISTRIES.clear()

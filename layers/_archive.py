@@ -105,6 +105,8 @@ def write_archive(
                     f"INSERT INTO episodes({EPISODE_COLUMNS}, ident) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [(*r, identifier_words(f"{r[5] or ''} {r[6]}")) for r in rows],
                 )
+                db.execute("INSERT INTO episodes_fts(episodes_fts) VALUES ('rebuild')")
+                db.execute("INSERT INTO episodes_tri(episodes_tri) VALUES ('rebuild')")
                 if vectors and model_id is not None and dim is not None:
                     db.executemany(
                         "INSERT INTO vectors(id, embedding) VALUES (?, ?)",

@@ -42,7 +42,7 @@ class Ranking:
                 part = np.argpartition(-self._scores, k - 1)[:k]
                 order = part[np.lexsort((part, -self._scores[part]))]
             else:
-                order = np.lexsort((np.arange(n), -self._scores))
+                order = np.argsort(-self._scores, kind="stable")
             self._order = order.astype(np.int64)
             self._sorted = k
         order = self._order[:k] if self._order is not None else np.zeros(0, dtype=np.int64)

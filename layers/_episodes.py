@@ -214,8 +214,15 @@ def embed_text(title: str | None, content: str) -> str:
 
 
 def episodes_schema(*, archive: bool) -> str:
-    """The ``episodes`` table and its full-text indexes; ids never reused in a live store."""
+    """The ``episodes`` table and its full-text indexes; ids never reused in a live store.
+
+    An archive never changes once written, so its indexes have no triggers: they are built in
+    one pass (``'rebuild'``) after the rows are in, several times faster than row by row.
+    """
     key = "INTEGER PRIMARY KEY" if archive else "INTEGER PRIMARY KEY AUTOINCREMENT"
+    fts = fts_schema("episodes", ["content", "title", "ident"])
+    if archive:
+        fts = re.sub(r"CREATE TRIGGER .*?\bEND;", "", fts, flags=re.S).strip()
     return (
         f"CREATE TABLE episodes (\n"
         f"  id {key},\n"
@@ -230,8 +237,7 @@ def episodes_schema(*, archive: bool) -> str:
         "  recorded_us INTEGER NOT NULL\n"
         ");\n"
         "CREATE INDEX episodes_at ON episodes(at_us, id);\n"
-        "CREATE INDEX episodes_run ON episodes(task_run_id, at_us, id);\n"
-        + fts_schema("episodes", ["content", "title", "ident"])
+        "CREATE INDEX episodes_run ON episodes(task_run_id, at_us, id);\n" + fts
     )
 
 

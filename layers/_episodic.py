@@ -913,7 +913,8 @@ class EpisodicMemory:
             )
             if vectors is not None and self._vectors is not None and self._vectors.available:
                 self._vectors.upsert_many(ids, vectors)
-        self._matrix = None
+                if self._matrix is not None:
+                    self._matrix.add(ids, vectors, [i.at_us for i in items], [i.task_run_id for i in items])
         return len(todo)
 
     def _restore_vectors(
@@ -1133,6 +1134,7 @@ class _Search:
         self.depth = max(search.depth, top_k)
         self.shadowed: dict[int, bool] = {}
         self.owner: dict[str, int] = {}
+        self.keyword_cache: dict[int, tuple[int, list[list[tuple[int, float, int]]]]] = {}
 
     def run(self) -> list[EpisodeHit]:
         if not self.weights:
@@ -1167,19 +1169,28 @@ class _Search:
             if self.use_keywords:
                 mores.append(keyword_more)
             unseen = sum(w for w, more in zip(self.weights, mores, strict=True) if more)
-            if unseen > 0 and newest_log_decay is None:
-                newest_log_decay = float(self._log_decay(np.array([self._newest_at()], dtype=np.int64))[0])
-            if unseen == 0 or (
-                len(order) >= self.top_k
-                and logs[order[self.top_k - 1]]
-                >= math.log(unseen / (self.rrf_k + depth + 1) / best) + (newest_log_decay or 0.0)
-            ):
+            if unseen == 0:
                 scores = np.exp(logs[order])
                 break
-            depth *= 4
+            if newest_log_decay is None:
+                newest_log_decay = float(self._log_decay(np.array([self._newest_at()], dtype=np.int64))[0])
+            if len(order) < self.top_k:
+                depth *= 4
+                continue
+            # an unseen episode scores at most unseen / (k + depth + 1) / best, decayed as the newest
+            kth = float(logs[order[self.top_k - 1]]) - newest_log_decay
+            if kth >= math.log(unseen / (self.rrf_k + depth + 1) / best):
+                scores = np.exp(logs[order])
+                break
+            # the k-th score only grows with depth, so this depth is always enough
+            log_needed = math.log(unseen / best) - kth  # log(k + depth + 1) that would do
+            if log_needed > math.log(self.rrf_k + MAX_DEPTH + 1):
+                depth = MAX_DEPTH + 1
+            else:
+                needed = math.ceil(math.exp(log_needed)) - self.rrf_k - 1
+                depth = max(depth + 1, min(depth * 4, needed))
         top = order[: self.top_k]
-        similarity = dict(zip(vkeys.tolist(), vsims.tolist(), strict=True))
-        return self._hits(fused, top, scores[: self.top_k], similarity)
+        return self._hits(fused, top, scores[: self.top_k], vsims)
 
     def _log_decay(self, at_us: _Ints) -> npt.NDArray[np.float64]:
         """``log(0.5 ** (age / half_life))``; episodes dated in the future do not decay."""
@@ -1228,8 +1239,9 @@ class _Search:
         empty = np.zeros(0, dtype=np.int64)
         if not self.use_keywords:
             return empty, empty, False
-        per_source = [self._source_keywords(index, depth) for index in range(len(self.sources))]
-        more = any(len(sub) >= depth for lists in per_source for sub in lists)
+        fetched = [self._source_keywords(index, depth) for index in range(len(self.sources))]
+        more = any(len(sub) > depth or len(sub) >= limit for limit, lists in fetched for sub in lists)
+        per_source = [[sub[:depth] for sub in lists] for _, lists in fetched]
         count = max((len(lists) for lists in per_source), default=0)
         subkeys: list[_Keys] = []
         subats: list[_Ints] = []
@@ -1261,15 +1273,24 @@ class _Search:
         order = np.lexsort((fused.first, -fused.scores))[:depth]
         return fused.keys[order], fused.at[order], more
 
-    def _source_keywords(self, index: int, depth: int) -> list[list[tuple[int, float, int]]]:
+    def _source_keywords(self, index: int, depth: int) -> tuple[int, list[list[tuple[int, float, int]]]]:
+        """One source's keyword sub-lists, at least ``depth`` long where possible, and the limit
+        they were fetched with. FTS5 scores every match whatever the limit, so with decay (which
+        may deepen) they are fetched once at the deepest limit and sliced in later rounds."""
+        cached = self.keyword_cache.get(index)
+        if cached is not None and (cached[0] >= depth or all(len(sub) < cached[0] for sub in cached[1])):
+            return cached
+        limit = max(depth, MAX_DEPTH) if self.half_life_us is not None else depth
         source = self.sources[index]
         try:
-            return keyword_lists(source.db, self.keywords, depth, self.conds, self.params)
+            lists = keyword_lists(source.db, self.keywords, limit, self.conds, self.params)
         except MemstrataError as exc:
             if source.label is None:
                 raise
             self.memory._archive_unusable(source.label, f"its full-text index failed: {exc}")
-            return []
+            lists = []
+        self.keyword_cache[index] = (limit, lists)
+        return limit, lists
 
     def _unshadowed(self, keys: _Keys) -> npt.NDArray[np.bool_]:
         """Mask dropping archived copies of episodes that are live or held by an earlier archive."""
@@ -1292,7 +1313,7 @@ class _Search:
     # -- results -------------------------------------------------------------------------------
 
     def _hits(
-        self, fused: _Fused, top: _Ints, scores: npt.NDArray[np.float64], similarity: dict[int, float]
+        self, fused: _Fused, top: _Ints, scores: npt.NDArray[np.float64], similarities: FloatArray
     ) -> list[EpisodeHit]:
         keys = fused.keys[top].tolist()
         wanted: dict[int, list[int]] = {}
@@ -1309,9 +1330,9 @@ class _Search:
             if episode is None:  # removed by another connection between the two queries
                 continue
             n = int(top[position])
-            vrank = int(fused.ranks[0][n]) or None if self.use_vectors else None
-            krank = int(fused.ranks[-1][n]) or None if self.use_keywords else None
-            sim = similarity.get(key)
+            vrank = (int(fused.ranks[0][n]) or None) if self.use_vectors else None
+            krank = (int(fused.ranks[-1][n]) or None) if self.use_keywords else None
+            sim = float(similarities[vrank - 1]) if vrank else None
             matrix = self.sources[key >> _SHIFT].matrix
             if sim is None and matrix is not None and self.query_vector is not None:
                 sim = matrix.similarity(key & _MASK, self.query_vector)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import re
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ from memstrata.storage import (
     Database,
     Embedder,
     EmbeddingCache,
-    Filter,
+    KeywordQuery,
     VectorHit,
     VectorIndex,
     apply_migrations,
@@ -40,10 +41,8 @@ from memstrata.storage import (
     embed_documents,
     embed_query,
     embedding_mismatch,
-    fts_schema,
     get_meta,
     identifier_words,
-    keyword_search,
     load_embedder,
     match_type,
     open_database,
@@ -85,6 +84,11 @@ _TABLE: Final = "knowledge"
 _FTS_COLUMNS: Final = ("content", "tag_text", "ident")
 _ENTRY_COLUMNS: Final = "id, content, category, scope, author, created_at, updated_at"
 _ALLOWED_ITEM_KEYS: Final = frozenset({"content", "category", "tags", "scope", "author"})
+FTS_TOKENIZER: Final = "porter unicode61 remove_diacritics 2"
+# the scripts written without spaces between words (as in the storage engine's query builder)
+_CJK: Final = re.compile(
+    "[\u2e80-\u2fdf\u3040-\u30ff\u3100-\u31bf\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]+"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +143,9 @@ class _Unset:
 UNSET: Final = _Unset()
 
 
+# Text is indexed twice: by words (porter stemming; content, tags and the words inside
+# identifiers) and, for CJK only, by trigrams. The trigram index holds just the CJK runs (column
+# ``cjk``): indexing English text by trigrams would triple the cost of every write for nothing.
 _SCHEMA_V1 = f"""
 CREATE TABLE {_TABLE} (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -149,6 +156,7 @@ CREATE TABLE {_TABLE} (
     content_hash BLOB NOT NULL,
     tag_text TEXT NOT NULL DEFAULT '',
     ident TEXT NOT NULL DEFAULT '',
+    cjk TEXT NOT NULL DEFAULT '',
     created_at REAL NOT NULL,
     updated_at REAL NOT NULL,
     vector_pending INTEGER NOT NULL DEFAULT 1
@@ -158,6 +166,7 @@ CREATE INDEX {_TABLE}_updated ON {_TABLE}(updated_at);
 CREATE INDEX {_TABLE}_category ON {_TABLE}(category, updated_at);
 CREATE INDEX {_TABLE}_scope ON {_TABLE}(scope);
 CREATE INDEX {_TABLE}_pending ON {_TABLE}(id) WHERE vector_pending = 1;
+CREATE INDEX {_TABLE}_has_cjk ON {_TABLE}(id) WHERE cjk != '';
 CREATE TABLE {_TABLE}_tags (
     entry_id INTEGER NOT NULL REFERENCES {_TABLE}(id) ON DELETE CASCADE,
     key TEXT NOT NULL,
@@ -165,7 +174,28 @@ CREATE TABLE {_TABLE}_tags (
     PRIMARY KEY (entry_id, key)
 ) WITHOUT ROWID;
 CREATE INDEX {_TABLE}_tags_kv ON {_TABLE}_tags(key, value, entry_id);
-{fts_schema(_TABLE, list(_FTS_COLUMNS))}
+CREATE VIRTUAL TABLE {_TABLE}_fts USING fts5(content, tag_text, ident, content='{_TABLE}',
+    content_rowid='id', tokenize='{FTS_TOKENIZER}');
+CREATE VIRTUAL TABLE {_TABLE}_tri USING fts5(cjk, content='{_TABLE}', content_rowid='id',
+    tokenize='trigram');
+CREATE TRIGGER {_TABLE}_ai AFTER INSERT ON {_TABLE} BEGIN
+    INSERT INTO {_TABLE}_fts(rowid, content, tag_text, ident)
+        VALUES (new.id, new.content, new.tag_text, new.ident);
+    INSERT INTO {_TABLE}_tri(rowid, cjk) SELECT new.id, new.cjk WHERE new.cjk != '';
+END;
+CREATE TRIGGER {_TABLE}_ad AFTER DELETE ON {_TABLE} BEGIN
+    INSERT INTO {_TABLE}_fts({_TABLE}_fts, rowid, content, tag_text, ident)
+        VALUES ('delete', old.id, old.content, old.tag_text, old.ident);
+    INSERT INTO {_TABLE}_tri({_TABLE}_tri, rowid, cjk) SELECT 'delete', old.id, old.cjk WHERE old.cjk != '';
+END;
+CREATE TRIGGER {_TABLE}_au AFTER UPDATE OF content, tag_text, ident, cjk ON {_TABLE} BEGIN
+    INSERT INTO {_TABLE}_fts({_TABLE}_fts, rowid, content, tag_text, ident)
+        VALUES ('delete', old.id, old.content, old.tag_text, old.ident);
+    INSERT INTO {_TABLE}_tri({_TABLE}_tri, rowid, cjk) SELECT 'delete', old.id, old.cjk WHERE old.cjk != '';
+    INSERT INTO {_TABLE}_fts(rowid, content, tag_text, ident)
+        VALUES (new.id, new.content, new.tag_text, new.ident);
+    INSERT INTO {_TABLE}_tri(rowid, cjk) SELECT new.id, new.cjk WHERE new.cjk != '';
+END;
 """
 
 MIGRATIONS: Final = [_SCHEMA_V1]
@@ -174,6 +204,13 @@ MIGRATIONS: Final = [_SCHEMA_V1]
 def _tag_text(tags: Mapping[str, str]) -> str:
     """Tags as indexed words: ``{"lang": "python"}`` -> ``"lang python"``."""
     return " ".join(f"{k} {v}" if v else k for k, v in tags.items())
+
+
+def _cjk_text(content: str, tag_text: str) -> str:
+    """The CJK runs of an entry, one per line, for the trigram index (``""`` for most text)."""
+    if _CJK.search(content) is None and _CJK.search(tag_text) is None:
+        return ""
+    return "\n".join(dict.fromkeys(_CJK.findall(content) + _CJK.findall(tag_text)))
 
 
 @dataclass(slots=True)
@@ -521,7 +558,7 @@ class KnowledgeStore:
     ) -> None:
         self._db.executemany(
             f"INSERT INTO {_TABLE}(id, content, category, scope, author, content_hash, tag_text, ident, "
-            "created_at, updated_at, vector_pending) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "cjk, created_at, updated_at, vector_pending) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
                 (
                     row_id,
@@ -532,6 +569,7 @@ class KnowledgeStore:
                     item.hash,
                     _tag_text(item.tags),
                     identifier_words(item.content),
+                    _cjk_text(item.content, _tag_text(item.tags)),
                     now,
                     now,
                     0 if key in vectors else 1,
@@ -570,9 +608,10 @@ class KnowledgeStore:
             [(row_id, k, v) for row_id, tags in tagged.items() for k, v in tags.items()],
         )
         merged = self._tags_of(list(tagged))
+        texts = {row_id: _tag_text(merged.get(row_id, {})) for row_id in tagged}
         self._db.executemany(
-            f"UPDATE {_TABLE} SET tag_text = ? WHERE id = ?",
-            [(_tag_text(merged.get(row_id, {})), row_id) for row_id in tagged],
+            f"UPDATE {_TABLE} SET tag_text = ?, cjk = ? WHERE id = ? AND tag_text != ?",
+            [(t, _cjk_text(refresh[i].content, t), i, t) for i, t in texts.items()],
         )
 
     def get(self, id: int) -> KnowledgeEntry | None:
@@ -606,6 +645,7 @@ class KnowledgeStore:
         current = self.get(entry_id)
         if current is None:
             return None
+        current_tag_text = _tag_text(current.tags)
         self._refresh_foreign()
         content_changed = new_content is not None and new_content != current.content
         vector: FloatArray | None = None
@@ -631,17 +671,25 @@ class KnowledgeStore:
                 )
             if self._db.scalar(f"SELECT 1 FROM {_TABLE} WHERE id = ?", (entry_id,)) is None:
                 return None
-            sets = ["updated_at = ?", "content = ?", "content_hash = ?", "category = ?", "scope = ?"]
-            params: list[Any] = [time.time(), final_content, digest, final_category, final_scope]
+            sets = ["updated_at = ?", "category = ?", "scope = ?"]
+            params: list[Any] = [time.time(), final_category, final_scope]
+            tag_text = None if new_tags is None else _tag_text(new_tags)
             if content_changed:
-                sets.append("ident = ?")
-                params.append(identifier_words(final_content))
+                sets += ["content = ?", "content_hash = ?", "ident = ?"]
+                params += [final_content, digest, identifier_words(final_content)]
+            if tag_text is not None:
+                sets.append("tag_text = ?")
+                params.append(tag_text)
+            if content_changed or tag_text is not None:
+                # only text changes touch the full-text indexes (a 1 MB entry is costly to reindex)
+                sets.append("cjk = ?")
+                params.append(
+                    _cjk_text(final_content, tag_text if tag_text is not None else current_tag_text)
+                )
             if not isinstance(new_author, _Unset):
                 sets.append("author = ?")
                 params.append(new_author)
             if new_tags is not None:
-                sets.append("tag_text = ?")
-                params.append(_tag_text(new_tags))
                 self._db.execute(f"DELETE FROM {_TABLE}_tags WHERE entry_id = ?", (entry_id,))
                 self._db.executemany(
                     f"INSERT INTO {_TABLE}_tags(entry_id, key, value) VALUES (?, ?, ?)",
@@ -961,26 +1009,15 @@ class KnowledgeStore:
         use_keywords = checked_mode != "vector" or not use_vectors
         tuning = self._tuning
         depth = max(tuning.depth, top_k)
-        sql = f"SELECT id FROM {_TABLE} WHERE {' AND '.join(conditions)}" if conditions else None
-        flt = Filter(sql=sql, params=tuple(params), where=where)
-
         vector_hits: builtins.list[VectorHit] = []
         if use_vectors:
             assert vectors is not None and qv is not None
-            vector_hits = self._vector_search(vectors, qv, depth, conditions, flt)
+            vector_hits = self._vector_search(vectors, qv, depth, conditions, params, where)
             if threshold is not None:
                 vector_hits = [h for h in vector_hits if h.similarity >= threshold]
         keyword_ids: builtins.list[int] = []
         if use_keywords:
-            keyword_ids = keyword_search(
-                self._db,
-                _TABLE,
-                list(_FTS_COLUMNS),
-                build_keyword_query(query),
-                depth,
-                flt,
-                column_weights=tuning.column_weights,
-            )
+            keyword_ids = self._keyword_ids(build_keyword_query(query), depth, conditions, params)
 
         lists: builtins.list[builtins.list[int]] = []
         weights: builtins.list[float] = []
@@ -1012,6 +1049,44 @@ class KnowledgeStore:
             )
         return hits
 
+    def _keyword_ids(
+        self, query: KeywordQuery, limit: int, conditions: builtins.list[str], params: builtins.list[Any]
+    ) -> builtins.list[int]:
+        """Ids ranked by BM25 over words, trigram matches (CJK) and substring matches (CJK runs
+        too short for trigrams), fused by RRF when more than one applies.
+
+        Filters are a join on the entries table with the full-text table driving it: written as
+        ``rowid IN (subquery)``, SQLite would probe the full-text index once per allowed id.
+        """
+        if query.empty:
+            return []
+        lists: builtins.list[builtins.list[int]] = []
+        join = f" CROSS JOIN {_TABLE} AS k ON k.id = {{fts}}.rowid" if conditions else ""
+        extra = "".join(f" AND {c}" for c in conditions)
+        weights = ", ".join(str(float(w)) for w in self._tuning.column_weights)
+        for fts, match, rank in (
+            (f"{_TABLE}_fts", query.words, f"bm25({_TABLE}_fts, {weights})"),
+            (f"{_TABLE}_tri", query.cjk, f"bm25({_TABLE}_tri)"),
+        ):
+            if match:
+                sql = (
+                    f"SELECT {fts}.rowid FROM {fts}{join.format(fts=fts)} WHERE {fts} MATCH ?{extra} "
+                    f"ORDER BY {rank} LIMIT ?"
+                )
+                lists.append([int(r[0]) for r in self._db.query(sql, (match, *params, limit))])
+        if query.cjk_short:
+            likes = " OR ".join("cjk LIKE ?" for _ in query.cjk_short)
+            sql = f"SELECT id FROM {_TABLE} WHERE cjk != '' AND ({likes}){extra} ORDER BY id DESC LIMIT ?"
+            lists.append(
+                [
+                    int(r[0])
+                    for r in self._db.query(sql, (*(f"%{r}%" for r in query.cjk_short), *params, limit))
+                ]
+            )
+        if len(lists) == 1:
+            return lists[0]
+        return [f.key for f in rrf(lists)][:limit]
+
     def _query_vector(self, query: str, given: object, dim: int) -> FloatArray | None:
         if given is not None:
             try:
@@ -1031,16 +1106,22 @@ class KnowledgeStore:
             return None
 
     def _vector_search(
-        self, vectors: VectorIndex, qv: FloatArray, depth: int, conditions: builtins.list[str], flt: Filter
+        self,
+        vectors: VectorIndex,
+        qv: FloatArray,
+        depth: int,
+        conditions: builtins.list[str],
+        params: builtins.list[Any],
+        where: dict[str, Any],
     ) -> builtins.list[VectorHit]:
-        # a category alone is a vec0 metadata filter: no candidate list needed
-        only_category = conditions == ["category = ?"]
-        if flt.sql is None or only_category:
-            return vectors.search(qv, depth, where=flt.where)
-        candidates = [r[0] for r in self._db.query(flt.sql, flt.params)]
+        """Exact KNN; a category alone is a vec0 metadata filter, other filters give candidates."""
+        if not conditions or conditions == ["category = ?"]:
+            return vectors.search(qv, depth, where=where)
+        sql = f"SELECT id FROM {_TABLE} WHERE {' AND '.join(conditions)}"
+        candidates = [r[0] for r in self._db.query(sql, params)]
         if not candidates:
             return []
-        return vectors.search(qv, depth, where=flt.where, candidates=candidates)
+        return vectors.search(qv, depth, where=where, candidates=candidates)
 
     # -- status and lifetime ----------------------------------------------------------------------
 

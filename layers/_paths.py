@@ -68,10 +68,26 @@ class SourceRules:
     exclude: tuple[str, ...] = ()
     extra: tuple[str, ...] = ()  # memory: normalised relative paths inside the root
     max_bytes: int = 2_000_000
+    _excluded: re.Pattern[str] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.exclude:  # one regex for every pattern: the walk tests each file against it
+            pattern = "|".join(f"(?:{fnmatch.translate(p)})" for p in self.exclude)
+            object.__setattr__(self, "_excluded", re.compile(pattern))
 
     def excluded(self, rel: str) -> bool:
+        if self._excluded is None:
+            return False
         name = rel.rsplit("/", 1)[-1]
-        return any(fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(rel, p) for p in self.exclude)
+        return self._excluded.match(name) is not None or self._excluded.match(rel) is not None
+
+    def file_in_walk(self, rel: str, name: str) -> bool:
+        """:meth:`allows` for a file in a directory the walk entered (its parents are allowed)."""
+        if self.kind == "memory":
+            return self.allows(rel)
+        if name.startswith(".") or os.path.splitext(name)[1].lower() not in self.extensions:
+            return False
+        return not self.excluded(rel)
 
     def _dir_ok(self, part: str) -> bool:
         return not part.startswith(".") and (self.kind == "memory" or part not in self.pruned)
@@ -83,6 +99,8 @@ class SourceRules:
             return False
         if not all(self._dir_ok(p) for p in parts[:-1]) or parts[-1].startswith("."):
             return False
+        if any(self.excluded("/".join(parts[:n])) for n in range(1, len(parts))):
+            return False  # inside an excluded directory, which a walk never enters
         if self.kind == "codebase":
             return os.path.splitext(parts[-1])[1].lower() in self.extensions
         if rel in MEMORY_FILE_NAMES:
@@ -169,7 +187,7 @@ def scan(root: Path, rules: SourceRules) -> Scan:
                 if rules.descend(rel):
                     subdirs.append(rel)
                 continue
-            if not rules.allows(rel):
+            if not rules.file_in_walk(rel, entry.name):
                 if is_link and rules.descend(rel) and os.path.isdir(entry.path):
                     result.skipped.append((rel, "symlinked directory, not followed"))
                 continue

@@ -2,12 +2,12 @@
 
 Four agents (planner, backend, frontend, qa) work through a graph of 20 tasks for a "checkout v2"
 feature. Tasks run in rounds: in each round every agent with a task whose dependencies are done
-runs it in its own thread, all agents at once. Some tasks fail (the same ones every run); their reasons become pitfalls in
-the failing agent's knowledge and, through the orchestrator, in the shared store, so later
-related tasks, of the same or of another agent, get them in their prompt. Agents report status
-on the session blackboard; a dashboard subscribes to it. At the end the system is stopped and
-started again to show that what was learned persisted, episodes are recalled, and a summary
-table is printed.
+runs it in its own thread, all agents at once. Some tasks fail (the same ones every run); their
+reasons become pitfalls in the failing agent's knowledge and, through the orchestrator, in the
+shared store, so later related tasks, of the same or of another agent, get them in their prompt.
+Agents report status on the session blackboard; a dashboard subscribes to it. At the end the
+system is stopped and started again to show that what was learned persisted, episodes are
+recalled, and a summary table is printed.
 
 Every run starts from an empty ``demo`` folder under the data dir (it is recreated only if it
 carries the demo's marker file), so runs are repeatable and never touch other agents' memory.

@@ -33,7 +33,10 @@ from memstrata.messages import (
     SHARED,
     ClearWorkingMemory,
     CommitMemory,
+    DeleteKnowledge,
+    GetKnowledge,
     GetWorkingMemory,
+    ListKnowledge,
     ListSignals,
     Message,
     PublishSignal,
@@ -58,7 +61,7 @@ from memstrata.messages import (
 from memstrata.storage import Embedder, driver_info, load_embedder
 
 if TYPE_CHECKING:
-    from memstrata.layers import EpisodeHit, KnowledgeHit
+    from memstrata.layers import EpisodeHit, KnowledgeEntry, KnowledgeHit
 
 __all__ = ["Agent", "Blackboard", "MemorySystem", "Subscription"]
 
@@ -389,6 +392,34 @@ class Agent:
             min_score=min_score,
         )
         return list(self._ask(message, timeout).hits)
+
+    def list_knowledge(
+        self,
+        *,
+        category: str | None = None,
+        tags: Mapping[str, str] | Sequence[str] | None = None,
+        scope: str | None = None,
+        limit: int = 50,
+        offset: int = 0,
+        shared: bool = False,
+        timeout: float | None = None,
+    ) -> list[KnowledgeEntry]:
+        """Entries, newest first (``scope``: that scope and its descendants)."""
+        target = SHARED if shared else self.id
+        message = ListKnowledge(target, category, tags, scope, limit, offset)  # type: ignore[arg-type]
+        return list(self._ask(message, timeout).entries)
+
+    def get_knowledge(
+        self, entry_id: int, *, shared: bool = False, timeout: float | None = None
+    ) -> KnowledgeEntry | None:
+        """The entry with this id, or ``None``."""
+        target = SHARED if shared else self.id
+        return self._ask(GetKnowledge(target, entry_id), timeout).entry  # type: ignore[no-any-return]
+
+    def delete_knowledge(self, entry_id: int, *, shared: bool = False, timeout: float | None = None) -> bool:
+        """Delete an entry; True if it existed."""
+        target = SHARED if shared else self.id
+        return bool(self._ask(DeleteKnowledge(target, entry_id), timeout).deleted)
 
     # -- episodic memory -----------------------------------------------------------------------
 

@@ -317,7 +317,11 @@ class Workspaces:
         min_score: float | None = None,
         language: str | None = None,
     ) -> list[WorkspaceHit]:
-        """Search every indexed root (or one), best first across roots."""
+        """Search every indexed root (or one), best first across roots.
+
+        ``min_score`` (default ``search.min_score``) is the cosine floor of memory workspaces; a
+        codebase gets a floor only when ``min_score`` is given.
+        """
         if not isinstance(query, str):
             raise InvalidInputError(f"query must be a string, got {type(query).__name__}")
         limit = self.config.search.max_results if max_results is None else max_results
@@ -329,8 +333,8 @@ class Workspaces:
             with self._using(ws) as layer:
                 if ws.kind == "memory":
                     found = layer.search(query, max_results=limit, min_score=floor)
-                else:
-                    found = layer.search(query, top_k=limit, language=language)
+                else:  # code ranks matter more than a floor: only an explicit min_score applies
+                    found = layer.search(query, top_k=limit, language=language, min_score=min_score)
             hits.extend(_hit(ws, h) for h in found)
         hits.sort(key=lambda h: -h.score)
         return hits[:limit]

@@ -110,7 +110,7 @@ class ActorsConfig:
     stop_timeout_s: float = 30.0  # how long stop() waits for mailboxes to drain
     embed_timeout_s: float = 120.0  # bound on one call of the shared embedding service
     writeback_retries: int = 5  # retries of a failed write-back before it waits for the next start
-    blackboard_snapshot: bool = False  # save blackboards to blackboard/{session}.sqlite on stop, load on start
+    blackboard_snapshot: bool = False  # save to blackboard/{session}.sqlite on stop, load on start
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ import orjson
 from memstrata.errors import InvalidInputError
 
 if typing.TYPE_CHECKING:
-    from memstrata.layers import EpisodeHit, KnowledgeHit
+    from memstrata.layers import EpisodeHit, KnowledgeEntry, KnowledgeHit
 
 __all__ = [
     "AGENT_ID_PATTERN",
@@ -34,9 +34,15 @@ __all__ = [
     "CategoryPattern",
     "ClearWorkingMemory",
     "CommitMemory",
+    "DeleteKnowledge",
+    "GetKnowledge",
     "GetWorkingMemory",
+    "KnowledgeDeleted",
+    "KnowledgeItem",
+    "KnowledgeList",
     "KnowledgeResult",
     "KnowledgeStored",
+    "ListKnowledge",
     "ListSignals",
     "MemoryCommitted",
     "MemorySearchResult",
@@ -477,6 +483,70 @@ class KnowledgeResult(Message):
 
     def __post_init__(self) -> None:
         _set(self, "hits", tuple(self.hits))
+
+
+@dataclass(frozen=True, slots=True)
+class ListKnowledge(Message):
+    """Entries of ``agent_id``'s store, newest first; ``scope`` selects that scope and below."""
+
+    agent_id: str
+    category: str | None = None
+    tags: dict[str, str] | None = None
+    scope: str | None = None
+    limit: int = 50
+    offset: int = 0
+
+    def __post_init__(self) -> None:
+        check_agent_id(self.agent_id, "ListKnowledge.agent_id", allow_shared=True)
+        _check_category(self.category, "ListKnowledge.category", optional=True)
+        _set(self, "tags", _check_tags(self.tags, "ListKnowledge.tags"))
+        _check_scope(self.scope, "ListKnowledge.scope", optional=True)
+        _check_int(self.limit, "ListKnowledge.limit", low=0, high=10_000)
+        _check_int(self.offset, "ListKnowledge.offset", low=0, high=2**62)
+
+
+@dataclass(frozen=True, slots=True)
+class KnowledgeList(Message):
+    agent_id: str
+    entries: tuple[KnowledgeEntry, ...] = ()
+
+    def __post_init__(self) -> None:
+        _set(self, "entries", tuple(self.entries))
+
+
+@dataclass(frozen=True, slots=True)
+class GetKnowledge(Message):
+    agent_id: str
+    entry_id: int
+
+    def __post_init__(self) -> None:
+        check_agent_id(self.agent_id, "GetKnowledge.agent_id", allow_shared=True)
+        _check_int(self.entry_id, "GetKnowledge.entry_id", low=1, high=2**62)
+
+
+@dataclass(frozen=True, slots=True)
+class KnowledgeItem(Message):
+    """The answer to :class:`GetKnowledge`: the entry, or ``None`` when there is no such id."""
+
+    agent_id: str
+    entry: KnowledgeEntry | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteKnowledge(Message):
+    agent_id: str
+    entry_id: int
+
+    def __post_init__(self) -> None:
+        check_agent_id(self.agent_id, "DeleteKnowledge.agent_id", allow_shared=True)
+        _check_int(self.entry_id, "DeleteKnowledge.entry_id", low=1, high=2**62)
+
+
+@dataclass(frozen=True, slots=True)
+class KnowledgeDeleted(Message):
+    agent_id: str
+    entry_id: int
+    deleted: bool
 
 
 # -- episodic memory ----------------------------------------------------------------------------

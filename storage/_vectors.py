@@ -89,9 +89,9 @@ class _Mirror:
     ) -> _Mirror:
         """A mirror of distinct ``rowids``, taking ownership of ``vectors`` (normalised in place)."""
         mirror = cls(dim, columns)
-        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+        norms = np.sqrt(np.einsum("ij,ij->i", vectors, vectors))  # no full-size temporary
         norms[norms == 0] = 1.0
-        vectors /= norms
+        vectors /= norms[:, None]
         mirror.matrix = vectors
         mirror.rowids = np.asarray(rowids, dtype=np.int64)
         mirror.alive = np.ones(len(rowids), dtype=bool)
@@ -610,7 +610,6 @@ class VectorIndex:
         """
         try:
             located = self.db.query(f"SELECT rowid, chunk_id, chunk_offset FROM {self.table}_rowids")
-            chunks = dict(self.db.query(f"SELECT rowid, vectors FROM {self.table}_vector_chunks00"))
             total = int(self.db.scalar(f"SELECT count(*) FROM {self.table}"))
         except StorageError:
             return None
@@ -618,28 +617,33 @@ class VectorIndex:
             return None
         if not located:
             return [], np.zeros((0, self.dim), dtype=np.float32)
-        row_bytes = self.dim * 4
-        table = np.array(located, dtype=object)
-        if any(not isinstance(v, int) for v in table[:, 1]) or any(
-            not isinstance(v, int) for v in table[:, 2]
-        ):
-            return None
-        rowid_array = table[:, 0].astype(np.int64)
-        chunk_ids = table[:, 1].astype(np.int64)
-        offsets = table[:, 2].astype(np.int64)
+        if any(not isinstance(c, int) or not isinstance(o, int) for _, c, o in located):
+            return None  # a row not (yet) placed in a chunk
+        table = np.array(located, dtype=np.int64)
+        order = np.argsort(table[:, 1], kind="stable")  # group the rows by chunk
+        chunk_ids, offsets = table[order, 1], table[order, 2]
+        starts = np.flatnonzero(np.r_[True, chunk_ids[1:] != chunk_ids[:-1]])
+        groups = {int(chunk_ids[a]): (a, b) for a, b in zip(starts, [*starts[1:], len(order)], strict=True)}
         vectors = np.empty((len(located), self.dim), dtype=np.float32)
-        for chunk_id in np.unique(chunk_ids):
-            blob = chunks.get(int(chunk_id))
-            if not isinstance(blob, bytes) or len(blob) % row_bytes:
-                return None
-            block = np.frombuffer(blob, dtype=np.float32).reshape(-1, self.dim)
-            rows = np.flatnonzero(chunk_ids == chunk_id)
-            wanted = offsets[rows]
-            if len(wanted) and (wanted.min() < 0 or wanted.max() >= len(block)):
-                return None
-            vectors[rows] = block[wanted]
-        rowids = [int(r) for r in rowid_array]
-        return rowids, vectors
+        row_bytes = self.dim * 4
+        try:
+            cursor = self.db.execute(f"SELECT rowid, vectors FROM {self.table}_vector_chunks00")
+            for chunk_id, blob in cursor:  # one chunk in memory at a time
+                span = groups.pop(int(chunk_id), None)
+                if span is None:
+                    continue  # a chunk with no live rows
+                if not isinstance(blob, bytes) or len(blob) % row_bytes:
+                    return None
+                block = np.frombuffer(blob, dtype=np.float32).reshape(-1, self.dim)
+                wanted = offsets[span[0] : span[1]]
+                if wanted.min() < 0 or wanted.max() >= len(block):
+                    return None
+                vectors[order[span[0] : span[1]]] = block[wanted]
+        except StorageError:
+            return None
+        if groups:  # rows pointing at a chunk that does not exist
+            return None
+        return [int(r) for r in table[:, 0]], vectors
 
     def _invalidate(self) -> None:
         self._mirror = None

@@ -328,6 +328,23 @@ def test_decay_never_underflows_into_a_wrong_order(store: EpisodicMemory, clock:
     assert ids(hits) == [b, a]  # both decay below the smallest float; ranking still holds
 
 
+def test_deep_decay_over_very_old_episodes(store: EpisodicMemory, clock: FakeClock) -> None:
+    made = store.record_many(
+        [
+            {"content": f"rotate signing keys {n}", "at": clock.now - timedelta(days=400, minutes=n)}
+            for n in range(120)
+        ]
+    )
+    hits = store.search("rotate signing keys", recency_half_life=timedelta(minutes=1), top_k=5)
+    assert ids(hits) == made[:5]  # newest first: every score underflows, the order does not
+    assert all(h.score == 0.0 for h in hits)
+    # a brand-new, unrelated episode outranks them all, though it is last in the vector list
+    fresh = store.record("lunch order for the team", at=clock.now)
+    hits = store.search("rotate signing keys", recency_half_life=timedelta(minutes=1), top_k=5)
+    assert ids(hits) == [fresh, *made[:4]]
+    assert hits[0].score > 0.0 and hits[0].match_type == "semantic"
+
+
 def test_hostile_queries_never_raise(store: EpisodicMemory, data_dir: Path) -> None:
     store.record_many(
         [
@@ -526,7 +543,9 @@ def test_restore_into_the_same_store_gives_original_ids_back(store: EpisodicMemo
     path = data_dir / "a.sqlite"
     store.archive(path, before=T0 + timedelta(days=4))
     later = store.record("written after archiving", at=T0 + timedelta(days=9))
+    assert len(store.search("nightly build", mode="vector", top_k=20)) == 5  # vectors now in memory
     assert store.restore(path) == 4
+    assert len(store.search("nightly build", mode="vector", top_k=20)) == 9
     assert store.restore(path) == 0
     assert [e.id for e in store.timeline(limit=None)] == [*made, later]
     # restored episodes are live again: the archive copy is not returned twice

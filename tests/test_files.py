@@ -13,7 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from memstrata.layers import FileHit, SyncStats, _files, _sync
+from memstrata.layers._paths import SourceRules
 
 from memstrata import Codebase, Config, MemoryFiles
 from memstrata.config import ChunkingConfig, FilesConfig, SearchConfig
@@ -649,6 +652,41 @@ def test_read_only_workspace_is_indexed_without_writing_into_it(
         for p, mode in modes.items():
             p.chmod(mode)
     assert snapshot() == before
+
+
+_PARTS = [
+    "src",
+    ".git",
+    "node_modules",
+    "memory",
+    "notes",
+    "build",
+    "a.py",
+    "b.md",
+    ".hidden.py",
+    "SOUL.md",
+    "x.txt",
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(parts=st.lists(st.sampled_from(_PARTS), min_size=1, max_size=4))
+def test_walk_rules_and_get_rules_agree(parts: list[str]):
+    """What a walk indexes (descend into each parent, then the file test) is exactly what
+    ``allows`` (used by ``get()``) serves."""
+    rel = "/".join(parts)
+    for rules in (
+        SourceRules(
+            kind="codebase",
+            extensions=frozenset({".py", ".md"}),
+            pruned=frozenset({"build"}),
+            exclude=("SOUL.md",),
+        ),
+        SourceRules(kind="memory", exclude=("SOUL.md", "notes/*.txt"), extra=("notes", "src/a.py")),
+    ):
+        parents = ["/".join(parts[:n]) for n in range(1, len(parts))]
+        walk = all(rules.descend(p) for p in parents) and rules.file_in_walk(rel, parts[-1])
+        assert walk == rules.allows(rel), (rules.kind, rel)
 
 
 # -- codebase ----------------------------------------------------------------------------------

@@ -301,3 +301,20 @@ def test_an_unusable_data_dir_is_a_clear_error(tmp_path: Path) -> None:
     blocker.write_text("not a directory")
     with pytest.raises(StorageError, match="cannot create the data dir"):
         MemorySystem.start(Config(data_dir=blocker / "data"), embedder=FakeEmbedder())
+
+
+def test_list_get_and_delete_knowledge(system: MemorySystem) -> None:
+    agent = system.agent("a1")
+    first = agent.store_knowledge("first entry", category="pattern", scope="/src")
+    second = agent.store_knowledge("second entry", category="pitfall", tags={"taskId": "t9"})
+    shared = agent.store_knowledge("team entry", category="pattern", shared=True)
+    assert [e.id for e in agent.list_knowledge()] == [second, first]
+    assert [e.id for e in agent.list_knowledge(category="pitfall")] == [second]
+    assert [e.content for e in agent.list_knowledge(shared=True)] == ["team entry"]
+    entry = agent.get_knowledge(first)
+    assert entry is not None and entry.scope == "/src" and entry.author == "a1"
+    assert agent.get_knowledge(shared, shared=True).content == "team entry"  # type: ignore[union-attr]
+    assert agent.delete_knowledge(first) is True
+    assert agent.delete_knowledge(first) is False
+    assert agent.get_knowledge(first) is None
+    assert [h.entry.id for h in agent.query_knowledge("first entry", include_shared=False)] == [second]

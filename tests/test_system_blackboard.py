@@ -201,7 +201,11 @@ def test_snapshot_on_stop_and_restore_on_start(data_dir: Path) -> None:
     assert (data_dir / "blackboard" / "s1.sqlite").is_file()
     with MemorySystem.start(config, embedder=FakeEmbedder()) as system:
         signal = system.blackboard("s1").signal("plan")
-        assert (signal.value, signal.version, signal.publisher_id) == ({"steps": ["a", "b", "c"]}, 2, "planner")
+        assert (signal.value, signal.version, signal.publisher_id) == (
+            {"steps": ["a", "b", "c"]},
+            2,
+            "planner",
+        )
     off = Config(data_dir=data_dir / "other")
     with MemorySystem.start(off, embedder=FakeEmbedder()) as system:
         system.blackboard("s1").publish("k", 1)
