@@ -119,7 +119,7 @@ class AgentActor(MemoryActor):
     # -- lifecycle -----------------------------------------------------------------------------
 
     def open_layer(self) -> Any:
-        outbox = Outbox(self.runtime.path("outbox", self.key))
+        outbox = Outbox(self.runtime.path("outbox", self.key), owner=self.runtime.instance)
         # rows left over by a crash (of this process or of this actor) are processed again
         self.runtime.post(self.actor_ref, Replay())
         return outbox

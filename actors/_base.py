@@ -9,6 +9,10 @@ Failure contract, for every memory actor:
 
 - invalid input (:class:`InvalidInputError`, or any ``ValueError`` from a layer) goes back to the
   caller as an error; the actor carries on, nothing is restarted;
+- a :class:`StorageError` (the database is busy beyond its bound, the disk is full, the file is
+  damaged) goes back to the caller as is: the layer's transaction rolled back and it keeps serving
+  (reads still work on a full disk), so it is counted in ``status()`` but is not a crash; a layer
+  that could not be opened is opened again on the next message;
 - any other exception is a *crash*: the caller's future fails at once with
   :class:`ActorCrashedError` (so no ask hangs), the actor drops its layer object and reports to
   its supervisor's :class:`Supervision`, which either restarts it (the layer is reopened from
@@ -30,12 +34,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import pykka
+from memstrata.storage import connection_defaults
 
 from memstrata.errors import (
     ActorCrashedError,
     AgentDegradedError,
     InvalidInputError,
     MemstrataError,
+    StorageError,
     SystemStoppedError,
 )
 
@@ -153,6 +159,8 @@ class MemoryActor(pykka.ThreadingActor):
         self.owner = owner if owner is not None else key
         self.layer: Any = None
         self.handled = 0
+        self.storage_errors = 0
+        self.last_storage_error: str | None = None
         self.started_at = time.monotonic()
         runtime.activity.begin()  # starting up is work in flight until on_start has run
 
@@ -169,9 +177,15 @@ class MemoryActor(pykka.ThreadingActor):
         if callable(close):
             close()
 
+    def _open(self) -> Any:
+        """Open the layer; its databases use the configured lock bound and commit durability."""
+        storage = self.runtime.config.storage
+        with connection_defaults(lock_bound_s=storage.lock_timeout_s, synchronous=storage.synchronous):
+            return self.open_layer()
+
     def on_start(self) -> None:
         try:
-            self.layer = self.open_layer()
+            self.layer = self._open()
         except Exception as exc:  # reopened on the next message; counted like a crash
             self._crashed(exc, "opening")
         finally:
@@ -190,7 +204,7 @@ class MemoryActor(pykka.ThreadingActor):
 
     def ensure_layer(self) -> Any:
         if self.layer is None:
-            self.layer = self.open_layer()
+            self.layer = self._open()
         return self.layer
 
     # -- messages ------------------------------------------------------------------------------
@@ -233,6 +247,10 @@ class MemoryActor(pykka.ThreadingActor):
             result = self.handle(message)
         except (InvalidInputError, SystemStoppedError, ActorCrashedError):
             raise
+        except StorageError as exc:
+            self.storage_errors += 1
+            self.last_storage_error = str(exc)
+            raise
         except ValueError as exc:
             raise InvalidInputError(str(exc)) from exc
         except Exception as exc:
@@ -256,14 +274,18 @@ class MemoryActor(pykka.ThreadingActor):
         restart = self.runtime.supervision.child_failed(self.kind, self.key, self.owner, exc)
         if restart:
             with contextlib.suppress(Exception):  # a failing reopen is retried on the next message
-                self.layer = self.open_layer()
+                self.layer = self._open()
         return restart
 
     def handle(self, message: Any) -> Any:
         raise InvalidInputError(f"{self} does not handle {type(message).__name__}")
 
     def status(self) -> dict[str, Any]:
-        return {"handled": self.handled, "open": self.layer is not None}
+        status: dict[str, Any] = {"handled": self.handled, "open": self.layer is not None}
+        if self.storage_errors:
+            status["storage_errors"] = self.storage_errors
+            status["last_storage_error"] = self.last_storage_error
+        return status
 
 
 def _set_result(future: Future[Any], value: Any) -> None:

@@ -4,17 +4,26 @@
 parts (the knowledge entry and the episode) are stored; then the row is deleted. Rows left over by
 a crash are replayed when the agent's actor starts again. Text is kept as UTF-8 bytes with
 surrogates passed through, so any Python string survives the round trip unchanged.
+
+Several processes may run the same agent on one data dir, so each row records its *owner*: the
+running system that appended it (process id, process start time and a random token). A process
+processes only its own rows, and claims (atomically, under the write lock) the rows of owners that
+are no longer running; a row is never worked on by two live processes at once, so a replay cannot
+record an episode twice.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import os
+import threading
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from memstrata.storage import apply_migrations, open_database
 
-__all__ = ["Outbox", "OutboxRow"]
+__all__ = ["Outbox", "OutboxRow", "new_owner", "release_owner"]
 
 _MIGRATIONS = [
     """
@@ -30,7 +39,9 @@ _MIGRATIONS = [
         dead INTEGER NOT NULL DEFAULT 0,
         last_error TEXT
     )
-    """
+    """,
+    # the running system that works on the row (NULL: anyone may claim it)
+    "ALTER TABLE outbox ADD COLUMN owner TEXT",
 ]
 
 PARTS = ("knowledge", "episode")
@@ -57,11 +68,81 @@ def _encode(text: str) -> bytes:
     return text.encode("utf-8", "surrogatepass")
 
 
+# -- owners: which running system works on a row ---------------------------------------------------
+
+_LIVE_OWNERS: set[str] = set()  # owners of this process whose system is running
+_OWNERS_LOCK = threading.Lock()
+
+
+def _start_time(pid: int) -> str | None:
+    """When process ``pid`` started (Linux clock ticks since boot), ``None`` if unknown or a zombie.
+
+    Together with the pid it names one process: a pid reused by a later process has another
+    start time.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            fields = handle.read().rpartition(")")[2].split()
+    except OSError:
+        return None
+    if not fields or fields[0] in ("Z", "X"):  # killed, not yet reaped: it will never run again
+        return None
+    return fields[19] if len(fields) > 19 else None
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as handle:
+            return handle.read().strip()
+    except OSError:
+        return "-"
+
+
+def new_owner() -> str:
+    """A fresh owner name for a system starting in this process (live until :func:`release_owner`)."""
+    pid = os.getpid()
+    owner = f"{pid}:{_start_time(pid) or '-'}:{_boot_id()}:{uuid.uuid4().hex}"
+    with _OWNERS_LOCK:
+        _LIVE_OWNERS.add(owner)
+    return owner
+
+
+def release_owner(owner: str) -> None:
+    """The system stopped: rows it left become claimable by the next system that starts."""
+    with _OWNERS_LOCK:
+        _LIVE_OWNERS.discard(owner)
+
+
+def owner_alive(owner: str) -> bool:
+    """Whether the system named ``owner`` may still be running (when unsure: yes)."""
+    with _OWNERS_LOCK:
+        if owner in _LIVE_OWNERS:
+            return True
+    try:
+        pid_text, started, boot, _ = owner.split(":", 3)
+        pid = int(pid_text)
+    except ValueError:
+        return False  # not a name this module writes
+    if pid == os.getpid() or boot != _boot_id():
+        return False  # a stopped system of this process, or a process from before a reboot
+    if started == "-":  # no /proc here: fall back to asking whether the pid exists
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except OSError:
+            return True
+        return True
+    return _start_time(pid) == started
+
+
 class Outbox:
     """One agent's outbox (thread-confined, like every layer)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, owner: str | None = None) -> None:
+        """``owner``: the running system's name (:func:`new_owner`); ``None`` works on every row."""
         self.path = path
+        self.owner = owner
         self.db = open_database(path, load_vec=False)
         try:
             apply_migrations(self.db, "outbox", _MIGRATIONS)
@@ -73,8 +154,8 @@ class Outbox:
         """Commit a new row and return its id: from here on the write-back survives a crash."""
         with self.db.transaction():
             cursor = self.db.execute(
-                "INSERT INTO outbox(kind, task_id, text, at) VALUES (?, ?, ?, ?)",
-                (kind, task_id, _encode(text), at.isoformat()),
+                "INSERT INTO outbox(kind, task_id, text, at, owner) VALUES (?, ?, ?, ?, ?)",
+                (kind, task_id, _encode(text), at.isoformat(), self.owner),
             )
             return int(cursor.lastrowid)
 
@@ -97,9 +178,33 @@ class Outbox:
         rows = self.db.query(f"SELECT {self._COLUMNS} FROM outbox WHERE id = ?", (row_id,))
         return self._row(tuple(rows[0])) if rows else None
 
+    def claim(self) -> int:
+        """Take over the rows of systems that stopped or died; returns how many were taken."""
+        if self.owner is None:
+            return 0
+        owners = [r[0] for r in self.db.query("SELECT DISTINCT owner FROM outbox WHERE dead = 0")]
+        gone = [o for o in owners if o != self.owner and (o is None or not owner_alive(str(o)))]
+        if not gone:
+            return 0
+        taken = 0
+        with self.db.transaction():  # under the write lock: two claimants cannot both take a row
+            for owner in gone:
+                cursor = self.db.execute(
+                    "UPDATE outbox SET owner = ? WHERE dead = 0 AND owner IS ?", (self.owner, owner)
+                )
+                taken += int(cursor.rowcount)
+        return taken
+
     def pending(self) -> list[OutboxRow]:
-        """Rows still to process (not dead letters), oldest first."""
-        rows = self.db.query(f"SELECT {self._COLUMNS} FROM outbox WHERE dead = 0 ORDER BY id")
+        """Rows still to process (not dead letters) that this system owns, after claiming the rows
+        of systems no longer running; oldest first."""
+        if self.owner is None:
+            rows = self.db.query(f"SELECT {self._COLUMNS} FROM outbox WHERE dead = 0 ORDER BY id")
+        else:
+            self.claim()
+            rows = self.db.query(
+                f"SELECT {self._COLUMNS} FROM outbox WHERE dead = 0 AND owner = ? ORDER BY id", (self.owner,)
+            )
         return [self._row(tuple(r)) for r in rows]
 
     def mark_done(self, row_id: int, part: str) -> bool:

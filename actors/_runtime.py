@@ -62,7 +62,7 @@ from ._blackboard import SubscribeWithCallback
 from ._clock import Clock
 from ._concurrency import Activity, Scheduler
 from ._embedding import BatchingEmbedder
-from ._outbox import has_pending
+from ._outbox import has_pending, new_owner, release_owner
 from ._prompt import fallback_prompt, merge_hits
 from ._stores import StoreFactory
 from ._supervisors import (
@@ -156,6 +156,8 @@ class Runtime:
         self._stopped = threading.Event()
         self._stop_lock = threading.Lock()
         self.shared_query_errors = 0
+        # names this running system in the outbox rows it appends (see actors/_outbox.py)
+        self.instance = new_owner()
         self.supervisors: dict[str, pykka.ActorRef[Any]] = {
             "knowledge": KnowledgeSupervisor.start(self),
             "memory": MemorySupervisor.start(self),
@@ -365,6 +367,7 @@ class Runtime:
                 with contextlib.suppress(Exception):
                     self.supervisors[name].stop(block=True, timeout=5)
             self._stopped.set()
+            release_owner(self.instance)
             if self._owns_embedder and isinstance(self.embedder, BatchingEmbedder):
                 self.embedder.close()
             self.scheduler.close()

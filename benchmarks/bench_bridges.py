@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -33,16 +34,20 @@ def _env() -> dict[str, str]:
 
 
 def _prepare(data_dir: Path, per_agent: int) -> None:
-    from memstrata import Config, MemorySystem
+    """Entries written in bulk through the layer (batched embedding), as an earlier run would have."""
+    from memstrata.layers import KnowledgeStore
+    from memstrata.storage import default_embedder
 
-    with MemorySystem.start(Config(data_dir=data_dir)) as system:
-        for agent_id in AGENTS:
-            agent = system.agent(agent_id)
-            for i in range(per_agent):
-                agent.store_knowledge(
-                    f"{agent_id} note {i}: service {i % 17} retries {i % 5} times before failing over",
-                    category="pattern" if i % 3 else "pitfall",
-                )
+    embedder = default_embedder()
+    for agent_id in AGENTS:
+        with KnowledgeStore.open(KnowledgeStore.path_for(data_dir, agent_id), embedder) as store:
+            store.add_many(
+                {
+                    "content": f"{agent_id} note {i}: service {i % 17} retries {i % 5} times, fails over",
+                    "category": "pattern" if i % 3 else "pitfall",
+                }
+                for i in range(per_agent)
+            )
 
 
 def _process_ms(args: list[str], cwd: Path) -> float:
@@ -96,10 +101,19 @@ class _Serve:
             env=_env(),
         )
 
-    def send(self, requests: list[dict[str, object]]) -> None:
+    def send(self, requests: list[dict[str, object]]) -> threading.Thread:
+        """Write from a thread: a client must read responses while it writes, or both pipes fill."""
         assert self.proc.stdin is not None
-        self.proc.stdin.write(b"".join(orjson.dumps(r) + b"\n" for r in requests))
-        self.proc.stdin.flush()
+        stdin = self.proc.stdin
+        data = b"".join(orjson.dumps(r) + b"\n" for r in requests)
+
+        def write() -> None:
+            stdin.write(data)
+            stdin.flush()
+
+        writer = threading.Thread(target=write, daemon=True)
+        writer.start()
+        return writer
 
     def receive(self, count: int) -> list[dict[str, object]]:
         assert self.proc.stdout is not None

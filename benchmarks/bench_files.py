@@ -23,7 +23,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 from _harness import Context, Row
 from memstrata.layers._chunking import chunk_file, model_token_counter
 
@@ -178,6 +181,35 @@ def _timed(fn: Callable[[], int]) -> tuple[float, float]:
     return items / (time.perf_counter() - wall), items / max(1e-9, time.process_time() - cpu)
 
 
+class _TimedEmbedder:
+    """The real embedder, timing its document calls (what indexing spends outside it is overhead)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.seconds = 0.0
+
+    @property
+    def model_id(self) -> str:
+        return str(self.inner.model_id)
+
+    @property
+    def dim(self) -> int:
+        return int(self.inner.dim)
+
+    def count_tokens(self, text: str) -> int:
+        return int(self.inner.count_tokens(text))
+
+    def embed_query(self, text: str) -> npt.NDArray[np.float32]:
+        return self.inner.embed_query(text)  # type: ignore[no-any-return]
+
+    def embed_documents(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        start = time.perf_counter()
+        try:
+            return self.inner.embed_documents(texts)  # type: ignore[no-any-return]
+        finally:
+            self.seconds += time.perf_counter() - start
+
+
 def quality_and_throughput(ctx: Context) -> list[Row]:
     from memstrata.storage import default_embedder
 
@@ -191,17 +223,20 @@ def quality_and_throughput(ctx: Context) -> list[Row]:
     def raw() -> int:
         return len(embedder.embed_documents(texts))
 
-    # rounds alternate the two measurements; the best of each is kept (other processes share
-    # the machine), and CPU seconds of this process are reported as a load-independent check
+    # rounds alternate the two measurements and the best of each is kept, since other processes
+    # share the machine; two load-independent checks follow: CPU seconds of this process, and
+    # the share of the index run's own wall time spent outside the embedder
     raw_runs: list[tuple[float, float]] = []
     index_runs: list[tuple[float, float]] = []
+    overheads: list[float] = []
     cb: Codebase | None = None
     stats = None
-    for n in range(2):
+    for n in range(ctx.size(3, 2)):
         raw_runs.append(_timed(raw))
         if cb is not None:
             cb.close()
-        cb = Codebase.open(tree, embedder=embedder, config=Config(data_dir=ctx.workdir / f"data-{n}"))
+        timed = _TimedEmbedder(embedder)
+        cb = Codebase.open(tree, embedder=timed, config=Config(data_dir=ctx.workdir / f"data-{n}"))
         index = cb
 
         def full_index(index: Codebase = index) -> int:
@@ -210,11 +245,15 @@ def quality_and_throughput(ctx: Context) -> list[Row]:
             return stats.chunks_indexed
 
         index_runs.append(_timed(full_index))
+        assert stats is not None
+        overheads.append(max(0.0, 1.0 - timed.seconds / stats.seconds))
     assert cb is not None and stats is not None
     assert stats.chunks_indexed == len(texts), (stats.chunks_indexed, len(texts))
     raw_wall, raw_cpu = max(r[0] for r in raw_runs), max(r[1] for r in raw_runs)
     index_wall, index_cpu = max(r[0] for r in index_runs), max(r[1] for r in index_runs)
+    overhead = min(overheads)
     runs = ", ".join(f"{r[0]:.1f}" for r in raw_runs)
+    index_list = ", ".join(f"{r[0]:.1f}" for r in index_runs)
     rows = [
         Row(
             GROUP,
@@ -225,8 +264,8 @@ def quality_and_throughput(ctx: Context) -> list[Row]:
             baseline=raw_wall,
             baseline_name="embedder alone, same chunks",
             met=index_wall >= 0.9 * raw_wall,
-            notes=f"best of 2 each; {stats.chunks_indexed} chunks of {stats.files_processed} files; "
-            f"raw runs {runs} chunks/s",
+            notes=f"best of {len(raw_runs)} each; {stats.chunks_indexed} chunks of {stats.files_processed} "
+            f"files; index runs {index_list}, raw runs {runs} chunks/s",
         ),
         Row(
             GROUP,
@@ -238,6 +277,15 @@ def quality_and_throughput(ctx: Context) -> list[Row]:
             baseline_name="embedder alone, same chunks",
             met=index_cpu >= 0.9 * raw_cpu,
             notes="CPU time of this process: insensitive to other processes on the machine",
+        ),
+        Row(
+            GROUP,
+            "full index time spent outside the embedder",
+            overhead * 100,
+            "%",
+            target="<= 10 %",
+            met=overhead <= 0.10,
+            notes="walk, read, hash, chunk, SQLite writes; best run (the embedder is timed inside the run)",
         ),
     ]
     try:

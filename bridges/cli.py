@@ -464,13 +464,20 @@ def search(
 @click.pass_context
 def get(ctx: click.Context, path: str, from_line: int, lines: int, root: Path | None, as_json: bool) -> None:
     """Print lines of an indexed file (absolute, relative to the current folder, or to its root)."""
-    target = path
-    if root is None and not os.path.isabs(os.path.expanduser(path)) and os.path.lexists(path):
-        target = os.path.abspath(path)
+    from memstrata.errors import PathOutsideRootError
+
+    local = root is None and not os.path.isabs(os.path.expanduser(path)) and os.path.lexists(path)
     with _state(ctx).workspaces() as registry:
         if not registry.roots():
             raise MemstrataError("no memories indexed yet (run: memstrata index PATH)")
-        text = registry.get(target, root=root, from_line=from_line, lines=lines)
+        try:  # a path that exists here is read from here; if no root holds it, try the roots
+            text = registry.get(
+                os.path.abspath(path) if local else path, root=root, from_line=from_line, lines=lines
+            )
+        except PathOutsideRootError:
+            if not local:
+                raise
+            text = registry.get(path, from_line=from_line, lines=lines)
     if as_json:
         _echo_json(text.as_dict())
     else:

@@ -55,9 +55,7 @@ def _show(value: Any, limit: int = 60) -> str:
 
 def clean_text(text: str) -> str:
     """``text`` with every lone surrogate replaced by U+FFFD (everything else unchanged)."""
-    if _SURROGATE.search(text) is None:
-        return text
-    return text.encode("utf-8", "replace").decode("utf-8")
+    return _SURROGATE.sub("\ufffd", text)
 
 
 def check_content(content: object, *, max_bytes: int, name: str = "content") -> str:

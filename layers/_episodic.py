@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 from memstrata.storage import (
     DEFAULT_RRF_K,
+    ConsistencyReport,
     Database,
     Embedder,
     EmbeddingCache,
@@ -31,6 +32,7 @@ from memstrata.storage import (
     VectorIndex,
     apply_migrations,
     build_keyword_query,
+    check_consistency,
     default_embedder,
     embed_documents,
     embed_query,
@@ -48,6 +50,7 @@ from memstrata.config import Config
 from memstrata.errors import (
     ArchiveError,
     EmbedderUnavailableError,
+    EmbeddingError,
     InvalidInputError,
     MemstrataError,
     StorageError,
@@ -221,6 +224,9 @@ class EpisodicMemory:
         self._archive_problems: dict[str, str] = {}
         self._matrices: dict[str, TimedMatrix | None] = {}
         self._repaired = {"embedded": 0, "orphans_removed": 0, "rebuilt": 0}
+        self._consistency: ConsistencyReport | None = None
+        self._last_error: str | None = None  # the embedder's last failure (episodes kept, vectors pending)
+        self._pending_ids: set[int] = set()  # recorded here without a vector since the model failed
         self._closed = False
         with db.transaction():
             store_uuid = get_meta(db, "store_uuid")
@@ -320,7 +326,7 @@ class EpisodicMemory:
             raise
 
     def _setup_vectors(self) -> None:
-        """Open the vector table; rebuild it for a new model, repair what disagrees with the text."""
+        """Open the vector table, rebuild it for a new model, then check the store's consistency."""
         db = self._db
         stored_dim_text = get_meta(db, "vector_dim:episodes")
         stored_dim = int(stored_dim_text) if stored_dim_text else None
@@ -328,21 +334,28 @@ class EpisodicMemory:
         if embedder is None:
             if stored_dim is not None:  # keep archives, restores and deletes consistent
                 self._vectors = VectorIndex(db, "episodes", stored_dim, mirror=False)
+            self.check()
             return
         self._vectors = VectorIndex(db, "episodes", stored_dim or embedder.dim, mirror=False)
         if not self._vectors.available:
             self._problem = f"vectors unavailable: {db.vec_reason}"
             self._embedder = None
+            self.check()
             return
         changed = embedding_mismatch(db, embedder.model_id, embedder.dim) is not None
         if changed or self._vectors.dim != embedder.dim:
-            self._rebuild_vectors(embedder)
+            try:
+                self._rebuild_vectors(embedder)
+            except EmbeddingError as exc:  # the old vectors stay; keyword-only until the next open
+                self._problem = f"re-embedding for model {embedder.model_id!r} failed: {exc}"
+                self._last_error = str(exc)
+                self._embedder = None
         else:
-            self._repair_vectors(embedder)
             if get_meta(db, "embedding_model") is None:
                 with db.transaction():
                     set_meta(db, "embedding_model", embedder.model_id)
                     set_meta(db, "embedding_dim", embedder.dim)
+        self.check()
 
     def _embed(self, embedder: Embedder, titles_contents: Sequence[tuple[str | None, str]]) -> FloatArray:
         return embed_documents(embedder, [embed_text(t, c) for t, c in titles_contents], self._cache)
@@ -365,29 +378,64 @@ class EpisodicMemory:
         self._repaired["rebuilt"] = len(rows)
         self._matrix = None
 
-    def _repair_vectors(self, embedder: Embedder) -> None:
-        """Embed episodes that have no vector (written keyword-only) and drop orphan vectors."""
-        assert self._vectors is not None
-        db = self._db
-        have = self._vectors.rowids()
-        ids = {int(r[0]) for r in db.query("SELECT id FROM episodes")}
-        missing = sorted(ids - have)
-        orphans = sorted(have - ids)
-        if not missing and not orphans:
-            return
-        vectors = None
-        if missing:
-            rows = query_in(db, "SELECT id, title, content FROM episodes WHERE id IN", missing)
-            vectors = self._embed(embedder, [(r[1], r[2]) for r in rows])
-            missing = [int(r[0]) for r in rows]
-        with db.transaction():
-            if orphans:
-                self._vectors.delete_many(orphans)
-            if vectors is not None:
-                self._vectors.upsert_many(missing, vectors)
-        self._repaired["embedded"] = len(missing)
-        self._repaired["orphans_removed"] = len(orphans)
+    def check(self, *, full: bool = False) -> ConsistencyReport:
+        """Compare episodes, full-text indexes and vectors; repair what disagrees (run on open).
+
+        Full-text indexes that disagree with the episodes are rebuilt, vectors of missing episodes
+        are deleted and episodes without a vector are embedded (left pending in keyword-only
+        mode or when the model fails). ``full=True`` also re-tokenises every episode to verify the
+        full-text indexes. The report is kept for :meth:`status`.
+        """
+        self._open_db()
+        vectors = self._vectors
+        hybrid = self._embedder is not None and vectors is not None
+        report = check_consistency(
+            self._db,
+            table="episodes",
+            fts={"episodes_fts": None, "episodes_tri": None},
+            vectors=vectors,
+            vector_rows=None if hybrid else "0",  # keyword-only: vectors wait for a model
+            repair_missing=self._embed_missing if hybrid else None,
+            full=full,
+        )
+        self._consistency = report
+        self._repaired["embedded"] += report.vectors_repaired
+        self._repaired["orphans_removed"] += report.orphan_vectors_removed
+        if report.problems:
+            self._matrix = None
+        return report
+
+    def _embed_missing(self, ids: Sequence[int]) -> int:
+        """Embed episodes that have no vector; returns how many got one (0 if the model fails)."""
+        embedder, vectors = self._embedder, self._vectors
+        if embedder is None or vectors is None or not ids:
+            return 0
+        done = 0
+        for start in range(0, len(ids), 1000):
+            rows = query_in(
+                self._db, "SELECT id, title, content FROM episodes WHERE id IN", ids[start : start + 1000]
+            )
+            if not rows:
+                continue
+            try:
+                array = self._embed(embedder, [(r[1], r[2]) for r in rows])
+            except EmbeddingError as exc:
+                self._last_error = str(exc)
+                self._pending_ids.update(int(i) for i in ids[start:])
+                break
+            with self._db.transaction():
+                self._db.on_rollback(self._drop_matrix)
+                present = {
+                    int(r[0])
+                    for r in query_in(self._db, "SELECT id FROM episodes WHERE id IN", [r[0] for r in rows])
+                }
+                keep = [n for n, r in enumerate(rows) if int(r[0]) in present]
+                if keep:
+                    vectors.upsert_many([int(rows[n][0]) for n in keep], array[keep])
+            self._pending_ids.difference_update(int(r[0]) for r in rows)
+            done += len(keep)
         self._matrix = None
+        return done
 
     # -- small helpers -------------------------------------------------------------------------
 
@@ -535,8 +583,14 @@ class EpisodicMemory:
             return []
         db = self._db
         embedder = self._embedder
+        embedded = False
         if vectors is None and embedder is not None:
-            vectors = self._embed(embedder, [(i.title, i.content) for i in items])
+            try:
+                vectors = self._embed(embedder, [(i.title, i.content) for i in items])
+                embedded = True
+            except EmbeddingError as exc:  # the episodes are stored anyway; their vectors are pending
+                self._last_error = str(exc)
+                log.warning("episodic %s: storing without vectors, the embedder failed: %s", self.path, exc)
         with db.transaction():
             db.on_rollback(self._drop_matrix)
             start = self._next_id()
@@ -549,6 +603,10 @@ class EpisodicMemory:
                 self._vectors.upsert_many(ids, vectors)
                 if self._matrix is not None:
                     self._matrix.add(ids, vectors, [i.at_us for i in items], [i.task_run_id for i in items])
+        if vectors is None and embedder is not None:
+            self._pending_ids.update(ids)
+        elif embedded and self._pending_ids:  # the model works again: catch up (bounded per write)
+            self._embed_missing(sorted(self._pending_ids)[:1000])
         return ids
 
     # -- reading -------------------------------------------------------------------------------
@@ -647,7 +705,15 @@ class EpisodicMemory:
         keywords = build_keyword_query(query) if mode != "vector" else KeywordQuery(None, None, ())
         query_vector = None
         if mode != "keyword" and self._embedder is not None:
-            query_vector = embed_query(self._embedder, query[:EMBED_CHARS])
+            try:
+                query_vector = embed_query(self._embedder, query[:EMBED_CHARS])
+            except EmbeddingError as exc:
+                self._last_error = str(exc)
+                if mode == "vector":  # nothing else was asked for: an empty answer would be wrong
+                    raise
+                log.warning(
+                    "episodic %s: searching by keywords only, the embedder failed: %s", self.path, exc
+                )
         if query_vector is None and keywords.empty:
             return []
 
@@ -1041,12 +1107,17 @@ class EpisodicMemory:
                 }
             )
         vectors = self._vectors
+        episodes = self.count()
+        vector_count = vectors.count() if vectors is not None else 0
         return {
             "kind": "episodic",
             "path": str(self.path),
             "store_uuid": self.store_uuid,
-            "episodes": self.count(),
-            "vectors": vectors.count() if vectors is not None else 0,
+            "episodes": episodes,
+            "vectors": vector_count,
+            # episodes still to embed (keyword-only mode, or stored while the model failed)
+            "pending_vectors": max(0, episodes - vector_count),
+            "last_error": self._last_error,
             "mode": "keyword-only" if self._embedder is None else "hybrid",
             "keyword_only_reason": self._problem if self._embedder is None else None,
             "model": get_meta(db, "embedding_model"),
@@ -1063,6 +1134,7 @@ class EpisodicMemory:
                 "archive_dir": None if self._archive_dir is None else str(self._archive_dir),
             },
             "repaired_on_open": dict(self._repaired),
+            "consistency": None if self._consistency is None else self._consistency.as_dict(),
         }
 
     def close(self) -> None:

@@ -32,7 +32,6 @@ from memstrata.storage import (
     Database,
     Embedder,
     EmbeddingCache,
-    KeywordQuery,
     VectorHit,
     VectorIndex,
     apply_migrations,
@@ -43,6 +42,7 @@ from memstrata.storage import (
     embedding_mismatch,
     get_meta,
     identifier_words,
+    keyword_terms,
     load_embedder,
     match_type,
     open_database,
@@ -67,6 +67,7 @@ from ._common import (
     scope_ancestors,
     scope_subtree_sql,
 )
+from ._knowledge_bm25 import Bm25Index
 
 __all__ = ["CATEGORIES", "KnowledgeEntry", "KnowledgeHit", "KnowledgeStore"]
 
@@ -79,6 +80,7 @@ MAX_LIST_LIMIT: Final = 10_000
 SHARED: Final = "shared"
 # Models read a few hundred tokens; tokenising megabytes would only cost time.
 EMBED_CHARS: Final = 8192
+_MAX_QUERY_TERMS: Final = 32
 _BATCH: Final = 1000  # rows per transaction in add_many and rebuilds
 _TABLE: Final = "knowledge"
 _FTS_COLUMNS: Final = ("content", "tag_text", "ident")
@@ -206,6 +208,15 @@ def _tag_text(tags: Mapping[str, str]) -> str:
     return " ".join(f"{k} {v}" if v else k for k, v in tags.items())
 
 
+_CASE_CHANGE: Final = re.compile(r"[a-z0-9][A-Z]|[A-Z]{2}[a-z]")
+
+
+def _ident_words(content: str) -> str:
+    """:func:`identifier_words`, skipped for text without a ``camelCase``-like case change
+    (most prose): the same result for a fraction of the cost."""
+    return identifier_words(content) if _CASE_CHANGE.search(content) else ""
+
+
 def _cjk_text(content: str, tag_text: str) -> str:
     """The CJK runs of an entry, one per line, for the trigram index (``""`` for most text)."""
     if _CJK.search(content) is None and _CJK.search(tag_text) is None:
@@ -245,6 +256,10 @@ class KnowledgeStore:
         max_content_bytes: int = 4_000_000,
         tuning: SearchTuning | None = None,
     ) -> None:
+        if embedder is not None and not isinstance(embedder, Embedder):
+            raise InvalidInputError(
+                f"embedder must implement the Embedder protocol, got {type(embedder).__name__}"
+            )
         self._db = db
         self._embedder = embedder
         self._unavailable = unavailable_reason
@@ -257,6 +272,7 @@ class KnowledgeStore:
         self._foreign_model: str | None = None  # another process rebuilt vectors with this model
         apply_migrations(db, "knowledge", MIGRATIONS)
         self._cache = EmbeddingCache(db)
+        self._bm25 = Bm25Index(db, f"{_TABLE}_fts", _FTS_COLUMNS, self._tuning.column_weights)
         self._vectors = self._open_vectors()
         if embedder is not None:
             self._start_vectors(embedder)
@@ -482,6 +498,8 @@ class KnowledgeStore:
         return checked
 
     def _existing(self, items: Sequence[_Item]) -> dict[tuple[bytes, str, str], int]:
+        """Ids of stored entries with the content of ``items``, by (hash, category, scope); an
+        entry with the same content elsewhere is also listed under (hash, "", "")."""
         found: dict[tuple[bytes, str, str], int] = {}
         hashes = list(dict.fromkeys(i.hash for i in items))
         for start in range(0, len(hashes), 500):
@@ -492,13 +510,21 @@ class KnowledgeStore:
                 chunk,
             ):
                 found[(bytes(digest), category, scope)] = int(row_id)
+                found.setdefault((bytes(digest), "", ""), int(row_id))
         return found
 
-    def _embed(self, texts: Sequence[str]) -> FloatArray | None:
-        """Vectors for ``texts``, or ``None`` (error recorded) when the model fails."""
+    def _embed(self, texts: Sequence[str], *, cache: bool = False) -> FloatArray | None:
+        """Vectors for ``texts``, or ``None`` (error recorded) when the model fails.
+
+        Writes do not go through the embedding cache: the same content in the same category and
+        scope is never embedded twice (dedup), the same content elsewhere reuses the stored
+        vector, and a cache would store every vector a second time. Rebuilds use it (``cache``)
+        so that an interrupted rebuild resumes where it stopped.
+        """
         assert self._embedder is not None
+        clipped = [t[:EMBED_CHARS] for t in texts]
         try:
-            return embed_documents(self._embedder, [t[:EMBED_CHARS] for t in texts], self._cache)
+            return embed_documents(self._embedder, clipped, self._cache if cache else None)
         except EmbeddingError as exc:
             self._last_error = str(exc)
             return None
@@ -513,12 +539,18 @@ class KnowledgeStore:
         vectors: dict[tuple[bytes, str, str], FloatArray] = {}
         embedded_ok = True
         if fresh and self._vectors_writable():
-            keys = list(fresh)
-            array = self._embed([fresh[k].content for k in keys])
-            if array is None:
+            assert self._vectors is not None
+            for key in list(fresh):  # the same content stored in another category or scope
+                sibling = existing.get((key[0], "", ""))
+                stored = None if sibling is None else self._vectors.get(sibling)
+                if stored is not None:
+                    vectors[key] = stored
+            keys = [k for k in fresh if k not in vectors]
+            array = self._embed([fresh[k].content for k in keys]) if keys else None
+            if keys and array is None:
                 embedded_ok = False
-            else:
-                vectors = dict(zip(keys, array, strict=True))
+            elif array is not None:
+                vectors.update(zip(keys, array, strict=True))
         now = time.time()
         with self._db.transaction():
             existing = self._existing(batch)  # authoritative, under the write lock
@@ -556,6 +588,7 @@ class KnowledgeStore:
         vectors: Mapping[tuple[bytes, str, str], FloatArray],
         now: float,
     ) -> None:
+        texts = {r: (_tag_text(i.tags), _ident_words(i.content)) for r, i in rows.values()}
         self._db.executemany(
             f"INSERT INTO {_TABLE}(id, content, category, scope, author, content_hash, tag_text, ident, "
             "cjk, created_at, updated_at, vector_pending) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -567,9 +600,9 @@ class KnowledgeStore:
                     item.scope,
                     item.author,
                     item.hash,
-                    _tag_text(item.tags),
-                    identifier_words(item.content),
-                    _cjk_text(item.content, _tag_text(item.tags)),
+                    texts[row_id][0],
+                    texts[row_id][1],
+                    _cjk_text(item.content, texts[row_id][0]),
                     now,
                     now,
                     0 if key in vectors else 1,
@@ -577,6 +610,8 @@ class KnowledgeStore:
                 for key, (row_id, item) in rows.items()
             ],
         )
+        self._db.on_rollback(self._bm25.reset)
+        self._bm25.added([(r, i.content, *texts[r]) for r, i in rows.values()])
         tag_rows = [(row_id, k, v) for row_id, item in rows.values() for k, v in item.tags.items()]
         if tag_rows:
             self._db.executemany(
@@ -609,10 +644,15 @@ class KnowledgeStore:
         )
         merged = self._tags_of(list(tagged))
         texts = {row_id: _tag_text(merged.get(row_id, {})) for row_id in tagged}
-        self._db.executemany(
-            f"UPDATE {_TABLE} SET tag_text = ?, cjk = ? WHERE id = ? AND tag_text != ?",
-            [(t, _cjk_text(refresh[i].content, t), i, t) for i, t in texts.items()],
-        )
+        changed = [
+            i for i, t in texts.items()
+            if self._db.execute(
+                f"UPDATE {_TABLE} SET tag_text = ?, cjk = ? WHERE id = ? AND tag_text != ?",
+                (t, _cjk_text(refresh[i].content, t), i, t),
+            ).rowcount
+        ]  # fmt: skip
+        self._db.on_rollback(self._bm25.reset)
+        self._bm25.changed(changed)
 
     def get(self, id: int) -> KnowledgeEntry | None:
         """The entry with this id, or ``None``."""
@@ -676,7 +716,7 @@ class KnowledgeStore:
             tag_text = None if new_tags is None else _tag_text(new_tags)
             if content_changed:
                 sets += ["content = ?", "content_hash = ?", "ident = ?"]
-                params += [final_content, digest, identifier_words(final_content)]
+                params += [final_content, digest, _ident_words(final_content)]
             if tag_text is not None:
                 sets.append("tag_text = ?")
                 params.append(tag_text)
@@ -696,6 +736,9 @@ class KnowledgeStore:
                     [(entry_id, k, v) for k, v in new_tags.items()],
                 )
             self._db.execute(f"UPDATE {_TABLE} SET {', '.join(sets)} WHERE id = ?", (*params, entry_id))
+            if content_changed or tag_text is not None:
+                self._db.on_rollback(self._bm25.reset)
+                self._bm25.changed([entry_id])
             self._update_vector(entry_id, content_changed, vector, final_category, current.category)
         if embedded_ok and content_changed:
             self._catch_up()
@@ -733,6 +776,9 @@ class KnowledgeStore:
         entry_id = check_id(id)
         with self._db.transaction():
             gone = self._db.execute(f"DELETE FROM {_TABLE} WHERE id = ?", (entry_id,)).rowcount > 0
+            if gone:
+                self._db.on_rollback(self._bm25.reset)
+                self._bm25.removed([entry_id])
             if gone and self._vectors is not None:
                 self._vectors.delete_many([entry_id])
         return bool(gone)
@@ -854,8 +900,8 @@ class KnowledgeStore:
                     written += len(rows)
                 self._db.execute(f"UPDATE {_TABLE} SET vector_pending = 0 WHERE vector_pending != 0")
                 record_embedding(self._db, embedder.model_id, embedder.dim)
-                # vectors of other models are dead weight now
-                self._db.execute("DELETE FROM embedding_cache WHERE model_id != ?", (embedder.model_id,))
+                # the cache only carried this rebuild across interruptions; the index holds it all now
+                self._db.execute("DELETE FROM embedding_cache")
         except BaseException:
             self._vectors = self._open_vectors()
             raise
@@ -1008,16 +1054,18 @@ class KnowledgeStore:
         use_vectors = vectors is not None and qv is not None
         use_keywords = checked_mode != "vector" or not use_vectors
         tuning = self._tuning
-        depth = max(tuning.depth, top_k)
+        # one ranking alone needs no candidates beyond top_k; fusion looks deeper into both
+        depth = max(tuning.depth, top_k) if use_vectors and use_keywords else top_k
+        allowed = _Allowed(self._db, conditions, params)
         vector_hits: builtins.list[VectorHit] = []
         if use_vectors:
             assert vectors is not None and qv is not None
-            vector_hits = self._vector_search(vectors, qv, depth, conditions, params, where)
+            vector_hits = self._vector_search(vectors, qv, depth, conditions, allowed, where)
             if threshold is not None:
                 vector_hits = [h for h in vector_hits if h.similarity >= threshold]
         keyword_ids: builtins.list[int] = []
         if use_keywords:
-            keyword_ids = self._keyword_ids(build_keyword_query(query), depth, conditions, params)
+            keyword_ids = self._keyword_ids(query, depth, conditions, params, allowed)
 
         lists: builtins.list[builtins.list[int]] = []
         weights: builtins.list[float] = []
@@ -1027,53 +1075,57 @@ class KnowledgeStore:
         if use_keywords:
             lists.append(keyword_ids)
             weights.append(tuning.keyword_weight if use_vectors else 1.0)
-        fused = rrf(lists, k=tuning.rrf_k, weights=weights)[:top_k]
+        fused = _fuse(lists, weights, tuning.rrf_k, top_k)
         if not fused:
             return []
         similarity = {h.rowid: h.similarity for h in vector_hits}
-        missing = [f.key for f in fused if f.key not in similarity]
+        missing = [key for key, _, _ in fused if key not in similarity]
         if missing and use_vectors:
             assert vectors is not None and qv is not None
             for hit in vectors.search(qv, len(missing), candidates=missing):
                 similarity[hit.rowid] = hit.similarity
-        entries = self._load([f.key for f in fused])
+        entries = self._load([key for key, _, _ in fused])
         hits = []
-        for f in fused:
-            entry = entries.get(f.key)
+        for key, score, ranks in fused:
+            entry = entries.get(key)
             if entry is None:  # deleted by another connection since the ranking
                 continue
-            vrank = f.ranks[0] if use_vectors else None
-            krank = f.ranks[-1] if use_keywords else None
+            vrank = ranks[0] if use_vectors else None
+            krank = ranks[-1] if use_keywords else None
             hits.append(
-                KnowledgeHit(entry, f.score, match_type(vrank, krank), vrank, krank, similarity.get(f.key))
+                KnowledgeHit(entry, score, match_type(vrank, krank), vrank, krank, similarity.get(key))
             )
         return hits
 
     def _keyword_ids(
-        self, query: KeywordQuery, limit: int, conditions: builtins.list[str], params: builtins.list[Any]
+        self,
+        text: str,
+        limit: int,
+        conditions: builtins.list[str],
+        params: builtins.list[Any],
+        allowed: _Allowed,
     ) -> builtins.list[int]:
-        """Ids ranked by BM25 over words, trigram matches (CJK) and substring matches (CJK runs
-        too short for trigrams), fused by RRF when more than one applies.
+        """Ids ranked by BM25 over words (:class:`Bm25Index`), trigram matches (CJK) and substring
+        matches (CJK runs too short for trigrams), fused by RRF when more than one applies.
 
-        Filters are a join on the entries table with the full-text table driving it: written as
-        ``rowid IN (subquery)``, SQLite would probe the full-text index once per allowed id.
+        A filtered trigram query joins the entries table with the full-text table driving it:
+        written as ``rowid IN (subquery)``, SQLite probes the full-text index once per allowed id.
         """
+        query = build_keyword_query(text)
         if query.empty:
             return []
         lists: builtins.list[builtins.list[int]] = []
-        join = f" CROSS JOIN {_TABLE} AS k ON k.id = {{fts}}.rowid" if conditions else ""
+        join = f" CROSS JOIN {_TABLE} AS k ON k.id = {_TABLE}_tri.rowid" if conditions else ""
         extra = "".join(f" AND {c}" for c in conditions)
-        weights = ", ".join(str(float(w)) for w in self._tuning.column_weights)
-        for fts, match, rank in (
-            (f"{_TABLE}_fts", query.words, f"bm25({_TABLE}_fts, {weights})"),
-            (f"{_TABLE}_tri", query.cjk, f"bm25({_TABLE}_tri)"),
-        ):
-            if match:
-                sql = (
-                    f"SELECT {fts}.rowid FROM {fts}{join.format(fts=fts)} WHERE {fts} MATCH ?{extra} "
-                    f"ORDER BY {rank} LIMIT ?"
-                )
-                lists.append([int(r[0]) for r in self._db.query(sql, (match, *params, limit))])
+        if query.words:
+            terms = keyword_terms(text) or keyword_terms(text, keep_stop_words=True)
+            lists.append(self._bm25.search(terms[:_MAX_QUERY_TERMS], limit, allowed.ids()))
+        if query.cjk:
+            sql = (
+                f"SELECT {_TABLE}_tri.rowid FROM {_TABLE}_tri{join} WHERE {_TABLE}_tri MATCH ?{extra} "
+                f"ORDER BY bm25({_TABLE}_tri) LIMIT ?"
+            )
+            lists.append([int(r[0]) for r in self._db.query(sql, (query.cjk, *params, limit))])
         if query.cjk_short:
             likes = " OR ".join("cjk LIKE ?" for _ in query.cjk_short)
             sql = f"SELECT id FROM {_TABLE} WHERE cjk != '' AND ({likes}){extra} ORDER BY id DESC LIMIT ?"
@@ -1111,14 +1163,13 @@ class KnowledgeStore:
         qv: FloatArray,
         depth: int,
         conditions: builtins.list[str],
-        params: builtins.list[Any],
+        allowed: _Allowed,
         where: dict[str, Any],
     ) -> builtins.list[VectorHit]:
         """Exact KNN; a category alone is a vec0 metadata filter, other filters give candidates."""
         if not conditions or conditions == ["category = ?"]:
             return vectors.search(qv, depth, where=where)
-        sql = f"SELECT id FROM {_TABLE} WHERE {' AND '.join(conditions)}"
-        candidates = [r[0] for r in self._db.query(sql, params)]
+        candidates = allowed.ids()
         if not candidates:
             return []
         return vectors.search(qv, depth, where=where, candidates=candidates)
@@ -1173,6 +1224,47 @@ class KnowledgeStore:
     def __repr__(self) -> str:
         state = "closed" if self._closed else self.mode
         return f"KnowledgeStore({str(self.path)!r}, {state})"
+
+
+def _fuse(
+    lists: Sequence[Sequence[int]], weights: Sequence[float], k: int, limit: int
+) -> builtins.list[tuple[int, float, tuple[int | None, ...]]]:
+    """Weighted Reciprocal Rank Fusion, as :func:`memstrata.storage.rrf` computes it (score
+    ``sum w / (k + rank)`` over the lists, normalised by the best possible sum; ties keep the order
+    of first appearance), returning only the ``limit`` best: (id, score, rank in each list)."""
+    best = sum(w / (k + 1) for w in weights) or 1.0
+    scores: dict[int, float] = {}
+    ranks: dict[int, builtins.list[int | None]] = {}
+    for index, (ids, weight) in enumerate(zip(lists, weights, strict=True)):
+        for rank, key in enumerate(ids, start=1):
+            slot = ranks.get(key)
+            if slot is None:
+                slot = ranks[key] = [None] * len(lists)
+                scores[key] = 0.0
+            if slot[index] is None:
+                slot[index] = rank
+                scores[key] += weight / (k + rank)
+    order = sorted(scores, key=lambda key: -scores[key])[:limit]
+    return [(key, scores[key] / best, tuple(ranks[key])) for key in order]
+
+
+class _Allowed:
+    """The ids a filtered search may return, queried once and only if a side needs them."""
+
+    def __init__(self, db: Database, conditions: Sequence[str], params: Sequence[Any]) -> None:
+        self._db = db
+        self._conditions = conditions
+        self._params = params
+        self._ids: builtins.list[int] | None = None
+
+    def ids(self) -> builtins.list[int] | None:
+        """``None`` without filters."""
+        if not self._conditions:
+            return None
+        if self._ids is None:
+            sql = f"SELECT id FROM {_TABLE} WHERE {' AND '.join(self._conditions)}"
+            self._ids = [int(r[0]) for r in self._db.query(sql, self._params)]
+        return self._ids
 
 
 def _merge_into(refresh: dict[int, _Item], row_id: int, item: _Item) -> None:

@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-
 from memstrata.storage import Database
 
 __all__ = ["Bm25Index"]
@@ -70,6 +69,11 @@ class Bm25Index:
         self._tokenize_option = _tokenize_option(str(tokenizer or ""))
         self._ready = False
         self._version = -1
+        self._stems: dict[str, tuple[str, ...]] = {}  # depends on the tokenizer only
+        self._reset()
+
+    def reset(self) -> None:
+        """Forget every cache (after a rollback of this connection's writes)."""
         self._reset()
 
     def _reset(self) -> None:
@@ -86,13 +90,10 @@ class Bm25Index:
         if self._ready:
             return
         cols = ", ".join(self._columns)
-        self._db.execute(f"CREATE VIRTUAL TABLE IF NOT EXISTS {self._vocab} USING fts5vocab(main, {self._fts}, instance)")
-        self._db.execute(
-            f"CREATE VIRTUAL TABLE IF NOT EXISTS temp.{self._tok} USING fts5({cols}{self._tokenize_option})"
-        )
-        self._db.execute(
-            f"CREATE VIRTUAL TABLE IF NOT EXISTS {self._tok_vocab} USING fts5vocab(temp, {self._tok}, instance)"
-        )
+        create = "CREATE VIRTUAL TABLE IF NOT EXISTS"
+        self._db.execute(f"{create} {self._vocab} USING fts5vocab(main, {self._fts}, instance)")
+        self._db.execute(f"{create} temp.{self._tok} USING fts5({cols}{self._tokenize_option})")
+        self._db.execute(f"{create} {self._tok_vocab} USING fts5vocab(temp, {self._tok}, instance)")
         self._ready = True
 
     # -- caches ----------------------------------------------------------------------------------
@@ -116,6 +117,8 @@ class Bm25Index:
         self._loaded = True
 
     def _positions(self, ids: IntArray) -> npt.NDArray[np.int32]:
+        if len(self._ids) == 0:
+            return np.full(len(ids), -1, dtype=np.int32)
         pos = np.searchsorted(self._ids, ids)
         ok = (pos < len(self._ids)) & (self._ids[np.minimum(pos, max(len(self._ids) - 1, 0))] == ids)
         return np.where(ok, pos, -1).astype(np.int32)
@@ -126,7 +129,9 @@ class Bm25Index:
             return cached
         weight = "count(*)"
         if any(w != 1.0 for w in self._weights):
-            cases = " ".join(f"WHEN '{c}' THEN {w!r}" for c, w in zip(self._columns, self._weights, strict=True))
+            cases = " ".join(
+                f"WHEN '{c}' THEN {w!r}" for c, w in zip(self._columns, self._weights, strict=True)
+            )
             weight = f"sum(CASE col {cases} ELSE 1.0 END)"
         rows = self._db.query(f"SELECT doc, {weight} FROM {self._vocab} WHERE term = ? GROUP BY doc", (stem,))
         ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
@@ -236,12 +241,16 @@ class Bm25Index:
 
     def stems(self, terms: Sequence[str]) -> list[str]:
         """Distinct FTS5 stems of query words, in order."""
-        if not terms:
-            return []
-        tokens = self._tokenize([(i + 1, t) for i, t in enumerate(terms)])
+        unknown = [t for t in dict.fromkeys(terms) if t not in self._stems]
+        if unknown:
+            if len(self._stems) + len(unknown) > _MAX_CACHED_STEMS:
+                self._stems.clear()
+            tokens = self._tokenize([(i + 1, t) for i, t in enumerate(unknown)])
+            for i, term in enumerate(unknown, start=1):
+                self._stems[term] = tuple(tokens.get(i, {}))
         stems: dict[str, None] = {}
-        for i in range(1, len(terms) + 1):
-            for stem in tokens.get(i, {}):
+        for term in terms:
+            for stem in self._stems.get(term, ()):
                 stems.setdefault(stem, None)
         return list(stems)
 
@@ -257,29 +266,30 @@ class Bm25Index:
             return []
         n = float(self._live)
         avg = self._total / n if self._total > 0 else 1.0
-        norm = K1 * (1.0 - B + B * self._sizes / avg)
         scores = np.zeros(len(self._ids), dtype=np.float64)
         for stem in stems:
             pos, tf = self._postings_of(stem)
             if len(pos) == 0:
                 continue
-            live = self._alive[pos]
-            df = float(live.sum())
+            df = float(len(pos)) if self._live == len(self._ids) else float(self._alive[pos].sum())
             idf = math.log((n - df + 0.5) / (df + 0.5))
             if idf <= 0:
                 idf = 1e-6  # as FTS5: a word in most documents still counts a little
-            scores[pos] += idf * tf * (K1 + 1.0) / (tf + norm[pos])
-        scores[~self._alive] = 0.0
+            norm = K1 * (1.0 - B + B * self._sizes[pos] / avg)
+            scores[pos] += idf * tf * (K1 + 1.0) / (tf + norm)
+        if self._live != len(self._ids):
+            scores[~self._alive] = 0.0
         if allowed is not None:
-            mask = np.zeros(len(scores), dtype=bool)
+            keep = np.zeros(len(scores), dtype=bool)
             apos = self._positions(np.asarray(allowed, dtype=np.int64))
-            mask[apos[apos >= 0]] = True
-            scores[~mask] = 0.0
-        hits = np.flatnonzero(scores > 0)
-        if len(hits) > limit:
-            hits = hits[np.argpartition(-scores[hits], limit - 1)[:limit]]
-        order = np.lexsort((self._ids[hits], -scores[hits]))
-        return [int(i) for i in self._ids[hits[order]]]
+            keep[apos[apos >= 0]] = True
+            scores[~keep] = 0.0
+        k = min(limit, len(scores))
+        cut = scores[np.argpartition(-scores, k - 1)[k - 1]]
+        # every document tied with the last one taken competes, so ties go to the lower id
+        top = np.flatnonzero(scores >= max(cut, np.nextafter(0.0, 1.0)))
+        order = np.lexsort((self._ids[top], -scores[top]))[:limit]
+        return [int(i) for i in self._ids[top[order]]]
 
 
 def _tokenize_option(create_sql: str) -> str:

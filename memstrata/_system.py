@@ -28,7 +28,13 @@ from memstrata.actors import (
     SystemClock,
 )
 from memstrata.config import Config
-from memstrata.errors import EmbedderUnavailableError, InvalidInputError, StorageError, SystemStoppedError
+from memstrata.errors import (
+    ConfigError,
+    EmbedderUnavailableError,
+    InvalidInputError,
+    StorageError,
+    SystemStoppedError,
+)
 from memstrata.messages import (
     SHARED,
     ClearWorkingMemory,
@@ -114,6 +120,16 @@ class MemorySystem:
             config = Config.load(config)
         if not isinstance(config, Config):
             raise InvalidInputError(f"config must be a Config, a path or None, got {type(config).__name__}")
+        if not config.storage.lock_timeout_s > 0:
+            raise ConfigError(
+                f"config key 'storage.lock_timeout_s' must be a positive number of seconds, "
+                f"got {config.storage.lock_timeout_s!r}"
+            )
+        if config.storage.synchronous not in ("normal", "full"):
+            raise ConfigError(
+                "config key 'storage.synchronous' must be 'normal' or 'full', "
+                f"got {config.storage.synchronous!r}"
+            )
         note: str | None = None
         inner = embedder
         if inner is None:
@@ -304,6 +320,9 @@ class MemorySystem:
                 agents.setdefault(key, {})[kind] = state
         for agent_id, kinds in agents.items():
             kinds["degraded"] = degraded.get(agent_id)
+        warnings = _warnings(
+            info.native_vectors, info.reason, runtime.embedder_note, agents, shared, degraded
+        )
         return {
             "data_dir": str(runtime.data_dir),
             "stopped": runtime.stopped or not runtime.accepting,
@@ -318,11 +337,66 @@ class MemorySystem:
             "shared_query_errors": runtime.shared_query_errors,
             "blackboard_subscriber_errors": sum(int(b.get("subscriber_errors", 0)) for b in boards.values()),
             "in_flight": runtime.activity.in_flight,
+            "warnings": warnings,
         }
 
     def __repr__(self) -> str:
         state = "stopped" if self.stopped else "running"
         return f"<MemorySystem {self.data_dir} {state}>"
+
+
+def _warnings(
+    native_vectors: bool,
+    vec_reason: str | None,
+    embedder_note: str | None,
+    agents: Mapping[str, Mapping[str, Any]],
+    shared: Mapping[str, Any],
+    degraded: Mapping[str, str],
+) -> list[str]:
+    """What is degraded right now, one line each: nothing here means nothing is."""
+    out: list[str] = []
+    if not native_vectors:
+        out.append(f"sqlite-vec is not loaded ({vec_reason}): new vector tables use the exact numpy scan")
+    if embedder_note:
+        out.append(embedder_note)
+    owners: list[tuple[str, Mapping[str, Any]]] = list(agents.items())
+    if shared:
+        owners.append(("shared", {"knowledge": shared}))
+    for owner, kinds in owners:
+        for kind, state in kinds.items():
+            if not isinstance(state, Mapping):
+                continue
+            where = f"{owner} {kind}"
+            if "error" in state:
+                out.append(f"{where}: no status ({state['error']})")
+            store = state.get("store")
+            if isinstance(store, Mapping):
+                if store.get("mode") == "keyword-only":
+                    reason = store.get("reason") or store.get("keyword_only_reason")
+                    out.append(f"{where}: keyword-only ({reason})")
+                if store.get("pending_vectors"):
+                    out.append(
+                        f"{where}: {store['pending_vectors']} item(s) wait for their vectors and are "
+                        f"found by keywords until then (last embedder error: {store.get('last_error')})"
+                    )
+                check = store.get("consistency")
+                if isinstance(check, Mapping) and check.get("problems"):
+                    out.append(f"{where}: repaired on open: {'; '.join(map(str, check['problems']))}")
+            if state.get("storage_errors"):
+                out.append(
+                    f"{where}: {state['storage_errors']} write(s) failed in the database, "
+                    f"last: {state.get('last_storage_error')}"
+                )
+            waiting = int(state.get("outbox_pending") or 0) - int(state.get("writebacks_in_flight") or 0)
+            if waiting > 0:
+                out.append(f"{where}: {waiting} acknowledged write-back(s) wait in the outbox for a retry")
+            if state.get("outbox_dead"):
+                out.append(
+                    f"{where}: {state['outbox_dead']} write-back(s) were refused and are kept in the outbox"
+                )
+    for owner, reason in sorted(degraded.items()):
+        out.append(f"{owner} is degraded: {reason}")
+    return out
 
 
 def _timeout(system: MemorySystem, timeout: float | None) -> float:

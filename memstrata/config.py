@@ -30,6 +30,7 @@ __all__ = [
     "EpisodicConfig",
     "FilesConfig",
     "SearchConfig",
+    "StorageConfig",
     "default_data_dir",
 ]
 
@@ -114,6 +115,15 @@ class ActorsConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class StorageConfig:
+    # how long a write waits for another process's lock before DatabaseBusyError; below
+    # actors.ask_timeout_s so a caller gets the clear busy error rather than a timeout
+    lock_timeout_s: float = 20.0
+    # "normal": a commit survives the process being killed; "full": it also survives power loss
+    synchronous: str = "normal"
+
+
+@dataclass(frozen=True, slots=True)
 class BridgesConfig:
     agent_id: str = "default"  # the agent LLM tools and MCP use when a call names none
     workers: int = 4  # `memstrata serve` thread pool
@@ -132,6 +142,7 @@ class Config:
     agent: AgentConfig = field(default_factory=AgentConfig)
     actors: ActorsConfig = field(default_factory=ActorsConfig)
     bridges: BridgesConfig = field(default_factory=BridgesConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
     agents: Mapping[str, AgentConfig] = field(default_factory=dict)
 
     def for_agent(self, agent_id: str) -> AgentConfig:

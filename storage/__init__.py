@@ -3,7 +3,15 @@
 if __name__ != "memstrata.storage":  # nothing generic may be importable at top level
     raise ImportError(f"import memstrata.storage, not {__name__}: it is part of the memstrata package")
 
-from ._connection import Database, DriverInfo, disable_vec_for_tests, driver_info, open_database
+from ._connection import (
+    Database,
+    DriverInfo,
+    connection_defaults,
+    disable_vec_for_tests,
+    driver_info,
+    open_database,
+)
+from ._consistency import ConsistencyReport, check_consistency
 from ._embedding import (
     DEFAULT_MODEL_ID,
     Embedder,
@@ -34,6 +42,7 @@ from ._vectors import VectorHit, VectorIndex
 __all__ = [
     "DEFAULT_MODEL_ID",
     "DEFAULT_RRF_K",
+    "ConsistencyReport",
     "Database",
     "DriverInfo",
     "Embedder",
@@ -51,6 +60,8 @@ __all__ = [
     "VectorIndex",
     "apply_migrations",
     "build_keyword_query",
+    "check_consistency",
+    "connection_defaults",
     "default_embedder",
     "default_model_dir",
     "disable_vec_for_tests",

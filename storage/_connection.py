@@ -8,6 +8,8 @@ that uses it (actors own their connection), so layers need no locks.
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import dataclasses
 import random
 import sqlite3
 import threading
@@ -20,10 +22,69 @@ from typing import Any
 
 from memstrata.errors import DatabaseBusyError, InvalidInputError, StorageError
 
-__all__ = ["Database", "DriverInfo", "disable_vec_for_tests", "driver_info", "open_database", "split_sql"]
+__all__ = [
+    "Database",
+    "DriverInfo",
+    "connection_defaults",
+    "disable_vec_for_tests",
+    "driver_info",
+    "open_database",
+    "split_sql",
+]
 
 DEFAULT_BUSY_TIMEOUT_MS = 5_000
 DEFAULT_LOCK_BOUND_S = 30.0
+SYNCHRONOUS_MODES = ("normal", "full")
+
+
+@dataclass(frozen=True, slots=True)
+class _Defaults:
+    lock_bound_s: float = DEFAULT_LOCK_BOUND_S
+    synchronous: str = "normal"
+    busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS
+
+
+# what databases opened without explicit settings use, in this context (thread)
+_DEFAULTS: contextvars.ContextVar[_Defaults] = contextvars.ContextVar("memstrata_connection_defaults")
+
+
+def _positive(value: object, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise InvalidInputError(f"{name} must be a positive number, got {value!r}")
+    return float(value)
+
+
+@contextlib.contextmanager
+def connection_defaults(
+    *,
+    lock_bound_s: float | None = None,
+    synchronous: str | None = None,
+    busy_timeout_ms: int | None = None,
+) -> Iterator[None]:
+    """Databases opened inside this block (in this thread) use these settings unless told otherwise.
+
+    Lets a caller impose its configuration on a layer that opens its own connection, without
+    changing any other thread. ``lock_bound_s``: how long a write waits for another process's
+    lock before :class:`DatabaseBusyError`. ``synchronous``: ``"normal"`` (a commit survives the
+    process being killed) or ``"full"`` (it also survives power loss: every commit is fsynced).
+    ``busy_timeout_ms``: how long one attempt waits inside SQLite before memstrata backs off.
+    """
+    current = _DEFAULTS.get(_Defaults())
+    if lock_bound_s is not None:
+        current = dataclasses.replace(current, lock_bound_s=_positive(lock_bound_s, "lock_bound_s"))
+    if synchronous is not None:
+        if synchronous not in SYNCHRONOUS_MODES:
+            choices = ", ".join(SYNCHRONOUS_MODES)
+            raise InvalidInputError(f"synchronous must be one of {choices}, got {synchronous!r}")
+        current = dataclasses.replace(current, synchronous=synchronous)
+    if busy_timeout_ms is not None:
+        busy = int(_positive(busy_timeout_ms, "busy_timeout_ms"))
+        current = dataclasses.replace(current, busy_timeout_ms=busy)
+    token = _DEFAULTS.set(current)
+    try:
+        yield
+    finally:
+        _DEFAULTS.reset(token)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +183,64 @@ def split_sql(script: str) -> list[str]:
     return statements
 
 
+class _Cursor:
+    """A driver cursor whose fetches translate backend errors too.
+
+    SQLite reports a damaged page or an I/O error while stepping through rows, which happens in
+    ``fetchone``/``fetchall``/iteration, after ``execute`` has returned.
+    """
+
+    __slots__ = ("_cursor", "_db")
+
+    def __init__(self, cursor: Any, db: Database) -> None:
+        self._cursor = cursor
+        self._db = db
+
+    def _fail(self, exc: BaseException) -> StorageError:
+        return self._db._translate(exc)
+
+    def fetchone(self) -> Any:
+        try:
+            return self._cursor.fetchone()
+        except _MODULE.Error as exc:
+            raise self._fail(exc) from exc
+
+    def fetchall(self) -> list[Any]:
+        try:
+            return list(self._cursor.fetchall())
+        except _MODULE.Error as exc:
+            raise self._fail(exc) from exc
+
+    def fetchmany(self, size: int = 1) -> list[Any]:
+        try:
+            return list(self._cursor.fetchmany(size))
+        except _MODULE.Error as exc:
+            raise self._fail(exc) from exc
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            rows = self.fetchmany(256)
+            if not rows:
+                return
+            yield from rows
+
+    @property
+    def rowcount(self) -> int:
+        return int(self._cursor.rowcount)
+
+    @property
+    def lastrowid(self) -> int | None:
+        value = self._cursor.lastrowid
+        return None if value is None else int(value)
+
+    @property
+    def description(self) -> Any:
+        return self._cursor.description
+
+    def close(self) -> None:
+        self._cursor.close()
+
+
 class Database:
     """One SQLite connection with memstrata's pragmas and a retrying write transaction.
 
@@ -135,13 +254,20 @@ class Database:
         path: Path | str,
         *,
         read_only: bool = False,
-        busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
-        lock_bound_s: float = DEFAULT_LOCK_BOUND_S,
+        busy_timeout_ms: int | None = None,
+        lock_bound_s: float | None = None,
         load_vec: bool = True,
     ) -> None:
         self.path = Path(path) if str(path) != ":memory:" else Path(":memory:")
         self.read_only = read_only
+        defaults = _DEFAULTS.get(_Defaults())
+        if lock_bound_s is None:
+            lock_bound_s = defaults.lock_bound_s
+        if busy_timeout_ms is None:
+            busy_timeout_ms = defaults.busy_timeout_ms
         self.lock_bound_s = lock_bound_s
+        # SQLite's own wait happens inside one attempt: it must not outlast the whole bound
+        busy_timeout_ms = max(1, min(int(busy_timeout_ms), int(lock_bound_s * 1000)))
         self._in_tx = False
         self._savepoints = 0
         self._rollback_hooks: list[Callable[[], None]] = []
@@ -160,7 +286,7 @@ class Database:
             self.conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
             if not read_only:
                 self._retry_busy(lambda: self.conn.execute("PRAGMA journal_mode = WAL"))
-                self.conn.execute("PRAGMA synchronous = NORMAL")
+                self.conn.execute(f"PRAGMA synchronous = {defaults.synchronous.upper()}")
             self.conn.execute("PRAGMA foreign_keys = ON")
             self.conn.execute("PRAGMA temp_store = MEMORY")
             # touch the schema so a file that is not a database fails here, with its path
@@ -172,7 +298,10 @@ class Database:
             reason = exc.__cause__ if isinstance(exc, StorageError) and exc.__cause__ else exc
             if isinstance(exc, DatabaseBusyError):
                 raise
-            raise StorageError(f"cannot open database {self.path}: {reason}") from exc
+            hint = ""
+            if "malformed" in str(reason) or "not a database" in str(reason):
+                hint = "; the file is damaged: restore it from a backup or move it aside"
+            raise StorageError(f"cannot open database {self.path}: {reason}{hint}") from exc
         self.vec_version, self.vec_reason = _load_vec(self.conn) if load_vec else (None, "not requested")
         self.native_vectors = self.vec_version is not None
 
@@ -182,17 +311,17 @@ class Database:
         """One statement. Outside a transaction a busy database is retried like :meth:`transaction`
         (an autocommit statement that failed as busy changed nothing, so running it again is safe)."""
         try:
-            return self.conn.execute(sql, params)
+            return _Cursor(self.conn.execute(sql, params), self)
         except _MODULE.Error as exc:
             if _is_busy(exc) and not self._in_tx and not self.conn.in_transaction:
-                return self._retry_busy(lambda: self.conn.execute(sql, params))
+                return _Cursor(self._retry_busy(lambda: self.conn.execute(sql, params)), self)
             raise self._translate(exc) from exc
         except UnicodeEncodeError as exc:
             raise self._bad_text(exc) from exc
 
     def executemany(self, sql: str, rows: Any) -> Any:
         try:
-            return self.conn.executemany(sql, rows)
+            return _Cursor(self.conn.executemany(sql, rows), self)
         except _MODULE.Error as exc:
             raise self._translate(exc) from exc
         except UnicodeEncodeError as exc:
@@ -216,7 +345,8 @@ class Database:
             self.execute(statement)
 
     def query(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[Any]:
-        return list(self.execute(sql, params).fetchall())
+        rows: list[Any] = self.execute(sql, params).fetchall()
+        return rows
 
     def scalar(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Any:
         row = self.execute(sql, params).fetchone()
@@ -305,6 +435,15 @@ class Database:
     def _translate(self, exc: BaseException) -> StorageError:
         if _is_busy(exc):
             return DatabaseBusyError(f"database {self.path} is locked by another process: {exc}")
+        text = str(exc).lower()
+        if "disk is full" in text or "disk full" in text:
+            return StorageError(
+                f"database {self.path}: the disk is full (or the database reached its size limit): {exc}"
+            )
+        if "malformed" in text or "not a database" in text:
+            return StorageError(
+                f"database {self.path} is damaged ({exc}): restore it from a backup or move it aside"
+            )
         return StorageError(f"database {self.path}: {exc}")
 
     def _bad_text(self, exc: UnicodeEncodeError) -> InvalidInputError:

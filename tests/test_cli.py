@@ -200,6 +200,11 @@ def test_get_relative_to_the_current_folder(
     _ok(run("index", str(workspace)))
     monkeypatch.chdir(workspace / "memory")
     assert _ok(run("get", "2025-01-02.md", "--lines", "1")).stdout == "# 2025-01-02\n"
+    elsewhere = workspace.parent / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "MEMORY.md").write_text("not indexed\n", encoding="utf-8")
+    monkeypatch.chdir(elsewhere)  # a local file no root holds: the roots' MEMORY.md is read
+    assert _ok(run("get", "MEMORY.md", "--lines", "1")).stdout == "# Notes\n"
 
 
 def test_get_refuses_paths_outside_the_roots(run: Any, workspace: Path, tmp_path: Path) -> None:

@@ -1,0 +1,199 @@
+"""Startup consistency check: content rows, full-text indexes and vectors must agree.
+
+Every logical write changes a store's content table, its FTS5 indexes (through triggers) and its
+vectors in one transaction, so a crash cannot leave them disagreeing. This check is the safety
+net for everything else (a store written by an older version, by a process that had no
+sqlite-vec or no embedding model, a hand edit, a bug): a layer calls :func:`check_consistency`
+when it opens a store and reports the returned :class:`ConsistencyReport` in its ``status()``.
+
+What it compares and repairs:
+
+* **full text**: the number of content rows an FTS5 index should hold equals the number of rows
+  in its ``_docsize`` table (when not, two anti-joins on integer keys count the rows it lacks and
+  the rows whose content is gone). A difference, or (with ``full=True``) a failing FTS5
+  ``integrity-check``, which re-tokenises every row and so is not run on every open, rebuilds
+  that index from the content table with FTS5's ``'rebuild'`` command.
+* **vectors**: a vector whose content row is gone is deleted; a row that should have a vector but
+  has none is handed to the layer's ``repair_missing`` callback (which embeds it, or marks it
+  pending), or counted if there is none.
+
+Detection and the cheap repairs run in one write transaction, so another process writing at the
+same time is never mistaken for an inconsistency.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from memstrata.errors import InvalidInputError, StorageError
+
+from ._connection import Database
+from ._vectors import VectorIndex
+
+__all__ = ["ConsistencyReport", "check_consistency"]
+
+log = logging.getLogger("memstrata.storage")
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(slots=True)
+class ConsistencyReport:
+    """What one check found and did (``status()`` shows :meth:`as_dict`)."""
+
+    store: str
+    full: bool
+    rows: int = 0
+    vectors: int | None = None  # None: the store has no usable vector table
+    fts_rebuilt: list[str] = field(default_factory=list)
+    orphan_vectors_removed: int = 0
+    missing_vectors: int = 0  # rows that should have a vector and had none
+    vectors_repaired: int = 0  # of those, how many the layer's callback repaired now
+    problems: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def consistent(self) -> bool:
+        """True when nothing disagreed (nothing had to be repaired)."""
+        return not self.problems
+
+    @property
+    def repaired(self) -> bool:
+        return bool(self.fts_rebuilt or self.orphan_vectors_removed or self.vectors_repaired)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "consistent": self.consistent,
+            "full": self.full,
+            "rows": self.rows,
+            "vectors": self.vectors,
+            "fts_rebuilt": list(self.fts_rebuilt),
+            "orphan_vectors_removed": self.orphan_vectors_removed,
+            "missing_vectors": self.missing_vectors,
+            "vectors_repaired": self.vectors_repaired,
+            "problems": list(self.problems),
+            "seconds": round(self.seconds, 4),
+        }
+
+
+def _name(value: str, what: str) -> str:
+    if not isinstance(value, str) or not _IDENTIFIER.fullmatch(value):
+        raise InvalidInputError(f"{what} must be an SQL identifier, got {value!r}")
+    return value
+
+
+def _fts_differences(db: Database, table: str, key: str, fts: str, condition: str | None) -> int | None:
+    """Rows the index lacks plus index rows without content; ``None`` if it cannot be counted."""
+    docsize = f"{fts}_docsize"
+    if db.scalar("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (docsize,)) is None:
+        return None  # columnsize=0: only the full check can tell
+    where = f" AND ({condition})" if condition else ""
+    expected = db.scalar(f"SELECT count(*) FROM {table} c WHERE 1{where}")
+    if expected == db.scalar(f"SELECT count(*) FROM {docsize}"):
+        return 0  # equal counts: a lost insert and a lost delete at once is the only blind spot
+    missing = db.scalar(
+        f"SELECT count(*) FROM {table} c WHERE NOT EXISTS "
+        f"(SELECT 1 FROM {docsize} d WHERE d.id = c.{key}){where}"
+    )
+    orphans = db.scalar(
+        f"SELECT count(*) FROM {docsize} d WHERE NOT EXISTS (SELECT 1 FROM {table} c WHERE c.{key} = d.id)"
+    )
+    return int(missing) + int(orphans)
+
+
+def _fts_intact(db: Database, fts: str, *, against_content: bool = True) -> bool:
+    """FTS5's own check of the index, against the content table (re-tokenising every row) or, for
+    an index of only some rows (which that comparison would always fail), of its structure."""
+    try:
+        db.execute(f"INSERT INTO {fts}({fts}, rank) VALUES ('integrity-check', ?)", (int(against_content),))
+    except StorageError as exc:
+        if "malformed" in str(exc) or "damaged" in str(exc) or "corrupt" in str(exc):
+            return False
+        raise
+    return True
+
+
+def _rebuild(db: Database, table: str, key: str, fts: str, condition: str | None) -> None:
+    """Rebuild ``fts`` from ``table``: all rows (FTS5's ``'rebuild'``) or the rows it indexes."""
+    if condition is None:
+        db.execute(f"INSERT INTO {fts}({fts}) VALUES ('rebuild')")
+        return
+    columns = [str(r[1]) for r in db.query(f"PRAGMA table_info({fts})")]
+    names = ", ".join(columns)
+    db.execute(f"INSERT INTO {fts}({fts}) VALUES ('delete-all')")
+    db.execute(f"INSERT INTO {fts}(rowid, {names}) SELECT {key}, {names} FROM {table} WHERE {condition}")
+
+
+def check_consistency(
+    db: Database,
+    *,
+    table: str,
+    key: str = "id",
+    fts: Mapping[str, str | None] | None = None,
+    vectors: VectorIndex | None = None,
+    vector_rows: str | None = None,
+    repair_missing: Callable[[list[int]], int] | None = None,
+    full: bool = False,
+) -> ConsistencyReport:
+    """Compare ``table`` with its FTS5 indexes and vectors; repair what disagrees.
+
+    ``fts`` maps each external-content FTS5 table to the SQL condition on ``table`` rows that it
+    indexes (``None``: every row; an index of some rows is rebuilt from just those rows, and its
+    full check verifies its structure only). ``vectors`` is the store's vector index (skipped when ``None``
+    or unusable without sqlite-vec); ``vector_rows`` is the condition on rows that must have a
+    vector (``None``: every row; e.g. ``"vector_pending = 0"``). ``repair_missing(ids)`` is called
+    after the check's transaction with the ids of rows lacking a vector and returns how many it
+    repaired. ``full=True`` also runs FTS5's ``integrity-check`` on every index.
+    """
+    started = time.perf_counter()
+    table = _name(table, "table")
+    key = _name(key, "key")
+    indexes = {_name(name, "fts table"): condition for name, condition in (fts or {}).items()}
+    report = ConsistencyReport(str(db.path), full)
+    missing: list[int] = []
+    with db.transaction():  # the write lock: a concurrent writer cannot look like a difference
+        report.rows = int(db.scalar(f"SELECT count(*) FROM {table}"))
+        for index, condition in indexes.items():
+            differences = _fts_differences(db, table, key, index, condition)
+            whole = condition is None
+            if differences or (
+                (differences is None or full) and not _fts_intact(db, index, against_content=whole)
+            ):
+                what = f"{differences} row(s) differ" if differences else "its integrity check failed"
+                report.problems.append(f"full-text index {index}: {what}; rebuilt")
+                _rebuild(db, table, key, index, condition)
+                report.fts_rebuilt.append(index)
+        if vectors is not None and vectors.available:
+            have = vectors.rowids()
+            ids = {int(r[0]) for r in db.query(f"SELECT {key} FROM {table}")}
+            if vector_rows:
+                wanted = {int(r[0]) for r in db.query(f"SELECT {key} FROM {table} WHERE {vector_rows}")}
+            else:
+                wanted = ids
+            orphans = sorted(have - ids)
+            missing = sorted(wanted - have)
+            if orphans:
+                vectors.delete_many(orphans)
+                report.orphan_vectors_removed = len(orphans)
+                report.problems.append(f"{len(orphans)} vector(s) without a row; deleted")
+            report.missing_vectors = len(missing)
+            report.vectors = len(have) - len(orphans)
+    if missing:
+        if repair_missing is not None:
+            report.vectors_repaired = int(repair_missing(missing))
+            report.vectors = (report.vectors or 0) + report.vectors_repaired
+        report.problems.append(
+            f"{len(missing)} row(s) without a vector; {report.vectors_repaired} embedded now"
+        )
+    for index in report.fts_rebuilt:  # a rebuild that did not take would be a silent wrong answer
+        if not _fts_intact(db, index, against_content=indexes[index] is None):
+            raise StorageError(f"database {db.path}: full-text index {index} is damaged even after a rebuild")
+    report.seconds = time.perf_counter() - started
+    if report.problems:
+        log.warning("consistency check of %s: %s", db.path, "; ".join(report.problems))
+    return report

@@ -1,0 +1,129 @@
+"""The knowledge store's numpy BM25 ranks exactly as FTS5's bm25() does, and its caches follow
+every write (this connection's incrementally, another connection's by reloading)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from memstrata.layers import KnowledgeStore
+from memstrata.layers._knowledge_bm25 import Bm25Index
+from memstrata.storage import keyword_terms
+
+from tests.fakes import FakeEmbedder
+
+_WORDS_TEXT = """
+    queue retry backoff payment invoice cache timeout database index migration lock table deploy
+    rollback token session cookie login schema vector search ranking fusion kafka consumer producer
+    partition offset latency throughput memory leak thread pool
+"""
+WORDS = _WORDS_TEXT.split()
+
+
+def fts5_ranking(store: KnowledgeStore, terms: list[str], limit: int) -> list[int]:
+    """FTS5's own ``ORDER BY bm25()`` for the same words (ties broken by id, as Bm25Index does)."""
+    match = " OR ".join('"' + t.replace('"', '""') + '"' for t in terms)
+    rows = store._db.query(
+        "SELECT rowid, bm25(knowledge_fts, 1.0, 1.0, 1.0) FROM knowledge_fts WHERE knowledge_fts MATCH ?",
+        (match,),
+    )
+    ordered = sorted(rows, key=lambda r: (round(r[1], 9), r[0]))
+    return [int(r[0]) for r in ordered[:limit]]
+
+
+def numpy_ranking(store: KnowledgeStore, terms: list[str], limit: int) -> list[int]:
+    return store._bm25.search(terms, limit)
+
+
+def fresh_ranking(store: KnowledgeStore, terms: list[str], limit: int) -> list[int]:
+    """A new index on the same connection: nothing cached."""
+    return Bm25Index(store._db, "knowledge_fts", ["content", "tag_text", "ident"], [1.0, 1.0, 1.0]).search(
+        terms, limit
+    )
+
+
+def sentence(rng: random.Random) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 25)))
+
+
+@pytest.fixture
+def store(data_dir: Path) -> Iterator[KnowledgeStore]:
+    with KnowledgeStore.open(data_dir / "bm25.sqlite", FakeEmbedder()) as ks:
+        yield ks
+
+
+def test_ranking_matches_fts5(store: KnowledgeStore) -> None:
+    rng = random.Random(5)
+    store.add_many({"content": sentence(rng), "tags": {rng.choice(WORDS): ""}} for _ in range(300))
+    for _ in range(40):
+        terms = list(dict.fromkeys(rng.sample(WORDS, rng.randint(1, 5))))
+        assert numpy_ranking(store, terms, 20) == fts5_ranking(store, terms, 20)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    docs=st.lists(st.lists(st.sampled_from(WORDS), min_size=1, max_size=12), min_size=1, max_size=40),
+    query=st.lists(st.sampled_from(WORDS), min_size=1, max_size=4, unique=True),
+    deletes=st.lists(st.integers(min_value=0, max_value=39), max_size=5),
+)
+def test_ranking_matches_fts5_property(
+    data_dir: Path, docs: list[list[str]], query: list[str], deletes: list[int]
+) -> None:
+    path = data_dir / f"prop-{random.getrandbits(64)}.sqlite"
+    with KnowledgeStore.open(path, FakeEmbedder()) as ks:
+        ids = ks.add_many({"content": " ".join(words) + f" doc{i}"} for i, words in enumerate(docs))
+        numpy_ranking(ks, query, 10)  # cache postings before the deletes
+        for index in deletes:
+            if index < len(ids):
+                ks.delete(ids[index])
+        assert numpy_ranking(ks, query, 10) == fts5_ranking(ks, query, 10)
+
+
+def test_caches_follow_this_connections_writes(store: KnowledgeStore) -> None:
+    rng = random.Random(9)
+    ids = store.add_many({"content": sentence(rng)} for _ in range(120))
+    queries = [list(dict.fromkeys(rng.sample(WORDS, 3))) for _ in range(15)]
+
+    def check() -> None:
+        for terms in queries:
+            assert (
+                numpy_ranking(store, terms, 15)
+                == fresh_ranking(store, terms, 15)
+                == fts5_ranking(store, terms, 15)
+            )
+
+    check()  # postings of every query word are cached now
+    store.add_many({"content": sentence(rng)} for _ in range(10))  # small: patched in place
+    check()
+    store.add_many({"content": sentence(rng)} for _ in range(300))  # large: cache dropped
+    check()
+    store.update(ids[3], content="queue queue queue retry")
+    store.delete(ids[4])
+    store.add(store.get(ids[5]).content, tags={"kafka": "lag"})  # type: ignore[union-attr]
+    check()
+
+
+def test_rolled_back_writes_leave_no_trace(store: KnowledgeStore) -> None:
+    kept = store.add("kafka consumer lag")
+    assert store.search("kafka", mode="keyword")
+    with pytest.raises(RuntimeError), store._db.transaction():
+        store.add("kafka producer retries")
+        raise RuntimeError("abort")
+    assert [h.entry.id for h in store.search("kafka", mode="keyword")] == [kept]
+    assert numpy_ranking(store, ["kafka"], 5) == fts5_ranking(store, ["kafka"], 5) == [kept]
+
+
+def test_query_words_are_stemmed_like_fts5(store: KnowledgeStore) -> None:
+    entry = store.add("the migrations were running slowly")
+    for query in ("migration", "running", "runs slow", "MIGRATING"):
+        assert [h.entry.id for h in store.search(query, mode="keyword")] == [entry], query
+    assert store._bm25.stems(keyword_terms("Migrations running")) == ["migrat", "run"]
+
+
+def test_only_stop_words_still_search(store: KnowledgeStore) -> None:
+    entry = store.add("what it is about")
+    assert [h.entry.id for h in store.search("what is it", mode="keyword")] == [entry]
