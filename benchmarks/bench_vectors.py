@@ -97,11 +97,14 @@ def _interleaved(contenders: dict[str, Callable[[int], Any]], rounds: int) -> di
     samples: dict[str, list[float]] = {name: [] for name in contenders}
     for fn in contenders.values():
         fn(0)
-    for i in range(rounds):
-        for name, fn in contenders.items():
+    names = list(contenders)
+    shuffle = np.random.default_rng(rounds)
+    for i in range(rounds):  # a shuffled order: BLAS threads still spinning after a call slow the next
+        for name in shuffle.permutation(names):
+            fn = contenders[str(name)]
             started = time.perf_counter()
             fn(i)
-            samples[name].append((time.perf_counter() - started) * 1000)
+            samples[str(name)].append((time.perf_counter() - started) * 1000)
     return samples
 
 
@@ -176,7 +179,7 @@ def _size(
     p50, p99 = _p50(samples["index"]), percentile(samples["index"], 99)
     large = index.approximate_from is not None and n >= index.approximate_from
     engine = (
-        f"inverted lists ({approx['lists']} lists, {approx['probe_share']:.0%} of rows scanned)"
+        f"inverted lists ({approx['lists']} lists, ~{approx['probe_lists']} scanned)"
         if approx
         else "exact scan"
     )

@@ -110,9 +110,12 @@ def _read(
         )
     if not located:
         return Rows([], np.zeros((0, dim), dtype=np.float32), {c: [] for c in names})
-    if any(not isinstance(c, int) or not isinstance(o, int) for _, c, o in located):
-        raise _Surprise("a row is not placed in a chunk")
-    place = np.array(located, dtype=np.int64)
+    try:  # a row not (yet) placed in a chunk has NULLs, which numpy refuses as int64
+        place = np.array(located, dtype=np.int64)
+    except (TypeError, ValueError) as exc:
+        raise _Surprise("a row is not placed in a chunk") from exc
+    if place.ndim != 2 or place.shape[1] != 3:
+        raise _Surprise("unexpected _rowids shape")
     order = np.lexsort((place[:, 2], place[:, 1]))  # by chunk, then offset: sequential reads
     place = place[order]
     chunk_ids = place[:, 1]

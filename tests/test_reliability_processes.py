@@ -19,11 +19,11 @@ import memstrata.storage._connection as connection_module
 import pytest
 from memstrata.actors._outbox import Outbox, _boot_id, _start_time
 from memstrata.layers import EpisodicMemory, KnowledgeStore
-from memstrata.storage import connection_defaults
+from memstrata.storage import connection_defaults, open_database
 
 from memstrata import Config, MemorySystem
 from memstrata.config import StorageConfig
-from memstrata.errors import DatabaseBusyError
+from memstrata.errors import ConfigError, DatabaseBusyError, InvalidInputError
 from tests.fakes import FakeEmbedder
 
 REPO = Path(__file__).resolve().parent.parent
@@ -338,3 +338,43 @@ def test_outbox_rows_of_a_live_process_are_left_to_it(
         assert system.wait_idle(10)
         assert system.status()["agents"]["a1"]["agent"]["outbox_pending"] == 0
         assert [e.content for e in system.agent("a1").list_knowledge()] == ["finished by the other process"]
+
+
+def test_connection_defaults_apply_to_their_block_and_thread_only(tmp_path: Path) -> None:
+    with connection_defaults(lock_bound_s=0.25, synchronous="full", busy_timeout_ms=40):
+        inside = open_database(tmp_path / "a.sqlite")
+        seen: list[float] = []
+        other = threading.Thread(
+            target=lambda: seen.append(open_database(tmp_path / "b.sqlite").lock_bound_s)
+        )
+        other.start()
+        other.join(30)
+    outside = open_database(tmp_path / "c.sqlite")
+    try:
+        assert inside.lock_bound_s == 0.25
+        assert inside.pragmas()["synchronous"] == 2 and inside.pragmas()["busy_timeout"] == 40
+        assert seen == [30.0]  # another thread keeps the defaults
+        assert outside.lock_bound_s == 30.0 and outside.pragmas()["synchronous"] == 1
+        # SQLite's own wait never outlasts the bound
+        assert open_database(tmp_path / "d.sqlite", lock_bound_s=0.1).pragmas()["busy_timeout"] == 100
+    finally:
+        inside.close()
+        outside.close()
+    with pytest.raises(InvalidInputError, match="lock_bound_s"), connection_defaults(lock_bound_s=0):
+        pass
+    with pytest.raises(InvalidInputError, match="synchronous"), connection_defaults(synchronous="off"):
+        pass
+
+
+def test_storage_config_is_checked_at_start(data_dir: Path) -> None:
+    for storage, key in (
+        (StorageConfig(lock_timeout_s=0), "storage.lock_timeout_s"),
+        (StorageConfig(synchronous="off"), "storage.synchronous"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(key)):
+            MemorySystem.start(Config(data_dir=data_dir, storage=storage), embedder=FakeEmbedder())
+    env = {"MEMSTRATA_STORAGE__SYNCHRONOUS": "full", "MEMSTRATA_DATA_DIR": str(data_dir)}
+    config = Config.load(env=env)
+    assert config.storage.synchronous == "full"
+    with MemorySystem.start(config, embedder=FakeEmbedder()) as system:
+        assert system.agent("a1").store_knowledge("fsynced on every commit", category="pattern") > 0
