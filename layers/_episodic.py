@@ -412,10 +412,10 @@ class EpisodicMemory:
             return 0
         done = 0
         for start in range(0, len(ids), 1000):
-            rows = query_in(
-                self._db, "SELECT id, title, content FROM episodes WHERE id IN", ids[start : start + 1000]
-            )
+            batch = ids[start : start + 1000]
+            rows = query_in(self._db, "SELECT id, title, content FROM episodes WHERE id IN", batch)
             if not rows:
+                self._pending_ids.difference_update(batch)  # removed meanwhile: nothing to embed
                 continue
             try:
                 array = self._embed(embedder, [(r[1], r[2]) for r in rows])
@@ -432,7 +432,7 @@ class EpisodicMemory:
                 keep = [n for n, r in enumerate(rows) if int(r[0]) in present]
                 if keep:
                     vectors.upsert_many([int(rows[n][0]) for n in keep], array[keep])
-            self._pending_ids.difference_update(int(r[0]) for r in rows)
+            self._pending_ids.difference_update(batch)
             done += len(keep)
         self._matrix = None
         return done

@@ -929,6 +929,11 @@ class VectorIndex:
                 raise StorageError(f"vector table {self.table} is not a vec0 table")
             return self._search_vec0(q[0], k, where, cand)
         mirror = self._mirror_now()
+        if q.shape[1] != self.dim:
+            raise InvalidInputError(
+                f"query must have shape (n, {self.dim}): vector table {self.table} was reset to "
+                f"{self.dim} dimensions by another connection"
+            )
         mirror.maintain(self.approximate_from)
         return mirror.search(q[0], k, where, cand, exact=exact)
 

@@ -304,6 +304,10 @@ def test_each_process_sees_the_others_writes_in_vector_search(
             assert hits[0].match_type == "semantic"
             found = episodic.search("zulu episode item 1", mode="vector", top_k=1)
             assert found and found[0].episode.content == "zulu episode item 1"
+            # and the keyword side (FTS5 and its in-memory BM25 statistics) too
+            keyword = agent.query_knowledge("zulu", mode="keyword", top_k=5)
+            assert sorted(h.entry.content for h in keyword) == [f"zulu knowledge item {i}" for i in range(3)]
+            assert len(episodic.search("zulu", mode="keyword", top_k=5)) == 3
 
 
 SLEEPER = textwrap.dedent(

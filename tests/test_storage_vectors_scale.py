@@ -1,0 +1,384 @@
+"""VectorIndex at scale: inverted lists (recall, deletes, filters, rebuilds), the change-log
+refresh between connections, bulk deletes and the chunk-table reader.
+
+The inverted lists switch on at ``approximate_from`` live vectors (200k by default); these tests
+set it low so that 20k vectors exercise the same code in seconds.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from memstrata.storage import Database, VectorIndex, open_database
+from memstrata.storage import _vectors as vectors_module
+from memstrata.storage._vec0_chunks import read_rows
+
+from memstrata.errors import InvalidInputError
+
+DIM = 32
+N = 20_000
+THRESHOLD = 10_000
+META = {"cat": "integer", "agent": "text"}
+AGENTS = ("a", "agent-with-a-long-name", "ägent-ünïcode-long-name-✓")  # short, long, long non-ASCII
+
+FloatArray = npt.NDArray[np.float32]
+
+
+def _unit(a: FloatArray) -> FloatArray:
+    out: FloatArray = (a / np.linalg.norm(a, axis=-1, keepdims=True)).astype(np.float32)
+    return out
+
+
+BASES = _unit(np.random.default_rng(0).standard_normal((400, DIM)).astype(np.float32))
+
+
+def _clustered(seed: int, n: int) -> FloatArray:
+    """Vectors that cluster like sentence embeddings: a base, part of another, noise."""
+    rng = np.random.default_rng(seed)
+    mixed = BASES[rng.integers(0, len(BASES), n)] + 0.5 * BASES[rng.integers(0, len(BASES), n)]
+    mixed += rng.standard_normal((n, DIM)).astype(np.float32) * (0.6 / np.sqrt(DIM))
+    return _unit(mixed)
+
+
+def _queries(seed: int, n: int) -> FloatArray:
+    """Queries near the bases (like a short question near the sentences that answer it)."""
+    rng = np.random.default_rng(seed + 1000)
+    noise = rng.standard_normal((n, DIM)).astype(np.float32) * (0.5 / np.sqrt(DIM))
+    return _unit(BASES[rng.integers(0, len(BASES), n)] + noise)
+
+
+VECTORS = _clustered(1, N)
+CATS = np.random.default_rng(2).integers(0, 4, N)
+AGENT_OF = np.random.default_rng(3).integers(0, len(AGENTS), N)
+
+
+def _metas(rows: range | list[int]) -> list[dict[str, Any]]:
+    return [{"cat": int(CATS[r - 1]), "agent": AGENTS[int(AGENT_OF[r - 1])]} for r in rows]
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One store of N vectors, copied for each test (inserting them takes longer than a copy)."""
+    path = tmp_path_factory.mktemp("scale") / "template.sqlite"
+    db = open_database(path)
+    index = VectorIndex(db, "items", DIM, metadata=META)
+    for start in range(1, N + 1, 5000):
+        rows = range(start, min(N, start + 4999) + 1)
+        with db.transaction():
+            index.upsert_many(list(rows), VECTORS[start - 1 : rows[-1]], _metas(rows))
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.close()
+    return path
+
+
+@pytest.fixture
+def store(template: Path, tmp_path: Path) -> Iterator[Path]:
+    path = tmp_path / "store.sqlite"
+    shutil.copy(template, path)
+    yield path
+
+
+def _open(path: Path, threshold: int | None = THRESHOLD) -> tuple[Database, VectorIndex]:
+    db = open_database(path)
+    return db, VectorIndex(db, "items", DIM, metadata=META, approximate_from=threshold)
+
+
+def _exact(index: VectorIndex, query: FloatArray, k: int, where: dict[str, Any] | None = None) -> list[int]:
+    return [h.rowid for h in index.search(query, k, where=where, engine="vec0")]
+
+
+def _recall(
+    index: VectorIndex, queries: FloatArray, k: int = 10, where: dict[str, Any] | None = None
+) -> float:
+    found = [
+        len({h.rowid for h in index.search(q, k, where=where)} & set(_exact(index, q, k, where)))
+        for q in queries
+    ]
+    return sum(found) / (k * len(queries))
+
+
+def test_inverted_lists_reach_the_recall_target(store: Path) -> None:
+    db, index = _open(store)
+    queries = _queries(1, 60)
+    index.search(queries[0], 10)
+    approx = index.status()["approximate"]
+    assert approx is not None and approx["lists"] >= 128 and approx["tail_rows"] == 0
+    assert _recall(index, queries) >= 0.99
+    # the similarities are exact ones, not estimates
+    for hit in index.search(queries[1], 5):
+        stored = index.get(hit.rowid)
+        assert stored is not None
+        assert hit.similarity == pytest.approx(float(_unit(stored) @ queries[1]), abs=1e-5)
+    db.close()
+
+
+def test_small_mirrors_candidates_and_exact_stay_exact(store: Path) -> None:
+    db, index = _open(store, threshold=None)
+    queries = _queries(2, 20)
+    for q in queries:
+        assert [h.rowid for h in index.search(q, 10)] == _exact(index, q, 10)
+    assert index.status()["approximate"] is None
+    db.close()
+    db, index = _open(store)
+    index.search(queries[0], 1)
+    assert index.status()["approximate"] is not None
+    rng = np.random.default_rng(3)
+    for q in queries:
+        subset = [int(i) for i in rng.choice(np.arange(1, N + 1), 3000, replace=False)]
+        for candidates in (subset[:50], subset):  # both candidate paths
+            expected = [h.rowid for h in index.search(q, 10, candidates=candidates, engine="vec0")]
+            assert [h.rowid for h in index.search(q, 10, candidates=candidates)] == expected
+        assert [h.rowid for h in index.search(q, 10, exact=True)] == _exact(index, q, 10)
+    db.close()
+
+
+def test_deletes_and_filters_under_the_inverted_lists(store: Path) -> None:
+    db, index = _open(store)
+    queries = _queries(3, 40)
+    index.search(queries[0], 1)
+    assert index.status()["approximate"] is not None
+    # delete the current best answers and 10% of the rows: they must never come back
+    rng = np.random.default_rng(11)
+    doomed = {h.rowid for q in queries for h in index.search(q, 3)}
+    doomed |= {int(r) for r in rng.choice(np.arange(1, N + 1), N // 10, replace=False)}
+    index.delete_many(doomed)
+    for q in queries:
+        assert not doomed & {h.rowid for h in index.search(q, 10)}
+    queries = _queries(13, 40)  # fresh queries: recall over what is left
+    assert _recall(index, queries) >= 0.99
+    for where in ({"cat": 2}, {"agent": AGENTS[1]}, {"agent": AGENTS[2], "cat": 1}):
+        for q in queries[:10]:
+            hits = index.search(q, 10, where=where)
+            assert hits, where
+            for hit in hits:
+                assert int(CATS[hit.rowid - 1]) == where.get("cat", int(CATS[hit.rowid - 1]))
+                assert AGENTS[int(AGENT_OF[hit.rowid - 1])] == where.get(
+                    "agent", AGENTS[int(AGENT_OF[hit.rowid - 1])]
+                )
+        assert _recall(index, queries, where=where) >= 0.99
+    assert index.search(queries[0], 10, where={"agent": "nobody"}) == []
+    db.close()
+
+
+def test_new_rows_are_found_and_the_tail_is_folded_in(store: Path) -> None:
+    db, index = _open(store)
+    queries = _queries(4, 30)
+    index.search(queries[0], 1)
+    first = index.status()["approximate"]
+    assert first["builds"] == 1
+    # new rows go to the tail, which every search scans exactly: a copy of a query is found first
+    index.upsert_many([N + 1, N + 2], queries[:2] * 3, _metas([1, 2]))
+    assert index.search(queries[0], 1)[0].rowid == N + 1
+    assert index.search(queries[1], 1, where={"cat": int(CATS[1])})[0].rowid == N + 2
+    assert index.status()["approximate"]["tail_rows"] == 2
+    # an update moves a row to the tail; its old place no longer answers
+    index.upsert_many([5], queries[2:3], _metas([5]))
+    assert index.search(queries[2], 1)[0].rowid == 5
+    # a tail beyond 15% of the lists is folded into them (same centroids)
+    more = _clustered(40, 4000)
+    index.upsert_many(list(range(N + 3, N + 4003)), more, _metas(list(range(1, 4001))))
+    index.search(queries[0], 1)
+    folded = index.status()["approximate"]
+    assert (
+        folded["builds"] == 2 and folded["tail_rows"] == 0 and folded["trained_rows"] == first["trained_rows"]
+    )
+    assert index.search(queries[0], 1)[0].rowid == N + 1
+    assert _recall(index, queries) >= 0.99
+    # twice the rows the centroids were trained on: they are trained again
+    grow = _clustered(41, N + 4000)
+    start = N + 5000
+    for offset in range(0, len(grow), 8000):
+        chunk = grow[offset : offset + 8000]
+        ids = list(range(start + offset, start + offset + len(chunk)))
+        index.upsert_many(ids, chunk, _metas([1 + i % N for i in range(len(chunk))]))
+    index.search(queries[0], 1)
+    retrained = index.status()["approximate"]
+    assert retrained["trained_rows"] > 2 * first["trained_rows"] and retrained["tail_rows"] == 0
+    assert _recall(index, queries) >= 0.99
+    # shrinking far below the threshold returns to exact search
+    index.delete_many(r for r in range(1, start + len(grow)) if r not in (N + 1, N + 2))
+    assert [h.rowid for h in index.search(queries[0], 5)] == [N + 1, N + 2]
+    assert index.status()["approximate"] is None
+    db.close()
+
+
+State = dict[int, tuple[FloatArray, int, str]]
+
+
+def _mirror_state(index: VectorIndex) -> State:
+    """What the mirror holds: rowid -> (unit vector, cat, agent)."""
+    mirror = index._mirror
+    assert mirror is not None
+    vocab = {c: {code: value for value, code in mirror.vocab[c].items()} for c in META}
+    state = {}
+    for pos in np.flatnonzero(mirror.alive[: mirror.size]):
+        state[int(mirror.rowids[pos])] = (
+            mirror.matrix[pos],
+            vocab["cat"][int(mirror.codes["cat"][pos])],
+            vocab["agent"][int(mirror.codes["agent"][pos])],
+        )
+    return state
+
+
+def _store_state(db: Database) -> State:
+    return {
+        int(r): (_unit(np.frombuffer(e, dtype=np.float32)), int(c), str(a))
+        for r, e, c, a in db.query("SELECT rowid, embedding, cat, agent FROM items_vec")
+    }
+
+
+def _same(a: State, b: State) -> bool:
+    return a.keys() == b.keys() and all(
+        a[r][1:] == b[r][1:] and np.allclose(a[r][0], b[r][0], atol=1e-6) for r in a
+    )
+
+
+def test_another_connections_writes_refresh_the_mirror_incrementally(store: Path) -> None:
+    db_a, index_a = _open(store)
+    db_b, index_b = _open(store)
+    queries = _queries(5, 20)
+    index_a.search(queries[0], 1)
+    assert index_a.reloads == 1 and index_a.status()["approximate"] is not None
+    rng = np.random.default_rng(6)
+    renamed = set()
+    for round_ in range(3):
+        with db_b.transaction():
+            index_b.upsert_many(
+                list(range(N + 1 + 100 * round_, N + 101 + 100 * round_)),
+                _clustered(7 + round_, 100),
+                _metas(range(1, 101)),
+            )
+            index_b.delete_many([int(r) for r in rng.choice(np.arange(1, N + 1), 50, replace=False)])
+            updated = [int(r) for r in rng.choice(np.arange(1, N + 1), 30, replace=False)]
+            index_b.upsert_many(updated, _clustered(20 + round_, 30), _metas([1 + (u % 7) for u in updated]))
+        index_b.update_metadata(updated[0], {"cat": 3, "agent": "renamed-agent-long-name"})
+        renamed.add(updated[0])
+        hits = index_a.search(queries[round_], 10)
+        assert [h.rowid for h in hits] == [h.rowid for h in index_a.search(queries[round_], 10)]
+        assert _same(_mirror_state(index_a), _store_state(db_a))
+    assert index_a.reloads == 1 and index_a.refreshes >= 3
+    found = index_a.search(queries[0], 5, where={"agent": "renamed-agent-long-name"})
+    assert {h.rowid for h in found} == renamed
+    db_a.close()
+    db_b.close()
+
+
+def test_a_mirror_behind_the_pruned_log_or_a_reset_reloads(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(vectors_module, "LOG_KEEP", 50)
+    monkeypatch.setattr(vectors_module, "_LOG_SLACK", 10)
+    db_a, index_a = _open(store)
+    db_b, index_b = _open(store)
+    index_a.search(VECTORS[0], 1)
+    for i in range(5):
+        index_b.upsert_many(
+            list(range(N + 1 + 40 * i, N + 41 + 40 * i)), _clustered(30 + i, 40), _metas(range(1, 41))
+        )
+    assert int(db_b.scalar("SELECT count(*) FROM items_vec_log")) <= 61
+    index_a.search(VECTORS[0], 1)
+    assert index_a.reloads == 2  # the entries it needed were pruned
+    assert _same(_mirror_state(index_a), _store_state(db_a))
+    index_b.upsert(N + 500, VECTORS[1], _metas([2])[0])
+    index_a.search(VECTORS[0], 1)
+    assert index_a.reloads == 2 and (N + 500) in _mirror_state(index_a)
+    index_b.reset(DIM * 2)
+    wide = np.ones(DIM * 2, dtype=np.float32)
+    index_b.upsert(1, wide, _metas([1])[0])
+    with pytest.raises(InvalidInputError, match=f"{DIM * 2}"):  # reloaded: the table changed dimension
+        index_a.search(VECTORS[0], 3)
+    assert [h.rowid for h in index_a.search(wide, 3)] == [1]
+    assert index_a.reloads == 3 and index_a.dim == DIM * 2
+    db_a.close()
+    db_b.close()
+
+
+def test_rollback_rereads_only_what_it_touched(store: Path) -> None:
+    db, index = _open(store)
+    queries = _queries(8, 5)
+    before = [h.rowid for h in index.search(queries[0], 5)]
+    with pytest.raises(RuntimeError), db.transaction():
+        index.upsert_many([N + 1], queries[:1], _metas([1]))
+        index.delete_many(before[:2])
+        assert index.search(queries[0], 1)[0].rowid == N + 1
+        with pytest.raises(RuntimeError), db.transaction():  # a savepoint inside
+            index.delete_many([N + 1])
+            raise RuntimeError("inner")
+        assert index.search(queries[0], 1)[0].rowid == N + 1
+        raise RuntimeError("outer")
+    assert [h.rowid for h in index.search(queries[0], 5)] == before
+    assert index.reloads == 1
+    assert _same(_mirror_state(index), _store_state(db))
+    db.close()
+
+
+def test_bulk_delete_many(store: Path) -> None:
+    db, index = _open(store)
+    index.search(VECTORS[0], 1)
+    rng = np.random.default_rng(9)
+    doomed = [int(r) for r in rng.choice(np.arange(1, N + 1), 3000, replace=False)]
+    with db.transaction():
+        index.delete_many([*doomed, 10 * N])  # an unknown rowid is ignored
+    assert index.count() == N - 3000
+    assert int(db.scalar("PRAGMA cache_size")) == -2000  # restored after the batch
+    assert set(doomed).isdisjoint(index.rowids())
+    assert set(doomed).isdisjoint(_mirror_state(index))
+    other_db, other = _open(store)
+    other.search(VECTORS[0], 1)
+    assert _same(_mirror_state(other), _store_state(db)) and len(_mirror_state(other)) == N - 3000
+    db.close()
+    other_db.close()
+
+
+def test_chunk_reader_matches_the_virtual_table_with_metadata(store: Path) -> None:
+    db, index = _open(store)
+    index.delete_many(range(100, 3000, 7))
+    index.upsert_many([N + 1], VECTORS[:1], [{"cat": 9, "agent": "exactly12chr"}])
+    index.upsert_many([N + 2], VECTORS[1:2], [{"cat": -(2**40), "agent": ""}])
+    table = "items_vec"
+    expected = {int(r[0]): r[1:] for r in db.query(f"SELECT rowid, embedding, cat, agent FROM {table}")}
+    for wanted in (None, [*sorted(expected)[::97], N + 1, N + 2, 123_456], sorted(expected)[:4000:2]):
+        rows = read_rows(db, table, DIM, list(META.items()), wanted)
+        assert rows is not None
+        keys = sorted(expected) if wanted is None else sorted(w for w in wanted if w in expected)
+        assert sorted(rows.rowids) == keys
+        for i, rowid in enumerate(rows.rowids):
+            blob, cat, agent = expected[rowid]
+            assert rows.vectors[i].tobytes() == blob
+            assert (rows.metas["cat"][i], rows.metas["agent"][i]) == (cat, agent)
+    db.close()
+
+
+def test_chunk_reader_types(tmp_path: Path) -> None:
+    db = open_database(tmp_path / "t.sqlite")
+    meta = {"n": "integer", "x": "float", "flag": "boolean", "label": "text"}
+    index = VectorIndex(db, "typed", 8, metadata=meta)
+    rng = np.random.default_rng(10)
+    metas = [
+        {
+            "n": int(i) - 500,
+            "x": float(i) / 3,
+            "flag": bool(i % 3 == 0),
+            "label": "long label " * (i % 4) + str(i),
+        }
+        for i in range(2100)
+    ]
+    index.upsert_many(list(range(1, 2101)), rng.standard_normal((2100, 8)).astype(np.float32), metas)
+    rows = read_rows(db, "typed_vec", 8, list(meta.items()))
+    assert rows is not None and sorted(rows.rowids) == list(range(1, 2101))
+    for i, rowid in enumerate(rows.rowids):
+        want = metas[rowid - 1]
+        assert rows.metas["n"][i] == want["n"] and rows.metas["x"][i] == want["x"]
+        assert rows.metas["flag"][i] == int(want["flag"]) and rows.metas["label"][i] == want["label"]
+    for where in ({"flag": True}, {"label": metas[7]["label"]}, {"x": metas[9]["x"], "n": metas[9]["n"]}):
+        got = {h.rowid for h in index.search(np.ones(8, dtype=np.float32), 3000, where=where)}
+        assert got == {
+            h.rowid for h in index.search(np.ones(8, dtype=np.float32), 3000, where=where, engine="vec0")
+        }
+    db.close()
