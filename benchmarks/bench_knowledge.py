@@ -98,10 +98,8 @@ class HashEmbedder:
     dim = 384
 
     def embed_documents(self, texts: Sequence[str]) -> FloatArray:
-        out = np.empty((len(texts), self.dim), dtype=np.float32)
-        for i, text in enumerate(texts):
-            seed = hashlib.blake2b(text.encode("utf-8", "replace"), digest_size=8).digest()
-            out[i] = np.random.default_rng(int.from_bytes(seed, "little")).standard_normal(self.dim)
+        raw = b"".join(hashlib.shake_128(t.encode("utf-8", "replace")).digest(self.dim * 2) for t in texts)
+        out = np.frombuffer(raw, dtype=np.int16).reshape(len(texts), self.dim).astype(np.float32)
         out /= np.linalg.norm(out, axis=1, keepdims=True)
         return out
 

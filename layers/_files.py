@@ -418,6 +418,7 @@ class _FileIndex:
             "sources": self.rules.describe(),
             **store.counts(),
             "vectors": store.vectors.status() if store.vectors is not None else None,
+            "consistency": store.consistency.as_dict(),
             "last_sync": None if last is None else {**last.as_dict(), "at": last_at},
             "lazy_sync_error": self._lazy_error,
             "watcher": self._watcher.status() if self._watcher is not None else {"running": False},

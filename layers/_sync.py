@@ -36,6 +36,7 @@ from memstrata.storage import (
     SearchParams,
     VectorIndex,
     apply_migrations,
+    check_consistency,
     embed_documents,
     embed_query,
     embedding_mismatch,
@@ -209,6 +210,14 @@ class Store:
                     set_meta(self.db, "chunker_version", CHUNKER_VERSION)
                     set_meta(self.db, "chunker_signature", self.signature)
                     set_meta(self.db, "root", str(root))
+            self.consistency = check_consistency(
+                self.db,
+                table=TABLE,
+                fts={f"{TABLE}_fts": None, f"{TABLE}_tri": None},
+                vectors=self.vectors,
+                vector_rows=None if self.semantic else "0",
+                repair_missing=self._mark_files_stale,
+            )
         except BaseException:
             self.db.close()
             raise
@@ -238,6 +247,18 @@ class Store:
         if self.embedder is not None and callable(count):
             return model_token_counter(count), f"tokens:{self.embedder.model_id}"
         return estimate_tokens, ESTIMATE_NAME
+
+    def _mark_files_stale(self, chunk_ids: list[int]) -> int:
+        """Chunks found without a vector: mark their files stale so the next sync re-indexes them."""
+        with self.db.transaction():
+            for start in range(0, len(chunk_ids), 500):
+                batch = chunk_ids[start : start + 500]
+                marks = ",".join("?" for _ in batch)
+                self.db.execute(
+                    f"UPDATE files SET signature = '' WHERE path IN (SELECT path FROM {TABLE} WHERE id IN ({marks}))",
+                    batch,
+                )
+        return 0  # repaired by the next sync, not now
 
     @property
     def semantic(self) -> bool:

@@ -810,3 +810,28 @@ def test_real_model_finds_paraphrases(workspace: Path, data_dir: Path, real_embe
         )
         hits = index.search("when are snapshots of the data taken")
         assert hits[0].path == "memory/infra.md"
+
+
+def test_missing_vectors_are_found_on_open_and_restored_by_the_next_sync(tmp_path: Path) -> None:
+    """A chunk that lost its vector (e.g. written by a process without sqlite-vec) is repaired."""
+    workspace = tmp_path / "ws"
+    (workspace / "memory").mkdir(parents=True)
+    (workspace / "MEMORY.md").write_text("# Deploys\n\nThe canary deploy runs before the full rollout.\n")
+    db_path = tmp_path / "files.sqlite"
+    embedder = FakeEmbedder()
+    with MemoryFiles.open(workspace, db_path=db_path, embedder=embedder) as mf:
+        mf.sync()
+        store = mf._store
+        assert store is not None and store.vectors is not None
+        lost = store.vectors.rowids()
+        assert lost
+        store.vectors.delete_many(lost)
+    with MemoryFiles.open(workspace, db_path=db_path, embedder=embedder) as mf:
+        report = mf.status()["consistency"]
+        assert report["missing_vectors"] == len(lost)
+        mf.sync()
+        store = mf._store
+        assert store is not None and store.vectors is not None
+        assert store.vectors.count() == len(lost)
+        hits = mf.search("canary rollout", min_score=0.0)
+        assert hits and hits[0].path == "MEMORY.md"
