@@ -255,7 +255,8 @@ class Store:
                 batch = chunk_ids[start : start + 500]
                 marks = ",".join("?" for _ in batch)
                 self.db.execute(
-                    f"UPDATE files SET signature = '' WHERE path IN (SELECT path FROM {TABLE} WHERE id IN ({marks}))",
+                    f"UPDATE files SET signature = '' "
+                    f"WHERE path IN (SELECT path FROM {TABLE} WHERE id IN ({marks}))",
                     batch,
                 )
         return 0  # repaired by the next sync, not now
