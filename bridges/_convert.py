@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from ._json import to_jsonable
@@ -13,13 +14,34 @@ def plain(value: Any) -> Any:
     return to_jsonable(value)
 
 
+_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _names(cls: type) -> tuple[str, ...]:
+    names = _NAMES.get(cls)
+    if names is None:
+        names = _NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
+
+
+def _shallow(value: Any) -> dict[str, Any]:
+    """A dataclass's fields as a dict, values untouched: orjson writes them (datetimes included)."""
+    return {name: getattr(value, name) for name in _names(type(value))}
+
+
 def _flatten(hit: Any, inner: str) -> dict[str, Any]:
-    data = to_jsonable(hit)
-    if not isinstance(data, dict):
-        return {"value": data}
+    """A hit as one flat object: the inner record's fields, then the hit's own (score, ...).
+
+    Shallow on purpose: this runs for every hit of every response, and orjson serialises the
+    remaining values (dicts, tuples, datetimes) natively, far faster than a Python walk.
+    """
+    if not (dataclasses.is_dataclass(hit) and not isinstance(hit, type)):
+        data = to_jsonable(hit)
+        return data if isinstance(data, dict) else {"value": data}
+    data = _shallow(hit)
     nested = data.pop(inner, None)
-    if isinstance(nested, dict):
-        return {**nested, **data}
+    if dataclasses.is_dataclass(nested) and not isinstance(nested, type):
+        return {**_shallow(nested), **data}
     return data
 
 
@@ -43,11 +65,11 @@ def episode_hit(hit: Any) -> dict[str, Any]:
 
 
 def task_prompt(prompt: Any) -> dict[str, Any]:
-    """A TaskPrompt with its hits flattened like :func:`knowledge_hit`."""
-    data = to_jsonable(prompt)
-    if not isinstance(data, dict):
+    """A TaskPrompt with its knowledge hits and episodes flattened like the search results."""
+    if not (dataclasses.is_dataclass(prompt) and not isinstance(prompt, type)):
         return {"text": str(prompt)}
-    hits = getattr(prompt, "hits", None)
-    if hits is not None:
-        data["hits"] = [knowledge_hit(h) for h in hits]
+    data = _shallow(prompt)
+    data["hits"] = [knowledge_hit(h) for h in data.get("hits") or ()]
+    if "episodes" in data:
+        data["episodes"] = [episode_hit(e) for e in data["episodes"] or ()]
     return data

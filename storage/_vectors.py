@@ -96,6 +96,36 @@ def _unit_rows(array: FloatArray) -> FloatArray:
     return unit
 
 
+def _permute_rows(matrix: FloatArray, order: npt.NDArray[np.intp]) -> None:
+    """``matrix[:len(order)] = matrix[order]`` in place, for a permutation ``order``.
+
+    Block by block, the rows wanted in the block are gathered and the rows they displace move to
+    the places just vacated; two bookkeeping arrays track where every row is. Temporary memory is
+    two blocks, not a second matrix (and no fresh pages to fault in, which is slow on some hosts).
+    """
+    n = len(order)
+    where = np.arange(n)  # where[r]: current position of the row that was at r
+    holds = np.arange(n)  # holds[p]: which original row is now at p
+    for a in range(0, n, _MOVE_BLOCK):
+        b = min(n, a + _MOVE_BLOCK)
+        wanted = order[a:b]
+        sources = where[wanted]  # all >= a: rows before a are final
+        inside = sources < b
+        taken = np.zeros(b - a, dtype=bool)
+        taken[sources[inside] - a] = True
+        displaced = np.flatnonzero(~taken) + a  # block positions holding rows wanted later
+        vacated = sources[~inside]  # positions after the block that the gather empties
+        gathered = np.take(matrix, sources, axis=0)
+        moved = np.take(matrix, displaced, axis=0)
+        matrix[a:b] = gathered
+        matrix[vacated] = moved
+        moved_rows = holds[displaced]
+        holds[vacated] = moved_rows
+        where[moved_rows] = vacated
+        holds[a:b] = wanted
+        where[wanted] = np.arange(a, b)
+
+
 class _Mirror:
     """The live vectors (unit length) as one float32 matrix, plus their metadata codes.
 
@@ -244,53 +274,37 @@ class _Mirror:
 
     def repartition(self, *, retrain: bool) -> None:
         """Group the live rows by inverted list: train new centroids, or fold the tail into the
-        existing lists. The rows are gathered once into a new matrix (the old one is released)."""
+        existing lists. Rows move in place (no second matrix: a 1M x 384 mirror is 1.5 GB)."""
         started = time.perf_counter()
+        if self.dead:
+            self.compact()
         size = self.size
-        keep = np.flatnonzero(self.alive[:size])
         part = self.partition
         if retrain or part is None:
-            lists = list_count(len(keep))
+            lists = list_count(size)
             rng = np.random.default_rng(_SEED)
-            n_sample = min(len(keep), lists * SAMPLE_PER_LIST, MAX_SAMPLE)
-            sample = self.matrix[np.sort(rng.choice(keep, n_sample, replace=False))]
+            n_sample = min(size, lists * SAMPLE_PER_LIST, MAX_SAMPLE)
+            sample = np.take(self.matrix, np.sort(rng.choice(size, n_sample, replace=False)), axis=0)
             centroids = train(sample, lists, seed=_SEED)
             del sample
             labels = assign(self.matrix[:size], centroids)
-            trained_rows = len(keep)
+            trained_rows = size
         else:
             centroids, trained_rows = part.centroids, part.trained_rows
             labels = self.lists[:size].copy()
             labels[part.end : size] = assign(self.matrix[part.end : size], centroids)
-        live_labels = labels[keep]
-        order = np.argsort(live_labels, kind="stable")
-        self._permute(keep[order])
-        sorted_labels = live_labels[order]
-        self.lists[: len(keep)] = sorted_labels
+        order = np.argsort(labels, kind="stable")
+        _permute_rows(self.matrix, order)
+        self.rowids[:size] = self.rowids[order]
+        for c in self.columns:
+            self.codes[c][:size] = self.codes[c][order]
+        sorted_labels = labels[order]
+        self.lists[:size] = sorted_labels
+        self.position = dict(zip(self.rowids[:size].tolist(), range(size), strict=True))
         starts = np.searchsorted(sorted_labels, np.arange(len(centroids) + 1)).astype(np.int64)
         self.partition = Partition(centroids, starts, trained_rows)
         self.partitions_built += 1
         self.partition_seconds = time.perf_counter() - started
-
-    def _permute(self, order: npt.NDArray[np.int64]) -> None:
-        """Keep only the rows ``order`` names, in that order, with room to grow."""
-        kept = len(order)
-        capacity = kept + max(1024, kept // 8)
-        matrix = np.empty((capacity, self.dim), dtype=np.float32)
-        np.take(self.matrix, order, axis=0, out=matrix[:kept], mode="clip")  # "clip": unbuffered
-        self.matrix = matrix
-        rowids = np.zeros(capacity, dtype=np.int64)
-        rowids[:kept] = self.rowids[order]
-        self.rowids = rowids
-        self.alive = np.zeros(capacity, dtype=bool)
-        self.alive[:kept] = True
-        self.lists = np.full(capacity, -1, dtype=np.int32)
-        for c in self.columns:
-            codes = np.zeros(capacity, dtype=np.int32)
-            codes[:kept] = self.codes[c][order]
-            self.codes[c] = codes
-        self.size, self.dead = kept, 0
-        self.position = dict(zip(rowids[:kept].tolist(), range(kept), strict=True))
 
     # -- search --------------------------------------------------------------------------------
 

@@ -10,6 +10,8 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from memstrata.layers import KnowledgeEntry, KnowledgeHit, KnowledgeStore
 from memstrata.storage import disable_vec_for_tests, identifier_words
 
@@ -798,6 +800,13 @@ def test_identifier_words_are_searchable(store: KnowledgeStore) -> None:
     ],
 )
 def test_identifier_shortcut_matches_the_engine(text: str) -> None:
+    from memstrata.layers._knowledge import _ident_words
+
+    assert _ident_words(text) == identifier_words(text)
+
+
+@given(st.text(alphabet=st.sampled_from("aAbBzZ09_ .-\u00e9\u4e2d\n"), max_size=60) | st.text(max_size=40))
+def test_identifier_shortcut_property(text: str) -> None:
     from memstrata.layers._knowledge import _ident_words
 
     assert _ident_words(text) == identifier_words(text)

@@ -382,3 +382,19 @@ def test_chunk_reader_types(tmp_path: Path) -> None:
             h.rowid for h in index.search(np.ones(8, dtype=np.float32), 3000, where=where, engine="vec0")
         }
     db.close()
+
+
+def test_rows_are_permuted_in_place() -> None:
+    from memstrata.storage._vectors import _permute_rows
+
+    rng = np.random.default_rng(12)
+    for n in (1, 7, 16_384, 40_000):
+        original = rng.standard_normal((n + 5, 3)).astype(np.float32)
+        for order in (
+            rng.permutation(n),
+            np.arange(n)[::-1],
+            np.argsort(rng.integers(0, 9, n), kind="stable"),
+        ):
+            matrix = original.copy()
+            _permute_rows(matrix, order)
+            assert np.array_equal(matrix[:n], original[order]) and np.array_equal(matrix[n:], original[n:])
