@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from memstrata.errors import InvalidInputError, MemstrataError
 from memstrata.messages import check_agent_id
 
-from . import _convert, _entries
+from . import _convert
 from ._json import MAX_DEPTH, dumps, json_depth, loads
 from ._schema import check, describe_type
 
@@ -180,7 +180,7 @@ def _memory_search(ctx: _Context, args: dict[str, Any]) -> Any:
 def _has_saved_memories(ctx: _Context) -> bool:
     if ctx.system is None:
         return False
-    return bool(_entries.list_entries(ctx.system, ctx.agent_id, category=MEMORY_CATEGORY, limit=1))
+    return bool(ctx.agent().list_knowledge(category=MEMORY_CATEGORY, limit=1))
 
 
 def _memory_id(path: str) -> str:
@@ -227,7 +227,7 @@ def _saved_memory(ctx: _Context, ident: Any) -> Any:
     if isinstance(ident, bool) or not isinstance(ident, int) or not 0 <= ident < 2**63:
         raise InvalidInputError(f"no saved memory with id {ident!r} (ids are non-negative integers)")
     ctx.agent()
-    entry = _entries.get_entry(ctx.system, ctx.agent_id, ident)
+    entry = ctx.agent().get_knowledge(ident)
     if entry is None or entry.category != MEMORY_CATEGORY:
         raise InvalidInputError(f"no saved memory with id {ident!r}")
     return entry
@@ -244,10 +244,7 @@ def _memory_add(ctx: _Context, args: dict[str, Any]) -> Any:
 
 
 def _memory_list(ctx: _Context, args: dict[str, Any]) -> Any:
-    ctx.agent()
-    entries = _entries.list_entries(
-        ctx.system,
-        ctx.agent_id,
+    entries = ctx.agent().list_knowledge(
         category=MEMORY_CATEGORY,
         tags=_tags(args.get("tags")),
         scope=args.get("scope"),
@@ -271,7 +268,7 @@ def _memory_delete(ctx: _Context, args: dict[str, Any]) -> Any:
     raw = args["id"]
     ident = _coerce_id(_memory_id(raw) if isinstance(raw, str) and raw.startswith(MEMORY_SCHEME) else raw)
     _saved_memory(ctx, ident)
-    return {"id": ident, "deleted": _entries.delete_entry(ctx.system, ctx.agent_id, ident)}
+    return {"id": ident, "deleted": ctx.agent().delete_knowledge(ident)}
 
 
 def _knowledge_query(ctx: _Context, args: dict[str, Any]) -> Any:
