@@ -136,7 +136,7 @@ def _size(
     label = f"{n // 1000}k x {DIM}" if n < 1_000_000 else f"{n // 1_000_000}M x {DIM}"
     vectors = _mix(base, n, seed=n)
     cats = np.random.default_rng(n + 1).integers(CATS, size=n)
-    queries = _queries(base, max(rounds, 50), seed=n + 2)
+    queries = _queries(base, 200, seed=n + 2)
     path = ctx.workdir / f"vectors-{n}.sqlite"
     insert_s = _build(path, vectors, cats)
 

@@ -31,7 +31,7 @@ __all__ = ["Bm25Index"]
 
 K1 = 1.2
 B = 0.75
-_MAX_CACHED_POSTINGS = 20_000_000  # postings held in memory before the cache is emptied
+_MAX_CACHED_POSTINGS = 8_000_000  # postings held in memory (12 bytes each) before the cache is emptied
 _MAX_CACHED_STEMS = 50_000
 _INCREMENTAL_LIMIT = 256  # larger writes drop cached postings instead of patching them
 

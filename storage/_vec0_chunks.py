@@ -29,7 +29,7 @@ from memstrata.errors import StorageError
 
 from ._connection import Database
 
-__all__ = ["Rows", "read_rows", "snapshot"]
+__all__ = ["Rows", "read_rows", "snapshot", "spare_rows"]
 
 FloatArray = npt.NDArray[np.float32]
 _TEXT_VIEW = 16  # bytes per text value in a metadata chunk: int32 length + the first 12 bytes
@@ -40,11 +40,19 @@ _DENSE_CHUNK = 16  # fewer wanted rows than this in a chunk: read those rows one
 
 @dataclass
 class Rows:
-    """Rows of a vector table: ``vectors[i]`` and ``metas[c][i]`` belong to ``rowids[i]``."""
+    """Rows of a vector table: ``vectors[i]`` and ``metas[c][i]`` belong to ``rowids[i]``.
+
+    ``storage`` is the allocation ``vectors`` is the start of, with any spare rows asked for.
+    """
 
     rowids: list[int]
     vectors: FloatArray
     metas: dict[str, list[Any]]
+    storage: FloatArray
+
+
+def spare_rows(count: int, room: float) -> int:
+    return 0 if room <= 0 else max(1024, int(count * room))
 
 
 class _Surprise(Exception):
@@ -78,16 +86,19 @@ def read_rows(
     dim: int,
     columns: Sequence[tuple[str, str]],
     rowids: Sequence[int] | None = None,
+    *,
+    room: float = 0.0,
 ) -> Rows | None:
     """All rows of vec0 ``table`` (``rowids=None``) or those of ``rowids`` that exist.
 
     ``columns`` are the metadata columns in declaration order as ``(name, declared type)``;
-    partition-key columns are read through the virtual table. Returns ``None`` when the shadow
-    tables cannot be trusted.
+    partition-key columns are read through the virtual table. ``room``: spare rows to allocate
+    beyond the data, as a share of it (space to grow without copying; untouched pages cost no
+    memory). Returns ``None`` when the shadow tables cannot be trusted.
     """
     try:
         with snapshot(db):
-            return _read(db, table, dim, list(columns), rowids)
+            return _read(db, table, dim, list(columns), rowids, room)
     except (_Surprise, StorageError, ValueError, TypeError, UnicodeDecodeError, OverflowError):
         return None
 
@@ -98,6 +109,7 @@ def _read(
     dim: int,
     columns: list[tuple[str, str]],
     wanted: Sequence[int] | None,
+    room: float,
 ) -> Rows:
     names = [name for name, _ in columns]
     if wanted is None:
@@ -109,7 +121,8 @@ def _read(
             (_json_ids(wanted),),
         )
     if not located:
-        return Rows([], np.zeros((0, dim), dtype=np.float32), {c: [] for c in names})
+        storage = np.zeros((spare_rows(0, room), dim), dtype=np.float32)
+        return Rows([], storage[:0], {c: [] for c in names}, storage)
     try:  # a row not (yet) placed in a chunk has NULLs, which numpy refuses as int64
         place = np.array(located, dtype=np.int64)
     except (TypeError, ValueError) as exc:
@@ -134,14 +147,16 @@ def _read(
     )
     dense_index = np.concatenate([np.arange(a, b) for a, b in dense]) if dense else np.zeros(0, np.int64)
     rowid_list = [int(r) for r in place[dense_index, 0]]
-    vectors = np.empty((len(dense_index) + len(sparse_rows), dim), dtype=np.float32)
+    count = len(dense_index) + len(sparse_rows)
+    storage = np.empty((count + spare_rows(count, room), dim), dtype=np.float32)
+    vectors = storage[:count]
     metas: dict[str, list[Any]] = {c: [] for c in names}
     if dense:
         _read_dense(db, table, dim, columns, place, dense, vectors, metas, full=wanted is None)
     if sparse_rows:
         _read_points(db, table, dim, names, sparse_rows, vectors, len(rowid_list), metas)
         rowid_list.extend(sparse_rows)
-    rows = Rows(rowid_list, vectors, metas)
+    rows = Rows(rowid_list, vectors, metas, storage)
     _check(db, table, names, rows)
     return rows
 

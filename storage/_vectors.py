@@ -44,7 +44,7 @@ from memstrata.errors import InvalidInputError, StorageError
 from ._connection import Database
 from ._ivf import MAX_SAMPLE, SAMPLE_PER_LIST, Partition, assign, list_count, train
 from ._migrations import ensure_metadata, get_meta, set_meta
-from ._vec0_chunks import read_rows, snapshot
+from ._vec0_chunks import read_rows, snapshot, spare_rows
 
 __all__ = ["APPROXIMATE_FROM", "VectorHit", "VectorIndex"]
 
@@ -58,11 +58,12 @@ METADATA_TYPES = ("text", "integer", "float", "boolean")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 APPROXIMATE_FROM = 200_000  # live vectors from which searches use the inverted lists
-PROBE_LISTS = 80  # lists' worth of rows a k=10 search scans (measured: recall@10 >= 0.99)
+PROBE_LISTS = 112  # lists' worth of rows a k=10 search scans (measured: recall@10 >= 0.99)
 _EXACT_SHARE = 0.5  # a search that would scan more than this share of the rows scans them all
 _TAIL_SHARE = 0.15  # rows added since the partition, as a share of it, that trigger a rebuild
 _SEED = 20_240_607
 _MOVE_BLOCK = 16_384  # rows moved per step when compacting in place
+_ROOM = 0.25  # spare rows allocated with a loaded mirror, as a share of its rows
 
 _PLAIN: dict[str, type] = {"text": str, "integer": int, "float": float}
 _OP_UPSERT, _OP_DELETE, _OP_RESET = 1, 2, 3
@@ -158,25 +159,31 @@ class _Mirror:
         dim: int,
         columns: Sequence[str],
         rowids: Sequence[int],
-        vectors: FloatArray,
+        storage: FloatArray,
         metas: Mapping[str, Sequence[Any]],
     ) -> _Mirror:
-        """A mirror of distinct ``rowids``, taking ownership of ``vectors`` (normalised in place)."""
+        """A mirror of distinct ``rowids`` whose vectors are the first rows of ``storage``; it
+        takes ownership of ``storage`` (normalised in place; spare rows are room to grow)."""
         mirror = cls(dim, columns)
+        n = len(rowids)
+        vectors = storage[:n]
         norms = np.sqrt(np.einsum("ij,ij->i", vectors, vectors))  # no full-size temporary
         norms[norms == 0] = 1.0
         vectors /= norms[:, None]
-        n = len(rowids)
-        mirror.matrix = vectors
-        mirror.rowids = np.asarray(rowids, dtype=np.int64)
-        mirror.alive = np.ones(n, dtype=bool)
-        mirror.lists = np.full(n, -1, dtype=np.int32)
+        capacity = len(storage)
+        mirror.matrix = storage
+        mirror.rowids = np.zeros(capacity, dtype=np.int64)
+        mirror.rowids[:n] = rowids
+        mirror.alive = np.zeros(capacity, dtype=bool)
+        mirror.alive[:n] = True
+        mirror.lists = np.full(capacity, -1, dtype=np.int32)
         for c in mirror.columns:
             vocab = mirror.vocab[c]
-            mirror.codes[c] = np.fromiter(
+            mirror.codes[c] = np.zeros(capacity, dtype=np.int32)
+            mirror.codes[c][:n] = np.fromiter(
                 (vocab.setdefault(v, len(vocab)) for v in metas[c]), dtype=np.int32, count=n
             )
-        mirror.position = dict(zip(mirror.rowids.tolist(), range(n), strict=True))
+        mirror.position = dict(zip(mirror.rowids[:n].tolist(), range(n), strict=True))
         mirror.size = n
         return mirror
 
@@ -342,7 +349,7 @@ class _Mirror:
         k = min(k, allowed)
         part = self.partition
         if part is not None and not exact:
-            # about PROBE_LISTS lists (lists hold ~sqrt(n) rows: ~8% of 1M rows, ~15% of 200k);
+            # about PROBE_LISTS lists (lists hold ~sqrt(n) rows: ~11% of 1M rows, ~22% of 200k);
             # more for a larger k and for a filter (fewer allowed rows per list)
             rows = PROBE_LISTS * part.end / part.lists * max(1.0, (k / 10) ** 0.25) * (size / allowed)
             if rows < _EXACT_SHARE * size:
@@ -1055,15 +1062,16 @@ class VectorIndex:
         present = set(rows.rowids)
         self._mirror.remove_many(i for i in items if i not in present)
         if rows.rowids:
-            self._mirror.put_many(rows.rowids, rows.vectors, rows.metas)
+            self._mirror.put_many(rows.rowids, rows.storage[: len(rows.rowids)], rows.metas)
 
-    def _read(self, items: list[int] | None) -> _Rows:
-        """Rows of the store (``items=None``: all of them) as ids, a matrix and metadata columns."""
+    def _read(self, items: list[int] | None, room: float = 0.0) -> _Rows:
+        """Rows of the store (``items=None``: all of them) as ids, a matrix and metadata columns;
+        the matrix gets spare rows (``room`` as a share of the rows read)."""
         columns = list(self.metadata)
         if self.backend == "vec0":
-            fast = read_rows(self.db, self.table, self.dim, list(self.metadata.items()), items)
+            fast = read_rows(self.db, self.table, self.dim, list(self.metadata.items()), items, room=room)
             if fast is not None:
-                return _Rows(fast.rowids, fast.vectors, fast.metas)
+                return _Rows(fast.rowids, fast.storage, fast.metas)
         col_sql = "".join(f", t.{c}" for c in columns)
         if items is None:
             rows = self.db.query(f"SELECT t.rowid, t.embedding{col_sql} FROM {self.table} t")
@@ -1075,10 +1083,12 @@ class VectorIndex:
                     f"JOIN {self.table} t ON t.rowid = j.value",
                     (json.dumps(items[start : start + 50_000]),),
                 )
-        vectors = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), self.dim)
+        storage = np.empty((len(rows) + spare_rows(len(rows), room), self.dim), dtype=np.float32)
+        for i, row in enumerate(rows):
+            storage[i] = np.frombuffer(row[1], dtype=np.float32)
         return _Rows(
             [int(r[0]) for r in rows],
-            vectors.copy(),
+            storage,
             {c: [r[2 + i] for r in rows] for i, c in enumerate(columns)},
         )
 
@@ -1087,8 +1097,8 @@ class VectorIndex:
         if stored_dim is not None and int(stored_dim) != self.dim:  # reset by another connection
             self.dim = int(stored_dim)
             self.backend = get_meta(self.db, f"vector_backend:{self.name}") or self.backend
-        rows = self._read(None)
-        return _Mirror.bulk(self.dim, list(self.metadata), rows.rowids, rows.vectors, rows.metas)
+        rows = self._read(None, room=_ROOM)
+        return _Mirror.bulk(self.dim, list(self.metadata), rows.rowids, rows.storage, rows.metas)
 
     def _read_vec0_chunks(self) -> tuple[list[int], FloatArray] | None:
         """All vectors of a vec0 table read from its chunk tables, or ``None`` (layout surprise)."""
@@ -1120,5 +1130,5 @@ class VectorIndex:
 @dataclass
 class _Rows:
     rowids: list[int]
-    vectors: FloatArray
+    storage: FloatArray  # the vectors of ``rowids`` first, then any spare rows
     metas: dict[str, list[Any]]

@@ -55,7 +55,9 @@ def _queries(seed: int, n: int) -> FloatArray:
 
 VECTORS = _clustered(1, N)
 CATS = np.random.default_rng(2).integers(0, 4, N)
-AGENT_OF = np.random.default_rng(3).integers(0, len(AGENTS), N)
+AGENT_OF = np.random.default_rng(3).choice(
+    len(AGENTS), N, p=[0.9, 0.05, 0.05]
+)  # a broad and two narrow filters
 
 
 def _metas(rows: range | list[int]) -> list[dict[str, Any]]:
@@ -138,29 +140,47 @@ def test_small_mirrors_candidates_and_exact_stay_exact(store: Path) -> None:
     db.close()
 
 
-def test_deletes_and_filters_under_the_inverted_lists(store: Path) -> None:
+def test_deletes_and_filters_under_the_inverted_lists(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    masked: list[bool] = []  # each search through the lists: did it carry a mask of allowed rows?
+    scan = vectors_module._Mirror._search_lists
+
+    def spy(self: Any, part: Any, query: Any, k: int, valid: Any, rows: float) -> Any:
+        masked.append(valid is not None)
+        return scan(self, part, query, k, valid, rows)
+
+    monkeypatch.setattr(vectors_module._Mirror, "_search_lists", spy)
+    # 256 lists at this size: scan 64 of them, so that a filter passing 90% of rows stays below
+    # the share from which a search scans everything (as it does with more lists at 200k+)
+    monkeypatch.setattr(vectors_module, "PROBE_LISTS", 64)
     db, index = _open(store)
     queries = _queries(3, 40)
     index.search(queries[0], 1)
-    assert index.status()["approximate"] is not None
+    assert index.status()["approximate"] is not None and masked == [False]
     # delete the current best answers and 10% of the rows: they must never come back
     rng = np.random.default_rng(11)
     doomed = {h.rowid for q in queries for h in index.search(q, 3)}
     doomed |= {int(r) for r in rng.choice(np.arange(1, N + 1), N // 10, replace=False)}
     index.delete_many(doomed)
+    masked.clear()
     for q in queries:
         assert not doomed & {h.rowid for h in index.search(q, 10)}
+    assert masked and all(masked)  # the dead rows were masked out of the scanned lists
     queries = _queries(13, 40)  # fresh queries: recall over what is left
     assert _recall(index, queries) >= 0.99
-    for where in ({"cat": 2}, {"agent": AGENTS[1]}, {"agent": AGENTS[2], "cat": 1}):
+    # a broad filter (90% of rows) scans the lists with a mask; narrow ones scan their rows exactly
+    for where, through_lists in (
+        ({"agent": "a"}, True),
+        ({"agent": AGENTS[1]}, False),
+        ({"agent": AGENTS[2], "cat": 1}, False),
+    ):
+        masked.clear()
         for q in queries[:10]:
             hits = index.search(q, 10, where=where)
             assert hits, where
             for hit in hits:
+                assert AGENTS[int(AGENT_OF[hit.rowid - 1])] == where["agent"]
                 assert int(CATS[hit.rowid - 1]) == where.get("cat", int(CATS[hit.rowid - 1]))
-                assert AGENTS[int(AGENT_OF[hit.rowid - 1])] == where.get(
-                    "agent", AGENTS[int(AGENT_OF[hit.rowid - 1])]
-                )
+        assert masked == ([True] * 10 if through_lists else []), where
         assert _recall(index, queries, where=where) >= 0.99
     assert index.search(queries[0], 10, where={"agent": "nobody"}) == []
     db.close()
