@@ -3,12 +3,18 @@
 Every store actor embeds through one :class:`BatchingEmbedder`, which implements the ``Embedder``
 protocol. Document requests arriving from different threads within ``max_batch_wait_ms`` of the
 first one (or until ``batch_size`` texts are waiting) are coalesced into a single model call, and
-each caller gets its own rows back through a future. Queries are never held back to fill a batch:
-the worker serves them before the next document batch. A short in-process cache of recent
-document vectors means the same text embedded twice in a row (a task summary that becomes both a
-knowledge entry and an episode) costs one model call. A failure reaches every caller whose texts
-were in the failing call; a coalesced batch that fails is retried request by request, so one
-poisoned text cannot fail its neighbours.
+each caller gets its own rows back through a future. A text is computed once however many callers
+want it: recent vectors are kept in a small in-process cache, and a text already on its way to
+the model is waited for rather than embedded again (a task summary that becomes both a knowledge
+entry and an episode costs one model call even when both stores ask at the same moment).
+
+Queries are computed in the caller's thread, never queued behind a document batch: with a
+thread-safe model (``inner.thread_safe``, true for fastembed's ONNX sessions) a query runs while a
+batch is being computed; otherwise one lock serialises the model's calls. The same query asked
+again while in flight, or shortly after, is shared.
+
+A failure reaches every caller whose texts were in the failing call; a coalesced batch that fails
+is retried request by request, so one poisoned text cannot fail its neighbours.
 """
 
 from __future__ import annotations
@@ -40,18 +46,18 @@ FloatArray = npt.NDArray[np.float32]
 @dataclass(slots=True)
 class _DocRequest:
     texts: list[str]
-    future: Future[FloatArray] = field(default_factory=Future)
-
-
-@dataclass(slots=True)
-class _QueryRequest:
-    text: str
+    hashes: list[bytes]
     future: Future[FloatArray] = field(default_factory=Future)
 
 
 @dataclass(frozen=True, slots=True)
 class EmbeddingStats:
-    """What the service did: model calls versus requests and texts it was asked for."""
+    """What the service did: model calls versus requests and texts it was asked for.
+
+    ``cache_hits`` counts texts and queries answered from the cache, ``shared_in_flight`` texts
+    that another caller had already sent to the model; ``model_seconds`` is the time spent inside
+    the model (compare it with the wall time to see whether the model is the bottleneck).
+    """
 
     model_calls: int
     texts_embedded: int
@@ -59,10 +65,15 @@ class EmbeddingStats:
     query_requests: int
     texts_requested: int
     cache_hits: int
+    shared_in_flight: int
     largest_batch: int
+    model_seconds: float
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, int | float]:
         return {name: getattr(self, name) for name in self.__slots__}
+
+
+_COUNTS = ("model_calls", "texts_embedded", "document_requests", "query_requests", "texts_requested")
 
 
 class BatchingEmbedder:
@@ -75,6 +86,7 @@ class BatchingEmbedder:
         batch_size: int = 64,
         max_batch_wait_ms: float = 2.0,
         cache_size: int = 4096,
+        query_cache_size: int = 256,
         call_timeout_s: float = 120.0,
     ) -> None:
         if batch_size < 1:
@@ -85,14 +97,19 @@ class BatchingEmbedder:
         self.call_timeout_s = call_timeout_s
         self._model_id = inner.model_id
         self._dim = inner.dim
-        self._queue: queue.SimpleQueue[_DocRequest | _QueryRequest | None] = queue.SimpleQueue()
+        self._thread_safe = bool(getattr(inner, "thread_safe", False))
+        self._model_lock = threading.Lock()  # taken around every model call unless thread-safe
+        self._queue: queue.SimpleQueue[_DocRequest | None] = queue.SimpleQueue()
         self._cache: OrderedDict[bytes, FloatArray] = OrderedDict()
-        self._cache_size = cache_size
+        self._cache_size = max(0, cache_size)
+        self._inflight: dict[bytes, tuple[_DocRequest, int]] = {}
         self._query_cache: OrderedDict[str, FloatArray] = OrderedDict()
-        self._pending_queries: dict[str, _QueryRequest] = {}
+        self._query_cache_size = max(0, query_cache_size)
+        self._pending_queries: dict[str, Future[FloatArray]] = {}
         self._lock = threading.Lock()
-        self._counts = dict.fromkeys(EmbeddingStats.__slots__, 0)
-        self._closed = threading.Event()
+        self._counts: dict[str, Any] = dict.fromkeys(EmbeddingStats.__slots__, 0)
+        self._counts["model_seconds"] = 0.0
+        self._closed = False
         self._thread = threading.Thread(target=self._run, name="memstrata-embedder", daemon=True)
         self._thread.start()
 
@@ -111,25 +128,51 @@ class BatchingEmbedder:
         if not texts:
             return np.zeros((0, self._dim), dtype=np.float32)
         hashes = [text_hash(t) for t in texts]
+        rows: dict[bytes, FloatArray] = {}
+        waits: dict[bytes, tuple[_DocRequest, int]] = {}
+        new_texts: list[str] = []
+        new_hashes: list[bytes] = []
         with self._lock:
-            self._counts["document_requests"] += 1
-            self._counts["texts_requested"] += len(texts)
-            known = {h: self._cache[h] for h in hashes if h in self._cache}
-            self._counts["cache_hits"] += sum(1 for h in hashes if h in known)
-        missing: dict[bytes, str] = {}
-        for h, t in zip(hashes, texts, strict=True):
-            if h not in known:
-                missing.setdefault(h, t)
-        if missing:
-            request = _DocRequest(list(missing.values()))
-            vectors = self._submit(request)
-            known.update(zip(missing.keys(), vectors, strict=True))
-        return np.stack([known[h] for h in hashes]).astype(np.float32, copy=False)
+            if self._closed:
+                raise EmbeddingError("the embedding service is closed")
+            counts = self._counts
+            counts["document_requests"] += 1
+            counts["texts_requested"] += len(texts)
+            for h, t in zip(hashes, texts, strict=True):
+                if h in rows or h in waits:
+                    continue
+                cached = self._cache.get(h)
+                if cached is not None:
+                    self._cache.move_to_end(h)
+                    rows[h] = cached
+                    counts["cache_hits"] += 1
+                    continue
+                pending = self._inflight.get(h)
+                if pending is not None:
+                    waits[h] = pending
+                    counts["shared_in_flight"] += 1
+                    continue
+                new_texts.append(t)
+                new_hashes.append(h)
+            if new_texts:
+                request = _DocRequest(new_texts, new_hashes)
+                for i, h in enumerate(new_hashes):
+                    self._inflight[h] = waits[h] = (request, i)
+                self._queue.put(request)
+        answers: dict[int, FloatArray] = {}
+        for request, _ in waits.values():
+            if id(request) not in answers:
+                answers[id(request)] = self._wait(request.future)
+        for h, (request, i) in waits.items():
+            rows[h] = answers[id(request)][i]
+        return np.stack([rows[h] for h in hashes]).astype(np.float32, copy=False)
 
     def embed_query(self, text: str) -> FloatArray:
-        """One query vector; the same query asked again while in flight or just after is shared
-        (an agent's store and the shared store are searched with the same query)."""
+        """One query vector, computed in the calling thread (an agent's store, the shared store
+        and its episodes are searched with the same query at once: they share one computation)."""
         with self._lock:
+            if self._closed:
+                raise EmbeddingError("the embedding service is closed")
             self._counts["query_requests"] += 1
             cached = self._query_cache.get(text)
             if cached is not None:
@@ -138,19 +181,27 @@ class BatchingEmbedder:
                 return cached.copy()
             pending = self._pending_queries.get(text)
             if pending is None:
-                request = _QueryRequest(text)
-                self._pending_queries[text] = request
+                future: Future[FloatArray] = Future()
+                self._pending_queries[text] = future
         if pending is not None:
-            return self._wait(pending.future).copy()
+            return self._wait(pending).copy()
         try:
-            vector = self._submit(request)
-        finally:
+            vector = np.asarray(self._model_call(lambda: self.inner.embed_query(text), 1), dtype=np.float32)
+        except BaseException as exc:
             with self._lock:
                 self._pending_queries.pop(text, None)
+            _fail(future, exc)
+            if not isinstance(exc, Exception):
+                raise
+            raise _wrap(exc) from exc
         with self._lock:
-            self._query_cache[text] = vector
-            while len(self._query_cache) > 256:
-                self._query_cache.popitem(last=False)
+            self._pending_queries.pop(text, None)
+            if self._query_cache_size:
+                self._query_cache[text] = vector
+                while len(self._query_cache) > self._query_cache_size:
+                    self._query_cache.popitem(last=False)
+        with contextlib.suppress(Exception):
+            future.set_result(vector)
         return vector.copy()
 
     def count_tokens(self, text: str) -> int:
@@ -159,11 +210,20 @@ class BatchingEmbedder:
 
     # -- plumbing ------------------------------------------------------------------------------
 
-    def _submit(self, request: _DocRequest | _QueryRequest) -> FloatArray:
-        if self._closed.is_set():
-            raise EmbeddingError("the embedding service is closed")
-        self._queue.put(request)
-        return self._wait(request.future)
+    def _model_call(self, call: Any, texts: int) -> Any:
+        """Run one call of the model, timed and counted (under the model lock unless thread-safe)."""
+        lock = contextlib.nullcontext() if self._thread_safe else self._model_lock
+        with lock:
+            started = time.perf_counter()
+            try:
+                return call()
+            finally:
+                elapsed = time.perf_counter() - started
+                with self._lock:
+                    counts = self._counts
+                    counts["model_calls"] += 1
+                    counts["texts_embedded"] += texts
+                    counts["model_seconds"] += elapsed
 
     def _wait(self, future: Future[FloatArray]) -> FloatArray:
         try:
@@ -179,10 +239,11 @@ class BatchingEmbedder:
 
     def close(self) -> None:
         """Stop the worker; requests still queued fail with :class:`EmbeddingError`."""
-        if self._closed.is_set():
-            return
-        self._closed.set()
-        self._queue.put(None)
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._queue.put(None)
         with contextlib.suppress(RuntimeError):
             self._thread.join(timeout=10)
         while True:
@@ -191,6 +252,7 @@ class BatchingEmbedder:
             except queue.Empty:
                 break
             if item is not None:
+                self._forget(item)
                 _fail(item.future, EmbeddingError("the embedding service is closed"))
 
     def _run(self) -> None:
@@ -198,9 +260,6 @@ class BatchingEmbedder:
             item = self._queue.get()
             if item is None:
                 return
-            if isinstance(item, _QueryRequest):
-                self._answer_query(item)
-                continue
             batch = [item]
             size = len(item.texts)
             deadline = time.monotonic() + self.max_wait_s
@@ -214,33 +273,21 @@ class BatchingEmbedder:
                 if extra is None:
                     stop = True
                     break
-                if isinstance(extra, _QueryRequest):
-                    self._answer_query(extra)  # queries never wait for a batch to fill
-                    continue
                 batch.append(extra)
                 size += len(extra.texts)
             self._answer_documents(batch)
             if stop:
                 return
 
-    def _answer_query(self, request: _QueryRequest) -> None:
-        try:
-            with self._lock:
-                self._counts["model_calls"] += 1
-                self._counts["texts_embedded"] += 1
-            vector = np.asarray(self.inner.embed_query(request.text), dtype=np.float32)
-        except BaseException as exc:
-            _fail(request.future, exc)
-            return
-        with contextlib.suppress(Exception):
-            request.future.set_result(vector)
+    def _forget(self, request: _DocRequest) -> None:
+        """Drop ``request``'s texts from the in-flight map (it is answered or failed)."""
+        with self._lock:
+            for h in request.hashes:
+                if self._inflight.get(h, (None,))[0] is request:
+                    del self._inflight[h]
 
     def _answer_documents(self, batch: list[_DocRequest]) -> None:
-        unique: dict[str, int] = {}
-        for request in batch:
-            for text in request.texts:
-                unique.setdefault(text, len(unique))
-        texts = list(unique)
+        texts = [t for request in batch for t in request.texts]  # distinct: see embed_documents
         try:
             vectors = self._call(texts)
         except BaseException as exc:
@@ -248,24 +295,34 @@ class BatchingEmbedder:
                 for request in batch:
                     self._answer_documents([request])
                 return
+            self._forget(batch[0])
             _fail(batch[0].future, exc)
             return
+        start = 0
+        answers = []
         with self._lock:
-            for text, row in zip(texts, vectors, strict=True):
-                self._cache[text_hash(text)] = row
+            for request in batch:
+                rows = vectors[start : start + len(request.texts)]
+                start += len(request.texts)
+                answers.append((request, rows))
+                if self._cache_size:
+                    for h, row in zip(request.hashes, rows, strict=True):
+                        self._cache[h] = row
+                for h in request.hashes:
+                    if self._inflight.get(h, (None,))[0] is request:
+                        del self._inflight[h]
             while len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
-        for request in batch:
-            rows = vectors[[unique[t] for t in request.texts]]
+        for request, rows in answers:
             with contextlib.suppress(Exception):
                 request.future.set_result(rows)
 
     def _call(self, texts: list[str]) -> FloatArray:
         with self._lock:
-            self._counts["model_calls"] += 1
-            self._counts["texts_embedded"] += len(texts)
             self._counts["largest_batch"] = max(self._counts["largest_batch"], len(texts))
-        vectors = np.asarray(self.inner.embed_documents(texts), dtype=np.float32)
+        vectors = np.asarray(
+            self._model_call(lambda: self.inner.embed_documents(texts), len(texts)), dtype=np.float32
+        )
         if vectors.shape != (len(texts), self._dim):
             raise EmbeddingError(
                 f"embedder {self._model_id!r} returned shape {vectors.shape}, "
@@ -274,12 +331,17 @@ class BatchingEmbedder:
         return vectors
 
 
-def _fail(future: Future[Any], exc: BaseException) -> None:
-    """Give each waiting caller its own exception object (tracebacks are per raise)."""
+def _wrap(exc: BaseException) -> BaseException:
+    """A fresh error for one caller (tracebacks are per raise): memstrata errors keep their type,
+    anything else becomes :class:`EmbeddingError`."""
     if isinstance(exc, MemstrataError):
         error: BaseException = type(exc)(str(exc))
     else:
         error = EmbeddingError(f"embedding failed: {type(exc).__name__}: {exc}")
     error.__cause__ = exc
+    return error
+
+
+def _fail(future: Future[Any], exc: BaseException) -> None:
     with contextlib.suppress(Exception):
-        future.set_exception(error)
+        future.set_exception(_wrap(exc))

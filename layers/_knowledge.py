@@ -35,6 +35,7 @@ from memstrata.storage import (
     VectorHit,
     VectorIndex,
     apply_migrations,
+    check_consistency,
     build_keyword_query,
     default_embedder,
     embed_documents,
@@ -285,8 +286,26 @@ class KnowledgeStore:
         self._cache = EmbeddingCache(db)
         self._bm25 = Bm25Index(db, f"{_TABLE}_fts", _FTS_COLUMNS, self._tuning.column_weights)
         self._vectors = self._open_vectors()
+        self._consistency = check_consistency(
+            db,
+            table=_TABLE,
+            fts={f"{_TABLE}_fts": None, f"{_TABLE}_tri": "cjk != ''"},
+            vectors=self._vectors,
+            vector_rows="vector_pending = 0",
+            repair_missing=self._mark_pending,
+        )
+        if self._consistency.fts_rebuilt:
+            self._bm25.reset()
         if embedder is not None:
             self._start_vectors(embedder)
+
+    def _mark_pending(self, entry_ids: list[int]) -> int:
+        """Entries found without a vector are re-embedded by the pending-vector catch-up."""
+        with self._db.transaction():
+            self._db.executemany(
+                f"UPDATE {_TABLE} SET vector_pending = 1 WHERE id = ?", [(i,) for i in entry_ids]
+            )
+        return 0
 
     # -- opening ----------------------------------------------------------------------------------
 
@@ -1206,6 +1225,7 @@ class KnowledgeStore:
             "stored_dim": _int_or_none(get_meta(self._db, "embedding_dim")),
             "vectors": None if self._vectors is None else self._vectors.status(),
             "last_error": self._last_error,
+            "consistency": self._consistency.as_dict(),
             "schema_version": len(MIGRATIONS),
             "tuning": dataclasses.asdict(self._tuning),
         }

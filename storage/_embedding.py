@@ -212,6 +212,9 @@ class FastEmbedEmbedder:
     mean-pooled, normalised ONNX model (``model.onnx`` + tokenizer files); pass ``dim``.
     """
 
+    # ONNX Runtime sessions and the Rust tokenizer may be called from several threads at once
+    thread_safe = True
+
     def __init__(
         self,
         model: str | None = None,

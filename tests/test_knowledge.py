@@ -810,3 +810,30 @@ def test_identifier_shortcut_property(text: str) -> None:
     from memstrata.layers._knowledge import _ident_words
 
     assert _ident_words(text) == identifier_words(text)
+
+
+def test_opening_repairs_lost_vectors_and_a_stale_keyword_index(tmp_path: Path) -> None:
+    """The startup consistency check: a vector lost and an FTS row orphaned outside memstrata."""
+    from memstrata.storage import VectorIndex, open_database
+
+    path = tmp_path / "k.sqlite"
+    embedder = FakeEmbedder()
+    with KnowledgeStore.open(path, embedder) as store:
+        ids = [
+            store.add(f"{word} rollout guidance", category="pattern")
+            for word in ("alpha", "bravo", "charlie")
+        ]
+    with open_database(path) as db:
+        VectorIndex(db, "knowledge", embedder.dim, metadata={"category": "text"}).delete(ids[1])
+        trigger = db.scalar("SELECT sql FROM sqlite_master WHERE name = 'knowledge_ad'")
+        with db.transaction():
+            db.execute("DROP TRIGGER knowledge_ad")
+            db.execute("DELETE FROM knowledge WHERE id = ?", (ids[2],))
+            db.execute(trigger)
+    with KnowledgeStore.open(path, embedder) as store:
+        report = store.status()["consistency"]
+        assert report["missing_vectors"] == 1
+        assert "knowledge_fts" in report["fts_rebuilt"]
+        assert store.status()["pending_vectors"] == 0
+        assert [h.entry.id for h in store.search("bravo", mode="vector", top_k=1)] == [ids[1]]
+        assert ids[2] not in {h.entry.id for h in store.search("charlie", mode="keyword")}
