@@ -44,7 +44,7 @@ from ._base import DEFERRED, MemoryActor, set_result
 from ._concurrency import TimerHandle
 from ._outbox import Outbox, OutboxRow
 from ._prompt import build_prompt, fallback_prompt, merge_hits
-from ._stores import StoreMemoryOnce
+from ._stores import WriteBackEpisode
 
 __all__ = ["AgentActor", "describe_error"]
 
@@ -133,6 +133,19 @@ class AgentActor(MemoryActor):
             super()._deliver(envelope)
         finally:
             self._reply = None
+
+    def batch_key(self, message: Any) -> str | None:
+        if isinstance(message, TaskCompleted | TaskFailed):
+            return "outcome"  # appended to the outbox in one transaction
+        if isinstance(message, _WriteBackPart):
+            return "stored"  # marked done in one transaction
+        return None
+
+    def handle_batch(self, messages: list[Any]) -> list[Any]:
+        if isinstance(messages[0], _WriteBackPart):
+            self._write_back_parts(messages)
+            return [None] * len(messages)
+        return self._write_back_many(messages)
 
     def handle(self, message: Any) -> Any:
         if isinstance(message, TaskAssigned):
@@ -280,7 +293,7 @@ class AgentActor(MemoryActor):
 
     # -- write-back ----------------------------------------------------------------------------
 
-    def _write_back(self, kind: str, task_id: str, text: str) -> WriteBackQueued:
+    def _checked_outcome(self, kind: str, text: str) -> str:
         # a lone surrogate cannot be stored as text by every layer: keep the rest, mark the spot
         text = _LONE_SURROGATE.sub("\ufffd", text)
         limit = self.runtime.config.max_content_bytes
@@ -288,17 +301,51 @@ class AgentActor(MemoryActor):
         if size > limit:
             what = "summary" if kind == "completed" else "reason"
             raise InvalidInputError(f"task {what} is {size} bytes, more than max_content_bytes={limit}")
+        return text
+
+    def _write_back(self, kind: str, task_id: str, text: str) -> WriteBackQueued:
+        text = self._checked_outcome(kind, text)
         outbox: Outbox = self.layer
         at = self.runtime.clock.now()
         row_id = outbox.append(kind, task_id, text, at)  # committed: durable from here on
-        self._tasks.pop(task_id, None)
-        self.counters[f"tasks_{kind}"] += 1
-        self._dispatch(OutboxRow(row_id, kind, task_id, text, at, False, False, 0), replay=False)
+        self._queued([OutboxRow(row_id, kind, task_id, text, at, False, False, 0)])
+        return WriteBackQueued(self.key, task_id, row_id)
+
+    def _write_back_many(self, messages: list[Any]) -> list[Any]:
+        """Group commit: every outcome waiting in the mailbox is appended in one transaction."""
+        results: list[Any] = [None] * len(messages)
+        accepted: list[tuple[int, str, str, str]] = []
+        for index, message in enumerate(messages):
+            kind = "completed" if isinstance(message, TaskCompleted) else "failed"
+            raw = message.summary if isinstance(message, TaskCompleted) else message.reason
+            try:
+                accepted.append((index, kind, message.task_id, self._checked_outcome(kind, raw)))
+            except InvalidInputError as exc:
+                results[index] = exc
+        if not accepted:
+            return results
+        at = self.runtime.clock.now()
+        outbox: Outbox = self.layer
+        ids = outbox.append_many([(kind, task_id, text, at) for _, kind, task_id, text in accepted])
+        rows = [
+            OutboxRow(row_id, kind, task_id, text, at, False, False, 0)
+            for row_id, (_, kind, task_id, text) in zip(ids, accepted, strict=True)
+        ]  # committed: durable from here on
+        self._queued(rows)
+        for row, (index, _, task_id, _) in zip(rows, accepted, strict=True):
+            results[index] = WriteBackQueued(self.key, task_id, row.id)
+        return results
+
+    def _queued(self, rows: list[OutboxRow]) -> None:
+        """Rows just committed to the outbox: forget their tasks, send their parts on."""
+        for row in rows:
+            self._tasks.pop(row.task_id, None)
+            self.counters[f"tasks_{row.kind}"] += 1
+            self._dispatch(row, replay=False)
         if self.runtime.config.for_agent(self.key).clear_working_memory_on_task_end:
             working = self.runtime.existing("working", self.key)
             if working is not None:
                 self.runtime.post(working, ClearWorkingMemory(self.key))
-        return WriteBackQueued(self.key, task_id, row_id)
 
     def _part_message(self, row: OutboxRow, part: str, replay: bool) -> Any:
         completed = row.kind == "completed"
@@ -314,7 +361,7 @@ class AgentActor(MemoryActor):
             kind="task",
             at=row.at,
         )
-        return StoreMemoryOnce(episode) if replay else episode
+        return WriteBackEpisode(episode, once=replay)
 
     def _dispatch(self, row: OutboxRow, *, replay: bool) -> None:
         inflight = self._inflight.setdefault(row.id, set())
@@ -335,6 +382,22 @@ class AgentActor(MemoryActor):
 
     def _post_part(self, me: Any, row_id: int, part: str, future: Future[Any]) -> None:
         self.runtime.post(me, _WriteBackPart(row_id, part, future))
+
+    def _write_back_parts(self, messages: list[_WriteBackPart]) -> None:
+        """Stored parts of many rows, marked done in one transaction (nothing is changed before
+        it commits, so a failure leaves each message to be handled alone)."""
+        stored = [(m.row_id, m.part) for m in messages if m.future.exception() is None]
+        finished = self.layer.mark_done_many(stored)
+        self.counters["written_back"] += len(finished)
+        for message in messages:
+            inflight = self._inflight.get(message.row_id)
+            if inflight is not None:
+                inflight.discard(message.part)
+                if not inflight:
+                    del self._inflight[message.row_id]
+            error = message.future.exception()
+            if error is not None:
+                self._part_failed(message.row_id, message.part, error)
 
     def _write_back_part(self, message: _WriteBackPart) -> None:
         inflight = self._inflight.get(message.row_id)

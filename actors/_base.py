@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -48,7 +49,7 @@ from memstrata.errors import (
 if TYPE_CHECKING:
     from ._runtime import Runtime
 
-__all__ = ["DEFERRED", "Envelope", "MemoryActor", "Supervision"]
+__all__ = ["DEFERRED", "Envelope", "Inbox", "MemoryActor", "Supervision"]
 
 log = logging.getLogger("memstrata.actors")
 
@@ -66,6 +67,20 @@ DEFERRED: Any = _Deferred()
 class Envelope:
     message: Any
     reply: Future[Any] | None = None
+
+
+class Inbox(queue.Queue[Any]):
+    """pykka's mailbox plus one operation: take the envelopes waiting at its head that a
+    predicate accepts, so an actor can handle a run of similar messages together, in order."""
+
+    def take_while(self, accept: Callable[[Any], bool], limit: int) -> list[Any]:
+        taken: list[Any] = []
+        with self.mutex:
+            while self.queue and len(taken) < limit and accept(self.queue[0]):
+                taken.append(self.queue.popleft())
+            if taken:
+                self.not_full.notify()
+        return taken
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,10 +162,20 @@ class MemoryActor(pykka.ThreadingActor):
 
     Subclasses set ``kind``, implement :meth:`open_layer` / :meth:`close_layer` (run in the
     actor's thread, so the layer's connection is confined to it) and :meth:`handle`.
+
+    Group commit: messages for which :meth:`batch_key` gives the same key and that wait next to
+    each other in the mailbox are taken together (up to ``actors.max_group_commit``) and passed
+    to :meth:`handle_batch`, which writes them in one transaction. The order of messages is kept,
+    and a batch that fails as a whole is handled again message by message, so every caller gets
+    the answer (or the error) it would have got alone.
     """
 
     use_daemon_thread = True
     kind: ClassVar[str] = "actor"
+
+    @staticmethod
+    def _create_actor_inbox() -> Inbox:
+        return Inbox()
 
     def __init__(self, runtime: Runtime, key: str, owner: str | None = None) -> None:
         super().__init__()
@@ -213,11 +238,75 @@ class MemoryActor(pykka.ThreadingActor):
         if not isinstance(message, Envelope):
             log.warning("%s ignored a message that is not an envelope: %r", self, message)
             return None
+        key = self.batch_key(message.message)
+        limit = int(self.runtime.config.actors.max_group_commit)
+        if key is None or limit < 2:
+            try:
+                self._deliver(message)
+            finally:
+                self.runtime.activity.done()
+            return None
+
+        def accept(item: Any) -> bool:
+            inner = getattr(item, "message", None)
+            return (
+                getattr(item, "reply_to", None) is None
+                and isinstance(inner, Envelope)
+                and self.batch_key(inner.message) == key
+            )
+
+        more = self.actor_inbox.take_while(accept, limit - 1) if isinstance(self.actor_inbox, Inbox) else []
+        envelopes = [message, *(item.message for item in more)]
         try:
-            self._deliver(message)
+            self._deliver_batch(envelopes)
         finally:
-            self.runtime.activity.done()
+            self.runtime.activity.done(len(envelopes))
         return None
+
+    def batch_key(self, message: Any) -> Hashable | None:
+        """Messages with equal keys waiting next to each other are handled together by
+        :meth:`handle_batch`; ``None`` (the default): handled one at a time."""
+        return None
+
+    def handle_batch(self, messages: list[Any]) -> list[Any]:
+        """Handle several messages at once, in order; one result per message (an exception
+        instance for a message that failed alone). Raising hands each message to :meth:`handle`."""
+        raise NotImplementedError
+
+    def _deliver_batch(self, envelopes: list[Envelope]) -> None:
+        live = [e for e in envelopes if e.reply is None or not e.reply.done()]
+        if len(live) < 2:
+            for envelope in live:
+                self._deliver(envelope)
+            return
+        try:
+            results = self._guarded_batch([e.message for e in live])
+        except Exception as exc:  # each message again, alone: its caller gets its own answer
+            log.debug("%s: a batch of %d failed (%s); handling them one by one", self, len(live), exc)
+            for envelope in live:
+                self._deliver(envelope)
+            return
+        for envelope, result in zip(live, results, strict=True):
+            if isinstance(result, BaseException):
+                if isinstance(result, ValueError) and not isinstance(result, InvalidInputError):
+                    result = InvalidInputError(str(result))
+                if envelope.reply is not None:
+                    _set_exception(envelope.reply, result)
+                elif not isinstance(result, InvalidInputError | SystemStoppedError | AgentDegradedError):
+                    log.warning("%s: %s", self, result)
+            elif result is not DEFERRED and envelope.reply is not None:
+                _set_result(envelope.reply, result)
+
+    def _guarded_batch(self, messages: list[Any]) -> list[Any]:
+        reason = self.runtime.supervision.degraded_reason(self.owner)
+        if reason is not None and any(self.refuses_when_degraded(m) for m in messages):
+            raise AgentDegradedError(f"{self.owner} is degraded: {reason}")
+        self.ensure_layer()
+        results = self.handle_batch(messages)
+        if len(results) != len(messages):
+            raise RuntimeError(f"{self}: handle_batch returned {len(results)} results for {len(messages)}")
+        self.handled += len(messages)
+        return results
 
     def _deliver(self, envelope: Envelope) -> None:
         reply = envelope.reply

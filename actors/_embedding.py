@@ -8,10 +8,10 @@ want it: recent vectors are kept in a small in-process cache, and a text already
 the model is waited for rather than embedded again (a task summary that becomes both a knowledge
 entry and an episode costs one model call even when both stores ask at the same moment).
 
-Queries are computed in the caller's thread, never queued behind a document batch: with a
-thread-safe model (``inner.thread_safe``, true for fastembed's ONNX sessions) a query runs while a
-batch is being computed; otherwise one lock serialises the model's calls. The same query asked
-again while in flight, or shortly after, is shared.
+Queries have their own thread and are never queued behind a document batch: with a thread-safe
+model (``inner.thread_safe``, true for fastembed's ONNX sessions) a query is computed while a
+batch is; otherwise one lock serialises the model's calls. The same query asked again while in
+flight, or shortly after, is shared. Every caller waits at most ``call_timeout_s``.
 
 A failure reaches every caller whose texts were in the failing call; a coalesced batch that fails
 is retried request by request, so one poisoned text cannot fail its neighbours.
@@ -88,6 +88,7 @@ class BatchingEmbedder:
         cache_size: int = 4096,
         query_cache_size: int = 256,
         call_timeout_s: float = 120.0,
+        workers: int = 1,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -106,12 +107,23 @@ class BatchingEmbedder:
         self._query_cache: OrderedDict[str, FloatArray] = OrderedDict()
         self._query_cache_size = max(0, query_cache_size)
         self._pending_queries: dict[str, Future[FloatArray]] = {}
+        self._query_queue: queue.SimpleQueue[tuple[str, Future[FloatArray]] | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._counts: dict[str, Any] = dict.fromkeys(EmbeddingStats.__slots__, 0)
         self._counts["model_seconds"] = 0.0
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name="memstrata-embedder", daemon=True)
-        self._thread.start()
+        # several document batches at once only where the model may be called concurrently
+        self.workers = max(1, int(workers)) if self._thread_safe else 1
+        self._threads = [
+            threading.Thread(target=self._run, name=f"memstrata-embedder-{n}", daemon=True)
+            for n in range(self.workers)
+        ]
+        for thread in self._threads:
+            thread.start()
+        self._query_thread = threading.Thread(
+            target=self._run_queries, name="memstrata-embedder-queries", daemon=True
+        )
+        self._query_thread.start()
 
     # -- the Embedder protocol -----------------------------------------------------------------
 
@@ -168,8 +180,8 @@ class BatchingEmbedder:
         return np.stack([rows[h] for h in hashes]).astype(np.float32, copy=False)
 
     def embed_query(self, text: str) -> FloatArray:
-        """One query vector, computed in the calling thread (an agent's store, the shared store
-        and its episodes are searched with the same query at once: they share one computation)."""
+        """One query vector (an agent's store, the shared store and its episodes are searched
+        with the same query at once: they share one computation)."""
         with self._lock:
             if self._closed:
                 raise EmbeddingError("the embedding service is closed")
@@ -179,30 +191,11 @@ class BatchingEmbedder:
                 self._query_cache.move_to_end(text)
                 self._counts["cache_hits"] += 1
                 return cached.copy()
-            pending = self._pending_queries.get(text)
-            if pending is None:
-                future: Future[FloatArray] = Future()
-                self._pending_queries[text] = future
-        if pending is not None:
-            return self._wait(pending).copy()
-        try:
-            vector = np.asarray(self._model_call(lambda: self.inner.embed_query(text), 1), dtype=np.float32)
-        except BaseException as exc:
-            with self._lock:
-                self._pending_queries.pop(text, None)
-            _fail(future, exc)
-            if not isinstance(exc, Exception):
-                raise
-            raise _wrap(exc) from exc
-        with self._lock:
-            self._pending_queries.pop(text, None)
-            if self._query_cache_size:
-                self._query_cache[text] = vector
-                while len(self._query_cache) > self._query_cache_size:
-                    self._query_cache.popitem(last=False)
-        with contextlib.suppress(Exception):
-            future.set_result(vector)
-        return vector.copy()
+            future = self._pending_queries.get(text)
+            if future is None:
+                future = self._pending_queries[text] = Future()
+                self._query_queue.put((text, future))
+        return self._wait(future).copy()
 
     def count_tokens(self, text: str) -> int:
         counter = getattr(self.inner, "count_tokens", None)
@@ -243,9 +236,13 @@ class BatchingEmbedder:
             if self._closed:
                 return
             self._closed = True
-            self._queue.put(None)
-        with contextlib.suppress(RuntimeError):
-            self._thread.join(timeout=10)
+            for _ in self._threads:
+                self._queue.put(None)
+            self._query_queue.put(None)
+        for thread in (*self._threads, self._query_thread):
+            with contextlib.suppress(RuntimeError):
+                thread.join(timeout=10)
+        closed = EmbeddingError("the embedding service is closed")
         while True:
             try:
                 item = self._queue.get_nowait()
@@ -253,7 +250,38 @@ class BatchingEmbedder:
                 break
             if item is not None:
                 self._forget(item)
-                _fail(item.future, EmbeddingError("the embedding service is closed"))
+                _fail(item.future, closed)
+        while True:
+            try:
+                query = self._query_queue.get_nowait()
+            except queue.Empty:
+                break
+            if query is not None:
+                _fail(query[1], closed)
+
+    def _run_queries(self) -> None:
+        """Queries have a thread of their own: never queued behind a document batch, and with a
+        thread-safe model computed while a batch is."""
+        while True:
+            item = self._query_queue.get()
+            if item is None:
+                return
+            text, future = item
+            try:
+                vector = np.asarray(self._model_call(lambda: self.inner.embed_query(text), 1), dtype=np.float32)
+            except BaseException as exc:
+                with self._lock:
+                    self._pending_queries.pop(text, None)
+                _fail(future, exc)
+                continue
+            with self._lock:
+                self._pending_queries.pop(text, None)
+                if self._query_cache_size:
+                    self._query_cache[text] = vector
+                    while len(self._query_cache) > self._query_cache_size:
+                        self._query_cache.popitem(last=False)
+            with contextlib.suppress(Exception):
+                future.set_result(vector)
 
     def _run(self) -> None:
         while True:

@@ -159,6 +159,21 @@ class Outbox:
             )
             return int(cursor.lastrowid)
 
+    def append_many(self, rows: list[tuple[str, str, str, _dt.datetime]]) -> list[int]:
+        """Commit several rows ``(kind, task_id, text, at)`` in one transaction (group commit);
+        their ids, in order. Durable together when this returns."""
+        if not rows:
+            return []
+        ids: list[int] = []
+        with self.db.transaction():
+            for kind, task_id, text, at in rows:
+                cursor = self.db.execute(
+                    "INSERT INTO outbox(kind, task_id, text, at, owner) VALUES (?, ?, ?, ?, ?)",
+                    (kind, task_id, _encode(text), at.isoformat(), self.owner),
+                )
+                ids.append(int(cursor.lastrowid))
+            return ids
+
     def _row(self, values: tuple[object, ...]) -> OutboxRow:
         rid, kind, task_id, text, at, k_done, e_done, attempts = values
         return OutboxRow(
@@ -216,6 +231,36 @@ class Outbox:
                 "DELETE FROM outbox WHERE id = ? AND knowledge_done = 1 AND episode_done = 1", (row_id,)
             )
             return int(cursor.rowcount) > 0
+
+    def mark_done_many(self, parts: list[tuple[int, str]]) -> list[int]:
+        """:meth:`mark_done` for many ``(row_id, part)`` in one transaction; the ids of the rows
+        that are now complete (and deleted)."""
+        if not parts:
+            return []
+        by_column: dict[str, list[int]] = {}
+        for row_id, part in parts:
+            column = {"knowledge": "knowledge_done", "episode": "episode_done"}[part]
+            by_column.setdefault(column, []).append(row_id)
+        ids = sorted({row_id for row_id, _ in parts})
+        deleted: list[int] = []
+        with self.db.transaction():
+            for column, rows in by_column.items():
+                self.db.executemany(f"UPDATE outbox SET {column} = 1 WHERE id = ?", [(r,) for r in rows])
+            for start in range(0, len(ids), 500):
+                chunk = ids[start : start + 500]
+                marks = ",".join("?" * len(chunk))
+                done = [
+                    int(r[0])
+                    for r in self.db.query(
+                        f"SELECT id FROM outbox WHERE id IN ({marks}) AND knowledge_done = 1 AND episode_done = 1",
+                        chunk,
+                    )
+                ]
+                if done:
+                    marks = ",".join("?" * len(done))
+                    self.db.execute(f"DELETE FROM outbox WHERE id IN ({marks})", done)
+                    deleted += done
+        return deleted
 
     def record_failure(self, row_id: int, error: str, *, dead: bool = False) -> None:
         """Count a failed attempt; ``dead`` parks the row (it is kept, reported, never retried)."""

@@ -7,16 +7,19 @@ hold the logic.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from memstrata.storage import Embedder
+import numpy as np
+import numpy.typing as npt
+from memstrata.layers._knowledge import EMBED_CHARS  # what a knowledge entry's vector is made of
+from memstrata.storage import Embedder, embed_documents
 
 from memstrata.config import Config
-from memstrata.errors import InvalidInputError
+from memstrata.errors import EmbeddingError, InvalidInputError
 from memstrata.messages import (
     ClearWorkingMemory,
     CommitMemory,
@@ -43,12 +46,14 @@ from memstrata.messages import (
 
 from ._base import MemoryActor
 
+FloatArray = npt.NDArray[np.float32]
+
 __all__ = [
     "EpisodicActor",
     "KnowledgeStoreActor",
     "LayerStores",
     "StoreFactory",
-    "StoreMemoryOnce",
+    "WriteBackEpisode",
     "WorkingMemoryActor",
 ]
 
@@ -84,14 +89,17 @@ class LayerStores:
 
 
 @dataclass(frozen=True, slots=True)
-class StoreMemoryOnce:
-    """Internal: record ``message`` unless the same episode of the same task run already exists.
+class WriteBackEpisode:
+    """Internal: the episode of a write-back.
 
-    Used when an outbox entry is replayed after a crash, so a write-back that was committed just
-    before the crash is not recorded twice.
+    It is embedded by its content alone, the text its knowledge entry is embedded by, so the
+    embedding service computes one vector for both. ``once``: record it unless the same episode
+    of the same task run already exists (a replay after a crash, so a write-back committed just
+    before the crash is not recorded twice).
     """
 
     message: StoreMemory
+    once: bool = False
 
 
 def _content_bytes(text: str) -> int:
@@ -127,6 +135,36 @@ class KnowledgeStoreActor(_PersistentActor):
         return runtime.stores.open_knowledge(
             runtime.path("knowledge", self.key), runtime.embedder, runtime.config
         )
+
+    def batch_key(self, message: Any) -> str | None:
+        return "store" if isinstance(message, StoreKnowledge) else None
+
+    def handle_batch(self, messages: list[Any]) -> list[Any]:
+        """Queued stores in one ``add_many``: one transaction, one embedding request."""
+        results: list[Any] = [None] * len(messages)
+        items: list[dict[str, Any]] = []
+        where: list[int] = []
+        for index, message in enumerate(messages):
+            try:
+                self._check_size(message.content, "StoreKnowledge.content")
+            except InvalidInputError as exc:
+                results[index] = exc
+                continue
+            where.append(index)
+            items.append(
+                {
+                    "content": message.content,
+                    "category": message.category,
+                    "tags": message.tags,
+                    "scope": message.scope,
+                    "author": message.author,
+                }
+            )
+        if items:
+            ids = self.layer.add_many(items)
+            for index, entry_id in zip(where, ids, strict=True):
+                results[index] = KnowledgeStored(self.key, int(entry_id))
+        return results
 
     def handle(self, message: Any) -> Any:
         layer = self.layer
@@ -184,14 +222,72 @@ class EpisodicActor(_PersistentActor):
         finally:
             layer.close()
 
+    def batch_key(self, message: Any) -> str | None:
+        if isinstance(message, StoreMemory) or (isinstance(message, WriteBackEpisode) and not message.once):
+            return "store"
+        return None
+
+    def _shared_vectors(self, messages: Sequence[StoreMemory]) -> list[FloatArray | None]:
+        """Vectors of write-back episodes: their content through the shared embedding service,
+        which computes each text once for the knowledge entry and the episode. ``None`` where
+        the layer embeds by itself (another embedder, keyword-only, or the model failed)."""
+        embedder = self.runtime.embedder
+        if not messages or embedder is None or getattr(self.layer, "embedder", None) is not embedder:
+            return [None] * len(messages)
+        try:
+            array = embed_documents(embedder, [m.content[:EMBED_CHARS] for m in messages])
+        except EmbeddingError:
+            return [None] * len(messages)  # the layer tries again and keeps the episode either way
+        return list(array)
+
+    def _item(self, message: StoreMemory, vector: FloatArray | None) -> dict[str, Any]:
+        item: dict[str, Any] = {
+            "content": message.content,
+            "title": message.title,
+            "task_run_id": message.task_run_id,
+            "tags": message.tags,
+            "kind": message.kind,
+            "at": message.at or self.runtime.clock.now(),
+        }
+        if vector is not None:
+            item["vector"] = vector
+        return item
+
+    def handle_batch(self, messages: list[Any]) -> list[Any]:
+        """Queued episodes in one ``record_many``: one transaction, one embedding request."""
+        results: list[Any] = [None] * len(messages)
+        plain: list[tuple[int, StoreMemory]] = []
+        shared: list[tuple[int, StoreMemory]] = []
+        for index, message in enumerate(messages):
+            original = message.message if isinstance(message, WriteBackEpisode) else message
+            try:
+                self._check_size(original.content, "StoreMemory.content")
+            except InvalidInputError as exc:
+                results[index] = exc
+                continue
+            (shared if isinstance(message, WriteBackEpisode) else plain).append((index, original))
+        vectors = self._shared_vectors([m for _, m in shared])
+        order = [*plain, *shared]
+        items = [self._item(m, None) for _, m in plain]
+        items += [self._item(m, v) for (_, m), v in zip(shared, vectors, strict=True)]
+        if items:
+            ids = self.layer.record_many(items)
+            for (index, _), episode_id in zip(order, ids, strict=True):
+                results[index] = MemoryStored(self.key, int(episode_id))
+        return results
+
     def handle(self, message: Any) -> Any:
         layer = self.layer
-        if isinstance(message, StoreMemoryOnce):
+        if isinstance(message, WriteBackEpisode):
             original = message.message
-            for episode in layer.timeline(task_run_id=original.task_run_id, limit=10_000):
-                if episode.content == original.content and episode.title == original.title:
-                    return MemoryStored(self.key, int(episode.id))
-            message = original
+            if message.once:
+                for episode in layer.timeline(task_run_id=original.task_run_id, limit=10_000):
+                    if episode.content == original.content and episode.title == original.title:
+                        return MemoryStored(self.key, int(episode.id))
+            self._check_size(original.content, "StoreMemory.content")
+            vector = self._shared_vectors([original])[0]
+            episode_id = layer.record_many([self._item(original, vector)])[0]
+            return MemoryStored(self.key, int(episode_id))
         if isinstance(message, StoreMemory):
             self._check_size(message.content, "StoreMemory.content")
             episode_id = layer.record(

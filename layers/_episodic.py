@@ -90,7 +90,7 @@ FloatArray = npt.NDArray[np.float32]
 MAX_DEPTH = 10_000  # deepest candidate lists recency decay may ask for
 MAX_TOP_K = 10_000
 BULK_DELETE_MIN = 500  # fewer vector deletes than this never rebuild the vector table
-_RECORD_KEYS = frozenset({"content", "title", "task_run_id", "tags", "kind", "at"})
+_RECORD_KEYS = frozenset({"content", "title", "task_run_id", "tags", "kind", "at", "vector"})
 
 _MIGRATIONS = [
     episodes_schema(archive=False)
@@ -135,6 +135,7 @@ class _Item:
     content: str
     tags: str
     recorded_us: int
+    vector: FloatArray | None = None  # given by the caller; computed from the text when None
 
     def row(self, ident: int) -> tuple[Any, ...]:
         return (
@@ -505,6 +506,7 @@ class EpisodicMemory:
         at: object,
         prefix: str = "",
         now: datetime | None = None,
+        vector: object = None,
     ) -> _Item:
         now = self._now() if now is None else now
         when = now if at is None else check_aware(at, f"{prefix}at")
@@ -517,7 +519,27 @@ class EpisodicMemory:
             content=check_content(content, f"{prefix}content", self._config.max_content_bytes),
             tags=dump_tags(check_tags(tags, f"{prefix}tags")),
             recorded_us=to_us(now),
+            vector=self._checked_vector(vector, f"{prefix}vector"),
         )
+
+    def _checked_vector(self, vector: object, name: str) -> FloatArray | None:
+        """A caller's vector for an episode, unit length; ``None`` in keyword-only mode (there is
+        no model it could belong to)."""
+        if vector is None or self._embedder is None:
+            return None
+        dim = self._embedder.dim
+        try:
+            array = np.asarray(vector, dtype=np.float32).reshape(-1)
+        except (TypeError, ValueError) as exc:
+            raise InvalidInputError(f"{name} must be an array of {dim} numbers: {exc}") from exc
+        norm = float(np.linalg.norm(array)) if array.shape == (dim,) else 0.0
+        if array.shape != (dim,) or not math.isfinite(norm) or norm == 0.0:
+            raise InvalidInputError(
+                f"{name} must be {dim} finite numbers, not all zero (the store's model {self._embedder.model_id!r}); "
+                f"got shape {array.shape}"
+            )
+        unit: FloatArray = (array / norm).astype(np.float32)
+        return unit
 
     def record(
         self,
@@ -528,14 +550,18 @@ class EpisodicMemory:
         tags: Mapping[str, str] | None = None,
         kind: str = "note",
         at: datetime | None = None,
+        vector: FloatArray | None = None,
     ) -> int:
         """Store one episode; returns its id once the write is committed.
 
         ``at`` must be timezone-aware (default: the clock's now). ``kind`` is a short label such
         as ``note``, ``observation`` or ``task-outcome`` (``[a-z0-9][a-z0-9_-]{0,63}``).
+        ``vector``: the episode's vector, already computed with the store's model (e.g. shared
+        with a knowledge entry of the same text), instead of embedding title and content;
+        ignored in keyword-only mode.
         """
         self._open_db()
-        return self._insert([self._item(content, title, task_run_id, tags, kind, at)])[0]
+        return self._insert([self._item(content, title, task_run_id, tags, kind, at, vector=vector)])[0]
 
     def record_many(self, items: Iterable[Mapping[str, Any]]) -> list[int]:
         """Store many episodes in one transaction with one embedding batch; returns their ids.
@@ -566,6 +592,7 @@ class EpisodicMemory:
                     item.get("at"),
                     prefix=f"items[{n}].",
                     now=now,
+                    vector=item.get("vector"),
                 )
             )
         return self._insert(checked)
@@ -585,9 +612,15 @@ class EpisodicMemory:
         embedder = self._embedder
         embedded = False
         if vectors is None and embedder is not None:
+            todo = [n for n, i in enumerate(items) if i.vector is None]
             try:
-                vectors = self._embed(embedder, [(i.title, i.content) for i in items])
-                embedded = True
+                computed = self._embed(embedder, [(items[n].title, items[n].content) for n in todo]) if todo else None
+                embedded = bool(todo)
+                given = [i.vector for i in items]
+                for row, n in enumerate(todo):
+                    assert computed is not None
+                    given[n] = computed[row]
+                vectors = np.stack([v for v in given if v is not None]).astype(np.float32, copy=False)
             except EmbeddingError as exc:  # the episodes are stored anyway; their vectors are pending
                 self._last_error = str(exc)
                 log.warning("episodic %s: storing without vectors, the embedder failed: %s", self.path, exc)

@@ -112,6 +112,9 @@ class ActorsConfig:
     embed_timeout_s: float = 120.0  # bound on one call of the shared embedding service
     writeback_retries: int = 5  # retries of a failed write-back before it waits for the next start
     blackboard_snapshot: bool = False  # save to blackboard/{session}.sqlite on stop, load on start
+    # queued writes (write-backs, stores) an actor takes from its mailbox into one transaction;
+    # 0 or 1: one transaction per message
+    max_group_commit: int = 256
 
 
 @dataclass(frozen=True, slots=True)

@@ -221,7 +221,7 @@ class FastEmbedEmbedder:
         *,
         dim: int | None = None,
         threads: int | None = None,
-        batch_size: int = 64,
+        batch_size: int = 16,
         cache_dir: str | None = None,
     ) -> None:
         try:
@@ -277,10 +277,15 @@ class FastEmbedEmbedder:
         return self._dim
 
     def embed_documents(self, texts: Sequence[str]) -> FloatArray:
+        """Texts are run in model batches of ``batch_size`` (16 by default: measured faster per
+        text than larger batches on CPU), grouped by length so a batch pads little."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        rows = list(self._model.embed(list(texts), batch_size=self.batch_size))
-        return _normalise(np.asarray(rows, dtype=np.float32))
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        rows = list(self._model.embed([texts[i] for i in order], batch_size=self.batch_size))
+        out = np.empty((len(texts), len(rows[0])), dtype=np.float32)
+        out[order] = np.asarray(rows, dtype=np.float32)
+        return _normalise(out)
 
     def embed_query(self, text: str) -> FloatArray:
         rows = list(self._model.query_embed(text))

@@ -45,7 +45,7 @@ class Rows:
     ``storage`` is the allocation ``vectors`` is the start of, with any spare rows asked for.
     """
 
-    rowids: list[int]
+    rowids: npt.NDArray[np.int64]
     vectors: FloatArray
     metas: dict[str, list[Any]]
     storage: FloatArray
@@ -113,22 +113,17 @@ def _read(
 ) -> Rows:
     names = [name for name, _ in columns]
     if wanted is None:
-        located = db.query(f"SELECT rowid, chunk_id, chunk_offset FROM {table}_rowids")
+        cursor = db.execute(f"SELECT rowid, chunk_id, chunk_offset FROM {table}_rowids")
     else:
-        located = db.query(
+        cursor = db.execute(
             f"SELECT rowid, chunk_id, chunk_offset FROM {table}_rowids "
             "WHERE rowid IN (SELECT value FROM json_each(?))",
             (_json_ids(wanted),),
         )
-    if not located:
+    place = _int_table(cursor)
+    if not len(place):
         storage = np.zeros((spare_rows(0, room), dim), dtype=np.float32)
-        return Rows([], storage[:0], {c: [] for c in names}, storage)
-    try:  # a row not (yet) placed in a chunk has NULLs, which numpy refuses as int64
-        place = np.array(located, dtype=np.int64)
-    except (TypeError, ValueError) as exc:
-        raise _Surprise("a row is not placed in a chunk") from exc
-    if place.ndim != 2 or place.shape[1] != 3:
-        raise _Surprise("unexpected _rowids shape")
+        return Rows(np.zeros(0, dtype=np.int64), storage[:0], {c: [] for c in names}, storage)
     order = np.lexsort((place[:, 2], place[:, 1]))  # by chunk, then offset: sequential reads
     place = place[order]
     chunk_ids = place[:, 1]
@@ -146,24 +141,44 @@ def _read(
         ]
     )
     dense_index = np.concatenate([np.arange(a, b) for a, b in dense]) if dense else np.zeros(0, np.int64)
-    rowid_list = [int(r) for r in place[dense_index, 0]]
     count = len(dense_index) + len(sparse_rows)
+    rowids = np.empty(count, dtype=np.int64)
+    rowids[: len(dense_index)] = place[dense_index, 0]
+    rowids[len(dense_index) :] = sparse_rows
     storage = np.empty((count + spare_rows(count, room), dim), dtype=np.float32)
     vectors = storage[:count]
     metas: dict[str, list[Any]] = {c: [] for c in names}
     if dense:
         _read_dense(db, table, dim, columns, place, dense, vectors, metas, full=wanted is None)
     if sparse_rows:
-        _read_points(db, table, dim, names, sparse_rows, vectors, len(rowid_list), metas)
-        rowid_list.extend(sparse_rows)
-    rows = Rows(rowid_list, vectors, metas, storage)
+        _read_points(db, table, dim, names, sparse_rows, vectors, len(dense_index), metas)
+    rows = Rows(rowids, vectors, metas, storage)
     _check(db, table, names, rows)
     return rows
 
 
+def _int_table(cursor: Any) -> npt.NDArray[np.int64]:
+    """``(rowid, chunk_id, chunk_offset)`` rows as an (n, 3) array, converted a batch at a time
+    (a million Python tuples at once would cost ~150 MB)."""
+    parts = []
+    while True:
+        batch = cursor.fetchmany(8192)
+        if not batch:
+            break
+        try:  # a row not (yet) placed in a chunk has NULLs, which numpy refuses as int64
+            part = np.array(batch, dtype=np.int64)
+        except (TypeError, ValueError) as exc:
+            raise _Surprise("a row is not placed in a chunk") from exc
+        if part.ndim != 2 or part.shape[1] != 3:
+            raise _Surprise("unexpected _rowids shape")
+        parts.append(part)
+    return np.concatenate(parts) if parts else np.zeros((0, 3), dtype=np.int64)
+
+
 def _chunk_blobs(
     db: Database, sql_table: str, column: str, chunk_ids: list[int], full: bool
-) -> dict[int, bytes]:
+) -> Iterator[tuple[int, bytes]]:
+    """``(chunk id, blob)`` for each of ``chunk_ids``, one at a time, in any order."""
     if full:
         cursor = db.execute(f"SELECT rowid, {column} FROM {sql_table}")
     else:
@@ -172,15 +187,16 @@ def _chunk_blobs(
             (_json_ids(chunk_ids),),
         )
     wanted = set(chunk_ids)
-    blobs = {}
-    for chunk_id, blob in cursor:
+    seen = 0
+    while (row := cursor.fetchone()) is not None:  # one 1.5 MB blob in memory at a time
+        chunk_id, blob = row
         if chunk_id in wanted:
             if not isinstance(blob, bytes):
                 raise _Surprise(f"{sql_table}.{column} holds no blob")
-            blobs[int(chunk_id)] = blob
-    if len(blobs) != len(wanted):
+            seen += 1
+            yield int(chunk_id), blob
+    if seen != len(wanted):
         raise _Surprise(f"{sql_table} lacks a chunk")
-    return blobs
 
 
 def _read_dense(
@@ -224,16 +240,17 @@ def _read_dense(
             raise _Surprise("a chunk slot does not hold the row that points at it")
         spans.append((chunk_id, offsets, size))
         out += b - a
-    blobs = _chunk_blobs(db, f"{table}_vector_chunks00", "vectors", chunk_list, full)
     row_bytes = dim * 4
+    target: dict[int, tuple[int, npt.NDArray[np.int64], int]] = {}
     at = 0
     for chunk_id, offsets, size in spans:
-        blob = blobs.pop(chunk_id)
+        target[chunk_id] = (at, offsets, size)
+        at += len(offsets)
+    for chunk_id, blob in _chunk_blobs(db, f"{table}_vector_chunks00", "vectors", chunk_list, full):
+        at, offsets, size = target[chunk_id]
         if len(blob) != size * row_bytes:
             raise _Surprise("a vector chunk has an unexpected size")
         vectors[at : at + len(offsets)] = np.frombuffer(blob, dtype=np.float32).reshape(size, dim)[offsets]
-        at += len(offsets)
-    del blobs
     metadata_index = 0
     for name, declared in columns:
         words = declared.lower().split()
@@ -260,7 +277,7 @@ def _metadata_values(
     full: bool,
 ) -> list[Any]:
     chunk_list = [chunk_id for chunk_id, _, _ in spans]
-    blobs = _chunk_blobs(db, f"{table}_metadatachunks{index:02d}", "data", chunk_list, full)
+    blobs = dict(_chunk_blobs(db, f"{table}_metadatachunks{index:02d}", "data", chunk_list, full))
     parts: list[Any] = []
     for chunk_id, offsets, size in spans:
         blob = blobs[chunk_id]
@@ -362,7 +379,7 @@ def _check(db: Database, table: str, names: list[str], rows: Rows) -> None:
     picks = sorted({int(i) for i in np.linspace(0, n - 1, num=min(n, _CHECK_ROWS))})
     cols = "".join(f", {c}" for c in names)
     for i in picks:
-        row = db.query(f"SELECT embedding{cols} FROM {table} WHERE rowid = ?", (rows.rowids[i],))
+        row = db.query(f"SELECT embedding{cols} FROM {table} WHERE rowid = ?", (int(rows.rowids[i]),))
         if not row:
             continue  # deleted since the bulk read: the caller's change log replays it
         blob, *values = row[0]
