@@ -83,7 +83,8 @@ class Scheduler:
             heapq.heappush(
                 self._heap, (time.monotonic() + max(0.0, delay_s), next(self._seq), handle, callback)
             )
-            self._cond.notify()
+            if self._heap[0][2] is handle:  # due before everything else: the thread must wake sooner
+                self._cond.notify()
         return handle
 
     def _run(self) -> None:

@@ -20,6 +20,7 @@ is retried request by request, so one poisoned text cannot fail its neighbours.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import queue
 import threading
@@ -88,7 +89,6 @@ class BatchingEmbedder:
         cache_size: int = 4096,
         query_cache_size: int = 256,
         call_timeout_s: float = 120.0,
-        workers: int = 1,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -112,14 +112,8 @@ class BatchingEmbedder:
         self._counts: dict[str, Any] = dict.fromkeys(EmbeddingStats.__slots__, 0)
         self._counts["model_seconds"] = 0.0
         self._closed = False
-        # several document batches at once only where the model may be called concurrently
-        self.workers = max(1, int(workers)) if self._thread_safe else 1
-        self._threads = [
-            threading.Thread(target=self._run, name=f"memstrata-embedder-{n}", daemon=True)
-            for n in range(self.workers)
-        ]
-        for thread in self._threads:
-            thread.start()
+        self._thread = threading.Thread(target=self._run, name="memstrata-embedder", daemon=True)
+        self._thread.start()
         self._query_thread = threading.Thread(
             target=self._run_queries, name="memstrata-embedder-queries", daemon=True
         )
@@ -191,11 +185,16 @@ class BatchingEmbedder:
                 self._query_cache.move_to_end(text)
                 self._counts["cache_hits"] += 1
                 return cached.copy()
-            future = self._pending_queries.get(text)
-            if future is None:
-                future = self._pending_queries[text] = Future()
-                self._query_queue.put((text, future))
+            future = self._start_query(text)
         return self._wait(future).copy()
+
+    def _start_query(self, text: str) -> Future[FloatArray]:
+        """The future of ``text``'s query vector, queued now unless already on its way (lock held)."""
+        future = self._pending_queries.get(text)
+        if future is None:
+            future = self._pending_queries[text] = Future()
+            self._query_queue.put((text, future))
+        return future
 
     def count_tokens(self, text: str) -> int:
         counter = getattr(self.inner, "count_tokens", None)
@@ -236,10 +235,9 @@ class BatchingEmbedder:
             if self._closed:
                 return
             self._closed = True
-            for _ in self._threads:
-                self._queue.put(None)
+            self._queue.put(None)
             self._query_queue.put(None)
-        for thread in (*self._threads, self._query_thread):
+        for thread in (self._thread, self._query_thread):
             with contextlib.suppress(RuntimeError):
                 thread.join(timeout=10)
         closed = EmbeddingError("the embedding service is closed")
@@ -268,7 +266,7 @@ class BatchingEmbedder:
                 return
             text, future = item
             try:
-                vector = np.asarray(self._model_call(lambda: self.inner.embed_query(text), 1), dtype=np.float32)
+                vector = np.asarray(self._model_call(functools.partial(self.inner.embed_query, text), 1))
             except BaseException as exc:
                 with self._lock:
                     self._pending_queries.pop(text, None)
@@ -349,7 +347,8 @@ class BatchingEmbedder:
         with self._lock:
             self._counts["largest_batch"] = max(self._counts["largest_batch"], len(texts))
         vectors = np.asarray(
-            self._model_call(lambda: self.inner.embed_documents(texts), len(texts)), dtype=np.float32
+            self._model_call(functools.partial(self.inner.embed_documents, texts), len(texts)),
+            dtype=np.float32,
         )
         if vectors.shape != (len(texts), self._dim):
             raise EmbeddingError(

@@ -249,13 +249,8 @@ class Outbox:
             for start in range(0, len(ids), 500):
                 chunk = ids[start : start + 500]
                 marks = ",".join("?" * len(chunk))
-                done = [
-                    int(r[0])
-                    for r in self.db.query(
-                        f"SELECT id FROM outbox WHERE id IN ({marks}) AND knowledge_done = 1 AND episode_done = 1",
-                        chunk,
-                    )
-                ]
+                complete = f"id IN ({marks}) AND knowledge_done = 1 AND episode_done = 1"
+                done = [int(r[0]) for r in self.db.query(f"SELECT id FROM outbox WHERE {complete}", chunk)]
                 if done:
                     marks = ",".join("?" * len(done))
                     self.db.execute(f"DELETE FROM outbox WHERE id IN ({marks})", done)

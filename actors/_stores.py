@@ -53,8 +53,8 @@ __all__ = [
     "KnowledgeStoreActor",
     "LayerStores",
     "StoreFactory",
-    "WriteBackEpisode",
     "WorkingMemoryActor",
+    "WriteBackEpisode",
 ]
 
 
@@ -231,8 +231,9 @@ class EpisodicActor(_PersistentActor):
         """Vectors of write-back episodes: their content through the shared embedding service,
         which computes each text once for the knowledge entry and the episode. ``None`` where
         the layer embeds by itself (another embedder, keyword-only, or the model failed)."""
-        embedder = self.runtime.embedder
-        if not messages or embedder is None or getattr(self.layer, "embedder", None) is not embedder:
+        embedder: Embedder | None = self.runtime.embedder
+        own: object = getattr(self.layer, "embedder", None)
+        if not messages or embedder is None or own is not embedder:
             return [None] * len(messages)
         try:
             array = embed_documents(embedder, [m.content[:EMBED_CHARS] for m in messages])

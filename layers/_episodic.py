@@ -535,8 +535,8 @@ class EpisodicMemory:
         norm = float(np.linalg.norm(array)) if array.shape == (dim,) else 0.0
         if array.shape != (dim,) or not math.isfinite(norm) or norm == 0.0:
             raise InvalidInputError(
-                f"{name} must be {dim} finite numbers, not all zero (the store's model {self._embedder.model_id!r}); "
-                f"got shape {array.shape}"
+                f"{name} must be {dim} finite numbers, not all zero (a vector of the store's model "
+                f"{self._embedder.model_id!r}); got shape {array.shape}"
             )
         unit: FloatArray = (array / norm).astype(np.float32)
         return unit
@@ -612,15 +612,15 @@ class EpisodicMemory:
         embedder = self._embedder
         embedded = False
         if vectors is None and embedder is not None:
-            todo = [n for n, i in enumerate(items) if i.vector is None]
+            rows = [i.vector for i in items]
+            todo = [n for n, row in enumerate(rows) if row is None]  # the others came with a vector
             try:
-                computed = self._embed(embedder, [(items[n].title, items[n].content) for n in todo]) if todo else None
-                embedded = bool(todo)
-                given = [i.vector for i in items]
-                for row, n in enumerate(todo):
-                    assert computed is not None
-                    given[n] = computed[row]
-                vectors = np.stack([v for v in given if v is not None]).astype(np.float32, copy=False)
+                if todo:
+                    computed = self._embed(embedder, [(items[n].title, items[n].content) for n in todo])
+                    for row, n in zip(computed, todo, strict=True):
+                        rows[n] = row
+                    embedded = True
+                vectors = np.stack([row for row in rows if row is not None]).astype(np.float32, copy=False)
             except EmbeddingError as exc:  # the episodes are stored anyway; their vectors are pending
                 self._last_error = str(exc)
                 log.warning("episodic %s: storing without vectors, the embedder failed: %s", self.path, exc)

@@ -224,7 +224,6 @@ def _read_dense(
     if len(info) != len(chunk_list):
         raise _Surprise("a row points at a chunk that does not exist")
     spans: list[tuple[int, npt.NDArray[np.int64], int]] = []  # chunk id, offsets, chunk size
-    out = 0
     for (a, b), chunk_id in zip(dense, chunk_list, strict=True):
         size, validity, slot_rowids = info[chunk_id]
         offsets = place[a:b, 2]
@@ -239,7 +238,6 @@ def _read_dense(
         if not valid.all() or not np.array_equal(named, place[a:b, 0]):
             raise _Surprise("a chunk slot does not hold the row that points at it")
         spans.append((chunk_id, offsets, size))
-        out += b - a
     row_bytes = dim * 4
     target: dict[int, tuple[int, npt.NDArray[np.int64], int]] = {}
     at = 0
@@ -250,7 +248,12 @@ def _read_dense(
         at, offsets, size = target[chunk_id]
         if len(blob) != size * row_bytes:
             raise _Surprise("a vector chunk has an unexpected size")
-        vectors[at : at + len(offsets)] = np.frombuffer(blob, dtype=np.float32).reshape(size, dim)[offsets]
+        block = np.frombuffer(blob, dtype=np.float32).reshape(size, dim)
+        first, last = int(offsets[0]), int(offsets[-1])
+        if last - first == len(offsets) - 1:  # consecutive slots (the usual case): one copy
+            vectors[at : at + len(offsets)] = block[first : last + 1]
+        else:  # "clip" is unbuffered: no temporary (the offsets were checked above)
+            np.take(block, offsets, axis=0, out=vectors[at : at + len(offsets)], mode="clip")
     metadata_index = 0
     for name, declared in columns:
         words = declared.lower().split()

@@ -19,7 +19,8 @@ It reloads everything only when the log cannot explain the gap (pruned past it, 
 At scale (``approximate_from`` live vectors, 200k by default) unfiltered and ``where``-filtered
 searches scan only the inverted lists nearest the query (:mod:`._ivf`) and rank what they scan by
 exact similarity: measured recall@10 >= 0.99, see ``benchmarks/bench_vectors.py``. Searches with
-``candidates``, ``exact=True`` and smaller mirrors stay exact.
+``candidates``, ``exact=True`` and smaller mirrors stay exact. The lists are stored once built
+(``{name}_vec_lists``) so that the next process adopts them instead of building them again.
 """
 
 from __future__ import annotations
@@ -79,15 +80,79 @@ class VectorHit:
     similarity: float  # cosine similarity, -1..1
 
 
-def _dot(matrix: FloatArray, query: FloatArray) -> FloatArray:
-    """Row-wise dot products on the calling thread.
+class _Scanner:
+    """Row-wise dot products of a large matrix, by whichever way is faster here and now.
 
-    ``matrix @ query`` goes to a multi-threaded BLAS whose worker hand-off costs 10+ ms per call
-    on a busy machine (measured: 16 ms instead of 0.1 ms for 2k x 384 on 2 loaded cores), while a
-    single-threaded scan is memory-bound and predictable; actors already provide the parallelism.
+    numpy's ``einsum`` scans on the calling thread: memory-bound and predictable. BLAS
+    (``matrix @ query``) splits the scan over its threads, which wins on an idle machine (measured
+    at 100k x 384: 5 ms against 7) and loses badly on a busy one, where handing work to its
+    threads costs more than the scan (measured: 16 ms instead of 0.1 ms for 2k x 384 on 2 loaded
+    cores; 28 ms against 17 at 200k). So each way's cost per row is tracked (a moving average);
+    scans use the cheaper one and try the other once every ``_EXPLORE`` scans. Small scans always
+    stay on the calling thread.
     """
-    scores: FloatArray = np.einsum("ij,j->i", matrix, query)
-    return scores
+
+    _EXPLORE = 128
+    _MIN_ROWS = 16_384
+
+    def __init__(self) -> None:
+        self.cost = {"einsum": 0.0, "blas": 0.0}  # seconds per row; 0 = not measured yet
+        self.scans = 0
+
+    def dot(self, matrix: FloatArray, query: FloatArray) -> FloatArray:
+        rows = len(matrix)
+        if rows < self._MIN_ROWS:
+            return self._einsum(matrix, query)
+        self.scans += 1
+        einsum, blas = self.cost["einsum"], self.cost["blas"]
+        if not einsum or not blas:
+            way = "blas" if einsum else "einsum"
+        else:
+            way = "einsum" if einsum <= blas else "blas"
+            if self.scans % self._EXPLORE == 0:
+                way = "blas" if way == "einsum" else "einsum"
+        started = time.perf_counter()
+        scores = self._einsum(matrix, query) if way == "einsum" else self._blas(matrix, query)
+        per_row = (time.perf_counter() - started) / rows
+        known = self.cost[way]
+        self.cost[way] = per_row if not known else 0.8 * known + 0.2 * per_row
+        return scores
+
+    @staticmethod
+    def _einsum(matrix: FloatArray, query: FloatArray) -> FloatArray:
+        scores: FloatArray = np.einsum("ij,j->i", matrix, query)
+        return scores
+
+    @staticmethod
+    def _blas(matrix: FloatArray, query: FloatArray) -> FloatArray:
+        scores: FloatArray = matrix @ query
+        return scores
+
+
+_SCANNER = _Scanner()  # per process: every mirror meets the same machine
+
+
+def _dot(matrix: FloatArray, query: FloatArray) -> FloatArray:
+    return _SCANNER.dot(matrix, query)
+
+
+def _encode(vocab: dict[Any, int], values: Sequence[Any]) -> npt.NDArray[np.int32]:
+    """Codes of metadata ``values`` in ``vocab`` (extended with new values). Numbers are
+    grouped by numpy first, so a million rows cost one sort rather than a million dict calls."""
+    if values and all(type(v) is int for v in values[:64]):
+        try:
+            array = np.asarray(values, dtype=np.int64)
+        except (OverflowError, TypeError, ValueError):
+            array = None
+        if array is not None:
+            distinct, inverse = np.unique(array, return_inverse=True)
+            table = np.fromiter(
+                (vocab.setdefault(v, len(vocab)) for v in distinct.tolist()),
+                dtype=np.int32,
+                count=len(distinct),
+            )
+            return table[inverse.reshape(-1)]
+    return np.fromiter((vocab.setdefault(v, len(vocab)) for v in values), dtype=np.int32, count=len(values))
 
 
 def _unit_rows(array: FloatArray) -> FloatArray:
@@ -188,6 +253,7 @@ class _Mirror:
         self.dead = 0
         self.partition: Partition | None = None
         self.partitions_built = 0
+        self.partitions_restored = 0
         self.partition_seconds = 0.0
         self._scores = np.empty(0, dtype=np.float32)
         self._allowed = np.empty(0, dtype=bool)
@@ -217,11 +283,8 @@ class _Mirror:
         mirror.alive[:n] = True
         mirror.lists = np.full(capacity, -1, dtype=np.int32)
         for c in mirror.columns:
-            vocab = mirror.vocab[c]
             mirror.codes[c] = np.zeros(capacity, dtype=np.int32)
-            mirror.codes[c][:n] = np.fromiter(
-                (vocab.setdefault(v, len(vocab)) for v in metas[c]), dtype=np.int32, count=n
-            )
+            mirror.codes[c][:n] = _encode(mirror.vocab[c], metas[c])
         mirror.index.rebuild(mirror.rowids[:n], mirror.alive[:n])
         mirror.size = n
         return mirror
@@ -398,7 +461,9 @@ class _Mirror:
         part = self.partition
         if part is not None and not exact:
             # about PROBE_LISTS lists (lists hold ~sqrt(n) rows: ~11% of 1M rows, ~22% of 200k);
-            # more for a larger k and for a filter (fewer allowed rows per list)
+            # more for a larger k, and 1/f times more for a filter passing a share f of the rows:
+            # scaling less loses recall on filters that follow topics (measured at 1M, f = 10%:
+            # recall@10 0.92 with sqrt(1/f)), so a filter under ~20% scans its rows exactly
             rows = PROBE_LISTS * part.end / part.lists * max(1.0, (k / 10) ** 0.25) * (size / allowed)
             if rows < _EXACT_SHARE * size:
                 hits = self._search_lists(part, query, k, valid, rows)
@@ -492,6 +557,43 @@ class _Mirror:
         rowids = self.rowids
         return [VectorHit(int(rowids[p]), float(scored[i])) for i, p in zip(top, positions, strict=True)]
 
+    def adopt(
+        self,
+        centroids: FloatArray,
+        ordered: npt.NDArray[np.int64],
+        sizes: npt.NDArray[np.int64],
+        trained_rows: int,
+        changed: npt.NDArray[np.int64],
+    ) -> None:
+        """Take a partition made earlier (by this or another process) instead of building one:
+        rows in ``ordered`` (grouped by list, ``sizes`` rows each) keep their list unless they
+        ``changed`` since; every other row joins the tail. Costs one in-place regrouping."""
+        started = time.perf_counter()
+        if self.dead:
+            self.compact()
+        size, lists = self.size, len(centroids)
+        list_of = np.repeat(np.arange(lists, dtype=np.int64), sizes)
+        by_rowid = np.argsort(ordered, kind="stable")
+        keys, values = ordered[by_rowid], list_of[by_rowid]
+        rowids = self.rowids[:size]
+        at = np.searchsorted(keys, rowids)
+        at[at == len(keys)] = 0
+        labels = np.where(keys[at] == rowids, values[at], lists) if len(keys) else np.full(size, lists)
+        if len(changed):
+            labels[np.isin(rowids, changed)] = lists  # a changed vector may belong elsewhere now
+        order = np.argsort(labels, kind="stable")
+        _permute_rows(self.matrix, order)
+        self.rowids[:size] = rowids[order]
+        for c in self.columns:
+            self.codes[c][:size] = self.codes[c][order]
+        sorted_labels = labels[order]
+        self.lists[:size] = np.where(sorted_labels < lists, sorted_labels, -1)
+        self.index.rebuild(self.rowids[:size], self.alive[:size])
+        starts = np.searchsorted(sorted_labels, np.arange(lists + 1)).astype(np.int64)
+        self.partition = Partition(centroids, starts, trained_rows)
+        self.partitions_restored += 1
+        self.partition_seconds = time.perf_counter() - started
+
     def describe(self) -> dict[str, Any] | None:
         part = self.partition
         if part is None:
@@ -503,6 +605,7 @@ class _Mirror:
             "tail_rows": self.size - part.end,
             "trained_rows": part.trained_rows,
             "builds": self.partitions_built,
+            "restored": self.partitions_restored,
             "last_build_seconds": round(self.partition_seconds, 3),
         }
 
@@ -618,6 +721,10 @@ class VectorIndex:
         return f"{self.name}_vec_log"
 
     @property
+    def partition_table(self) -> str:
+        return f"{self.name}_vec_lists"
+
+    @property
     def _pending_table(self) -> str:
         return f"{self.name}_vec_pending_delete"
 
@@ -636,7 +743,7 @@ class VectorIndex:
                 f"vector table {self.table} holds {stored_dim}-dimensional vectors, not {self.dim}; "
                 "rebuild it with VectorIndex.reset()"
             )
-        has_log = self._table_exists(self.log_table)
+        has_log = self._table_exists(self.log_table) and self._table_exists(self.partition_table)
         if backend is None or (not has_log and not self.db.read_only):
             with self.db.transaction():
                 if backend is None:
@@ -648,6 +755,13 @@ class VectorIndex:
                 self.db.execute(
                     f"CREATE TABLE IF NOT EXISTS {self.log_table} "
                     "(seq INTEGER PRIMARY KEY AUTOINCREMENT, item INTEGER NOT NULL, op INTEGER NOT NULL)"
+                )
+                # the inverted lists last built, so that the next process need not build them
+                self.db.execute(
+                    f"CREATE TABLE IF NOT EXISTS {self.partition_table} "
+                    "(id INTEGER PRIMARY KEY CHECK (id = 1), seq INTEGER NOT NULL, dim INTEGER NOT NULL, "
+                    "trained_rows INTEGER NOT NULL, centroids BLOB NOT NULL, rowids BLOB NOT NULL, "
+                    "sizes BLOB NOT NULL)"
                 )
             has_log = True
         self._has_log = has_log
@@ -700,6 +814,8 @@ class VectorIndex:
             self.db.execute(f"DROP TABLE IF EXISTS {self._pending_table}")
             self.dim, self.backend = dim, backend
             self._create(backend)
+            if self._has_log:
+                self.db.execute(f"DELETE FROM {self.partition_table}")
             set_meta(self.db, f"vector_backend:{self.name}", backend)
             set_meta(self.db, f"vector_dim:{self.name}", dim)
             if self._has_log:
@@ -1004,7 +1120,10 @@ class VectorIndex:
                 f"query must have shape (n, {self.dim}): vector table {self.table} was reset to "
                 f"{self.dim} dimensions by another connection"
             )
+        built = mirror.partitions_built
         mirror.maintain(self.approximate_from)
+        if mirror.partitions_built != built:
+            self._save_partition(mirror)
         return mirror.search(q[0], k, where, cand, exact=exact)
 
     def _search_vec0(
@@ -1051,13 +1170,89 @@ class VectorIndex:
         generation = self._generation()
         rollbacks = _rollbacks(self.db, self.table).total
         version = self.db.data_version()
-        with snapshot(self.db):  # the rows and the log position must agree
+        with snapshot(self.db):  # the rows, the log position and the stored lists must agree
             seq = int(self.db.scalar(f"SELECT max(seq) FROM {self.log_table}") or 0) if self._has_log else 0
             self._mirror = self._load()
+            if (
+                self._has_log
+                and self.approximate_from is not None
+                and self._mirror.live >= self.approximate_from
+            ):
+                self._restore_partition(self._mirror)
         self._log_seq = seq
         self._data_version, self._seen_generation, self._rollbacks_seen = version, generation, rollbacks
         self.reloads += 1
         self.last_reload_seconds = time.perf_counter() - started
+
+    def _save_partition(self, mirror: _Mirror) -> None:
+        """Store the lists just built (centroids and the rowids in list order, ~10 MB at 1M rows).
+
+        Best effort, never waiting: when another connection holds the write lock, or the
+        database is read-only, the next process builds its own lists.
+        """
+        part = mirror.partition
+        if part is None or not self._has_log or self.db.read_only or mirror.size != part.end:
+            return
+        row = (
+            self._log_seq,
+            self.dim,
+            part.trained_rows,
+            part.centroids.astype(np.float32).tobytes(),
+            mirror.rowids[: part.end].astype(np.int64).tobytes(),
+            np.diff(part.starts).astype(np.int64).tobytes(),
+        )
+        sql = (
+            f"INSERT OR REPLACE INTO {self.partition_table}"
+            "(id, seq, dim, trained_rows, centroids, rowids, sizes) VALUES (1, ?, ?, ?, ?, ?, ?)"
+        )
+        if self.db.in_transaction:  # joins the caller's transaction (and its fate)
+            self.db.execute(sql, row)
+            return
+        conn = self.db.conn
+        timeout = conn.execute("PRAGMA busy_timeout").fetchone()[0]
+        try:
+            conn.execute("PRAGMA busy_timeout = 0")
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.execute(sql, row)
+                conn.execute("COMMIT")
+            except Exception:
+                conn.execute("ROLLBACK")
+                raise
+        except Exception:  # busy, read-only file, disk full: the stored lists are only a cache
+            pass
+        finally:
+            conn.execute(f"PRAGMA busy_timeout = {int(timeout)}")
+
+    def _restore_partition(self, mirror: _Mirror) -> None:
+        """Adopt the stored lists if the change log explains every change since they were built."""
+        row = self.db.query(
+            f"SELECT seq, dim, trained_rows, centroids, rowids, sizes FROM {self.partition_table} "
+            "WHERE id = 1"
+        )
+        if not row:
+            return
+        built_at, dim, trained_rows, centroids_blob, rowids_blob, sizes_blob = row[0]
+        if dim != self.dim:
+            return
+        oldest, newest = self.db.query(
+            f"SELECT (SELECT min(seq) FROM {self.log_table}), (SELECT max(seq) FROM {self.log_table})"
+        )[0]
+        if newest is None or newest < built_at or (newest > built_at and oldest > built_at + 1):
+            return  # the log was pruned past the build (or does not reach it): changes unknown
+        entries = self.db.query(f"SELECT item, op FROM {self.log_table} WHERE seq > ?", (built_at,))
+        if any(op == _OP_RESET for _, op in entries):
+            return
+        try:
+            centroids = np.frombuffer(centroids_blob, dtype=np.float32).reshape(-1, dim).copy()
+            ordered = np.frombuffer(rowids_blob, dtype=np.int64)
+            sizes = np.frombuffer(sizes_blob, dtype=np.int64)
+        except (TypeError, ValueError):
+            return
+        if len(sizes) != len(centroids) or int(sizes.sum()) != len(ordered) or (sizes < 0).any():
+            return
+        changed = np.unique(np.array([int(item) for item, _ in entries], dtype=np.int64))
+        mirror.adopt(centroids, ordered, sizes, int(trained_rows), changed)
 
     def _catch_up(self) -> None:
         """Apply the change-log entries written since the mirror's position (re-reading those

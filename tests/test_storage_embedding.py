@@ -208,6 +208,39 @@ def test_count_tokens_is_not_truncated(real_embedder: Embedder) -> None:
     assert real_embedder.count_tokens("lone \ud800") >= 1
 
 
+@pytest.mark.model
+def test_default_model_gives_fastembeds_vectors(real_embedder: Embedder) -> None:
+    """The packaged model runs on ONNX Runtime directly: its vectors are the ones fastembed
+    computes from the same model directory, for every kind of text and batch."""
+    from fastembed import TextEmbedding
+    from fastembed.common.model_description import ModelSource, PoolingType
+
+    name = "memstrata-test/default-via-fastembed"
+    if name not in {d.get("model") for d in TextEmbedding.list_supported_models()}:
+        TextEmbedding.add_custom_model(
+            name,
+            pooling=PoolingType.MEAN,
+            normalization=True,
+            sources=ModelSource(hf=name),
+            dim=384,
+            model_file="model.onnx",
+        )
+    reference = TextEmbedding(name, specific_model_path=str(default_model_dir()), threads=1)
+    texts = [
+        "hello world",
+        "",
+        "The payment adapter times out under load; add a circuit breaker",
+        "東京の天気は晴れです 🎉",
+        "lone \ud800 surrogate".encode("utf-8", "replace").decode("utf-8"),
+        "word " * 400,  # beyond the 256-token window: truncated the same way
+        *(f"note {i}: " + "more words " * i for i in range(20)),
+    ]
+    expected = np.asarray(list(reference.embed(texts, batch_size=7)), dtype=np.float32)
+    np.testing.assert_allclose(real_embedder.embed_documents(texts), expected, atol=1e-6)
+    query = np.asarray(next(iter(reference.query_embed("payment adapter timeouts"))), dtype=np.float32)
+    np.testing.assert_allclose(real_embedder.embed_query("payment adapter timeouts"), query, atol=1e-6)
+
+
 def test_model_directory_without_dim_is_refused(tmp_path: Path) -> None:
     with pytest.raises(EmbedderUnavailableError, match="pass its embedding dimension"):
         FastEmbedEmbedder(str(tmp_path))

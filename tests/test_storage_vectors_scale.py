@@ -418,3 +418,66 @@ def test_rows_are_permuted_in_place() -> None:
             matrix = original.copy()
             _permute_rows(matrix, order)
             assert np.array_equal(matrix[:n], original[order]) and np.array_equal(matrix[n:], original[n:])
+
+
+def test_large_scans_pick_the_faster_way_and_agree() -> None:
+    scanner = vectors_module._Scanner()
+    matrix = _unit(np.random.default_rng(14).standard_normal((20_000, DIM)).astype(np.float32))
+    query = matrix[3]
+    first = scanner.dot(matrix, query)
+    second = scanner.dot(matrix, query)  # the first scan measured one way, the second the other
+    assert scanner.cost["einsum"] > 0 and scanner.cost["blas"] > 0
+    assert np.allclose(first, second, atol=1e-5) and np.allclose(first, matrix @ query, atol=1e-5)
+    scanner.cost = {"einsum": 1.0, "blas": 1e-12}  # pretend BLAS is far cheaper: only it is used
+    scanner.scans = 0
+    for _ in range(scanner._EXPLORE - 1):
+        scanner.dot(matrix, query)
+    assert scanner.cost["einsum"] == 1.0
+    scanner.dot(matrix, query)  # ... except once every _EXPLORE scans, to notice a change
+    assert scanner.cost["einsum"] < 1.0
+    small = vectors_module._Scanner()
+    small.dot(matrix[:100], query)  # small scans stay on the calling thread, unmeasured
+    assert small.cost == {"einsum": 0.0, "blas": 0.0}
+
+
+def test_the_next_connection_adopts_the_stored_lists(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    queries = _queries(15, 40)
+    db_a, index_a = _open(store)
+    index_a.search(queries[0], 1)
+    built = index_a.status()["approximate"]
+    assert built["builds"] == 1 and built["restored"] == 0
+    assert db_a.scalar("SELECT count(*) FROM items_vec_lists") == 1
+
+    db_b, index_b = _open(store)
+    index_b.search(queries[0], 1)
+    adopted = index_b.status()["approximate"]
+    assert adopted["builds"] == 0 and adopted["restored"] == 1
+    assert adopted["lists"] == built["lists"] and adopted["tail_rows"] == 0
+    assert _recall(index_b, queries) >= 0.99
+    db_b.close()
+
+    # rows written since the lists were stored join the tail; the others keep their lists
+    index_a.upsert_many([N + 1, 7], queries[1:3], _metas([1, 7]))
+    index_a.delete_many([8, 9])
+    db_c, index_c = _open(store)
+    assert [h.rowid for h in index_c.search(queries[1], 1)] == [N + 1]
+    assert [h.rowid for h in index_c.search(queries[2], 1)] == [7]
+    adopted = index_c.status()["approximate"]
+    assert adopted["restored"] == 1 and adopted["tail_rows"] == 2
+    assert _same(_mirror_state(index_c), _store_state(db_c))
+    db_c.close()
+
+    # when the log no longer reaches back to the stored lists, they are built again
+    monkeypatch.setattr(vectors_module, "LOG_KEEP", 5)
+    monkeypatch.setattr(vectors_module, "_LOG_SLACK", 1)
+    for i in range(3):
+        index_a.upsert_many(
+            list(range(N + 10 + 10 * i, N + 20 + 10 * i)), _clustered(50 + i, 10), _metas(range(1, 11))
+        )
+    db_d, index_d = _open(store)
+    index_d.search(queries[0], 1)
+    assert index_d.status()["approximate"]["builds"] == 1 and index_d.status()["approximate"]["restored"] == 0
+    db_d.close()
+    index_a.reset(DIM)  # a reset forgets them
+    assert db_a.scalar("SELECT count(*) FROM items_vec_lists") == 0
+    db_a.close()
