@@ -6,11 +6,12 @@ back as messages, and a timer posts a deadline. Whichever completes the retrieva
 replies, or the deadline) answers the caller with a :class:`TaskPrompt`, so a stuck store costs
 the caller the retrieval timeout and never blocks this actor.
 
-``TaskCompleted``/``TaskFailed``: the outcome is committed to the agent's outbox, the caller is
-answered (the write-back is now durable), and the two parts (knowledge entry and episode) are
-sent to the store actors. Each part's reply marks it done; a row whose parts are both done is
-deleted. Failed parts are retried with backoff; rows left when the process dies are replayed
-the next time the agent's actor starts (the system starts it for every outbox with rows).
+``TaskCompleted``/``TaskFailed``: the outcome is committed to the agent's outbox (all the outcomes
+waiting in the mailbox in one transaction), the caller is answered (the write-back is now
+durable), and the two parts (knowledge entry and episode) are sent to the store actors. Each
+part's reply marks it done; a row whose parts are both done is deleted. Failed parts are retried
+with backoff; rows left when the process dies are replayed the next time the agent's actor
+starts (the system starts it for every outbox with rows).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The per-agent store actors: long-term knowledge, episodic memory and working memory.
 
 Each one owns one layer object, opened in its own thread (so the layer's SQLite connection is
-confined to that thread), and turns messages into method calls on it. Nothing else: the layers
-hold the logic.
+confined to that thread), and turns messages into method calls on it: the stores waiting in its
+mailbox into one ``add_many`` / ``record_many`` call (group commit, see :class:`MemoryActor`).
+Nothing else: the layers hold the logic.
 """
 
 from __future__ import annotations

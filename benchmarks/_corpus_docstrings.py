@@ -24,7 +24,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["THIRD_PARTY_PACKAGES", "Corpus", "packages_corpus", "stdlib_corpus"]
+__all__ = [
+    "DOC_CHARS",
+    "THIRD_PARTY_PACKAGES",
+    "Corpus",
+    "cut_at_word",
+    "packages_corpus",
+    "sample_corpus",
+    "stdlib_corpus",
+    "unique_pairs",
+]
 
 # Packages memstrata installs (with its dev and mcp extras); those missing are skipped.
 THIRD_PARTY_PACKAGES = (
@@ -35,7 +44,7 @@ THIRD_PARTY_PACKAGES = (
 
 _SKIP_DIRS = {"test", "tests", "testing", "idlelib", "lib2to3", "tkinter", "turtledemo", "ensurepip"}
 _SIGNATURE = re.compile(r"^[\w.]+\(")
-_DOC_CHARS = 500  # bodies are cut (at a word) to bound the cost of embedding the corpus
+DOC_CHARS = 500  # bodies are cut (at a word) to bound the cost of embedding the corpus
 
 
 @dataclass(frozen=True)
@@ -64,7 +73,8 @@ def _docstrings(root: Path) -> Iterator[str]:
                     yield doc
 
 
-def _cut(text: str, limit: int) -> str:
+def cut_at_word(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters, at a word boundary."""
     if len(text) <= limit:
         return text
     return text[:limit].rsplit(" ", 1)[0]
@@ -82,13 +92,18 @@ def _pairs(roots: list[Path]) -> list[tuple[str, str]]:
             body = " ".join(" ".join(paragraphs[1:]).split())
             if not 5 <= len(summary.split()) <= 40 or len(body.split()) < 12 or _SIGNATURE.match(summary):
                 continue
-            pairs.append((summary, _cut(body, _DOC_CHARS)))
-    summaries = Counter(s.lower() for s, _ in pairs)
+            pairs.append((summary, cut_at_word(body, DOC_CHARS)))
+    return unique_pairs(pairs)
+
+
+def unique_pairs(pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The (query, body) pairs whose query (ignoring case) and body occur once: one answer each."""
+    queries = Counter(q.lower() for q, _ in pairs)
     bodies = Counter(b for _, b in pairs)
-    return [(s, b) for s, b in pairs if summaries[s.lower()] == 1 and bodies[b] == 1]
+    return [(q, b) for q, b in pairs if queries[q.lower()] == 1 and bodies[b] == 1]
 
 
-def _sample(name: str, pairs: list[tuple[str, str]], n_docs: int, n_queries: int, seed: int) -> Corpus:
+def sample_corpus(name: str, pairs: list[tuple[str, str]], n_docs: int, n_queries: int, seed: int) -> Corpus:
     """A seeded shuffle, cut: a smaller corpus is a prefix of a larger one (embeddings are shared)."""
     order = list(pairs)
     random.Random(seed).shuffle(order)
@@ -111,7 +126,7 @@ def _sample(name: str, pairs: list[tuple[str, str]], n_docs: int, n_queries: int
 def stdlib_corpus(n_docs: int, n_queries: int, seed: int = 7) -> Corpus:
     """Docstrings of the Python standard library (pure-Python modules)."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    return _sample("stdlib", _pairs([root]), n_docs, n_queries, seed)
+    return sample_corpus("stdlib", _pairs([root]), n_docs, n_queries, seed)
 
 
 def packages_corpus(n_docs: int, n_queries: int, seed: int = 11) -> Corpus:
@@ -121,4 +136,4 @@ def packages_corpus(n_docs: int, n_queries: int, seed: int = 11) -> Corpus:
         spec = importlib.util.find_spec(name)
         if spec is not None and spec.submodule_search_locations:
             roots.extend(Path(p) for p in spec.submodule_search_locations)
-    return _sample("packages", _pairs(roots), n_docs, n_queries, seed)
+    return sample_corpus("packages", _pairs(roots), n_docs, n_queries, seed)

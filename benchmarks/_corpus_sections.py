@@ -10,12 +10,10 @@ that are version numbers (changelogs) are skipped, and so is memstrata's own REA
 from __future__ import annotations
 
 import importlib.metadata
-import random
 import re
-from collections import Counter
 from collections.abc import Iterator
 
-from _corpus_docstrings import Corpus
+from _corpus_docstrings import DOC_CHARS, Corpus, cut_at_word, sample_corpus, unique_pairs
 
 __all__ = ["sections_corpus"]
 
@@ -23,7 +21,6 @@ _RST_TITLE = re.compile(r"^([^\n]+)\n([*=\-~^\"'#+]{3,})[ \t]*$", re.M)
 _MD_TITLE = re.compile(r"^(#{1,4})[ \t]+(.+?)[ \t]*#*[ \t]*$", re.M)
 _VERSION = re.compile(r"\d+\.\d+")
 _NOT_PROSE = ("```", "|", "+-", ">>>", "..", "<", "![", "[!", "$ ", "::")
-_DOC_CHARS = 500
 
 
 def _rst_sections(text: str) -> Iterator[tuple[str, str]]:
@@ -75,18 +72,6 @@ def sections_corpus(n_docs: int, n_queries: int, seed: int = 13) -> Corpus:
         words = re.findall(r"[^\W\d_]{2,}", title)
         if len(text.split()) < 15 or not 2 <= len(words) <= 15 or _VERSION.search(title):
             continue
-        cut = text if len(text) <= _DOC_CHARS else text[:_DOC_CHARS].rsplit(" ", 1)[0]
-        pairs.append((title, cut))
-    titles = Counter(t.lower() for t, _ in pairs)
-    bodies = Counter(b for _, b in pairs)
-    pairs = [(t, b) for t, b in pairs if titles[t.lower()] == 1 and bodies[b] == 1]
-    order = sorted(pairs)
-    random.Random(seed).shuffle(order)
-    chosen = order[:n_docs]
-    n_queries = min(n_queries, len(chosen))
-    position = list(range(len(chosen)))
-    random.Random(seed + 1).shuffle(position)
-    docs = [""] * len(chosen)
-    for i, (_, body) in enumerate(chosen):
-        docs[position[i]] = body
-    return Corpus("sections", docs, [t for t, _ in chosen[:n_queries]], position[:n_queries])
+        pairs.append((title, cut_at_word(text, DOC_CHARS)))
+    # sorted first, so the sample does not depend on the order the sections were read in
+    return sample_corpus("sections", sorted(unique_pairs(pairs)), n_docs, n_queries, seed)

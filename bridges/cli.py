@@ -14,7 +14,7 @@ import os
 import sys
 import threading
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any, NoReturn, TextIO
 
@@ -123,6 +123,25 @@ def _tags(values: Sequence[str]) -> dict[str, str] | None:
     return tags or None
 
 
+def _given(**options: Any) -> dict[str, Any]:
+    """The options a command was given: ``None`` means not given, so the callee's default applies."""
+    return {k: v for k, v in options.items() if v is not None}
+
+
+def _echo_hits(
+    hits: list[dict[str, Any]], as_json: bool, if_none: str, describe: Callable[[dict[str, Any]], str]
+) -> None:
+    """Memory hits as one JSON list, or numbered: score, ``describe(hit)`` and id, then the content."""
+    if as_json:
+        _echo_json(hits)
+        return
+    if not hits:
+        click.echo(if_none)
+    for rank, hit in enumerate(hits, 1):
+        click.echo(f"{rank}. {hit.get('score', 0):.2f}  {describe(hit)}  #{hit.get('id')}")
+        click.echo(f"   {_one_line(hit.get('content', ''))}")
+
+
 def _content(value: str) -> str:
     """``-`` reads the content from stdin."""
     if value == "-":
@@ -182,9 +201,7 @@ def store(
     as_json: bool,
 ) -> None:
     """Store CONTENT ('-' reads stdin) in an agent's long-term knowledge."""
-    options: dict[str, Any] = {"category": category, "tags": _tags(tags)}
-    if scope is not None:
-        options["scope"] = scope
+    options = _given(category=category, tags=_tags(tags), scope=scope)
     with _state(ctx).system() as system:
         ident = system.agent(agent_id).store_knowledge(_content(content), **options)
     if as_json:
@@ -219,29 +236,17 @@ def query(
     """Search an agent's long-term knowledge (hybrid vector + keyword by default)."""
     from . import _convert
 
-    options = {
-        k: v
-        for k, v in {
-            "category": category,
-            "tags": _tags(tags),
-            "scope": scope,
-            "top_k": top_k,
-            "mode": mode,
-            "min_score": min_score,
-        }.items()
-        if v is not None
-    }
+    options = _given(
+        category=category, tags=_tags(tags), scope=scope, top_k=top_k, mode=mode, min_score=min_score
+    )
     with _state(ctx).system() as system:
         hits = [_convert.knowledge_hit(h) for h in system.agent(agent_id).query_knowledge(query, **options)]
-    if as_json:
-        _echo_json(hits)
-        return
-    if not hits:
-        click.echo("no matching knowledge")
-    for rank, hit in enumerate(hits, 1):
-        score, category, match = hit.get("score", 0), hit.get("category"), hit.get("match_type")
-        click.echo(f"{rank}. {score:.2f}  {category}  {match}  #{hit.get('id')}")
-        click.echo(f"   {_one_line(hit.get('content', ''))}")
+    _echo_hits(
+        hits,
+        as_json,
+        "no matching knowledge",
+        lambda hit: f"{hit.get('category')}  {hit.get('match_type')}",
+    )
 
 
 @cli.command()
@@ -306,27 +311,17 @@ def recall(
     """Search an agent's episodic memory."""
     from . import _convert
 
-    options = {
-        k: v
-        for k, v in {
-            "task_run_id": task_run_id,
-            "since": _when(since, "since"),
-            "until": _when(until, "until"),
-            "top_k": top_k,
-        }.items()
-        if v is not None
-    }
+    options = _given(
+        task_run_id=task_run_id, since=_when(since, "since"), until=_when(until, "until"), top_k=top_k
+    )
     with _state(ctx).system() as system:
         hits = [_convert.episode_hit(h) for h in system.agent(agent_id).recall(query, **options)]
-    if as_json:
-        _echo_json(hits)
-        return
-    if not hits:
-        click.echo("no matching episodes")
-    for rank, hit in enumerate(hits, 1):
-        title = f"  {hit['title']}" if hit.get("title") else ""
-        click.echo(f"{rank}. {hit.get('score', 0):.2f}  {hit.get('at', '')}{title}  #{hit.get('id')}")
-        click.echo(f"   {_one_line(hit.get('content', ''))}")
+    _echo_hits(
+        hits,
+        as_json,
+        "no matching episodes",
+        lambda hit: f"{hit.get('at', '')}" + (f"  {hit['title']}" if hit.get("title") else ""),
+    )
 
 
 # -- files ---------------------------------------------------------------------------------------

@@ -141,7 +141,7 @@ def _memory_hit(hit: Any, snippet_chars: int) -> dict[str, Any]:
     entry = hit.entry
     content = str(entry.content)
     return {
-        "path": f"{MEMORY_SCHEME}{entry.id}",
+        "path": _memory_path(entry.id),
         "startLine": 1,
         "endLine": _line_count(content),
         "score": round(float(hit.score), 4),
@@ -181,6 +181,11 @@ def _has_saved_memories(ctx: _Context) -> bool:
     if ctx.system is None:
         return False
     return bool(ctx.agent().list_knowledge(category=MEMORY_CATEGORY, limit=1))
+
+
+def _memory_path(ident: int) -> str:
+    """The path a saved memory shows in results and memory_get reads back."""
+    return f"{MEMORY_SCHEME}{ident}"
 
 
 def _memory_id(path: str) -> str:
@@ -226,7 +231,6 @@ def _coerce_id(value: Any) -> Any:
 def _saved_memory(ctx: _Context, ident: Any) -> Any:
     if isinstance(ident, bool) or not isinstance(ident, int) or not 0 <= ident < 2**63:
         raise InvalidInputError(f"no saved memory with id {ident!r} (ids are non-negative integers)")
-    ctx.agent()
     entry = ctx.agent().get_knowledge(ident)
     if entry is None or entry.category != MEMORY_CATEGORY:
         raise InvalidInputError(f"no saved memory with id {ident!r}")
@@ -240,7 +244,7 @@ def _memory_add(ctx: _Context, args: dict[str, Any]) -> Any:
     ident = ctx.agent().store_knowledge(
         args["content"], category=MEMORY_CATEGORY, tags=tags or None, scope=args.get("scope", "/")
     )
-    return {"id": ident, "path": f"{MEMORY_SCHEME}{ident}", "saved": True}
+    return {"id": ident, "path": _memory_path(ident), "saved": True}
 
 
 def _memory_list(ctx: _Context, args: dict[str, Any]) -> Any:
@@ -254,7 +258,7 @@ def _memory_list(ctx: _Context, args: dict[str, Any]) -> Any:
     return [
         {
             "id": e.id,
-            "path": f"{MEMORY_SCHEME}{e.id}",
+            "path": _memory_path(e.id),
             "content": e.content,
             "scope": e.scope,
             "tags": dict(e.tags),

@@ -181,9 +181,16 @@ def check_int(value: object, name: str, minimum: int, maximum: int) -> int:
     return value
 
 
+_INT64_MIN = -(2**63)
+_INT64_MAX = 2**63 - 1
+
+
 def check_id(value: object, *, name: str = "id") -> int:
+    """A row id: an ``int`` SQLite can hold (a larger one could never name a row)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidInputError(f"{name} must be an int, got {type(value).__name__} {_show(value)}")
+    if not _INT64_MIN <= value <= _INT64_MAX:
+        raise InvalidInputError(f"{name} must be a 64-bit integer (-2**63 to 2**63 - 1), got {_show(value)}")
     return value
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
-import re
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +28,8 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 from memstrata.storage import (
+    FTS_TOKENIZER,
+    MAX_QUERY_TERMS,
     Database,
     Embedder,
     EmbeddingCache,
@@ -37,6 +38,7 @@ from memstrata.storage import (
     apply_migrations,
     build_keyword_query,
     check_consistency,
+    cjk_runs,
     default_embedder,
     embed_documents,
     embed_query,
@@ -81,17 +83,11 @@ MAX_LIST_LIMIT: Final = 10_000
 SHARED: Final = "shared"
 # Models read a few hundred tokens; tokenising megabytes would only cost time.
 EMBED_CHARS: Final = 8192
-_MAX_QUERY_TERMS: Final = 32
 _BATCH: Final = 1000  # rows per transaction in add_many and rebuilds
 _TABLE: Final = "knowledge"
 _FTS_COLUMNS: Final = ("content", "tag_text", "ident")
 _ENTRY_COLUMNS: Final = "id, content, category, scope, author, created_at, updated_at"
 _ALLOWED_ITEM_KEYS: Final = frozenset({"content", "category", "tags", "scope", "author"})
-FTS_TOKENIZER: Final = "porter unicode61 remove_diacritics 2"
-# the scripts written without spaces between words (as in the storage engine's query builder)
-_CJK: Final = re.compile(
-    "[\u2e80-\u2fdf\u3040-\u30ff\u3100-\u31bf\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]+"
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,31 +205,9 @@ def _tag_text(tags: Mapping[str, str]) -> str:
     return " ".join(f"{k} {v}" if v else k for k, v in tags.items())
 
 
-_CASE_CHANGE: Final = re.compile(r"[a-z0-9][A-Z]|[A-Z]{2}[a-z]")
-_TOKEN_CHARS: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
-
-
-def _ident_words(content: str) -> str:
-    """:func:`identifier_words` of ``content``, computed on the tokens that hold a case change
-    only (``parseHttp``, ``HTTPServer``): the same words, without testing every plain word."""
-    tokens: list[str] = []
-    match = _CASE_CHANGE.search(content)
-    while match is not None:
-        start, end = match.start(), match.end()
-        while start > 0 and content[start - 1] in _TOKEN_CHARS:
-            start -= 1
-        while end < len(content) and content[end] in _TOKEN_CHARS:
-            end += 1
-        tokens.append(content[start:end])
-        match = _CASE_CHANGE.search(content, end)
-    return identifier_words(" ".join(tokens)) if tokens else ""
-
-
 def _cjk_text(content: str, tag_text: str) -> str:
     """The CJK runs of an entry, one per line, for the trigram index (``""`` for most text)."""
-    if _CJK.search(content) is None and _CJK.search(tag_text) is None:
-        return ""
-    return "\n".join(dict.fromkeys(_CJK.findall(content) + _CJK.findall(tag_text)))
+    return "\n".join(dict.fromkeys(cjk_runs(content) + cjk_runs(tag_text)))
 
 
 @dataclass(slots=True)
@@ -618,7 +592,7 @@ class KnowledgeStore:
         vectors: Mapping[tuple[bytes, str, str], FloatArray],
         now: float,
     ) -> None:
-        texts = {r: (_tag_text(i.tags), _ident_words(i.content)) for r, i in rows.values()}
+        texts = {r: (_tag_text(i.tags), identifier_words(i.content)) for r, i in rows.values()}
         self._db.executemany(
             f"INSERT INTO {_TABLE}(id, content, category, scope, author, content_hash, tag_text, ident, "
             "cjk, created_at, updated_at, vector_pending) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -746,7 +720,7 @@ class KnowledgeStore:
             tag_text = None if new_tags is None else _tag_text(new_tags)
             if content_changed:
                 sets += ["content = ?", "content_hash = ?", "ident = ?"]
-                params += [final_content, digest, _ident_words(final_content)]
+                params += [final_content, digest, identifier_words(final_content)]
             if tag_text is not None:
                 sets.append("tag_text = ?")
                 params.append(tag_text)
@@ -1105,7 +1079,7 @@ class KnowledgeStore:
         if use_keywords:
             lists.append(keyword_ids)
             weights.append(tuning.keyword_weight if use_vectors else 1.0)
-        fused = _fuse(lists, weights, tuning.rrf_k, top_k)
+        fused = [(f.key, f.score, f.ranks) for f in rrf(lists, k=tuning.rrf_k, weights=weights)[:top_k]]
         if not fused:
             return []
         similarity = {h.rowid: h.similarity for h in vector_hits}
@@ -1149,7 +1123,7 @@ class KnowledgeStore:
         extra = "".join(f" AND {c}" for c in conditions)
         if query.words:
             terms = keyword_terms(text) or keyword_terms(text, keep_stop_words=True)
-            lists.append(self._bm25.search(terms[:_MAX_QUERY_TERMS], limit, allowed.ids()))
+            lists.append(self._bm25.search(terms[:MAX_QUERY_TERMS], limit, allowed.ids()))
         if query.cjk:
             sql = (
                 f"SELECT {_TABLE}_tri.rowid FROM {_TABLE}_tri{join} WHERE {_TABLE}_tri MATCH ?{extra} "
@@ -1255,28 +1229,6 @@ class KnowledgeStore:
     def __repr__(self) -> str:
         state = "closed" if self._closed else self.mode
         return f"KnowledgeStore({str(self.path)!r}, {state})"
-
-
-def _fuse(
-    lists: Sequence[Sequence[int]], weights: Sequence[float], k: int, limit: int
-) -> builtins.list[tuple[int, float, tuple[int | None, ...]]]:
-    """Weighted Reciprocal Rank Fusion, as :func:`memstrata.storage.rrf` computes it (score
-    ``sum w / (k + rank)`` over the lists, normalised by the best possible sum; ties keep the order
-    of first appearance), returning only the ``limit`` best: (id, score, rank in each list)."""
-    best = sum(w / (k + 1) for w in weights) or 1.0
-    scores: dict[int, float] = {}
-    ranks: dict[int, builtins.list[int | None]] = {}
-    for index, (ids, weight) in enumerate(zip(lists, weights, strict=True)):
-        for rank, key in enumerate(ids, start=1):
-            slot = ranks.get(key)
-            if slot is None:
-                slot = ranks[key] = [None] * len(lists)
-                scores[key] = 0.0
-            if slot[index] is None:
-                slot[index] = rank
-                scores[key] += weight / (k + rank)
-    order = sorted(scores, key=lambda key: -scores[key])[:limit]
-    return [(key, scores[key] / best, tuple(ranks[key])) for key in order]
 
 
 class _Allowed:

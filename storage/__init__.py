@@ -24,7 +24,16 @@ from ._embedding import (
     load_embedder,
     text_hash,
 )
-from ._fulltext import KeywordQuery, build_keyword_query, fts_schema, identifier_words, keyword_terms
+from ._fulltext import (
+    FTS_TOKENIZER,
+    MAX_QUERY_TERMS,
+    KeywordQuery,
+    build_keyword_query,
+    cjk_runs,
+    fts_schema,
+    identifier_words,
+    keyword_terms,
+)
 from ._fusion import DEFAULT_RRF_K, Fused, match_type, rrf
 from ._hybrid import Filter, Mode, RankedId, SearchParams, hybrid_search, keyword_search, validate_mode
 from ._migrations import (
@@ -42,6 +51,8 @@ from ._vectors import VectorHit, VectorIndex
 __all__ = [
     "DEFAULT_MODEL_ID",
     "DEFAULT_RRF_K",
+    "FTS_TOKENIZER",
+    "MAX_QUERY_TERMS",
     "ConsistencyReport",
     "Database",
     "DriverInfo",
@@ -61,6 +72,7 @@ __all__ = [
     "apply_migrations",
     "build_keyword_query",
     "check_consistency",
+    "cjk_runs",
     "connection_defaults",
     "default_embedder",
     "default_model_dir",

@@ -12,8 +12,11 @@ import re
 from dataclasses import dataclass
 
 __all__ = [
+    "FTS_TOKENIZER",
+    "MAX_QUERY_TERMS",
     "KeywordQuery",
     "build_keyword_query",
+    "cjk_runs",
     "fts_schema",
     "identifier_words",
     "keyword_terms",
@@ -23,6 +26,7 @@ MAX_QUERY_TERMS = 32
 MAX_QUERY_CHARS = 4_096
 MAX_CJK_PHRASE = 32
 TOKENIZER = "porter unicode61 remove_diacritics 2"
+FTS_TOKENIZER = TOKENIZER  # public name, for stores that declare their own FTS5 tables
 
 # English function words: matching them adds noise to BM25 and costs long posting lists.
 _STOP_WORDS_TEXT = """
@@ -38,8 +42,8 @@ _STOP_WORDS_TEXT = """
 STOP_WORDS = frozenset(_STOP_WORDS_TEXT.split())
 
 _WORD = re.compile(r"[^\W_]+(?:['’][^\W_]+)*", re.UNICODE)
-# an ASCII identifier-like token; matched greedily, once per token, so scanning stays linear
-_TOKEN = re.compile(r"[A-Za-z0-9_]+")
+# the characters of an ASCII identifier-like token
+_TOKEN_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
 # a case change inside a token: ``parseHttp``, ``getX``, ``HTTPServer`` (but not ``HTTP`` or ``Word``)
 _CASE_CHANGE = re.compile(r"[a-z0-9][A-Z]|[A-Z]{2}[a-z]")
 _CAMEL_PARTS = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
@@ -56,16 +60,37 @@ def identifier_words(text: str) -> str:
     """
     words: list[str] = []
     seen: set[str] = set()
-    for match in _TOKEN.finditer(text):
-        ident = match.group(0)
-        if not _CASE_CHANGE.search(ident):
-            continue  # plain words and snake_case: unicode61 already splits them
+    for ident in _case_change_tokens(text):
         for part in _CAMEL_PARTS.findall(ident):
             lower = part.lower()
             if lower not in seen:
                 seen.add(lower)
                 words.append(lower)
     return " ".join(words)
+
+
+def _case_change_tokens(text: str) -> list[str]:
+    """The identifier-like tokens holding a case change, found from the case changes outward.
+
+    Plain words and ``snake_case`` (which unicode61 already splits) are never looked at one by
+    one, so a megabyte of prose costs one regex scan.
+    """
+    tokens: list[str] = []
+    match = _CASE_CHANGE.search(text)
+    while match is not None:
+        start, end = match.start(), match.end()
+        while start > 0 and text[start - 1] in _TOKEN_CHARS:
+            start -= 1
+        while end < len(text) and text[end] in _TOKEN_CHARS:
+            end += 1
+        tokens.append(text[start:end])
+        match = _CASE_CHANGE.search(text, end)
+    return tokens
+
+
+def cjk_runs(text: str) -> list[str]:
+    """The distinct runs of CJK characters (scripts written without spaces) in ``text``, in order."""
+    return list(dict.fromkeys(_CJK.findall(text)))
 
 
 def keyword_terms(text: str, *, keep_stop_words: bool = False) -> list[str]:
@@ -119,7 +144,7 @@ def build_keyword_query(text: str) -> KeywordQuery:
         terms = keyword_terms(text, keep_stop_words=True)
     terms = terms[:MAX_QUERY_TERMS]
     words = " OR ".join(_quote(t) for t in terms) if terms else None
-    runs = list(dict.fromkeys(_CJK.findall(text)))
+    runs = cjk_runs(text)
     grams: dict[str, None] = {}
     for run in (r for r in runs if len(r) >= 3):
         # the run itself (when short enough to be a plausible phrase), then its trigrams: a

@@ -82,7 +82,9 @@ def keyword_search(
     """Ids ranked by BM25 (words), trigram match (CJK) and LIKE (short CJK), fused by RRF."""
     if query.empty or limit <= 0:
         return []
-    restrict = f" AND rowid IN ({flt.sql})" if flt.sql else ""
+    # ``+rowid``: the filter is checked on the rows the MATCH finds (its subquery is evaluated
+    # once). A plain ``rowid IN`` is handed to FTS5, which then runs the MATCH once per allowed id.
+    restrict = f" AND +rowid IN ({flt.sql})" if flt.sql else ""
     params = tuple(flt.params)
     weights = ", ".join(str(float(w)) for w in (column_weights or [1.0] * len(columns)))
     lists: list[list[int]] = []

@@ -19,7 +19,7 @@ from memstrata.layers import EpisodicMemory, KnowledgeStore
 from memstrata.storage import Embedder
 
 from memstrata import Config, MemorySystem
-from memstrata.errors import InvalidInputError
+from memstrata.errors import InvalidInputError, StorageError
 from memstrata.messages import StoreKnowledge, TaskCompleted, TaskFailed
 from tests.fakes import FakeEmbedder
 
@@ -178,6 +178,7 @@ class GatedStores(LayerStores):
         self.gates = {"knowledge": threading.Event(), "episodic": threading.Event()}
         self.entered = {"knowledge": threading.Event(), "episodic": threading.Event()}
         self.batches: list[tuple[str, int]] = []
+        self.failing_batches = 0  # how many batched writes raise before touching the store
 
     def _hold(self, kind: str) -> None:
         if not self.entered[kind].is_set():
@@ -196,6 +197,9 @@ class GatedStores(LayerStores):
                 items = list(items)
                 stores.batches.append(("knowledge", len(items)))
                 stores._hold("knowledge")
+                if stores.failing_batches:
+                    stores.failing_batches -= 1
+                    raise StorageError("the disk hiccupped")
                 return super().add_many(items)
 
         return Knowledge.open(path, embedder, config=config)
@@ -238,6 +242,26 @@ def test_queued_stores_share_one_transaction_and_each_caller_gets_its_answer(dat
         assert results[0] == results[2] and len({results[0], results[1], results[4]}) == 3  # dedup kept
         entries = {e.content: e for e in agent.list_knowledge(limit=10)}
         assert set(entries) == {"held at the gate", "retry with backoff", "cache the lookups", "pin it"}
+
+
+def test_a_batch_that_fails_is_handled_again_message_by_message(data_dir: Path) -> None:
+    stores = GatedStores()
+    stores.failing_batches = 1
+    with MemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder(), stores=stores) as system:
+        agent = system.agent("a1")
+        first, _ = in_threads([lambda: agent.store_knowledge("held at the gate", category="pattern")])
+        assert stores.entered["knowledge"].wait(5)
+        texts = [f"lesson {i}" for i in range(4)]
+        threads, results = in_threads(
+            [(lambda t=t: agent.store_knowledge(t, category="pattern")) for t in texts]
+        )
+        wait_until(lambda: mailbox(system, "knowledge", "a1", StoreKnowledge) == len(texts))
+        stores.gates["knowledge"].set()
+        join(first + threads)
+        assert stores.batches == [("knowledge", 4)]  # it failed, then each message went alone
+        assert all(isinstance(r, int) for r in results) and len(set(results)) == 4
+        assert {e.content for e in agent.list_knowledge(limit=10)} == {"held at the gate", *texts}
+        assert "storage_errors" not in system.status()["agents"]["a1"]["knowledge"]
 
 
 def test_a_write_back_is_embedded_once_and_its_episodes_are_batched(data_dir: Path) -> None:

@@ -172,3 +172,39 @@ def test_config_errors_are_value_errors(isolated: Path) -> None:
     with pytest.raises(ValueError):
         Config.load(env={"MEMSTRATA_SEARCH__TOP_K": "x"})
     assert issubclass(ConfigError, InvalidInputError)
+
+
+def test_readme_documents_every_config_key_with_its_default() -> None:
+    import dataclasses
+    import re
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("<!-- section: config -->")[1].split("<!-- /section: config -->")[0]
+    rows: dict[str, str] = {}  # "search.top_k" -> the row's default cell
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 3 or not cells[0].startswith("`"):
+            continue
+        table = re.match(r"`\[(\w+)\] ", cells[0])
+        keys = re.findall(r"(\w+)`", cells[0])
+        defaults = [d.strip().strip("`") for d in cells[1].split(",")]
+        for i, key in enumerate(keys):
+            rows[f"{table.group(1)}.{key}" if table else key] = defaults[min(i, len(defaults) - 1)]
+    config = Config()
+    for top in dataclasses.fields(Config):
+        if top.name == "agents":
+            continue
+        value = getattr(config, top.name)
+        if not dataclasses.is_dataclass(value):
+            assert top.name in rows, f"README config table lacks {top.name}"
+            continue
+        for key in dataclasses.fields(value):
+            dotted = f"{top.name}.{key.name}"
+            assert dotted in rows, f"README config table lacks [{top.name}] {key.name}"
+            default = getattr(value, key.name)
+            if isinstance(default, bool):
+                assert rows[dotted] == str(default).lower(), dotted
+            elif isinstance(default, int | float | str):
+                assert rows[dotted].strip('"') == str(default), dotted
+            elif default is None:
+                assert rows[dotted] == "unset", dotted

@@ -10,15 +10,14 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 from memstrata.layers import KnowledgeEntry, KnowledgeHit, KnowledgeStore
-from memstrata.storage import disable_vec_for_tests, identifier_words
+from memstrata.storage import disable_vec_for_tests
 
 from memstrata import Config
 from memstrata.errors import (
     EmbedderUnavailableError,
     EmbeddingError,
+    InvalidInputError,
     StorageError,
 )
 from tests.fakes import FakeEmbedder
@@ -169,6 +168,17 @@ def test_delete_true_once_then_false(store: KnowledgeStore) -> None:
     assert store.add("next entry") > entry_id  # ids are never reused
     with pytest.raises(ValueError, match="id"):
         store.delete("1")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", [2**63, 2**64 + 5, -(2**63) - 1])
+def test_ids_sqlite_cannot_hold_are_invalid_input(store: KnowledgeStore, bad: int) -> None:
+    kept = store.add("an entry that must survive")
+    for call in (store.get, store.delete, lambda i: store.update(i, content="changed")):
+        with pytest.raises(InvalidInputError, match=r"^id must be a 64-bit integer"):
+            call(bad)
+    assert store.get(2**63 - 1) is None and store.get(-(2**63)) is None  # the edges are only unknown
+    assert store.delete(2**63 - 1) is False and store.update(-(2**63), content="x") is None
+    assert [e.content for e in store.list()] == ["an entry that must survive"] and store.get(kept)
 
 
 # -- dedup ---------------------------------------------------------------------------------------
@@ -785,31 +795,6 @@ def test_path_for(data_dir: Path) -> None:
 def test_identifier_words_are_searchable(store: KnowledgeStore) -> None:
     entry_id = store.add("call parseHttpRequest before routing")
     assert ids_of(store.search("http", mode="keyword")) == [entry_id]
-
-
-@pytest.mark.parametrize(
-    "text",
-    [
-        "plain prose. With Capitals",
-        "parseHttpRequest",
-        "HTTPServer x",
-        "getX",
-        "snake_case_name",
-        "ABC",
-        "iPhone",
-    ],
-)
-def test_identifier_shortcut_matches_the_engine(text: str) -> None:
-    from memstrata.layers._knowledge import _ident_words
-
-    assert _ident_words(text) == identifier_words(text)
-
-
-@given(st.text(alphabet=st.sampled_from("aAbBzZ09_ .-\u00e9\u4e2d\n"), max_size=60) | st.text(max_size=40))
-def test_identifier_shortcut_property(text: str) -> None:
-    from memstrata.layers._knowledge import _ident_words
-
-    assert _ident_words(text) == identifier_words(text)
 
 
 def test_opening_repairs_lost_vectors_and_a_stale_keyword_index(tmp_path: Path) -> None:

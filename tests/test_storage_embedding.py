@@ -211,7 +211,7 @@ def test_count_tokens_is_not_truncated(real_embedder: Embedder) -> None:
 @pytest.mark.model
 def test_default_model_gives_fastembeds_vectors(real_embedder: Embedder) -> None:
     """The packaged model runs on ONNX Runtime directly: its vectors are the ones fastembed
-    computes from the same model directory, for every kind of text and batch."""
+    computes from the same model directory (up to float rounding), for every kind of text."""
     from fastembed import TextEmbedding
     from fastembed.common.model_description import ModelSource, PoolingType
 
@@ -236,9 +236,9 @@ def test_default_model_gives_fastembeds_vectors(real_embedder: Embedder) -> None
         *(f"note {i}: " + "more words " * i for i in range(20)),
     ]
     expected = np.asarray(list(reference.embed(texts, batch_size=7)), dtype=np.float32)
-    np.testing.assert_allclose(real_embedder.embed_documents(texts), expected, atol=1e-6)
+    np.testing.assert_allclose(real_embedder.embed_documents(texts), expected, atol=1e-5)
     query = np.asarray(next(iter(reference.query_embed("payment adapter timeouts"))), dtype=np.float32)
-    np.testing.assert_allclose(real_embedder.embed_query("payment adapter timeouts"), query, atol=1e-6)
+    np.testing.assert_allclose(real_embedder.embed_query("payment adapter timeouts"), query, atol=1e-5)
 
 
 def test_model_directory_without_dim_is_refused(tmp_path: Path) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -14,6 +16,7 @@ from memstrata.storage import (
     KeywordQuery,
     apply_migrations,
     build_keyword_query,
+    cjk_runs,
     fts_schema,
     identifier_words,
     keyword_search,
@@ -233,6 +236,44 @@ def test_identifier_words_on_a_huge_token_finishes() -> None:
     assert identifier_words("aB" * 50_000) == "a ba b"  # parts: a, Ba, ..., B
 
 
+def _identifier_words_token_by_token(text: str) -> str:
+    """The rule spelled out: every ASCII token with a case change, split into its camelCase parts."""
+    words: list[str] = []
+    for token in re.findall(r"[A-Za-z0-9_]+", text):
+        if re.search(r"[a-z0-9][A-Z]|[A-Z]{2}[a-z]", token):
+            for part in re.findall(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+", token):
+                if part.lower() not in words:
+                    words.append(part.lower())
+    return " ".join(words)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "plain prose. With Capitals",
+        "parseHttpRequest",
+        "HTTPServer x",
+        "getX",
+        "snake_case_name",
+        "ABC",
+        "iPhone",
+    ],
+)
+def test_identifier_scan_matches_the_token_rule(text: str) -> None:
+    # identifier_words searches for case changes and widens them to tokens, not token by token
+    assert identifier_words(text) == _identifier_words_token_by_token(text)
+
+
+@given(st.text(alphabet=st.sampled_from("aAbBzZ09_ .-\u00e9\u4e2d\n"), max_size=60) | st.text(max_size=40))
+def test_identifier_scan_property(text: str) -> None:
+    assert identifier_words(text) == _identifier_words_token_by_token(text)
+
+
+def test_cjk_runs() -> None:
+    assert cjk_runs("東京 tokyo 東京 and 한국어, ひらがな") == ["東京", "한국어", "ひらがな"]
+    assert cjk_runs("plain text") == []
+
+
 def test_query_is_bounded() -> None:
     query = build_keyword_query(" ".join(f"w{i}" for i in range(1000)))
     assert query.words is not None and query.words.count(" OR ") < 32
@@ -254,6 +295,46 @@ def test_filter_restricts_keyword_hits(db: Database) -> None:
     only_even = Filter(sql="SELECT id FROM docs WHERE id % 2 = 0")
     ids = keyword_search(db, "docs", ["body", "idwords"], build_keyword_query("dog fox"), 10, only_even)
     assert ids == [4]
+
+
+@pytest.mark.parametrize("text", ["dog fox", "the", "parse http request", "emoji café", "alpha quoted"])
+@pytest.mark.parametrize("allowed", [set(), {4}, {1, 4, 6}, set(range(1, 11, 2)), set(range(1, 11))])
+def test_filtered_keyword_search_is_the_unfiltered_ranking_restricted(
+    db: Database, text: str, allowed: set[int]
+) -> None:
+    # one ranked list (words only): BM25 does not depend on the filter, so order is kept
+    query = build_keyword_query(text)
+    assert query.cjk is None and not query.cjk_short
+    everything = keyword_search(db, "docs", ["body", "idwords"], query, 100, Filter())
+    listed = ", ".join(map(str, sorted(allowed))) or "NULL"
+    flt = Filter(sql=f"SELECT id FROM docs WHERE id IN ({listed})")
+    for limit in (1, 2, 100):
+        got = keyword_search(db, "docs", ["body", "idwords"], query, limit, flt)
+        assert got == [i for i in everything if i in allowed][:limit]
+
+
+def test_filter_is_applied_to_matches_not_handed_to_fts5(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a ``rowid IN (...)`` constraint given to FTS5 makes it run the MATCH once per allowed id:
+    # the plan must scan the MATCH result and test each row against the filter instead
+    statements: list[tuple[str, tuple[object, ...]]] = []
+    original = db.query
+
+    def recording(sql: str, params: Any = ()) -> list[Any]:
+        statements.append((sql, tuple(params)))
+        return original(sql, params)
+
+    monkeypatch.setattr(db, "query", recording)
+    flt = Filter(sql="SELECT id FROM docs WHERE id > ?", params=(2,))
+    keyword_search(db, "docs", ["body", "idwords"], build_keyword_query("dog 東京大学"), 5, flt)
+    monkeypatch.undo()
+    fts = [(sql, params) for sql, params in statements if " MATCH " in sql]
+    assert len(fts) == 2  # the word index and the trigram index
+    for sql, params in fts:
+        plan = " ".join(str(row[3]) for row in db.query("EXPLAIN QUERY PLAN " + sql, params))
+        index = re.search(r"VIRTUAL TABLE INDEX \d+:(\S*)", plan)
+        assert index is not None and "=" not in index.group(1), plan
 
 
 def test_update_and_delete_keep_both_indexes_in_sync(tmp_path: Path) -> None:
