@@ -26,6 +26,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from memstrata.layers._knowledge import EMBED_CHARS  # what a query's vector is made of
+from memstrata.storage import prefetch_query
+
 from memstrata.errors import AgentDegradedError, InvalidInputError, SystemStoppedError
 from memstrata.messages import (
     SHARED,
@@ -200,25 +203,30 @@ class AgentActor(MemoryActor):
             retrieval.errors["own"] = f"agent {self.key} is degraded: {degraded}"
             self._finish(retrieval, timed_out=False)
             return DEFERRED
+        text = task.query or task.description
+        own = self._exists("knowledge", self.key)
+        shared = config.include_shared and self._exists("knowledge", SHARED)
+        episodes = retrieval.episodes_wanted > 0 and self._exists("episodic", self.key)
+        if self.runtime.embedder is not None and (own or shared or episodes):
+            # every search below needs this vector: it is computed while they rank by keywords
+            prefetch_query(self.runtime.embedder, text[:EMBED_CHARS])
         query = QueryKnowledge(
             self.key,
-            task.query or task.description,
+            text,
             category=task.category,
             top_k=retrieval.top_k,
             tags=task.tags,
             scope=task.scope,
             min_score=config.retrieval_min_score,
         )
-        if self._exists("knowledge", self.key):
+        if own:
             self._request(retrieval, "own", "knowledge", self.key, query)
-        if config.include_shared and self._exists("knowledge", SHARED):
+        if shared:
             self._request(
                 retrieval, "shared", "knowledge", SHARED, dataclasses.replace(query, agent_id=SHARED)
             )
-        if retrieval.episodes_wanted > 0 and self._exists("episodic", self.key):
-            search = SearchMemory(
-                self.key, task.query or task.description, top_k=retrieval.episodes_wanted + retrieval.top_k
-            )
+        if episodes:
+            search = SearchMemory(self.key, text, top_k=retrieval.episodes_wanted + retrieval.top_k)
             self._request(retrieval, "episodes", "episodic", self.key, search)
         if not retrieval.waiting:
             self._finish(retrieval, timed_out=False)

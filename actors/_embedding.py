@@ -188,6 +188,13 @@ class BatchingEmbedder:
             future = self._start_query(text)
         return self._wait(future).copy()
 
+    def prefetch_query(self, text: str) -> None:
+        """Start computing ``text``'s query vector and return at once: a retrieval starts it
+        before its keyword searches, and the stores' ``embed_query`` then wait for it."""
+        with self._lock:
+            if not self._closed and text not in self._query_cache:
+                self._start_query(text)
+
     def _start_query(self, text: str) -> Future[FloatArray]:
         """The future of ``text``'s query vector, queued now unless already on its way (lock held)."""
         future = self._pending_queries.get(text)

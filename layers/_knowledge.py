@@ -28,6 +28,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 from memstrata.storage import (
+    APPROXIMATE_FROM,
     FTS_TOKENIZER,
     MAX_QUERY_TERMS,
     Database,
@@ -49,6 +50,7 @@ from memstrata.storage import (
     load_embedder,
     match_type,
     open_database,
+    prefetch_query,
     record_embedding,
     rrf,
     text_hash,
@@ -99,6 +101,7 @@ class SearchTuning:
     vector_weight: float = 1.0
     keyword_weight: float = 1.0
     column_weights: tuple[float, float, float] = (1.0, 1.0, 1.0)  # bm25: content, tags, identifiers
+    approximate_from: int | None = APPROXIMATE_FROM  # see VectorIndex
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,6 +320,7 @@ class KnowledgeStore:
             rrf_k=search.rrf_k,
             vector_weight=search.vector_weight,
             keyword_weight=search.keyword_weight,
+            approximate_from=search.approximate_from,
         )
         db = open_database(path)
         try:
@@ -351,12 +355,21 @@ class KnowledgeStore:
         stored_dim = get_meta(self._db, f"vector_dim:{_TABLE}")
         if stored_dim is None:
             return None
-        return VectorIndex(self._db, _TABLE, int(stored_dim), metadata={"category": "text"})
+        return self._vector_index(int(stored_dim))
+
+    def _vector_index(self, dim: int) -> VectorIndex:
+        return VectorIndex(
+            self._db,
+            _TABLE,
+            dim,
+            metadata={"category": "text"},
+            approximate_from=self._tuning.approximate_from,
+        )
 
     def _start_vectors(self, embedder: Embedder) -> None:
         if self._vectors is None:
             with self._db.transaction():
-                self._vectors = VectorIndex(self._db, _TABLE, embedder.dim, metadata={"category": "text"})
+                self._vectors = self._vector_index(embedder.dim)
                 record_embedding(self._db, embedder.model_id, embedder.dim)
         elif embedding_mismatch(self._db, embedder.model_id, embedder.dim) is not None:
             self._rebuild_needed = True
@@ -893,7 +906,7 @@ class KnowledgeStore:
         try:
             with self._db.transaction():
                 if self._vectors is None:
-                    self._vectors = VectorIndex(self._db, _TABLE, embedder.dim, metadata={"category": "text"})
+                    self._vectors = self._vector_index(embedder.dim)
                 else:
                     self._vectors.reset(embedder.dim)
                 for rows in self._rows():
@@ -1050,26 +1063,34 @@ class KnowledgeStore:
             return []
         self._refresh_foreign()
         vectors = self._vectors if self._vector_reason() is None else None
-        qv: FloatArray | None = None
-        if vectors is not None and checked_mode != "keyword":
-            qv = self._query_vector(query, query_vector, vectors.dim)
-            if qv is None:
-                vectors = None
-        use_vectors = vectors is not None and qv is not None
-        use_keywords = checked_mode != "vector" or not use_vectors
+        want_vectors = vectors is not None and checked_mode != "keyword"
+        if want_vectors and query_vector is None:
+            assert self._embedder is not None
+            prefetch_query(self._embedder, query[:EMBED_CHARS])  # computed while keywords are ranked
         tuning = self._tuning
-        # one ranking alone needs no candidates beyond top_k; fusion looks deeper into both
-        depth = max(tuning.depth, top_k) if use_vectors and use_keywords else top_k
         allowed = _Allowed(self._db, conditions, params)
+        # one ranking alone needs no candidates beyond top_k; fusion looks deeper into both
+        deep = max(tuning.depth, top_k)
+        keyword_ids: builtins.list[int] = []
+        if not want_vectors:  # keyword mode, or a store without vectors: keywords alone
+            keyword_ids = self._keyword_ids(query, top_k, conditions, params, allowed)
+        elif checked_mode == "hybrid":
+            keyword_ids = self._keyword_ids(query, deep, conditions, params, allowed)
+        qv: FloatArray | None = None
+        if want_vectors:
+            assert vectors is not None
+            qv = self._query_vector(query, query_vector, vectors.dim)
+            if qv is None:  # the embedder failed: keywords alone
+                keyword_ids = self._keyword_ids(query, top_k, conditions, params, allowed)
+        use_vectors = qv is not None
+        use_keywords = not use_vectors or checked_mode == "hybrid"
         vector_hits: builtins.list[VectorHit] = []
         if use_vectors:
             assert vectors is not None and qv is not None
+            depth = deep if use_keywords else top_k
             vector_hits = self._vector_search(vectors, qv, depth, conditions, allowed, where)
             if threshold is not None:
                 vector_hits = [h for h in vector_hits if h.similarity >= threshold]
-        keyword_ids: builtins.list[int] = []
-        if use_keywords:
-            keyword_ids = self._keyword_ids(query, depth, conditions, params, allowed)
 
         lists: builtins.list[builtins.list[int]] = []
         weights: builtins.list[float] = []

@@ -227,15 +227,20 @@ class Store:
     def _open_vectors(self) -> VectorIndex | None:
         stored_dim = get_meta(self.db, f"vector_dim:{TABLE}")
         meta = {"language": "text"}
+        approximate_from = self.config.search.approximate_from
         if self.embedder is None:
             # keyword-only: keep an existing table open so replaced chunks lose their vectors too
-            return None if stored_dim is None else VectorIndex(self.db, TABLE, int(stored_dim), metadata=meta)
+            if stored_dim is None:
+                return None
+            return VectorIndex(
+                self.db, TABLE, int(stored_dim), metadata=meta, approximate_from=approximate_from
+            )
         model, dim = self.embedder.model_id, self.embedder.dim
         mismatch = embedding_mismatch(self.db, model, dim)
         if stored_dim is not None and (mismatch is not None or int(stored_dim) != dim):
             # another model made these vectors: they cannot be compared with this model's queries
             VectorIndex(self.db, TABLE, int(stored_dim), metadata=meta).reset(dim)
-        vectors = VectorIndex(self.db, TABLE, dim, metadata=meta)
+        vectors = VectorIndex(self.db, TABLE, dim, metadata=meta, approximate_from=approximate_from)
         if mismatch is not None or get_meta(self.db, "embedding_model") is None:
             with self.db.transaction():
                 set_meta(self.db, "embedding_model", model)

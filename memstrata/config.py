@@ -60,6 +60,16 @@ class SearchConfig:
     vector_weight: float = 1.0
     keyword_weight: float = 1.0
     depth: int = 50  # candidates per list before fusion
+    # live vectors from which a store's vector search scans only the inverted lists nearest the
+    # query (measured recall, see the README); None: always exact
+    approximate_from: int | None = 100_000
+
+    def __post_init__(self) -> None:
+        if self.approximate_from is not None and self.approximate_from < 1:
+            raise ConfigError(
+                "search.approximate_from must be at least 1 (unset: always exact), "
+                f"got {self.approximate_from}"
+            )
 
 
 @dataclass(frozen=True, slots=True)

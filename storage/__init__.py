@@ -22,6 +22,7 @@ from ._embedding import (
     embed_documents,
     embed_query,
     load_embedder,
+    prefetch_query,
     text_hash,
 )
 from ._fulltext import (
@@ -46,9 +47,10 @@ from ._migrations import (
     schema_version,
     set_meta,
 )
-from ._vectors import VectorHit, VectorIndex
+from ._vectors import APPROXIMATE_FROM, VectorHit, VectorIndex
 
 __all__ = [
+    "APPROXIMATE_FROM",
     "DEFAULT_MODEL_ID",
     "DEFAULT_RRF_K",
     "FTS_TOKENIZER",
@@ -90,6 +92,7 @@ __all__ = [
     "load_embedder",
     "match_type",
     "open_database",
+    "prefetch_query",
     "record_embedding",
     "rrf",
     "schema_version",

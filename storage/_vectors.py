@@ -16,7 +16,7 @@ log entry it reflects; when another connection commits (``PRAGMA data_version`` 
 only the newer entries and re-reads those rows, so a refresh costs what changed, not the table.
 It reloads everything only when the log cannot explain the gap (pruned past it, a ``reset``).
 
-At scale (``approximate_from`` live vectors, 200k by default) unfiltered and ``where``-filtered
+At scale (``approximate_from`` live vectors, 100k by default) unfiltered and ``where``-filtered
 searches scan only the inverted lists nearest the query (:mod:`._ivf`) and rank what they scan by
 exact similarity: measured recall@10 >= 0.99, see ``benchmarks/bench_vectors.py``. Searches with
 ``candidates``, ``exact=True`` and smaller mirrors stay exact. The lists are stored once built
@@ -25,15 +25,18 @@ exact similarity: measured recall@10 >= 0.99, see ``benchmarks/bench_vectors.py`
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import math
 import numbers
+import os
 import re
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -43,6 +46,7 @@ import numpy.typing as npt
 from memstrata.errors import InvalidInputError, StorageError
 
 from ._connection import Database
+from ._heap import trim_heap
 from ._ivf import MAX_SAMPLE, SAMPLE_PER_LIST, Partition, assign, list_count, train
 from ._migrations import ensure_metadata, get_meta, set_meta
 from ._vec0_chunks import read_rows, snapshot, spare_rows
@@ -58,7 +62,7 @@ _CANDIDATE_LOOKUP_MAX = 2048  # up to this many candidate ids, look positions up
 METADATA_TYPES = ("text", "integer", "float", "boolean")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
-APPROXIMATE_FROM = 200_000  # live vectors from which searches use the inverted lists
+APPROXIMATE_FROM = 100_000  # live vectors from which searches use the inverted lists
 PROBE_LISTS = 112  # lists' worth of rows a k=10 search scans (measured: recall@10 >= 0.99)
 _EXACT_SHARE = 0.5  # a search that would scan more than this share of the rows scans them all
 _TAIL_SHARE = 0.15  # rows added since the partition, as a share of it, that trigger a rebuild
@@ -134,6 +138,28 @@ _SCANNER = _Scanner()  # per process: every mirror meets the same machine
 
 def _dot(matrix: FloatArray, query: FloatArray) -> FloatArray:
     return _SCANNER.dot(matrix, query)
+
+
+_HELPER: list[ThreadPoolExecutor] = []
+_HELPER_LOCK = threading.Lock()
+
+
+def _in_two(scan: Callable[[int, int], None], count: int, offsets: list[int], rows: int) -> None:
+    """``scan(0, count)`` over ``count`` slices starting at ``offsets`` (``rows`` in all), split
+    in two halves by rows, one of them on a helper thread when there is a second CPU and enough
+    rows: numpy releases the GIL while it scans, and a list scan is memory-bound, so two cores
+    take ~55% of the time of one (measured at 100k x 384), without BLAS threads left spinning."""
+    if rows < _Scanner._MIN_ROWS or count < 2 or (os.cpu_count() or 1) < 2:
+        scan(0, count)
+        return
+    middle = min(max(1, bisect.bisect_left(offsets, rows // 2)), count - 1)
+    with _HELPER_LOCK:
+        if not _HELPER:
+            _HELPER.append(ThreadPoolExecutor(1, thread_name_prefix="memstrata-scan"))
+        helper = _HELPER[0]
+    other = helper.submit(scan, middle, count)
+    scan(0, middle)
+    other.result()
 
 
 def _encode(vocab: dict[Any, int], values: Sequence[Any]) -> npt.NDArray[np.int32]:
@@ -460,7 +486,7 @@ class _Mirror:
         k = min(k, allowed)
         part = self.partition
         if part is not None and not exact:
-            # about PROBE_LISTS lists (lists hold ~sqrt(n) rows: ~11% of 1M rows, ~22% of 200k);
+            # about PROBE_LISTS lists (lists hold ~sqrt(n) rows: ~11% of 1M rows, ~22% of 100k-200k);
             # more for a larger k, and 1/f times more for a filter passing a share f of the rows:
             # scaling less loses recall on filters that follow topics (measured at 1M, f = 10%:
             # recall@10 0.92 with sqrt(1/f)), so a filter under ~20% scans its rows exactly
@@ -535,14 +561,18 @@ class _Mirror:
         if valid is not None and len(self._allowed) < total:
             self._allowed = np.empty(max(total, 2 * len(self._allowed)), dtype=bool)
         scores, allowed, matrix = self._scores, self._allowed, self.matrix
-        offsets = []
-        at = 0
-        for a, b in zip(starts, ends, strict=True):
-            np.einsum("ij,j->i", matrix[a:b], query, out=scores[at : at + b - a])
-            if valid is not None:
-                allowed[at : at + b - a] = valid[a:b]
-            offsets.append(at)
-            at += b - a
+        lengths = np.subtract(ends, starts)
+        offsets = np.concatenate(([0], np.cumsum(lengths)[:-1])).tolist()
+        at = int(lengths.sum())
+
+        def scan(first: int, last: int) -> None:
+            for a, b, o in zip(starts[first:last], ends[first:last], offsets[first:last], strict=True):
+                np.einsum("ij,j->i", matrix[a:b], query, out=scores[o : o + b - a])
+
+        _in_two(scan, len(starts), offsets, at)
+        if valid is not None:
+            for a, b, o in zip(starts, ends, offsets, strict=True):
+                allowed[o : o + b - a] = valid[a:b]
         scored = scores[:at]
         if valid is not None:
             ok = allowed[:at]
@@ -1124,6 +1154,7 @@ class VectorIndex:
         mirror.maintain(self.approximate_from)
         if mirror.partitions_built != built:
             self._save_partition(mirror)
+            trim_heap()  # the build's temporaries, as after a load
         return mirror.search(q[0], k, where, cand, exact=exact)
 
     def _search_vec0(
@@ -1183,6 +1214,7 @@ class VectorIndex:
         self._data_version, self._seen_generation, self._rollbacks_seen = version, generation, rollbacks
         self.reloads += 1
         self.last_reload_seconds = time.perf_counter() - started
+        trim_heap()  # the load's temporaries: tens of MB that would otherwise stay resident
 
     def _save_partition(self, mirror: _Mirror) -> None:
         """Store the lists just built (centroids and the rowids in list order, ~10 MB at 1M rows).

@@ -169,3 +169,53 @@ def test_closed_service_fails_clearly() -> None:
     with pytest.raises(EmbeddingError, match="closed"):
         service.embed_documents(["x"])
     assert service.embed_documents([]).shape == (0, 64)
+
+
+class GatedQueries(FakeEmbedder):
+    """Holds every query inside the model until released; records what it computed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.queries: list[str] = []
+
+    def embed_query(self, text: str) -> npt.NDArray[np.float32]:
+        self.queries.append(text)
+        self.entered.set()
+        assert self.release.wait(10)
+        return super().embed_query(text)
+
+
+def run_threads_started(target: Callable[[], npt.NDArray[np.float32]]) -> Callable[[], object]:
+    """Start ``target`` on a thread now; the returned function joins it and gives its result."""
+    results: list[object] = []
+    thread = threading.Thread(target=lambda: results.append(target()))
+    thread.start()
+
+    def join() -> object:
+        thread.join(10)
+        assert not thread.is_alive() and len(results) == 1
+        return results[0]
+
+    return join
+
+
+def test_a_prefetched_query_is_computed_once_in_the_background() -> None:
+    inner = GatedQueries()
+    service = BatchingEmbedder(inner)
+    try:
+        service.prefetch_query("why is the build red")  # returns while the model is held
+        assert inner.entered.wait(5)
+        waiting = run_threads_started(lambda: service.embed_query("why is the build red"))
+        inner.release.set()
+        vector = waiting()
+        np.testing.assert_array_equal(vector, FakeEmbedder().embed_query("why is the build red"))
+        service.prefetch_query("why is the build red")  # already known: nothing computed
+        assert service.embed_query("why is the build red").shape == (64,)
+        assert inner.queries == ["why is the build red"]
+    finally:
+        service.close()
+    service.prefetch_query("after close")  # a closed service ignores it; embed_query reports it
+    with pytest.raises(EmbeddingError, match="closed"):
+        service.embed_query("after close")

@@ -208,3 +208,12 @@ def test_readme_documents_every_config_key_with_its_default() -> None:
                 assert rows[dotted].strip('"') == str(default), dotted
             elif default is None:
                 assert rows[dotted] == "unset", dotted
+
+
+def test_approximate_search_threshold(isolated: Path) -> None:
+    assert Config().search.approximate_from == 100_000
+    assert Config.load(env={"MEMSTRATA_SEARCH__APPROXIMATE_FROM": "none"}).search.approximate_from is None
+    assert Config.load(env={"MEMSTRATA_SEARCH__APPROXIMATE_FROM": "5000"}).search.approximate_from == 5000
+    path = _write(isolated / "cfg.toml", "[search]\napproximate_from = 0\n")
+    with pytest.raises(ConfigError, match=r"search\.approximate_from must be at least 1"):
+        Config.load(path, env={})

@@ -14,6 +14,7 @@ from memstrata.layers import KnowledgeEntry, KnowledgeHit, KnowledgeStore
 from memstrata.storage import disable_vec_for_tests
 
 from memstrata import Config
+from memstrata.config import SearchConfig
 from memstrata.errors import (
     EmbedderUnavailableError,
     EmbeddingError,
@@ -822,3 +823,64 @@ def test_opening_repairs_lost_vectors_and_a_stale_keyword_index(tmp_path: Path) 
         assert store.status()["pending_vectors"] == 0
         assert [h.entry.id for h in store.search("bravo", mode="vector", top_k=1)] == [ids[1]]
         assert ids[2] not in {h.entry.id for h in store.search("charlie", mode="keyword")}
+
+
+class PrefetchingEmbedder(FakeEmbedder):
+    """Records the order of query work, like the actors' embedding service would see it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[tuple[str, str]] = []
+
+    def prefetch_query(self, text: str) -> None:
+        self.events.append(("prefetch", text))
+
+    def embed_query(self, text: str) -> npt.NDArray[np.float32]:
+        self.events.append(("embed", text))
+        return super().embed_query(text)
+
+
+def test_hybrid_search_ranks_keywords_while_the_query_is_embedded(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    texts = ["retry the payment webhook", "cache the avatar images", "the webhook retries twice"]
+    embedder = PrefetchingEmbedder()
+    with (
+        KnowledgeStore.open(data_dir / "a.sqlite", embedder) as store,
+        KnowledgeStore.open(data_dir / "b.sqlite", FakeEmbedder()) as plain,
+    ):
+        for text in texts:
+            store.add(text, category="pattern")
+            plain.add(text, category="pattern")
+        ranking = store._bm25.search
+
+        def keywords(*args: object, **kwargs: object) -> list[int]:
+            embedder.events.append(("keywords", ""))
+            return ranking(*args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(store._bm25, "search", keywords)
+        query = "webhook retry \ud800" + "x" * 9000  # a lone surrogate, longer than EMBED_CHARS
+        hits = store.search(query, top_k=3)
+        safe = query[:8192].encode("utf-8", "replace").decode("utf-8")
+        assert embedder.events == [("prefetch", safe), ("keywords", ""), ("embed", safe)]
+        assert [(h.entry.content, h.score) for h in hits] == [
+            (h.entry.content, h.score) for h in plain.search(query, top_k=3)
+        ]
+        embedder.events.clear()
+        store.search("webhook", mode="keyword")
+        assert [kind for kind, _ in embedder.events] == ["keywords"]  # no vector wanted, none asked
+
+
+@pytest.mark.parametrize("threshold", [50, None])
+def test_the_approximate_search_threshold_comes_from_the_config(
+    data_dir: Path, threshold: int | None
+) -> None:
+    config = Config(data_dir=data_dir, search=SearchConfig(approximate_from=threshold))
+    with KnowledgeStore.open(data_dir / "k.sqlite", FakeEmbedder(), config=config) as store:
+        store.add_many(
+            [{"content": f"note {i} about topic {i % 7}", "category": "pattern"} for i in range(120)]
+        )
+        assert store.search("topic 3", top_k=5)
+        vectors = store.status()["vectors"]
+        assert vectors["approximate_from"] == threshold
+        assert (vectors["approximate"] is not None) == (threshold is not None)

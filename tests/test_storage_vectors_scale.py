@@ -1,13 +1,14 @@
 """VectorIndex at scale: inverted lists (recall, deletes, filters, rebuilds), the change-log
 refresh between connections, bulk deletes and the chunk-table reader.
 
-The inverted lists switch on at ``approximate_from`` live vectors (200k by default); these tests
+The inverted lists switch on at ``approximate_from`` live vectors (100k by default); these tests
 set it low so that 20k vectors exercise the same code in seconds.
 """
 
 from __future__ import annotations
 
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -481,3 +482,24 @@ def test_the_next_connection_adopts_the_stored_lists(store: Path, monkeypatch: p
     index_a.reset(DIM)  # a reset forgets them
     assert db_a.scalar("SELECT count(*) FROM items_vec_lists") == 0
     db_a.close()
+
+
+def test_list_scans_split_over_two_threads_rank_like_one(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db, index = _open(store)
+    queries = _queries(7, 30)
+    monkeypatch.setattr(vectors_module._Scanner, "_MIN_ROWS", 1_000)  # 20k rows: split every scan
+    monkeypatch.setattr(vectors_module.os, "cpu_count", lambda: 2)
+    split = [[(h.rowid, h.similarity) for h in index.search(q, k)] for q in queries for k in (1, 10, 50)]
+    assert any(t.name.startswith("memstrata-scan") for t in threading.enumerate())
+    monkeypatch.setattr(vectors_module.os, "cpu_count", lambda: 1)
+    alone = [[(h.rowid, h.similarity) for h in index.search(q, k)] for q in queries for k in (1, 10, 50)]
+    assert index.status()["approximate"] is not None
+    # the same rows; similarities agree to float32 rounding (numpy's summation order follows
+    # the query array's alignment, which varies from call to call in either mode)
+    assert [[r for r, _ in hits] for hits in split] == [[r for r, _ in hits] for hits in alone]
+    for a, b in zip(split, alone, strict=True):
+        np.testing.assert_allclose([s for _, s in a], [s for _, s in b], atol=1e-6)
+    assert all(len(hits) == k for hits, k in zip(split, [1, 10, 50] * len(queries), strict=True))
+    db.close()

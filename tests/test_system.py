@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from memstrata.actors import ManualClock
+from memstrata.actors import BatchingEmbedder, ManualClock
 from memstrata.layers import EpisodeHit, KnowledgeHit, KnowledgeStore
 
 from memstrata import Config, MemorySystem
@@ -318,3 +318,35 @@ def test_list_get_and_delete_knowledge(system: MemorySystem) -> None:
     assert agent.delete_knowledge(first) is False
     assert agent.get_knowledge(first) is None
     assert [h.entry.id for h in agent.query_knowledge("first entry", include_shared=False)] == [second]
+
+
+class RecordingService(BatchingEmbedder):
+    """The shared embedding service, noting which thread asked for each prefetched query."""
+
+    def __init__(self, inner: FakeEmbedder) -> None:
+        super().__init__(inner)
+        self.prefetched: list[tuple[str, str]] = []
+
+    def prefetch_query(self, text: str) -> None:
+        self.prefetched.append((text, threading.current_thread().name))
+        super().prefetch_query(text)
+
+
+def test_a_retrieval_starts_its_query_vector_before_any_store_searches(data_dir: Path) -> None:
+    inner = FakeEmbedder()
+    service = RecordingService(inner)
+    try:
+        with MemorySystem.start(Config(data_dir=data_dir), embedder=service) as system:
+            agent = system.agent("a1")
+            agent.store_knowledge("retry the flaky upload with backoff", category="pattern")
+            system.agent("other").store_knowledge("uploads need a checksum", category="pattern", shared=True)
+            agent.remember("the upload failed twice on Monday")
+            calls = inner.calls
+            prompt = agent.begin_task("t1", "Fix the flaky upload")
+            assert not prompt.fallback and prompt.reason is None
+            askers = [thread for text, thread in service.prefetched if text == "Fix the flaky upload"]
+            # the agent's actor first; then each store (its own, shared, episodes) finds it known
+            assert askers and askers[0].startswith("AgentActor")
+            assert inner.calls == calls + 1  # one computation for the three searches
+    finally:
+        service.close()
