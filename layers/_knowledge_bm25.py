@@ -284,10 +284,13 @@ class Bm25Index:
             apos = self._positions(np.asarray(allowed, dtype=np.int64))
             keep[apos[apos >= 0]] = True
             scores[~keep] = 0.0
-        k = min(limit, len(scores))
-        cut = scores[np.argpartition(-scores, k - 1)[k - 1]]
+        matched = np.flatnonzero(scores > 0.0)  # usually a small share of the documents
+        if len(matched) == 0:
+            return []
+        k = min(limit, len(matched))
+        cut = scores[matched[np.argpartition(-scores[matched], k - 1)[k - 1]]]
         # every document tied with the last one taken competes, so ties go to the lower id
-        top = np.flatnonzero(scores >= max(cut, np.nextafter(0.0, 1.0)))
+        top = matched[scores[matched] >= cut]
         order = np.lexsort((self._ids[top], -scores[top]))[:limit]
         return [int(i) for i in self._ids[top[order]]]
 

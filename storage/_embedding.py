@@ -30,6 +30,7 @@ from memstrata.errors import EmbedderUnavailableError, EmbeddingError
 
 from ._connection import Database
 from ._heap import trim_heap
+from ._quantize import int8_products
 
 __all__ = [
     "DEFAULT_MODEL_ID",
@@ -47,7 +48,7 @@ __all__ = [
 ]
 
 FloatArray = npt.NDArray[np.float32]
-DEFAULT_MODEL_ID = "all-MiniLM-L6-v2-int8"
+DEFAULT_MODEL_ID = "all-MiniLM-L6-v2-int8-dq"  # int8 products: see ._quantize
 DEFAULT_DIM = 384
 _MODEL_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
 _TOKENIZER_SHA256 = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
@@ -206,9 +207,6 @@ def default_model_dir() -> Path:
 # -- fastembed ---------------------------------------------------------------------------------
 
 
-# ONNX Runtime keeps the working memory of its largest run in an arena for good (a batch of 16
-# texts of 256 tokens: +300 MB); runs with more padded tokens than this hand it back when done.
-_ARENA_TOKENS = 1024
 MAX_TOKENS = 256  # the default model's input window (all-MiniLM-L6-v2)
 
 
@@ -217,9 +215,12 @@ class _DefaultModel:
 
     It computes what fastembed computes for this model (WordPiece tokens truncated to 256 and
     padded per batch, the model, mean pooling over the attention mask in float64, L2
-    normalisation; the tests compare the vectors: equal up to float rounding) without importing
-    fastembed's other embedders (~33 MB resident), and it controls the session: its memory (see
-    ``_ARENA_TOKENS``) and its graph rewrites.
+    normalisation) with one difference: the weight products run in int8 (:mod:`._quantize`),
+    giving vectors within cosine ~0.99 of fastembed's (tested). Each text runs alone, because
+    the int8 products scale the activations per run: a text's vector must not depend on the
+    texts beside it. Nothing is padded, and ONNX Runtime's memory arena only ever holds one
+    text's working memory (a batch of 16 texts of 256 tokens would keep ~300 MB). It does so
+    without importing fastembed's other embedders (~33 MB resident).
     """
 
     def __init__(self, model_dir: Path, threads: int) -> None:
@@ -228,38 +229,34 @@ class _DefaultModel:
 
         tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         tokenizer.enable_truncation(max_length=MAX_TOKENS, direction="right")
-        tokenizer.enable_padding(direction="right", pad_id=0, pad_type_id=0, pad_token="[PAD]")
+        tokenizer.no_padding()  # the file pads to 128 tokens; each text runs alone, unpadded
         self.tokenizer = tokenizer
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
-        # threads that spin while waiting for work take a busy machine's CPU from everything else
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        # the basic rewrites only: the extended fusions made this model ~12% slower per text here
+        # the basic rewrites only: the extended fusions made this model 12-15% slower per text here
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-        self.session = ort.InferenceSession(
-            str(model_dir / "model.onnx"), sess_options=options, providers=["CPUExecutionProvider"]
-        )
+        model, rewritten = int8_products(model_dir / "model.onnx")
+        if not rewritten:
+            raise EmbedderUnavailableError(f"{model_dir / 'model.onnx'} has no int8 weight products to run")
+        self.session = ort.InferenceSession(model, sess_options=options, providers=["CPUExecutionProvider"])
+        del model
         self._inputs = {node.name for node in self.session.get_inputs()}
-        self._shrink = ort.RunOptions()
-        self._shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
         trim_heap()
 
     def embed(self, texts: list[str]) -> FloatArray:
-        encoded = self.tokenizer.encode_batch(texts)
-        ids = np.array([e.ids for e in encoded], dtype=np.int64)
-        mask = np.array([e.attention_mask for e in encoded], dtype=np.int64)
-        feed = {"input_ids": ids}
-        if "attention_mask" in self._inputs:
-            feed["attention_mask"] = mask
-        if "token_type_ids" in self._inputs:
-            feed["token_type_ids"] = np.zeros_like(ids)
-        hidden = self.session.run(None, feed, self._shrink if ids.size > _ARENA_TOKENS else None)[0]
-        summed = np.sum(hidden, axis=1, where=mask[:, :, np.newaxis].astype(bool), dtype=np.float64)
-        pooled = summed / np.maximum(np.sum(mask, axis=1, keepdims=True), 1e-9)
-        norms = np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
-        unit: FloatArray = (pooled / norms).astype(np.float32)
-        return unit
+        """One model run per text (see the class): the mean of its token states, L2-normalised."""
+        out = np.empty((len(texts), DEFAULT_DIM), dtype=np.float32)
+        for row, encoding in enumerate(self.tokenizer.encode_batch(texts)):
+            ids = np.array([encoding.ids], dtype=np.int64)
+            feed = {"input_ids": ids}
+            if "attention_mask" in self._inputs:
+                feed["attention_mask"] = np.ones_like(ids)
+            if "token_type_ids" in self._inputs:
+                feed["token_type_ids"] = np.zeros_like(ids)
+            pooled = self.session.run(None, feed)[0][0].mean(axis=0, dtype=np.float64)
+            out[row] = pooled / max(float(np.linalg.norm(pooled)), 1e-12)
+        return out
 
 
 class FastEmbedEmbedder:
@@ -270,13 +267,13 @@ class FastEmbedEmbedder:
     where its hub is reachable. A directory is loaded as a mean-pooled, normalised ONNX model
     (``model.onnx`` + tokenizer files); pass ``dim``.
 
-    ``threads`` ``None`` (the default): a call with more texts than ``batch_size`` spreads its
-    batches over one worker per CPU, whole batches side by side, which uses the cores better than
-    ONNX Runtime's parallelism inside each operation (measured ~10-20% less CPU per text). The
-    default model's session may also spread one call over every CPU, with its threads never
-    spinning while they wait: a lone query, the latency an agent waits for, then takes ~4 ms
-    instead of ~5.5 on 2 cores, and batches side by side keep their throughput. Other models run
-    each call on one thread. An explicit ``threads`` gives each call that many threads.
+    ``threads`` ``None`` (the default): every model call runs on one thread, and a call with more
+    texts than ``batch_size`` spreads them over one worker per CPU, side by side. That uses the
+    cores better than ONNX Runtime's parallelism inside each operation, whose threads synchronise
+    (and spin) at every step of a small model: measured ~10-20% less CPU per text, no spinning
+    threads taking a busy machine's CPU from everything else, and for the default model a lone
+    query is no slower (2.6 ms on one thread, 2.9 on two). An explicit ``threads`` gives each call
+    that many ONNX Runtime threads instead.
     """
 
     # ONNX Runtime sessions and the Rust tokenizer may be called from several threads at once
@@ -301,8 +298,7 @@ class FastEmbedEmbedder:
         if model is None:
             self._model_id, self._dim = DEFAULT_MODEL_ID, DEFAULT_DIM
             try:
-                calls = self._workers if threads is None else threads
-                self._default = _DefaultModel(default_model_dir(), calls)
+                self._default = _DefaultModel(default_model_dir(), 1 if threads is None else threads)
             except EmbedderUnavailableError:
                 raise
             except Exception as exc:
@@ -362,8 +358,9 @@ class FastEmbedEmbedder:
         return np.asarray(list(self._model.embed(batch, batch_size=len(batch))), dtype=np.float32)
 
     def embed_documents(self, texts: Sequence[str]) -> FloatArray:
-        """Texts are run in model batches of ``batch_size`` (16 by default: measured faster per
-        text than larger batches on CPU), grouped by length so a batch pads little."""
+        """Texts go to the model in groups of ``batch_size`` (16 by default: measured faster per
+        text than larger groups on CPU), sorted by length so a group pads little; the default
+        model then runs each text of a group alone (see :class:`_DefaultModel`)."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))

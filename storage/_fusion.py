@@ -45,20 +45,21 @@ def rrf(
         raise InvalidInputError(f"weights must be finite and >= 0, got {weights}")
     best = sum(w / (k + 1) for w in weights) or 1.0
     ranks: dict[K, list[int | None]] = {}
+    sums: dict[K, float] = {}
+    empty: list[int | None] = [None] * len(lists)
     for index, keys in enumerate(lists):
+        weight = weights[index]
         for rank, key in enumerate(keys, start=1):
-            slot = ranks.setdefault(key, [None] * len(lists))
+            slot = ranks.get(key)
+            if slot is None:
+                slot = ranks[key] = empty.copy()
+                sums[key] = 0.0
             if slot[index] is None:
                 slot[index] = rank
-    fused = [
-        Fused(
-            key, sum(w / (k + r) for w, r in zip(weights, rs, strict=True) if r is not None) / best, tuple(rs)
-        )
-        for key, rs in ranks.items()
-    ]
-    order = {key: i for i, key in enumerate(ranks)}
-    fused.sort(key=lambda f: (-f.score, order[f.key]))
-    return fused
+                sums[key] += weight / (k + rank)
+    # sorted() is stable: equal scores keep the order of first appearance
+    order = sorted(ranks, key=lambda key: -sums[key])
+    return [Fused(key, sums[key] / best, tuple(ranks[key])) for key in order]
 
 
 def match_type(vector_rank: int | None, keyword_rank: int | None) -> str:

@@ -142,6 +142,7 @@ def _dot(matrix: FloatArray, query: FloatArray) -> FloatArray:
 
 _HELPER: list[ThreadPoolExecutor] = []
 _HELPER_LOCK = threading.Lock()
+_CPUS = os.cpu_count() or 1  # read once: each call reads a file (~70 us)
 
 
 def _in_two(scan: Callable[[int, int], None], count: int, offsets: list[int], rows: int) -> None:
@@ -149,7 +150,7 @@ def _in_two(scan: Callable[[int, int], None], count: int, offsets: list[int], ro
     in two halves by rows, one of them on a helper thread when there is a second CPU and enough
     rows: numpy releases the GIL while it scans, and a list scan is memory-bound, so two cores
     take ~55% of the time of one (measured at 100k x 384), without BLAS threads left spinning."""
-    if rows < _Scanner._MIN_ROWS or count < 2 or (os.cpu_count() or 1) < 2:
+    if rows < _Scanner._MIN_ROWS or count < 2 or _CPUS < 2:
         scan(0, count)
         return
     middle = min(max(1, bisect.bisect_left(offsets, rows // 2)), count - 1)

@@ -209,9 +209,10 @@ def test_count_tokens_is_not_truncated(real_embedder: Embedder) -> None:
 
 
 @pytest.mark.model
-def test_default_model_gives_fastembeds_vectors(real_embedder: Embedder) -> None:
-    """The packaged model runs on ONNX Runtime directly: its vectors are the ones fastembed
-    computes from the same model directory (up to float rounding), for every kind of text."""
+def test_default_model_is_fastembeds_model_with_int8_products(real_embedder: Embedder) -> None:
+    """The packaged model runs on ONNX Runtime directly with its weight products in int8: its
+    vectors stay within cosine 0.98 of the ones fastembed computes from the same model (~0.99 on
+    average), for every kind of text, and find the same best match."""
     from fastembed import TextEmbedding
     from fastembed.common.model_description import ModelSource, PoolingType
 
@@ -236,9 +237,50 @@ def test_default_model_gives_fastembeds_vectors(real_embedder: Embedder) -> None
         *(f"note {i}: " + "more words " * i for i in range(20)),
     ]
     expected = np.asarray(list(reference.embed(texts, batch_size=7)), dtype=np.float32)
-    np.testing.assert_allclose(real_embedder.embed_documents(texts), expected, atol=1e-5)
+    ours = real_embedder.embed_documents(texts)
+    cosine = np.sum(ours * expected, axis=1)
+    assert cosine.min() >= 0.98 and cosine.mean() >= 0.99, cosine
     query = np.asarray(next(iter(reference.query_embed("payment adapter timeouts"))), dtype=np.float32)
-    np.testing.assert_allclose(real_embedder.embed_query("payment adapter timeouts"), query, atol=1e-5)
+    ours_query = real_embedder.embed_query("payment adapter timeouts")
+    assert float(ours_query @ query) >= 0.98
+    assert int(np.argmax(ours @ ours_query)) == int(np.argmax(expected @ query)) == 2
+
+
+@pytest.mark.model
+def test_a_texts_vector_does_not_depend_on_its_neighbours(real_embedder: Embedder) -> None:
+    texts = [f"note {i}: " + "word " * (i * 13 % 50) + f"about topic {i}" for i in range(40)]
+    together = real_embedder.embed_documents(texts)
+    for i in (0, 7, 39):
+        np.testing.assert_allclose(together[i], real_embedder.embed_documents([texts[i]])[0], atol=1e-6)
+        np.testing.assert_allclose(together[i], real_embedder.embed_query(texts[i]), atol=1e-6)
+
+
+@pytest.mark.model
+def test_every_weight_product_of_the_packaged_model_runs_in_int8() -> None:
+    from memstrata.storage._quantize import int8_products
+
+    model, rewritten = int8_products(default_model_dir() / "model.onnx")
+    assert rewritten == 36  # 6 layers x (query, key, value, output, two feed-forward)
+    assert b"DynamicQuantizeMatMul" in model
+
+
+def test_a_graph_without_int8_products_is_left_alone(tmp_path: Path) -> None:
+    import onnx
+    from memstrata.storage._quantize import int8_products
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.ones((4, 3), dtype=np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "plain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])],
+        [weight],
+    )
+    path = tmp_path / "plain.onnx"
+    onnx.save(helper.make_model(graph), str(path))
+    model, rewritten = int8_products(path)
+    assert rewritten == 0 and b"DynamicQuantizeMatMul" not in model
 
 
 def test_model_directory_without_dim_is_refused(tmp_path: Path) -> None:

@@ -490,10 +490,10 @@ def test_list_scans_split_over_two_threads_rank_like_one(
     db, index = _open(store)
     queries = _queries(7, 30)
     monkeypatch.setattr(vectors_module._Scanner, "_MIN_ROWS", 1_000)  # 20k rows: split every scan
-    monkeypatch.setattr(vectors_module.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(vectors_module, "_CPUS", 2)
     split = [[(h.rowid, h.similarity) for h in index.search(q, k)] for q in queries for k in (1, 10, 50)]
     assert any(t.name.startswith("memstrata-scan") for t in threading.enumerate())
-    monkeypatch.setattr(vectors_module.os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(vectors_module, "_CPUS", 1)
     alone = [[(h.rowid, h.similarity) for h in index.search(q, k)] for q in queries for k in (1, 10, 50)]
     assert index.status()["approximate"] is not None
     # the same rows; similarities agree to float32 rounding (numpy's summation order follows

@@ -343,3 +343,32 @@ def test_tasks_sequence_is_independent_of_sleeping(system: MemorySystem) -> None
     assert status["knowledge"]["count"] == 20
     assert status["episodic"]["count"] == 20
     assert status["agent"]["written_back"] == 20
+
+
+def test_the_small_searches_start_once_the_agents_store_has_answered(data_dir: Path, faults: Faults) -> None:
+    faults.agent = "a1"  # only the agent's own store gets stuck; the shared one is fine
+    system = start(data_dir, faults, timeout_s=0.5)
+    try:
+        agent = system.agent("a1")
+        agent.store_knowledge("cache invalidation needs versioned keys", category="pattern")
+        agent.store_knowledge("cache keys carry the schema version", category="pattern", shared=True)
+        agent.remember("invalidated the cache after the deploy")
+        faults.gate = threading.Event()
+        prompt = agent.begin_task("t1", "cache invalidation")
+        assert prompt.fallback and prompt.reason is not None and prompt.reason.startswith("timeout:")
+        assert "shared knowledge query not started" in prompt.reason, prompt.reason
+        assert "episode search not started" in prompt.reason, prompt.reason
+        faults.gate.set()
+        faults.gate = None
+        assert system.wait_idle(10)
+        prompt = agent.begin_task("t2", "cache invalidation")
+        assert not prompt.fallback and prompt.reason is None
+        assert {h.entry.content for h in prompt.hits} >= {
+            "cache invalidation needs versioned keys",
+            "cache keys carry the schema version",
+        }
+        assert [e.episode.content for e in prompt.episodes] == ["invalidated the cache after the deploy"]
+    finally:
+        if faults.gate is not None:
+            faults.gate.set()
+        system.stop()
