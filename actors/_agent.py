@@ -7,7 +7,7 @@ back as messages, and a timer posts a deadline. The shared store's ``QueryKnowle
 mostly Python, and under the GIL searches side by side do not run in parallel but slow each
 other down (the agent's vector scan takes the GIL back between lists), so the agent's store,
 the largest and the critical path, searches alone, then the two small ones together (measured
-at 100k entries: p50 11 -> 9 ms). Whichever completes the retrieval
+at 100k entries: p50 11 -> 10 ms). Whichever completes the retrieval
 first (all replies, or the deadline) answers the caller with a :class:`TaskPrompt`, so a stuck
 store costs the caller the retrieval timeout and never blocks this actor.
 
