@@ -15,11 +15,11 @@ import numpy.typing as npt
 from _harness import Context, Row, percentile, time_calls
 from memstrata.storage import (
     Database,
+    FastEmbedEmbedder,
     Filter,
     VectorIndex,
     apply_migrations,
     build_keyword_query,
-    default_embedder,
     fts_schema,
     identifier_words,
     keyword_search,
@@ -229,8 +229,10 @@ def _fts(ctx: Context, n: int, repeat: int) -> list[Row]:
 
 
 def _embedder(ctx: Context) -> list[Row]:
+    # a fresh instance: the process-wide default may already be loaded by another benchmark
     started = time.perf_counter()
-    embedder = default_embedder()
+    embedder = FastEmbedEmbedder()
+    embedder.embed_query("first query")
     load_s = time.perf_counter() - started
     rng = np.random.default_rng(11)
     words = [
@@ -265,7 +267,7 @@ def _embedder(ctx: Context) -> list[Row]:
             notes=f"{len(long_texts)} docs, {long_tokens} tokens each before truncation to 256",
         ),
         Row(group, f"{model} single query p50", query_ms, "ms", "<= 20 ms", met=query_ms <= 20),
-        Row(group, f"{model} load", load_s * 1000, "ms", notes="once per process, offline"),
+        Row(group, f"{model} load + first query", load_s * 1000, "ms", notes="once per process, offline"),
     ]
 
 

@@ -164,6 +164,28 @@ def _in_two(scan: Callable[[int, int], None], count: int, offsets: list[int], ro
     other.result()
 
 
+_GATHER_ROWS = 256  # rows copied at a time when scoring scattered rows (~400 KB: stays in cache)
+
+
+def _dot_rows(matrix: FloatArray, positions: npt.NDArray[np.int64], query: FloatArray) -> FloatArray:
+    """``matrix[positions] @ query`` a block of rows at a time, on two cores when there are many:
+    gathering every row first writes (and page-faults) a copy as large as the rows themselves,
+    measured 3x slower than the scan of the block just gathered."""
+    scores = np.empty(len(positions), dtype=np.float32)
+    offsets = list(range(0, len(positions), _GATHER_ROWS))
+
+    def scan(first: int, last: int) -> None:
+        block = np.empty((_GATHER_ROWS, matrix.shape[1]), dtype=matrix.dtype)
+        for start in offsets[first:last]:
+            chunk = positions[start : start + _GATHER_ROWS]
+            rows = block[: len(chunk)]
+            np.take(matrix, chunk, axis=0, out=rows)
+            np.einsum("ij,j->i", rows, query, out=scores[start : start + len(chunk)])
+
+    _in_two(scan, len(offsets), offsets, len(positions))
+    return scores
+
+
 def _encode(vocab: dict[Any, int], values: Sequence[Any]) -> npt.NDArray[np.int32]:
     """Codes of metadata ``values`` in ``vocab`` (extended with new values). Numbers are
     grouped by numpy first, so a million rows cost one sort rather than a million dict calls."""
@@ -501,7 +523,7 @@ class _Mirror:
             return self._top(_dot(self.matrix[:size], query), k, None)
         positions = np.flatnonzero(valid)
         if allowed * 2 < size:  # selective: score only the allowed rows
-            return self._top(_dot(self.matrix[positions], query), k, positions)
+            return self._top(_dot_rows(self.matrix, positions, query), k, positions)
         return self._top(_dot(self.matrix[:size], query)[positions], k, positions)
 
     def _search_candidates(
@@ -530,7 +552,7 @@ class _Mirror:
         if len(positions) == 0:
             return []
         if len(positions) * 2 < size:
-            scores = _dot(self.matrix[positions], query)
+            scores = _dot_rows(self.matrix, positions, query)
         else:
             scores = _dot(self.matrix[:size], query)[positions]
         return self._top(scores, min(k, len(positions)), positions)

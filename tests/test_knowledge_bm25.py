@@ -127,3 +127,44 @@ def test_query_words_are_stemmed_like_fts5(store: KnowledgeStore) -> None:
 def test_only_stop_words_still_search(store: KnowledgeStore) -> None:
     entry = store.add("what it is about")
     assert [h.entry.id for h in store.search("what is it", mode="keyword")] == [entry]
+
+
+@pytest.mark.parametrize("share", [0.9, 0.2, 0.02, 0.0])
+def test_accept_filters_like_an_allowed_list(store: KnowledgeStore, share: float) -> None:
+    rng = random.Random(13)
+    ids = store.add_many({"content": sentence(rng)} for _ in range(400))
+    allowed = {i for i in ids if rng.random() < share}
+    asked: list[list[int]] = []
+
+    def accept(candidates: list[int]) -> set[int]:
+        asked.append(candidates)
+        return allowed.intersection(candidates)
+
+    for _ in range(20):
+        terms = list(dict.fromkeys(rng.sample(WORDS, rng.randint(1, 4))))
+        expected = store._bm25.search(terms, 25, sorted(allowed))
+        unfiltered = store._bm25.search(terms, 10**6)
+        assert expected == [i for i in unfiltered if i in allowed][:25]
+        asked.clear()
+        assert store._bm25.search(terms, 25, accept=accept) == expected
+        # best first, each round a longer prefix of the unfiltered ranking
+        assert all(a == unfiltered[: len(a)] for a in asked)
+        if share == 0.9:  # the first round (at least 4 x 25 best matches) kept enough
+            assert len(asked) == 1 and len(asked[0]) == min(100, len(unfiltered))
+
+
+def test_category_filtered_keyword_search_checks_only_the_best_matches(
+    store: KnowledgeStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rng = random.Random(17)
+    categories = ("pitfall", "outcome", "pattern")
+    store.add_many({"content": sentence(rng), "category": categories[i % 3]} for i in range(600))
+    listed: list[object] = []
+    monkeypatch.setattr("memstrata.layers._knowledge._Allowed.ids", lambda self: listed.append(self) or None)
+    for _ in range(15):
+        query = " ".join(rng.sample(WORDS, 3))
+        hits = store.search(query, mode="keyword", category="pitfall", top_k=20)
+        everything = store.search(query, mode="keyword", top_k=100)
+        expected = [h.entry.id for h in everything if h.entry.category == "pitfall"][:20]
+        assert [h.entry.id for h in hits] == expected and expected
+    assert listed == []  # the allowed ids were never listed

@@ -503,3 +503,27 @@ def test_list_scans_split_over_two_threads_rank_like_one(
         np.testing.assert_allclose([s for _, s in a], [s for _, s in b], atol=1e-6)
     assert all(len(hits) == k for hits, k in zip(split, [1, 10, 50] * len(queries), strict=True))
     db.close()
+
+
+@pytest.mark.parametrize("cpus", [1, 2])
+def test_scattered_rows_are_scored_a_block_at_a_time(monkeypatch: pytest.MonkeyPatch, cpus: int) -> None:
+    monkeypatch.setattr(vectors_module, "_GATHER_ROWS", 100)  # several blocks, one partial
+    monkeypatch.setattr(vectors_module._Scanner, "_MIN_ROWS", 1_000)
+    monkeypatch.setattr(vectors_module, "_CPUS", cpus)
+    rng = np.random.default_rng(9)
+    positions = np.sort(rng.choice(N, 2_345, replace=False)).astype(np.int64)
+    query = _queries(9, 1)[0]
+    scores = vectors_module._dot_rows(VECTORS, positions, query)
+    np.testing.assert_allclose(scores, VECTORS[positions] @ query, atol=1e-6)
+    assert scores.dtype == np.float32 and len(scores) == len(positions)
+    assert len(vectors_module._dot_rows(VECTORS, positions[:0], query)) == 0
+
+
+def test_selective_filters_rank_like_vec0(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vectors_module, "_GATHER_ROWS", 64)
+    db, index = _open(store)
+    for q in _queries(10, 10):
+        for where in ({"cat": 2}, {"agent": AGENTS[1]}):  # ~25% and ~5% of the rows
+            expected = [h.rowid for h in index.search(q, 10, where=where, engine="vec0")]
+            assert [h.rowid for h in index.search(q, 10, where=where, exact=True)] == expected
+    db.close()
