@@ -1144,11 +1144,7 @@ class KnowledgeStore:
         extra = "".join(f" AND {c}" for c in conditions)
         if query.words:
             terms = keyword_terms(text) or keyword_terms(text, keep_stop_words=True)
-            terms = terms[:MAX_QUERY_TERMS]
-            if allowed.loaded or not _metadata_only(conditions):
-                lists.append(self._bm25.search(terms, limit, allowed.ids()))
-            else:  # the vector side filters by itself: check only the best keyword matches
-                lists.append(self._bm25.search(terms, limit, accept=allowed.among))
+            lists.append(self._bm25.search(terms[:MAX_QUERY_TERMS], limit, allowed.ids()))
         if query.cjk:
             sql = (
                 f"SELECT {_TABLE}_tri.rowid FROM {_TABLE}_tri{join} WHERE {_TABLE}_tri MATCH ?{extra} "
@@ -1196,7 +1192,7 @@ class KnowledgeStore:
         where: dict[str, Any],
     ) -> builtins.list[VectorHit]:
         """Exact KNN; a category alone is a vec0 metadata filter, other filters give candidates."""
-        if _metadata_only(conditions):
+        if not conditions or conditions == ["category = ?"]:
             return vectors.search(qv, depth, where=where)
         candidates = allowed.ids()
         if not candidates:
@@ -1265,10 +1261,6 @@ class _Allowed:
         self._params = params
         self._ids: builtins.list[int] | None = None
 
-    @property
-    def loaded(self) -> bool:
-        return self._ids is not None
-
     def ids(self) -> builtins.list[int] | None:
         """``None`` without filters."""
         if not self._conditions:
@@ -1277,25 +1269,6 @@ class _Allowed:
             sql = f"SELECT id FROM {_TABLE} WHERE {' AND '.join(self._conditions)}"
             self._ids = [int(r[0]) for r in self._db.query(sql, self._params)]
         return self._ids
-
-    def among(self, ids: builtins.list[int]) -> set[int]:
-        """Those of ``ids`` the filters allow, without listing every allowed id."""
-        if not self._conditions:
-            return set(ids)
-        sql = (
-            f"SELECT id FROM {_TABLE} NOT INDEXED WHERE id IN (SELECT value FROM json_each(?)) "
-            f"AND {' AND '.join(self._conditions)}"
-        )
-        return {int(r[0]) for r in self._db.query(sql, (_json_ids(ids), *self._params))}
-
-
-def _metadata_only(conditions: Sequence[str]) -> bool:
-    """Whether the vector index filters by itself (no filter, or a category alone)."""
-    return not conditions or list(conditions) == ["category = ?"]
-
-
-def _json_ids(ids: Sequence[int]) -> str:
-    return "[" + ",".join(str(int(i)) for i in ids) + "]"
 
 
 def _merge_into(refresh: dict[int, _Item], row_id: int, item: _Item) -> None:

@@ -20,7 +20,7 @@ through ``PRAGMA data_version``) drops them.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -261,21 +261,9 @@ class Bm25Index:
                 stems.setdefault(stem, None)
         return list(stems)
 
-    def search(
-        self,
-        terms: Sequence[str],
-        limit: int,
-        allowed: Sequence[int] | None = None,
-        accept: Callable[[list[int]], Collection[int]] | None = None,
-    ) -> list[int]:
+    def search(self, terms: Sequence[str], limit: int, allowed: Sequence[int] | None = None) -> list[int]:
         """Rowids of the ``limit`` best documents for the query words ``terms`` (OR semantics:
-        a document needs one of them), best first.
-
-        ``allowed`` restricts the candidates to those rowids. ``accept`` filters afterwards: it
-        gets rowids best first and returns those to keep; it is asked about the best few first,
-        then about more while too few are kept, which reads far fewer rows than listing every
-        allowed rowid when a filter passes a large share of the store.
-        """
+        a document needs one of them), best first; ``allowed`` restricts the candidates."""
         self._sync()
         stems = self.stems(terms)
         if not stems or limit <= 0:
@@ -304,22 +292,7 @@ class Bm25Index:
             keep[apos[apos >= 0]] = True
             scores[~keep] = 0.0
         matched = np.flatnonzero(scores > 0.0)  # usually a small share of the documents
-        if accept is None:
-            return self._best(scores, matched, limit)
-        asked = min(len(matched), max(4 * limit, 64))
-        while True:
-            best = self._best(scores, matched, asked)
-            kept = accept(best)
-            found = [i for i in best if i in kept]
-            if len(found) >= limit or asked == len(matched):
-                return found[:limit]
-            # enough for the share kept so far, with a margin; at least twice as many
-            wanted = asked * limit * 3 // (2 * len(found)) if found else 8 * asked
-            asked = min(len(matched), max(2 * asked, wanted))
-
-    def _best(self, scores: FloatArray, matched: npt.NDArray[np.intp], limit: int) -> list[int]:
-        """Rowids of the ``limit`` best ``matched`` positions, best first, ties to the lower id."""
-        if len(matched) == 0 or limit <= 0:
+        if len(matched) == 0:
             return []
         k = min(limit, len(matched))
         cut = scores[matched[np.argpartition(-scores[matched], k - 1)[k - 1]]]

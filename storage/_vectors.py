@@ -171,6 +171,9 @@ def _dot_rows(matrix: FloatArray, positions: npt.NDArray[np.int64], query: Float
     """``matrix[positions] @ query`` a block of rows at a time, on two cores when there are many:
     gathering every row first writes (and page-faults) a copy as large as the rows themselves,
     measured 3x slower than the scan of the block just gathered."""
+    if len(positions) <= _GATHER_ROWS:  # a few rows: one small copy
+        few: FloatArray = np.einsum("ij,j->i", matrix[positions], query)
+        return few
     scores = np.empty(len(positions), dtype=np.float32)
     offsets = list(range(0, len(positions), _GATHER_ROWS))
 
