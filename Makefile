@@ -2,11 +2,11 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-SOURCES := $(sort $(wildcard memstrata/*.py actors/*.py layers/*.py storage/*.py bridges/*.py))
+SOURCES := $(sort $(wildcard memstrata/*.py core/*.py actors/*.py layers/*.py storage/*.py bridges/*.py))
 # the editable install links files one by one: re-link when the set of source files changes
 SOURCE_SET := $(VENV)/.sources-$(shell echo $(SOURCES) | cksum | cut -d' ' -f1)
 
-.PHONY: setup run test test-slow lint bench bench-quick clean
+.PHONY: setup run test test-slow lint bench bench-scale bench-quick bench-deps bench-data clean
 
 setup: $(VENV)/.deps $(SOURCE_SET)
 
@@ -28,6 +28,9 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	cd $(VENV) && ./bin/mypy --config-file ../pyproject.toml -p memstrata
+	# import-linter reads the installed package (run from the venv, as mypy is): the dependency
+	# direction and no import cycle between the modules of one package
+	cd $(VENV) && ./bin/lint-imports --config ../pyproject.toml
 
 test: lint
 	$(VENV)/bin/pytest -m "not slow"
@@ -35,11 +38,40 @@ test: lint
 test-slow: setup
 	$(VENV)/bin/pytest -m slow
 
-bench: setup
+# `make bench`: the 100k figures, within 10 minutes on the 2-core development machine (one JSON,
+# benchmarks/results/latest.json). `make bench-scale`: the 1M figures (latest-scale.json); see
+# docs/performance.md for the runtime of each. Both install the `bench` extra first (LanceDB and
+# pyarrow, for the side-by-side of benchmarks/bench_peers.py; not a dependency of the package).
+bench: setup bench-data bench-deps
 	$(PY) benchmarks/run.py
+
+bench-scale: setup bench-deps
+	$(PY) benchmarks/run.py --scale
 
 bench-quick: setup
 	$(PY) benchmarks/run.py --quick
+
+# the `bench` extra's requirements, read from pyproject.toml (memstrata itself is not reinstalled)
+bench-deps: $(VENV)/.bench-deps
+
+$(VENV)/.bench-deps: pyproject.toml $(VENV)/.deps
+	$(PY) -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['bench']))" > $(VENV)/.bench-requirements
+	$(PY) -m pip install -q -r $(VENV)/.bench-requirements
+	touch $@
+
+# Real sources for the code-retrieval benchmark, from package registries (fetched once; a
+# language whose download fails is skipped by the benchmark with a message).
+BENCH_DATA := benchmarks/.data
+RUST_DEBS := apt-get download -qq librust-itertools-dev=0.10.3-1 librust-bytes-dev=1.2.1-1 librust-semver-dev=1.0.14-1
+bench-data: $(BENCH_DATA)/.unpacked
+
+$(BENCH_DATA)/.unpacked: benchmarks/_corpus_code.py
+	mkdir -p $(BENCH_DATA)/downloads
+	-test -f $(BENCH_DATA)/downloads/requests-2.32.3-py3-none-any.whl || $(PY) -m pip download -q --no-deps --only-binary :all: requests==2.32.3 -d $(BENCH_DATA)/downloads
+	-ls $(BENCH_DATA)/downloads/librust-semver-dev_*.deb >/dev/null 2>&1 || (cd $(BENCH_DATA)/downloads && $(RUST_DEBS) || (apt-get update -qq && $(RUST_DEBS)))
+	-test -f $(BENCH_DATA)/downloads/lodash-4.17.21.tgz || (cd $(BENCH_DATA)/downloads && npm pack -q lodash@4.17.21)
+	$(PY) benchmarks/_corpus_code.py unpack $(BENCH_DATA)
+	touch $@
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache .hypothesis

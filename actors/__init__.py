@@ -10,7 +10,7 @@ if __name__ != "memstrata.actors":  # nothing generic may be importable at top l
 from ._agent import AgentActor
 from ._base import MemoryActor, Supervision
 from ._blackboard import BlackboardActor
-from ._clock import Clock, ManualClock, SystemClock
+from ._clock import Clock, IdSource, ManualClock, SystemClock
 from ._embedding import BatchingEmbedder, EmbeddingStats
 from ._prompt import build_prompt, fallback_prompt, merge_hits, xml_attr, xml_name, xml_text
 from ._runtime import Runtime, StopReport, route
@@ -32,6 +32,7 @@ __all__ = [
     "Clock",
     "EmbeddingStats",
     "EpisodicActor",
+    "IdSource",
     "KnowledgeStoreActor",
     "KnowledgeSupervisor",
     "LayerStores",

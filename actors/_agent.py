@@ -31,11 +31,18 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from memstrata.layers._knowledge import EMBED_CHARS  # what a query's vector is made of
+from memstrata.core.constants import EMBED_CHARS  # what a query's vector is made of
 from memstrata.storage import prefetch_query
 
-from memstrata.errors import AgentDegradedError, InvalidInputError, SystemStoppedError
-from memstrata.messages import (
+from memstrata.errors import AgentDegradedError, EmbeddingError, InvalidInputError, SystemStoppedError
+
+from ._base import DEFERRED, MemoryActor, set_result
+from ._concurrency import TimerHandle
+from ._outbox import Outbox, OutboxRow
+from ._prompt import build_prompt, fallback_prompt, merge_hits
+from ._stores import BoundedSearch, Searched, WriteBackEpisode
+from ._workspace import NoteOutcome, SearchFiles
+from .messages import (
     SHARED,
     ClearWorkingMemory,
     QueryKnowledge,
@@ -49,19 +56,25 @@ from memstrata.messages import (
     WriteBackQueued,
 )
 
-from ._base import DEFERRED, MemoryActor, set_result
-from ._concurrency import TimerHandle
-from ._outbox import Outbox, OutboxRow
-from ._prompt import build_prompt, fallback_prompt, merge_hits
-from ._stores import WriteBackEpisode
-
 __all__ = ["AgentActor", "describe_error"]
 
 log = logging.getLogger("memstrata.actors")
 
 _MAX_OPEN_TASKS = 10_000
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-_PART_LABELS = {"own": "knowledge query", "shared": "shared knowledge query", "episodes": "episode search"}
+_PART_LABELS = {
+    "own": "knowledge query",
+    "shared": "shared knowledge query",
+    "episodes": "episode search",
+    "files": "memory file search",
+}
+
+
+def _label(part: str) -> str:
+    """What a retrieval part is, for ``reason`` (``code:shop`` -> ``code search of shop``)."""
+    if part.startswith("code:"):
+        return f"code search of {part[5:]}"
+    return _PART_LABELS.get(part, part)
 
 
 def describe_error(exc: BaseException) -> str:
@@ -81,6 +94,10 @@ class _Retrieval:
     errors: dict[str, str] = field(default_factory=dict)
     timer: TimerHandle | None = None
     later: list[tuple[str, str, str, Any]] = field(default_factory=list)  # sent once "own" answers
+    embed_s: float = 0.0  # bound on the query embedding of each search, inside timeout_s
+    started: float = 0.0  # monotonic
+    degraded: dict[str, str] = field(default_factory=dict)  # part -> why it ranked by keywords only
+    parts: list[str] = field(default_factory=list)  # every part asked for or planned, in order
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +219,9 @@ class AgentActor(MemoryActor):
             timeout_s=config.retrieval_timeout_s,
             top_k=task.top_k or config.retrieval_top_k,
             episodes_wanted=config.recent_episodes_in_prompt,
+            # the query's vector must come in time for the keyword ranking to still fit the budget
+            embed_s=min(self.runtime.config.actors.query_embed_timeout_s, config.retrieval_timeout_s / 2),
+            started=self.runtime.clock.monotonic(),  # deadlines run on the system's clock
         )
         self._retrievals[retrieval.rid] = retrieval
         degraded = self.runtime.supervision.degraded_reason(self.key)
@@ -231,6 +251,16 @@ class AgentActor(MemoryActor):
         if episodes:
             search = SearchMemory(self.key, text, top_k=retrieval.episodes_wanted + retrieval.top_k)
             retrieval.later.append(("episodes", "episodic", self.key, search))
+        # memory files and code: each bounded by its own count, within the same deadline
+        if config.files_in_prompt > 0 and self.runtime.workspace_of(self.key) is not None:
+            retrieval.later.append(
+                ("files", "workspace", self.key, SearchFiles(text, config.files_in_prompt))
+            )
+        if config.code_in_prompt > 0:
+            for name in self.runtime.codebases_of(self.key):
+                code = SearchFiles(text, config.code_in_prompt)
+                retrieval.later.append((f"code:{name}", "codebase", name, code))
+        retrieval.parts = (["own"] if own else []) + [later[0] for later in retrieval.later]
         if own:
             self._request(retrieval, "own", "knowledge", self.key, query)
         if "own" not in retrieval.waiting:
@@ -243,7 +273,7 @@ class AgentActor(MemoryActor):
         def deadline() -> None:
             self.runtime.post(me, _RetrievalDeadline(rid))
 
-        retrieval.timer = self.runtime.scheduler.call_later(retrieval.timeout_s, deadline)
+        retrieval.timer = self.runtime.scheduler.call_later(retrieval.timeout_s, deadline, on_clock=True)
         return DEFERRED
 
     def _send_later(self, retrieval: _Retrieval) -> None:
@@ -252,8 +282,10 @@ class AgentActor(MemoryActor):
             self._request(retrieval, part, kind, key, message)
 
     def _request(self, retrieval: _Retrieval, part: str, kind: str, key: str, message: Any) -> None:
+        left = retrieval.timeout_s - (self.runtime.clock.monotonic() - retrieval.started)
+        bounded = BoundedSearch(message, max(0.0, min(retrieval.embed_s, left / 2)))
         try:
-            future = self.runtime.request(kind, key, message)
+            future = self.runtime.request(kind, key, bounded)
         except Exception as exc:
             retrieval.errors[part] = describe_error(exc)
             return
@@ -269,7 +301,12 @@ class AgentActor(MemoryActor):
         if error is not None:
             retrieval.errors[message.part] = describe_error(error)
         else:
-            retrieval.results[message.part] = tuple(message.future.result().hits)
+            answer = message.future.result()
+            if isinstance(answer, Searched):
+                if answer.degraded:
+                    retrieval.degraded[message.part] = answer.degraded
+                answer = answer.result
+            retrieval.results[message.part] = tuple(answer.hits)  # FilesFound has hits too
         retrieval.waiting.discard(message.part)
         if message.part == "own":
             self._send_later(retrieval)
@@ -285,21 +322,29 @@ class AgentActor(MemoryActor):
             retrieval.results.get("own", ()), retrieval.results.get("shared", ()), retrieval.top_k
         )
         notes = []
-        for part, label in _PART_LABELS.items():
+        for part in dict.fromkeys([*_PART_LABELS, *retrieval.parts]):
+            label = _label(part)
             if part in retrieval.errors:
                 notes.append(f"{label} failed ({retrieval.errors[part]})")
             elif timed_out and part in retrieval.waiting:
                 notes.append(f"{label} timed out after {retrieval.timeout_s:g} s")
             elif timed_out and any(part == later[0] for later in retrieval.later):
                 notes.append(f"{label} not started: the knowledge query had not answered")
-        if hits:
+        files = [f for part in retrieval.parts if part == "files" or part.startswith("code:")
+                 for f in retrieval.results.get(part, ())]  # fmt: skip
+        if hits or files:
             contents = {str(h.entry.content) for h in hits}
             episodes = [
                 e for e in retrieval.results.get("episodes", ()) if str(e.episode.content) not in contents
             ][: retrieval.episodes_wanted]
-            text = build_prompt(task.description, hits, episodes)
-            reason = f"partial: {'; '.join(notes)}" if notes else None
-            prompt = TaskPrompt(text, tuple(hits), False, reason, self.key, task.task_id, tuple(episodes))
+            text = build_prompt(task.description, hits, episodes, files)
+            reasons = [f"degraded: {note}" for note in dict.fromkeys(retrieval.degraded.values())]
+            if notes:
+                reasons.append(f"partial: {'; '.join(notes)}")
+            reason = "; ".join(reasons) or None
+            prompt = TaskPrompt(
+                text, tuple(hits), False, reason, self.key, task.task_id, tuple(episodes), tuple(files)
+            )
         else:
             if "own" in retrieval.errors:
                 reason = f"error: knowledge query failed ({retrieval.errors['own']})"
@@ -308,6 +353,7 @@ class AgentActor(MemoryActor):
             else:
                 reason = "no-hits: no knowledge matched the task"
             others = [n for n in notes if not n.startswith(_PART_LABELS["own"] + " ")]
+            others += list(dict.fromkeys(retrieval.degraded.values()))
             if others:
                 reason += f"; {'; '.join(others)}"
             prompt = TaskPrompt(fallback_prompt(task.description), (), True, reason, self.key, task.task_id)
@@ -362,15 +408,26 @@ class AgentActor(MemoryActor):
         return results
 
     def _queued(self, rows: list[OutboxRow]) -> None:
-        """Rows just committed to the outbox: forget their tasks, send their parts on."""
+        """Rows just committed to the outbox: forget their tasks, send their parts on (and, for
+        a ``rw`` workspace, their outcome to its daily memory file)."""
+        notes = self.runtime.workspace_of(self.key) is not None and (
+            self.runtime.config.for_agent(self.key).workspace_access == "rw"
+        )
         for row in rows:
             self._tasks.pop(row.task_id, None)
             self.counters[f"tasks_{row.kind}"] += 1
             self._dispatch(row, replay=False)
+            if notes:
+                try:
+                    note = NoteOutcome(row.task_id, row.kind, row.text, row.at)
+                    self.runtime.post(self.runtime.ref("workspace", self.key), note)
+                except Exception as exc:  # the outcome is stored; only its note is missing
+                    log.warning("agent %s: daily memory note not written: %s", self.key, exc)
         if self.runtime.config.for_agent(self.key).clear_working_memory_on_task_end:
             working = self.runtime.existing("working", self.key)
-            if working is not None:
-                self.runtime.post(working, ClearWorkingMemory(self.key))
+            if working is not None:  # only the ended tasks' spaces: concurrent tasks keep theirs
+                for task_id in dict.fromkeys(row.task_id for row in rows):
+                    self.runtime.post(working, ClearWorkingMemory(self.key, task_id=task_id))
 
     def _part_message(self, row: OutboxRow, part: str, replay: bool) -> Any:
         completed = row.kind == "completed"
@@ -440,8 +497,10 @@ class AgentActor(MemoryActor):
     def _part_failed(self, row_id: int, part: str, error: BaseException) -> None:
         outbox: Outbox = self.layer
         text = f"{part}: {describe_error(error)}"
-        if isinstance(error, InvalidInputError):
-            outbox.record_failure(row_id, text, dead=True)  # can never succeed: kept and reported
+        if isinstance(error, InvalidInputError) and not isinstance(error, EmbeddingError):
+            # can never succeed: kept and reported. A model's fault never lands here: the part
+            # is stored with its vector pending (see ModelFaultError)
+            outbox.record_failure(row_id, text, dead=True)
             self.counters["dead_letters"] += 1
             log.error("write-back %s of agent %s rejected: %s", row_id, self.key, text)
             return

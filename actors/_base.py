@@ -32,7 +32,8 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import pykka
 from memstrata.storage import connection_defaults
@@ -47,9 +48,14 @@ from memstrata.errors import (
 )
 
 if TYPE_CHECKING:
-    from ._runtime import Runtime
+    from memstrata.storage import Embedder
 
-__all__ = ["DEFERRED", "Envelope", "Inbox", "MemoryActor", "Supervision"]
+    from memstrata.config import Config
+
+    from ._clock import Clock, IdSource
+    from ._concurrency import Activity, Scheduler
+
+__all__ = ["DEFERRED", "ActorRuntime", "Envelope", "Inbox", "MemoryActor", "Supervision"]
 
 log = logging.getLogger("memstrata.actors")
 
@@ -157,6 +163,49 @@ class Supervision:
             return {f"{k}:{key}": s.total_restarts for (k, key), s in self._children.items() if s.crashes}
 
 
+class ActorRuntime(Protocol):
+    """What an actor uses of the runtime that created it (``Runtime`` is the implementation).
+
+    A protocol rather than the class itself: the runtime imports every actor module, so an actor
+    module naming ``Runtime`` would close an import cycle through all of them.
+    """
+
+    @property
+    def config(self) -> Config: ...
+    @property
+    def data_dir(self) -> Path: ...
+    @property
+    def embedder(self) -> Embedder | None: ...
+    @property
+    def embedder_note(self) -> str | None: ...
+    @property
+    def clock(self) -> Clock: ...
+    @property
+    def activity(self) -> Activity: ...
+    @property
+    def supervision(self) -> Supervision: ...
+    @property
+    def scheduler(self) -> Scheduler: ...
+    @property
+    def instance(self) -> str: ...
+    @property
+    def ids(self) -> IdSource: ...
+    @property
+    def stopped(self) -> bool: ...
+    @property
+    def stores(self) -> Any: ...  # a ``_stores.StoreFactory`` (naming it here would close the cycle)
+
+    def config_actors(self, name: str) -> Any: ...
+    def path(self, kind: str, key: str) -> Path: ...
+    def workspace_of(self, agent_id: str, *, key: str | None = None) -> Path | None: ...
+    def codebase_root(self, name: str) -> Path: ...
+    def codebases_of(self, agent_id: str) -> list[str]: ...
+    def existing(self, kind: str, key: str) -> pykka.ActorRef[Any] | None: ...
+    def ref(self, kind: str, key: str) -> pykka.ActorRef[Any]: ...
+    def post(self, ref: pykka.ActorRef[Any], message: Any, reply: Future[Any] | None = None) -> bool: ...
+    def request(self, kind: str, key: str, message: Any) -> Future[Any]: ...
+
+
 class MemoryActor(pykka.ThreadingActor):
     """A thread with a mailbox of :class:`Envelope` s that owns one layer object.
 
@@ -177,7 +226,7 @@ class MemoryActor(pykka.ThreadingActor):
     def _create_actor_inbox() -> Inbox:
         return Inbox()
 
-    def __init__(self, runtime: Runtime, key: str, owner: str | None = None) -> None:
+    def __init__(self, runtime: ActorRuntime, key: str, owner: str | None = None) -> None:
         super().__init__()
         self.runtime = runtime
         self.key = key
@@ -305,6 +354,8 @@ class MemoryActor(pykka.ThreadingActor):
         results = self.handle_batch(messages)
         if len(results) != len(messages):
             raise RuntimeError(f"{self}: handle_batch returned {len(results)} results for {len(messages)}")
+        if any(not isinstance(r, BaseException) for r in results):
+            self._writes_recovered()
         self.handled += len(messages)
         return results
 
@@ -334,6 +385,8 @@ class MemoryActor(pykka.ThreadingActor):
         try:
             self.ensure_layer()
             result = self.handle(message)
+            if self.batch_key(message) is not None:
+                self._writes_recovered()
         except (InvalidInputError, SystemStoppedError, ActorCrashedError):
             raise
         except StorageError as exc:
@@ -355,6 +408,11 @@ class MemoryActor(pykka.ThreadingActor):
 
     def refuses_when_degraded(self, message: Any) -> bool:
         return True
+
+    def _writes_recovered(self) -> None:
+        """A write went through: earlier storage errors (a full disk) are no longer a warning."""
+        self.storage_errors = 0
+        self.last_storage_error = None
 
     def _crashed(self, exc: BaseException, what: str) -> bool:
         """Drop the layer and ask the supervision policy; True when restarted (layer reopened)."""

@@ -20,11 +20,15 @@ from typing import Any
 
 import orjson
 
-from memstrata.messages import (
+from ._base import MemoryActor
+from ._concurrency import Activity
+from .messages import (
+    DeleteSignal,
     ListSignals,
     PublishSignal,
     QuerySignal,
     Signal,
+    SignalDeleted,
     SignalList,
     SignalPublished,
     SignalSubscribed,
@@ -33,9 +37,6 @@ from memstrata.messages import (
     SubscribeSignal,
     UnsubscribeSignal,
 )
-
-from ._base import MemoryActor
-from ._concurrency import Activity
 
 __all__ = ["BlackboardActor", "SubscribeWithCallback", "SubscriberFailed"]
 
@@ -149,7 +150,7 @@ class BlackboardActor(MemoryActor):
         finally:
             self._delivery.close(timeout=float(self.runtime.config_actors("stop_timeout_s")))
 
-    def _signal(self, record: Any) -> Signal:
+    def _signal(self, record: Any, *, deleted: bool = False) -> Signal:
         return Signal(
             self.key,
             record.key,
@@ -157,6 +158,7 @@ class BlackboardActor(MemoryActor):
             record.publisher_id,
             record.version,
             record.updated_at,
+            deleted,
         )
 
     def handle(self, message: Any) -> Any:
@@ -166,6 +168,13 @@ class BlackboardActor(MemoryActor):
             for sub_id in subscribers:
                 self._delivery.post(sub_id, self._signal(record))
             return SignalPublished(self.key, record.key, record.version)
+        if isinstance(message, DeleteSignal):
+            gone, subscribers = state.delete(message.key)
+            if gone is None:
+                return SignalDeleted(self.key, message.key, False)
+            for sub_id in subscribers:
+                self._delivery.post(sub_id, self._signal(gone, deleted=True))
+            return SignalDeleted(self.key, message.key, True, gone.version)
         if isinstance(message, QuerySignal):
             record = state.get(message.key)
             if record is None:

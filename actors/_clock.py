@@ -1,18 +1,25 @@
 """Clocks: the system's notion of "now", injectable so simulations control time.
 
-Wall time (``now``) stamps episodes and blackboard values; monotonic time (``monotonic``) drives
-working-memory expiry and the restart budget window. Timeouts of requests always run on real
-time: a simulated clock never makes a caller wait longer or shorter than it asked.
+Wall time (``now``) stamps knowledge, episodes, write-backs and blackboard values; monotonic time
+(``monotonic``) drives working-memory expiry, the restart budget window and the pre-task retrieval
+deadline (a :class:`ManualClock`'s ``advance`` fires the deadlines it passes). How long a *caller*
+waits for an answer is always bounded by real time, so a simulation never hangs.
+
+:class:`IdSource` makes the ids a system invents (episode uuids) reproducible: seeded, each
+owner's ids are a function of the seed, the owner and how many ids it took before.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import threading
 import time
+import uuid
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Clock", "ManualClock", "SystemClock"]
+__all__ = ["Clock", "IdSource", "ManualClock", "SystemClock"]
 
 
 @runtime_checkable
@@ -45,6 +52,7 @@ class ManualClock:
         self._now = start or _dt.datetime(2025, 1, 1, tzinfo=_dt.UTC)
         self._mono = 0.0
         self._lock = threading.Lock()
+        self._listeners: list[Callable[[], None]] = []
 
     def now(self) -> _dt.datetime:
         with self._lock:
@@ -55,8 +63,52 @@ class ManualClock:
             return self._mono
 
     def advance(self, seconds: float) -> None:
-        if seconds < 0:
-            raise ValueError("a clock cannot go backwards")
+        """Move time forward; deadlines that are now due fire (on the system's timer thread)."""
+        if not seconds >= 0:
+            raise ValueError(f"a clock cannot go backwards (advance by {seconds!r})")
         with self._lock:
             self._now += _dt.timedelta(seconds=seconds)
             self._mono += seconds
+            listeners = list(self._listeners)
+        for listener in listeners:  # outside the lock: a listener may read the clock
+            listener()
+
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` after every :meth:`advance` (a scheduler wakes up to fire timers)."""
+        with self._lock:
+            self._listeners.append(listener)
+
+    def remove_listener(self, listener: Callable[[], None]) -> None:
+        with self._lock:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+
+class IdSource:
+    """Unique ids for the things a system names (episodes).
+
+    Without a seed: random uuid4. With a seed: each ``scope`` (e.g. ``episode:planner``) gets a
+    sequence of uuid-shaped ids derived from ``(seed, scope, n)``, so two runs with the same seed
+    that do the same things per owner name them the same, whatever the threads' interleaving
+    across owners.
+    """
+
+    def __init__(self, seed: int | str | None = None) -> None:
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | str)):
+            raise ValueError(f"seed must be an integer, a string or None, got {seed!r}")
+        self.seed = seed
+        self._counts: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def uuid(self, scope: str) -> str:
+        if self.seed is None:
+            return str(uuid.uuid4())
+        with self._lock:
+            n = self._counts.get(scope, 0) + 1
+            self._counts[scope] = n
+        digest = hashlib.blake2b(f"{self.seed!r}\x00{scope}\x00{n}".encode(), digest_size=16).digest()
+        return str(uuid.UUID(bytes=digest, version=4))
+
+    def for_scope(self, scope: str) -> Callable[[], str]:
+        """A function returning the next id of ``scope`` (what a layer calls for a new id)."""
+        return lambda: self.uuid(scope)

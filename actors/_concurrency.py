@@ -7,7 +7,9 @@ follow-up messages counts them before its own unit ends, so the count never touc
 work is still being passed along.
 
 ``Scheduler`` runs short callbacks (usually a ``tell``) at a later time on one thread, so actors
-can set deadlines without blocking their mailbox.
+can set deadlines without blocking their mailbox. A timer set ``on_clock`` is due on the system's
+clock: with a manual clock (one with ``add_listener``, e.g. ``ManualClock``) it fires when the
+clock is advanced past it, never by real time passing; other timers run on real time.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 __all__ = ["Activity", "Scheduler", "TimerHandle"]
 
@@ -63,22 +66,42 @@ class TimerHandle:
         self.cancelled = True
 
 
-class Scheduler:
-    """One daemon thread running callbacks at their due time (real monotonic time)."""
+_Timer = tuple[float, int, TimerHandle, Callable[[], None]]
 
-    def __init__(self, name: str = "memstrata-scheduler") -> None:
-        self._heap: list[tuple[float, int, TimerHandle, Callable[[], None]]] = []
+
+class Scheduler:
+    """One daemon thread running callbacks at their due time (real monotonic time, or the
+    manual clock's time for timers set ``on_clock``)."""
+
+    def __init__(self, name: str = "memstrata-scheduler", *, clock: Any = None) -> None:
+        self._heap: list[_Timer] = []
+        self._clock_heap: list[_Timer] = []
         self._seq = itertools.count()
         self._cond = threading.Condition()
         self._closed = False
+        # a clock that reports its advances is simulated: its timers wait for it, not for real time
+        self._manual = clock if callable(getattr(clock, "add_listener", None)) else None
+        if self._manual is not None:
+            self._manual.add_listener(self._wake)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def call_later(self, delay_s: float, callback: Callable[[], None]) -> TimerHandle:
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify()
+
+    def call_later(
+        self, delay_s: float, callback: Callable[[], None], *, on_clock: bool = False
+    ) -> TimerHandle:
         handle = TimerHandle()
         with self._cond:
             if self._closed:
                 handle.cancel()
+                return handle
+            if on_clock and self._manual is not None:
+                due = float(self._manual.monotonic()) + max(0.0, delay_s)
+                heapq.heappush(self._clock_heap, (due, next(self._seq), handle, callback))
+                self._cond.notify()  # it may be due already (a zero delay)
                 return handle
             heapq.heappush(
                 self._heap, (time.monotonic() + max(0.0, delay_s), next(self._seq), handle, callback)
@@ -87,15 +110,31 @@ class Scheduler:
                 self._cond.notify()
         return handle
 
+    def _due(self) -> _Timer | None:
+        """The first timer that is due, popped; ``None`` when none is (called under the lock)."""
+        if self._heap and self._heap[0][0] <= time.monotonic():
+            return heapq.heappop(self._heap)
+        if (
+            self._clock_heap
+            and self._manual is not None
+            and self._clock_heap[0][0] <= self._manual.monotonic()
+        ):
+            return heapq.heappop(self._clock_heap)
+        return None
+
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and (not self._heap or self._heap[0][0] > time.monotonic()):
+                timer = None
+                while not self._closed:
+                    timer = self._due()
+                    if timer is not None:
+                        break
                     wait = None if not self._heap else max(0.0, self._heap[0][0] - time.monotonic())
                     self._cond.wait(wait)
-                if self._closed:
+                if self._closed or timer is None:
                     return
-                _, _, handle, callback = heapq.heappop(self._heap)
+                _, _, handle, callback = timer
             if handle.cancelled:
                 continue
             try:
@@ -104,9 +143,12 @@ class Scheduler:
                 log.exception("scheduled callback failed")
 
     def close(self) -> None:
+        if self._manual is not None:
+            self._manual.remove_listener(self._wake)
         with self._cond:
             self._closed = True
             self._heap.clear()
+            self._clock_heap.clear()
             self._cond.notify_all()
         with contextlib.suppress(RuntimeError):
             self._thread.join(timeout=5)

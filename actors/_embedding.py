@@ -15,6 +15,14 @@ flight, or shortly after, is shared. Every caller waits at most ``call_timeout_s
 
 A failure reaches every caller whose texts were in the failing call; a coalesced batch that fails
 is retried request by request, so one poisoned text cannot fail its neighbours.
+
+Model faults: a caller waits at most ``call_timeout_s``, or less inside an
+:func:`~memstrata.storage._embedding.embed_deadline` block (a search's own deadline). A call that
+runs longer than ``call_timeout_s`` makes the model *stuck*: until it returns, new requests that
+would queue behind it fail at once with :class:`ModelFaultError` instead of waiting (a store
+keeps the text with its vector pending, a search ranks by keywords). Vectors that are all zero,
+NaN or of the wrong shape are a :class:`ModelFaultError` too and are never cached, so the same
+text is computed again once the model works. :meth:`BatchingEmbedder.model_status` says which.
 """
 
 from __future__ import annotations
@@ -35,8 +43,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from memstrata.storage import Embedder, text_hash
+from memstrata.storage._embedding import check_model_rows, embed_time_left
 
-from memstrata.errors import EmbeddingError, MemstrataError
+from memstrata.errors import EmbeddingError, MemstrataError, ModelFaultError
 
 __all__ = ["BatchingEmbedder", "EmbeddingStats"]
 
@@ -77,6 +86,18 @@ class EmbeddingStats:
 _COUNTS = ("model_calls", "texts_embedded", "document_requests", "query_requests", "texts_requested")
 
 
+@dataclass(slots=True)
+class _Call:
+    """A model call in progress: what and since when (monotonic for ages, wall clock for people)."""
+
+    kind: str  # "documents" | "query"
+    texts: int
+    started: float
+    started_at: float
+    bound: float  # how long it may run before it counts as stuck
+    abandoned: bool = False  # a caller stopped waiting for it: stuck until it returns
+
+
 class BatchingEmbedder:
     """An ``Embedder`` that coalesces concurrent requests into batched calls of ``inner``."""
 
@@ -112,6 +133,9 @@ class BatchingEmbedder:
         self._counts: dict[str, Any] = dict.fromkeys(EmbeddingStats.__slots__, 0)
         self._counts["model_seconds"] = 0.0
         self._closed = False
+        self._calls: dict[int, _Call] = {}  # running model calls, by a counter
+        self._call_ids = 0
+        self._last_fault: tuple[float, str] | None = None  # (wall time, error) since the last success
         self._thread = threading.Thread(target=self._run, name="memstrata-embedder", daemon=True)
         self._thread.start()
         self._query_thread = threading.Thread(
@@ -141,6 +165,7 @@ class BatchingEmbedder:
         with self._lock:
             if self._closed:
                 raise EmbeddingError("the embedding service is closed")
+            stuck = self._stuck_call("documents")
             counts = self._counts
             counts["document_requests"] += 1
             counts["texts_requested"] += len(texts)
@@ -160,6 +185,8 @@ class BatchingEmbedder:
                     continue
                 new_texts.append(t)
                 new_hashes.append(h)
+            if stuck is not None and (new_texts or waits):  # it would wait for a call that does not return
+                raise ModelFaultError(self._stuck_text(stuck))
             if new_texts:
                 request = _DocRequest(new_texts, new_hashes)
                 for i, h in enumerate(new_hashes):
@@ -168,7 +195,7 @@ class BatchingEmbedder:
         answers: dict[int, FloatArray] = {}
         for request, _ in waits.values():
             if id(request) not in answers:
-                answers[id(request)] = self._wait(request.future)
+                answers[id(request)] = self._wait(request.future, "documents", len(texts))
         for h, (request, i) in waits.items():
             rows[h] = answers[id(request)][i]
         return np.stack([rows[h] for h in hashes]).astype(np.float32, copy=False)
@@ -185,14 +212,17 @@ class BatchingEmbedder:
                 self._query_cache.move_to_end(text)
                 self._counts["cache_hits"] += 1
                 return cached.copy()
+            stuck = self._stuck_call("query")
+            if stuck is not None:
+                raise ModelFaultError(self._stuck_text(stuck))
             future = self._start_query(text)
-        return self._wait(future).copy()
+        return self._wait(future, "query").copy()
 
     def prefetch_query(self, text: str) -> None:
         """Start computing ``text``'s query vector and return at once: a retrieval starts it
         before its keyword searches, and the stores' ``embed_query`` then wait for it."""
         with self._lock:
-            if not self._closed and text not in self._query_cache:
+            if not self._closed and text not in self._query_cache and self._stuck_call("query") is None:
                 self._start_query(text)
 
     def _start_query(self, text: str) -> Future[FloatArray]:
@@ -209,44 +239,123 @@ class BatchingEmbedder:
 
     # -- plumbing ------------------------------------------------------------------------------
 
-    def _model_call(self, call: Any, texts: int) -> Any:
+    def _model_call(self, call: Any, texts: int, kind: str = "documents") -> Any:
         """Run one call of the model, timed and counted (under the model lock unless thread-safe)."""
         lock = contextlib.nullcontext() if self._thread_safe else self._model_lock
-        with lock:
-            started = time.perf_counter()
-            try:
-                return call()
-            finally:
-                elapsed = time.perf_counter() - started
-                with self._lock:
-                    counts = self._counts
-                    counts["model_calls"] += 1
-                    counts["texts_embedded"] += texts
-                    counts["model_seconds"] += elapsed
-
-    def _wait(self, future: Future[FloatArray]) -> FloatArray:
+        with self._lock:
+            self._call_ids += 1
+            ident = self._call_ids
+            bound = self._bound(texts)
+            self._calls[ident] = _Call(kind, texts, time.monotonic(), time.time(), bound)
         try:
-            return future.result(timeout=self.call_timeout_s)
+            with lock:
+                started = time.perf_counter()
+                try:
+                    return call()
+                finally:
+                    elapsed = time.perf_counter() - started
+                    with self._lock:
+                        counts = self._counts
+                        counts["model_calls"] += 1
+                        counts["texts_embedded"] += texts
+                        counts["model_seconds"] += elapsed
+        finally:
+            with self._lock:
+                self._calls.pop(ident, None)
+
+    def _stuck_call(self, kind: str) -> _Call | None:
+        """The oldest call running longer than ``call_timeout_s`` that a new ``kind`` request
+        would wait behind (its own worker's, or any with a model that is not thread-safe); lock held."""
+        now = time.monotonic()
+        stuck = [
+            c
+            for c in self._calls.values()
+            if (c.abandoned or now - c.started >= c.bound) and (c.kind == kind or not self._thread_safe)
+        ]
+        return min(stuck, key=lambda c: c.started) if stuck else None
+
+    def _stuck_text(self, call: _Call) -> str:
+        return (
+            f"model {self._model_id!r} is stuck since {_stamp(call.started_at)} on a call of "
+            f"{call.texts} text(s) (no answer for {time.monotonic() - call.started:.1f} s)"
+        )
+
+    def model_status(self) -> dict[str, Any]:
+        """``state``: ``"ok"``; ``"stuck"`` (a call has run longer than ``call_timeout_s``:
+        ``since``, ``texts``); or ``"faulty"`` (its last call failed or returned unusable
+        vectors: ``since``, ``last_error``); ``"closed"`` once stopped."""
+        with self._lock:
+            status: dict[str, Any] = {"model": self._model_id, "state": "ok"}
+            if self._closed:
+                status["state"] = "closed"
+                return status
+            now = time.monotonic()
+            running = [c for c in self._calls.values() if c.abandoned or now - c.started >= c.bound]
+            if running:
+                oldest = min(running, key=lambda c: c.started)
+                status.update(
+                    state="stuck",
+                    since=_stamp(oldest.started_at),
+                    texts=oldest.texts,
+                    reason=self._stuck_text(oldest),
+                )
+            elif self._last_fault is not None:
+                status.update(
+                    state="faulty", since=_stamp(self._last_fault[0]), last_error=self._last_fault[1]
+                )
+            return status
+
+    def _record(self, error: BaseException | None) -> None:
+        """The outcome of a model call: a fault is kept until the next success."""
+        with self._lock:
+            if error is None:
+                self._last_fault = None
+            elif self._last_fault is None:
+                self._last_fault = (time.time(), f"{type(error).__name__}: {error}")
+            else:
+                self._last_fault = (self._last_fault[0], f"{type(error).__name__}: {error}")
+
+    def _bound(self, texts: int) -> float:
+        """``call_timeout_s`` per ``batch_size`` texts: a large request (a file sync) may take
+        longer than a store's few texts before it counts as stuck."""
+        return self.call_timeout_s * max(1.0, texts / self.batch_size)
+
+    def _wait(self, future: Future[FloatArray], kind: str, texts: int = 1) -> FloatArray:
+        """The answer, within ``call_timeout_s`` (per ``batch_size`` texts) or the caller's shorter
+        deadline. A caller that gives up marks the call it waited behind as stuck, so the next
+        ones do not wait too."""
+        limit = self._bound(texts)
+        left = embed_time_left()
+        if left is not None and left < limit:
+            limit = left
+        try:
+            return future.result(timeout=limit)
         except FutureTimeout as exc:
-            raise EmbeddingError(
-                f"the embedding model did not answer within {self.call_timeout_s:g} s"
+            with self._lock:
+                behind = [c for c in self._calls.values() if c.kind == kind or not self._thread_safe]
+                if behind:
+                    min(behind, key=lambda c: c.started).abandoned = True
+            raise ModelFaultError(
+                f"model {self._model_id!r} did not answer within {round(limit, 2):g} s"
             ) from exc
 
     def stats(self) -> EmbeddingStats:
         with self._lock:
             return EmbeddingStats(**self._counts)
 
-    def close(self) -> None:
-        """Stop the worker; requests still queued fail with :class:`EmbeddingError`."""
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the workers, waiting at most ``timeout`` in all (a stuck model call is left to
+        its daemon thread); requests still queued fail with :class:`EmbeddingError`."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             self._queue.put(None)
             self._query_queue.put(None)
+        deadline = time.monotonic() + max(0.0, timeout)
         for thread in (self._thread, self._query_thread):
             with contextlib.suppress(RuntimeError):
-                thread.join(timeout=10)
+                thread.join(timeout=max(0.0, deadline - time.monotonic()))
         closed = EmbeddingError("the embedding service is closed")
         while True:
             try:
@@ -273,12 +382,15 @@ class BatchingEmbedder:
                 return
             text, future = item
             try:
-                vector = np.asarray(self._model_call(functools.partial(self.inner.embed_query, text), 1))
+                raw = self._model_call(functools.partial(self.inner.embed_query, text), 1, "query")
+                vector = check_model_rows(self._model_id, self._dim, np.asarray(raw).reshape(1, -1), 1)[0]
             except BaseException as exc:
+                self._record(exc)
                 with self._lock:
                     self._pending_queries.pop(text, None)
                 _fail(future, exc)
                 continue
+            self._record(None)
             with self._lock:
                 self._pending_queries.pop(text, None)
                 if self._query_cache_size:
@@ -353,16 +465,18 @@ class BatchingEmbedder:
     def _call(self, texts: list[str]) -> FloatArray:
         with self._lock:
             self._counts["largest_batch"] = max(self._counts["largest_batch"], len(texts))
-        vectors = np.asarray(
-            self._model_call(functools.partial(self.inner.embed_documents, texts), len(texts)),
-            dtype=np.float32,
-        )
-        if vectors.shape != (len(texts), self._dim):
-            raise EmbeddingError(
-                f"embedder {self._model_id!r} returned shape {vectors.shape}, "
-                f"expected ({len(texts)}, {self._dim})"
-            )
+        try:
+            raw = self._model_call(functools.partial(self.inner.embed_documents, texts), len(texts))
+            vectors = check_model_rows(self._model_id, self._dim, raw, len(texts))  # bad rows: never cached
+        except BaseException as exc:
+            self._record(exc)
+            raise
+        self._record(None)
         return vectors
+
+
+def _stamp(wall: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall))
 
 
 def _wrap(exc: BaseException) -> BaseException:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from memstrata.storage import apply_migrations, open_database
 
-__all__ = ["Outbox", "OutboxRow", "new_owner", "release_owner"]
+__all__ = ["Outbox", "OutboxRow", "new_owner", "pending_count", "release_owner"]
 
 _MIGRATIONS = [
     """
@@ -42,9 +42,18 @@ _MIGRATIONS = [
     """,
     # the running system that works on the row (NULL: anyone may claim it)
     "ALTER TABLE outbox ADD COLUMN owner TEXT",
+    # rows parked as dead letters because the model returned an unusable vector (blamed on the
+    # input by older versions) are delivered again: a model fault never parks a write-back
+    "UPDATE outbox SET dead = 0, attempts = 0, owner = NULL WHERE dead = 1 AND ({model_fault})",
 ]
 
 PARTS = ("knowledge", "episode")
+# how the last_error of a row parked because of the model reads (see the third migration)
+_MODEL_FAULT_SQL = " OR ".join(
+    f"last_error LIKE '%{pattern}%'"
+    for pattern in ("zero vector", "NaN or infinit", "EmbeddingError", "ModelFaultError", "returned shape")
+)
+_MIGRATIONS[-1] = _MIGRATIONS[-1].replace("{model_fault}", _MODEL_FAULT_SQL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,12 +284,27 @@ class Outbox:
 
 
 def has_pending(path: Path) -> bool:
-    """Whether the outbox at ``path`` holds unprocessed rows (cheap; used at system start)."""
+    """Whether the outbox at ``path`` holds unprocessed rows (cheap; used at system start), counting
+    rows an older version parked because of a model fault (opening the outbox revives them)."""
     if not path.is_file():
         return False
     db = open_database(path, load_vec=False)
     try:
         exists = db.scalar("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'outbox'")
-        return bool(exists) and bool(db.scalar("SELECT 1 FROM outbox WHERE dead = 0 LIMIT 1"))
+        return bool(exists) and bool(
+            db.scalar(f"SELECT 1 FROM outbox WHERE dead = 0 OR ({_MODEL_FAULT_SQL}) LIMIT 1")
+        )
+    finally:
+        db.close()
+
+
+def pending_count(path: Path) -> int:
+    """Rows of the outbox at ``path`` still to be delivered (dead letters not counted)."""
+    if not path.is_file():
+        return 0
+    db = open_database(path, load_vec=False)
+    try:
+        exists = db.scalar("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'outbox'")
+        return int(db.scalar("SELECT count(*) FROM outbox WHERE dead = 0") or 0) if exists else 0
     finally:
         db.close()

@@ -1,17 +1,18 @@
-"""Pre-task prompts: XML-escaped knowledge context, optional episodes, then the task.
+"""Pre-task prompts: one XML-escaped context of typed entries, then the task.
 
-Shape (one ``<entry>`` per knowledge hit, best first)::
+Shape (knowledge entries best first, then episodes, memory files and code, each best first)::
 
     <knowledge-context>
     <entry category="pitfall" relevance="0.87" taskId="t1">Avoid the Strategy pattern ...</entry>
+    <entry source="episode" relevance="0.52" at="2025-01-01T10:00:00+00:00" title="Task t1 failed">...</entry>
+    <entry source="file" path="memory/2026-11-20.md" lines="12-30" relevance="0.81">...</entry>
+    <entry source="code" path="a.py" lines="1-9" relevance="0.40" codebase="shop" language="python">…</entry>
     </knowledge-context>
-    <recent-episodes>
-    <episode relevance="0.52" at="2025-01-01T10:00:00+00:00" title="Task t1 failed">...</episode>
-    </recent-episodes>
     <task>Refactor the payment module</task>
 
-Attributes are ``category`` and ``relevance`` (the hit's normalised 0-1 score, two decimals)
-followed by the entry's tags in key order. Everything is escaped: text and attribute values with
+A knowledge entry (no ``source``) has ``category`` and ``relevance`` (the hit's normalised 0-1
+score, two decimals) followed by the entry's tags in key order; the other sources say what they
+are in ``source``. Everything is escaped: text and attribute values with
 XML entities (newlines and tabs in attributes as character references), characters XML 1.0
 cannot carry replaced by U+FFFD, and tag keys turned into valid XML names by encoding each
 character that is not allowed as ``_xHHHH_`` (a key that collides with ``category`` or
@@ -103,14 +104,29 @@ def _entry(hit: Any) -> str:
 
 def _episode(hit: Any) -> str:
     episode = hit.episode
-    pairs = [("relevance", _relevance(hit.score))]
+    pairs = [("source", "episode"), ("relevance", _relevance(hit.score))]
     at = getattr(episode, "at", None)
     if at is not None:
         pairs.append(("at", at.isoformat() if hasattr(at, "isoformat") else str(at)))
     title = getattr(episode, "title", None)
     if title:
         pairs.append(("title", str(title)))
-    return f"<episode {_attributes(pairs, None)}>{xml_text(str(episode.content))}</episode>"
+    return f"<entry {_attributes(pairs, None)}>{xml_text(str(episode.content))}</entry>"
+
+
+def _file(chunk: Any) -> str:
+    """A memory-file or code chunk (a :class:`FileContext`)."""
+    pairs = [
+        ("source", str(chunk.source)),
+        ("path", str(chunk.path)),
+        ("lines", f"{int(chunk.start_line)}-{int(chunk.end_line)}"),
+        ("relevance", _relevance(chunk.score)),
+    ]
+    if chunk.origin:
+        pairs.append(("codebase", str(chunk.origin)))
+    if chunk.language and chunk.source == "code":
+        pairs.append(("language", str(chunk.language)))
+    return f"<entry {_attributes(pairs, None)}>{xml_text(str(chunk.text))}</entry>"
 
 
 def fallback_prompt(description: str) -> str:
@@ -118,12 +134,18 @@ def fallback_prompt(description: str) -> str:
     return f"<task>{xml_text(description)}</task>"
 
 
-def build_prompt(description: str, hits: Sequence[Any], episodes: Sequence[Any] = ()) -> str:
-    """Knowledge context (hits best first), optional recent episodes, then the task."""
-    lines = ["<knowledge-context>", *(_entry(h) for h in hits), "</knowledge-context>"]
-    if episodes:
-        lines += ["<recent-episodes>", *(_episode(e) for e in episodes), "</recent-episodes>"]
-    lines.append(fallback_prompt(description))
+def build_prompt(
+    description: str, hits: Sequence[Any], episodes: Sequence[Any] = (), files: Sequence[Any] = ()
+) -> str:
+    """One context (knowledge hits, episodes, then memory-file and code chunks), then the task."""
+    lines = [
+        "<knowledge-context>",
+        *(_entry(h) for h in hits),
+        *(_episode(e) for e in episodes),
+        *(_file(f) for f in files),
+        "</knowledge-context>",
+        fallback_prompt(description),
+    ]
     return "\n".join(lines)
 
 

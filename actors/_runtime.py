@@ -25,24 +25,52 @@ from memstrata.storage import Embedder
 
 from memstrata.config import Config
 from memstrata.errors import (
+    ConfigError,
     InvalidInputError,
     RequestTimeoutError,
     SystemStoppedError,
 )
-from memstrata.messages import (
+
+from ._agent import describe_error
+from ._base import Envelope, Status, Supervision
+from ._blackboard import SubscribeWithCallback
+from ._clock import Clock, IdSource
+from ._concurrency import Activity, Scheduler
+from ._embedding import BatchingEmbedder
+from ._outbox import has_pending, new_owner, pending_count, release_owner
+from ._prompt import fallback_prompt, merge_hits
+from ._stores import BoundedSearch, Searched, StoreFactory
+from ._supervisors import (
+    AgentSupervisor,
+    BlackboardSupervisor,
+    Children,
+    FilesSupervisor,
+    KnowledgeSupervisor,
+    MemorySupervisor,
+    Spawn,
+    StopChildren,
+)
+from ._workspace import SyncFiles, check_tree
+from .messages import (
     SHARED,
+    ArchiveEpisodes,
     ClearWorkingMemory,
     CommitMemory,
+    DeleteEpisode,
     DeleteKnowledge,
+    DeleteSignal,
+    GetEpisode,
     GetKnowledge,
     GetWorkingMemory,
     KnowledgeResult,
+    ListEpisodes,
     ListKnowledge,
     ListSignals,
     Message,
     PublishSignal,
     QueryKnowledge,
     QuerySignal,
+    RestoreEpisodes,
     SearchMemory,
     SetWorkingMemory,
     StoreKnowledge,
@@ -53,26 +81,8 @@ from memstrata.messages import (
     TaskFailed,
     TaskPrompt,
     UnsubscribeSignal,
+    UpdateKnowledge,
     check_agent_id,
-)
-
-from ._agent import describe_error
-from ._base import Envelope, Status, Supervision
-from ._blackboard import SubscribeWithCallback
-from ._clock import Clock
-from ._concurrency import Activity, Scheduler
-from ._embedding import BatchingEmbedder
-from ._outbox import has_pending, new_owner, release_owner
-from ._prompt import fallback_prompt, merge_hits
-from ._stores import StoreFactory
-from ._supervisors import (
-    AgentSupervisor,
-    BlackboardSupervisor,
-    Children,
-    KnowledgeSupervisor,
-    MemorySupervisor,
-    Spawn,
-    StopChildren,
 )
 
 __all__ = ["Runtime", "StopReport", "route"]
@@ -85,6 +95,8 @@ _SUPERVISOR_OF = {
     "working": "memory",
     "blackboard": "blackboard",
     "agent": "agent",
+    "workspace": "files",
+    "codebase": "files",
 }
 _FOLDER = {
     "knowledge": "knowledge",
@@ -93,20 +105,50 @@ _FOLDER = {
     "outbox": "outbox",
     "blackboard": "blackboard",
 }
-_STOP_ORDER = ("agent", "knowledge", "memory", "blackboard")
+_STOP_ORDER = ("agent", "knowledge", "memory", "files", "blackboard")
 # how much longer than the retrieval timeout a caller of TaskAssigned waits for the agent actor
 PROMPT_MARGIN_S = 1.0
+_STOP_STAGE_MIN_S = 0.2  # each stop stage gets at least this, so stop(timeout) ends by ~timeout + 1.2 s
+
+
+_KNOWLEDGE_REQUESTS = (
+    StoreKnowledge,
+    QueryKnowledge,
+    ListKnowledge,
+    GetKnowledge,
+    UpdateKnowledge,
+    DeleteKnowledge,
+)
+_EPISODIC_REQUESTS = (
+    StoreMemory,
+    SearchMemory,
+    CommitMemory,
+    ListEpisodes,
+    GetEpisode,
+    DeleteEpisode,
+    ArchiveEpisodes,
+    RestoreEpisodes,
+)
+_BOARD_REQUESTS = (PublishSignal, QuerySignal, SubscribeSignal, UnsubscribeSignal, ListSignals, DeleteSignal)
+
+
+def _owner(key: tuple[str, str]) -> str:
+    """Who an actor belongs to: an agent, ``session:{id}`` or ``codebase:{name}``."""
+    kind, name = key
+    if kind == "blackboard":
+        return f"session:{name}"
+    return f"codebase:{name}" if kind == "codebase" else name
 
 
 def route(message: Message) -> tuple[str, str]:
     """The ``(kind, key)`` of the actor that handles ``message``."""
-    if isinstance(message, StoreKnowledge | QueryKnowledge | ListKnowledge | GetKnowledge | DeleteKnowledge):
+    if isinstance(message, _KNOWLEDGE_REQUESTS):
         return "knowledge", message.agent_id
-    if isinstance(message, StoreMemory | SearchMemory | CommitMemory):
+    if isinstance(message, _EPISODIC_REQUESTS):
         return "episodic", message.agent_id
     if isinstance(message, SetWorkingMemory | GetWorkingMemory | ClearWorkingMemory):
         return "working", message.agent_id
-    if isinstance(message, PublishSignal | QuerySignal | SubscribeSignal | UnsubscribeSignal | ListSignals):
+    if isinstance(message, _BOARD_REQUESTS):
         return "blackboard", message.session_id
     if isinstance(message, TaskAssigned | TaskCompleted | TaskFailed):
         if message.agent_id is None:
@@ -122,6 +164,8 @@ class StopReport:
     drained: bool  # every mailbox was empty before the actors stopped
     late: tuple[str, ...]  # actors that did not stop within the timeout
     seconds: float
+    # what is left for the next start, kept durable: "agent a1: 2 write-back(s) in the outbox"
+    left: tuple[str, ...] = ()
 
 
 class Runtime:
@@ -136,6 +180,7 @@ class Runtime:
         stores: StoreFactory,
         embedder_note: str | None = None,
         owns_embedder: bool = True,
+        ids: IdSource | None = None,
     ) -> None:
         self.config = config
         self.data_dir = Path(config.data_dir)
@@ -143,9 +188,9 @@ class Runtime:
         self.embedder_note = embedder_note
         self._owns_embedder = owns_embedder
         self.clock = clock
+        self.ids = ids if ids is not None else IdSource()
         self.stores = stores
         self.activity = Activity()
-        self.scheduler = Scheduler()
         actors = config.actors
         self.supervision = Supervision(
             max_restarts=actors.max_restarts, window_s=actors.restart_window_s, clock=clock.monotonic
@@ -158,9 +203,32 @@ class Runtime:
         self.shared_query_errors = 0
         # names this running system in the outbox rows it appends (see actors/_outbox.py)
         self.instance = new_owner()
+        # workspaces and codebases, checked before anything starts: a bad path names its key
+        self._codebases = {
+            name: check_tree(path, f"codebases.{name}", self.data_dir)
+            for name, path in config.codebases.items()
+        }
+        for name in self._codebases:
+            try:
+                check_agent_id(name, "codebase name")
+            except InvalidInputError as exc:
+                raise ConfigError(f"config key 'codebases.{name}': {exc}") from exc
+        self._workspaces: dict[str, Path | None] = {}
+        if config.agent.workspace is not None:
+            check_tree(config.agent.workspace, "agent.workspace", self.data_dir)
+        for agent_id in config.agents:
+            self.workspace_of(agent_id, key=f"agents.{agent_id}.workspace")
+            unknown = set(config.for_agent(agent_id).codebases or ()) - set(self._codebases)
+            if unknown:
+                raise ConfigError(
+                    f"config key 'agents.{agent_id}.codebases' names {', '.join(sorted(unknown))}, "
+                    "which [codebases] does not define"
+                )
+        self.scheduler = Scheduler(clock=clock)  # after the checks: nothing to clean up when they fail
         self.supervisors: dict[str, pykka.ActorRef[Any]] = {
             "knowledge": KnowledgeSupervisor.start(self),
             "memory": MemorySupervisor.start(self),
+            "files": FilesSupervisor.start(self),
             "blackboard": BlackboardSupervisor.start(self),
             "agent": AgentSupervisor.start(self),
         }
@@ -172,6 +240,44 @@ class Runtime:
 
     def path(self, kind: str, key: str) -> Path:
         return self.data_dir / _FOLDER[kind] / f"{key}.sqlite"
+
+    def workspace_of(self, agent_id: str, *, key: str | None = None) -> Path | None:
+        """The agent's workspace folder, or ``None`` (none configured, or access ``none``)."""
+        with self._lock:
+            if agent_id in self._workspaces:
+                return self._workspaces[agent_id]
+        settings = self.config.for_agent(agent_id)
+        root = None
+        if settings.workspace is not None and settings.workspace_access != "none":
+            where = key or (
+                f"agents.{agent_id}.workspace" if agent_id in self.config.agents else "agent.workspace"
+            )
+            root = check_tree(settings.workspace, where, self.data_dir)
+        with self._lock:
+            self._workspaces[agent_id] = root
+        return root
+
+    def codebase_root(self, name: str) -> Path:
+        root = self._codebases.get(name)
+        if root is None:
+            raise InvalidInputError(f"codebase {name!r} is not configured in [codebases]")
+        return root
+
+    def codebases_of(self, agent_id: str) -> list[str]:
+        """The codebases an agent searches before its tasks, in name order."""
+        chosen = self.config.for_agent(agent_id).codebases
+        return sorted(self._codebases if chosen is None else set(chosen) & set(self._codebases))
+
+    def start_session_syncs(self) -> None:
+        """Sync every codebase now (in its actor) when ``sync.on_session_start`` is set."""
+        if self.config.sync.on_session_start:
+            for name in sorted(self._codebases):
+                self.ref("codebase", name)
+
+    def agent_session(self, agent_id: str) -> None:
+        """An agent is first used: its workspace actor starts and syncs (``sync.on_session_start``)."""
+        if self.workspace_of(agent_id) is not None:
+            self.ref("workspace", agent_id)
 
     # -- actors --------------------------------------------------------------------------------
 
@@ -198,7 +304,12 @@ class Runtime:
         except pykka.Timeout as exc:
             raise RequestTimeoutError(f"creating the {kind} actor for {key!r} timed out") from exc
         with self._lock:
+            known = (kind, key) in self._refs
             self._refs[(kind, key)] = ref
+        if not known and kind in ("workspace", "codebase"):
+            view = self.config.of_agent(key) if kind == "workspace" else self.config
+            if view.sync.on_session_start:
+                self.post(ref, SyncFiles())  # the session starts: bring the index up to date
         return ref
 
     def post(self, ref: pykka.ActorRef[Any], message: Any, reply: Future[Any] | None = None) -> bool:
@@ -270,19 +381,38 @@ class Runtime:
 
     def query_knowledge(self, message: QueryKnowledge, *, timeout: float | None = None) -> KnowledgeResult:
         """The agent's hits fused with the shared store's (see :func:`merge_hits`)."""
+        return self.search_knowledge(message, timeout=timeout).result  # type: ignore[no-any-return]
+
+    def search_knowledge(self, message: QueryKnowledge, *, timeout: float | None = None) -> Searched:
+        """:meth:`query_knowledge`, saying when the hits were ranked by keywords only because the
+        model was late or faulty. The query embedding's bound is below the caller's ``timeout``."""
+        limit = self.config.actors.ask_timeout_s if timeout is None else timeout
+        embed_s = min(self.config.actors.query_embed_timeout_s, limit / 2)
         own_query = dataclasses.replace(message, include_shared=False)
-        own = self.request("knowledge", message.agent_id, own_query)
+        if message.agent_id == SHARED or not message.include_shared:
+            found = self.wait(
+                self.request("knowledge", message.agent_id, BoundedSearch(own_query, embed_s)),
+                limit,
+                f"QueryKnowledge to {message.agent_id!r}",
+            )
+            return found if isinstance(found, Searched) else Searched(found)
+        own = self.request("knowledge", message.agent_id, BoundedSearch(own_query, embed_s))
         shared: Future[Any] | None = None
         if self.existing("knowledge", SHARED) is not None or self.path("knowledge", SHARED).exists():
-            shared = self.request("knowledge", SHARED, dataclasses.replace(own_query, agent_id=SHARED))
-        deadline = time.monotonic() + (self.config.actors.ask_timeout_s if timeout is None else timeout)
-        own_result = self.wait(own, deadline - time.monotonic(), f"QueryKnowledge to {message.agent_id!r}")
+            shared = self.request(
+                "knowledge", SHARED, BoundedSearch(dataclasses.replace(own_query, agent_id=SHARED), embed_s)
+            )
+        deadline = time.monotonic() + limit
+        own_found = self.wait(own, deadline - time.monotonic(), f"QueryKnowledge to {message.agent_id!r}")
+        own_result, degraded = own_found.result, own_found.degraded
         shared_hits: tuple[Any, ...] = ()
         if shared is not None:
             try:
-                shared_hits = self.wait(
+                shared_found = self.wait(
                     shared, max(0.0, deadline - time.monotonic()), "shared QueryKnowledge"
-                ).hits
+                )
+                shared_hits = shared_found.result.hits
+                degraded = degraded or shared_found.degraded
             except Exception as exc:  # the shared store is a supplement: the agent's own hits still count
                 with self._lock:
                     self.shared_query_errors += 1
@@ -290,7 +420,18 @@ class Runtime:
                     "shared knowledge query failed; answering with %s's own hits: %s", message.agent_id, exc
                 )
         merged = merge_hits(own_result.hits, shared_hits, message.top_k)
-        return KnowledgeResult(message.agent_id, tuple(merged))
+        return Searched(KnowledgeResult(message.agent_id, tuple(merged)), degraded)
+
+    def search_memory(self, message: SearchMemory, *, timeout: float | None = None) -> Searched:
+        """An episode search, saying when it ranked by keywords only (see :meth:`search_knowledge`)."""
+        limit = self.config.actors.ask_timeout_s if timeout is None else timeout
+        embed_s = min(self.config.actors.query_embed_timeout_s, limit / 2)
+        found = self.wait(
+            self.request("episodic", message.agent_id, BoundedSearch(message, embed_s)),
+            limit,
+            f"SearchMemory to episodic {message.agent_id!r}",
+        )
+        return found if isinstance(found, Searched) else Searched(found)
 
     def begin_task(self, message: TaskAssigned, *, timeout: float | None = None) -> TaskPrompt:
         """The prompt for a task, within the agent's retrieval timeout plus a small margin."""
@@ -336,9 +477,7 @@ class Runtime:
                 "list[str]", self.supervisors[name].ask(StopChildren(timeout, owner), timeout=timeout + 5)
             )
         with self._lock:
-            for k in [
-                k for k in self._refs if (f"session:{k[1]}" if k[0] == "blackboard" else k[1]) == owner
-            ]:
+            for k in [k for k in self._refs if _owner(k) == owner]:
                 del self._refs[k]
         return late
 
@@ -358,20 +497,41 @@ class Runtime:
                 log.error("stop: %d requests still in flight after %g s", self.activity.in_flight, limit)
             late: list[str] = []
             for name in _STOP_ORDER:
-                remaining = max(1.0, limit - (time.monotonic() - started))
+                # a hard bound: a stage whose time is used up still asks its actors to stop, briefly
+                remaining = max(_STOP_STAGE_MIN_S, limit - (time.monotonic() - started))
                 try:
-                    stopped = self.supervisors[name].ask(StopChildren(remaining), timeout=remaining + 5)
+                    stopped = self.supervisors[name].ask(
+                        StopChildren(remaining), timeout=remaining + _STOP_STAGE_MIN_S
+                    )
                     late += cast("list[str]", stopped)
                 except Exception as exc:
                     late.append(f"{name} supervisor: {exc}")
                 with contextlib.suppress(Exception):
-                    self.supervisors[name].stop(block=True, timeout=5)
+                    self.supervisors[name].stop(
+                        block=True, timeout=max(_STOP_STAGE_MIN_S, limit - (time.monotonic() - started))
+                    )
             self._stopped.set()
             release_owner(self.instance)
             if self._owns_embedder and isinstance(self.embedder, BatchingEmbedder):
-                self.embedder.close()
+                # a stuck model call is left to its daemon thread: stop() does not wait for it
+                self.embedder.close(timeout=max(0.0, limit - (time.monotonic() - started)))
             self.scheduler.close()
-            return StopReport(drained, tuple(late), time.monotonic() - started)
+            return StopReport(drained, tuple(late), time.monotonic() - started, self._left())
+
+    def _left(self) -> tuple[str, ...]:
+        """Write-backs left in the outboxes, durable there: replayed by the next start."""
+        folder = self.data_dir / _FOLDER["agent"]
+        left: list[str] = []
+        if folder.is_dir():
+            for path in sorted(folder.glob("*.sqlite")):
+                try:
+                    count = pending_count(path)
+                except Exception as exc:
+                    left.append(f"agent {path.stem}: outbox unreadable ({exc})")
+                    continue
+                if count:
+                    left.append(f"agent {path.stem}: {count} write-back(s) in the outbox")
+        return tuple(left)
 
     @property
     def stopped(self) -> bool:

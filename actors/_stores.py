@@ -16,15 +16,26 @@ from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
-from memstrata.layers._knowledge import EMBED_CHARS  # what a knowledge entry's vector is made of
+from memstrata.core.constants import EMBED_CHARS  # what a knowledge entry's vector is made of
 from memstrata.storage import Embedder, embed_documents
+from memstrata.storage._embedding import embed_deadline, embed_time_left
 
 from memstrata.config import Config
 from memstrata.errors import EmbeddingError, InvalidInputError
-from memstrata.messages import (
+
+from ._base import MemoryActor
+from .messages import (
+    ArchiveEpisodes,
     ClearWorkingMemory,
     CommitMemory,
+    DeleteEpisode,
     DeleteKnowledge,
+    EpisodeDeleted,
+    EpisodeItem,
+    EpisodeList,
+    EpisodesArchived,
+    EpisodesRestored,
+    GetEpisode,
     GetKnowledge,
     GetWorkingMemory,
     KnowledgeDeleted,
@@ -32,27 +43,33 @@ from memstrata.messages import (
     KnowledgeList,
     KnowledgeResult,
     KnowledgeStored,
+    KnowledgeUpdated,
+    ListEpisodes,
     ListKnowledge,
     MemoryCommitted,
     MemorySearchResult,
     MemoryStored,
     QueryKnowledge,
+    RestoreEpisodes,
     SearchMemory,
     SetWorkingMemory,
     StoreKnowledge,
     StoreMemory,
+    UpdateKnowledge,
     WorkingMemoryCleared,
     WorkingMemoryValue,
 )
 
-from ._base import MemoryActor
-
 FloatArray = npt.NDArray[np.float32]
 
 __all__ = [
+    "BoundedSearch",
     "EpisodicActor",
+    "ExportRecords",
+    "ImportRecords",
     "KnowledgeStoreActor",
     "LayerStores",
+    "Searched",
     "StoreFactory",
     "WorkingMemoryActor",
     "WriteBackEpisode",
@@ -103,11 +120,121 @@ class WriteBackEpisode:
     once: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class BoundedSearch:
+    """Internal: a ``QueryKnowledge`` or ``SearchMemory`` whose query embedding must answer within
+    ``embed_s`` seconds (``None``: ``actors.query_embed_timeout_s``); answered with :class:`Searched`."""
+
+    message: Any
+    embed_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Searched:
+    """Internal: a search's result and, when it ranked by keywords only because the model was
+    late or faulty, why (``"keyword-only: model ... did not answer within 2 s"``)."""
+
+    result: Any
+    degraded: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ExportRecords:
+    """Internal: every record the actor's store holds, as plain JSON-ready dicts (see
+    ``memstrata export``), answered as a list."""
+
+
+@dataclass(frozen=True, slots=True)
+class ImportRecords:
+    """Internal: restore records made by :class:`ExportRecords` (of this actor's kind) with
+    their times and ids; answered with how many were added."""
+
+    records: tuple[dict[str, Any], ...]
+
+
+_EXPORT_PAGE = 1000
+
+
+def _iso(value: datetime) -> str:
+    return value.isoformat()
+
+
+@dataclass(frozen=True, slots=True)
+class CatchUp:
+    """Internal: compute pending vectors now (posted by a timer, with backoff, while some wait)."""
+
+
+_CATCH_UP_FIRST_S = 0.25  # first retry of pending vectors after a write left some
+_CATCH_UP_MAX_S = 30.0  # backoff cap while the model stays faulty
+
+
 def _content_bytes(text: str) -> int:
     return len(text.encode("utf-8", "surrogatepass"))
 
 
 class _PersistentActor(MemoryActor):
+    """A store with vectors: searches bound their query embedding, and vectors left pending by a
+    late or faulty model are retried in this process with backoff until they are all computed."""
+
+    _catch_up_due = False
+    _catch_up_misses = 0
+
+    def _search(self, message: Any, embed_s: float | None) -> Searched:
+        limit = self.runtime.config.actors.query_embed_timeout_s
+        if embed_s is not None:
+            limit = min(limit, max(0.0, embed_s))
+        with embed_deadline(limit) as watch:
+            result = self.handle(message)
+        return Searched(result, watch.degraded)
+
+    def pending_vectors(self) -> int:
+        counter = getattr(self.layer, "pending_vectors", None)
+        try:
+            return int(counter()) if callable(counter) else 0
+        except Exception:  # a closed or failing layer: the next write schedules again
+            return 0
+
+    def after_write(self) -> None:
+        """A write may have left vectors pending (the model was late or faulty): retry soon."""
+        if not self._catch_up_due and self.pending_vectors() > 0:
+            self._schedule_catch_up()
+
+    def _schedule_catch_up(self) -> None:
+        delay = min(_CATCH_UP_MAX_S, _CATCH_UP_FIRST_S * 2**self._catch_up_misses)
+        self._catch_up_due = True
+        runtime, me = self.runtime, self.actor_ref
+
+        def fire() -> None:
+            if not runtime.stopped:
+                runtime.post(me, CatchUp())
+
+        runtime.scheduler.call_later(delay, fire)
+
+    def catch_up(self) -> None:
+        self._catch_up_due = False
+        catch = getattr(self.layer, "catch_up_vectors", None)
+        if not callable(catch):
+            return
+        before = self.pending_vectors()
+        left = int(catch())
+        if left == 0:
+            self._catch_up_misses = 0
+            return
+        self._catch_up_misses = 0 if left < before else min(self._catch_up_misses + 1, 16)
+        self._schedule_catch_up()
+
+    def handle_internal(self, message: Any) -> tuple[bool, Any]:
+        """Internal messages common to both stores, and a search's bound on its query embedding:
+        ``(True, answer)``, or ``(False, None)`` for the store's own messages."""
+        if isinstance(message, QueryKnowledge | SearchMemory) and embed_time_left() is None:
+            return True, self._search(message, None).result
+        if isinstance(message, BoundedSearch):
+            return True, self._search(message.message, message.embed_s)
+        if isinstance(message, CatchUp):
+            self.catch_up()
+            return True, None
+        return False, None
+
     def _check_size(self, text: str, what: str) -> None:
         limit = self.runtime.config.max_content_bytes
         if _content_bytes(text) > limit:
@@ -133,9 +260,15 @@ class KnowledgeStoreActor(_PersistentActor):
 
     def open_layer(self) -> Any:
         runtime = self.runtime
-        return runtime.stores.open_knowledge(
+        layer = runtime.stores.open_knowledge(
             runtime.path("knowledge", self.key), runtime.embedder, runtime.config
         )
+        if hasattr(layer, "clock"):  # entries are dated by the system's clock (simulations replay)
+            clock = runtime.clock
+            layer.clock = lambda: clock.now().timestamp()
+        if hasattr(layer, "owner"):  # entries say which store they are in
+            layer.owner = self.key
+        return layer
 
     def batch_key(self, message: Any) -> str | None:
         return "store" if isinstance(message, StoreKnowledge) else None
@@ -165,10 +298,18 @@ class KnowledgeStoreActor(_PersistentActor):
             ids = self.layer.add_many(items)
             for index, entry_id in zip(where, ids, strict=True):
                 results[index] = KnowledgeStored(self.key, int(entry_id))
+            self.after_write()
         return results
 
     def handle(self, message: Any) -> Any:
+        internal, answer = self.handle_internal(message)
+        if internal:
+            return answer
         layer = self.layer
+        if isinstance(message, ExportRecords):
+            return self._export()
+        if isinstance(message, ImportRecords):
+            return self._import(message.records)
         if isinstance(message, StoreKnowledge):
             self._check_size(message.content, "StoreKnowledge.content")
             entry_id = layer.add(
@@ -178,6 +319,7 @@ class KnowledgeStoreActor(_PersistentActor):
                 scope=message.scope,
                 author=message.author,
             )
+            self.after_write()
             return KnowledgeStored(self.key, int(entry_id))
         if isinstance(message, QueryKnowledge):
             hits = layer.search(
@@ -201,9 +343,78 @@ class KnowledgeStoreActor(_PersistentActor):
             return KnowledgeList(self.key, tuple(entries))
         if isinstance(message, GetKnowledge):
             return KnowledgeItem(self.key, layer.get(message.entry_id))
+        if isinstance(message, UpdateKnowledge):
+            return self._update(message)
         if isinstance(message, DeleteKnowledge):
             return KnowledgeDeleted(self.key, message.entry_id, bool(layer.delete(message.entry_id)))
         return super().handle(message)
+
+    def _update(self, message: UpdateKnowledge) -> KnowledgeUpdated:
+        """Only the given fields change (``tags``: all of them); the layer re-embeds new content
+        and refuses a change that would duplicate another entry."""
+        changes: dict[str, Any] = {}
+        if message.content is not None:
+            self._check_size(message.content, "UpdateKnowledge.content")
+            changes["content"] = message.content
+        for name in ("category", "tags", "scope"):
+            value = getattr(message, name)
+            if value is not None:
+                changes[name] = value
+        entry = self.layer.update(message.entry_id, **changes)
+        if "content" in changes:
+            self.after_write()
+        return KnowledgeUpdated(self.key, message.entry_id, entry)
+
+    def _export(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        offset = 0
+        while True:
+            page = self.layer.list(limit=_EXPORT_PAGE, offset=offset, order_by="id", descending=False)
+            for entry in page:
+                out.append(
+                    {
+                        "kind": "knowledge",
+                        "owner": self.key,
+                        "id": int(entry.id),
+                        "content": entry.content,
+                        "category": entry.category,
+                        "scope": entry.scope,
+                        "tags": dict(entry.tags),
+                        "author": entry.author,
+                        "created_at": float(entry.created_at),
+                        "updated_at": float(entry.updated_at),
+                    }
+                )
+            if len(page) < _EXPORT_PAGE:
+                return out
+            offset += len(page)
+
+    def _import(self, records: Sequence[dict[str, Any]]) -> int:
+        """Entries in id order, each dated as exported: created by an ``add`` at ``created_at``,
+        then (when it changed later) refreshed by the same ``add`` at ``updated_at``."""
+        layer = self.layer
+        saved = getattr(layer, "clock", None)
+        added = 0
+        try:
+            for record in sorted(records, key=lambda r: int(r.get("id", 0))):
+                self._check_size(str(record["content"]), "knowledge content")
+                args = {
+                    "category": record["category"],
+                    "tags": record.get("tags") or None,
+                    "scope": record.get("scope", "/"),
+                    "author": record.get("author"),
+                }
+                before = layer.count()
+                for stamp in dict.fromkeys((record.get("created_at"), record.get("updated_at"))):
+                    if stamp is not None and saved is not None:
+                        layer.clock = lambda stamp=float(stamp): stamp
+                    layer.add(record["content"], **args)
+                added += int(layer.count()) - int(before)
+        finally:
+            if saved is not None:
+                layer.clock = saved
+        self.after_write()
+        return added
 
 
 class EpisodicActor(_PersistentActor):
@@ -213,9 +424,16 @@ class EpisodicActor(_PersistentActor):
 
     def open_layer(self) -> Any:
         runtime = self.runtime
-        return runtime.stores.open_episodic(
+        layer = runtime.stores.open_episodic(
             runtime.path("episodic", self.key), runtime.embedder, runtime.config, runtime.clock.now
         )
+        if hasattr(layer, "new_uuid") and runtime.ids.seed is not None:
+            # seeded ids continue after what the store holds, so a restart never reuses one
+            held = int(layer.count())
+            status = layer.status() if callable(getattr(layer, "status", None)) else {}
+            held += sum(int(a.get("episodes", 0)) for a in status.get("archives", ()))
+            layer.new_uuid = runtime.ids.for_scope(f"episode:{self.key}:{held}")
+        return layer
 
     def close_layer(self, layer: Any) -> None:
         try:
@@ -276,10 +494,18 @@ class EpisodicActor(_PersistentActor):
             ids = self.layer.record_many(items)
             for (index, _), episode_id in zip(order, ids, strict=True):
                 results[index] = MemoryStored(self.key, int(episode_id))
+            self.after_write()
         return results
 
     def handle(self, message: Any) -> Any:
+        internal, answer = self.handle_internal(message)
+        if internal:
+            return answer
         layer = self.layer
+        if isinstance(message, ExportRecords):
+            return self._export()
+        if isinstance(message, ImportRecords):
+            return self._import(message.records)
         if isinstance(message, WriteBackEpisode):
             original = message.message
             if message.once:
@@ -289,6 +515,7 @@ class EpisodicActor(_PersistentActor):
             self._check_size(original.content, "StoreMemory.content")
             vector = self._shared_vectors([original])[0]
             episode_id = layer.record_many([self._item(original, vector)])[0]
+            self.after_write()
             return MemoryStored(self.key, int(episode_id))
         if isinstance(message, StoreMemory):
             self._check_size(message.content, "StoreMemory.content")
@@ -300,6 +527,7 @@ class EpisodicActor(_PersistentActor):
                 kind=message.kind,
                 at=message.at or self.runtime.clock.now(),
             )
+            self.after_write()
             return MemoryStored(self.key, int(episode_id))
         if isinstance(message, SearchMemory):
             hits = layer.search(
@@ -310,10 +538,101 @@ class EpisodicActor(_PersistentActor):
                 until=message.until,
             )
             return MemorySearchResult(self.key, message.task_run_id, tuple(hits))
+        if isinstance(message, ListEpisodes):
+            episodes = layer.timeline(
+                task_run_id=message.task_run_id,
+                since=message.since,
+                until=message.until,
+                limit=message.limit,
+                offset=message.offset,
+                newest_first=message.newest_first,
+            )
+            return EpisodeList(self.key, tuple(episodes))
+        if isinstance(message, GetEpisode):
+            return EpisodeItem(self.key, layer.get(message.episode_id))
+        if isinstance(message, DeleteEpisode):
+            return EpisodeDeleted(self.key, message.episode_id, bool(layer.delete(message.episode_id)))
+        if isinstance(message, ArchiveEpisodes):
+            Path(message.path).parent.mkdir(parents=True, exist_ok=True)
+            count = layer.archive(message.path, before=message.before, task_run_id=message.task_run_id)
+            return EpisodesArchived(self.key, message.path, int(count))
+        if isinstance(message, RestoreEpisodes):
+            count = layer.restore(message.path)
+            self.after_write()
+            return EpisodesRestored(self.key, message.path, int(count))
         if isinstance(message, CommitMemory):
             layer.commit()
             return MemoryCommitted(self.key)
         return super().handle(message)
+
+    def _record(self, episode: Any, archive: str | None) -> dict[str, Any]:
+        return {
+            "kind": "episode",
+            "agent": self.key,
+            "id": int(episode.id),
+            "uuid": episode.uuid,
+            "at": _iso(episode.at),
+            "episode_kind": episode.kind,
+            "title": episode.title,
+            "task_run_id": episode.task_run_id,
+            "tags": dict(episode.tags),
+            "content": episode.content,
+            "archive": archive,
+        }
+
+    def _export(self) -> list[dict[str, Any]]:
+        """Live episodes, then the episodes of every readable archive (named by file name)."""
+        from memstrata.layers._archive import ArchiveFile
+        from memstrata.layers._episodes import episode_from_row
+
+        layer = self.layer
+        out = [self._record(e, None) for e in layer.timeline(limit=None)]
+        status = layer.status() if callable(getattr(layer, "status", None)) else {}
+        for archive in status.get("archives", ()):
+            if not archive.get("available"):
+                continue
+            path = Path(str(archive["path"]))
+            opened = ArchiveFile(path, verify=False)
+            try:
+                rows = opened.rows()
+            finally:
+                opened.close()
+            gone = layer.deleted_uuids([str(r[1]) for r in rows])  # deleted for good since
+            out += [
+                self._record(episode_from_row(r, path.name), path.name) for r in rows if str(r[1]) not in gone
+            ]
+        return out
+
+    def _import(self, records: Sequence[dict[str, Any]]) -> int:
+        """Live episodes with their uuid and time; those already present (same uuid) and
+        archived ones (restore their archive file instead) are skipped."""
+        layer = self.layer
+        present = {e.uuid for e in layer.timeline(limit=None)}
+        saved = getattr(layer, "new_uuid", None)
+        added = 0
+        try:
+            for record in sorted(records, key=lambda r: (str(r.get("at")), int(r.get("id", 0)))):
+                uuid = str(record.get("uuid") or "")
+                if record.get("archive") or (uuid and uuid in present):
+                    continue
+                self._check_size(str(record["content"]), "episode content")
+                if uuid and saved is not None:
+                    layer.new_uuid = lambda uuid=uuid: uuid
+                layer.record(
+                    record["content"],
+                    title=record.get("title"),
+                    task_run_id=record.get("task_run_id"),
+                    tags=record.get("tags") or None,
+                    kind=record.get("episode_kind", "note"),
+                    at=datetime.fromisoformat(str(record["at"])),
+                )
+                present.add(uuid)
+                added += 1
+        finally:
+            if saved is not None:
+                layer.new_uuid = saved
+        self.after_write()
+        return added
 
 
 class WorkingMemoryActor(MemoryActor):
@@ -329,18 +648,37 @@ class WorkingMemoryActor(MemoryActor):
         )
 
     def close_layer(self, layer: Any) -> None:
-        layer.clear()
+        layer.clear_all()
 
     def handle(self, message: Any) -> Any:
         layer = self.layer
+        if isinstance(message, ExportRecords):
+            return self._export()
+        if isinstance(message, ImportRecords):
+            for record in message.records:
+                layer.set(
+                    record["key"],
+                    record["value"],
+                    ttl_s=record.get("expires_in_s"),
+                    task_id=record.get("task_id"),
+                )
+            return len(message.records)
         if isinstance(message, SetWorkingMemory):
-            layer.set(message.key, message.value, ttl_s=message.ttl_s)
-            return WorkingMemoryValue(self.key, message.key, layer.get(message.key), True)
+            task = message.task_id or None
+            layer.set(message.key, message.value, ttl_s=message.ttl_s, task_id=task)
+            value = layer.get(message.key, task_id=task)
+            return WorkingMemoryValue(self.key, message.key, value, True, task)
         if isinstance(message, GetWorkingMemory):
-            found = layer.contains(message.key)
-            return WorkingMemoryValue(self.key, message.key, layer.get(message.key) if found else None, found)
+            task = message.task_id or None
+            found = layer.contains(message.key, task_id=task)
+            value = layer.get(message.key, task_id=task) if found else None
+            return WorkingMemoryValue(self.key, message.key, value, found, task)
         if isinstance(message, ClearWorkingMemory):
-            removed = layer.clear() if message.key is None else int(layer.delete(message.key))
+            task = message.task_id or None
+            if message.key is None:
+                removed = layer.clear(task_id=task)
+            else:
+                removed = int(layer.delete(message.key, task_id=task))
             return WorkingMemoryCleared(self.key, removed)
         return super().handle(message)
 
@@ -349,3 +687,19 @@ class WorkingMemoryActor(MemoryActor):
         if self.layer is not None:
             base["count"] = len(self.layer)
         return base
+
+    def _export(self) -> list[dict[str, Any]]:
+        """Live keys with their values and, for those that expire, the seconds left."""
+        out = []
+        for item in self.layer.entries():
+            record = {
+                "kind": "working",
+                "agent": self.key,
+                "key": item.key,
+                "value": item.value,
+                "expires_in_s": item.expires_in_s,
+            }
+            if item.task_id is not None:  # a task's space (the agent-wide space has no field)
+                record["task_id"] = item.task_id
+            out.append(record)
+        return out

@@ -24,10 +24,12 @@ from ._agent import AgentActor
 from ._base import MemoryActor
 from ._blackboard import BlackboardActor
 from ._stores import EpisodicActor, KnowledgeStoreActor, WorkingMemoryActor
+from ._workspace import CodebaseActor, WorkspaceActor
 
 __all__ = [
     "AgentSupervisor",
     "BlackboardSupervisor",
+    "FilesSupervisor",
     "KnowledgeSupervisor",
     "MemorySupervisor",
     "Supervisor",
@@ -117,7 +119,9 @@ class Supervisor(pykka.ThreadingActor):
 
 def _owner_of(key: tuple[str, str]) -> str:
     kind, name = key
-    return f"session:{name}" if kind == "blackboard" else name
+    if kind == "blackboard":
+        return f"session:{name}"
+    return f"codebase:{name}" if kind == "codebase" else name
 
 
 class KnowledgeSupervisor(Supervisor):
@@ -145,3 +149,12 @@ class AgentSupervisor(Supervisor):
     """Parent of every ``AgentActor`` (one per agent)."""
 
     child_kinds: ClassVar[dict[str, type[MemoryActor]]] = {"agent": AgentActor}
+
+
+class FilesSupervisor(Supervisor):
+    """Parent of every ``WorkspaceActor`` (one per agent with a workspace) and ``CodebaseActor``."""
+
+    child_kinds: ClassVar[dict[str, type[MemoryActor]]] = {
+        "workspace": WorkspaceActor,
+        "codebase": CodebaseActor,
+    }

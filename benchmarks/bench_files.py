@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from _harness import Context, Row
-from memstrata.layers._chunking import chunk_file, model_token_counter
+from memstrata.layers._chunk import model_token_counter
+from memstrata.layers._chunk_file import chunk_embedding_text, chunk_file, language_for
 
 from memstrata import Codebase, Config
 
@@ -170,7 +171,8 @@ def _chunk_texts(root: Path, embedder: object, config: Config) -> list[str]:
             overlap=config.chunking.overlap,
             count=counter,
         )
-        texts.extend(c.text for c in chunks)
+        language = language_for(rel)
+        texts.extend(chunk_embedding_text(rel, language, c) for c in chunks)  # what indexing embeds
     return texts
 
 

@@ -8,12 +8,12 @@ failing a response that was already computed.
 from __future__ import annotations
 
 import dataclasses
-import datetime as _dt
 from collections.abc import Mapping
 from pathlib import PurePath
 from typing import Any
 
 import orjson
+from memstrata.core.jsonable import to_jsonable
 
 __all__ = ["MAX_DEPTH", "dumps", "json_depth", "loads", "to_jsonable"]
 
@@ -76,18 +76,3 @@ def json_depth(value: Any, limit: int = MAX_DEPTH) -> int:
             return deepest
         stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
     return deepest
-
-
-def to_jsonable(value: Any) -> Any:
-    """Plain JSON types for values that leave through a bridge (datetimes as ISO 8601 strings)."""
-    if isinstance(value, _dt.datetime | _dt.date):
-        return value.isoformat()
-    if isinstance(value, PurePath):
-        return str(value)
-    if isinstance(value, Mapping):
-        return {str(k): to_jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple | set | frozenset):
-        return [to_jsonable(v) for v in value]
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    return value

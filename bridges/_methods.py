@@ -1,272 +1,128 @@
-"""The methods ``memstrata serve`` offers: params schemas, lanes and calls into the facade.
+"""The methods ``memstrata serve`` offers: one per operation of the registry, plus ``rpc.discover``.
 
 Params are named as in the Python API, plus ``agent_id`` (agent methods) and ``session_id``
-(blackboard methods). Optional params that are left out take the Python API's defaults.
+(blackboard methods). Optional params that are left out (or null) take the Python API's defaults.
+``rpc.discover`` answers an OpenRPC 1.x document generated from the same registry, and
+:func:`method_table` renders the table docs/bridges.md shows (a test keeps them equal).
 """
 
 from __future__ import annotations
 
-import datetime as dt
+import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from memstrata.errors import InvalidInputError
-
-from . import _convert
-from ._server import Method
+from ._operation import Operation
+from ._operations import OPERATIONS, Context, parse_time
+from ._server import ErrorCode, Method, current_connection
 
 if TYPE_CHECKING:
     from memstrata._workspaces import Workspaces
 
-__all__ = ["build_methods", "parse_time"]
+__all__ = ["OPENRPC_VERSION", "build_methods", "method_table", "openrpc_document", "parse_time"]
 
-_ID = {"type": "string", "minLength": 1, "maxLength": 256}
-_TEXT = {"type": "string"}
-_TAGS = {"type": "object", "additionalProperties": {"type": "string"}}
-_COUNT = {"type": "integer", "minimum": 1}
-_SCORE = {"type": "number", "minimum": 0, "maximum": 1}
-_TIME = {"type": "string", "minLength": 1, "maxLength": 64, "description": "ISO 8601 with a time zone"}
+OPENRPC_VERSION = "1.3.2"
 
-
-def _obj(required: dict[str, Any], optional: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": {**required, **(optional or {})},
-        "required": list(required),
-        "additionalProperties": False,
-    }
-
-
-def _pick(params: dict[str, Any], *names: str) -> dict[str, Any]:
-    """The optional params that were given (the rest keep the Python API's defaults)."""
-    return {name: params[name] for name in names if name in params}
-
-
-def parse_time(value: str, name: str) -> dt.datetime:
-    text = value.strip()
-    if text.endswith(("z", "Z")):
-        text = text[:-1] + "+00:00"
-    try:
-        parsed = dt.datetime.fromisoformat(text)
-    except ValueError as exc:
-        raise InvalidInputError(f"{name} must be an ISO 8601 date-time, got {value[:64]!r}") from exc
-    if parsed.tzinfo is None:
-        raise InvalidInputError(f"{name} must include a time zone (e.g. 2024-05-01T12:00:00Z), got {value!r}")
-    return parsed
-
-
-def _times(params: dict[str, Any], *names: str) -> dict[str, Any]:
-    return {name: parse_time(params[name], name) for name in names if name in params}
-
-
-def _agent_lane(params: dict[str, Any]) -> str:
-    return f"agent:{params['agent_id']}"
-
-
-def _session_lane(params: dict[str, Any]) -> str:
-    return f"session:{params['session_id']}"
-
-
-def _files_lane(params: dict[str, Any]) -> str:
-    return "files"
+_ERRORS = (
+    (ErrorCode.PARSE_ERROR, "Parse error: the line is not JSON (or not UTF-8)."),
+    (
+        ErrorCode.INVALID_REQUEST,
+        "Invalid request: not a request, bad id or jsonrpc, too long, too deep, empty batch.",
+    ),
+    (ErrorCode.METHOD_NOT_FOUND, "Method not found."),
+    (ErrorCode.INVALID_PARAMS, "Invalid params: wrong, missing or unknown params, or an invalid value."),
+    (ErrorCode.INTERNAL_ERROR, "Internal error: a bug (details on stderr with --debug)."),
+    (ErrorCode.RUNTIME_ERROR, "memstrata failed (storage, embedding, ...)."),
+    (ErrorCode.BUSY, "The database stayed locked by another process: retry later."),
+    (ErrorCode.STOPPED, "The memory system is stopping or stopped."),
+)
 
 
 def build_methods(
     system: Any, workspaces: Workspaces, *, extra_status: Callable[[], Any] | None = None
 ) -> dict[str, Method]:
     """The method table for a running system and workspace registry."""
+    context = Context(system, workspaces, extra_status)
+    methods = {
+        op.name: Method(op.name, op.params_schema(), _runner(op, context), op.lane, op.summary)
+        for op in OPERATIONS
+    }
+    document = openrpc_document()
+    methods["rpc.discover"] = Method(
+        "rpc.discover",
+        {"type": "object", "properties": {}, "additionalProperties": False},
+        lambda _params: document,
+        description="This server's OpenRPC document: every method, its params and result.",
+    )
+    return methods
 
-    def agent(params: dict[str, Any]) -> Any:
-        return system.agent(params["agent_id"])
 
-    def board(params: dict[str, Any]) -> Any:
-        return system.blackboard(params["session_id"])
+def _runner(op: Operation, context: Context) -> Callable[[dict[str, Any]], Any]:
+    """Run ``op`` with the connection of the request being served (for pushed notifications)."""
 
-    def store_knowledge(p: dict[str, Any]) -> Any:
-        ident = agent(p).store_knowledge(p["content"], **_pick(p, "category", "tags", "scope", "shared"))
-        return {"id": ident}
+    def run(params: dict[str, Any]) -> Any:
+        connection = current_connection()
+        ctx = context if connection is None else dataclasses.replace(context, connection=connection)
+        return op.run(ctx, params)
 
-    def query_knowledge(p: dict[str, Any]) -> Any:
-        options = _pick(p, "category", "top_k", "tags", "scope", "mode", "min_score", "include_shared")
-        return [_convert.knowledge_hit(h) for h in agent(p).query_knowledge(p["query"], **options)]
+    return run
 
-    def remember(p: dict[str, Any]) -> Any:
-        options = {**_pick(p, "title", "task_run_id", "tags", "kind"), **_times(p, "at")}
-        return {"id": agent(p).remember(p["content"], **options)}
 
-    def recall(p: dict[str, Any]) -> Any:
-        options = {**_pick(p, "top_k", "task_run_id"), **_times(p, "since", "until")}
-        return [_convert.episode_hit(h) for h in agent(p).recall(p["query"], **options)]
+def openrpc_document() -> dict[str, Any]:
+    """An OpenRPC 1.x document of every operation, generated from the registry."""
+    from memstrata import __version__
 
-    def begin_task(p: dict[str, Any]) -> Any:
-        return _convert.task_prompt(agent(p).begin_task(p["task_id"], p["description"]))
+    return {
+        "openrpc": OPENRPC_VERSION,
+        "info": {
+            "title": "memstrata",
+            "version": __version__,
+            "description": "Memory for multi-agent systems, as JSON-RPC 2.0 over newline-delimited JSON "
+            "(stdin/stdout or a local socket). Blackboard subscriptions push 'signal' notifications.",
+        },
+        "methods": [_method_document(op) for op in OPERATIONS],
+        "components": {"errors": {code.name: {"code": int(code), "message": text} for code, text in _ERRORS}},
+    }
 
-    def complete_task(p: dict[str, Any]) -> Any:
-        queued = agent(p).complete_task(p["task_id"], p["summary"])
-        return {"task_id": p["task_id"], "queued": True, "outbox_id": getattr(queued, "outbox_id", None)}
 
-    def fail_task(p: dict[str, Any]) -> Any:
-        queued = agent(p).fail_task(p["task_id"], p["reason"])
-        return {"task_id": p["task_id"], "queued": True, "outbox_id": getattr(queued, "outbox_id", None)}
+def _method_document(op: Operation) -> dict[str, Any]:
+    return {
+        "name": op.name,
+        "summary": op.summary,
+        "tags": [{"name": op.group}],
+        "paramStructure": "by-name",
+        "params": [
+            {
+                "name": p.name,
+                "description": p.description,
+                "required": p.required,
+                "schema": dict(p.schema),
+            }
+            for p in op.params
+        ],
+        "result": {"name": f"{op.name}_result", "schema": dict(op.result)},
+        "x-memstrata": {
+            "group": op.group,
+            "read_only": op.read_only,
+            "destructive": op.destructive,
+            "idempotent": op.idempotent,
+            "push": op.push,
+        },
+    }
 
-    def publish(p: dict[str, Any]) -> Any:
-        version = board(p).publish(p["key"], p["value"], p.get("publisher"), wait=True)
-        return {"key": p["key"], "version": version}
 
-    def get_signal(p: dict[str, Any]) -> Any:
-        signal = board(p).signal(p["key"])
-        return {
-            "key": p["key"],
-            "value": signal.value,
-            "found": signal.found,
-            "publisher": signal.publisher_id,
-            "version": signal.version,
-            "updated_at": _convert.plain(signal.updated_at),
-        }
-
-    def list_signals(p: dict[str, Any]) -> Any:
-        return list(board(p).list(p.get("prefix")))
-
-    def search_files(p: dict[str, Any]) -> Any:
-        hits = workspaces.search(p["query"], **_pick(p, "root", "max_results", "min_score", "language"))
-        return [h.as_dict() for h in hits]
-
-    def get_file(p: dict[str, Any]) -> Any:
-        return workspaces.get(p["path"], **_pick(p, "root", "from_line", "lines")).as_dict()
-
-    def index(p: dict[str, Any]) -> Any:
-        ws, stats = workspaces.index(p["path"], **_pick(p, "kind"))
-        return {"root": str(ws.root), "kind": ws.kind, "stats": _convert.plain(stats)}
-
-    def status(p: dict[str, Any]) -> Any:
-        out = {"system": _convert.plain(system.status()), "workspaces": workspaces.status()}
-        if extra_status is not None:
-            out["server"] = extra_status()
-        return out
-
-    agent_id = {"agent_id": _ID}
-    session_id = {"session_id": _ID}
-    table = [
-        Method(
-            "store_knowledge",
-            _obj(
-                {**agent_id, "content": _TEXT},
-                {"category": _TEXT, "tags": _TAGS, "scope": _TEXT, "shared": {"type": "boolean"}},
-            ),
-            store_knowledge,
-            _agent_lane,
-            "Store long-term knowledge; returns {id}.",
-        ),
-        Method(
-            "query_knowledge",
-            _obj(
-                {**agent_id, "query": _TEXT},
-                {
-                    "category": _TEXT,
-                    "top_k": _COUNT,
-                    "tags": _TAGS,
-                    "scope": _TEXT,
-                    "mode": {"type": "string", "enum": ["hybrid", "vector", "keyword"]},
-                    "min_score": _SCORE,
-                    "include_shared": {"type": "boolean"},
-                },
-            ),
-            query_knowledge,
-            _agent_lane,
-            "Hybrid search of long-term knowledge; returns hits, best first.",
-        ),
-        Method(
-            "remember",
-            _obj(
-                {**agent_id, "content": _TEXT},
-                {"title": _TEXT, "task_run_id": _TEXT, "tags": _TAGS, "kind": _TEXT, "at": _TIME},
-            ),
-            remember,
-            _agent_lane,
-            "Record an episode; returns {id}.",
-        ),
-        Method(
-            "recall",
-            _obj(
-                {**agent_id, "query": _TEXT},
-                {"top_k": _COUNT, "task_run_id": _TEXT, "since": _TIME, "until": _TIME},
-            ),
-            recall,
-            _agent_lane,
-            "Search episodic memory; returns hits, best first.",
-        ),
-        Method(
-            "begin_task",
-            _obj({**agent_id, "task_id": _TEXT, "description": _TEXT}),
-            begin_task,
-            _agent_lane,
-            "Pre-task retrieval; returns the prompt {text, fallback, reason, hits}.",
-        ),
-        Method(
-            "complete_task",
-            _obj({**agent_id, "task_id": _TEXT, "summary": _TEXT}),
-            complete_task,
-            _agent_lane,
-            "Write back a success (durable once answered).",
-        ),
-        Method(
-            "fail_task",
-            _obj({**agent_id, "task_id": _TEXT, "reason": _TEXT}),
-            fail_task,
-            _agent_lane,
-            "Write back a failure as a pitfall (durable once answered).",
-        ),
-        Method(
-            "publish",
-            _obj({**session_id, "key": _TEXT, "value": {}}, {"publisher": _TEXT}),
-            publish,
-            _session_lane,
-            "Publish a blackboard signal (any JSON value).",
-        ),
-        Method(
-            "get_signal",
-            _obj({**session_id, "key": _TEXT}),
-            get_signal,
-            _session_lane,
-            "Read a blackboard signal; value is null when unset.",
-        ),
-        Method(
-            "list_signals",
-            _obj(session_id, {"prefix": _TEXT}),
-            list_signals,
-            _session_lane,
-            "The sorted keys of a session's blackboard (optionally under a prefix).",
-        ),
-        Method(
-            "search_files",
-            _obj(
-                {"query": _TEXT},
-                {"root": _TEXT, "max_results": _COUNT, "min_score": _SCORE, "language": _TEXT},
-            ),
-            search_files,
-            _files_lane,
-            "Search every indexed root (or one); hits with root, path and line range.",
-        ),
-        Method(
-            "get_file",
-            _obj({"path": _TEXT}, {"root": _TEXT, "from_line": _COUNT, "lines": _COUNT}),
-            get_file,
-            _files_lane,
-            "Read lines of an indexed file.",
-        ),
-        Method(
-            "index",
-            _obj({"path": _TEXT}, {"kind": {"type": "string", "enum": ["auto", "memory", "code"]}}),
-            index,
-            _files_lane,
-            "Index (or re-sync) a folder; returns its root, kind and sync stats.",
-        ),
-        Method(
-            "status",
-            _obj({}),
-            status,
-            lambda _p: None,
-            "Drivers, model, counts, sync state, degraded agents.",
-        ),
+def method_table() -> str:
+    """The Markdown table of methods for docs/bridges.md (kept equal to it by a test)."""
+    rows = [
+        "| Method | Params (* required) | Effect | What it does |",
+        "| --- | --- | --- | --- |",
     ]
-    return {m.name: m for m in table}
+    for op in OPERATIONS:
+        params = ", ".join(f"`{p.name}`{'*' if p.required else ''}" for p in op.params) or "-"
+        effect = "read-only" if op.read_only else ("destructive" if op.destructive else "writes")
+        if op.idempotent:
+            effect += ", idempotent"
+        summary = op.summary.replace("|", "\\|")
+        rows.append(f"| `{op.name}` | {params} | {effect} | {summary} |")
+    rows.append("| `rpc.discover` | - | read-only | This server's OpenRPC document. |")
+    return "\n".join(rows) + "\n"

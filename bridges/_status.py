@@ -82,7 +82,21 @@ def warnings(report: dict[str, Any]) -> list[str]:
     degraded = (report.get("system") or {}).get("degraded") or {}
     if degraded:
         out.append(f"degraded agents: {', '.join(sorted(map(str, degraded)))}")
+    model = _model_state(report)
+    if model.get("state") == "stuck":
+        out.append(
+            f"MODEL STUCK: {model.get('reason')}; writes wait for their vectors, searches use keywords"
+        )
+    elif model.get("state") == "faulty":
+        out.append(f"MODEL FAULTY since {model.get('since')}: {model.get('last_error')}; vectors are retried")
     return out
+
+
+def _model_state(report: dict[str, Any]) -> dict[str, Any]:
+    """The embedding model's state in ``system.status()``: ok / stuck / faulty (see BatchingEmbedder)."""
+    embedding = (report.get("system") or {}).get("embedding") or {}
+    state = embedding.get("state") if isinstance(embedding, dict) else None
+    return state if isinstance(state, dict) else {}
 
 
 def _scalar(value: Any) -> str:
@@ -140,7 +154,8 @@ def render(report: dict[str, Any]) -> list[str]:
     system = report.get("system") or {}
     embedding = system.get("embedding") or {}
     model = "none (keyword-only)" if embedding.get("keyword_only") else embedding.get("model")
-    out.append(f"model: {model}, dimension {embedding.get('dim') or '-'}")
+    state = _model_state(report).get("state")
+    out.append(f"model: {model}, dimension {embedding.get('dim') or '-'}" + (f", {state}" if state else ""))
     degraded = system.get("degraded") or {}
     out.append(f"degraded agents: {', '.join(sorted(degraded)) if degraded else 'none'}")
     workspaces = report.get("workspaces") or []

@@ -10,6 +10,7 @@ starts the actor system.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 import threading
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import IO, Any, NoReturn, TextIO
 
 import click
+from memstrata.core.constants import MAX_TOP_K, MODES
 
 from memstrata.errors import InvalidInputError, MemstrataError
 
@@ -216,8 +218,10 @@ def store(
 @click.option("--category", "-c", default=None, help="Only this category.")
 @_tag_option
 @click.option("--scope", default=None, help="Entries of this scope and its ancestors.")
-@click.option("--top-k", "-k", type=click.IntRange(1, 1000), default=None, help="How many hits (default 10).")
-@click.option("--mode", type=click.Choice(["hybrid", "vector", "keyword"]), default=None)
+@click.option(
+    "--top-k", "-k", type=click.IntRange(1, MAX_TOP_K), default=None, help="How many hits (default 10)."
+)
+@click.option("--mode", type=click.Choice(MODES), default=None)
 @click.option("--min-score", type=click.FloatRange(0, 1), default=None, help="Cosine floor (semantic side).")
 @_json_option
 @click.pass_context
@@ -239,8 +243,13 @@ def query(
     options = _given(
         category=category, tags=_tags(tags), scope=scope, top_k=top_k, mode=mode, min_score=min_score
     )
-    with _state(ctx).system() as system:
-        hits = [_convert.knowledge_hit(h) for h in system.agent(agent_id).query_knowledge(query, **options)]
+    state = _state(ctx)
+    hits: list[dict[str, Any]] = []
+    if state.store_exists("knowledge", agent_id) or state.store_exists("knowledge", "shared", shared=True):
+        with state.system() as system:
+            hits = [
+                _convert.knowledge_hit(h) for h in system.agent(agent_id).query_knowledge(query, **options)
+            ]
     _echo_hits(
         hits,
         as_json,
@@ -295,7 +304,7 @@ def _when(value: str | None, name: str) -> Any:
 @click.option("--task-run", "task_run_id", default=None, help="Only this task run.")
 @click.option("--since", default=None, help="ISO 8601 date-time with a time zone.")
 @click.option("--until", default=None, help="ISO 8601 date-time with a time zone.")
-@click.option("--top-k", "-k", type=click.IntRange(1, 1000), default=None)
+@click.option("--top-k", "-k", type=click.IntRange(1, MAX_TOP_K), default=None)
 @_json_option
 @click.pass_context
 def recall(
@@ -314,8 +323,11 @@ def recall(
     options = _given(
         task_run_id=task_run_id, since=_when(since, "since"), until=_when(until, "until"), top_k=top_k
     )
-    with _state(ctx).system() as system:
-        hits = [_convert.episode_hit(h) for h in system.agent(agent_id).recall(query, **options)]
+    state = _state(ctx)
+    hits: list[dict[str, Any]] = []
+    if state.store_exists("episodic", agent_id):
+        with state.system() as system:
+            hits = [_convert.episode_hit(h) for h in system.agent(agent_id).recall(query, **options)]
     _echo_hits(
         hits,
         as_json,
@@ -432,10 +444,16 @@ def search(
     as_json: bool,
 ) -> None:
     """Search every indexed root (memory files and source trees)."""
+    if not _state(ctx).has_workspaces():
+        raise MemstrataError("no memories indexed yet (run: memstrata index PATH)")
     with _state(ctx).workspaces() as registry:
         if not registry.roots():
             raise MemstrataError("no memories indexed yet (run: memstrata index PATH)")
         hits = registry.search(query, root=root, max_results=top_k, min_score=min_score)
+    for warning in getattr(hits, "warnings", ()):  # e.g. a root whose folder is gone: skipped
+        click.echo(f"warning: {warning}", err=True)
+    if not getattr(hits, "complete", True):
+        click.echo("warning: a sync was still running: some files were not searched yet", err=True)
     if as_json:
         _echo_json([h.as_dict() for h in hits])
         return
@@ -462,6 +480,8 @@ def get(ctx: click.Context, path: str, from_line: int, lines: int, root: Path | 
     from memstrata.errors import PathOutsideRootError
 
     local = root is None and not os.path.isabs(os.path.expanduser(path)) and os.path.lexists(path)
+    if not _state(ctx).has_workspaces():
+        raise MemstrataError("no memories indexed yet (run: memstrata index PATH)")
     with _state(ctx).workspaces() as registry:
         if not registry.roots():
             raise MemstrataError("no memories indexed yet (run: memstrata index PATH)")
@@ -534,7 +554,7 @@ def status(ctx: click.Context, verbose: bool, as_json: bool) -> None:
     from . import _status
 
     state = _state(ctx)
-    with state.system() as system, state.workspaces(system) as registry:
+    with state.system() as system, state.workspaces(system, create=False) as registry:
         report = _status.collect(system, registry, state.config)
     if as_json:
         _echo_json(report)
@@ -576,34 +596,55 @@ def _protocol_streams() -> Iterator[tuple[IO[bytes], IO[bytes]]]:
 @cli.command()
 @click.option("--workers", type=click.IntRange(1, 64), default=None, help="Thread pool size (default 4).")
 @click.option("--max-line-bytes", type=click.IntRange(min=1024), default=None, help="Longest request line.")
+@click.option(
+    "--listen",
+    metavar="ADDRESS",
+    default=None,
+    help="Serve many clients on a local socket instead of stdin/stdout: unix:PATH (created 0600) "
+    "or tcp:127.0.0.1:PORT (loopback only; port 0 picks one). The address is printed on stderr.",
+)
 @click.pass_context
-def serve(ctx: click.Context, workers: int | None, max_line_bytes: int | None) -> None:
-    """Serve JSON-lines requests on stdin/stdout (for orchestrators in any language)."""
+def serve(ctx: click.Context, workers: int | None, max_line_bytes: int | None, listen: str | None) -> None:
+    """Serve JSON-RPC 2.0, one message per line, on stdin/stdout or a local socket."""
     from ._methods import build_methods
-    from ._server import JsonLinesServer
+    from ._server import JsonLinesServer, open_listener
 
     state = _state(ctx)
     bridges = state.config.bridges
-    with state.system() as system, state.workspaces(system) as registry:
-        server: JsonLinesServer | None = None
+    listener = open_listener(listen) if listen is not None else None  # refuse a bad address first
+    try:
+        with state.system() as system, state.workspaces(system) as registry:
+            server: JsonLinesServer | None = None
 
-        def server_status() -> dict[str, Any]:
-            assert server is not None
-            return {
-                "workers": server.workers,
-                "max_line_bytes": server.max_line_bytes,
-                "requests": server.stats.requests,
-                "errors": server.stats.errors,
-            }
+            def server_status() -> dict[str, Any]:
+                assert server is not None
+                connections = server.connections
+                return {
+                    "workers": server.workers,
+                    "max_line_bytes": server.max_line_bytes,
+                    "requests": server.stats.requests,
+                    "errors": server.stats.errors,
+                    "notifications": server.stats.notifications,
+                    "listen": listener.address if listener is not None else "stdio",
+                    "connections": len(connections),
+                    "subscriptions": sum(len(c.subscriptions) for c in connections),
+                }
 
-        server = JsonLinesServer(
-            build_methods(system, registry, extra_status=server_status),
-            workers=workers or bridges.workers,
-            max_line_bytes=max_line_bytes or bridges.max_line_bytes,
-            debug=state.debug,
-        )
-        with _protocol_streams() as (reader, writer):
-            server.serve(reader, writer)
+            server = JsonLinesServer(
+                build_methods(system, registry, extra_status=server_status),
+                workers=workers or bridges.workers,
+                max_line_bytes=max_line_bytes or bridges.max_line_bytes,
+                debug=state.debug,
+            )
+            if listener is not None:
+                click.echo(f"{_PROG} serve: listening on {listener.address}", err=True)
+                server.serve_socket(listener)
+                return
+            with _protocol_streams() as (reader, writer):
+                server.serve(reader, writer)
+    finally:
+        if listener is not None:
+            listener.close()
 
 
 @cli.command()
@@ -631,6 +672,70 @@ def demo(ctx: click.Context) -> None:
     run_demo(state.config.data_dir, out=click.echo, config=state.config, embedder=state.embedder)
 
 
+@cli.command("export")
+@click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
+@_json_option
+@click.pass_context
+def export_cmd(ctx: click.Context, path: Path, as_json: bool) -> None:
+    """Write every memory (knowledge, episodes, working memory, blackboards) to PATH as sorted JSON lines."""
+    with _state(ctx).system() as system:
+        lines = system.export(path)
+    if as_json:
+        _echo_json({"path": str(path), "lines": lines})
+    else:
+        click.echo(f"exported {lines} lines to {path}")
+
+
+@cli.command("import")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@_json_option
+@click.pass_context
+def import_cmd(ctx: click.Context, path: Path, as_json: bool) -> None:
+    """Restore a file written by 'memstrata export' into the data dir."""
+    with _state(ctx).system() as system:
+        counts = system.import_(path)
+    if as_json:
+        _echo_json(counts)
+    else:
+        click.echo("imported " + ", ".join(f"{n} {kind}" for kind, n in counts.items()))
+
+
+class _OneLineLog(logging.Handler):
+    """memstrata's log records as one line each on stderr, each distinct line once per process.
+
+    Problems met while starting (a damaged store, write-backs that cannot be replayed) are logged
+    by the actors with their traceback; a command line shows what went wrong, not where, unless
+    ``--debug`` asks for the details.
+    """
+
+    def __init__(self, debug: bool) -> None:
+        super().__init__(logging.DEBUG if debug else logging.WARNING)
+        self.debug = debug
+        self._seen: set[str] = set()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = f"{_PROG}: {record.levelname.lower()}: {' '.join(record.getMessage().split())}"
+            if self.debug and record.exc_info:
+                line += "\n" + "".join(traceback.format_exception(*record.exc_info)).rstrip()
+            elif line in self._seen:
+                return
+            self._seen.add(line)
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
+        except Exception:
+            self.handleError(record)
+
+
+def _log_one_line(debug: bool) -> None:
+    """Route memstrata's log records through :class:`_OneLineLog` (this process only)."""
+    logger = logging.getLogger("memstrata")
+    logger.addHandler(_OneLineLog(debug))
+    logger.setLevel(logging.DEBUG if debug else logging.WARNING)
+    logger.propagate = False
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Console-script entry point."""
+    _log_one_line(_wants_debug(list(sys.argv[1:] if argv is None else argv)))
     cli.main(args=argv, prog_name=_PROG)

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ._blackboard import BlackboardState
     from ._episodic import Episode, EpisodeHit, EpisodicMemory
-    from ._files import Codebase, FileHit, MemoryFiles, SyncStats
+    from ._file_results import FileHit, SyncStats
+    from ._files import Codebase, MemoryFiles
     from ._knowledge import KnowledgeEntry, KnowledgeHit, KnowledgeStore
     from ._working import WorkingMemory
 
@@ -24,8 +25,8 @@ _LAZY = {
     "EpisodeHit": "._episodic",
     "MemoryFiles": "._files",
     "Codebase": "._files",
-    "FileHit": "._files",
-    "SyncStats": "._files",
+    "FileHit": "._file_results",
+    "SyncStats": "._file_results",
     "WorkingMemory": "._working",
     "BlackboardState": "._blackboard",
 }

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from memstrata.core.validation import check_category
 from memstrata.storage import Database, identifier_words, open_database
 
 from memstrata.errors import ArchiveError, MemstrataError
@@ -25,7 +26,6 @@ from memstrata.errors import ArchiveError, MemstrataError
 from ._episode_matrix import TimedMatrix
 from ._episodes import (
     EPISODE_COLUMNS,
-    check_kind,
     episodes_schema,
     load_tags,
     query_in,
@@ -273,7 +273,7 @@ class ArchiveFile:
                 and isinstance(tags, str)
             )
             if ok:
-                check_kind(kind)
+                check_category(kind, "kind")
                 load_tags(tags)
         except (MemstrataError, ValueError):
             ok = False

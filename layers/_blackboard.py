@@ -17,13 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from memstrata.core.validation import check_json_value, check_key, check_signal_key, check_signal_pattern
 from memstrata.storage import apply_migrations, open_database
-
-from memstrata.errors import InvalidInputError
 
 __all__ = ["BlackboardState", "SignalRecord"]
 
-_MAX_KEY_CHARS = 1024
 _SNAPSHOT_MIGRATIONS = [
     "CREATE TABLE signals ("
     " key TEXT PRIMARY KEY,"
@@ -54,34 +52,13 @@ class SignalRecord:
         return orjson.loads(self.data)
 
 
-def _check_key(key: object, what: str = "key") -> str:
-    if not isinstance(key, str) or not key or len(key) > _MAX_KEY_CHARS:
-        raise InvalidInputError(
-            f"blackboard {what} must be a non-empty string of at most {_MAX_KEY_CHARS} characters, "
-            f"got {key!r:.80}"
-        )
-    try:
-        key.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidInputError(f"blackboard {what} must not contain lone surrogates") from exc
-    return key
-
-
-def _encode(value: Any, key: str) -> bytes:
-    try:
-        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
-    except (TypeError, orjson.JSONEncodeError) as exc:
-        raise InvalidInputError(
-            f"blackboard value for {key!r} must be JSON-serialisable data: {exc}"
-        ) from exc
-
-
 class BlackboardState:
     """Values by key plus subscriptions to a key or to a prefix (a pattern ending in ``*``)."""
 
     def __init__(self, *, clock: Callable[[], _dt.datetime] = _utcnow) -> None:
         self._clock = clock
         self._values: dict[str, SignalRecord] = {}
+        self._deleted: dict[str, int] = {}  # last version of deleted keys, so versions keep growing
         self._exact: dict[str, set[int]] = {}
         self._prefixes: dict[int, str] = {}
         self._patterns: dict[int, str] = {}
@@ -93,29 +70,36 @@ class BlackboardState:
         self, key: str, value: Any, publisher_id: str | None = None
     ) -> tuple[SignalRecord, builtins.list[int]]:
         """Set ``key``; returns the new record and the subscription ids to notify (in order)."""
-        _check_key(key)
-        if "*" in key:
-            raise InvalidInputError(
-                f"blackboard key must not contain '*' (reserved for prefixes), got {key!r}"
-            )
+        check_signal_key(key, "blackboard key")
         if publisher_id is not None:
-            _check_key(publisher_id, "publisher id")
-        data = _encode(value, key)
+            check_key(publisher_id, "blackboard publisher id")
+        data = check_json_value(value, f"blackboard value for key {key!r}")
         previous = self._values.get(key)
-        record = SignalRecord(
-            key, data, publisher_id, (previous.version + 1) if previous else 1, self._clock()
-        )
+        last = previous.version if previous else self._deleted.pop(key, 0)
+        record = SignalRecord(key, data, publisher_id, last + 1, self._clock())
         self._values[key] = record
         return record, self.subscribers_of(key)
 
+    def delete(self, key: str) -> tuple[SignalRecord | None, builtins.list[int]]:
+        """Remove ``key``; returns the deletion as a record (value null, next version) and the
+        subscription ids to tell, or ``(None, [])`` when the key was not set. A later publish
+        continues the key's version count, so subscribers can order what they see."""
+        check_key(key, "blackboard key")
+        previous = self._values.pop(key, None)
+        if previous is None:
+            return None, []
+        record = SignalRecord(key, b"null", None, previous.version + 1, self._clock())
+        self._deleted[key] = record.version
+        return record, self.subscribers_of(key)
+
     def get(self, key: str) -> SignalRecord | None:
-        _check_key(key)
+        check_key(key, "blackboard key")
         return self._values.get(key)
 
     def list(self, prefix: str | None = None) -> builtins.list[str]:
         """Keys, sorted; only those starting with ``prefix`` when it is given."""
         if prefix:
-            _check_key(prefix, "prefix")
+            check_key(prefix, "blackboard prefix")
             return sorted(k for k in self._values if k.startswith(prefix))
         return sorted(self._values)
 
@@ -145,9 +129,7 @@ class BlackboardState:
         """``None`` for an exact key; the prefix (possibly ``""``) for ``prefix*``."""
         if pattern == "*":
             return ""
-        _check_key(pattern, "subscription pattern")
-        if "*" in pattern[:-1]:
-            raise InvalidInputError(f"'*' may only end a subscription pattern, got {pattern!r}")
+        check_signal_pattern(pattern, "blackboard subscription pattern")
         return pattern[:-1] if pattern.endswith("*") else None
 
     def unsubscribe(self, sub_id: int) -> bool:

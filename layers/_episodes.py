@@ -1,5 +1,5 @@
 """What live episodic stores and their archives share: the episode records, time handling,
-argument checks, the ``episodes`` table and keyword scoring over it.
+the ``episodes`` table and keyword scoring over it (argument checks: :mod:`memstrata.core.validation`).
 
 An archive file holds the same ``episodes`` table (and its full-text indexes) as a live store,
 so every query here runs unchanged against either.
@@ -14,40 +14,42 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
-from memstrata.storage import Database, KeywordQuery, fts_schema
-
-from memstrata.errors import InvalidInputError
+from memstrata.core.constants import EMBED_CHARS
+from memstrata.storage import FTS_TOKENIZER, Database, KeywordQuery, fts_schema
 
 __all__ = [
-    "EMBED_CHARS",
     "EPISODE_COLUMNS",
     "Episode",
     "EpisodeHit",
-    "check_aware",
-    "check_kind",
-    "check_optional_text",
-    "check_tags",
     "embed_text",
     "episode_from_row",
     "episodes_schema",
     "from_us",
+    "has_context",
     "keyword_lists",
+    "neighbouring_episodes",
     "query_in",
+    "refresh_context",
     "time_conditions",
     "to_us",
 ]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ONE_US = timedelta(microseconds=1)
-_KIND = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
-MAX_TITLE_CHARS = 1_000
-MAX_LABEL_CHARS = 256  # task-run ids, tag keys
-MAX_TAG_VALUE_CHARS = 4_096
-MAX_TAGS = 256
-# The models in use read a few hundred tokens; embedding megabytes of text only costs time.
-EMBED_CHARS = 8_192
 # content, title, identifier words: a title states what an episode was about
 BM25_WEIGHTS = (1.0, 1.5, 1.0)
+
+# Neighbouring episodes of the same task run (turns of one conversation), indexed as each
+# episode's context: a turn alone is a poor document ("Yes, last weekend!"), and the question
+# about it usually uses its neighbours' words. The context's BM25 counts with this weight.
+CONTEXT_TURNS = 2  # on each side
+CONTEXT_WEIGHT = 0.4
+CONTEXT_CHARS = 600  # of each neighbour
+CONTEXT_SCHEMA = (
+    f"CREATE VIRTUAL TABLE IF NOT EXISTS episodes_ctx USING fts5(context, tokenize='{FTS_TOKENIZER}')",
+    "CREATE TRIGGER IF NOT EXISTS episodes_ctx_ad AFTER DELETE ON episodes BEGIN "
+    "DELETE FROM episodes_ctx WHERE rowid = old.id; END",
+)
 
 EPISODE_COLUMNS = "id, uuid, at_us, kind, task_run_id, title, content, tags, recorded_us"
 
@@ -82,6 +84,9 @@ class EpisodeHit:
     similarity: float | None = None  # cosine similarity to the query, when vectors exist
     vector_rank: int | None = None
     keyword_rank: int | None = None
+    # conversation mode (``search(neighbours=n)``): the episodes of the same task run just
+    # before and after this one, in time order, so a turn is read with what it answers
+    neighbours: tuple[Episode, ...] = ()
 
     @property
     def source(self) -> str:
@@ -90,21 +95,6 @@ class EpisodeHit:
 
 
 # -- time ---------------------------------------------------------------------------------------
-
-
-def check_aware(value: object, name: str) -> datetime:
-    """``value`` as a timezone-aware datetime, or a one-line error naming ``name``."""
-    if not isinstance(value, datetime):
-        raise InvalidInputError(f"{name} must be a timezone-aware datetime, got {type(value).__name__}")
-    if value.tzinfo is None or value.utcoffset() is None:
-        raise InvalidInputError(
-            f"{name} must be timezone-aware (e.g. datetime.now(timezone.utc)); got naive {value.isoformat()}"
-        )
-    try:
-        value.astimezone(UTC)
-    except OverflowError as exc:
-        raise InvalidInputError(f"{name} is out of range in UTC: {value.isoformat()}") from exc
-    return value
 
 
 def to_us(value: datetime) -> int:
@@ -134,80 +124,18 @@ def time_conditions(
     return conds, params
 
 
-# -- argument checks ----------------------------------------------------------------------------
+def embed_text(title: str | None, content: str, at_us: int | None = None) -> str:
+    """The text whose vector represents an episode: its title, its content, then its date.
 
-
-def _valid_unicode(value: str, name: str) -> str:
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidInputError(
-            f"{name} is not valid Unicode text (lone surrogate at position {exc.start})"
-        ) from exc
-    return value
-
-
-def check_kind(value: object, name: str = "kind") -> str:
-    if not isinstance(value, str) or not _KIND.fullmatch(value):
-        raise InvalidInputError(
-            f"{name} must match [a-z0-9][a-z0-9_-]{{0,63}} (e.g. 'note', 'task-outcome'); got {value!r}"
-        )
-    return value
-
-
-def check_optional_text(value: object, name: str, max_chars: int) -> str | None:
-    """``None`` or a non-empty string of at most ``max_chars`` characters (``""`` counts as None)."""
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise InvalidInputError(f"{name} must be a string or None, got {type(value).__name__}")
-    if value == "":
-        return None
-    if len(value) > max_chars:
-        raise InvalidInputError(f"{name} is {len(value)} characters long; the limit is {max_chars}")
-    return _valid_unicode(value, name)
-
-
-def check_content(value: object, name: str, max_bytes: int) -> str:
-    if not isinstance(value, str):
-        raise InvalidInputError(f"{name} must be a string, got {type(value).__name__}")
-    if not value.strip():
-        raise InvalidInputError(f"{name} must not be empty")
-    size = len(_valid_unicode(value, name).encode("utf-8"))
-    if size > max_bytes:
-        raise InvalidInputError(
-            f"{name} is {size} bytes of UTF-8; the limit is {max_bytes} (max_content_bytes)"
-        )
-    return value
-
-
-def check_tags(value: object, name: str = "tags") -> dict[str, str]:
-    """``dict[str, str]``; a bare tag is a key with the value ``""``."""
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise InvalidInputError(f"{name} must be a mapping of strings to strings, got {type(value).__name__}")
-    if len(value) > MAX_TAGS:
-        raise InvalidInputError(f"{name} has {len(value)} entries; the limit is {MAX_TAGS}")
-    tags: dict[str, str] = {}
-    for key, item in value.items():
-        if not isinstance(key, str) or not key or len(key) > MAX_LABEL_CHARS:
-            raise InvalidInputError(
-                f"{name} keys must be non-empty strings of at most {MAX_LABEL_CHARS} characters, got {key!r}"
-            )
-        if not isinstance(item, str) or len(item) > MAX_TAG_VALUE_CHARS:
-            raise InvalidInputError(
-                f"{name}[{key!r}] must be a string of at most {MAX_TAG_VALUE_CHARS} characters, "
-                f"got {type(item).__name__}"
-            )
-        tags[_valid_unicode(key, f"{name} key")] = _valid_unicode(item, f"{name}[{key!r}]")
-    return dict(sorted(tags.items()))
-
-
-def embed_text(title: str | None, content: str) -> str:
-    """The text whose vector represents an episode: its title, then its content."""
+    The date lets a question about when something happened ("in May 2023") lean towards the
+    episodes of that time. It goes last: put first, it pulled the vectors of one day's turns
+    together and cost 0.024 of evidence recall@5 on conversations (``bench_quality``).
+    """
     text = f"{title}\n\n{content}" if title else content
-    return text[:EMBED_CHARS]
+    if at_us is None:
+        return text[:EMBED_CHARS]
+    day = from_us(at_us)
+    return f"{text[: EMBED_CHARS - 20]} ({day.day} {day:%B %Y})"
 
 
 # -- rows ---------------------------------------------------------------------------------------
@@ -303,7 +231,10 @@ def keyword_lists(
             f"JOIN episodes e ON e.id = episodes_fts.rowid WHERE episodes_fts MATCH ?{extra} "
             "ORDER BY s LIMIT ?"
         )
-        out.append([(int(i), -float(s), int(a)) for i, s, a in db.query(sql, (query.words, *params, limit))])
+        words = [(int(i), -float(s), int(a)) for i, s, a in db.query(sql, (query.words, *params, limit))]
+        if has_context(db):
+            words = _with_context(db, words, query.words, limit, extra, params)
+        out.append(words)
     if query.cjk:
         sql = (
             "SELECT e.id, bm25(episodes_tri) AS s, e.at_us FROM episodes_tri "
@@ -320,3 +251,99 @@ def keyword_lists(
         )
         out.append([(int(i), float(a), int(a)) for i, a in db.query(sql, (*like_params, *params, limit))])
     return out
+
+
+def _with_context(
+    db: Database, words: Scored, match: str, limit: int, extra: str, params: Sequence[Any]
+) -> Scored:
+    """The word list re-scored as ``bm25(own text) + CONTEXT_WEIGHT * bm25(neighbours)``."""
+    sql = (
+        "SELECT e.id, bm25(episodes_ctx) AS s, e.at_us FROM episodes_ctx "
+        f"JOIN episodes e ON e.id = episodes_ctx.rowid WHERE episodes_ctx MATCH ?{extra} "
+        "ORDER BY s LIMIT ?"
+    )
+    found = db.query(sql, (match, *params, limit))
+    if not found:
+        return words
+    score = {i: s for i, s, _ in words}
+    at = {i: a for i, _, a in words}
+    for i, s, a in found:
+        score[int(i)] = score.get(int(i), 0.0) - CONTEXT_WEIGHT * float(s)
+        at[int(i)] = int(a)
+    ranked = sorted(score, key=lambda i: (-score[i], i))[:limit]
+    return [(i, score[i], at[i]) for i in ranked]
+
+
+def has_context(db: Database) -> bool:
+    """Whether this store indexes neighbouring episodes (archives do not; a store without task
+    runs has none), so the context query is skipped where it cannot match."""
+    if db.scalar("SELECT 1 FROM sqlite_master WHERE name = 'episodes_ctx'") is None:
+        return False
+    return db.scalar("SELECT 1 FROM episodes_ctx LIMIT 1") is not None
+
+
+def refresh_context(db: Database, ids: Sequence[int]) -> None:
+    """Index the context of the episodes ``ids`` and of their neighbours, whose context now
+    holds them; run inside the transaction that inserted ``ids``."""
+    if not ids:
+        return
+    runs: dict[str, list[tuple[int, int]]] = {}
+    sql = "SELECT task_run_id, at_us, id FROM episodes WHERE task_run_id IS NOT NULL AND id IN"
+    for run, at_us, ident in query_in(db, sql, list(ids)):
+        runs.setdefault(str(run), []).append((int(at_us), int(ident)))
+    reach = 2 * CONTEXT_TURNS  # an affected neighbour needs its own neighbours
+    for run, keys in runs.items():
+        low, high = min(keys), max(keys)
+        before = db.query(
+            "SELECT at_us, id FROM episodes WHERE task_run_id = ? AND (at_us, id) < (?, ?) "
+            "ORDER BY at_us DESC, id DESC LIMIT ?",
+            (run, *low, reach),
+        )
+        after = db.query(
+            "SELECT at_us, id FROM episodes WHERE task_run_id = ? AND (at_us, id) > (?, ?) "
+            "ORDER BY at_us, id LIMIT ?",
+            (run, *high, reach),
+        )
+        start = tuple(before[-1]) if before else low
+        end = tuple(after[-1]) if after else high
+        rows = db.query(
+            "SELECT id, content FROM episodes WHERE task_run_id = ? AND (at_us, id) >= (?, ?) "
+            "AND (at_us, id) <= (?, ?) ORDER BY at_us, id",
+            (run, *start, *end),
+        )
+        fresh = {ident for _, ident in keys}
+        position = {int(r[0]): n for n, r in enumerate(rows)}
+        affected: set[int] = set()
+        for ident in fresh:
+            n = position[ident]
+            affected.update(range(max(0, n - CONTEXT_TURNS), min(len(rows), n + CONTEXT_TURNS + 1)))
+        texts = [str(r[1])[:CONTEXT_CHARS] for r in rows]
+        out = []
+        for n in sorted(affected):
+            near = texts[max(0, n - CONTEXT_TURNS) : n] + texts[n + 1 : n + CONTEXT_TURNS + 1]
+            out.append((int(rows[n][0]), "\n".join(near)))
+        query_in(db, "DELETE FROM episodes_ctx WHERE rowid IN", [i for i, _ in out])
+        db.executemany("INSERT INTO episodes_ctx(rowid, context) VALUES (?, ?)", [r for r in out if r[1]])
+
+
+MAX_NEIGHBOURS = 20
+
+
+def neighbouring_episodes(db: Database, episode: Episode, count: int) -> tuple[Episode, ...]:
+    """Up to ``count`` episodes of ``episode``'s task run on each side of it, in time order
+    (the episode itself included), or ``()`` for an episode outside any task run."""
+    if episode.task_run_id is None or count <= 0:
+        return ()
+    key = (episode.task_run_id, to_us(episode.at), episode.id)
+    before = db.query(
+        f"SELECT {EPISODE_COLUMNS} FROM episodes WHERE task_run_id = ? AND (at_us, id) < (?, ?) "
+        "ORDER BY at_us DESC, id DESC LIMIT ?",
+        (*key, count),
+    )
+    after = db.query(
+        f"SELECT {EPISODE_COLUMNS} FROM episodes WHERE task_run_id = ? AND (at_us, id) > (?, ?) "
+        "ORDER BY at_us, id LIMIT ?",
+        (*key, count),
+    )
+    near = [episode_from_row(r, episode.archive) for r in reversed(before)]
+    return (*near, episode, *(episode_from_row(r, episode.archive) for r in after))

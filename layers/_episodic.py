@@ -15,28 +15,42 @@ import math
 import os
 import uuid as uuidlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
+from memstrata.core.constants import EMBED_CHARS, MAX_TITLE_CHARS
+from memstrata.core.validation import (
+    check_aware,
+    check_category,
+    check_content,
+    check_optional_text,
+    check_tags,
+    check_task_id,
+    check_top_k,
+)
 from memstrata.storage import (
-    DEFAULT_RRF_K,
+    PLAIN_RRF_K,
     ConsistencyReport,
     Database,
     Embedder,
     EmbeddingCache,
+    FusedArrays,
     KeywordQuery,
     VectorIndex,
     apply_migrations,
+    best_score,
     build_keyword_query,
     check_consistency,
     default_embedder,
     embed_documents,
     embed_query,
     embedding_mismatch,
+    fuse,
+    fusion_weights,
     get_meta,
     identifier_words,
     load_embedder,
@@ -45,6 +59,7 @@ from memstrata.storage import (
     set_meta,
     validate_mode,
 )
+from memstrata.storage._migrations import refresh_keyword_terms
 
 from memstrata.config import Config
 from memstrata.errors import (
@@ -59,40 +74,44 @@ from memstrata.errors import (
 from ._archive import ARCHIVE_FORMAT, ARCHIVE_VERSION, ArchiveFile, describe_filter, write_archive
 from ._episode_matrix import Ranking, TimedMatrix
 from ._episodes import (
-    EMBED_CHARS,
+    CONTEXT_SCHEMA,
+    CONTEXT_TURNS,
     EPISODE_COLUMNS,
-    MAX_LABEL_CHARS,
-    MAX_TITLE_CHARS,
+    MAX_NEIGHBOURS,
     Episode,
     EpisodeHit,
-    check_aware,
-    check_content,
-    check_kind,
-    check_optional_text,
-    check_tags,
     dump_tags,
     embed_text,
     episode_from_row,
     episodes_schema,
     from_us,
+    has_context,
     keyword_lists,
     load_tags,
+    neighbouring_episodes,
     query_in,
+    refresh_context,
     time_conditions,
     to_us,
 )
 
-__all__ = ["DEFAULT", "Episode", "EpisodeHit", "EpisodicMemory"]
+__all__ = ["DEFAULT", "Episode", "EpisodeHit", "EpisodicMemory", "promotion_tags"]
+
+
+def promotion_tags(episode: Episode) -> dict[str, str]:
+    """The tags of a knowledge entry promoted from ``episode``: its own, plus ``episode_id`` and
+    ``task_run_id`` (``""`` when it had none), so the entry says where it came from."""
+    return {**episode.tags, "episode_id": str(episode.id), "task_run_id": episode.task_run_id or ""}
+
 
 log = logging.getLogger("memstrata.episodic")
 
 FloatArray = npt.NDArray[np.float32]
 MAX_DEPTH = 10_000  # deepest candidate lists recency decay may ask for
-MAX_TOP_K = 10_000
 BULK_DELETE_MIN = 500  # fewer vector deletes than this never rebuild the vector table
 _RECORD_KEYS = frozenset({"content", "title", "task_run_id", "tags", "kind", "at", "vector"})
 
-_MIGRATIONS = [
+_MIGRATIONS: list[str | Callable[[Database], None]] = [
     episodes_schema(archive=False)
     + """
     CREATE TABLE archives (
@@ -106,6 +125,21 @@ _MIGRATIONS = [
     );
     """,
 ]
+
+
+def _index_turn_context(db: Database) -> None:
+    """Migration 2: the neighbouring-episode context index, filled for existing task runs."""
+    for statement in CONTEXT_SCHEMA:
+        db.execute(statement)
+    ids = [int(r[0]) for r in db.query("SELECT id FROM episodes WHERE task_run_id IS NOT NULL ORDER BY id")]
+    for start in range(0, len(ids), 5000):
+        refresh_context(db, ids[start : start + 5000])
+
+
+_MIGRATIONS.append(_index_turn_context)
+# Migration 3: the uuids of deleted episodes, so an archive made before the deletion never
+# brings one back (search with archives drops it, restore skips it)
+_MIGRATIONS.append("CREATE TABLE deleted_episodes (uuid TEXT PRIMARY KEY, deleted_us INTEGER NOT NULL)")
 
 
 class _Default(enum.Enum):
@@ -165,6 +199,10 @@ class _Source:
 
 def _utc_now() -> datetime:
     return datetime.now(UTC)
+
+
+def _random_uuid() -> str:
+    return str(uuidlib.uuid4())
 
 
 def _positive_timedelta(value: object, name: str) -> timedelta:
@@ -229,6 +267,8 @@ class EpisodicMemory:
         self._last_error: str | None = None  # the embedder's last failure (episodes kept, vectors pending)
         self._pending_ids: set[int] = set()  # recorded here without a vector since the model failed
         self._closed = False
+        # the uuid of a new episode; a system sets a seeded source so simulations replay exactly
+        self.new_uuid: Callable[[], str] = _random_uuid
         with db.transaction():
             store_uuid = get_meta(db, "store_uuid")
             if store_uuid is None:
@@ -260,7 +300,7 @@ class EpisodicMemory:
         now) and dates new episodes and measures recency. The other arguments override
         ``config.episodic``; with ``archive_dir`` set, retention archives instead of deleting.
         """
-        config = Config() if config is None else config
+        config = Config.load() if config is None else config  # memstrata.toml and MEMSTRATA_*
         if not isinstance(config, Config):
             raise InvalidInputError(f"config must be a memstrata Config, got {type(config).__name__}")
         if clock is None:
@@ -311,6 +351,9 @@ class EpisodicMemory:
         db = open_database(target)
         try:
             apply_migrations(db, "episodic", _MIGRATIONS)
+            refresh_keyword_terms(
+                db, table="episodes", column="ident", source="coalesce(title, '') || ' ' || content"
+            )
             return cls(
                 db,
                 embedder=embedder,
@@ -358,16 +401,19 @@ class EpisodicMemory:
                     set_meta(db, "embedding_dim", embedder.dim)
         self.check()
 
-    def _embed(self, embedder: Embedder, titles_contents: Sequence[tuple[str | None, str]]) -> FloatArray:
-        return embed_documents(embedder, [embed_text(t, c) for t, c in titles_contents], self._cache)
+    def _embed(
+        self, embedder: Embedder, titles_contents: Sequence[tuple[str | None, str, int | None]]
+    ) -> FloatArray:
+        """Vectors of ``(title, content, at_us)`` episodes (the date is part of what is embedded)."""
+        return embed_documents(embedder, [embed_text(t, c, a) for t, c, a in titles_contents], self._cache)
 
     def _rebuild_vectors(self, embedder: Embedder) -> None:
         """Re-embed every episode for a new model; the old vectors stay until the new set is ready."""
         assert self._vectors is not None
         db = self._db
         old_model = get_meta(db, "embedding_model")
-        rows = db.query("SELECT id, title, content FROM episodes ORDER BY id")
-        vectors = self._embed(embedder, [(r[1], r[2]) for r in rows])
+        rows = db.query("SELECT id, title, content, at_us FROM episodes ORDER BY id")
+        vectors = self._embed(embedder, [(r[1], r[2], r[3]) for r in rows])
         with db.transaction():
             self._vectors.reset(embedder.dim)
             if rows:
@@ -406,6 +452,19 @@ class EpisodicMemory:
             self._matrix = None
         return report
 
+    def pending_vectors(self) -> int:
+        """Episodes recorded without a vector since the model failed (found by keywords meanwhile)."""
+        self._open_db()
+        return len(self._pending_ids) if self._embedder is not None and self._vectors is not None else 0
+
+    def catch_up_vectors(self) -> int:
+        """Embed pending episodes now (a bounded batch); returns how many are still pending. The
+        owner calls this again later while the model is faulty (the actors do, with backoff)."""
+        self._open_db()
+        if self._pending_ids:
+            self._embed_missing(sorted(self._pending_ids)[:1000])
+        return self.pending_vectors()
+
     def _embed_missing(self, ids: Sequence[int]) -> int:
         """Embed episodes that have no vector; returns how many got one (0 if the model fails)."""
         embedder, vectors = self._embedder, self._vectors
@@ -414,12 +473,12 @@ class EpisodicMemory:
         done = 0
         for start in range(0, len(ids), 1000):
             batch = ids[start : start + 1000]
-            rows = query_in(self._db, "SELECT id, title, content FROM episodes WHERE id IN", batch)
+            rows = query_in(self._db, "SELECT id, title, content, at_us FROM episodes WHERE id IN", batch)
             if not rows:
                 self._pending_ids.difference_update(batch)  # removed meanwhile: nothing to embed
                 continue
             try:
-                array = self._embed(embedder, [(r[1], r[2]) for r in rows])
+                array = self._embed(embedder, [(r[1], r[2], r[3]) for r in rows])
             except EmbeddingError as exc:
                 self._last_error = str(exc)
                 self._pending_ids.update(int(i) for i in ids[start:])
@@ -511,12 +570,12 @@ class EpisodicMemory:
         now = self._now() if now is None else now
         when = now if at is None else check_aware(at, f"{prefix}at")
         return _Item(
-            uuid=str(uuidlib.uuid4()),
+            uuid=self.new_uuid(),
             at_us=to_us(when),
-            kind=check_kind(kind, f"{prefix}kind"),
-            task_run_id=check_optional_text(task_run_id, f"{prefix}task_run_id", MAX_LABEL_CHARS),
-            title=check_optional_text(title, f"{prefix}title", MAX_TITLE_CHARS),
-            content=check_content(content, f"{prefix}content", self._config.max_content_bytes),
+            kind=check_category(kind, f"{prefix}kind"),
+            task_run_id=check_task_id(task_run_id, f"{prefix}task_run_id", optional=True),
+            title=check_optional_text(title, f"{prefix}title", max_chars=MAX_TITLE_CHARS),
+            content=check_content(content, f"{prefix}content", max_bytes=self._config.max_content_bytes),
             tags=dump_tags(check_tags(tags, f"{prefix}tags")),
             recorded_us=to_us(now),
             vector=self._checked_vector(vector, f"{prefix}vector"),
@@ -616,7 +675,9 @@ class EpisodicMemory:
             todo = [n for n, row in enumerate(rows) if row is None]  # the others came with a vector
             try:
                 if todo:
-                    computed = self._embed(embedder, [(items[n].title, items[n].content) for n in todo])
+                    computed = self._embed(
+                        embedder, [(items[n].title, items[n].content, items[n].at_us) for n in todo]
+                    )
                     for row, n in zip(computed, todo, strict=True):
                         rows[n] = row
                     embedded = True
@@ -632,6 +693,7 @@ class EpisodicMemory:
                 f"INSERT INTO episodes({EPISODE_COLUMNS}, ident) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [item.row(ident) for ident, item in zip(ids, items, strict=True)],
             )
+            refresh_context(db, ids)
             if vectors is not None and self._vectors is not None and self._vectors.available:
                 self._vectors.upsert_many(ids, vectors)
                 if self._matrix is not None:
@@ -651,6 +713,12 @@ class EpisodicMemory:
             raise InvalidInputError(f"episode_id must be an integer, got {episode_id!r}")
         row = db.execute(f"SELECT {EPISODE_COLUMNS} FROM episodes WHERE id = ?", (episode_id,)).fetchone()
         return None if row is None else episode_from_row(row)
+
+    def deleted_uuids(self, uuids: Iterable[str]) -> set[str]:
+        """Those of ``uuids`` whose episode was deleted (see :meth:`delete`)."""
+        db = self._open_db()
+        sql = "SELECT uuid FROM deleted_episodes WHERE uuid IN"
+        return {str(r[0]) for r in query_in(db, sql, list(uuids))}
 
     def count(self) -> int:
         """Live episodes (archived ones are not counted)."""
@@ -673,25 +741,78 @@ class EpisodicMemory:
         task_run_id: str | None = None,
         limit: int | None = 100,
         newest_first: bool = False,
+        offset: int = 0,
     ) -> list[Episode]:
         """Live episodes in time order, oldest first (``since`` inclusive, ``until`` exclusive).
 
         ``limit`` caps the count (``None``: all); ``newest_first=True`` returns the most recent
-        ones, newest first.
+        ones, newest first; ``offset`` skips that many first (pages of a long timeline).
         """
         db = self._open_db()
         since_us, until_us = self._bounds(since, until)
-        run = check_optional_text(task_run_id, "task_run_id", MAX_LABEL_CHARS)
+        run = check_task_id(task_run_id, "task_run_id", optional=True)
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
             raise InvalidInputError(f"limit must be a non-negative integer or None, got {limit!r}")
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise InvalidInputError(f"offset must be a non-negative integer, got {offset!r}")
         conds, params = time_conditions(since_us, until_us, run)
         where = " WHERE " + " AND ".join(conds) if conds else ""
         order = "DESC" if newest_first else "ASC"
         sql = f"SELECT {EPISODE_COLUMNS} FROM episodes e{where} ORDER BY e.at_us {order}, e.id {order}"
-        if limit is not None:
-            sql += " LIMIT ?"
-            params.append(limit)
+        if limit is not None or offset:
+            sql += " LIMIT ? OFFSET ?"
+            params += [-1 if limit is None else limit, offset]
         return [episode_from_row(r) for r in db.query(sql, params)]
+
+    def delete(self, episode_id: int) -> bool:
+        """Delete a live episode for good: its row, vector and full-text entries, and its words
+        in its neighbours' conversation context. True if it existed.
+
+        Its uuid is remembered: an archive file written before keeps its copy (archives never
+        change once written), but ``search(include_archives=True)`` drops that copy and
+        :meth:`restore` skips it, so no search and no archive brings it back.
+        """
+        db = self._open_db()
+        if isinstance(episode_id, bool) or not isinstance(episode_id, int):
+            raise InvalidInputError(f"episode_id must be an integer, got {episode_id!r}")
+        with db.transaction():
+            row = db.execute(
+                "SELECT task_run_id, at_us, uuid FROM episodes WHERE id = ?", (episode_id,)
+            ).fetchone()
+            if row is None:
+                return False
+            run, at_us, uuid = row
+            db.execute(
+                "INSERT OR REPLACE INTO deleted_episodes(uuid, deleted_us) VALUES (?, ?)",
+                (str(uuid), to_us(self._now())),
+            )
+            near: list[int] = []
+            if run is not None:  # the neighbours whose context held its text
+                near += [
+                    int(r[0])
+                    for r in db.query(
+                        "SELECT id FROM episodes WHERE task_run_id = ? AND (at_us, id) < (?, ?) "
+                        "ORDER BY at_us DESC, id DESC LIMIT ?",
+                        (run, at_us, episode_id, CONTEXT_TURNS),
+                    )
+                ]
+                near += [
+                    int(r[0])
+                    for r in db.query(
+                        "SELECT id FROM episodes WHERE task_run_id = ? AND (at_us, id) > (?, ?) "
+                        "ORDER BY at_us, id LIMIT ?",
+                        (run, at_us, episode_id, CONTEXT_TURNS),
+                    )
+                ]
+            db.on_rollback(self._drop_matrix)
+            db.execute("DELETE FROM episodes WHERE id = ?", (episode_id,))
+            self._delete_vectors([episode_id])
+            if self._matrix is not None:
+                self._matrix.remove([episode_id])
+            self._pending_ids.discard(episode_id)
+            if near and has_context(db):
+                refresh_context(db, near)
+        return True
 
     # -- search --------------------------------------------------------------------------------
 
@@ -706,21 +827,25 @@ class EpisodicMemory:
         mode: str = "hybrid",
         recency_half_life: timedelta | _Default | None = DEFAULT,
         include_archives: bool = False,
+        neighbours: int = 0,
     ) -> list[EpisodeHit]:
-        """Hybrid search, best first: vector and keyword lists fused by RRF.
+        """Hybrid search, best first: vector and keyword lists fused by weighted RRF
+        (``storage.fuse``); an episode's keyword side also counts the words of its neighbours
+        in the same task run, at a lower weight.
 
         Filters are exact: ``task_run_id`` equality, ``since`` inclusive, ``until`` exclusive.
         ``recency_half_life`` multiplies each fused score by ``0.5 ** (age / half_life)``
         (``None``: no decay; default: the store's setting). ``include_archives`` also searches
         the archives this store created; their hits have ``hit.source == "archive"``.
-        Any string is a valid query.
+        ``neighbours`` (conversation mode, for episodes that are turns of a dialogue) returns with
+        each hit the ``neighbours`` episodes of its task run before and after it
+        (``hit.neighbours``, in time order, the hit included). Any string is a valid query.
         """
         self._open_db()
         if not isinstance(query, str):
             raise InvalidInputError(f"query must be a string, got {type(query).__name__}")
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_TOP_K:
-            raise InvalidInputError(f"top_k must be an integer from 1 to {MAX_TOP_K}, got {top_k!r}")
-        run = check_optional_text(task_run_id, "task_run_id", MAX_LABEL_CHARS)
+        check_top_k(top_k)
+        run = check_task_id(task_run_id, "task_run_id", optional=True)
         since_us, until_us = self._bounds(since, until)
         mode = validate_mode(mode)
         if recency_half_life is DEFAULT:
@@ -731,6 +856,14 @@ class EpisodicMemory:
             half_life = _positive_timedelta(recency_half_life, "recency_half_life")
         if not isinstance(include_archives, bool):
             raise InvalidInputError(f"include_archives must be True or False, got {include_archives!r}")
+        if (
+            isinstance(neighbours, bool)
+            or not isinstance(neighbours, int)
+            or not 0 <= neighbours <= MAX_NEIGHBOURS
+        ):
+            raise InvalidInputError(
+                f"neighbours must be an integer from 0 to {MAX_NEIGHBOURS}, got {neighbours!r}"
+            )
         now_us = to_us(self._now()) if half_life is not None else 0
 
         if not query.strip():
@@ -759,7 +892,7 @@ class EpisodicMemory:
                     source.ranking = source.matrix.rank(
                         query_vector, since_us=since_us, until_us=until_us, task_run_id=run
                     )
-        return _Search(
+        hits = _Search(
             self,
             sources,
             query_vector,
@@ -769,6 +902,17 @@ class EpisodicMemory:
             half_life_us=None if half_life is None else half_life / timedelta(microseconds=1),
             now_us=now_us,
         ).run()
+        if neighbours:
+            databases = {s.label: s.db for s in sources}
+            hits = [
+                replace(
+                    h, neighbours=neighbouring_episodes(databases[h.episode.archive], h.episode, neighbours)
+                )
+                if h.episode.archive in databases
+                else h
+                for h in hits
+            ]
+        return hits
 
     def _archive_sources(self, since_us: int | None, until_us: int | None, vectors: bool) -> list[_Source]:
         sources = []
@@ -850,7 +994,7 @@ class EpisodicMemory:
         db = self._open_db()
         target = _path_arg(path, "path")
         before_us = None if before is None else to_us(check_aware(before, "before"))
-        run = check_optional_text(task_run_id, "task_run_id", MAX_LABEL_CHARS)
+        run = check_task_id(task_run_id, "task_run_id", optional=True)
         if not isinstance(remove, bool):
             raise InvalidInputError(f"remove must be True or False, got {remove!r}")
         conds, params = time_conditions(None, before_us, run)
@@ -937,7 +1081,7 @@ class EpisodicMemory:
                         int(remove),
                         rows[0][2],
                         rows[-1][2],
-                        to_us(_utc_now()),
+                        to_us(self._now()),
                     ),
                 )
                 if remove and self._matrix is not None:
@@ -968,6 +1112,7 @@ class EpisodicMemory:
             archive.close()
         uuids = [str(r[1]) for r in rows]
         live = {str(r[0]) for r in query_in(db, "SELECT uuid FROM episodes WHERE uuid IN", uuids)}
+        live |= self.deleted_uuids(uuids)  # deleted for good: never restored
         todo = []
         seen: set[str] = set()
         for row in rows:
@@ -1010,6 +1155,7 @@ class EpisodicMemory:
                 f"INSERT INTO episodes({EPISODE_COLUMNS}, ident) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [item.row(ident) for ident, item in zip(ids, items, strict=True)],
             )
+            refresh_context(db, ids)
             if vectors is not None and self._vectors is not None and self._vectors.available:
                 self._vectors.upsert_many(ids, vectors)
                 if self._matrix is not None:
@@ -1031,7 +1177,7 @@ class EpisodicMemory:
             return np.frombuffer(blob, dtype=np.float32).reshape(len(rows), current_dim).copy()
         if embedder is None:
             return None
-        return self._embed(embedder, [(r[5], r[6]) for r in rows])
+        return self._embed(embedder, [(r[5], r[6], r[2]) for r in rows])
 
     # -- promotion -----------------------------------------------------------------------------
 
@@ -1052,7 +1198,7 @@ class EpisodicMemory:
         if isinstance(episode_ids, str | bytes) or not isinstance(episode_ids, Iterable):
             raise InvalidInputError(f"episode_ids must be an iterable of integers, got {episode_ids!r}")
         ids = list(episode_ids)
-        check_kind(category, "category")
+        check_category(category, "category")
         add = getattr(knowledge_store, "add", None)
         if not callable(add):
             raise InvalidInputError(
@@ -1066,7 +1212,7 @@ class EpisodicMemory:
             episodes.append(episode)
         new_ids = []
         for episode in episodes:
-            tags = {**episode.tags, "episode_id": str(episode.id), "task_run_id": episode.task_run_id or ""}
+            tags = promotion_tags(episode)
             new_ids.append(knowledge_store.add(episode.content, category=category, tags=tags))
         return new_ids
 
@@ -1232,10 +1378,9 @@ class _Search:
         self.rrf_k = search.rrf_k
         self.use_vectors = query_vector is not None and any(s.ranking is not None for s in sources)
         self.use_keywords = not keywords.empty
-        if self.use_vectors and self.use_keywords:
-            self.weights = [search.vector_weight, search.keyword_weight]
-        else:
-            self.weights = [1.0] if (self.use_vectors or self.use_keywords) else []
+        self.weights = fusion_weights(
+            self.use_vectors, self.use_keywords, search.vector_weight, search.keyword_weight
+        )
         self.depth = max(search.depth, top_k)
         self.shadowed: dict[int, bool] = {}
         self.owner: dict[str, int] = {}
@@ -1245,7 +1390,7 @@ class _Search:
         if not self.weights:
             return []
         depth = self.depth
-        best = sum(self.weights) / (self.rrf_k + 1)
+        best = best_score(self.weights, self.rrf_k)
         newest_log_decay: float | None = None
         while True:
             full = depth > MAX_DEPTH
@@ -1259,7 +1404,7 @@ class _Search:
             if self.use_keywords:
                 lists.append(kkeys)
                 ats.append(kat)
-            fused = _fuse(lists, ats, self.weights, self.rrf_k)
+            fused = _Fused.of(fuse(lists, self.weights, self.rrf_k), ats)
             if self.half_life_us is None:
                 order = np.lexsort((fused.first, -fused.scores))
                 scores = fused.scores[order]
@@ -1374,7 +1519,7 @@ class _Search:
             subats.append(at)
         if len(subkeys) == 1:
             return subkeys[0], subats[0], more
-        fused = _fuse(subkeys, subats, [1.0] * len(subkeys), DEFAULT_RRF_K)
+        fused = _Fused.of(fuse(subkeys, [1.0] * len(subkeys), PLAIN_RRF_K), subats)
         order = np.lexsort((fused.first, -fused.scores))[:depth]
         return fused.keys[order], fused.at[order], more
 
@@ -1409,6 +1554,8 @@ class _Search:
             uuids = archive.uuids(unknown[index])
             sql = "SELECT uuid FROM episodes WHERE uuid IN"
             live = {str(r[0]) for r in query_in(self.sources[0].db, sql, list(uuids.values()))}
+            gone = "SELECT uuid FROM deleted_episodes WHERE uuid IN"  # deleted for good: never shown
+            live |= {str(r[0]) for r in query_in(self.sources[0].db, gone, list(uuids.values()))}
             for ident, uuid in uuids.items():
                 key = (index << _SHIFT) | ident
                 owner = self.owner.setdefault(uuid, key)
@@ -1462,31 +1609,16 @@ _MASK = (1 << _SHIFT) - 1
 
 @dataclass(slots=True)
 class _Fused:
+    """:func:`storage.fuse`'s result with each key's episode time (for recency decay)."""
+
     keys: _Keys  # distinct keys
-    scores: npt.NDArray[np.float64]  # RRF, normalised to 0..1
+    scores: npt.NDArray[np.float64]  # fused, normalised to 0..1
     first: _Ints  # first appearance across the lists (ties keep it)
     at: _Ints
     ranks: list[_Ints]  # 1-based rank in each list, 0 where absent
 
-
-def _fuse(lists: Sequence[_Keys], ats: Sequence[_Ints], weights: Sequence[float], k: int) -> _Fused:
-    """Reciprocal Rank Fusion of ranked key arrays, ``sum w / (k + rank)``, as in ``storage.rrf``."""
-    best = sum(w / (k + 1) for w in weights) or 1.0
-    every = np.concatenate(lists) if lists else np.zeros(0, dtype=np.int64)
-    contributions = np.concatenate(
-        [
-            w / (k + np.arange(1, len(keys) + 1, dtype=np.float64))
-            for keys, w in zip(lists, weights, strict=True)
-        ]
-    )
-    keys, first, inverse = np.unique(every, return_index=True, return_inverse=True)
-    scores = np.bincount(inverse, weights=contributions, minlength=len(keys)) / best
-    ranks = []
-    offset = 0
-    for items in lists:
-        rank = np.zeros(len(keys), dtype=np.int64)
-        rank[inverse[offset : offset + len(items)]] = np.arange(1, len(items) + 1)
-        ranks.append(rank)
-        offset += len(items)
-    at = np.concatenate(ats)[first] if len(every) else np.zeros(0, dtype=np.int64)
-    return _Fused(keys.astype(np.int64), scores, first.astype(np.int64), at.astype(np.int64), ranks)
+    @classmethod
+    def of(cls, fused: FusedArrays, ats: Sequence[_Ints]) -> _Fused:
+        every = np.concatenate(ats) if ats else np.zeros(0, dtype=np.int64)
+        at = every[fused.first] if len(every) else np.zeros(0, dtype=np.int64)
+        return cls(fused.keys, fused.scores, fused.first, at.astype(np.int64), fused.ranks)

@@ -21,7 +21,6 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar, Self
@@ -37,7 +36,9 @@ from memstrata.errors import (
     StorageError,
 )
 
-from ._chunking import split_lines
+from ._chunk import split_lines
+from ._file_results import FileHit, SyncStats
+from ._index_db import IndexDatabase, SearchRow
 from ._paths import (
     SkipFile,
     SourceRules,
@@ -46,10 +47,24 @@ from ._paths import (
     read_source,
     resolve_request,
 )
-from ._sync import Plan, SearchRow, Store, SyncResult, make_snippet
+from ._snippet import make_snippet
+from ._sync_plan import Plan, SyncResult
 from ._watch import Watcher
 
-__all__ = ["Codebase", "FileHit", "MemoryFiles", "SyncStats"]
+__all__ = ["Codebase", "FileHit", "FileHits", "MemoryFiles", "SyncStats"]
+
+
+class FileHits(list[FileHit]):
+    """Search hits, best first. ``complete`` is False when the sync before the search ran out of
+    its budget (``files.lazy_sync_wait_s``) or another sync was still running, so files not
+    indexed yet were not searched; ``warnings`` names what was skipped (e.g. a missing root)."""
+
+    def __init__(self, hits: Any = (), *, complete: bool = True, warnings: Any = ()) -> None:
+        super().__init__(hits)
+        self.complete = complete
+        self.warnings: list[str] = list(warnings)
+        self.degraded: str | None = None
+
 
 ProgressCallback = Callable[[int, int, str], None]
 _MAX_LINES = 100_000
@@ -60,61 +75,6 @@ _LANGUAGE_ALIASES = {
     "py": "python", "rs": "rust", "ts": "typescript", "tsx": "typescript", "js": "javascript",
     "jsx": "javascript", "cs": "csharp", "c#": "csharp", "md": "markdown", "yml": "yaml",
 }  # fmt: skip
-
-
-@dataclass(frozen=True, slots=True)
-class FileHit:
-    """One search result: a chunk of a file, its 1-based inclusive line range and a snippet."""
-
-    path: str  # relative to the root, with "/" separators
-    start_line: int
-    end_line: int
-    score: float  # fused rank score, 0..1
-    snippet: str  # at most ``search.snippet_chars`` characters, centred on the query's terms
-    match_type: str  # "semantic", "keyword" or "hybrid"
-    language: str | None = None
-    similarity: float | None = None  # cosine similarity with the query, when known
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True, slots=True)
-class SyncStats:
-    """What a sync did. ``skipped`` lists ``(path, reason)`` for source files not indexed."""
-
-    files_processed: int = 0  # files whose chunks were (re)built
-    files_unchanged: int = 0
-    files_deleted: int = 0
-    chunks_indexed: int = 0
-    chunks_deleted: int = 0  # chunks of changed, deleted or now-skipped files
-    chunks_purged: int = 0  # chunks rebuilt because the chunker or the model changed
-    files_skipped: int = 0
-    skipped: tuple[tuple[str, str], ...] = ()
-    chunks_embedded: int = 0  # texts sent to the model (the rest came from the cache)
-    complete: bool = True  # False when a bounded (lazy) sync left work for the next one
-    seconds: float = 0.0
-
-    @classmethod
-    def _from(cls, result: SyncResult) -> SyncStats:
-        return cls(
-            files_processed=result.files_processed,
-            files_unchanged=result.files_unchanged,
-            files_deleted=result.files_deleted,
-            chunks_indexed=result.chunks_indexed,
-            chunks_deleted=result.chunks_deleted,
-            chunks_purged=result.chunks_purged,
-            files_skipped=len(result.skipped),
-            skipped=tuple(result.skipped),
-            chunks_embedded=result.chunks_embedded,
-            complete=result.complete,
-            seconds=result.seconds,
-        )
-
-    def as_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["skipped"] = [list(s) for s in self.skipped]
-        return data
 
 
 def _slug(name: str) -> str:
@@ -173,7 +133,7 @@ class _FileIndex:
         self.config = config
         self._embedder = embedder
         self._embedder_error = embedder_error
-        self._store: Store | None = self._open_store()
+        self._store: IndexDatabase | None = self._open_store()
         self._sync_lock = threading.Lock()
         self._watcher: Watcher | None = None
         self._last_check = float("-inf")
@@ -198,7 +158,7 @@ class _FileIndex:
         works keyword-only and ``status()`` says why. ``db_path`` defaults to
         ``<data_dir>/files/<kind>-<name>-<hash of the resolved root>.sqlite``.
         """
-        config = config if config is not None else Config()
+        config = config if config is not None else Config.load()  # MEMSTRATA_*, memstrata.toml
         if not isinstance(config, Config):
             raise InvalidInputError(f"config must be a memstrata Config, got {type(config).__name__}")
         if not isinstance(root, str | os.PathLike) or not os.fspath(root):
@@ -228,8 +188,8 @@ class _FileIndex:
     def _rules(cls, root: Path, config: Config) -> SourceRules:
         raise NotImplementedError
 
-    def _open_store(self) -> Store:
-        return Store(
+    def _open_store(self) -> IndexDatabase:
+        return IndexDatabase(
             self.db_path,
             kind=self._schema_kind,
             root=self.root,
@@ -239,7 +199,7 @@ class _FileIndex:
         )
 
     @property
-    def store(self) -> Store:
+    def store(self) -> IndexDatabase:
         if self._store is None:
             raise StorageError(f"the {self._kind} index of {self.root} is closed")
         return self._store
@@ -264,18 +224,22 @@ class _FileIndex:
             self._last_sync_at = time.time()
         return stats
 
-    def _lazy_sync(self) -> None:
-        """Before a search: sync what changed, waiting at most ``files.lazy_sync_wait_s``."""
+    def _lazy_sync(self) -> bool:
+        """Before a search: sync what changed, waiting at most ``files.lazy_sync_wait_s``.
+        False when files may be left unindexed (the budget ran out, or a sync still runs)."""
         store = self.store
         now = time.monotonic()
         forced = self._watcher is not None and self._watcher.dirty
         cost = self._check_cost
         if not forced and cost >= _CHEAP_CHECK_S and now - self._last_check < cost * _CHECK_COST_FACTOR:
-            return  # a large tree: re-check at most once per 5x the time a check takes
+            # a large tree: re-check at most once per 5x the time a check takes
+            with self._stats_lock:
+                return self._last_stats is None or self._last_stats.complete
         wait = self.config.files.lazy_sync_wait_s
         deadline = now + wait
         if not self._sync_lock.acquire(timeout=wait):
-            return  # the watcher is syncing and takes longer: search what is indexed
+            return False  # the watcher is syncing and takes longer: search what is indexed
+        complete = True
         try:
             started = time.perf_counter()
             plan: Plan = store.plan()
@@ -283,6 +247,7 @@ class _FileIndex:
             if plan.dirty:
                 result = store.sync(plan=plan, deadline=deadline, newest_first=True)
                 self._record(result)
+                complete = bool(result.complete)
                 if result.complete and self._watcher is not None:
                     self._watcher.clear_dirty()
             self._lazy_error = None
@@ -292,19 +257,20 @@ class _FileIndex:
         finally:
             self._sync_lock.release()
             self._last_check = time.monotonic()
+        return complete
 
     # -- search --------------------------------------------------------------------------------
 
     def _search(
         self, query: object, top_k: int, min_score: float | None, mode: str, language: str | None
-    ) -> list[FileHit]:
+    ) -> FileHits:
         text = _check_query(query)
         if not text.strip():
-            return []
-        self._lazy_sync()
+            return FileHits()
+        complete = self._lazy_sync()
         rows = self.store.search(text, top_k=top_k, min_score=min_score, mode=mode, language=language)
         limit = self.config.search.snippet_chars
-        return [self._hit(row, text, limit) for row in rows]
+        return FileHits((self._hit(row, text, limit) for row in rows), complete=complete)
 
     def _hit(self, row: SearchRow, query: str, limit: int) -> FileHit:
         return FileHit(
@@ -329,9 +295,9 @@ class _FileIndex:
         """
         _check_int("from_line", from_line, 1, 2**31)
         _check_int("lines", lines, 1, _MAX_LINES)
-        rel, real = resolve_request(self.root, path, self.rules)
-        try:
-            data, _ = read_source(real, self.rules.max_bytes)
+        rel, target = resolve_request(self.root, path, self.rules)
+        try:  # checked above, read here through descriptors again: a swap in between only fails
+            data, _ = read_source(self.root, target, self.rules.max_bytes)
         except SkipFile as skip:
             raise InvalidInputError(f"path {rel!r} cannot be served: {skip.reason}") from None
         all_lines = split_lines(decode(data))
@@ -352,7 +318,7 @@ class _FileIndex:
         self.store  # noqa: B018 - raises when closed
         if self._watcher is not None:
             return
-        holder: dict[str, Store] = {}
+        holder: dict[str, IndexDatabase] = {}
 
         def run_sync(should_stop: Callable[[], bool]) -> SyncStats:
             store = holder.get("store")
@@ -475,7 +441,7 @@ class MemoryFiles(_FileIndex):
         max_results: int | None = None,
         min_score: float | None = None,
         mode: str = "hybrid",
-    ) -> list[FileHit]:
+    ) -> FileHits:
         """Best chunks for ``query`` (hybrid vector + keyword, fused with RRF), best first.
 
         ``min_score`` (default ``search.min_score``) is a cosine floor on the semantic side
@@ -518,7 +484,7 @@ class Codebase(_FileIndex):
         language: str | None = None,
         min_score: float | None = None,
         mode: str = "hybrid",
-    ) -> list[FileHit]:
+    ) -> FileHits:
         """Best chunks for ``query``, optionally only in one ``language`` (``"python"``,
         ``"rust"``, ...; extensions like ``"py"`` work too). ``min_score`` defaults to none:
         code embeds with lower similarities than prose, and ranks matter more than a floor."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -27,10 +27,26 @@ from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
+from memstrata.core.constants import EMBED_CHARS, MAX_LIST_LIMIT, SHARED
+from memstrata.core.validation import (
+    check_author,
+    check_category,
+    check_content,
+    check_int,
+    check_min_score,
+    check_row_id,
+    check_scope,
+    check_tags,
+    check_top_k,
+)
 from memstrata.storage import (
     APPROXIMATE_FROM,
+    DEFAULT_KEYWORD_WEIGHT,
+    DEFAULT_RRF_K,
+    DEFAULT_VECTOR_WEIGHT,
     FTS_TOKENIZER,
     MAX_QUERY_TERMS,
+    PLAIN_RRF_K,
     Database,
     Embedder,
     EmbeddingCache,
@@ -44,6 +60,7 @@ from memstrata.storage import (
     embed_documents,
     embed_query,
     embedding_mismatch,
+    fusion_weights,
     get_meta,
     identifier_words,
     keyword_terms,
@@ -56,22 +73,12 @@ from memstrata.storage import (
     text_hash,
     validate_mode,
 )
+from memstrata.storage._migrations import refresh_keyword_terms
 
 from memstrata.config import Config
 from memstrata.errors import EmbedderUnavailableError, EmbeddingError, InvalidInputError, StorageError
 
-from ._common import (
-    check_author,
-    check_category,
-    check_content,
-    check_id,
-    check_int,
-    check_min_score,
-    check_scope,
-    check_tags,
-    scope_ancestors,
-    scope_subtree_sql,
-)
+from ._common import scope_ancestors, scope_subtree_sql
 from ._knowledge_bm25 import Bm25Index
 
 __all__ = ["CATEGORIES", "KnowledgeEntry", "KnowledgeHit", "KnowledgeStore"]
@@ -80,11 +87,6 @@ FloatArray = npt.NDArray[np.float32]
 
 CATEGORIES: Final = ("outcome", "pitfall", "pattern", "codebase", "preference")
 ORDER_BY: Final = ("updated_at", "created_at", "id")
-MAX_TOP_K: Final = 1000
-MAX_LIST_LIMIT: Final = 10_000
-SHARED: Final = "shared"
-# Models read a few hundred tokens; tokenising megabytes would only cost time.
-EMBED_CHARS: Final = 8192
 _BATCH: Final = 1000  # rows per transaction in add_many and rebuilds
 _TABLE: Final = "knowledge"
 _FTS_COLUMNS: Final = ("content", "tag_text", "ident")
@@ -97,9 +99,9 @@ class SearchTuning:
     """How the two rankings are fused; defaults measured by ``benchmarks/bench_knowledge.py``."""
 
     depth: int = 50  # candidates taken from each ranking before fusion
-    rrf_k: int = 60
-    vector_weight: float = 1.0
-    keyword_weight: float = 1.0
+    rrf_k: int = DEFAULT_RRF_K  # PLAIN_RRF_K with equal weights: textbook RRF
+    vector_weight: float = DEFAULT_VECTOR_WEIGHT
+    keyword_weight: float = DEFAULT_KEYWORD_WEIGHT
     column_weights: tuple[float, float, float] = (1.0, 1.0, 1.0)  # bm25: content, tags, identifiers
     approximate_from: int | None = APPROXIMATE_FROM  # see VectorIndex
 
@@ -116,6 +118,9 @@ class KnowledgeEntry:
     author: str | None = None
     created_at: float = 0.0
     updated_at: float = 0.0
+    # which store holds it: an agent's id or "shared" (ids are per store, so id + store names
+    # one entry); None for a store opened on its own without an owner
+    store: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -132,6 +137,11 @@ class KnowledgeHit:
     vector_rank: int | None
     keyword_rank: int | None
     similarity: float | None
+
+    @property
+    def store(self) -> str | None:
+        """The store the entry is in (``entry.store``): merged own and shared hits stay apart."""
+        return self.entry.store
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -255,11 +265,16 @@ class KnowledgeStore:
         self._max_bytes = max_content_bytes
         self._tuning = tuning or SearchTuning()
         self._closed = False
+        # UNIX seconds for created_at/updated_at; a system sets it from its clock (simulations)
+        self.clock: Callable[[], float] = time.time
+        # the name entries carry as their ``store`` (an agent id or "shared"); a system sets it
+        self.owner: str | None = None
         self._last_error: str | None = None
         self._rebuild_needed = False
         self._seen_version = -1
         self._foreign_model: str | None = None  # another process rebuilt vectors with this model
         apply_migrations(db, "knowledge", MIGRATIONS)
+        refresh_keyword_terms(db, table=_TABLE, column="ident", source="content")
         self._cache = EmbeddingCache(db)
         self._bm25 = Bm25Index(db, f"{_TABLE}_fts", _FTS_COLUMNS, self._tuning.column_weights)
         self._vectors = self._open_vectors()
@@ -302,7 +317,7 @@ class KnowledgeStore:
         """
         if not isinstance(path, str | Path):
             raise InvalidInputError(f"path must be a str or Path, got {type(path).__name__}")
-        config = config or Config()
+        config = config or Config.load()  # memstrata.toml and MEMSTRATA_* apply
         reason: str | None = None
         if embedder is None:
             try:
@@ -568,7 +583,7 @@ class KnowledgeStore:
                 embedded_ok = False
             elif array is not None:
                 vectors.update(zip(keys, array, strict=True))
-        now = time.time()
+        now = self.clock()
         with self._db.transaction():
             existing = self._existing(batch)  # authoritative, under the write lock
             next_id = self._next_id()
@@ -674,7 +689,7 @@ class KnowledgeStore:
     def get(self, id: int) -> KnowledgeEntry | None:
         """The entry with this id, or ``None``."""
         self._check_open()
-        entries = self._load([check_id(id)])
+        entries = self._load([check_row_id(id)])
         return entries.get(id)
 
     def update(
@@ -689,9 +704,10 @@ class KnowledgeStore:
     ) -> KnowledgeEntry | None:
         """Change the given fields (``tags`` replaces all tags; ``None`` or ``{}`` clears them);
         re-embeds when the content changes. Returns the new entry, or ``None`` if ``id`` does not
-        exist. Raises ``ValueError`` if the change would duplicate another entry."""
+        exist. A change that would duplicate another entry (same content, category and scope)
+        raises ``InvalidInputError`` (a ``ValueError``) naming it, and changes nothing."""
         self._check_open()
-        entry_id = check_id(id)
+        entry_id = check_row_id(id)
         new_content = (
             None if isinstance(content, _Unset) else check_content(content, max_bytes=self._max_bytes)
         )
@@ -729,7 +745,7 @@ class KnowledgeStore:
             if self._db.scalar(f"SELECT 1 FROM {_TABLE} WHERE id = ?", (entry_id,)) is None:
                 return None
             sets = ["updated_at = ?", "category = ?", "scope = ?"]
-            params: list[Any] = [time.time(), final_category, final_scope]
+            params: list[Any] = [self.clock(), final_category, final_scope]
             tag_text = None if new_tags is None else _tag_text(new_tags)
             if content_changed:
                 sets += ["content = ?", "content_hash = ?", "ident = ?"]
@@ -790,7 +806,7 @@ class KnowledgeStore:
     def delete(self, id: int) -> bool:
         """Delete an entry: ``True`` if it existed, ``False`` otherwise."""
         self._check_open()
-        entry_id = check_id(id)
+        entry_id = check_row_id(id)
         with self._db.transaction():
             gone = self._db.execute(f"DELETE FROM {_TABLE} WHERE id = ?", (entry_id,)).rowcount > 0
             if gone:
@@ -833,6 +849,25 @@ class KnowledgeStore:
 
     def _pending_count(self) -> int:
         return int(self._db.scalar(f"SELECT count(*) FROM {_TABLE} WHERE vector_pending = 1"))
+
+    def pending_vectors(self) -> int:
+        """Entries whose vector is still to be computed (found by keywords meanwhile)."""
+        self._check_open()
+        return self._pending_count() if self._embedder is not None else 0
+
+    def catch_up_vectors(self) -> int:
+        """Compute pending vectors now (or finish a model change); returns how many are still
+        pending. A model fault leaves them pending and is recorded for :meth:`status`: the owner
+        calls this again later (the actors do, with backoff, in the same process)."""
+        self._check_open()
+        if self._embedder is None:
+            return 0
+        self._refresh_foreign()
+        if self._rebuild_needed:
+            self._try_rebuild()
+        elif self._vectors_writable():
+            self._embed_pending()
+        return self._pending_count()
 
     def _embed_pending(self) -> tuple[int, bool]:
         """Embed rows whose vector is pending; returns (vectors written, whether the model worked)."""
@@ -953,7 +988,7 @@ class KnowledgeStore:
             marks = ",".join("?" * len(chunk))
             rows.extend(self._db.query(f"SELECT {_ENTRY_COLUMNS} FROM {_TABLE} WHERE id IN ({marks})", chunk))
         tags = self._tags_of([int(r[0]) for r in rows])
-        return {int(r[0]): _entry(r, tags.get(int(r[0]), {})) for r in rows}
+        return {int(r[0]): _entry(r, tags.get(int(r[0]), {}), self.owner) for r in rows}
 
     def _filter(
         self,
@@ -1018,7 +1053,7 @@ class KnowledgeStore:
             (*params, limit, offset),
         )
         tags_by_id = self._tags_of([int(r[0]) for r in rows])
-        return [_entry(r, tags_by_id.get(int(r[0]), {})) for r in rows]
+        return [_entry(r, tags_by_id.get(int(r[0]), {}), self.owner) for r in rows]
 
     def count(
         self,
@@ -1055,7 +1090,7 @@ class KnowledgeStore:
         self._check_open()
         if not isinstance(query, str):
             raise InvalidInputError(f"query must be a str, got {type(query).__name__}")
-        top_k = check_int(top_k, "top_k", 1, MAX_TOP_K)
+        top_k = check_top_k(top_k)
         checked_mode = validate_mode(mode)
         threshold = check_min_score(min_score)
         conditions, params, where = self._filter(category, tags, scope, subtree=False)
@@ -1093,13 +1128,11 @@ class KnowledgeStore:
                 vector_hits = [h for h in vector_hits if h.similarity >= threshold]
 
         lists: builtins.list[builtins.list[int]] = []
-        weights: builtins.list[float] = []
         if use_vectors:
             lists.append([h.rowid for h in vector_hits])
-            weights.append(tuning.vector_weight if use_keywords else 1.0)
         if use_keywords:
             lists.append(keyword_ids)
-            weights.append(tuning.keyword_weight if use_vectors else 1.0)
+        weights = fusion_weights(use_vectors, use_keywords, tuning.vector_weight, tuning.keyword_weight)
         fused = [(f.key, f.score, f.ranks) for f in rrf(lists, k=tuning.rrf_k, weights=weights)[:top_k]]
         if not fused:
             return []
@@ -1162,7 +1195,7 @@ class KnowledgeStore:
             )
         if len(lists) == 1:
             return lists[0]
-        return [f.key for f in rrf(lists)][:limit]
+        return [f.key for f in rrf(lists, k=PLAIN_RRF_K)][:limit]
 
     def _query_vector(self, query: str, given: object, dim: int) -> FloatArray | None:
         if given is not None:
@@ -1280,7 +1313,7 @@ def _merge_into(refresh: dict[int, _Item], row_id: int, item: _Item) -> None:
         known.author = known.author or item.author
 
 
-def _entry(row: Sequence[Any], tags: dict[str, str]) -> KnowledgeEntry:
+def _entry(row: Sequence[Any], tags: dict[str, str], store: str | None = None) -> KnowledgeEntry:
     return KnowledgeEntry(
         id=int(row[0]),
         content=row[1],
@@ -1290,6 +1323,7 @@ def _entry(row: Sequence[Any], tags: dict[str, str]) -> KnowledgeEntry:
         author=row[4],
         created_at=float(row[5]),
         updated_at=float(row[6]),
+        store=store,
     )
 
 

@@ -40,15 +40,23 @@ FloatArray = npt.NDArray[np.float64]
 
 
 def _varint_sum(blob: bytes) -> int:
-    """Sum of the varints of an FTS5 ``_docsize`` record (one token count per column)."""
-    total = value = shift = 0
+    """Sum of the varints of an FTS5 ``_docsize`` record (one token count per column).
+
+    FTS5 writes SQLite's varints: big-endian groups of 7 bits, the high bit set on every byte
+    but the last (a ninth byte, never reached by a token count, would carry 8 bits).
+    """
+    total = value = 0
+    count = 0
     for byte in blob:
-        value |= (byte & 0x7F) << shift
-        if byte & 0x80:
-            shift += 7
-        else:
+        count += 1
+        if count == 9:
+            total += (value << 8) | byte
+            value = count = 0
+            continue
+        value = (value << 7) | (byte & 0x7F)
+        if not byte & 0x80:
             total += value
-            value = shift = 0
+            value = count = 0
     return total
 
 
@@ -261,16 +269,23 @@ class Bm25Index:
                 stems.setdefault(stem, None)
         return list(stems)
 
-    def search(self, terms: Sequence[str], limit: int, allowed: Sequence[int] | None = None) -> list[int]:
-        """Rowids of the ``limit`` best documents for the query words ``terms`` (OR semantics:
-        a document needs one of them), best first; ``allowed`` restricts the candidates."""
+    def scores(self, terms: Sequence[str], ids: Sequence[int]) -> list[float]:
+        """BM25 of the documents ``ids`` for ``terms``, as FTS5's ``bm25()`` but positive
+        (0.0 for a document that matches no word or does not exist)."""
         self._sync()
-        stems = self.stems(terms)
-        if not stems or limit <= 0:
-            return []
+        scores = self._score_all(self.stems(terms))
+        if scores is None:
+            return [0.0] * len(ids)
+        pos = self._positions(np.asarray(ids, dtype=np.int64))
+        return [float(scores[p]) if p >= 0 else 0.0 for p in pos]
+
+    def _score_all(self, stems: Sequence[str]) -> FloatArray | None:
+        """Scores of every known document (dead ones 0), or ``None`` when nothing can match."""
+        if not stems:
+            return None
         self._load_sizes()
         if self._live == 0:
-            return []
+            return None
         n = float(self._live)
         avg = self._total / n if self._total > 0 else 1.0
         scores = np.zeros(len(self._ids), dtype=np.float64)
@@ -286,6 +301,18 @@ class Bm25Index:
             scores[pos] += idf * tf * (K1 + 1.0) / (tf + norm)
         if self._live != len(self._ids):
             scores[~self._alive] = 0.0
+        return scores
+
+    def search(self, terms: Sequence[str], limit: int, allowed: Sequence[int] | None = None) -> list[int]:
+        """Rowids of the ``limit`` best documents for the query words ``terms`` (OR semantics:
+        a document needs one of them), best first; ``allowed`` restricts the candidates."""
+        self._sync()
+        stems = self.stems(terms)
+        if not stems or limit <= 0:
+            return []
+        scores = self._score_all(stems)
+        if scores is None:
+            return []
         if allowed is not None:
             keep = np.zeros(len(scores), dtype=bool)
             apos = self._positions(np.asarray(allowed, dtype=np.int64))

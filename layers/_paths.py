@@ -2,11 +2,14 @@
 
 One set of rules (:class:`SourceRules`) decides both what a sync indexes and what ``get()``
 serves, so ``get()`` can never return a file the index could not hold. Nothing outside the
-root is read: directories that are symlinks are never entered (no loops, no escapes), a file
-symlink is followed only when its target is a regular file inside the root, and every read
-opens the resolved path with ``O_NOFOLLOW | O_NONBLOCK`` and checks ``fstat`` (a FIFO or a
-device never blocks or streams). Files over the size cap or with a NUL byte in their first
-8 KB (binary) are skipped; invalid UTF-8 is decoded with U+FFFD replacement characters.
+root is read, even while the tree changes: every walk and every read goes through
+:mod:`._safe_fs`, which resolves paths one component at a time from a descriptor of the root
+with ``O_NOFOLLOW`` (no path string is handed to the kernel to resolve). Directories that are
+symlinks are never entered (no loops, no escapes); a file symlink is followed, by reading its
+link text, only when its target is a regular file inside the root; a file is opened with
+``O_NOFOLLOW | O_NONBLOCK`` and its ``fstat`` checked (a FIFO or a device never blocks or
+streams). Files over the size cap or with a NUL byte in their first 8 KB (binary) are skipped;
+invalid UTF-8 is decoded with U+FFFD replacement characters.
 """
 
 from __future__ import annotations
@@ -23,17 +26,20 @@ from typing import Literal
 
 from memstrata.errors import InvalidInputError, PathOutsideRootError
 
-from ._chunking import normalize_newlines
+from . import _safe_fs as safe_fs
+from ._chunk import normalize_newlines
 
 __all__ = [
     "MEMORY_FILE_NAMES",
     "Entry",
     "Scan",
     "SkipFile",
+    "SourceReader",
     "SourceRules",
     "decode",
     "inside",
     "read_source",
+    "read_under",
     "resolve_request",
     "scan",
 ]
@@ -43,9 +49,6 @@ MEMORY_FILE_NAMES = ("MEMORY.md", "memory.md")
 MEMORY_DIR = "memory"
 BINARY_PROBE = 8192
 _PROSE_EXTENSIONS = (".md", ".markdown")
-_OPEN_FLAGS = (
-    os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-)
 _DRIVE = re.compile(r"^[A-Za-z]:")
 
 
@@ -141,7 +144,7 @@ class Entry:
     """A source file found by a walk: where it is and what ``stat`` said."""
 
     rel: str
-    real: str  # resolved absolute path (differs from root/rel only for a symlinked file)
+    target: str  # relative path of the file read (differs from rel only for a symlinked file)
     size: int
     mtime_ns: int
     mode: int
@@ -158,99 +161,160 @@ def inside(root: str, real: str) -> bool:
 
 
 def scan(root: Path, rules: SourceRules) -> Scan:
-    """Walk ``root`` (already resolved) by ``rules``: a stat per candidate file, nothing read."""
+    """Walk ``root`` (already resolved) by ``rules``: an ``fstatat`` per candidate file relative
+    to the descriptor of the directory listed, nothing read, no symlinked directory entered."""
     result = Scan()
     root_str = str(root)
-    stack = [""]
-    while stack:
-        rel_dir = stack.pop()
-        directory = os.path.join(root_str, rel_dir) if rel_dir else root_str
+    try:
+        root_fd = safe_fs.open_root(root_str)
+    except OSError as exc:  # never read an unmounted or deleted root as "every file was deleted"
+        raise InvalidInputError(f"root {root_str} is no longer a readable directory ({_why(exc)})") from exc
+
+    def unreadable(rel: str, refused: safe_fs.Refused) -> None:
+        if refused.problem == "symlink":  # swapped for a symlink after it was listed
+            result.skipped.append((rel, "symlinked directory, not followed"))
+        elif refused.problem != "missing":
+            result.skipped.append((rel, f"directory not readable ({refused.strerror})"))
+
+    try:
         try:
-            with os.scandir(directory) as it:
-                entries = sorted(it, key=lambda e: e.name)
+            for rel_dir, dir_fd, entries in safe_fs.walk(root_fd, rules.descend, unreadable):
+                for entry in entries:
+                    rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+                    try:
+                        is_link = entry.is_symlink()
+                    except OSError:
+                        continue
+                    if not rules.file_in_walk(rel, entry.name):
+                        if is_link and rules.descend(rel) and _leads_to_dir(dir_fd, entry.name):
+                            result.skipped.append((rel, "symlinked directory, not followed"))
+                        continue
+                    if is_link:
+                        _add_link(result, root_fd, root_str, rel, rules)
+                    else:
+                        _add_file(result, rel, entry, rules)
         except OSError as exc:
-            if not rel_dir:  # never read an unmounted or deleted root as "every file was deleted"
-                raise InvalidInputError(
-                    f"root {root_str} is no longer a readable directory ({_why(exc)})"
-                ) from exc
-            result.skipped.append((rel_dir, f"directory not readable ({_why(exc)})"))
-            continue
-        subdirs = []
-        for entry in entries:
-            rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
-            try:
-                is_link = entry.is_symlink()
-                is_dir = not is_link and entry.is_dir(follow_symlinks=False)
-            except OSError:
-                continue
-            if is_dir:
-                if rules.descend(rel):
-                    subdirs.append(rel)
-                continue
-            if not rules.file_in_walk(rel, entry.name):
-                if is_link and rules.descend(rel) and os.path.isdir(entry.path):
-                    result.skipped.append((rel, "symlinked directory, not followed"))
-                continue
-            _add_file(result, root_str, rel, entry, is_link, rules)
-        stack.extend(reversed(subdirs))
+            raise InvalidInputError(
+                f"root {root_str} is no longer a readable directory ({_why(exc)})"
+            ) from exc
+        if os.fstat(root_fd).st_nlink == 0:  # removed while it was listed
+            raise InvalidInputError(f"root {root_str} is no longer a readable directory (removed)")
+    finally:
+        os.close(root_fd)
     return result
 
 
-def _add_file(
-    result: Scan, root: str, rel: str, entry: os.DirEntry[str], is_link: bool, rules: SourceRules
-) -> None:
+def _leads_to_dir(dir_fd: int, name: str) -> bool:
+    """Whether symlink ``name`` points at a directory: only reported, never entered (one
+    ``stat``, which reads no content)."""
     try:
-        if is_link:
-            real = os.path.realpath(entry.path)
-            if not inside(root, real):
-                result.skipped.append((rel, "symlink leads outside the root"))
-                return
-            st = os.stat(real)
-        else:
-            real = entry.path
-            st = entry.stat(follow_symlinks=False)
+        return stat.S_ISDIR(os.stat(name, dir_fd=dir_fd).st_mode)
+    except OSError:
+        return False
+
+
+def _add_file(result: Scan, rel: str, entry: os.DirEntry[str], rules: SourceRules) -> None:
+    try:
+        st = entry.stat(follow_symlinks=False)  # fstatat relative to the listed directory
     except OSError as exc:
-        reason = "symlink loop" if exc.errno == errno.ELOOP else f"cannot stat ({_why(exc)})"
-        result.skipped.append((rel, reason))
+        result.skipped.append((rel, f"cannot stat ({_why(exc)})"))
         return
+    _add_stat(result, rel, rel, st, rules)
+
+
+def _add_link(result: Scan, root_fd: int, root: str, rel: str, rules: SourceRules) -> None:
+    """A symlinked file counts when its target, followed inside the root only, is a regular file."""
+    try:
+        resolved = safe_fs.resolve_links(root_fd, root, rel.split("/"))
+    except safe_fs.Refused as refused:
+        result.skipped.append((rel, _link_reason(refused)))
+        return
+    if not resolved.parts:
+        result.skipped.append((rel, "not a regular file"))
+        return
+    _add_stat(result, rel, "/".join(resolved.parts), resolved.st, rules)
+
+
+def _link_reason(refused: safe_fs.Refused) -> str:
+    if refused.problem == "outside":
+        return "symlink leads outside the root"
+    if refused.problem == "loop":
+        return "symlink loop"
+    if refused.problem in ("missing", "not_dir"):
+        return f"cannot stat ({refused.strerror or 'No such file or directory'})"
+    return f"cannot stat ({refused.strerror})"
+
+
+def _add_stat(result: Scan, rel: str, target: str, st: os.stat_result, rules: SourceRules) -> None:
     if not stat.S_ISREG(st.st_mode):
         result.skipped.append((rel, "not a regular file"))
         return
     if st.st_size > rules.max_bytes:
         result.skipped.append((rel, f"larger than {rules.max_bytes} bytes"))
         return
-    result.files[rel] = Entry(rel, real, st.st_size, st.st_mtime_ns, st.st_mode)
+    result.files[rel] = Entry(rel, target, st.st_size, st.st_mtime_ns, st.st_mode)
 
 
 def _why(exc: OSError) -> str:
     return exc.strerror or type(exc).__name__
 
 
-def read_source(real: str, max_bytes: int) -> tuple[bytes, os.stat_result]:
-    """The bytes of a regular file of at most ``max_bytes``; raises :class:`SkipFile`."""
+def read_source(root: Path | str, target: str, max_bytes: int) -> tuple[bytes, os.stat_result]:
+    """The bytes of regular file ``target`` (relative to ``root``) of at most ``max_bytes``,
+    opened component by component from the root's descriptor, no symlink followed; raises
+    :class:`SkipFile`."""
     try:
-        fd = os.open(real, _OPEN_FLAGS)
+        root_fd = safe_fs.open_root(root)
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise SkipFile("symlink changed during the sync") from exc
-        if exc.errno == errno.ENOENT:
-            raise SkipFile("vanished during the sync") from exc
-        raise SkipFile(f"not readable ({_why(exc)})", sticky=exc.errno == errno.EACCES) from exc
+        raise SkipFile(f"root not readable ({_why(exc)})") from exc
     try:
-        st = os.fstat(fd)
+        return read_under(root_fd, target, max_bytes)
+    finally:
+        os.close(root_fd)
+
+
+class SourceReader:
+    """Reads many files of one root through one descriptor of it (what a sync does)."""
+
+    def __init__(self, root: Path | str) -> None:
+        self._root = str(root)
+        self._fd: int | None = None
+
+    def read(self, target: str, max_bytes: int) -> tuple[bytes, os.stat_result]:
+        """:func:`read_source` of ``target``; raises :class:`SkipFile`."""
+        if self._fd is None:
+            try:
+                self._fd = safe_fs.open_root(self._root)
+            except OSError as exc:
+                raise SkipFile(f"root not readable ({_why(exc)})") from exc
+        return read_under(self._fd, target, max_bytes)
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def __enter__(self) -> SourceReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_under(root_fd: int, target: str, max_bytes: int) -> tuple[bytes, os.stat_result]:
+    """:func:`read_source` relative to an open root descriptor (a sync reads many files)."""
+    try:
+        fd, st = safe_fs.open_file(root_fd, safe_fs.split_parts(target))
+    except safe_fs.Refused as refused:
+        raise SkipFile(_read_reason(refused), sticky=refused.errno == errno.EACCES) from None
+    except InvalidInputError as exc:
+        raise SkipFile(f"not readable ({exc})") from None
+    try:
         if not stat.S_ISREG(st.st_mode):
             raise SkipFile("not a regular file")
         if st.st_size > max_bytes:
             raise SkipFile(f"larger than {max_bytes} bytes")
-        chunks = []
-        remaining = max_bytes + 1
-        while remaining > 0:
-            block = os.read(fd, min(remaining, 1 << 20))
-            if not block:
-                break
-            chunks.append(block)
-            remaining -= len(block)
-        data = b"".join(chunks)
+        data = safe_fs.read_limited(fd, max_bytes)
     except OSError as exc:
         raise SkipFile(f"not readable ({_why(exc)})") from exc
     finally:
@@ -260,6 +324,14 @@ def read_source(real: str, max_bytes: int) -> tuple[bytes, os.stat_result]:
     if b"\x00" in data[:BINARY_PROBE]:
         raise SkipFile("binary (NUL byte in the first 8 KB)", sticky=True)
     return data, st
+
+
+def _read_reason(refused: safe_fs.Refused) -> str:
+    if refused.problem == "symlink":
+        return f"symlink in path at {refused.where!r} (changed during the read), not followed"
+    if refused.problem in ("missing", "not_dir"):
+        return "vanished during the sync"
+    return f"not readable ({refused.strerror})"
 
 
 def decode(data: bytes) -> str:
@@ -289,45 +361,58 @@ def normalise_relative(path: object, *, what: str = "path") -> str:
 
 
 def resolve_request(root: Path, path: object, rules: SourceRules) -> tuple[str, str]:
-    """``(rel, real)`` of a file ``get()`` may serve, or :class:`PathOutsideRootError` /
-    :class:`InvalidInputError` with the reason."""
+    """``(rel, target)`` of a file ``get()`` may serve (``target`` is where a symlinked file
+    leads, inside the root), or :class:`PathOutsideRootError` / :class:`InvalidInputError` with
+    the reason. Checks only: the read itself goes through :func:`read_source` again."""
     rel = normalise_relative(path)
     root_str = str(root)
     parts = rel.split("/")
-    current = root_str
-    for part in parts[:-1]:
-        current = os.path.join(current, part)
+    try:
+        root_fd = safe_fs.open_root(root_str)
+    except OSError as exc:
+        raise InvalidInputError(f"root {root_str} is not a readable directory ({_why(exc)})") from exc
+    try:
         try:
-            st = os.lstat(current)
+            dir_fd = safe_fs.open_dir(root_fd, parts[:-1])
+        except safe_fs.Refused as refused:
+            raise _parent_error(root_fd, root_str, rel, refused) from None
+        try:
+            st = os.stat(parts[-1], dir_fd=dir_fd, follow_symlinks=False)
         except OSError as exc:
             raise InvalidInputError(f"path {rel!r} does not exist") from exc
+        finally:
+            os.close(dir_fd)
+        target = rel
         if stat.S_ISLNK(st.st_mode):
-            if not inside(root_str, os.path.realpath(current)):
-                raise PathOutsideRootError(f"path {rel!r} goes through a symlink that leaves the root")
-            raise InvalidInputError(
-                f"path {rel!r} goes through a symlinked directory, which is never indexed"
-            )
-        if not stat.S_ISDIR(st.st_mode):
-            raise InvalidInputError(f"path {rel!r} does not exist")
-    full = os.path.join(root_str, *parts)
-    try:
-        st = os.lstat(full)
-    except OSError as exc:
-        raise InvalidInputError(f"path {rel!r} does not exist") from exc
-    real = full
-    if stat.S_ISLNK(st.st_mode):
-        real = os.path.realpath(full)
-        if not inside(root_str, real):
-            raise PathOutsideRootError(f"path {rel!r} is a symlink that leaves the root")
+            try:
+                resolved = safe_fs.resolve_links(root_fd, root_str, parts)
+            except safe_fs.Refused as refused:
+                if refused.problem == "outside":
+                    raise PathOutsideRootError(f"path {rel!r} is a symlink that leaves the root") from None
+                why = "symlink loop" if refused.problem == "loop" else refused.strerror or refused.problem
+                raise InvalidInputError(f"path {rel!r} cannot be read ({why})") from None
+            target, st = "/".join(resolved.parts), resolved.st
+    finally:
+        os.close(root_fd)
     if not rules.allows(rel):
         raise InvalidInputError(f"path {rel!r} is not served: only {rules.describe()} are")
-    try:
-        st = os.stat(real)
-    except OSError as exc:
-        raise InvalidInputError(f"path {rel!r} cannot be read ({_why(exc)})") from exc
-    if not stat.S_ISREG(st.st_mode):
+    if not target or not stat.S_ISREG(st.st_mode):
         raise InvalidInputError(f"path {rel!r} is not a regular file")
-    return rel, real
+    return rel, target
+
+
+def _parent_error(root_fd: int, root: str, rel: str, refused: safe_fs.Refused) -> InvalidInputError:
+    """The error for a path whose directory part cannot be entered without following a symlink."""
+    if refused.problem != "symlink":
+        if refused.problem == "unreadable":
+            return InvalidInputError(f"path {rel!r} cannot be read ({refused.strerror})")
+        return InvalidInputError(f"path {rel!r} does not exist")
+    try:  # only to say which error: link texts and lstat, nothing read
+        safe_fs.resolve_links(root_fd, root, refused.where.split("/"))
+    except safe_fs.Refused as where:
+        if where.problem == "outside":
+            return PathOutsideRootError(f"path {rel!r} goes through a symlink that leaves the root")
+    return InvalidInputError(f"path {rel!r} goes through a symlinked directory, which is never indexed")
 
 
 def normalise_extra(root: Path, paths: Iterable[str]) -> tuple[str, ...]:

@@ -27,6 +27,7 @@ from .errors import (  # noqa: E402
     EmbeddingError,
     InvalidInputError,
     MemstrataError,
+    ModelFaultError,
     PathOutsideRootError,
     RequestTimeoutError,
     SchemaMismatchError,
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
     )
     from memstrata.storage import Embedder, FastEmbedEmbedder, default_embedder
 
+    from ._async import AsyncAgent, AsyncBlackboard, AsyncMemorySystem, AsyncSubscription
     from ._system import Agent, Blackboard, MemorySystem, Subscription
 
 __version__ = "0.1.0"
@@ -68,6 +70,10 @@ _LAZY = {
     "FastEmbedEmbedder": "memstrata.storage",
     "default_embedder": "memstrata.storage",
     "MemorySystem": "memstrata._system",
+    "AsyncMemorySystem": "memstrata._async",
+    "AsyncAgent": "memstrata._async",
+    "AsyncBlackboard": "memstrata._async",
+    "AsyncSubscription": "memstrata._async",
     "Agent": "memstrata._system",
     "Blackboard": "memstrata._system",
     "Subscription": "memstrata._system",
@@ -78,6 +84,10 @@ __all__ = [
     "Agent",
     "AgentDegradedError",
     "ArchiveError",
+    "AsyncAgent",
+    "AsyncBlackboard",
+    "AsyncMemorySystem",
+    "AsyncSubscription",
     "Blackboard",
     "Codebase",
     "Config",
@@ -98,6 +108,7 @@ __all__ = [
     "MemoryFiles",
     "MemorySystem",
     "MemstrataError",
+    "ModelFaultError",
     "PathOutsideRootError",
     "RequestTimeoutError",
     "SchemaMismatchError",

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from memstrata.actors import Clock
 from memstrata.config import Config
 from memstrata.errors import InvalidInputError
 from memstrata.messages import Signal, TaskPrompt
@@ -143,11 +144,16 @@ def run_demo(
     seed: int = 7,
     embedder: Embedder | None = None,
     config: Config | None = None,
+    clock: Clock | None = None,
+    export_to: Path | None = None,
 ) -> DemoSummary:
     """Run the simulated pipeline in ``{data_dir}/demo`` (default data dir: ``Config.load()``'s).
 
-    ``out`` receives each line of the report; ``seed`` orders the agents within each round;
-    ``embedder`` defaults to the configured model (the packaged offline one).
+    ``out`` receives each line of the report; ``seed`` orders the agents within each round and
+    seeds the system's ids; ``embedder`` defaults to the configured model (the packaged offline
+    one). ``clock`` (e.g. a ``ManualClock``, advanced a minute per round) dates everything, and
+    ``export_to`` receives the system's export (see ``MemorySystem.export``) before it stops:
+    with a clock, two runs with one seed export the same bytes.
     """
     started = time.monotonic()
     base_config = config or Config.load()
@@ -157,7 +163,7 @@ def run_demo(
     summary = DemoSummary(root)
     out(f"memstrata demo: 4 agents, {len(TASKS)} tasks, data in {root}")
 
-    system = MemorySystem.start(config, embedder=embedder)
+    system = MemorySystem.start(config, embedder=embedder, clock=clock, seed=seed)
     status = system.status()
     emb = status["embedding"]
     driver = status["driver"]
@@ -174,12 +180,14 @@ def run_demo(
             out(f"  {hit.score:.2f}  {episode.title}: {_short(episode.content, 80)}")
         summary.per_agent = _per_agent(system, summary)
         summary.embedding = {k: v for k, v in system.status()["embedding"].items() if k != "note"}
+        if export_to is not None:
+            system.export(export_to)
     finally:
         system.stop()
 
     out("")
     out("restart: the system is stopped and started again on the same files")
-    with MemorySystem.start(config, embedder=embedder) as again:
+    with MemorySystem.start(config, embedder=embedder, clock=clock, seed=seed) as again:
         prompt = again.agent(AFTER_RESTART.agent).begin_task(AFTER_RESTART.id, AFTER_RESTART.description)
         sources = _pitfall_sources(prompt)
         summary.persisted_after_restart = bool(sources)
@@ -258,6 +266,9 @@ def _pipeline(
             done.add(task.id)
             remaining.remove(task)
         system.wait_idle(30)  # write-backs of this round land before the next round's prompts
+        advance = getattr(system.clock, "advance", None)
+        if callable(advance):
+            advance(60.0)  # a simulated minute per round
 
     with lock:
         summary.signals_seen = sum(seen.values())

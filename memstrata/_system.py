@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from memstrata.actors import (
     BatchingEmbedder,
     Clock,
+    IdSource,
     LayerStores,
     Runtime,
     StopReport,
@@ -37,17 +38,24 @@ from memstrata.errors import (
 )
 from memstrata.messages import (
     SHARED,
+    ArchiveEpisodes,
     ClearWorkingMemory,
     CommitMemory,
+    DeleteEpisode,
     DeleteKnowledge,
+    DeleteSignal,
+    EpisodesArchived,
+    GetEpisode,
     GetKnowledge,
     GetWorkingMemory,
+    ListEpisodes,
     ListKnowledge,
     ListSignals,
     Message,
     PublishSignal,
     QueryKnowledge,
     QuerySignal,
+    RestoreEpisodes,
     SearchMemory,
     SetWorkingMemory,
     Signal,
@@ -60,6 +68,7 @@ from memstrata.messages import (
     TaskFailed,
     TaskPrompt,
     UnsubscribeSignal,
+    UpdateKnowledge,
     WriteBackQueued,
     check_agent_id,
     check_session_id,
@@ -67,7 +76,7 @@ from memstrata.messages import (
 from memstrata.storage import Embedder, driver_info, load_embedder
 
 if TYPE_CHECKING:
-    from memstrata.layers import EpisodeHit, KnowledgeEntry, KnowledgeHit
+    from memstrata.layers import Episode, EpisodeHit, KnowledgeEntry, KnowledgeHit
 
 __all__ = ["Agent", "Blackboard", "MemorySystem", "Subscription"]
 
@@ -105,6 +114,7 @@ class MemorySystem:
         *,
         clock: Clock | None = None,
         stores: StoreFactory | None = None,
+        seed: int | str | None = None,
     ) -> MemorySystem:
         """Start a system.
 
@@ -112,10 +122,15 @@ class MemorySystem:
         :meth:`Config.load` (``memstrata.toml``, then the environment). ``embedder``: any
         ``Embedder``; ``None`` loads the configured model, and if none can be loaded the system
         runs keyword-only and says so in :meth:`status`. ``clock`` stamps episodes and blackboard
-        values and drives working-memory expiry (``ManualClock`` for simulations). ``stores``
+        values and knowledge, drives working-memory expiry and the pre-task retrieval deadline
+        (``ManualClock`` for simulations: advancing it fires the deadlines it passes). ``seed``
+        makes the ids the system invents (episode uuids) reproducible: with a clock and a seed,
+        two runs that do the same things export the same bytes (:meth:`export`). ``stores``
         opens the persistent layers (tests inject faults through it). Write-backs left in an
         outbox by a previous process are replayed at once.
         """
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | str)):
+            raise InvalidInputError(f"seed must be an integer, a string or None, got {seed!r}")
         if config is None or isinstance(config, str | Path):
             config = Config.load(config)
         if not isinstance(config, Config):
@@ -162,17 +177,24 @@ class MemorySystem:
             if isinstance(service, BatchingEmbedder) and owns:
                 service.close()
             raise StorageError(f"cannot create the data dir {config.data_dir}: {exc}") from exc
-        runtime = Runtime(
-            config,
-            embedder=service,
-            clock=clock or SystemClock(),
-            stores=stores or LayerStores(),
-            embedder_note=note,
-            owns_embedder=owns,
-        )
+        try:
+            runtime = Runtime(
+                config,
+                embedder=service,
+                clock=clock or SystemClock(),
+                stores=stores or LayerStores(),
+                embedder_note=note,
+                owns_embedder=owns,
+                ids=IdSource(seed),
+            )
+        except BaseException:  # e.g. a workspace path refused: nothing may keep running
+            if isinstance(service, BatchingEmbedder) and owns:
+                service.close()
+            raise
         system = cls(runtime)
         try:
             runtime.replay_outboxes()
+            runtime.start_session_syncs()  # codebases sync in their actors, in the background
         except BaseException:
             system.stop()
             raise
@@ -234,9 +256,12 @@ class MemorySystem:
         check_agent_id(agent_id)
         with self._lock:
             handle = self._agents.get(agent_id)
-            if handle is None:
-                handle = self._agents[agent_id] = Agent(self, agent_id)
-            return handle
+            if handle is not None:
+                return handle
+            handle = self._agents[agent_id] = Agent(self, agent_id)
+        # the agent's session starts: its workspace (if any) syncs in its actor, in the background
+        self._runtime.agent_session(agent_id)
+        return handle
 
     def blackboard(self, session_id: str = "default") -> Blackboard:
         """The blackboard of session ``session_id``."""
@@ -265,6 +290,32 @@ class MemorySystem:
 
             self._runtime.post(self._runtime.ref("agent", agent_id), Replay())
         return was
+
+    # -- export and import ---------------------------------------------------------------------
+
+    def export(self, path: str | Path, *, timeout: float | None = None) -> int:
+        """Write every store of every agent, shared knowledge, episodes (archives included),
+        working memory and blackboards to ``path`` as sorted JSON lines; returns the line count.
+
+        Waits until the system is idle first. The format is described in ``docs/simulation.md``;
+        with a ``ManualClock`` and a ``seed`` two runs that did the same things write the same bytes.
+        """
+        from memstrata._export import export_records, write_export
+
+        records = export_records(self._runtime, timeout=_timeout(self, timeout))
+        return write_export(records, path)
+
+    def import_(self, path: str | Path, *, timeout: float | None = None) -> dict[str, int]:
+        """Restore an export made by :meth:`export` into this system; returns counts by kind.
+
+        Knowledge keeps its times (and ids when its store was empty), episodes their uuid and time
+        (an episode whose uuid exists is skipped, as are archived ones: restore their archive);
+        working memory and blackboard values are set again. Every line is checked first.
+        """
+        from memstrata._export import import_records, read_export
+
+        records = list(read_export(path))
+        return import_records(self._runtime, records, timeout=_timeout(self, timeout))
 
     # -- raw messages --------------------------------------------------------------------------
 
@@ -303,16 +354,23 @@ class MemorySystem:
             "keyword_only": embedder is None,
             "note": runtime.embedder_note,
         }
+        model_state: dict[str, Any] = {}
         if isinstance(embedder, BatchingEmbedder):
             embedding.update(embedder.stats().as_dict())
+            model_state = embedder.model_status()
+            embedding["state"] = model_state  # ok / stuck since ... on a call of N texts / faulty
         agents: dict[str, dict[str, Any]] = {}
         boards: dict[str, dict[str, Any]] = {}
+        codebases: dict[str, dict[str, Any]] = {}
         shared: dict[str, Any] = {}
         degraded = runtime.supervision.degraded()
         if not runtime.stopped:
             for (kind, key), state in runtime.actor_status().items():
                 if kind == "blackboard":
                     boards[key] = state
+                    continue
+                if kind == "codebase":
+                    codebases[key] = state
                     continue
                 if key == SHARED:
                     shared = state
@@ -323,6 +381,20 @@ class MemorySystem:
         warnings = _warnings(
             info.native_vectors, info.reason, runtime.embedder_note, agents, shared, degraded
         )
+        for name, state in sorted(codebases.items()):
+            if state.get("last_sync_error"):
+                warnings.append(f"codebase {name}: {state['last_sync_error']}")
+        if model_state.get("state") == "stuck":
+            warnings.insert(
+                0,
+                f"{model_state['reason']}: writes are stored with vectors pending, searches rank by keywords",
+            )
+        elif model_state.get("state") == "faulty":
+            warnings.insert(
+                0,
+                f"model {model_state['model']!r} is faulty since {model_state['since']} "
+                f"(last error: {model_state['last_error']}): vectors are retried",
+            )
         return {
             "data_dir": str(runtime.data_dir),
             "stopped": runtime.stopped or not runtime.accepting,
@@ -332,6 +404,7 @@ class MemorySystem:
             "agents": agents,
             "shared_knowledge": shared,
             "blackboards": boards,
+            "codebases": codebases,
             "degraded": degraded,
             "restarts": runtime.supervision.restarts(),
             "shared_query_errors": runtime.shared_query_errors,
@@ -343,6 +416,15 @@ class MemorySystem:
     def __repr__(self) -> str:
         state = "stopped" if self.stopped else "running"
         return f"<MemorySystem {self.data_dir} {state}>"
+
+
+class Hits(list[Any]):
+    """Search hits, best first; ``degraded`` says why they were ranked by keywords only when the
+    model was late or faulty (``"keyword-only: model 'm' did not answer within 2 s"``), else ``None``."""
+
+    def __init__(self, hits: Any = (), *, degraded: str | None = None) -> None:
+        super().__init__(hits)
+        self.degraded = degraded
 
 
 def _warnings(
@@ -382,6 +464,9 @@ def _warnings(
                 check = store.get("consistency")
                 if isinstance(check, Mapping) and check.get("problems"):
                     out.append(f"{where}: repaired on open: {'; '.join(map(str, check['problems']))}")
+            for problem in ("last_sync_error", "last_note_error"):  # workspaces
+                if state.get(problem):
+                    out.append(f"{where}: {state[problem]}")
             if state.get("storage_errors"):
                 out.append(
                     f"{where}: {state['storage_errors']} write(s) failed in the database, "
@@ -447,7 +532,8 @@ class Agent:
         min_score: float | None = None,
         timeout: float | None = None,
     ) -> list[KnowledgeHit]:
-        """Hybrid search, best first: the same ``KnowledgeHit`` objects as ``KnowledgeStore.search``.
+        """Hybrid search, best first: the same ``KnowledgeHit`` objects as ``KnowledgeStore.search``,
+        in a list whose ``degraded`` says when the model was late or faulty and keywords ranked alone.
 
         ``include_shared`` (default: the agent's ``include_shared`` setting) merges the shared
         store's hits by score.
@@ -465,7 +551,23 @@ class Agent:
             mode=mode,
             min_score=min_score,
         )
-        return list(self._ask(message, timeout).hits)
+        runtime = self._system._runtime
+        runtime.check_open()
+        found = runtime.search_knowledge(message, timeout=_timeout(self._system, timeout))
+        return Hits(found.result.hits, degraded=found.degraded)
+
+    def _store(self, store: str | None, shared: bool) -> str:
+        """The store an entry id refers to: ``store`` (this agent's id or ``"shared"``) or, for
+        callers of the older form, ``shared=True``; both given must agree."""
+        if store is None:
+            return SHARED if shared else self.id
+        if store not in (self.id, SHARED):
+            raise InvalidInputError(
+                f"store must be {self.id!r} (this agent) or 'shared', got {str(store)[:64]!r}"
+            )
+        if shared and store != SHARED:
+            raise InvalidInputError(f"store={store!r} contradicts shared=True")
+        return store
 
     def list_knowledge(
         self,
@@ -476,23 +578,60 @@ class Agent:
         limit: int = 50,
         offset: int = 0,
         shared: bool = False,
+        store: str | None = None,
         timeout: float | None = None,
     ) -> list[KnowledgeEntry]:
-        """Entries, newest first (``scope``: that scope and its descendants)."""
-        target = SHARED if shared else self.id
+        """Entries of one store, newest first (``scope``: that scope and its descendants); each
+        says its ``store``. ``store``: this agent's id (default) or ``"shared"``."""
+        target = self._store(store, shared)
         message = ListKnowledge(target, category, tags, scope, limit, offset)  # type: ignore[arg-type]
         return list(self._ask(message, timeout).entries)
 
     def get_knowledge(
-        self, entry_id: int, *, shared: bool = False, timeout: float | None = None
+        self,
+        entry_id: int,
+        *,
+        store: str | None = None,
+        shared: bool = False,
+        timeout: float | None = None,
     ) -> KnowledgeEntry | None:
-        """The entry with this id, or ``None``."""
-        target = SHARED if shared else self.id
+        """The entry with this id in ``store`` (this agent's id, the default, or ``"shared"``:
+        ids are per store, so take it from the hit's ``store``), or ``None``."""
+        target = self._store(store, shared)
         return self._ask(GetKnowledge(target, entry_id), timeout).entry  # type: ignore[no-any-return]
 
-    def delete_knowledge(self, entry_id: int, *, shared: bool = False, timeout: float | None = None) -> bool:
-        """Delete an entry; True if it existed."""
-        target = SHARED if shared else self.id
+    def update_knowledge(
+        self,
+        entry_id: int,
+        *,
+        store: str | None = None,
+        content: str | None = None,
+        category: str | None = None,
+        tags: Mapping[str, str] | Sequence[str] | None = None,
+        scope: str | None = None,
+        shared: bool = False,
+        timeout: float | None = None,
+    ) -> KnowledgeEntry | None:
+        """Change the given fields of an entry, keeping its id; returns it as it now is, or
+        ``None`` when there is no such id. ``None`` leaves a field as it is; ``tags`` replaces
+        every tag (``{}`` clears them); new content is embedded again. A change that would make
+        it a duplicate of another entry of the store (same content, category and scope) raises
+        :class:`InvalidInputError` naming that entry, and changes nothing."""
+        target = self._store(store, shared)
+        message = UpdateKnowledge(target, entry_id, content, category, tags, scope)  # type: ignore[arg-type]
+        return self._ask(message, timeout).entry  # type: ignore[no-any-return]
+
+    def delete_knowledge(
+        self,
+        entry_id: int,
+        *,
+        store: str | None = None,
+        shared: bool = False,
+        timeout: float | None = None,
+    ) -> bool:
+        """Delete the entry with this id in ``store`` (this agent's id or ``"shared"``); True if
+        it existed."""
+        target = self._store(store, shared)
         return bool(self._ask(DeleteKnowledge(target, entry_id), timeout).deleted)
 
     # -- episodic memory -----------------------------------------------------------------------
@@ -522,15 +661,101 @@ class Agent:
         until: _dt.datetime | None = None,
         timeout: float | None = None,
     ) -> list[EpisodeHit]:
-        """Search this agent's episodes (hybrid), optionally within a task run or time range."""
+        """Search this agent's episodes (hybrid), optionally within a task run or time range.
+        The list's ``degraded`` says when the model was late or faulty and keywords ranked alone."""
         message = SearchMemory(
             self.id, query, task_run_id, top_k or self._system.config.search.top_k, since, until
         )
-        return list(self._ask(message, timeout).hits)
+        runtime = self._system._runtime
+        runtime.check_open()
+        found = runtime.search_memory(message, timeout=_timeout(self._system, timeout))
+        return Hits(found.result.hits, degraded=found.degraded)
 
     def commit(self, timeout: float | None = None) -> None:
         """Apply the episodic retention policy and checkpoint its database."""
         self._ask(CommitMemory(self.id), timeout)
+
+    def list_episodes(
+        self,
+        *,
+        task_run_id: str | None = None,
+        since: _dt.datetime | None = None,
+        until: _dt.datetime | None = None,
+        limit: int = 100,
+        offset: int = 0,
+        newest_first: bool = True,
+        timeout: float | None = None,
+    ) -> list[Episode]:
+        """The timeline of live episodes, newest first (``newest_first=False``: oldest first),
+        within a task run and/or a time range (``since`` inclusive, ``until`` exclusive)."""
+        message = ListEpisodes(self.id, task_run_id, since, until, limit, offset, newest_first)
+        return list(self._ask(message, timeout).episodes)
+
+    def get_episode(self, episode_id: int, *, timeout: float | None = None) -> Episode | None:
+        """The live episode with this id, or ``None``."""
+        return self._ask(GetEpisode(self.id, episode_id), timeout).episode  # type: ignore[no-any-return]
+
+    def delete_episode(self, episode_id: int, *, timeout: float | None = None) -> bool:
+        """Delete a live episode for good: no search finds it and no later archive holds it
+        (its vector, text index and its words in its neighbours' context go too). True if it
+        existed. Archive files written before keep their copy: they never change."""
+        return bool(self._ask(DeleteEpisode(self.id, episode_id), timeout).deleted)
+
+    def archive_episodes(
+        self,
+        path: str | Path | None = None,
+        *,
+        before: _dt.datetime | None = None,
+        task_run_id: str | None = None,
+        timeout: float | None = None,
+    ) -> EpisodesArchived:
+        """Move live episodes older than ``before`` (and/or of ``task_run_id``; all when neither
+        is given) into one portable archive file; its ``archived`` counts them. ``path``
+        defaults to ``{data_dir}/episodic/archives/{agent}-{time}.sqlite``; nothing selected
+        writes no file. Archived episodes leave the timeline and :meth:`recall`;
+        :meth:`restore_episodes` brings them back."""
+        if path is None:
+            stamp = self._system.clock.now().astimezone(_dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
+            path = self._system.data_dir / "episodic" / "archives" / f"{self.id}-{stamp}.sqlite"
+        if not isinstance(path, str | Path):
+            raise InvalidInputError(f"path must be a str or Path, got {type(path).__name__}")
+        message = ArchiveEpisodes(self.id, str(Path(path).absolute()), before, task_run_id)
+        return self._ask(message, timeout)  # type: ignore[no-any-return]
+
+    def restore_episodes(self, path: str | Path, *, timeout: float | None = None) -> int:
+        """Bring back the episodes of an archive file; returns how many were added (episodes
+        already present, by uuid, are skipped, so restoring twice adds nothing)."""
+        if not isinstance(path, str | Path):
+            raise InvalidInputError(f"path must be a str or Path, got {type(path).__name__}")
+        message = RestoreEpisodes(self.id, str(Path(path).absolute()))
+        return int(self._ask(message, timeout).restored)
+
+    def promote_episode(
+        self,
+        episode_id: int,
+        *,
+        category: str = "outcome",
+        scope: str = "/",
+        store: str | None = None,
+        timeout: float | None = None,
+    ) -> KnowledgeEntry:
+        """Copy a live episode into long-term knowledge (this agent's store, or ``"shared"``);
+        returns the entry. It keeps the episode's tags plus ``episode_id`` and ``task_run_id``,
+        so it says where it came from; promoting twice returns the same entry."""
+        from memstrata.layers._episodic import promotion_tags
+
+        target = self._store(store, False)
+        episode = self.get_episode(episode_id, timeout=timeout)
+        if episode is None:
+            raise InvalidInputError(f"episode_id: agent {self.id!r} has no live episode {episode_id}")
+        message = StoreKnowledge(
+            target, episode.content, category, promotion_tags(episode), scope, author=self.id
+        )
+        entry_id = int(self._ask(message, timeout).entry_id)
+        entry = self.get_knowledge(entry_id, store=target, timeout=timeout)
+        if entry is None:  # deleted by someone else in between
+            raise InvalidInputError(f"the entry promoted from episode {episode_id} was deleted meanwhile")
+        return entry
 
     # -- task lifecycle ------------------------------------------------------------------------
 
@@ -564,19 +789,32 @@ class Agent:
     # -- working memory ------------------------------------------------------------------------
 
     def set_working(
-        self, key: str, value: Any, *, ttl_s: float | None = None, timeout: float | None = None
+        self,
+        key: str,
+        value: Any,
+        *,
+        task_id: str | None = None,
+        ttl_s: float | None = None,
+        timeout: float | None = None,
     ) -> None:
-        """Set a working-memory key (JSON data); ``ttl_s`` makes it expire."""
-        self._ask(SetWorkingMemory(self.id, key, value, ttl_s), timeout)
+        """Set a working-memory key (JSON data) in the space of ``task_id`` (omitted: the
+        agent-wide space); ``ttl_s`` makes it expire. Ending a task clears its space only."""
+        self._ask(SetWorkingMemory(self.id, key, value, ttl_s, task_id), timeout)
 
-    def get_working(self, key: str, default: Any = None, *, timeout: float | None = None) -> Any:
-        """A copy of a working-memory value, or ``default``."""
-        reply = self._ask(GetWorkingMemory(self.id, key), timeout)
+    def get_working(
+        self, key: str, default: Any = None, *, task_id: str | None = None, timeout: float | None = None
+    ) -> Any:
+        """A copy of a working-memory value of that space (``task_id`` omitted: the agent-wide
+        one), or ``default``."""
+        reply = self._ask(GetWorkingMemory(self.id, key, task_id), timeout)
         return reply.value if reply.found else default
 
-    def clear_working(self, key: str | None = None, *, timeout: float | None = None) -> int:
-        """Remove one key, or everything; returns how many keys were removed."""
-        return int(self._ask(ClearWorkingMemory(self.id, key), timeout).removed)
+    def clear_working(
+        self, key: str | None = None, *, task_id: str | None = None, timeout: float | None = None
+    ) -> int:
+        """Remove one key, or every key, of that space (``task_id`` omitted: the agent-wide
+        one); the other spaces keep theirs. Returns how many keys were removed."""
+        return int(self._ask(ClearWorkingMemory(self.id, key, task_id), timeout).removed)
 
     # -- raw messages --------------------------------------------------------------------------
 
@@ -669,6 +907,11 @@ class Blackboard:
     def list(self, prefix: str | None = None) -> list[str]:
         """The keys, sorted; only those starting with ``prefix`` when given."""
         return list(self._system.ask(ListSignals(prefix, self.session_id)).keys)
+
+    def delete(self, key: str) -> bool:
+        """Remove ``key``; True if it was set. Subscribers receive a signal with ``deleted`` set
+        (value null); a later publish continues the key's version count."""
+        return bool(self._system.ask(DeleteSignal(key, self.session_id)).deleted)
 
     def subscribe(self, key_or_prefix: str, callback: Callable[[Signal], Any]) -> Subscription:
         """Call ``callback(signal)`` for every change of a key, or of any key under ``prefix*``.

@@ -28,7 +28,7 @@ from memstrata.errors import InvalidInputError, PathOutsideRootError, StorageErr
 if TYPE_CHECKING:
     from memstrata.storage import Database, Embedder
 
-__all__ = ["FileText", "Kind", "Workspace", "WorkspaceHit", "Workspaces", "detect_kind"]
+__all__ = ["FileText", "Kind", "Workspace", "WorkspaceHit", "WorkspaceHits", "Workspaces", "detect_kind"]
 
 Kind = Literal["memory", "code"]
 KINDS: tuple[Kind, ...] = ("memory", "code")
@@ -166,7 +166,9 @@ class Workspaces:
         from memstrata.storage import apply_migrations, open_database
 
         self.data_dir = Path(data_dir)
-        self.config = config if config is not None else Config(data_dir=self.data_dir)
+        if config is None:  # memstrata.toml and MEMSTRATA_* apply, with this data dir
+            config = dataclasses.replace(Config.load(), data_dir=self.data_dir)
+        self.config = config
         self._embedder = embedder
         self._lock = threading.RLock()
         self._handles: dict[tuple[Path, Kind], _Handle] = {}
@@ -316,11 +318,13 @@ class Workspaces:
         max_results: int | None = None,
         min_score: float | None = None,
         language: str | None = None,
-    ) -> list[WorkspaceHit]:
+    ) -> WorkspaceHits:
         """Search every indexed root (or one), best first across roots.
 
         ``min_score`` (default ``search.min_score``) is the cosine floor of memory workspaces; a
-        codebase gets a floor only when ``min_score`` is given.
+        codebase gets a floor only when ``min_score`` is given. A root whose folder is gone is
+        skipped and named in the result's ``warnings`` (the others still answer); ``complete``
+        is False when a root's sync ran out of its budget before the search.
         """
         if not isinstance(query, str):
             raise InvalidInputError(f"query must be a string, got {type(query).__name__}")
@@ -329,15 +333,27 @@ class Workspaces:
             raise InvalidInputError(f"max_results must be a positive integer, got {limit!r}")
         floor = self.config.search.min_score if min_score is None else min_score
         hits: list[WorkspaceHit] = []
+        warnings: list[str] = []
+        complete = True
         for ws in self._select(root):
-            with self._using(ws) as layer:
-                if ws.kind == "memory":
-                    found = layer.search(query, max_results=limit, min_score=floor)
-                else:  # code ranks matter more than a floor: only an explicit min_score applies
-                    found = layer.search(query, top_k=limit, language=language, min_score=min_score)
+            if not ws.root.is_dir():
+                warnings.append(_missing_warning(ws))
+                continue
+            try:
+                with self._using(ws) as layer:
+                    if ws.kind == "memory":
+                        found = layer.search(query, max_results=limit, min_score=floor)
+                    else:  # code ranks matter more than a floor: only an explicit min_score applies
+                        found = layer.search(query, top_k=limit, language=language, min_score=min_score)
+            except (InvalidInputError, StorageError, OSError):
+                if ws.root.is_dir():
+                    raise
+                warnings.append(_missing_warning(ws))  # removed while it was being searched
+                continue
+            complete = complete and bool(getattr(found, "complete", True))
             hits.extend(_hit(ws, h) for h in found)
         hits.sort(key=lambda h: -h.score)
-        return hits[:limit]
+        return WorkspaceHits(hits[:limit], complete=complete, warnings=warnings)
 
     def get(
         self,
@@ -367,7 +383,7 @@ class Workspaces:
             relative = os.path.relpath(absolute, ws.root)
         else:
             relative = raw
-            existing = [w for w in candidates if os.path.lexists(os.path.join(w.root, raw))]
+            existing = [w for w in candidates if _exists_under(w.root, raw)]
             ws = (existing or candidates)[0]
         with self._using(ws) as layer:
             text = layer.get(relative, from_line=from_line, lines=lines)
@@ -408,6 +424,11 @@ class Workspaces:
         out = []
         for ws in self.roots():
             entry = ws.as_dict()
+            entry["missing"] = not ws.root.is_dir()
+            if entry["missing"]:  # reported, not opened: its index stays until it is forgotten
+                entry["warning"] = _missing_warning(ws)
+                out.append(entry)
+                continue
             try:
                 with self._using(ws) as layer:
                     entry["index"] = _plain(layer.status())
@@ -434,6 +455,26 @@ class Workspaces:
             raise StorageError("the workspace registry is closed")
 
 
+class WorkspaceHits(list[WorkspaceHit]):
+    """Hits across roots, best first. ``complete`` is False when some root's sync ran out of its
+    budget before the search (files not indexed yet were not searched); ``warnings`` names the
+    roots that were skipped (a folder that is gone); ``degraded`` is kept for the one result
+    shape of every search (file search never falls back, so it stays ``None``)."""
+
+    def __init__(self, hits: Any = (), *, complete: bool = True, warnings: Any = ()) -> None:
+        super().__init__(hits)
+        self.complete = complete
+        self.warnings: list[str] = list(warnings)
+        self.degraded: str | None = None
+
+
+def _missing_warning(ws: Workspace) -> str:
+    return (
+        f"{ws.kind} root {str(ws.root)!r} is missing (deleted or not mounted): skipped "
+        "(forget_root removes it from the index)"
+    )
+
+
 def _close_layer(handle: _Handle) -> None:
     if handle.watching:
         with contextlib.suppress(Exception):
@@ -441,6 +482,14 @@ def _close_layer(handle: _Handle) -> None:
         handle.watching = False
     with contextlib.suppress(Exception):
         handle.layer.close()
+
+
+def _exists_under(root: Path, rel: str) -> bool:
+    """Whether ``rel`` names something in ``root``, looked up through directory descriptors
+    without following symlinks (only picks the root; the layer's ``get`` does the checks)."""
+    from memstrata.layers._safe_fs import exists
+
+    return exists(root, os.path.normpath(rel).replace(os.sep, "/"))
 
 
 def _is_within(path: str, root: Path) -> bool:

@@ -2,7 +2,9 @@
 
 Lookup order for the file: ``--config``/``path``, ``./memstrata.toml``,
 ``~/.config/memstrata/config.toml``. Unknown keys and bad values raise :class:`ConfigError`
-naming the key. ``[agents.<id>]`` tables override agent settings per agent.
+naming the key. ``[agents.<id>]`` tables override agent settings per agent, and their
+``embedding``, ``sync`` and ``files`` sub-tables override those sections for that agent's
+workspace. ``[codebases]`` names shared source trees (``name = "path"``) every agent may search.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 from memstrata.errors import ConfigError
 
 __all__ = [
+    "WORKSPACE_ACCESS",
     "ActorsConfig",
     "AgentConfig",
     "BridgesConfig",
@@ -31,6 +34,7 @@ __all__ = [
     "FilesConfig",
     "SearchConfig",
     "StorageConfig",
+    "SyncConfig",
     "default_data_dir",
 ]
 
@@ -56,9 +60,11 @@ class SearchConfig:
     top_k: int = 10  # knowledge and episodic search
     min_score: float = 0.35  # cosine floor for the semantic side of file search
     snippet_chars: int = 700
-    rrf_k: int = 60
+    # fusion of the vector and keyword rankings (weighted RRF, see memstrata.storage.fuse);
+    # rrf_k = 60 with equal weights is textbook RRF
+    rrf_k: int = 5
     vector_weight: float = 1.0
-    keyword_weight: float = 1.0
+    keyword_weight: float = 1.5
     depth: int = 50  # candidates per list before fusion
     # live vectors from which a store's vector search scans only the inverted lists nearest the
     # query (measured recall, see the README); None: always exact
@@ -96,6 +102,19 @@ class FilesConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class SyncConfig:
+    """When workspaces and codebases are synced with their files (``files.sync_interval_s`` adds
+    an interval, ``files.watch_debounce_ms`` debounces the watcher)."""
+
+    on_session_start: bool = True  # when the system starts (codebases) or an agent is first used
+    watch: bool = True  # a watchdog watcher syncs changes in the background
+    lazy: bool = True  # a search first syncs what changed, waiting at most files.lazy_sync_wait_s
+
+
+WORKSPACE_ACCESS = ("rw", "ro", "none")
+
+
+@dataclass(frozen=True, slots=True)
 class EpisodicConfig:
     recency_half_life_s: float | None = None
     retention_max_count: int | None = None
@@ -111,6 +130,17 @@ class AgentConfig:
     clear_working_memory_on_task_end: bool = True
     recent_episodes_in_prompt: int = 3
     retrieval_min_score: float | None = 0.3  # cosine floor for semantic hits in prompts (keyword hits stay)
+    # the agent's memory workspace (MEMORY.md, memory/*.md): indexed, searched before tasks;
+    # "rw" also appends task outcomes to memory/YYYY-MM-DD.md, "ro" never writes, "none" ignores it
+    workspace: str | None = None
+    workspace_access: str = "rw"
+    codebases: tuple[str, ...] | None = None  # the [codebases] this agent searches (unset: all)
+    files_in_prompt: int = 3  # memory-file chunks in a task's prompt
+    code_in_prompt: int = 3  # code chunks in a task's prompt
+
+    def __post_init__(self) -> None:
+        if self.workspace_access not in WORKSPACE_ACCESS:
+            raise ConfigError(f"workspace_access must be 'rw', 'ro' or 'none', got {self.workspace_access!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,12 +149,31 @@ class ActorsConfig:
     restart_window_s: float = 60.0
     ask_timeout_s: float = 30.0  # default bound on a request to an actor
     stop_timeout_s: float = 30.0  # how long stop() waits for mailboxes to drain
-    embed_timeout_s: float = 120.0  # bound on one call of the shared embedding service
+    # bound on a store's wait for the shared embedding service; below ask_timeout_s so a write is
+    # stored (vector pending) and answered before its caller gives up. A model call running
+    # longer makes the model "stuck": later requests fail at once until it returns. A request of
+    # more than embedding.batch_size texts (a file sync) gets this per batch_size texts
+    embed_timeout_s: float = 10.0
+    # bound on embedding a search's query; a search that reaches it ranks by keywords and says so.
+    # Pre-task retrieval uses at most half of agent.retrieval_timeout_s for it
+    query_embed_timeout_s: float = 2.0
     writeback_retries: int = 5  # retries of a failed write-back before it waits for the next start
     blackboard_snapshot: bool = False  # save to blackboard/{session}.sqlite on stop, load on start
     # queued writes (write-backs, stores) an actor takes from its mailbox into one transaction;
     # 0 or 1: one transaction per message
     max_group_commit: int = 256
+
+    def __post_init__(self) -> None:
+        for name in ("embed_timeout_s", "query_embed_timeout_s"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise ConfigError(f"actors.{name} must be a positive number of seconds, got {value!r}")
+            if value >= self.ask_timeout_s:
+                raise ConfigError(
+                    f"actors.{name} ({value:g} s) must be below actors.ask_timeout_s "
+                    f"({self.ask_timeout_s:g} s): the inner timeout has to fire first, so the caller "
+                    "gets a stored write or a keyword-ranked result rather than a timeout"
+                )
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,10 +205,29 @@ class Config:
     actors: ActorsConfig = field(default_factory=ActorsConfig)
     bridges: BridgesConfig = field(default_factory=BridgesConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
     agents: Mapping[str, AgentConfig] = field(default_factory=dict)
+    codebases: Mapping[str, str] = field(default_factory=dict)  # name -> source tree
+    # per-agent overrides of whole sections: {agent_id: {"embedding": EmbeddingConfig, ...}}
+    agent_sections: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        lock, ask = self.storage.lock_timeout_s, self.actors.ask_timeout_s
+        if lock >= ask:
+            raise ConfigError(
+                f"storage.lock_timeout_s ({lock:g} s) must be below actors.ask_timeout_s ({ask:g} s): "
+                "the inner timeout has to fire first, so the caller gets DatabaseBusyError rather "
+                "than a timeout"
+            )
 
     def for_agent(self, agent_id: str) -> AgentConfig:
         return self.agents.get(agent_id, self.agent)
+
+    def of_agent(self, agent_id: str) -> Config:
+        """This config as one agent sees it: its ``[agents.<id>]`` settings as ``agent`` and its
+        ``embedding``, ``sync`` and ``files`` overrides in place of those sections."""
+        sections = dict(self.agent_sections.get(agent_id, {}))
+        return replace(self, agent=self.for_agent(agent_id), **sections)
 
     @classmethod
     def load(
@@ -192,15 +260,43 @@ class Config:
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], *, where: str = "configuration") -> Config:
         agents_raw = data.get("agents", {})
-        base = {k: v for k, v in data.items() if k != "agents"}
+        codebases_raw = data.get("codebases", {})
+        base = {k: v for k, v in data.items() if k not in ("agents", "codebases")}
         config: Config = _build(cls, base, "", where)
         if not isinstance(agents_raw, Mapping):
             raise ConfigError(f"{where}: 'agents' must be a table of agent ids")
-        agents = {
-            str(agent_id): _build(AgentConfig, values, f"agents.{agent_id}.", where, base=config.agent)
-            for agent_id, values in agents_raw.items()
-        }
-        return replace(config, agents=agents)
+        agents: dict[str, AgentConfig] = {}
+        sections: dict[str, dict[str, Any]] = {}
+        for agent_id, values in agents_raw.items():
+            prefix = f"agents.{agent_id}."
+            if not isinstance(values, Mapping):
+                raise ConfigError(f"{where}: {prefix.rstrip('.')} must be a table")
+            own = {k: v for k, v in values.items() if k not in _AGENT_SECTIONS}
+            if "workspace_access" in own and own["workspace_access"] not in WORKSPACE_ACCESS:
+                raise ConfigError(
+                    f"{where}: config key {prefix + 'workspace_access'!r} must be 'rw', 'ro' or 'none', "
+                    f"got {own['workspace_access']!r}"
+                )
+            agents[str(agent_id)] = _build(AgentConfig, own, prefix, where, base=config.agent)
+            for name, section in _AGENT_SECTIONS.items():
+                if name in values:
+                    built = _build(
+                        section, values[name], f"{prefix}{name}.", where, base=getattr(config, name)
+                    )
+                    sections.setdefault(str(agent_id), {})[name] = built
+        if not isinstance(codebases_raw, Mapping):
+            raise ConfigError(f"{where}: 'codebases' must be a table of name = \"path\"")
+        codebases: dict[str, str] = {}
+        for name, path in codebases_raw.items():
+            if not isinstance(path, str) or not path.strip():
+                raise ConfigError(
+                    f"{where}: config key 'codebases.{name}' must be a path string, got {path!r}"
+                )
+            codebases[str(name)] = str(path)
+        return replace(config, agents=agents, codebases=codebases, agent_sections=sections)
+
+
+_AGENT_SECTIONS: dict[str, type] = {"embedding": EmbeddingConfig, "sync": SyncConfig, "files": FilesConfig}
 
 
 _NOT_CONFIG_ENV = {"MEMSTRATA_MODEL_DIR", "MEMSTRATA_CONFIG", "MEMSTRATA_DEBUG"}
@@ -245,7 +341,8 @@ def _build(cls: Any, data: Any, prefix: str, where: str, base: Any = None) -> An
     if not isinstance(data, Mapping):
         raise ConfigError(f"{where}: {prefix.rstrip('.') or 'config'} must be a table")
     hints = typing.get_type_hints(cls)
-    known = {f.name: f for f in fields(cls) if f.name != "agents"}
+    skip = ("agents", "codebases", "agent_sections") if cls is Config else ()
+    known = {f.name: f for f in fields(cls) if f.name not in skip}
     values: dict[str, Any] = {}
     for key, raw in data.items():
         if key not in known:

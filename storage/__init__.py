@@ -3,28 +3,14 @@
 if __name__ != "memstrata.storage":  # nothing generic may be importable at top level
     raise ImportError(f"import memstrata.storage, not {__name__}: it is part of the memstrata package")
 
-from ._connection import (
-    Database,
-    DriverInfo,
-    connection_defaults,
-    disable_vec_for_tests,
-    driver_info,
-    open_database,
-)
+from ._connection import Database, connection_defaults, open_database
 from ._consistency import ConsistencyReport, check_consistency
-from ._embedding import (
-    DEFAULT_MODEL_ID,
-    Embedder,
-    EmbeddingCache,
-    FastEmbedEmbedder,
-    default_embedder,
-    default_model_dir,
-    embed_documents,
-    embed_query,
-    load_embedder,
-    prefetch_query,
-    text_hash,
-)
+from ._default_model import DEFAULT_MODEL_ID, default_model_dir
+from ._driver import DriverInfo, disable_vec_for_tests, driver_info
+from ._embed_cache import EmbeddingCache
+from ._embedder import Embedder, text_hash
+from ._embedding import embed_documents, embed_query, prefetch_query
+from ._fastembed import FastEmbedEmbedder, default_embedder, load_embedder
 from ._fulltext import (
     FTS_TOKENIZER,
     MAX_QUERY_TERMS,
@@ -35,7 +21,19 @@ from ._fulltext import (
     identifier_words,
     keyword_terms,
 )
-from ._fusion import DEFAULT_RRF_K, Fused, match_type, rrf
+from ._fusion import (
+    DEFAULT_KEYWORD_WEIGHT,
+    DEFAULT_RRF_K,
+    DEFAULT_VECTOR_WEIGHT,
+    PLAIN_RRF_K,
+    Fused,
+    FusedArrays,
+    best_score,
+    fuse,
+    fusion_weights,
+    match_type,
+    rrf,
+)
 from ._hybrid import Filter, Mode, RankedId, SearchParams, hybrid_search, keyword_search, validate_mode
 from ._migrations import (
     EmbeddingMismatch,
@@ -51,10 +49,13 @@ from ._vectors import APPROXIMATE_FROM, VectorHit, VectorIndex
 
 __all__ = [
     "APPROXIMATE_FROM",
+    "DEFAULT_KEYWORD_WEIGHT",
     "DEFAULT_MODEL_ID",
     "DEFAULT_RRF_K",
+    "DEFAULT_VECTOR_WEIGHT",
     "FTS_TOKENIZER",
     "MAX_QUERY_TERMS",
+    "PLAIN_RRF_K",
     "ConsistencyReport",
     "Database",
     "DriverInfo",
@@ -64,6 +65,7 @@ __all__ = [
     "FastEmbedEmbedder",
     "Filter",
     "Fused",
+    "FusedArrays",
     "KeywordQuery",
     "Migration",
     "Mode",
@@ -72,6 +74,7 @@ __all__ = [
     "VectorHit",
     "VectorIndex",
     "apply_migrations",
+    "best_score",
     "build_keyword_query",
     "check_consistency",
     "cjk_runs",
@@ -84,6 +87,8 @@ __all__ = [
     "embed_query",
     "embedding_mismatch",
     "fts_schema",
+    "fuse",
+    "fusion_weights",
     "get_meta",
     "hybrid_search",
     "identifier_words",

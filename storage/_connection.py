@@ -1,8 +1,7 @@
-"""SQLite connections: driver choice, sqlite-vec loading, pragmas, transactions, error mapping.
+"""SQLite connections: pragmas, transactions, busy retries, error mapping.
 
-stdlib ``sqlite3`` is used when it can load extensions; otherwise ``sqlean`` (sqlean.py), a
-drop-in driver built with extension loading. Each :class:`Database` is confined to the thread
-that uses it (actors own their connection), so layers need no locks.
+The driver and sqlite-vec loading are :mod:`._driver`'s. Each :class:`Database` is confined to
+the thread that uses it (actors own their connection), so layers need no locks.
 """
 
 from __future__ import annotations
@@ -10,26 +9,24 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import os
 import random
-import sqlite3
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-from memstrata.errors import DatabaseBusyError, InvalidInputError, StorageError
+from memstrata.errors import DatabaseBusyError, InvalidInputError, ReadOnlyError, StorageError
+
+from ._driver import _MODULE, DriverInfo, _load_vec
 
 __all__ = [
     "Database",
-    "DriverInfo",
     "connection_defaults",
-    "disable_vec_for_tests",
-    "driver_info",
     "open_database",
     "split_sql",
+    "writable",
 ]
 
 DEFAULT_BUSY_TIMEOUT_MS = 5_000
@@ -85,82 +82,6 @@ def connection_defaults(
         yield
     finally:
         _DEFAULTS.reset(token)
-
-
-@dataclass(frozen=True, slots=True)
-class DriverInfo:
-    """Which SQLite driver is in use and whether sqlite-vec is native."""
-
-    driver: str
-    sqlite_version: str
-    vec_version: str | None
-    native_vectors: bool
-    reason: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "driver": self.driver,
-            "sqlite_version": self.sqlite_version,
-            "vec_version": self.vec_version,
-            "native_vectors": self.native_vectors,
-            "reason": self.reason,
-        }
-
-
-def _stdlib_can_load() -> bool:
-    try:
-        conn = sqlite3.connect(":memory:")
-    except sqlite3.Error:
-        return False
-    try:
-        return hasattr(conn, "enable_load_extension")
-    finally:
-        conn.close()
-
-
-def _pick_module() -> ModuleType:
-    if _stdlib_can_load():
-        return sqlite3
-    try:
-        import sqlean  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:  # pragma: no cover - sqlean.py is a hard dependency
-        return sqlite3
-    return sqlean  # type: ignore[no-any-return,unused-ignore]
-
-
-_MODULE: ModuleType = _pick_module()
-_VEC_DISABLED = threading.Event()  # tests flip this to exercise the numpy fallback
-
-
-def _load_vec(conn: Any) -> tuple[str | None, str | None]:
-    """Load sqlite-vec into ``conn``; returns (version, reason it could not load)."""
-    if _VEC_DISABLED.is_set():
-        return None, "sqlite-vec disabled"
-    if not hasattr(conn, "enable_load_extension"):
-        return None, f"{_MODULE.__name__} cannot load extensions"
-    try:
-        import sqlite_vec
-
-        conn.enable_load_extension(True)
-        try:
-            sqlite_vec.load(conn)
-        finally:
-            conn.enable_load_extension(False)
-        version = conn.execute("SELECT vec_version()").fetchone()[0]
-    except Exception as exc:  # any failure means: use the numpy fallback, and say why
-        return None, f"sqlite-vec could not be loaded: {exc}"
-    return str(version), None
-
-
-def driver_info() -> DriverInfo:
-    """Probe the driver on an in-memory database."""
-    conn = _MODULE.connect(":memory:")
-    try:
-        version, reason = _load_vec(conn)
-        sqlite_version = conn.execute("SELECT sqlite_version()").fetchone()[0]
-    finally:
-        conn.close()
-    return DriverInfo(_MODULE.__name__, sqlite_version, version, version is not None, reason)
 
 
 def _is_busy(exc: BaseException) -> bool:
@@ -241,12 +162,37 @@ class _Cursor:
         self._cursor.close()
 
 
+def writable(path: Path) -> bool:
+    """Whether this process may write the database at ``path`` (and the journal files beside it).
+
+    A missing file counts as writable when its nearest existing folder is, since opening it for
+    writing creates it there. ``os.access`` also reports a read-only file system, even to root.
+    """
+    if str(path) == ":memory:":
+        return True
+    if path.exists():
+        return os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return os.access(folder, os.W_OK)
+
+
+def _read_only_uri(path: Path, immutable: bool) -> str:
+    return path.resolve().as_uri() + ("?mode=ro&immutable=1" if immutable else "?mode=ro")
+
+
 class Database:
     """One SQLite connection with memstrata's pragmas and a retrying write transaction.
 
     Reads run in autocommit mode; :meth:`transaction` opens ``BEGIN IMMEDIATE`` and retries a
     busy database with jittered backoff up to ``lock_bound_s`` before raising
     :class:`DatabaseBusyError`, so "database is locked" never reaches a user unexplained.
+
+    ``read_only`` opens with ``mode=ro``; a database that cannot be written (a read-only file or
+    folder, a read-only file system) is opened that way by itself, and a write then raises
+    :class:`ReadOnlyError`. A missing database in a place that cannot be written is not created:
+    opening it raises :class:`ReadOnlyError`.
     """
 
     def __init__(
@@ -275,10 +221,14 @@ class Database:
         # since ``PRAGMA data_version`` only changes for other connections' commits
         self._vector_generations: dict[str, int] = {}
         self.conn: Any = None
+        if not read_only and not writable(self.path):
+            if not self.path.exists():
+                raise ReadOnlyError(f"cannot create database {self.path}: its folder is read-only")
+            read_only = True
+            self.read_only = True
         try:
             if read_only:
-                uri = self.path.resolve().as_uri() + "?mode=ro"
-                self.conn = _MODULE.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+                self.conn = self._connect_read_only()
             else:
                 if str(self.path) != ":memory:":
                     self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -296,7 +246,7 @@ class Database:
                 with contextlib.suppress(Exception):
                     self.conn.close()
             reason = exc.__cause__ if isinstance(exc, StorageError) and exc.__cause__ else exc
-            if isinstance(exc, DatabaseBusyError):
+            if isinstance(exc, DatabaseBusyError | ReadOnlyError):
                 raise
             hint = ""
             if "malformed" in str(reason) or "not a database" in str(reason):
@@ -304,6 +254,27 @@ class Database:
             raise StorageError(f"cannot open database {self.path}: {reason}{hint}") from exc
         self.vec_version, self.vec_reason = _load_vec(self.conn) if load_vec else (None, "not requested")
         self.native_vectors = self.vec_version is not None
+
+    def _connect_read_only(self) -> Any:
+        """``mode=ro``; in a folder that cannot be written and with no write-ahead log beside the
+        file, SQLite cannot create the shared-memory file WAL readers need, and nobody can be
+        writing there, so the file is read as it is (``immutable=1``)."""
+        if not self.path.exists():
+            raise ReadOnlyError(f"database {self.path} does not exist (opened read-only)")
+        conn = _MODULE.connect(
+            _read_only_uri(self.path, False), uri=True, isolation_level=None, check_same_thread=False
+        )
+        try:
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            return conn
+        except _MODULE.Error:
+            conn.close()
+            wal = self.path.with_name(self.path.name + "-wal")
+            if os.access(self.path.parent, os.W_OK) or wal.exists():
+                raise
+        return _MODULE.connect(
+            _read_only_uri(self.path, True), uri=True, isolation_level=None, check_same_thread=False
+        )
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -440,6 +411,8 @@ class Database:
             return StorageError(
                 f"database {self.path}: the disk is full (or the database reached its size limit): {exc}"
             )
+        if "readonly" in text or "read-only" in text:
+            return ReadOnlyError(f"database {self.path} is read-only: it cannot be written ({exc})")
         if "malformed" in text or "not a database" in text:
             return StorageError(
                 f"database {self.path} is damaged ({exc}): restore it from a backup or move it aside"
@@ -481,11 +454,3 @@ class Database:
 
 def open_database(path: Path | str, **kwargs: Any) -> Database:
     return Database(path, **kwargs)
-
-
-def disable_vec_for_tests(disabled: bool) -> None:
-    """Force the numpy fallback (used by tests that compare both engines)."""
-    if disabled:
-        _VEC_DISABLED.set()
-    else:
-        _VEC_DISABLED.clear()

@@ -165,6 +165,9 @@ def check_consistency(
                 (differences is None or full) and not _fts_intact(db, index, against_content=whole)
             ):
                 what = f"{differences} row(s) differ" if differences else "its integrity check failed"
+                if db.read_only:
+                    report.problems.append(f"full-text index {index}: {what}; not rebuilt (read-only)")
+                    continue
                 report.problems.append(f"full-text index {index}: {what}; rebuilt")
                 _rebuild(db, table, key, index, condition)
                 report.fts_rebuilt.append(index)
@@ -177,14 +180,16 @@ def check_consistency(
                 wanted = ids
             orphans = sorted(have - ids)
             missing = sorted(wanted - have)
-            if orphans:
+            if orphans and db.read_only:
+                report.problems.append(f"{len(orphans)} vector(s) without a row; kept (read-only)")
+            elif orphans:
                 vectors.delete_many(orphans)
                 report.orphan_vectors_removed = len(orphans)
                 report.problems.append(f"{len(orphans)} vector(s) without a row; deleted")
             report.missing_vectors = len(missing)
             report.vectors = len(have) - len(orphans)
     if missing:
-        if repair_missing is not None:
+        if repair_missing is not None and not db.read_only:
             report.vectors_repaired = int(repair_missing(missing))
             report.vectors = (report.vectors or 0) + report.vectors_repaired
         report.problems.append(

@@ -9,6 +9,7 @@ of CJK characters go to a trigram index, where a quoted run matches as a substri
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass
 
 __all__ = [
@@ -17,6 +18,8 @@ __all__ = [
     "KeywordQuery",
     "build_keyword_query",
     "cjk_runs",
+    "fold_letters",
+    "folded_and_symbol_terms",
     "fts_schema",
     "identifier_words",
     "keyword_terms",
@@ -52,21 +55,65 @@ _CJK = re.compile(
 )
 
 
+# Russian readers treat ё as е (most texts print е): both spellings must find each other
+_FOLD = str.maketrans("ёЁ", "еЕ")
+_YO = re.compile(r"[^\W_]*[ёЁ][^\W_]*")
+# where pictographs live; each candidate is kept only if Unicode calls it a symbol ("So")
+_SYMBOLS = re.compile("[\u2190-\u2bff\u3030\u303d\u3297\u3299\U0001f000-\U0001faff]")
+
+
+def fold_letters(text: str) -> str:
+    """``text`` with the letters folded that ``unicode61`` leaves apart but readers do not: ё -> е."""
+    return text.translate(_FOLD)
+
+
+def _symbol_terms(text: str) -> list[str]:
+    """One indexable term per distinct emoji (or other pictograph) in ``text``.
+
+    ``unicode61`` treats symbols as separators, so an emoji is spelled as an ASCII word that
+    survives it (``🚀`` -> ``emoji1f680``); the same spelling is used at query time.
+    """
+    found: dict[str, None] = {}
+    for match in _SYMBOLS.finditer(text):
+        char = match.group(0)
+        if unicodedata.category(char) == "So":
+            found.setdefault(f"emoji{ord(char):x}", None)
+    return list(found)
+
+
 def identifier_words(text: str) -> str:
-    """The words hidden inside ``camelCase`` identifiers, for an extra indexed column.
+    """The extra indexed words of ``text``, for an extra indexed column.
 
     ``unicode61`` already splits ``snake_case`` at underscores, but keeps ``parseHttpRequest``
     as one token; this returns ``"parse http request"`` for it so a query for ``http`` finds it.
+    It also holds the ё -> е spelling of words written with ё and one term per emoji (see
+    :func:`fold_letters` and :func:`keyword_terms`), which the tokenizer cannot produce itself.
     """
     words: list[str] = []
     seen: set[str] = set()
+
+    def add(word: str) -> None:
+        if word not in seen:
+            seen.add(word)
+            words.append(word)
+
     for ident in _case_change_tokens(text):
         for part in _CAMEL_PARTS.findall(ident):
-            lower = part.lower()
-            if lower not in seen:
-                seen.add(lower)
-                words.append(lower)
+            add(part.lower())
+    for term in folded_and_symbol_terms(text):
+        add(term)
     return " ".join(words)
+
+
+def folded_and_symbol_terms(text: str) -> list[str]:
+    """The terms :func:`identifier_words` adds beyond identifier parts: ё -> е spellings, emoji."""
+    terms: dict[str, None] = {}
+    if "ё" in text or "Ё" in text:
+        for match in _YO.finditer(text):
+            terms.setdefault(fold_letters(match.group(0)).lower(), None)
+    for term in _symbol_terms(text):
+        terms.setdefault(term, None)
+    return list(terms)
 
 
 def _case_change_tokens(text: str) -> list[str]:
@@ -94,7 +141,11 @@ def cjk_runs(text: str) -> list[str]:
 
 
 def keyword_terms(text: str, *, keep_stop_words: bool = False) -> list[str]:
-    """Distinct lower-case terms of ``text`` in order: words plus the parts of identifiers."""
+    """Distinct lower-case terms of ``text`` in order: words plus the parts of identifiers.
+
+    A word written with ё also yields its ё -> е spelling, and an emoji its indexed term (see
+    :func:`identifier_words`), so either spelling finds both, in old and new indexes alike.
+    """
     text = _clean(text)[:MAX_QUERY_CHARS]
     terms: list[str] = []
     seen: set[str] = set()
@@ -107,6 +158,7 @@ def keyword_terms(text: str, *, keep_stop_words: bool = False) -> list[str]:
 
     for match in _WORD.finditer(_CJK.sub(" ", text)):
         add(match.group(0))
+        add(fold_letters(match.group(0)))
     for part in identifier_words(text).split():
         add(part)
     return terms

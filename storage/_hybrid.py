@@ -1,4 +1,5 @@
-"""Hybrid retrieval shared by every layer: vector KNN + FTS5 keyword search, fused with RRF.
+"""Hybrid retrieval shared by every layer: vector KNN + FTS5 keyword search, fused by
+:func:`storage.fuse` (weighted RRF, see ``_fusion``).
 
 A layer owns a content table (integer primary key ``id``) indexed by :func:`fts_schema` and a
 :class:`VectorIndex` keyed by the same ids. It describes its filters once, as SQL that selects
@@ -10,28 +11,33 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 import numpy.typing as npt
-
-from memstrata.errors import InvalidInputError
+from memstrata.core.validation import check_mode
 
 from ._connection import Database
 from ._fulltext import KeywordQuery, build_keyword_query
-from ._fusion import DEFAULT_RRF_K, match_type, rrf
+from ._fusion import (
+    DEFAULT_KEYWORD_WEIGHT,
+    DEFAULT_RRF_K,
+    DEFAULT_VECTOR_WEIGHT,
+    PLAIN_RRF_K,
+    fusion_weights,
+    match_type,
+    rrf,
+)
 from ._vectors import VectorHit, VectorIndex
 
 __all__ = ["Filter", "Mode", "RankedId", "SearchParams", "hybrid_search", "keyword_search", "validate_mode"]
 
 Mode = Literal["hybrid", "vector", "keyword"]
-MODES = ("hybrid", "vector", "keyword")
 
 
 def validate_mode(mode: object) -> Mode:
-    if mode not in MODES:
-        raise InvalidInputError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
-    return mode  # type: ignore[return-value]
+    """``mode`` as a :data:`Mode` (the one rule: :func:`memstrata.core.validation.check_mode`)."""
+    return cast(Mode, check_mode(mode))
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,9 +59,9 @@ class SearchParams:
     top_k: int = 10
     mode: Mode = "hybrid"
     depth: int = 50  # candidates taken from each list before fusion (independent of top_k)
-    rrf_k: int = DEFAULT_RRF_K
-    vector_weight: float = 1.0
-    keyword_weight: float = 1.0
+    rrf_k: int = DEFAULT_RRF_K  # PLAIN_RRF_K with equal weights: textbook RRF
+    vector_weight: float = DEFAULT_VECTOR_WEIGHT
+    keyword_weight: float = DEFAULT_KEYWORD_WEIGHT
     min_similarity: float | None = None  # drops semantic candidates below it; never keyword hits
 
 
@@ -108,7 +114,7 @@ def keyword_search(
         lists.append([r[0] for r in db.query(sql, (*like_params, *params, limit))])
     if len(lists) == 1:
         return lists[0]
-    return [f.key for f in rrf(lists)][:limit]
+    return [f.key for f in rrf(lists, k=PLAIN_RRF_K)][:limit]
 
 
 def hybrid_search(
@@ -159,14 +165,14 @@ def hybrid_search(
             db, table, columns, keyword_query, depth, flt, column_weights=column_weights
         )
 
+    # a keyword search that matched nothing takes no part: the vector list alone is then the best
+    use_keywords = use_keywords and bool(keyword_ids)
     lists: list[list[int]] = []
-    weights: list[float] = []
     if use_vectors:
         lists.append([h.rowid for h in vector_hits])
-        weights.append(params.vector_weight if use_keywords else 1.0)
     if use_keywords:
         lists.append(keyword_ids)
-        weights.append(params.keyword_weight if use_vectors else 1.0)
+    weights = fusion_weights(use_vectors, use_keywords, params.vector_weight, params.keyword_weight)
     if not lists:
         return []
     fused = rrf(lists, k=params.rrf_k, weights=weights)[: params.top_k]

@@ -10,9 +10,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from memstrata.errors import InvalidInputError, MemstrataError, SchemaMismatchError, StorageError
+from memstrata.errors import (
+    InvalidInputError,
+    MemstrataError,
+    ReadOnlyError,
+    SchemaMismatchError,
+    StorageError,
+)
 
 from ._connection import Database, split_sql
+from ._fulltext import folded_and_symbol_terms
 
 __all__ = [
     "EmbeddingMismatch",
@@ -22,6 +29,7 @@ __all__ = [
     "ensure_metadata",
     "get_meta",
     "record_embedding",
+    "refresh_keyword_terms",
     "schema_version",
     "set_meta",
 ]
@@ -67,6 +75,8 @@ def apply_migrations(db: Database, kind: str, migrations: Sequence[Migration]) -
     """
     if not kind or not isinstance(kind, str):
         raise InvalidInputError(f"kind must be a non-empty string, got {kind!r}")
+    if db.read_only:
+        return _check_read_only(db, kind, migrations)
     with db.transaction():
         db.execute(_METADATA_SQL)
         existing_kind = get_meta(db, "schema_kind")
@@ -105,6 +115,66 @@ def apply_migrations(db: Database, kind: str, migrations: Sequence[Migration]) -
                 ) from exc
             set_meta(db, "schema_version", number)
     return len(migrations)
+
+
+def _check_read_only(db: Database, kind: str, migrations: Sequence[Migration]) -> int:
+    """A read-only database is served as it is when its schema is current; it cannot be upgraded."""
+    existing_kind = get_meta(db, "schema_kind")
+    if existing_kind is not None and existing_kind != kind:
+        raise SchemaMismatchError(f"database {db.path} is a {existing_kind!r} store, not a {kind!r} store")
+    version = int(get_meta(db, "schema_version") or 0)
+    if version > len(migrations):
+        raise SchemaMismatchError(
+            f"database {db.path} has schema version {version}, newer than this memstrata "
+            f"({len(migrations)}); upgrade memstrata"
+        )
+    if version < len(migrations):
+        raise ReadOnlyError(
+            f"database {db.path} is read-only and has schema version {version}, older than this "
+            f"memstrata ({len(migrations)}): open it once with write access to upgrade it"
+        )
+    return version
+
+
+KEYWORD_TERMS = "yo-emoji-1"
+"""Name of the keyword-terms upgrade: words with ё also indexed with е, emoji indexed as terms."""
+
+
+def refresh_keyword_terms(db: Database, *, table: str, column: str, source: str, key: str = "id") -> int:
+    """Named migration ``yo-emoji-1`` of a keyword index's extra-words ``column``.
+
+    Rows written before it lack the ё -> е spellings and emoji terms that
+    :func:`~memstrata.storage.identifier_words` now adds; this appends them (``source`` is the SQL
+    expression of the indexed text), and the table's update trigger reindexes those rows. Runs
+    once per database (recorded in ``metadata``); a read-only database is left as it is, where
+    the original spellings still match. Returns how many rows gained terms.
+    """
+    if db.read_only or get_meta(db, "keyword_terms") == KEYWORD_TERMS:
+        return 0
+    changed = 0
+    with db.transaction():
+        if get_meta(db, "keyword_terms") == KEYWORD_TERMS:  # another process did it meanwhile
+            return 0
+        last = -(2**63)
+        while True:
+            rows = db.query(
+                f"SELECT {key}, {source}, {column} FROM {table} WHERE {key} > ? ORDER BY {key} LIMIT 500",
+                (last,),
+            )
+            if not rows:
+                break
+            last = rows[-1][0]
+            updates = []
+            for ident, text, current in rows:
+                have = set(str(current or "").split())
+                extra = [t for t in folded_and_symbol_terms(str(text or "")) if t not in have]
+                if extra:
+                    updates.append((" ".join([str(current or ""), *extra]).strip(), ident))
+            if updates:
+                db.executemany(f"UPDATE {table} SET {column} = ? WHERE {key} = ?", updates)
+                changed += len(updates)
+        set_meta(db, "keyword_terms", KEYWORD_TERMS)
+    return changed
 
 
 _split_sql = split_sql  # older name

@@ -219,3 +219,58 @@ def test_a_prefetched_query_is_computed_once_in_the_background() -> None:
     service.prefetch_query("after close")  # a closed service ignores it; embed_query reports it
     with pytest.raises(EmbeddingError, match="closed"):
         service.embed_query("after close")
+
+
+def test_a_stuck_model_fails_later_requests_at_once_and_says_since_when() -> None:
+    from memstrata.storage._embedding import embed_deadline
+
+    from memstrata.errors import ModelFaultError
+
+    inner = GatedEmbedder()  # its first document call waits inside the model until released
+    service = BatchingEmbedder(inner, call_timeout_s=30.0)
+    try:
+        assert service.model_status()["state"] == "ok"
+        first = run_threads_started(lambda: service.embed_documents(["held inside the model"]))
+        assert inner.entered.wait(5)
+        # a caller with a deadline gives up waiting behind it: the call is stuck from now on
+        with embed_deadline(0.05), pytest.raises(ModelFaultError, match=r"did not answer within 0\.05 s"):
+            service.embed_documents(["queued behind it"])
+        status = service.model_status()
+        assert status["state"] == "stuck" and status["texts"] == 1 and status["since"].endswith("Z")
+        # nothing else queues behind the stuck call (the fake is not thread-safe: queries neither)
+        with pytest.raises(ModelFaultError, match=r"is stuck since .* on a call of 1 text"):
+            service.embed_documents(["another text"])
+        with pytest.raises(ModelFaultError, match="is stuck since"):
+            service.embed_query("a query")
+        inner.release.set()
+        assert np.asarray(first()).shape == (1, 64)  # the stuck caller gets its answer after all
+        wait_until(lambda: service.model_status()["state"] == "ok")
+        assert service.embed_documents(["another text"]).shape == (1, 64)
+    finally:
+        inner.release.set()
+        service.close()
+
+
+def test_unusable_vectors_are_a_model_fault_and_never_cached() -> None:
+    from memstrata.errors import InvalidInputError, ModelFaultError
+
+    class Zeros(FakeEmbedder):
+        broken = True
+
+        def embed_documents(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+            rows = super().embed_documents(texts)
+            return np.zeros_like(rows) if self.broken else rows
+
+    inner = Zeros()
+    service = BatchingEmbedder(inner)
+    try:
+        with pytest.raises(ModelFaultError, match="all-zero vector") as caught:
+            service.embed_documents(["a text"])
+        assert not isinstance(caught.value, InvalidInputError)
+        status = service.model_status()
+        assert status["state"] == "faulty" and "all-zero" in status["last_error"]
+        inner.broken = False  # fixed: the text is computed again, not answered from the cache
+        assert np.abs(service.embed_documents(["a text"])).max() > 0
+        assert service.model_status()["state"] == "ok"
+    finally:
+        service.close()

@@ -92,3 +92,40 @@ def test_merge_with_one_side_empty(top_k: int) -> None:
     own = [hit(f"e{i}", 1 - i / 10, entry_id=i) for i in range(5)]
     assert merge_hits(own, [], top_k) == own[:top_k]
     assert merge_hits([], own, top_k) == own[:top_k]
+
+
+def test_every_kind_of_entry_shares_one_context_escaped() -> None:
+    import datetime as dt
+
+    from memstrata.layers import Episode, EpisodeHit
+
+    from memstrata.messages import FileContext
+
+    nasty = 'x<"y">&\n\x01'
+    at = dt.datetime(2026, 11, 20, 9, 30, tzinfo=dt.UTC)
+    episode = EpisodeHit(
+        Episode(1, f"ep {nasty}", f"T {nasty}", "t1", {}, "task", at, "u"), 0.52, "hybrid", 1, 1
+    )
+    files = [
+        FileContext("file", f"memory/{nasty}.md", 12, 30, 0.812, f"note {nasty}", "markdown"),
+        FileContext("code", "src/pay.py", 1, 20, 0.4, f"def f(): return '{nasty}'", "python", f"shop{nasty}"),
+    ]
+    text = build_prompt("Pay <now>", [hit("Avoid Strategy", 0.87)], [episode], files)
+    lines = text.splitlines()
+    assert lines[0] == "<knowledge-context>" and lines[1].startswith('<entry category="pitfall"')
+    assert lines[2].startswith(
+        '<entry source="episode" relevance="0.52" at="2026-11-20T09:30:00+00:00" title="T '
+    )
+    assert (
+        '<entry source="file" path="memory/x&lt;&quot;y&quot;&gt;&amp;&#10;\ufffd.md" lines="12-30" ' in text
+    )
+    assert 'relevance="0.81">note x&lt;"y"&gt;&amp;' in text  # markdown files carry no language
+    assert '<entry source="code" path="src/pay.py" lines="1-20" relevance="0.40" codebase="shop' in text
+    assert 'language="python">def f()' in text
+    assert text.endswith("</knowledge-context>\n<task>Pay &lt;now&gt;</task>")
+    root = ET.fromstring(f"<prompt>{text}</prompt>")
+    entries = root.find("knowledge-context")
+    assert entries is not None
+    assert [e.get("source") for e in entries] == [None, "episode", "file", "code"]
+    assert entries[2].get("path") == 'memory/x<"y">&\n\ufffd.md'
+    assert entries[3].text == "def f(): return 'x<\"y\">&\n\ufffd'"

@@ -11,22 +11,36 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from memstrata.layers._chunking import (
+from memstrata.layers._chunk import (
     Chunk,
-    chunk_code,
-    chunk_file,
-    chunk_markdown,
-    chunk_python,
     estimate_tokens,
-    language_for,
     model_token_counter,
     normalize_newlines,
     split_lines,
 )
+from memstrata.layers._chunk_code import chunk_syntax
+from memstrata.layers._chunk_file import chunk_file, language_for
+from memstrata.layers._chunk_lines import chunk_code
+from memstrata.layers._chunk_markdown import chunk_markdown
+from memstrata.layers._chunk_python import chunk_python
 
 from memstrata.errors import InvalidInputError
 
-CHUNKERS = [chunk_markdown, chunk_code, chunk_python]
+
+def _syntax(suffix: str):
+    """The syntax-tree chunker for one grammar, called like the other chunkers."""
+
+    def chunk(text: str, *, tokens: int = 400, overlap: int = 80, count=None) -> list[Chunk]:
+        chunks = chunk_syntax(text, suffix, tokens=tokens, overlap=overlap, count=count)
+        assert chunks is not None, f"no grammar for {suffix}"
+        return chunks
+
+    chunk.__name__ = f"chunk_syntax{suffix.replace('.', '_')}"
+    return chunk
+
+
+chunk_syntax_py, chunk_syntax_rs, chunk_syntax_js = _syntax(".py"), _syntax(".rs"), _syntax(".js")
+CHUNKERS = [chunk_markdown, chunk_code, chunk_python, chunk_syntax_py, chunk_syntax_rs, chunk_syntax_js]
 
 
 def check_invariants(source: str, chunks: list[Chunk], budget: int) -> None:
@@ -308,13 +322,14 @@ def test_unparsable_python_falls_back_to_line_chunking():
     assert chunks
 
 
-def test_python_chunker_on_real_modules():
+@pytest.mark.parametrize("chunker", [chunk_python, chunk_syntax_py])
+def test_python_chunker_on_real_modules(chunker):
     import json.decoder
     import textwrap as module
 
     for mod in (module, json.decoder):
         source = Path(inspect.getfile(mod)).read_text(encoding="utf-8")
-        chunks = chunk_python(source)
+        chunks = chunker(source)
         check_invariants(source, chunks, 400)
         lines = split_lines(source)
         for start, end in _defs(ast.parse(source)):
@@ -329,6 +344,19 @@ def test_dispatch_by_extension():
     assert language_for("Makefile") == "text"
     language, chunks = chunk_file("notes.md", "# T\n\ntext\n")
     assert language == "markdown" and chunks
+    assert language_for("src/vec.cxx") == "cpp" and language_for("a.mts") == "typescript"
+
+
+def test_chunk_file_uses_the_syntax_tree_for_code_and_lines_otherwise():
+    source = "def f(x):\n    return x\n\n\nclass A:\n    pass\n"
+    language, chunks = chunk_file("pkg/m.py", source, tokens=12, overlap=0)
+    assert language == "python"
+    assert chunks == chunk_syntax(source, ".py", tokens=12, overlap=0)
+    assert [c.symbol for c in chunks] == ["f", "A"]
+    language, chunks = chunk_file("notes.txt", "# Title\n\nSome text.\n")
+    assert language == "text" and chunks == chunk_markdown("# Title\n\nSome text.\n")
+    language, chunks = chunk_file("conf.ini", "[a]\nx = 1\n")
+    assert language == "ini" and chunks == chunk_code("[a]\nx = 1\n") and chunks[0].symbol == ""
 
 
 # -- properties --------------------------------------------------------------------------------
@@ -371,14 +399,15 @@ def test_invariants_hold_for_any_text(source, budget, overlap_share):
         max_size=12,
     ),
     budget=st.integers(30, 200),
+    chunker=st.sampled_from([chunk_python, chunk_syntax_py]),
 )
-def test_python_invariants_and_whole_definitions(functions, budget):
+def test_python_invariants_and_whole_definitions(functions, budget, chunker):
     parts = []
     for n, (size, decorated) in enumerate(functions):
         body = "\n".join(f"    v{i} = {i} * {n}" for i in range(size)) or "    pass"
         parts.append(("@decorator\n" if decorated else "") + f"def fn_{n}(arg):\n{body}\n")
     source = "import os\n\n\n" + "\n\n".join(parts)
-    chunks = chunk_python(source, tokens=budget, overlap=budget // 5)
+    chunks = chunker(source, tokens=budget, overlap=budget // 5)
     check_invariants(source, chunks, budget)
     lines = split_lines(source)
     for start, end in _defs(ast.parse(source)):

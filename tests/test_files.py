@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from memstrata.layers import FileHit, SyncStats, _files, _sync
+from memstrata.layers import FileHit, SyncStats, _files, _index_db, _snippet
 from memstrata.layers._paths import SourceRules
 
 from memstrata import Codebase, Config, MemoryFiles
@@ -227,13 +227,13 @@ def test_chunker_version_change_purges_and_rebuilds(
     with MemoryFiles.open(workspace, embedder=fake, config=cfg) as index:
         index.sync()
     embedded = fake.texts_embedded
-    monkeypatch.setattr(_sync, "CHUNKER_VERSION", _sync.CHUNKER_VERSION + 1)
+    monkeypatch.setattr(_index_db, "CHUNKER_VERSION", _index_db.CHUNKER_VERSION + 1)
     with MemoryFiles.open(workspace, embedder=fake, config=cfg) as index:
         stats = index.sync()
         assert stats.chunks_purged == 3 and stats.files_processed == 3 and stats.chunks_deleted == 0
         assert stats.chunks_embedded == 0 and fake.texts_embedded == embedded  # same text: cache
         assert index.store.db.scalar("SELECT value FROM metadata WHERE key = 'chunker_version'") == str(
-            _sync.CHUNKER_VERSION
+            _index_db.CHUNKER_VERSION
         )
         assert index.sync().files_unchanged == 3
 
@@ -730,7 +730,9 @@ def test_codebase_indexes_sources_and_prunes(tree: Path, data_dir: Path, fake: F
         languages = dict(cb.store.db.query("SELECT path, language FROM files WHERE skipped IS NULL"))
         assert languages["src/lib.rs"] == "rust" and languages["web/app.ts"] == "typescript"
         hits = cb.search("checksum")
-        assert hits[0].path == "src/lib.rs" and hits[0].language == "rust"
+        # the README ("Computes checksums") and lib.rs both match; lib.rs is the only vector match
+        assert {"src/lib.rs", "README.md"} == set(paths(hits)[:2])
+        assert next(h for h in hits if h.path == "src/lib.rs").language == "rust"
         assert "node_modules/dep/index.js" not in paths(hits)
         # identifier words: "http" and "request" find parse_http_request / renderInvoice parts
         assert cb.search("invoice", mode="keyword")[0].path == "web/app.ts"
@@ -771,11 +773,11 @@ def test_codebase_top_k_and_snippet_limit(tmp_path: Path, data_dir: Path, fake: 
 
 def test_snippet_is_centred_on_the_best_match():
     text = "alpha " * 300 + "the needle and the haystack " + "omega " * 300
-    snippet = _sync.make_snippet(text, "needle haystack", 200)
+    snippet = _snippet.make_snippet(text, "needle haystack", 200)
     assert len(snippet) <= 200 and "needle and the haystack" in snippet
     assert snippet.startswith("…") and snippet.endswith("…")
-    assert _sync.make_snippet("short text", "x", 700) == "short text"
-    assert len(_sync.make_snippet("y" * 5000, "no match", 700)) <= 700
+    assert _snippet.make_snippet("short text", "x", 700) == "short text"
+    assert len(_snippet.make_snippet("y" * 5000, "no match", 700)) <= 700
 
 
 def test_concurrent_owner_and_second_index_on_one_database(workspace: Path, data_dir: Path):
@@ -803,7 +805,7 @@ def test_real_model_finds_paraphrases(workspace: Path, data_dir: Path, real_embe
     with MemoryFiles.open(workspace, embedder=real_embedder, config=cfg) as index:  # type: ignore[arg-type]
         stats = index.sync()
         assert stats.files_processed == 5
-        assert index.status()["chunker"].startswith("v1/400/80/tokens:")
+        assert index.status()["chunker"].startswith("v2/400/80/tokens:")
         hits = index.search("which puppy lives at work", mode="vector")
         assert (
             hits[0].path == "memory/pets.md" and hits[0].similarity is not None and hits[0].similarity > 0.35

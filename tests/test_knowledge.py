@@ -774,7 +774,7 @@ def test_status_reports_the_store(store: KnowledgeStore, fake_embedder: FakeEmbe
     assert (status["model"], status["dim"]) == (fake_embedder.model_id, fake_embedder.dim)
     assert status["mode"] == "hybrid" and status["reason"] is None
     assert status["vectors"]["count"] == 1
-    assert status["tuning"]["rrf_k"] == 60
+    assert status["tuning"]["rrf_k"] == 5
     orjson.dumps(status)
 
 
@@ -884,3 +884,29 @@ def test_the_approximate_search_threshold_comes_from_the_config(
         vectors = store.status()["vectors"]
         assert vectors["approximate_from"] == threshold
         assert (vectors["approximate"] is not None) == (threshold is not None)
+
+
+@pytest.mark.parametrize(("rrf_k", "keyword_weight"), [(5, 1.5), (60, 1.0)])
+def test_search_fuses_with_the_configured_rrf(
+    data_dir: Path, fake_embedder: FakeEmbedder, rrf_k: int, keyword_weight: float
+) -> None:
+    """Hybrid hits are the shared fusion of the two single-mode lists, with the configured
+    settings: the default (k=5, keywords x1.5) or textbook RRF (k=60, equal weights)."""
+    from memstrata.storage import rrf
+
+    config = Config(data_dir=data_dir, search=SearchConfig(rrf_k=rrf_k, keyword_weight=keyword_weight))
+    with KnowledgeStore.open(data_dir / "f.sqlite", fake_embedder, config=config) as store:
+        words = ["queue", "retry", "payment", "cache", "index", "token", "lock", "deploy"]
+        store.add_many(
+            {"content": " ".join(words[(i * 3 + j) % 8] for j in range(i % 4 + 1))} for i in range(40)
+        )
+        query = "payment retry cache"
+        vector = [h.entry.id for h in store.search(query, top_k=50, mode="vector")]
+        keyword = [h.entry.id for h in store.search(query, top_k=50, mode="keyword")]
+        hits = store.search(query, top_k=10)
+        expected = rrf([vector, keyword], k=rrf_k, weights=[1.0, keyword_weight])[:10]
+        assert [(h.entry.id, h.vector_rank, h.keyword_rank) for h in hits] == [
+            (f.key, *f.ranks) for f in expected
+        ]
+        assert [h.score for h in hits] == pytest.approx([f.score for f in expected])
+        assert all(0.0 < h.score <= 1.0 for h in hits)

@@ -127,3 +127,25 @@ def test_query_words_are_stemmed_like_fts5(store: KnowledgeStore) -> None:
 def test_only_stop_words_still_search(store: KnowledgeStore) -> None:
     entry = store.add("what it is about")
     assert [h.entry.id for h in store.search("what is it", mode="keyword")] == [entry]
+
+
+def test_scores_equal_fts5_bm25_with_long_columns(store: KnowledgeStore) -> None:
+    """Columns of 128+ tokens have multi-byte lengths in FTS5's ``_docsize``: a wrong varint decode
+    gives them huge lengths and sinks long entries; the scores must be FTS5's own to the digit."""
+    rng = random.Random(11)
+    lengths = [3, 20, 127, 128, 129, 208, 300, 1000, 16_384, 5]
+    ids = store.add_many(
+        {"content": " ".join(rng.choice(WORDS) for _ in range(n)), "tags": {"kafka": "queue"}}
+        for n in lengths
+    )
+    for terms in (["queue"], ["kafka", "retry"], ["payment", "invoice", "lock"], ["thread"]):
+        match = " OR ".join(f'"{t}"' for t in terms)
+        sql = (
+            "SELECT rowid, -bm25(knowledge_fts, 1.0, 1.0, 1.0) FROM knowledge_fts WHERE knowledge_fts MATCH ?"
+        )
+        rows = store._db.query(sql, (match,))
+        expected = {int(r[0]): float(r[1]) for r in rows}
+        got = dict(zip(ids, store._bm25.scores(terms, ids), strict=True))
+        for rowid in ids:
+            assert got[rowid] == pytest.approx(expected.get(rowid, 0.0), rel=1e-9, abs=1e-12), (terms, rowid)
+        assert numpy_ranking(store, terms, 10) == fts5_ranking(store, terms, 10)

@@ -52,15 +52,16 @@ def test_in_process_tools_roundtrip(data_dir: Path, tmp_path: Path) -> None:
                 for tool in listed.tools:
                     jsonschema.Draft202012Validator.check_schema(tool.input_schema)
                     assert "agent_id" in tool.input_schema["properties"]
+                    assert tool.annotations is not None and tool.annotations.title
 
                 saved = await client.call_tool("memory_add", {"content": "The VPN needs the hardware token"})
                 assert not saved.is_error
                 ident = _payload(saved)["id"]
                 found = _payload(await client.call_tool("memory_search", {"query": "VPN hardware token"}))
-                assert found[0]["path"] == f"memory://{ident}"
+                assert found["hits"][0]["path"] == f"memory://{ident}"
                 standup = _payload(await client.call_tool("memory_search", {"query": "when is standup"}))
-                assert standup[0]["path"] == str(workspace.resolve() / "MEMORY.md")
-                assert set(standup[0]) == {"path", "startLine", "endLine", "score", "snippet"}
+                assert standup["hits"][0]["path"] == str(workspace.resolve() / "MEMORY.md")
+                assert set(standup["hits"][0]) == {"path", "startLine", "endLine", "score", "snippet"}
                 read = _payload(await client.call_tool("memory_get", {"path": "MEMORY.md", "from": 3}))
                 assert read["text"] == "Standup is at nine thirty."
 
@@ -71,14 +72,14 @@ def test_in_process_tools_roundtrip(data_dir: Path, tmp_path: Path) -> None:
                 assert not other.is_error
                 mine = _payload(await client.call_tool("knowledge_query", {"query": "blue-green deploys"}))
                 assert all(
-                    h["content"] != "Blue-green deploys" for h in mine
+                    h["content"] != "Blue-green deploys" for h in mine["hits"]
                 )  # stored for "ops", not "helper"
                 theirs = _payload(
                     await client.call_tool(
                         "knowledge_query", {"query": "blue-green deploys", "agent_id": "ops"}
                     )
                 )
-                assert theirs[0]["content"] == "Blue-green deploys"
+                assert theirs["hits"][0]["content"] == "Blue-green deploys"
 
                 bad = await client.call_tool("memory_search", {"query": 3})
                 assert bad.is_error
@@ -112,11 +113,11 @@ def test_memstrata_mcp_over_stdio(data_dir: Path) -> None:
                 )
                 assert not stored.is_error, stored
                 found = await client.call_tool("knowledge_query", {"query": "how often are webhooks retried"})
-                hits = _payload(found)
+                hits = _payload(found)["hits"]
                 assert hits[0]["content"] == "The billing service retries webhooks three times"
                 assert hits[0]["category"] == "codebase"
                 empty = _payload(await client.call_tool("memory_search", {"query": "anything"}))
-                assert empty["results"] == [] and "no memories indexed yet" in empty["message"]
+                assert empty["hits"] == [] and "no memories indexed yet" in empty["warnings"][0]
 
     anyio.run(session)
     from memstrata.layers import KnowledgeStore

@@ -4,17 +4,29 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+from memstrata.core.constants import MAX_TOP_K
 from memstrata.layers import Episode, EpisodeHit, KnowledgeEntry, KnowledgeHit
 
+from memstrata import Config, MemorySystem
 from memstrata.errors import InvalidInputError
 from memstrata.messages import (
+    ArchiveEpisodes,
     ClearWorkingMemory,
     CommitMemory,
+    DeleteEpisode,
     DeleteKnowledge,
+    DeleteSignal,
+    EpisodeDeleted,
+    EpisodeItem,
+    EpisodeList,
+    EpisodesArchived,
+    EpisodesRestored,
+    GetEpisode,
     GetKnowledge,
     GetWorkingMemory,
     KnowledgeDeleted,
@@ -22,6 +34,8 @@ from memstrata.messages import (
     KnowledgeList,
     KnowledgeResult,
     KnowledgeStored,
+    KnowledgeUpdated,
+    ListEpisodes,
     ListKnowledge,
     ListSignals,
     MemoryCommitted,
@@ -31,9 +45,11 @@ from memstrata.messages import (
     PublishSignal,
     QueryKnowledge,
     QuerySignal,
+    RestoreEpisodes,
     SearchMemory,
     SetWorkingMemory,
     Signal,
+    SignalDeleted,
     SignalList,
     SignalPublished,
     SignalSubscribed,
@@ -47,6 +63,7 @@ from memstrata.messages import (
     TaskFailed,
     TaskPrompt,
     UnsubscribeSignal,
+    UpdateKnowledge,
     WorkingMemoryCleared,
     WorkingMemoryValue,
     WriteBackQueued,
@@ -55,6 +72,7 @@ from memstrata.messages import (
     encode,
     message_types,
 )
+from tests.fakes import FakeEmbedder
 
 AT = dt.datetime(2025, 3, 1, 12, 30, tzinfo=dt.UTC)
 ENTRY = KnowledgeEntry(7, "Avoid <Strategy> & co", "pitfall", {"taskId": "t1"}, "/src", "a1", 1.5, 2.5)
@@ -96,11 +114,27 @@ EXAMPLES: list[Message] = [
     SignalUnsubscribed("s1", 5, True),
     ListSignals("agent:", "s1"),
     SignalList("s1", "agent:", ("agent:a", "agent:b")),
+    DeleteSignal("agent:a", "s1"),
+    SignalDeleted("s1", "agent:a", True, 4),
+    Signal("s1", "agent:a", None, None, 4, AT, True),
     TaskAssigned("t1", "Refactor payment", "a1", "payment", "pitfall", {"a": "b"}, "/src", 4),
     TaskPrompt("<task>x</task>", (KHIT,), False, None, "a1", "t1", (EHIT,)),
     TaskCompleted("t1", "done", "a1"),
     TaskFailed("t1", "broke", None),
     WriteBackQueued("a1", "t1", 12),
+    UpdateKnowledge("shared", 7, "new text", "pattern", {"k": "v"}, "/src"),
+    KnowledgeUpdated("shared", 7, ENTRY),
+    ListEpisodes("a1", "t1", AT, AT + dt.timedelta(days=1), 20, 40, False),
+    EpisodeList("a1", (EPISODE,)),
+    GetEpisode("a1", 3),
+    EpisodeItem("a1", EPISODE),
+    EpisodeItem("a1", None),
+    DeleteEpisode("a1", 3),
+    EpisodeDeleted("a1", 3, True),
+    ArchiveEpisodes("a1", "/tmp/a1.sqlite", AT, "t1"),
+    EpisodesArchived("a1", "/tmp/a1.sqlite", 4),
+    RestoreEpisodes("a1", "/tmp/a1.sqlite"),
+    EpisodesRestored("a1", "/tmp/a1.sqlite", 4),
 ]
 
 
@@ -148,7 +182,7 @@ def test_hits_decode_to_layer_objects() -> None:
         (lambda: StoreKnowledge("a1", 5, "pitfall"), "StoreKnowledge.content"),
         (lambda: StoreKnowledge("a1", "c", "Bad Category"), "StoreKnowledge.category"),
         (lambda: StoreKnowledge("a1", "c", "pitfall", {"k": 1}), "StoreKnowledge.tags['k']"),
-        (lambda: StoreKnowledge("a1", "c", "pitfall", scope="src"), "StoreKnowledge.scope"),
+        (lambda: StoreKnowledge("a1", "c", "pitfall", scope="/src/../etc"), "StoreKnowledge.scope"),
         (lambda: QueryKnowledge("a1", "q", top_k=0), "QueryKnowledge.top_k"),
         (lambda: ListKnowledge("a1", limit=-1), "ListKnowledge.limit"),
         (lambda: GetKnowledge("a1", 0), "GetKnowledge.entry_id"),
@@ -238,3 +272,77 @@ def test_decode_rejects_unknown_fields_and_invalid_values() -> None:
         decode({**good, "category": "NOT OK"})
     with pytest.raises(InvalidInputError, match="expected a StoreKnowledge"):
         StoreKnowledge.from_dict({**good, "type": "StoreMemory"})
+
+
+# -- issue 15: NaN/infinity and surrogate keys (one rule in memstrata.core.validation) ----------
+
+
+@pytest.mark.parametrize(
+    "value", [float("nan"), float("inf"), float("-inf"), {"reading": [1.0, float("nan")]}]
+)
+def test_publishing_nan_or_infinity_is_rejected_naming_the_key(value: Any) -> None:
+    with pytest.raises(InvalidInputError, match=r"PublishSignal\.value for key 'sensor\.temp'.*NaN") as info:
+        PublishSignal("sensor.temp", value)
+    assert "\n" not in str(info.value)
+    with pytest.raises(InvalidInputError, match=r"SetWorkingMemory\.value"):
+        SetWorkingMemory("a1", "k", value)
+
+
+def test_publish_through_the_facade_rejects_nan_instead_of_reading_back_none(data_dir: Path) -> None:
+    with MemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder()) as system:
+        board = system.blackboard("s1")
+        for value in (float("nan"), float("inf")):
+            with pytest.raises(InvalidInputError, match="'level'"):
+                board.publish("level", value, wait=True)
+            with pytest.raises(InvalidInputError, match="'level'"):
+                board.publish("level", value)  # fire-and-forget fails in the caller's thread too
+        assert board.list() == []
+        board.publish("level", None, wait=True)  # null itself is fine
+        assert board.signal("level").found and board.get("level", "absent") is None
+
+
+@pytest.mark.parametrize("key", ["a\ud800", "a\udfff"])
+def test_the_two_surrogate_keys_are_rejected_everywhere(key: str) -> None:
+    for build, needle in [
+        (lambda: PublishSignal(key, 1), "PublishSignal.key"),
+        (lambda: QuerySignal(key), "QuerySignal.key"),
+        (lambda: SubscribeSignal(key + "*"), "SubscribeSignal.key_or_prefix"),
+        (lambda: SetWorkingMemory("a1", key, 1), "SetWorkingMemory.key"),
+        (lambda: StoreKnowledge("a1", "c", "pattern", {key: "v"}), "StoreKnowledge.tags key"),
+        (lambda: StoreMemory("a1", key, "c"), "StoreMemory.task_run_id"),
+        (lambda: TaskAssigned(key, "d"), "TaskAssigned.task_id"),
+        (lambda: QueryKnowledge("a1", "q", scope="/" + key), "QueryKnowledge.scope"),
+        (lambda: QueryKnowledge("a1", "q", category=key), "QueryKnowledge.category"),
+        (lambda: PublishSignal("k", 1, session_id=key), "PublishSignal.session_id"),
+    ]:
+        with pytest.raises(InvalidInputError) as info:
+            build()
+        assert needle in str(info.value)
+
+
+def test_messages_hold_normalised_tags_and_scopes() -> None:
+    message = StoreKnowledge("a1", "c", "pattern", {"b": "1", "a": "2"}, scope="src//auth/")
+    assert list(message.tags or {}) == ["a", "b"] and message.scope == "/src/auth"
+    assert QueryKnowledge("a1", "q", scope="/x/./y").scope == "/x/y"
+    assert decode(encode(message)) == message
+
+
+def test_messages_and_layers_share_one_top_k_bound() -> None:
+    assert QueryKnowledge("a1", "q", top_k=MAX_TOP_K).top_k == MAX_TOP_K
+    for build in (
+        lambda: QueryKnowledge("a1", "q", top_k=MAX_TOP_K + 1),
+        lambda: SearchMemory("a1", "q", top_k=MAX_TOP_K + 1),
+        lambda: TaskAssigned("t1", "d", top_k=MAX_TOP_K + 1),
+    ):
+        with pytest.raises(InvalidInputError, match=f"from 1 to {MAX_TOP_K}"):
+            build()
+
+
+def test_the_public_module_re_exports_the_actors_protocol() -> None:
+    import memstrata.actors.messages as protocol
+
+    import memstrata.messages as public
+
+    assert public.__all__ == protocol.__all__
+    assert all(getattr(public, name) is getattr(protocol, name) for name in public.__all__)
+    assert public.StoreKnowledge.__module__ == "memstrata.actors._msg_knowledge"

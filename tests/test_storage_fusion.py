@@ -11,6 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from memstrata.storage import (
+    DEFAULT_KEYWORD_WEIGHT,
+    DEFAULT_RRF_K,
+    PLAIN_RRF_K,
     Database,
     Filter,
     SearchParams,
@@ -18,6 +21,7 @@ from memstrata.storage import (
     apply_migrations,
     disable_vec_for_tests,
     fts_schema,
+    fuse,
     hybrid_search,
     identifier_words,
     match_type,
@@ -118,6 +122,46 @@ def test_match_type_and_mode() -> None:
     assert validate_mode("keyword") == "keyword"
     with pytest.raises(InvalidInputError, match="mode must be one of"):
         validate_mode("fuzzy")
+
+
+def test_default_fusion_does_not_bury_a_keyword_first_hit() -> None:
+    """With a weak vector list, a turn found in both lists far down must not outrank keyword's
+    rank-1 hit missing from the vector list (plain RRF k=60 does exactly that)."""
+    vector = [*range(100, 148), 7, 8]  # the shared turn 7 is 49th by vectors
+    keyword = [1, *range(200, 240), 7]  # turn 1 is keyword's best; turn 7 is 42nd
+    weights = [1.0, DEFAULT_KEYWORD_WEIGHT]
+    tuned = [f.key for f in rrf([vector, keyword], k=DEFAULT_RRF_K, weights=weights)]
+    assert tuned.index(1) < tuned.index(7)
+    assert tuned[0] == 1  # keyword's best beats vector's best: the keyword list weighs more
+    plain = [f.key for f in rrf([vector, keyword], k=PLAIN_RRF_K)]
+    assert plain[0] == 7  # the textbook fusion, still selectable, buries it
+
+
+@given(ranked_lists, st.integers(0, 100), st.lists(st.floats(0.0, 5), min_size=4, max_size=4))
+def test_fuse_on_arrays_equals_rrf(lists: list[list[int]], k: int, weights: list[float]) -> None:
+    """One fusion: the numpy form the episodic store uses gives the same keys, scores and ranks."""
+    weights = weights[: len(lists)]
+    expected = rrf(lists, k=k, weights=weights)
+    arrays = fuse([np.array(keys, dtype=np.int64) for keys in lists], weights, k)
+    order = arrays.order()
+    assert [int(arrays.keys[n]) for n in order] == [f.key for f in expected]
+    assert [float(arrays.scores[n]) for n in order] == pytest.approx([f.score for f in expected])
+    for n, f in zip(order, expected, strict=True):
+        assert tuple(int(r[n]) or None for r in arrays.ranks) == f.ranks
+
+
+def test_score_is_monotonic_in_rank_and_bounded() -> None:
+    """A threshold on the score means something: it only falls as a rank worsens, 1.0 at best."""
+    keyword = list(range(1, 51))
+    vector = list(range(50, 0, -1))
+    for k, w in ((DEFAULT_RRF_K, DEFAULT_KEYWORD_WEIGHT), (PLAIN_RRF_K, 1.0)):
+        alone = {f.key: f.score for f in rrf([[], keyword], k=k, weights=[1.0, w])}
+        scores = [alone[key] for key in keyword]
+        assert scores == sorted(scores, reverse=True) and len(set(scores)) == len(scores)
+        assert all(0.0 < s <= 1.0 for s in scores)
+        both = rrf([vector, keyword], k=k, weights=[1.0, w])
+        assert all(0.0 < f.score <= 1.0 for f in both)
+        assert rrf([[5], [5]], k=k, weights=[1.0, w])[0].score == pytest.approx(1.0)
 
 
 # -- hybrid_search ----------------------------------------------------------------------------
@@ -307,3 +351,17 @@ def test_bad_mode_and_zero_top_k(corpus: tuple[Database, VectorIndex]) -> None:
     assert _search(corpus, "payment", top_k=0) == []
     with pytest.raises(InvalidInputError, match="mode"):
         _search(corpus, "payment", mode="fuzzy")
+
+
+def test_plain_rrf_is_selectable_in_hybrid_search(corpus: tuple[Database, VectorIndex]) -> None:
+    """The search parameters pick the fusion: textbook RRF (k=60, equal weights) and the
+    default give the scores of :func:`rrf` on the same two lists."""
+    text = "payment cache retry"
+    vector = [h.id for h in _search(corpus, text, top_k=50, mode="vector")]
+    keyword = [h.id for h in _search(corpus, text, top_k=50, mode="keyword")]
+    for k, w in ((PLAIN_RRF_K, 1.0), (DEFAULT_RRF_K, DEFAULT_KEYWORD_WEIGHT)):
+        hits = _search(corpus, text, top_k=10, rrf_k=k, keyword_weight=w)
+        expected = rrf([vector, keyword], k=k, weights=[1.0, w])[:10]
+        assert [(h.id, h.vector_rank, h.keyword_rank) for h in hits] == [(f.key, *f.ranks) for f in expected]
+        assert [h.score for h in hits] == pytest.approx([f.score for f in expected])
+    assert SearchParams().rrf_k == DEFAULT_RRF_K and SearchParams().keyword_weight == DEFAULT_KEYWORD_WEIGHT

@@ -17,7 +17,9 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 from memstrata.storage import Database, VectorIndex, open_database
-from memstrata.storage import _vectors as vectors_module
+from memstrata.storage import _vector_kernels as kernels_module
+from memstrata.storage import _vector_mirror as mirror_module
+from memstrata.storage import _vector_sync as vector_sync_module
 from memstrata.storage._vec0_chunks import read_rows
 
 from memstrata.errors import InvalidInputError
@@ -143,16 +145,16 @@ def test_small_mirrors_candidates_and_exact_stay_exact(store: Path) -> None:
 
 def test_deletes_and_filters_under_the_inverted_lists(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     masked: list[bool] = []  # each search through the lists: did it carry a mask of allowed rows?
-    scan = vectors_module._Mirror._search_lists
+    scan = mirror_module.Mirror._search_lists
 
     def spy(self: Any, part: Any, query: Any, k: int, valid: Any, rows: float) -> Any:
         masked.append(valid is not None)
         return scan(self, part, query, k, valid, rows)
 
-    monkeypatch.setattr(vectors_module._Mirror, "_search_lists", spy)
+    monkeypatch.setattr(mirror_module.Mirror, "_search_lists", spy)
     # 256 lists at this size: scan 64 of them, so that a filter passing 90% of rows stays below
     # the share from which a search scans everything (as it does with more lists at 200k+)
-    monkeypatch.setattr(vectors_module, "PROBE_LISTS", 64)
+    monkeypatch.setattr(mirror_module, "PROBE_LISTS", 64)
     db, index = _open(store)
     queries = _queries(3, 40)
     index.search(queries[0], 1)
@@ -293,8 +295,8 @@ def test_another_connections_writes_refresh_the_mirror_incrementally(store: Path
 def test_a_mirror_behind_the_pruned_log_or_a_reset_reloads(
     store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(vectors_module, "LOG_KEEP", 50)
-    monkeypatch.setattr(vectors_module, "_LOG_SLACK", 10)
+    monkeypatch.setattr(vector_sync_module, "LOG_KEEP", 50)
+    monkeypatch.setattr(vector_sync_module, "_LOG_SLACK", 10)
     db_a, index_a = _open(store)
     db_b, index_b = _open(store)
     index_a.search(VECTORS[0], 1)
@@ -406,7 +408,7 @@ def test_chunk_reader_types(tmp_path: Path) -> None:
 
 
 def test_rows_are_permuted_in_place() -> None:
-    from memstrata.storage._vectors import _permute_rows
+    from memstrata.storage._vector_kernels import permute_rows
 
     rng = np.random.default_rng(12)
     for n in (1, 7, 16_384, 40_000):
@@ -417,12 +419,12 @@ def test_rows_are_permuted_in_place() -> None:
             np.argsort(rng.integers(0, 9, n), kind="stable"),
         ):
             matrix = original.copy()
-            _permute_rows(matrix, order)
+            permute_rows(matrix, order)
             assert np.array_equal(matrix[:n], original[order]) and np.array_equal(matrix[n:], original[n:])
 
 
 def test_large_scans_pick_the_faster_way_and_agree() -> None:
-    scanner = vectors_module._Scanner()
+    scanner = kernels_module._Scanner()
     matrix = _unit(np.random.default_rng(14).standard_normal((20_000, DIM)).astype(np.float32))
     query = matrix[3]
     first = scanner.dot(matrix, query)
@@ -436,7 +438,7 @@ def test_large_scans_pick_the_faster_way_and_agree() -> None:
     assert scanner.cost["einsum"] == 1.0
     scanner.dot(matrix, query)  # ... except once every _EXPLORE scans, to notice a change
     assert scanner.cost["einsum"] < 1.0
-    small = vectors_module._Scanner()
+    small = kernels_module._Scanner()
     small.dot(matrix[:100], query)  # small scans stay on the calling thread, unmeasured
     assert small.cost == {"einsum": 0.0, "blas": 0.0}
 
@@ -469,8 +471,8 @@ def test_the_next_connection_adopts_the_stored_lists(store: Path, monkeypatch: p
     db_c.close()
 
     # when the log no longer reaches back to the stored lists, they are built again
-    monkeypatch.setattr(vectors_module, "LOG_KEEP", 5)
-    monkeypatch.setattr(vectors_module, "_LOG_SLACK", 1)
+    monkeypatch.setattr(vector_sync_module, "LOG_KEEP", 5)
+    monkeypatch.setattr(vector_sync_module, "_LOG_SLACK", 1)
     for i in range(3):
         index_a.upsert_many(
             list(range(N + 10 + 10 * i, N + 20 + 10 * i)), _clustered(50 + i, 10), _metas(range(1, 11))
@@ -489,11 +491,11 @@ def test_list_scans_split_over_two_threads_rank_like_one(
 ) -> None:
     db, index = _open(store)
     queries = _queries(7, 30)
-    monkeypatch.setattr(vectors_module._Scanner, "_MIN_ROWS", 1_000)  # 20k rows: split every scan
-    monkeypatch.setattr(vectors_module, "_CPUS", 2)
+    monkeypatch.setattr(kernels_module._Scanner, "_MIN_ROWS", 1_000)  # 20k rows: split every scan
+    monkeypatch.setattr(kernels_module, "_CPUS", 2)
     split = [[(h.rowid, h.similarity) for h in index.search(q, k)] for q in queries for k in (1, 10, 50)]
     assert any(t.name.startswith("memstrata-scan") for t in threading.enumerate())
-    monkeypatch.setattr(vectors_module, "_CPUS", 1)
+    monkeypatch.setattr(kernels_module, "_CPUS", 1)
     alone = [[(h.rowid, h.similarity) for h in index.search(q, k)] for q in queries for k in (1, 10, 50)]
     assert index.status()["approximate"] is not None
     # the same rows; similarities agree to float32 rounding (numpy's summation order follows
@@ -507,20 +509,20 @@ def test_list_scans_split_over_two_threads_rank_like_one(
 
 @pytest.mark.parametrize("cpus", [1, 2])
 def test_scattered_rows_are_scored_a_block_at_a_time(monkeypatch: pytest.MonkeyPatch, cpus: int) -> None:
-    monkeypatch.setattr(vectors_module, "_GATHER_ROWS", 100)  # several blocks, one partial
-    monkeypatch.setattr(vectors_module._Scanner, "_MIN_ROWS", 1_000)
-    monkeypatch.setattr(vectors_module, "_CPUS", cpus)
+    monkeypatch.setattr(kernels_module, "_GATHER_ROWS", 100)  # several blocks, one partial
+    monkeypatch.setattr(kernels_module._Scanner, "_MIN_ROWS", 1_000)
+    monkeypatch.setattr(kernels_module, "_CPUS", cpus)
     rng = np.random.default_rng(9)
     positions = np.sort(rng.choice(N, 2_345, replace=False)).astype(np.int64)
     query = _queries(9, 1)[0]
-    scores = vectors_module._dot_rows(VECTORS, positions, query)
+    scores = kernels_module.dot_rows(VECTORS, positions, query)
     np.testing.assert_allclose(scores, VECTORS[positions] @ query, atol=1e-6)
     assert scores.dtype == np.float32 and len(scores) == len(positions)
-    assert len(vectors_module._dot_rows(VECTORS, positions[:0], query)) == 0
+    assert len(kernels_module.dot_rows(VECTORS, positions[:0], query)) == 0
 
 
 def test_selective_filters_rank_like_vec0(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(vectors_module, "_GATHER_ROWS", 64)
+    monkeypatch.setattr(kernels_module, "_GATHER_ROWS", 64)
     db, index = _open(store)
     for q in _queries(10, 10):
         for where in ({"cat": 2}, {"agent": AGENTS[1]}):  # ~25% and ~5% of the rows

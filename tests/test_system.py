@@ -59,7 +59,9 @@ def test_query_returns_the_same_hits_as_the_store(system: MemorySystem, data_dir
     via_actor = agent.query_knowledge("http", top_k=3, include_shared=False)
     system.stop()
     with KnowledgeStore.open(data_dir / "knowledge" / "a1.sqlite", FakeEmbedder()) as store:
+        store.owner = "a1"  # what the system names the store its entries are in
         direct = store.search("http", top_k=3)
+    assert all(h.store == "a1" and h.entry.store == "a1" for h in via_actor)
     assert [(h.entry, h.match_type, h.vector_rank, h.keyword_rank) for h in via_actor] == [
         (h.entry, h.match_type, h.vector_rank, h.keyword_rank) for h in direct
     ]
@@ -112,21 +114,23 @@ def test_working_memory_and_clearing_at_task_end(data_dir: Path) -> None:
         clock.advance(31)
         assert agent.get_working("token", "expired") == "expired"
         assert agent.clear_working("plan") == 1
-        agent.set_working("scratch", 1)
+        agent.set_working("scratch", 1, task_id="t1")
+        agent.set_working("notes", "agent-wide")
         agent.begin_task("t1", "do a thing")
         agent.complete_task("t1", "did the thing")
         assert system.wait_idle(10)
-        assert agent.get_working("scratch") is None
+        assert agent.get_working("scratch", task_id="t1") is None  # the task's space is cleared
+        assert agent.get_working("notes") == "agent-wide"  # the agent-wide space stays
 
 
 def test_working_memory_can_survive_task_end_when_configured(data_dir: Path) -> None:
     config = Config(data_dir=data_dir, agent=AgentConfig(clear_working_memory_on_task_end=False))
     with MemorySystem.start(config, embedder=FakeEmbedder()) as system:
         agent = system.agent("a1")
-        agent.set_working("scratch", 1)
+        agent.set_working("scratch", 1, task_id="t1")
         agent.complete_task("t1", "done")
         assert system.wait_idle(10)
-        assert agent.get_working("scratch") == 1
+        assert agent.get_working("scratch", task_id="t1") == 1
 
 
 def test_raw_messages(system: MemorySystem) -> None:
@@ -152,7 +156,7 @@ def test_invalid_input_is_reported_not_a_crash(system: MemorySystem) -> None:
     with pytest.raises(InvalidInputError):
         agent.store_knowledge("x", category="NOT VALID")
     with pytest.raises(InvalidInputError):
-        agent.query_knowledge("x", scope="no-slash")
+        agent.query_knowledge("x", scope="/a/../b")  # scopes are normalised; ".." is rejected
     with pytest.raises(InvalidInputError):
         agent.remember("x", at=dt.datetime(2025, 1, 1))
     with pytest.raises(InvalidInputError):

@@ -160,16 +160,17 @@ def test_slow_embedder_falls_back_within_the_timeout(data_dir: Path, faults: Fau
         started = time.monotonic()
         prompt = agent.begin_task("t1", description)
         elapsed = time.monotonic() - started
-        assert prompt.fallback
-        assert prompt.reason is not None and prompt.reason.startswith("timeout:")
-        assert prompt.text == "<task>Make payment retries safe &lt;with&gt; idempotency &amp; backoff</task>"
+        # the keyword ranking makes the prompt within the same budget, and the reason says so
+        assert not prompt.fallback and "payment retries need idempotency keys" in prompt.text
+        assert prompt.reason is not None and prompt.reason.startswith("degraded: keyword-only: model")
+        assert "<task>Make payment retries safe &lt;with&gt; idempotency &amp; backoff</task>" in prompt.text
         assert elapsed < 0.3 + MARGIN_S
         # the agent's mailbox is not blocked by its stuck store: a write-back is acknowledged
         started = time.monotonic()
         agent.complete_task("t1", "made retries idempotent")
         assert time.monotonic() - started < MARGIN_S
         second = agent.begin_task("t2", "another payment task")
-        assert second.fallback and second.reason.startswith("timeout:")  # type: ignore[union-attr]
+        assert not second.fallback and second.reason.startswith("degraded: keyword-only")  # type: ignore[union-attr]
     finally:
         embedder.gate.set()
     assert system.wait_idle(10)

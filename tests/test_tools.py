@@ -31,8 +31,8 @@ def call(env: tuple[MemorySystem, Workspaces], name: str, arguments: Any, agent_
 
 def test_empty_index_says_so(env: Any) -> None:
     result = call(env, "memory_search", {"query": "anything at all"})
-    assert result["results"] == []
-    assert "no memories indexed yet" in result["message"]
+    assert result["hits"] == [] and result["complete"] is True
+    assert "no memories indexed yet" in result["warnings"][0]
     assert "no memories indexed yet" in call(env, "memory_get", {"path": "MEMORY.md"})["error"]
 
 
@@ -40,14 +40,14 @@ def test_add_search_get_list_delete(env: Any) -> None:
     first = {
         "content": "Line one about ferrets\nLine two\nLine three",
         "scope": "/pets",
-        "tags": {"kind": "fact"},
+        "tags": ["kind=fact"],
     }
     added = call(env, "memory_add", first)
     assert added["saved"] is True and added["path"] == f"memory://{added['id']}"
     saved = call(
         env, "memory_save", '{"content": "The office plant needs water on Fridays", "source": "chat"}'
     )
-    hits = call(env, "memory_search", {"query": "ferrets"})
+    hits = call(env, "memory_search", {"query": "ferrets"})["hits"]
     assert hits[0]["path"] == added["path"] and hits[0]["startLine"] == 1 and hits[0]["endLine"] == 3
     assert call(env, "memory_get", {"path": added["path"], "from": 2, "lines": 1})["text"] == "Line two\n"
     listed = call(env, "memory_list", {})
@@ -71,17 +71,18 @@ def test_memories_belong_to_their_agent(env: Any) -> None:
 
 def test_memory_tools_do_not_touch_other_knowledge(env: Any) -> None:
     stored = call(env, "knowledge_store", {"content": "Never deploy on Friday", "category": "pitfall"})
-    assert stored["stored"] is True
+    assert stored["store"] == "a1"
     assert "no saved memory" in call(env, "memory_delete", {"id": stored["id"]})["error"]
     assert "no saved memory" in call(env, "memory_get", {"path": f"memory://{stored['id']}"})["error"]
-    hits = call(env, "knowledge_query", {"query": "deploy friday", "category": "pitfall", "topK": 3})
-    assert hits[0]["id"] == stored["id"] and hits[0]["matchType"] in ("hybrid", "keyword", "semantic")
+    hits = call(env, "knowledge_query", {"query": "deploy friday", "category": "pitfall", "top_k": 3})["hits"]
+    assert hits[0]["id"] == stored["id"] and hits[0]["match_type"] in ("hybrid", "keyword", "semantic")
+    assert hits[0]["store"] == "a1"
 
 
 def test_any_well_formed_category_is_accepted(env: Any) -> None:
     stored = call(env, "knowledge_store", {"content": "Plan the schema first", "category": "planning-pitfall",
                                            "tags": ["area=db", "urgent"]})  # fmt: skip
-    hits = call(env, "knowledge_query", {"query": "schema plan", "category": "planning-pitfall"})
+    hits = call(env, "knowledge_query", {"query": "schema plan", "category": "planning-pitfall"})["hits"]
     assert hits[0]["id"] == stored["id"] and hits[0]["tags"] == {"area": "db", "urgent": ""}
 
 
@@ -93,12 +94,12 @@ def test_search_merges_files_and_saved_memories(env: Any, tmp_path: Path) -> Non
     (root / "memory" / "2025-05-01.md").write_text("Planted basil next to the tomatoes.\n", encoding="utf-8")
     registry.index(root)
     call(env, "memory_add", {"content": "Tomatoes were late this year"})
-    hits = call(env, "memory_search", {"query": "tomatoes", "maxResults": 10, "minScore": 0})
+    hits = call(env, "memory_search", {"query": "tomatoes", "maxResults": 10, "minScore": 0})["hits"]
     paths = {h["path"] for h in hits}
     assert str(root.resolve() / "MEMORY.md") in paths
     assert any(p.startswith("memory://") for p in paths)
     assert hits == sorted(hits, key=lambda h: -h["score"])
-    assert len(call(env, "memory_search", {"query": "tomatoes", "maxResults": 1})) == 1
+    assert len(call(env, "memory_search", {"query": "tomatoes", "maxResults": 1})["hits"]) == 1
     got = call(env, "memory_get", {"path": "memory/2025-05-01.md"})
     assert got["text"] == "Planted basil next to the tomatoes." and got["from"] == 1
     outside = call(env, "memory_get", {"path": "../../etc/passwd"})
@@ -123,7 +124,7 @@ def test_hostile_queries_return_lists(env: Any, query: str) -> None:
         ("knowledge_query", {"query": query}),
     ):
         result = call(env, name, args)
-        assert isinstance(result, list) or set(result) == {"error"}, result
+        assert isinstance(result.get("hits"), list) or set(result) == {"error"}, result
 
 
 def test_hostile_content_round_trips(env: Any) -> None:

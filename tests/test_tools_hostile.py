@@ -86,6 +86,19 @@ _BASE = {
     "memory_delete": {"id": 1},
     "knowledge_query": {"query": "notes"},
     "knowledge_store": {"content": "a fact", "category": "pattern"},
+    "knowledge_get": {"entry_id": 1},
+    "knowledge_update": {"entry_id": 1, "content": "a changed fact"},
+    "knowledge_delete": {"entry_id": 1, "store": "shared"},
+    "knowledge_list": {},
+    "episode_remember": {"content": "an episode"},
+    "episode_recall": {"query": "episode"},
+    "episode_list": {},
+    "working_set": {"key": "k", "value": '[1, "two"]'},
+    "working_get": {"key": "k"},
+    "working_clear": {"key": "k"},
+    "blackboard_publish": {"session_id": "s", "key": "k", "value": "1"},
+    "blackboard_get": {"session_id": "s", "key": "k"},
+    "blackboard_list": {"session_id": "s"},
 }
 
 
@@ -116,6 +129,10 @@ def _check_tool_result(result: Any, where: str) -> None:
         message = result["error"]
         assert isinstance(message, str) and "\n" not in message, where
         assert "internal error" not in message and "Traceback" not in message, (where, message)
+
+
+def test_every_tool_is_tried() -> None:
+    assert set(_BASE) == set(tools.TOOL_NAMES)
 
 
 @pytest.mark.parametrize("name", sorted(_BASE))
@@ -149,6 +166,12 @@ _METHOD_BASE: dict[str, dict[str, Any]] = {
     "query_knowledge": {"agent_id": "hostile", "query": "fact"},
     "remember": {"agent_id": "hostile", "content": "an episode"},
     "recall": {"agent_id": "hostile", "query": "episode"},
+    "get_knowledge": {"agent_id": "hostile", "entry_id": 1},
+    "list_knowledge": {"agent_id": "hostile"},
+    "delete_knowledge": {"agent_id": "hostile", "entry_id": 1, "store": "shared"},
+    "set_working": {"agent_id": "hostile", "key": "k", "value": [1, "two"]},
+    "get_working": {"agent_id": "hostile", "key": "k"},
+    "clear_working": {"agent_id": "hostile", "key": "k"},
     "begin_task": {"agent_id": "hostile", "task_id": "t1", "description": "do it"},
     "complete_task": {"agent_id": "hostile", "task_id": "t1", "summary": "done"},
     "fail_task": {"agent_id": "hostile", "task_id": "t2", "reason": "broke"},
@@ -157,14 +180,27 @@ _METHOD_BASE: dict[str, dict[str, Any]] = {
     "list_signals": {"session_id": "s"},
     "search_files": {"query": "notes"},
     "get_file": {"path": "MEMORY.md"},
+    "list_roots": {},
     "status": {},
+    "update_knowledge": {"agent_id": "hostile", "entry_id": 1, "content": "changed"},
+    "list_episodes": {"agent_id": "hostile"},
+    "get_episode": {"agent_id": "hostile", "episode_id": 1},
+    "delete_episode": {"agent_id": "hostile", "episode_id": 1},
+    "promote_episode": {"agent_id": "hostile", "episode_id": 1},
+    "delete_signal": {"session_id": "s", "key": "k"},
+    "subscribe": {"session_id": "s", "key_or_prefix": "k"},
+    "unsubscribe": {"session_id": "s", "subscription_id": 1},
+    "rpc.discover": {},
 }
+# methods that write or read files at a given path: hostile paths are tried with index/forget_root
+# below, never as files to write (the tests may run as root)
+_PATH_METHODS = {"index", "forget_root", "export", "import", "archive_episodes", "restore_episodes"}
 
 
 def test_serve_methods_survive_hostile_params(env: Any, data_dir: Path) -> None:
     system, registry = env
     methods = build_methods(system, registry)
-    assert set(methods) - {"index"} == set(_METHOD_BASE)
+    assert set(methods) - _PATH_METHODS == set(_METHOD_BASE)
     lines: list[bytes] = []
     for name, base in _METHOD_BASE.items():
         for key in [*methods[name].params["properties"], "unexpected"]:
@@ -176,11 +212,15 @@ def test_serve_methods_survive_hostile_params(env: Any, data_dir: Path) -> None:
                 except TypeError:  # lone surrogates: escaped the way JavaScript's JSON.stringify does
                     lines.append(json.dumps(request).encode() + b"\n")
     for path in ("../x", str(data_dir / "nope"), "/dev/null", "\x00"):
-        lines.append(orjson.dumps({"id": len(lines), "method": "index", "params": {"path": path}}) + b"\n")
+        for name in ("index", "forget_root"):
+            request = {"id": len(lines), "method": name, "params": {"path": path}}
+            lines.append(orjson.dumps(request) + b"\n")
     out = io.BytesIO()
     server = JsonLinesServer(methods, workers=4)
     server.serve(io.BytesIO(b"".join(lines)), out)
-    responses = [orjson.loads(line) for line in out.getvalue().splitlines()]
+    messages = [orjson.loads(line) for line in out.getvalue().splitlines()]
+    responses = [m for m in messages if "id" in m]  # not the signals pushed to a subscription
+    assert all(m.get("method") == "signal" for m in messages if "id" not in m)
     assert len(responses) == len(lines) >= 200
     assert sorted(r["id"] for r in responses) == list(range(len(lines)))
     internal = [r for r in responses if r.get("error", {}).get("code") == ErrorCode.INTERNAL_ERROR]

@@ -22,11 +22,25 @@ _EXPECTED = {
     "memory_delete",
     "knowledge_query",
     "knowledge_store",
+    "knowledge_get",
+    "knowledge_update",
+    "knowledge_delete",
+    "knowledge_list",
+    "episode_remember",
+    "episode_recall",
+    "episode_list",
+    "working_set",
+    "working_get",
+    "working_clear",
+    "blackboard_publish",
+    "blackboard_get",
+    "blackboard_list",
 }
 
 
 def test_every_documented_tool_is_offered() -> None:
     assert set(tools.TOOL_NAMES) == _EXPECTED
+    assert len(tools.TOOL_NAMES) == len(_EXPECTED)
 
 
 @pytest.mark.parametrize("agent_id_argument", [False, True])
@@ -36,6 +50,9 @@ def test_schemas_are_valid_draft_2020_12(agent_id_argument: bool) -> None:
         assert tool["parameters"]["type"] == "object"
         assert tool["parameters"]["additionalProperties"] is False
         assert tool["description"]
+        for name, prop in tool["parameters"]["properties"].items():
+            assert prop.get("description"), (tool["name"], name)
+        assert "agent_id" not in tool["parameters"]["properties"] or agent_id_argument
 
 
 def test_openai_format() -> None:
@@ -69,7 +86,7 @@ def test_published_schemas_are_copies() -> None:
 
 def test_search_result_shape_is_documented() -> None:
     search = next(t for t in tools.tool_schemas() if t["name"] == "memory_search")
-    assert set(search["parameters"]["properties"]) == {"query", "maxResults", "minScore"}
+    assert set(search["parameters"]["properties"]) == {"query", "maxResults", "minScore", "scope", "tags"}
     get = next(t for t in tools.tool_schemas() if t["name"] == "memory_get")
     assert set(get["parameters"]["properties"]) == {"path", "from", "lines"}
 
@@ -118,16 +135,26 @@ def test_checker_accepts_exactly_what_jsonschema_accepts(name: str, args: dict[s
         ("memory_search", {"query": ""}, "argument 'query' must not be empty"),
         ("memory_get", {"path": "a.md", "from": 0}, "'from' must be at least 1"),
         ("memory_get", {"path": ["a"]}, "'path' must be a string, got an array"),
-        ("memory_add", {"content": "x", "tags": "k=v"}, "'tags' must be an object or an array, got a string"),
-        ("memory_add", {"content": "x", "tags": {"k": 1}}, "'tags.k' must be a string, got an integer"),
+        ("memory_add", {"content": "x", "tags": "k=v"}, '\'tags\' must be an array of "key" or "key=value"'),
+        ("memory_add", {"content": "x", "tags": {"k": "v"}}, "'tags' must be an array, got an object"),
         ("memory_add", {"content": "x", "tags": [1]}, "'tags[0]' must be a string"),
         ("memory_list", {"limit": 1000}, "'limit' must be at most 200"),
         ("memory_list", {"offset": -1}, "'offset' must be at least 0"),
         ("memory_delete", {}, "missing required argument 'id'"),
         ("memory_delete", {"id": None}, "'id' must be an integer or a string, got null"),
         ("knowledge_store", {"content": "x"}, "missing required argument 'category'"),
-        ("knowledge_store", {"content": "x", "category": "Bad Cat"}, "argument 'category' must match"),
-        ("knowledge_query", {"query": "x", "topK": 1.5}, "'topK' must be an integer, got a number"),
+        ("knowledge_store", {"content": "x", "category": None}, "'category' must be a string, got null"),
+        ("knowledge_query", {"query": "x", "top_k": 1.5}, "'top_k' must be an integer, got a number"),
+        ("knowledge_query", {"query": "x", "topK": 3}, "unknown argument 'topK'"),
+        ("working_set", {"key": "k"}, "missing required argument 'value'"),
+        ("working_set", {"key": "k", "value": 3}, "'value' must be a string, got an integer"),
+        ("blackboard_publish", {"key": "k", "value": "1"}, "missing required argument 'session_id'"),
+        (
+            "blackboard_publish",
+            {"session_id": "s", "key": "k", "value": "1", "publisher": "x"},
+            "unknown argument",
+        ),
+        ("knowledge_get", {"entry_id": 0}, "'entry_id' must be at least 1"),
     ],
 )
 def test_bad_arguments_come_back_as_error_results(name: str, arguments: Any, needle: str) -> None:

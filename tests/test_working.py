@@ -88,3 +88,40 @@ def test_limits() -> None:
     with pytest.raises(InvalidInputError, match="bytes"):
         wm.set("a", "x" * 20)
     assert wm.get("a") == 5
+
+
+def test_each_task_has_its_own_space_beside_the_agent_wide_one() -> None:
+    tick = Tick()
+    wm = WorkingMemory(clock=tick)
+    wm.set("cursor", "wide")
+    wm.set("cursor", 3, task_id="t3")
+    wm.set("cursor", 4, task_id="t4", ttl_s=10)
+    assert [wm.get("cursor"), wm.get("cursor", task_id="t3"), wm.get("cursor", task_id="t4")] == [
+        "wide",
+        3,
+        4,
+    ]
+    assert wm.get("cursor", "none", task_id="t5") == "none"  # no fallback to the agent-wide space
+    assert wm.keys() == ["cursor"] and wm.keys(task_id="t3") == ["cursor"] and len(wm) == 3
+    assert wm.tasks() == ["t3", "t4"]
+    assert [(e.task_id, e.key, e.value, e.expires_in_s) for e in wm.entries()] == [
+        (None, "cursor", "wide", None),
+        ("t3", "cursor", 3, None),
+        ("t4", "cursor", 4, 10.0),
+    ]
+    assert wm.clear(task_id="t3") == 1  # the task ended: only its space goes
+    assert wm.get("cursor", task_id="t4") == 4 and wm.get("cursor") == "wide"
+    assert wm.delete("cursor", task_id="t4") is True and wm.contains("cursor")
+    assert wm.clear() == 1 and wm.clear_all() == 0
+
+
+def test_task_spaces_share_the_key_limit_and_check_the_task_id() -> None:
+    wm = WorkingMemory(max_items=2)
+    wm.set("a", 1, task_id="t1")
+    wm.set("a", 1, task_id="t2")
+    with pytest.raises(InvalidInputError, match="full"):
+        wm.set("a", 1)
+    for bad in (5, "x" * 300, "a\x00"):
+        with pytest.raises(InvalidInputError, match="task_id"):
+            wm.set("b", 1, task_id=bad)  # type: ignore[arg-type]
+    assert wm.clear_all() == 2

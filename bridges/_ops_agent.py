@@ -1,0 +1,322 @@
+"""Operations on an agent's episodes, task lifecycle and working memory."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import _convert
+from ._operation import (
+    AGENT_ID,
+    CATEGORY,
+    ID_LIMIT,
+    OBJECT,
+    QUEUED,
+    SCOPE,
+    SEARCH_RESULT,
+    STORE,
+    TAGS_SCHEMA,
+    TEXT,
+    TIME,
+    TOP_K,
+    Context,
+    OperationList,
+    Param,
+    agent_lane,
+    pick,
+    search_result,
+    string,
+    times,
+)
+
+_OPS = OperationList()
+_MISSING = object()
+_TASK_SPACE = Param(
+    "task_id",
+    string(
+        "The task whose working-memory space this is (omit: the agent-wide space). Ending the task "
+        "clears its space only.",
+        max_length=ID_LIMIT,
+    ),
+)
+
+
+@_OPS.add(
+    "remember",
+    "episodes",
+    "Record an episode in the agent's episodic memory; returns its {id}.",
+    (
+        AGENT_ID,
+        Param("content", string(TEXT), True),
+        Param("title", string("A short title.")),
+        Param("task_run_id", string("The task run it belongs to.", max_length=ID_LIMIT)),
+        Param("tags", TAGS_SCHEMA),
+        Param("kind", string("What kind of episode (note, turn, outcome, ...).", max_length=64)),
+        Param("at", {**TIME, "description": "When it happened (default: now)."}),
+    ),
+    {"type": "object", "properties": {"id": {}}},
+    read_only=False,
+    lane=agent_lane,
+)
+def _remember(ctx: Context, p: dict[str, Any]) -> Any:
+    options = {**pick(p, "title", "task_run_id", "tags", "kind"), **times(p, "at")}
+    return {"id": ctx.agent(p).remember(p["content"], **options)}
+
+
+@_OPS.add(
+    "recall",
+    "episodes",
+    "Search the agent's episodes (hybrid), optionally within a task run or time range.",
+    (
+        AGENT_ID,
+        Param("query", string("What to look for."), True),
+        Param("top_k", TOP_K),
+        Param("task_run_id", string("Only this task run.", max_length=ID_LIMIT)),
+        Param("since", {**TIME, "description": "Only episodes at or after this time."}),
+        Param("until", {**TIME, "description": "Only episodes before this time."}),
+    ),
+    SEARCH_RESULT,
+    read_only=True,
+    lane=agent_lane,
+)
+def _recall(ctx: Context, p: dict[str, Any]) -> Any:
+    options = {**pick(p, "top_k", "task_run_id"), **times(p, "since", "until")}
+    found = ctx.agent(p).recall(p["query"], **options)
+    return search_result(found, [_convert.episode_hit(h) for h in found])
+
+
+_EPISODE_ID = {
+    "type": "integer",
+    "minimum": 1,
+    "description": "The episode's id in the agent's episodic memory.",
+}
+_PATH = string("A file path on the machine that runs memstrata.", max_length=4096)
+
+
+@_OPS.add(
+    "list_episodes",
+    "episodes",
+    "The timeline of the agent's live episodes, newest first (or oldest first), in pages.",
+    (
+        AGENT_ID,
+        Param("task_run_id", string("Only this task run.", max_length=ID_LIMIT)),
+        Param("since", {**TIME, "description": "Only episodes at or after this time."}),
+        Param("until", {**TIME, "description": "Only episodes before this time."}),
+        Param(
+            "limit", {"type": "integer", "minimum": 0, "maximum": 10000, "description": "At most this many."}
+        ),
+        Param("offset", {"type": "integer", "minimum": 0, "description": "Episodes to skip first."}),
+        Param(
+            "newest_first",
+            {"type": "boolean", "description": "Newest first (default) or, if false, oldest first."},
+        ),
+    ),
+    {"type": "array", "items": OBJECT},
+    read_only=True,
+    lane=agent_lane,
+)
+def _list_episodes(ctx: Context, p: dict[str, Any]) -> Any:
+    options = {**pick(p, "task_run_id", "limit", "offset", "newest_first"), **times(p, "since", "until")}
+    return [_convert.episode(e) for e in ctx.agent(p).list_episodes(**options)]
+
+
+@_OPS.add(
+    "get_episode",
+    "episodes",
+    "One live episode by id, or null.",
+    (AGENT_ID, Param("episode_id", _EPISODE_ID, True)),
+    {"type": ["object", "null"]},
+    read_only=True,
+    lane=agent_lane,
+)
+def _get_episode(ctx: Context, p: dict[str, Any]) -> Any:
+    episode = ctx.agent(p).get_episode(p["episode_id"])
+    return None if episode is None else _convert.episode(episode)
+
+
+@_OPS.add(
+    "delete_episode",
+    "episodes",
+    "Delete one live episode for good (no search or later archive returns it); {deleted} says "
+    "whether it existed.",
+    (AGENT_ID, Param("episode_id", _EPISODE_ID, True)),
+    {"type": "object", "properties": {"deleted": {"type": "boolean"}}},
+    read_only=False,
+    destructive=True,
+    idempotent=True,
+    lane=agent_lane,
+)
+def _delete_episode(ctx: Context, p: dict[str, Any]) -> Any:
+    return {"deleted": ctx.agent(p).delete_episode(p["episode_id"])}
+
+
+@_OPS.add(
+    "archive_episodes",
+    "episodes",
+    "Move the agent's episodes older than a time (and/or of one task run) into one portable "
+    "archive file; {path, archived}. They leave the timeline and recall until restore_episodes "
+    "brings them back.",
+    (
+        AGENT_ID,
+        Param("before", {**TIME, "description": "Archive episodes before this time (omit: no time limit)."}),
+        Param("task_run_id", string("Only this task run.", max_length=ID_LIMIT)),
+        Param(
+            "path", {**_PATH, "description": "The archive file to write (default: one under the data dir)."}
+        ),
+    ),
+    {"type": "object", "properties": {"path": {"type": "string"}, "archived": {"type": "integer"}}},
+    read_only=False,
+    lane=agent_lane,
+)
+def _archive_episodes(ctx: Context, p: dict[str, Any]) -> Any:
+    done = ctx.agent(p).archive_episodes(p.get("path"), **pick(p, "task_run_id"), **times(p, "before"))
+    return {"path": done.path, "archived": done.archived}
+
+
+@_OPS.add(
+    "restore_episodes",
+    "episodes",
+    "Bring the episodes of an archive file back into the agent's memory; {restored} counts the "
+    "new ones (restoring twice adds nothing).",
+    (AGENT_ID, Param("path", {**_PATH, "description": "The archive file to restore."}, True)),
+    {"type": "object", "properties": {"restored": {"type": "integer"}}},
+    read_only=False,
+    idempotent=True,
+    lane=agent_lane,
+)
+def _restore_episodes(ctx: Context, p: dict[str, Any]) -> Any:
+    return {"restored": ctx.agent(p).restore_episodes(p["path"])}
+
+
+@_OPS.add(
+    "promote_episode",
+    "episodes",
+    "Copy a live episode into long-term knowledge (tagged with its episode_id and task_run_id); "
+    "returns the entry with its store. Promoting twice returns the same entry.",
+    (
+        AGENT_ID,
+        Param("episode_id", _EPISODE_ID, True),
+        Param("category", {**CATEGORY, "description": "The entry's category (default: outcome)."}),
+        Param("scope", SCOPE),
+        Param("store", STORE),
+    ),
+    OBJECT,
+    read_only=False,
+    idempotent=True,
+    lane=agent_lane,
+)
+def _promote_episode(ctx: Context, p: dict[str, Any]) -> Any:
+    entry = ctx.agent(p).promote_episode(p["episode_id"], **pick(p, "category", "scope", "store"))
+    return _convert.knowledge_entry(entry)
+
+
+@_OPS.add(
+    "begin_task",
+    "tasks",
+    "Pre-task retrieval: the prompt {text, fallback, reason, hits} within the retrieval budget.",
+    (
+        AGENT_ID,
+        Param("task_id", string("The task's id.", max_length=ID_LIMIT), True),
+        Param("description", string("What the task is."), True),
+    ),
+    {"type": "object", "properties": {"text": {"type": "string"}, "fallback": {"type": "boolean"}}},
+    read_only=True,
+    lane=agent_lane,
+)
+def _begin_task(ctx: Context, p: dict[str, Any]) -> Any:
+    return _convert.task_prompt(ctx.agent(p).begin_task(p["task_id"], p["description"]))
+
+
+@_OPS.add(
+    "complete_task",
+    "tasks",
+    "Write back a success: durable once answered, stored as knowledge and an episode.",
+    (
+        AGENT_ID,
+        Param("task_id", string("The task's id.", max_length=ID_LIMIT), True),
+        Param("summary", string("What was done and learned."), True),
+    ),
+    QUEUED,
+    read_only=False,
+    lane=agent_lane,
+)
+def _complete_task(ctx: Context, p: dict[str, Any]) -> Any:
+    queued = ctx.agent(p).complete_task(p["task_id"], p["summary"])
+    return {"task_id": p["task_id"], "queued": True, "outbox_id": getattr(queued, "outbox_id", None)}
+
+
+@_OPS.add(
+    "fail_task",
+    "tasks",
+    "Write back a failure: durable once answered, stored as a pitfall.",
+    (
+        AGENT_ID,
+        Param("task_id", string("The task's id.", max_length=ID_LIMIT), True),
+        Param("reason", string("Why it failed."), True),
+    ),
+    QUEUED,
+    read_only=False,
+    lane=agent_lane,
+)
+def _fail_task(ctx: Context, p: dict[str, Any]) -> Any:
+    queued = ctx.agent(p).fail_task(p["task_id"], p["reason"])
+    return {"task_id": p["task_id"], "queued": True, "outbox_id": getattr(queued, "outbox_id", None)}
+
+
+@_OPS.add(
+    "set_working",
+    "working",
+    "Set a working-memory key to any JSON value, in a task's space or the agent-wide one, "
+    "optionally expiring.",
+    (
+        AGENT_ID,
+        Param("key", string("The key.", max_length=ID_LIMIT), True),
+        Param("value", {"description": "Any JSON value."}, True),
+        Param("ttl_s", {"type": "number", "exclusiveMinimum": 0, "description": "Expire after seconds."}),
+        _TASK_SPACE,
+    ),
+    {"type": "object", "properties": {"key": {"type": "string"}, "stored": {"type": "boolean"}}},
+    read_only=False,
+    idempotent=True,
+    lane=agent_lane,
+)
+def _set_working(ctx: Context, p: dict[str, Any]) -> Any:
+    ctx.agent(p).set_working(p["key"], p["value"], **pick(p, "ttl_s", "task_id"))
+    return {"key": p["key"], "stored": True}
+
+
+@_OPS.add(
+    "get_working",
+    "working",
+    "Read a working-memory key: {key, found, value}.",
+    (AGENT_ID, Param("key", string("The key.", max_length=ID_LIMIT), True), _TASK_SPACE),
+    {"type": "object", "properties": {"found": {"type": "boolean"}, "value": {}}},
+    read_only=True,
+    lane=agent_lane,
+)
+def _get_working(ctx: Context, p: dict[str, Any]) -> Any:
+    value = ctx.agent(p).get_working(p["key"], _MISSING, **pick(p, "task_id"))
+    found = value is not _MISSING
+    return {"key": p["key"], "found": found, "value": value if found else None}
+
+
+@_OPS.add(
+    "clear_working",
+    "working",
+    "Remove one working-memory key, or every key of one space (a task's or the agent-wide one); "
+    "{removed} counts them.",
+    (
+        AGENT_ID,
+        Param("key", string("The key (omit to clear every key of the space).", max_length=ID_LIMIT)),
+        _TASK_SPACE,
+    ),
+    {"type": "object", "properties": {"removed": {"type": "integer"}}},
+    read_only=False,
+    destructive=True,
+    idempotent=True,
+    lane=agent_lane,
+)
+def _clear_working(ctx: Context, p: dict[str, Any]) -> Any:
+    return {"removed": ctx.agent(p).clear_working(p.get("key"), **pick(p, "task_id"))}
+
+
+OPERATIONS = tuple(_OPS.items)

@@ -1,0 +1,122 @@
+"""Operations on indexed memory files and codebases, and the status of it all."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import _convert
+from ._operation import (
+    KIND,
+    OBJECT,
+    SCORE,
+    SEARCH_RESULT,
+    TOP_K,
+    Context,
+    OperationList,
+    Param,
+    files_lane,
+    pick,
+    search_result,
+    string,
+)
+
+_OPS = OperationList()
+
+
+@_OPS.add(
+    "index",
+    "files",
+    "Index (or re-sync) a folder of memory files or code; returns its root, kind and sync stats.",
+    (Param("path", string("The folder.", max_length=4096), True), Param("kind", KIND)),
+    {"type": "object", "properties": {"root": {"type": "string"}, "kind": {"type": "string"}}},
+    read_only=False,
+    idempotent=True,
+    lane=files_lane,
+)
+def _index(ctx: Context, p: dict[str, Any]) -> Any:
+    ws, stats = ctx.workspaces.index(p["path"], **pick(p, "kind"))
+    return {"root": str(ws.root), "kind": ws.kind, "stats": _convert.plain(stats)}
+
+
+@_OPS.add(
+    "list_roots",
+    "files",
+    "The indexed folders with their kind and last sync.",
+    (),
+    {"type": "array", "items": OBJECT},
+    read_only=True,
+    lane=files_lane,
+)
+def _list_roots(ctx: Context, p: dict[str, Any]) -> Any:
+    return [ws.as_dict() for ws in ctx.workspaces.roots()]
+
+
+@_OPS.add(
+    "forget_root",
+    "files",
+    "Unregister an indexed folder and delete its index (the folder itself is untouched).",
+    (Param("path", string("The folder.", max_length=4096), True), Param("kind", KIND)),
+    {"type": "object", "properties": {"removed": {"type": "integer"}}},
+    read_only=False,
+    destructive=True,
+    idempotent=True,
+    lane=files_lane,
+)
+def _forget_root(ctx: Context, p: dict[str, Any]) -> Any:
+    return {"removed": ctx.workspaces.forget(p["path"], **pick(p, "kind"))}
+
+
+@_OPS.add(
+    "search_files",
+    "files",
+    "Search every indexed folder (or one); hits with root, path and line range.",
+    (
+        Param("query", string("What to look for."), True),
+        Param("root", string("Only this indexed folder.", max_length=4096)),
+        Param("max_results", {**TOP_K, "description": "How many hits at most."}),
+        Param("min_score", SCORE),
+        Param("language", string("Only code in this language (e.g. python).", max_length=64)),
+    ),
+    SEARCH_RESULT,
+    read_only=True,
+    lane=files_lane,
+)
+def _search_files(ctx: Context, p: dict[str, Any]) -> Any:
+    found = ctx.workspaces.search(p["query"], **pick(p, "root", "max_results", "min_score", "language"))
+    return search_result(found, [h.as_dict() for h in found])
+
+
+@_OPS.add(
+    "get_file",
+    "files",
+    "Read lines of an indexed file (the path stays inside its root).",
+    (
+        Param("path", string("The file, relative to its root.", max_length=4096), True),
+        Param("root", string("The indexed folder it is in.", max_length=4096)),
+        Param("from_line", {"type": "integer", "minimum": 1, "description": "First line (1-based)."}),
+        Param("lines", {"type": "integer", "minimum": 1, "description": "How many lines."}),
+    ),
+    OBJECT,
+    read_only=True,
+    lane=files_lane,
+)
+def _get_file(ctx: Context, p: dict[str, Any]) -> Any:
+    return ctx.workspaces.get(p["path"], **pick(p, "root", "from_line", "lines")).as_dict()
+
+
+@_OPS.add(
+    "status",
+    "system",
+    "Drivers, model state, per-agent counts, sync state and degraded agents.",
+    (),
+    OBJECT,
+    read_only=True,
+)
+def _status(ctx: Context, p: dict[str, Any]) -> Any:
+    out = {"system": _convert.plain(ctx.system.status()), "workspaces": ctx.workspaces.status()}
+    if ctx.extra_status is not None:
+        out["server"] = ctx.extra_status()
+    return out
+
+
+OPERATIONS = tuple(_OPS.items)

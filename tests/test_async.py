@@ -1,0 +1,137 @@
+"""The asyncio twin: the same handles and methods as coroutines, async subscription iterators."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from pathlib import Path
+
+import pytest
+
+from memstrata import (
+    Agent,
+    AsyncAgent,
+    AsyncBlackboard,
+    AsyncMemorySystem,
+    Blackboard,
+    Config,
+    MemorySystem,
+)
+from memstrata.errors import InvalidInputError
+from memstrata.messages import TaskPrompt
+from tests.fakes import FakeEmbedder
+
+
+def _public(cls: type) -> set[str]:
+    return {name for name, value in vars(cls).items() if not name.startswith("_") and callable(value)}
+
+
+def test_every_handle_method_has_an_async_twin_with_the_same_signature() -> None:
+    pairs = [(Agent, AsyncAgent), (Blackboard, AsyncBlackboard)]
+    for sync_cls, async_cls in pairs:
+        missing = _public(sync_cls) - _public(async_cls)
+        assert not missing, f"{async_cls.__name__} lacks {sorted(missing)}"
+        for name in _public(sync_cls) - {"subscribe"}:
+            twin = getattr(async_cls, name)
+            assert inspect.iscoroutinefunction(twin), f"{async_cls.__name__}.{name} is not a coroutine"
+            assert inspect.signature(twin) == inspect.signature(getattr(sync_cls, name))
+    for name in ("wait_idle", "retire", "revive", "ask", "status", "stop", "tell", "export", "import_"):
+        assert inspect.iscoroutinefunction(getattr(AsyncMemorySystem, name)), name
+
+
+def test_sixteen_agents_work_concurrently_under_asyncio(data_dir: Path) -> None:
+    async def one_agent(system: AsyncMemorySystem, n: int) -> tuple[str, TaskPrompt, list[str]]:
+        agent = system.agent(f"agent-{n}")
+        await agent.store_knowledge(f"agent {n} learned that widget {n} needs a torque of {n} Nm")
+        prompt = await agent.begin_task(f"t{n}", f"tighten widget {n}")
+        await agent.complete_task(f"t{n}", f"widget {n} tightened to {n} Nm")
+        await agent.set_working("step", n)
+        hits = await agent.query_knowledge(f"widget {n} torque", top_k=3, include_shared=False)
+        return agent.id, prompt, [hit.entry.content for hit in hits]
+
+    async def main() -> list[tuple[str, TaskPrompt, list[str]]]:
+        async with AsyncMemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder()) as system:
+            results = await asyncio.gather(*(one_agent(system, n) for n in range(16)))
+            assert await system.wait_idle(30)
+            working = await asyncio.gather(
+                *(system.agent(f"agent-{n}").get_working("step") for n in range(16))
+            )
+            assert working == list(range(16))
+            status = await system.status()
+            assert status
+            return results
+
+    results = asyncio.run(main())
+    assert len({agent_id for agent_id, _, _ in results}) == 16
+    for n, (_, prompt, contents) in enumerate(results):
+        assert f"widget {n} needs a torque" in prompt.text, prompt.text
+        assert any(f"widget {n}" in text for text in contents)
+    # everything is durable: a synchronous system over the same data dir sees each outcome
+    with MemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder()) as again:
+        for n in range(16):
+            contents = [e.content for e in again.agent(f"agent-{n}").list_knowledge()]
+            assert f"widget {n} tightened to {n} Nm" in contents
+
+
+def test_subscription_yields_current_values_then_changes_and_nothing_after_unsubscribe(
+    data_dir: Path,
+) -> None:
+    async def main() -> tuple[list[tuple[str, object]], list[tuple[str, object]], object]:
+        async with AsyncMemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder()) as system:
+            board = system.blackboard("s1")
+            await board.publish("agent:a:status", "idle", wait=True)
+            await board.publish("other", 1, wait=True)
+            seen: list[tuple[str, object]] = []
+            async with board.subscribe("agent:*") as signals:
+                assert signals.id is not None
+                await board.publish("agent:b:status", "busy", wait=True)
+                await board.publish("other", 2, wait=True)
+                await board.publish("agent:a:status", "done", wait=True)
+                async for signal in signals:
+                    seen.append((signal.key, signal.value))
+                    if len(seen) == 3:
+                        break
+            after: list[tuple[str, object]] = []
+            await board.publish("agent:a:status", "late", wait=True)
+            assert await system.wait_idle(10)
+            async for signal in signals:  # the queue holds nothing past the unsubscribe
+                after.append((signal.key, signal.value))
+            return seen, after, await board.get("agent:a:status")
+
+    seen, after, last = asyncio.run(main())
+    assert seen == [("agent:a:status", "idle"), ("agent:b:status", "busy"), ("agent:a:status", "done")]
+    assert after == []
+    assert last == "late"
+
+
+def test_a_cancelled_await_still_stores_the_write(data_dir: Path) -> None:
+    async def main() -> None:
+        async with AsyncMemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder()) as system:
+            agent = system.agent("a")
+            task = asyncio.ensure_future(agent.store_knowledge("kept even when nobody waits"))
+            await asyncio.sleep(0)  # one loop turn: the task sends its call, then its wait is cancelled
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert await system.wait_idle(10)
+            contents = [e.content for e in await agent.list_knowledge()]
+            assert "kept even when nobody waits" in contents
+
+    asyncio.run(main())
+
+
+def test_bad_input_raises_the_same_clear_error(data_dir: Path) -> None:
+    async def main() -> None:
+        system = await AsyncMemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder())
+        try:
+            with pytest.raises(InvalidInputError, match="agent"):
+                system.agent("bad id with spaces\x00")
+            with pytest.raises(InvalidInputError):
+                await system.agent("a").store_knowledge("x", category="Not A Category!")
+            with pytest.raises(InvalidInputError):
+                system.blackboard("s").subscribe(42)  # type: ignore[arg-type]
+        finally:
+            await system.stop()
+        assert system.stopped
+
+    asyncio.run(main())

@@ -1,0 +1,167 @@
+"""MCP answers every line: hostile input gets exactly one JSON-RPC error and the session goes on.
+
+In process over byte streams (fake embedder), and as the real ``memstrata mcp`` process fed raw
+bytes on its stdin.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import orjson
+import pytest
+
+pytest.importorskip("mcp")
+
+from memstrata.bridges._mcp import build_server, serve_lines
+from memstrata.bridges._server import ErrorCode
+
+from memstrata import Config, MemorySystem
+from tests.fakes import FakeEmbedder
+
+REPO = Path(__file__).resolve().parent.parent
+
+_INIT = {
+    "jsonrpc": "2.0",
+    "id": "init",
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "test", "version": "1"},
+    },
+}
+_INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+
+# (line, expected id, expected error code); JavaScript writes a lone surrogate as "\ud800"
+HOSTILE: list[tuple[bytes, Any, int]] = [
+    (
+        b'{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"memory_add",'
+        b'"arguments":{"content":"a \\ud800 b"}}}',
+        7,
+        ErrorCode.INVALID_PARAMS,
+    ),
+    (b"this is not json", None, ErrorCode.PARSE_ERROR),
+    (b'{"jsonrpc":"2.0","id":8,"method":"tools/list"', None, ErrorCode.PARSE_ERROR),
+    (b"[" * 100_000 + b"]" * 100_000, None, ErrorCode.INVALID_REQUEST),
+    (
+        b'{"jsonrpc":"2.0","id":9,"method":"tools/call","params":' + b'{"a":' * 100 + b"1" + b"}" * 101,
+        9,
+        ErrorCode.INVALID_REQUEST,
+    ),
+    (b'{"jsonrpc":"2.0","id":{"x":1},"method":"tools/list"}', None, ErrorCode.INVALID_REQUEST),
+    (b'{"jsonrpc":"2.0","id":10,"method":"tools/call","params":[1,2]}', 10, ErrorCode.INVALID_PARAMS),
+    (b'{"jsonrpc":"2.0","id":11,"method":"tools/call","params":"x"}', 11, ErrorCode.INVALID_PARAMS),
+    (b'{"jsonrpc":"2.0","id":12,"method":5}', 12, ErrorCode.INVALID_REQUEST),
+    (b'{"jsonrpc":"1.0","id":13,"method":"tools/list"}', 13, ErrorCode.INVALID_REQUEST),
+    (
+        b'{"jsonrpc":"2.0","id":14,"method":"tools/list","params":{"x":"caf\xc3"}}',
+        None,
+        ErrorCode.PARSE_ERROR,
+    ),
+    (b"42", None, ErrorCode.INVALID_REQUEST),
+    (b'{"jsonrpc":"2.0","id":true,"method":"tools/list"}', None, ErrorCode.INVALID_REQUEST),
+]
+
+
+def _lines(*messages: Any) -> bytes:
+    return b"".join((m if isinstance(m, bytes) else orjson.dumps(m)) + b"\n" for m in messages)
+
+
+def _check(responses: list[dict[str, Any]]) -> None:
+    by_id: dict[Any, list[dict[str, Any]]] = {}
+    for response in responses:
+        by_id.setdefault(response.get("id"), []).append(response)
+    assert "result" in by_id["init"][0]
+    nulls = [r for r in by_id.get(None, [])]
+    expected_nulls = [code for _, rid, code in HOSTILE if rid is None]
+    assert sorted(r["error"]["code"] for r in nulls) == sorted(int(c) for c in expected_nulls), nulls
+    for _, rid, code in HOSTILE:
+        if rid is None:
+            continue
+        (answer,) = by_id[rid]
+        assert answer["error"]["code"] == code, answer
+        assert "\n" not in answer["error"]["message"]
+    assert all(r.get("jsonrpc") == "2.0" for r in responses)
+    # still serving afterwards: the last request is answered normally
+    (listed,) = by_id["after"]
+    assert {t["name"] for t in listed["result"]["tools"]} >= {"memory_add", "memory_search"}
+    invalid_utf8 = next(r for r in nulls if "UTF-8" in r["error"]["message"])
+    assert "invalid UTF-8 at byte" in invalid_utf8["error"]["message"]
+    assert "surrogates not allowed" not in invalid_utf8["error"]["message"]
+
+
+def test_every_hostile_line_gets_one_error_in_process(data_dir: Path) -> None:
+    payload = _lines(
+        _INIT,
+        _INITIALIZED,
+        *[line for line, _, _ in HOSTILE],
+        {"jsonrpc": "2.0", "id": "after", "method": "tools/list"},
+    )
+    out = io.BytesIO()
+    with MemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder()) as system:
+        server = build_server(system, None, agent_id="wire")
+        anyio.run(lambda: serve_lines(server, io.BytesIO(payload), out))
+    responses = [orjson.loads(line) for line in out.getvalue().splitlines()]
+    _check(responses)
+    assert len(responses) == 1 + len(HOSTILE) + 1
+
+
+def test_memstrata_mcp_process_answers_raw_hostile_bytes(data_dir: Path) -> None:
+    """The real command: each hostile line is answered, then a normal call still works."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("MEMSTRATA_DEBUG", None)
+    payload = _lines(
+        _INIT,
+        _INITIALIZED,
+        *[line for line, _, _ in HOSTILE],
+        {"jsonrpc": "2.0", "id": "after", "method": "tools/list"},
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "memstrata", "--data-dir", str(data_dir), "mcp", "--agent", "wire"],
+        input=payload,
+        capture_output=True,
+        cwd=data_dir,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    responses = [orjson.loads(line) for line in done.stdout.splitlines()]
+    _check(responses)
+    assert len(responses) == 1 + len(HOSTILE) + 1
+    assert b"Traceback" not in done.stderr
+
+
+def test_sdk_client_gets_an_error_for_a_too_deep_call_and_goes_on(data_dir: Path) -> None:
+    """What the SDK's own client can send: arguments nested too deeply are answered with a
+    JSON-RPC error (the client raises it) instead of no answer, and the session goes on."""
+    from mcp import ClientSession, StdioServerParameters, stdio_client
+    from mcp.shared.exceptions import MCPError
+
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "memstrata", "--data-dir", str(data_dir), "mcp", "--agent", "wire"],
+        env={"PYTHONPATH": str(REPO), "HOME": os.environ.get("HOME", str(data_dir))},
+        cwd=str(data_dir),
+    )
+    deep: Any = "leaf"
+    for _ in range(200):
+        deep = {"d": deep}
+
+    async def session() -> None:
+        with anyio.fail_after(120):
+            async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
+                await client.initialize()
+                with pytest.raises(MCPError, match="nested deeper than 64"):
+                    await client.call_tool("knowledge_query", {"query": "x", "tags": deep})
+                listed = await client.list_tools()
+                assert "knowledge_query" in {t.name for t in listed.tools}
+
+    anyio.run(session)

@@ -1,0 +1,164 @@
+"""Export and import: every kind of memory as sorted JSON lines, restored by import."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from click.testing import CliRunner
+from memstrata.bridges._app import CliState
+from memstrata.bridges._operations import find
+from memstrata.bridges.cli import cli
+
+from memstrata import Config, MemorySystem
+from memstrata.errors import InvalidInputError
+from memstrata.testing import HashEmbedder, ManualClock
+
+START = dt.datetime(2026, 11, 20, 9, 0, tzinfo=dt.UTC)
+
+
+def _fill(system: MemorySystem, clock: ManualClock) -> None:
+    planner, qa = system.agent("planner"), system.agent("qa")
+    planner.store_knowledge("Money moves must be idempotent", category="pattern", tags={"source": "handbook"})
+    planner.store_knowledge("Migrations run online", category="pattern", scope="/db", shared=True)
+    qa.remember("an old sandbox note", title="old", at=START - dt.timedelta(days=30))
+    clock.advance(120)
+    qa.remember("the sandbox rate-limits parallel runs", title="sandbox", tags={"env": "staging"})
+    qa.begin_task("t1", "stabilise the payment tests")
+    qa.fail_task("t1", "parallel runs hit the rate limit")
+    clock.advance(60)
+    planner.store_knowledge("Money moves must be idempotent", category="pattern")  # refreshes updated_at
+    qa.set_working("plan", {"steps": ["serial runs"]}, ttl_s=300)
+    planner.set_working("draft", "launch checklist")
+    board = system.blackboard("checkout")
+    board.publish("agent:qa:status", "busy", "qa", wait=True)
+    board.publish("agent:qa:status", "idle", "qa", wait=True)
+    board.publish("task:t1", {"state": "failed"}, "qa", wait=True)
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
+
+
+def test_export_holds_every_kind_sorted_and_import_restores_it(tmp_path: Path) -> None:
+    clock = ManualClock(START)
+    config = Config.from_mapping(
+        {
+            "data_dir": str(tmp_path / "a"),
+            "episodic": {"retention_max_age_s": 7 * 86400, "archive_dir": str(tmp_path / "archives")},
+        }
+    )
+    with MemorySystem.start(config, embedder=HashEmbedder(), clock=clock, seed=3) as system:
+        _fill(system, clock)
+        system.agent("qa").commit()  # the 30-day-old episode moves to an archive
+        lines = system.export(tmp_path / "a.jsonl")
+    records = _records(tmp_path / "a.jsonl")
+    assert len(records) == lines
+    assert records[0] == {"format": "memstrata-export", "kind": "export", "version": 1}
+    kinds = [r["kind"] for r in records]
+    assert kinds == sorted(kinds, key=["export", "knowledge", "episode", "working", "signal"].index)
+    knowledge = [r for r in records if r["kind"] == "knowledge"]
+    assert [(r["owner"], r["id"]) for r in knowledge] == [
+        ("planner", 1),
+        ("qa", 1),
+        ("shared", 1),
+    ]
+    refreshed = knowledge[0]
+    assert refreshed["created_at"] == START.timestamp() and refreshed["updated_at"] == START.timestamp() + 180
+    assert refreshed["tags"] == {"source": "handbook"}
+    assert knowledge[2]["scope"] == "/db" and knowledge[2]["author"] == "planner"
+    episodes = [r for r in records if r["kind"] == "episode"]
+    archived = [r for r in episodes if r["archive"]]
+    assert [r["content"] for r in archived] == ["an old sandbox note"]
+    assert {r["title"] for r in episodes if not r["archive"]} == {"sandbox", "Task t1 failed"}
+    working = [r for r in records if r["kind"] == "working"]
+    assert [(r["agent"], r["key"], r["expires_in_s"]) for r in working] == [
+        ("planner", "draft", None),
+        ("qa", "plan", 300.0),
+    ]
+    signals = [r for r in records if r["kind"] == "signal"]
+    assert [(r["key"], r["value"], r["version"]) for r in signals] == [
+        ("agent:qa:status", "idle", 2),
+        ("task:t1", {"state": "failed"}, 1),
+    ]
+
+    again = ManualClock(START + dt.timedelta(days=1))
+    target = Config(data_dir=tmp_path / "b")
+    with MemorySystem.start(target, embedder=HashEmbedder(), clock=again, seed=4) as system:
+        counts = system.import_(tmp_path / "a.jsonl")
+        assert counts == {"knowledge": 3, "episode": 2, "working": 2, "signal": 2, "skipped": 1}
+        assert system.import_(tmp_path / "a.jsonl")["episode"] == 0  # episodes are matched by uuid
+        system.export(tmp_path / "b.jsonl")
+        hits = system.agent("qa").query_knowledge("parallel runs rate limit")
+        assert hits and hits[0].entry.category == "pitfall"
+    restored = _records(tmp_path / "b.jsonl")
+
+    def comparable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = []
+        for row in rows:
+            if row["kind"] == "episode":
+                if row["archive"]:
+                    continue  # restored from its archive file, not by import
+                row = {k: v for k, v in row.items() if k != "id"}  # renumbered; the uuid is kept
+            if row["kind"] == "signal":
+                row = {k: v for k, v in row.items() if k not in ("version", "updated_at")}
+            out.append(row)
+        return out
+
+    assert comparable(restored) == comparable(records)
+
+
+def test_import_refuses_what_is_not_an_export_and_names_the_line(tmp_path: Path) -> None:
+    with MemorySystem.start(Config(data_dir=tmp_path / "d"), embedder=HashEmbedder()) as system:
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text('{"kind": "knowledge"}\n')
+        with pytest.raises(InvalidInputError, match="not a memstrata export"):
+            system.import_(bad)
+        bad.write_text('{"format": "memstrata-export", "kind": "export", "version": 1}\n{oops\n')
+        with pytest.raises(InvalidInputError, match="line 2 is not JSON"):
+            system.import_(bad)
+        bad.write_text('{"format": "memstrata-export", "kind": "export", "version": 1}\n{"kind": "x"}\n')
+        with pytest.raises(InvalidInputError, match="line 2 has unknown kind 'x'"):
+            system.import_(bad)
+        bad.write_text(
+            '{"format": "memstrata-export", "kind": "export", "version": 1}\n'
+            '{"kind": "working", "agent": "../etc", "key": "k", "value": 1}\n'
+        )
+        with pytest.raises(InvalidInputError, match="agent"):
+            system.import_(bad)
+        with pytest.raises(InvalidInputError, match="cannot read the export"):
+            system.import_(tmp_path / "missing.jsonl")
+        with pytest.raises(InvalidInputError, match="not a regular file"):
+            system.import_("/dev/zero")  # would stream forever
+        with pytest.raises(InvalidInputError, match="not a regular file"):
+            system.export("/dev/null")  # never replaced
+        with pytest.raises(InvalidInputError, match="not a regular file"):
+            system.export(tmp_path)
+        with pytest.raises(InvalidInputError, match="does not exist"):
+            system.export(tmp_path / "no" / "such" / "dir.jsonl")
+        assert not (tmp_path / "no").exists()
+        assert system.status()["agents"] == {}  # nothing was half-imported
+
+
+def test_export_and_import_are_operations_and_cli_commands(tmp_path: Path) -> None:
+    assert find("export").group == "system" and find("export").read_only
+    assert find("import").group == "system" and not find("import").read_only
+    runner = CliRunner()
+    state = CliState(embedder=HashEmbedder())
+    base = ["--data-dir", str(tmp_path / "one")]
+    stored = runner.invoke(cli, [*base, "store", "Charges need keys", "-a", "x", "-c", "pitfall"], obj=state)
+    assert stored.exit_code == 0, stored.output
+    exported = runner.invoke(cli, [*base, "export", str(tmp_path / "e.jsonl"), "--json"], obj=state)
+    assert exported.exit_code == 0, exported.output
+    assert orjson.loads(exported.output)["lines"] == 2
+    other = ["--data-dir", str(tmp_path / "two")]
+    imported = runner.invoke(
+        cli, [*other, "import", str(tmp_path / "e.jsonl")], obj=CliState(embedder=HashEmbedder())
+    )
+    assert imported.exit_code == 0, imported.output
+    assert "1 knowledge" in imported.output
+    missing = runner.invoke(cli, [*other, "import", str(tmp_path / "nope.jsonl")], obj=state)
+    assert missing.exit_code == 2
