@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-SOURCES := $(sort $(wildcard memstrata/*.py core/*.py actors/*.py layers/*.py storage/*.py bridges/*.py))
+SOURCES := $(sort $(wildcard memstrata/*.py core/*.py actors/*.py layers/*.py storage/*.py bridges/*.py integrations/*.py))
 # the editable install links files one by one: re-link when the set of source files changes
 SOURCE_SET := $(VENV)/.sources-$(shell echo $(SOURCES) | cksum | cut -d' ' -f1)
 
@@ -13,7 +13,7 @@ setup: $(VENV)/.deps $(SOURCE_SET)
 $(VENV)/.deps: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,mcp]' --config-settings editable_mode=strict
+	$(PY) -m pip install -q -e '.[dev,mcp,ray,langgraph,openai-agents,autogen]' --config-settings editable_mode=strict
 	touch $@
 
 $(SOURCE_SET): $(VENV)/.deps
@@ -38,7 +38,7 @@ test: lint
 test-slow: setup
 	$(VENV)/bin/pytest -m slow
 
-# `make bench`: the 100k figures, within 10 minutes on the 2-core development machine (one JSON,
+# `make bench`: the 100k figures, limit 10 minutes on the 2-core development machine (one JSON,
 # benchmarks/results/latest.json). `make bench-scale`: the 1M figures (latest-scale.json); see
 # docs/performance.md for the runtime of each. Both install the `bench` extra first (LanceDB and
 # pyarrow, for the side-by-side of benchmarks/bench_peers.py; not a dependency of the package).

@@ -32,9 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memstrata.core.constants import EMBED_CHARS  # what a query's vector is made of
+from memstrata.core.errors import AgentDegradedError, EmbeddingError, InvalidInputError, SystemStoppedError
 from memstrata.storage import prefetch_query
-
-from memstrata.errors import AgentDegradedError, EmbeddingError, InvalidInputError, SystemStoppedError
 
 from ._base import DEFERRED, MemoryActor, set_result
 from ._concurrency import TimerHandle

@@ -36,9 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import pykka
-from memstrata.storage import connection_defaults
-
-from memstrata.errors import (
+from memstrata.core.errors import (
     ActorCrashedError,
     AgentDegradedError,
     InvalidInputError,
@@ -46,11 +44,11 @@ from memstrata.errors import (
     StorageError,
     SystemStoppedError,
 )
+from memstrata.storage import connection_defaults
 
 if TYPE_CHECKING:
+    from memstrata.core.config import Config
     from memstrata.storage import Embedder
-
-    from memstrata.config import Config
 
     from ._clock import Clock, IdSource
     from ._concurrency import Activity, Scheduler

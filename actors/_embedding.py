@@ -42,10 +42,9 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from memstrata.core.errors import EmbeddingError, MemstrataError, ModelFaultError
 from memstrata.storage import Embedder, text_hash
 from memstrata.storage._embedding import check_model_rows, embed_time_left
-
-from memstrata.errors import EmbeddingError, MemstrataError, ModelFaultError
 
 __all__ = ["BatchingEmbedder", "EmbeddingStats"]
 

@@ -21,15 +21,14 @@ from pathlib import Path
 from typing import Any, cast
 
 import pykka
-from memstrata.storage import Embedder
-
-from memstrata.config import Config
-from memstrata.errors import (
+from memstrata.core.config import Config
+from memstrata.core.errors import (
     ConfigError,
     InvalidInputError,
     RequestTimeoutError,
     SystemStoppedError,
 )
+from memstrata.storage import Embedder
 
 from ._agent import describe_error
 from ._base import Envelope, Status, Supervision

@@ -16,12 +16,11 @@ from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
+from memstrata.core.config import Config
 from memstrata.core.constants import EMBED_CHARS  # what a knowledge entry's vector is made of
+from memstrata.core.errors import EmbeddingError, InvalidInputError
 from memstrata.storage import Embedder, embed_documents
 from memstrata.storage._embedding import embed_deadline, embed_time_left
-
-from memstrata.config import Config
-from memstrata.errors import EmbeddingError, InvalidInputError
 
 from ._base import MemoryActor
 from .messages import (
@@ -583,7 +582,7 @@ class EpisodicActor(_PersistentActor):
     def _export(self) -> list[dict[str, Any]]:
         """Live episodes, then the episodes of every readable archive (named by file name)."""
         from memstrata.layers._archive import ArchiveFile
-        from memstrata.layers._episodes import episode_from_row
+        from memstrata.layers._episode_records import episode_from_row
 
         layer = self.layer
         out = [self._record(e, None) for e in layer.timeline(limit=None)]

@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import pykka
-
-from memstrata.errors import SystemStoppedError
+from memstrata.core.errors import SystemStoppedError
 
 from ._agent import AgentActor
 from ._base import MemoryActor

@@ -25,11 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from memstrata.core.config import Config
+from memstrata.core.errors import ConfigError, EmbedderUnavailableError, MemstrataError
 from memstrata.storage import Embedder, load_embedder
 from memstrata.storage._embedding import embed_deadline
-
-from memstrata.config import Config
-from memstrata.errors import ConfigError, EmbedderUnavailableError, MemstrataError
 
 from ._base import MemoryActor
 from ._stores import BoundedSearch, Searched

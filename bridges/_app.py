@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 if TYPE_CHECKING:
+    from memstrata.core.config import Config
+
     from memstrata._workspaces import Workspaces
-    from memstrata.config import Config
 
 __all__ = ["CliState", "NoWorkspaces"]
 
@@ -38,7 +39,7 @@ class NoWorkspaces:
 
     def __getattr__(self, name: str) -> Any:
         def refuse(*args: Any, **kwargs: Any) -> NoReturn:
-            from memstrata.errors import MemstrataError
+            from memstrata.core.errors import MemstrataError
 
             raise MemstrataError(_NOTHING_INDEXED)
 
@@ -58,7 +59,7 @@ class CliState:
     @property
     def config(self) -> Config:
         if self._config is None:
-            from memstrata.config import Config
+            from memstrata.core.config import Config
 
             overrides: dict[str, Any] = {}
             if self.data_dir is not None:

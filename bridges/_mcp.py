@@ -24,7 +24,7 @@ import threading
 from collections.abc import Iterator
 from typing import IO, TYPE_CHECKING, Any
 
-from memstrata.errors import MemstrataError
+from memstrata.core.errors import MemstrataError
 
 from ._json import MAX_DEPTH, dumps
 from ._server import (

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from memstrata.errors import InvalidInputError
+from memstrata.core.errors import InvalidInputError
 
 if TYPE_CHECKING:
     from memstrata._workspaces import Workspaces

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from memstrata.errors import InvalidInputError
+from memstrata.core.errors import InvalidInputError
 
 from . import _ops_agent, _ops_board, _ops_files, _ops_knowledge, _ops_system
 from ._operation import Context, Operation, Param, parse_time

@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from memstrata.errors import InvalidInputError
+from memstrata.core.errors import InvalidInputError
 
 from . import _convert
 from ._operation import (
@@ -128,8 +128,8 @@ class _Pushed:
         }
         if self.connection.notify("signal", params, when=self.still_active) or not self.active:
             return
-        if not self.connection.open:
-            raise _Gone("the client went away")
+        if not self.connection.open:  # the client is going away: its close ends this subscription
+            return
         with self.connection.output_lock:
             self.active = False
             self.connection.subscriptions.pop((self.session_id, self.id), None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from memstrata.errors import InvalidInputError
+from memstrata.core.errors import InvalidInputError
 
 from . import _convert
 from ._operation import (

@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from memstrata.errors import InvalidInputError
+from memstrata.core.errors import InvalidInputError
 
 __all__ = ["check", "describe_type"]
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import IO, Any
 
-from memstrata.errors import (
+from memstrata.core.errors import (
     DatabaseBusyError,
     InvalidInputError,
     MemstrataError,
@@ -159,7 +159,8 @@ class Connection:
         self.server = server
         self.name = name
         self.subscriptions: dict[tuple[str, int], Any] = {}  # (session, id) -> has .end()
-        self._writer = writer
+        self.transport: socket.socket | None = None  # a socket client's socket
+        self.writer = writer
         self._out: deque[bytes] = deque()
         self._output = threading.Condition()
         self._output_closed = False
@@ -245,8 +246,8 @@ class Connection:
                 continue
             try:
                 for line in lines:
-                    self._writer.write(line)
-                self._writer.flush()
+                    self.writer.write(line)
+                self.writer.flush()
             except (OSError, ValueError) as exc:
                 with self._output:
                     self._write_failed = True
@@ -614,10 +615,13 @@ class JsonLinesServer:
                     finally:
                         self._interruptible = False
                     self._count("connections")
+                    name = f"client-{self.stats.connections}"
+                    connection = self._open(client.makefile("wb"), name)  # seen by the shutdown below
+                    connection.transport = client
                     thread = threading.Thread(
                         target=self._serve_client,
-                        args=(client, f"client-{self.stats.connections}"),
-                        name=f"memstrata-client-{self.stats.connections}",
+                        args=(connection, client),
+                        name=f"memstrata-{name}",
                         daemon=True,
                     )
                     thread.start()
@@ -629,10 +633,9 @@ class JsonLinesServer:
                 self.warn("stopping: finishing the requests in flight")
                 listener.close()
                 for connection in self.connections:
-                    sock = getattr(connection, "_socket", None)
-                    if sock is not None:  # end of input for its reader: drain and close
+                    if connection.transport is not None:  # end of input for its reader: drain, close
                         with contextlib.suppress(OSError):
-                            sock.shutdown(socket.SHUT_RD)
+                            connection.transport.shutdown(socket.SHUT_RD)
                 for thread in threads:
                     thread.join()
         return self.stats
@@ -645,19 +648,16 @@ class JsonLinesServer:
             with contextlib.suppress(OSError):
                 listener.sock.shutdown(socket.SHUT_RDWR)
 
-    def _serve_client(self, client: socket.socket, name: str) -> None:
+    def _serve_client(self, connection: Connection, client: socket.socket) -> None:
         reader = client.makefile("rb")
-        writer = client.makefile("wb")
-        connection = self._open(writer, name)
-        connection._socket = client  # type: ignore[attr-defined]
         try:
             if not self._stop_requested:
                 self._read_loop(connection, reader, interruptible=False)
         except Exception as exc:
-            self.warn(f"{name}: {type(exc).__name__}: {exc}")
+            self.warn(f"{connection.name}: {type(exc).__name__}: {exc}")
         finally:
             self._close(connection)
-            for stream in (reader, writer, client):
+            for stream in (reader, connection.writer, client):
                 with contextlib.suppress(OSError):
                     stream.close()
 

@@ -27,8 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from memstrata.core.constants import MAX_TAG_KEY_CHARS, MAX_TAG_VALUE_CHARS, MAX_TAGS
-
-from memstrata.errors import InvalidInputError, MemstrataError
+from memstrata.core.errors import InvalidInputError, MemstrataError
 
 from ._json import loads
 from ._operation import Context, Operation, Param

@@ -3,7 +3,7 @@ memory, blackboard. Every one but the ``memory_*`` composites is one registry op
 
 from __future__ import annotations
 
-from memstrata.errors import InvalidInputError
+from memstrata.core.errors import InvalidInputError
 
 from ._tool_defs import Tool, derived
 from ._tool_memory import MEMORY_TOOLS

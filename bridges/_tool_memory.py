@@ -14,9 +14,8 @@ import datetime as dt
 from typing import Any
 
 from memstrata.core.constants import MAX_SCOPE_CHARS
+from memstrata.core.errors import InvalidInputError
 from memstrata.core.validation import check_scope
-
-from memstrata.errors import InvalidInputError
 
 from . import _convert
 from ._operation import Operation, Param

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ._methods import method_table
+from .cli import command_table
 from .tools import tools_markdown
 
 __all__ = ["TABLES", "check", "render", "write"]
@@ -20,6 +21,7 @@ __all__ = ["TABLES", "check", "render", "write"]
 TABLES: dict[str, tuple[str, Callable[[], str]]] = {
     "server-methods": ("docs/bridges.md", method_table),
     "llm-tools": ("docs/bridges.md", tools_markdown),
+    "cli-commands": ("docs/bridges.md", command_table),
 }
 """Table name -> (file, relative to the project root; generator)."""
 

@@ -19,9 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from memstrata.core.errors import InvalidInputError, MemstrataError
 from memstrata.core.validation import check_agent_id
-
-from memstrata.errors import InvalidInputError, MemstrataError
 
 from ._json import MAX_DEPTH, dumps, json_depth, loads
 from ._schema import check, describe_type

@@ -18,13 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from memstrata.core.errors import ArchiveError, MemstrataError
 from memstrata.core.validation import check_category
 from memstrata.storage import Database, identifier_words, open_database
 
-from memstrata.errors import ArchiveError, MemstrataError
-
 from ._episode_matrix import TimedMatrix
-from ._episodes import (
+from ._episode_records import (
     EPISODE_COLUMNS,
     episodes_schema,
     load_tags,

@@ -88,10 +88,10 @@ def split_lines(text: str) -> list[str]:
 
 def _check(tokens: int, overlap: int) -> None:
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 8:
-        from memstrata.errors import InvalidInputError
+        from memstrata.core.errors import InvalidInputError
 
         raise InvalidInputError(f"tokens must be an integer >= 8, got {tokens!r}")
     if isinstance(overlap, bool) or not isinstance(overlap, int) or not 0 <= overlap < tokens:
-        from memstrata.errors import InvalidInputError
+        from memstrata.core.errors import InvalidInputError
 
         raise InvalidInputError(f"overlap must be an integer in [0, tokens), got {overlap!r}")

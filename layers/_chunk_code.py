@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ._chunk import Chunk, TokenCounter, _check, estimate_tokens, normalize_newlines
-from ._chunk_pack import _Cost, _line_segments, _LineSegmenter, _pack, _Seg
+from ._chunk_pack import _Cost, _line_segments, _LineSegmenter, _pack
 
 __all__ = ["GRAMMARS", "chunk_syntax", "embedding_text", "grammar_for", "keyword_words", "split_identifier"]
 
@@ -354,11 +354,7 @@ class _Segmenter(_LineSegmenter):
         else:
             score = max(12, (_DEF if definition is not None else _STMT) - 4 * (depth - 1))
             hard = False
-        cost = self._range_cost(lo, hi)
-        if cost <= self.budget:
-            s, e = self.offsets[lo - 1][0], self.offsets[hi - 1][1]
-            blank = not self.text[s:e].strip()
-            self.segs.append(_Seg(s, e, lo, hi, cost, score, hard, blank))
+        if self._whole(lo, hi, score, hard):
             return
         first = len(self.segs)
         children = list(node.named_children) if node is not None and depth < _MAX_DEPTH else []

@@ -275,6 +275,15 @@ class _LineSegmenter:
     def _range_cost(self, lo: int, hi: int) -> int:
         return sum(self.line_cost[lo - 1 : hi])
 
+    def _whole(self, lo: int, hi: int, score: int, hard: bool) -> bool:
+        """Lines ``lo..hi`` as one segment if they fit the budget (then True), else nothing."""
+        cost = self._range_cost(lo, hi)
+        if cost > self.budget:
+            return False
+        s, e = self.offsets[lo - 1][0], self.offsets[hi - 1][1]
+        self.segs.append(_Seg(s, e, lo, hi, cost, score, hard, not self.text[s:e].strip()))
+        return True
+
     def _lines(self, lo: int, hi: int, first_score: int, first_hard: bool, score: int) -> None:
         """Lines ``lo..hi`` one by one: the first scored ``first_score``, the others ``score``."""
         for n in range(lo, hi + 1):

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from ._chunk import Chunk, TokenCounter, _check, estimate_tokens, normalize_newlines
 from ._chunk_lines import chunk_code
-from ._chunk_pack import _Cost, _line_segments, _LineSegmenter, _pack, _Seg
+from ._chunk_pack import _Cost, _line_segments, _LineSegmenter, _pack
 
 __all__ = ["chunk_python"]
 
@@ -85,11 +85,7 @@ class _PySegmenter(_LineSegmenter):
             score, hard = (_PY_TOP_DEF if is_def else _PY_TOP_STMT), True
         else:
             score, hard = max(12, (_PY_DEF if is_def else _PY_STMT) - 4 * (depth - 1)), False
-        cost = self._range_cost(lo, hi)
-        if cost <= self.budget:
-            s, e = self.offsets[lo - 1][0], self.offsets[hi - 1][1]
-            blank = not self.text[s:e].strip()
-            self.segs.append(_Seg(s, e, lo, hi, cost, score, hard, blank))
+        if self._whole(lo, hi, score, hard):
             return
         first = len(self.segs)
         children = _children(node) if node is not None else []

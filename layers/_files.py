@@ -25,16 +25,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar, Self
 
-from memstrata.storage import Embedder, load_embedder
-
-from memstrata.config import Config
-from memstrata.errors import (
+from memstrata.core.config import Config
+from memstrata.core.errors import (
     ConfigError,
     EmbedderUnavailableError,
     InvalidInputError,
     MemstrataError,
     StorageError,
 )
+from memstrata.storage import Embedder, load_embedder
 
 from ._chunk import split_lines
 from ._file_results import FileHit, SyncStats

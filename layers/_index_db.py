@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from memstrata.core.config import Config
+from memstrata.core.errors import EmbedderUnavailableError, EmbeddingError
 from memstrata.storage import (
     Database,
     Embedder,
@@ -41,9 +43,6 @@ from memstrata.storage import (
     set_meta,
 )
 from memstrata.storage._migrations import refresh_keyword_terms
-
-from memstrata.config import Config
-from memstrata.errors import EmbedderUnavailableError, EmbeddingError
 
 from ._chunk import CHUNKER_VERSION, ESTIMATE_NAME, TokenCounter, estimate_tokens, model_token_counter
 from ._chunk_file import chunk_file

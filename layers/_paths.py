@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from memstrata.errors import InvalidInputError, PathOutsideRootError
+from memstrata.core.errors import InvalidInputError, PathOutsideRootError
 
 from . import _safe_fs as safe_fs
 from ._chunk import normalize_newlines

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from memstrata.errors import InvalidInputError, PathOutsideRootError
+from memstrata.core.errors import InvalidInputError, PathOutsideRootError
 
 __all__ = [
     "DIR_FLAGS",

@@ -24,8 +24,8 @@ from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from memstrata.actors import Clock, StopReport, StoreFactory
-from memstrata.config import Config
-from memstrata.errors import InvalidInputError
+from memstrata.core.config import Config
+from memstrata.core.errors import InvalidInputError
 from memstrata.messages import Signal
 from memstrata.storage import Embedder
 

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from memstrata.actors import Clock
-from memstrata.config import Config
-from memstrata.errors import InvalidInputError
+from memstrata.core.config import Config
+from memstrata.core.errors import InvalidInputError
 from memstrata.messages import Signal, TaskPrompt
 from memstrata.storage import Embedder
 

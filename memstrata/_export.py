@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from memstrata.errors import InvalidInputError, StorageError
+from memstrata.core.errors import InvalidInputError, StorageError
 from memstrata.messages import SHARED, ListSignals, PublishSignal, QuerySignal, check_agent_id
 
 if TYPE_CHECKING:

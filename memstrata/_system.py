@@ -28,8 +28,8 @@ from memstrata.actors import (
     StoreFactory,
     SystemClock,
 )
-from memstrata.config import Config
-from memstrata.errors import (
+from memstrata.core.config import Config
+from memstrata.core.errors import (
     ConfigError,
     EmbedderUnavailableError,
     InvalidInputError,
@@ -177,8 +177,14 @@ class MemorySystem:
             if isinstance(service, BatchingEmbedder) and owns:
                 service.close()
             raise StorageError(f"cannot create the data dir {config.data_dir}: {exc}") from exc
+        engine: Callable[..., Runtime] = Runtime
+        extra: dict[str, Any] = {}
+        if config.cluster.engine == "ray":  # the memstrata[ray] extra: actors on a Ray cluster
+            # an embedder given here is sent to each node's embedding service; none: the nodes
+            # load the configured model themselves
+            engine, extra = _ray_engine(None if isinstance(embedder, BatchingEmbedder) else embedder)
         try:
-            runtime = Runtime(
+            runtime = engine(
                 config,
                 embedder=service,
                 clock=clock or SystemClock(),
@@ -186,6 +192,7 @@ class MemorySystem:
                 embedder_note=note,
                 owns_embedder=owns,
                 ids=IdSource(seed),
+                **extra,
             )
         except BaseException:  # e.g. a workspace path refused: nothing may keep running
             if isinstance(service, BatchingEmbedder) and owns:
@@ -833,6 +840,17 @@ class Agent:
 
     def ask(self, message: Message, *, timeout: float | None = None) -> Any:
         return self._system.ask(self._own(message), timeout=timeout)
+
+
+def _ray_engine(model: Embedder | None) -> tuple[Callable[..., Runtime], dict[str, Any]]:
+    """The Ray runtime, or a clear error when the ``memstrata[ray]`` extra is not installed."""
+    try:
+        from memstrata.actors._ray_runtime import RayRuntime
+    except ImportError as exc:
+        raise ConfigError(
+            f"cluster.engine = 'ray' needs the memstrata[ray] extra (pip install 'memstrata[ray]'): {exc}"
+        ) from exc
+    return RayRuntime, {"model": model}
 
 
 class Subscription:

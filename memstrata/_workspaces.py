@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 
-from memstrata.config import Config
-from memstrata.errors import InvalidInputError, PathOutsideRootError, StorageError
+from memstrata.core.config import Config
+from memstrata.core.errors import InvalidInputError, PathOutsideRootError, StorageError
 
 if TYPE_CHECKING:
     from memstrata.storage import Database, Embedder

@@ -36,8 +36,8 @@ import numpy.typing as npt
 
 from memstrata._system import MemorySystem
 from memstrata.actors import ManualClock
-from memstrata.config import Config
-from memstrata.errors import InvalidInputError, RequestTimeoutError
+from memstrata.core.config import Config
+from memstrata.core.errors import InvalidInputError, RequestTimeoutError
 from memstrata.messages import TaskPrompt
 
 __all__ = ["HashEmbedder", "ManualClock", "Step", "StepResult", "run_steps", "simulation"]

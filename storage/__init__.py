@@ -3,6 +3,7 @@
 if __name__ != "memstrata.storage":  # nothing generic may be importable at top level
     raise ImportError(f"import memstrata.storage, not {__name__}: it is part of the memstrata package")
 
+from ._bm25 import Bm25Index
 from ._connection import Database, connection_defaults, open_database
 from ._consistency import ConsistencyReport, check_consistency
 from ._default_model import DEFAULT_MODEL_ID, default_model_dir
@@ -34,7 +35,17 @@ from ._fusion import (
     match_type,
     rrf,
 )
-from ._hybrid import Filter, Mode, RankedId, SearchParams, hybrid_search, keyword_search, validate_mode
+from ._hybrid import (
+    Mode,
+    QueryVector,
+    RankedId,
+    SearchParams,
+    hybrid_search,
+    keyword_index,
+    keyword_search,
+    validate_mode,
+)
+from ._keywords import Filter, KeywordIndex, KeywordTable, ScoredIds, query_terms
 from ._migrations import (
     EmbeddingMismatch,
     Migration,
@@ -56,6 +67,7 @@ __all__ = [
     "FTS_TOKENIZER",
     "MAX_QUERY_TERMS",
     "PLAIN_RRF_K",
+    "Bm25Index",
     "ConsistencyReport",
     "Database",
     "DriverInfo",
@@ -66,10 +78,14 @@ __all__ = [
     "Filter",
     "Fused",
     "FusedArrays",
+    "KeywordIndex",
     "KeywordQuery",
+    "KeywordTable",
     "Migration",
     "Mode",
+    "QueryVector",
     "RankedId",
+    "ScoredIds",
     "SearchParams",
     "VectorHit",
     "VectorIndex",
@@ -92,12 +108,14 @@ __all__ = [
     "get_meta",
     "hybrid_search",
     "identifier_words",
+    "keyword_index",
     "keyword_search",
     "keyword_terms",
     "load_embedder",
     "match_type",
     "open_database",
     "prefetch_query",
+    "query_terms",
     "record_embedding",
     "rrf",
     "schema_version",

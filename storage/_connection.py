@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memstrata.errors import DatabaseBusyError, InvalidInputError, ReadOnlyError, StorageError
+from memstrata.core.errors import DatabaseBusyError, InvalidInputError, ReadOnlyError, StorageError
 
 from ._driver import _MODULE, DriverInfo, _load_vec
 

@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from memstrata.errors import InvalidInputError, StorageError
+from memstrata.core.errors import InvalidInputError, StorageError
 
 from ._connection import Database
 from ._vectors import VectorIndex

@@ -19,8 +19,7 @@ import threading
 from pathlib import Path
 
 import numpy as np
-
-from memstrata.errors import EmbedderUnavailableError
+from memstrata.core.errors import EmbedderUnavailableError
 
 from ._embedder import FloatArray
 from ._heap import trim_heap

@@ -15,8 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
-
-from memstrata.errors import EmbedderUnavailableError, EmbeddingError, ModelFaultError
+from memstrata.core.errors import EmbedderUnavailableError, EmbeddingError, ModelFaultError
 
 from ._embed_cache import EmbeddingCache
 from ._embedder import Embedder, FloatArray, _normalise, text_hash

@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from memstrata.errors import EmbedderUnavailableError
+from memstrata.core.errors import EmbedderUnavailableError
 
 from ._default_model import DEFAULT_DIM, DEFAULT_MODEL_ID, _DefaultModel, default_model_dir
 from ._embedder import Embedder, FloatArray, _normalise

@@ -26,8 +26,7 @@ from typing import Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
-
-from memstrata.errors import InvalidInputError
+from memstrata.core.errors import InvalidInputError
 
 __all__ = [
     "DEFAULT_KEYWORD_WEIGHT",

@@ -1,17 +1,20 @@
-"""Hybrid retrieval shared by every layer: vector KNN + FTS5 keyword search, fused by
-:func:`storage.fuse` (weighted RRF, see ``_fusion``).
+"""The retrieval engine every layer calls: candidate sources (a :class:`VectorIndex` and the
+:class:`KeywordIndex`) restricted exactly to a filter the layer supplies, fused once by
+:func:`storage.rrf` (weighted RRF, see ``_fusion``), scores normalised to 0..1.
 
 A layer owns a content table (integer primary key ``id``) indexed by :func:`fts_schema` and a
-:class:`VectorIndex` keyed by the same ids. It describes its filters once, as SQL that selects
-the allowed ids plus equality filters on vector metadata columns, and this module runs both
-searches on exactly that set, so filtered results are exact, never over-fetched and post-filtered.
+:class:`VectorIndex` keyed by the same ids. It describes its filters once (:class:`Filter`:
+SQL that selects the allowed ids plus equality filters on vector metadata columns), and both
+sources search exactly that set, so filtered results are exact, never over-fetched and
+post-filtered. The layer gets back ranked ids with each list's rank, the match type and the
+score, and only maps them to its rows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -23,35 +26,34 @@ from ._fusion import (
     DEFAULT_KEYWORD_WEIGHT,
     DEFAULT_RRF_K,
     DEFAULT_VECTOR_WEIGHT,
-    PLAIN_RRF_K,
     fusion_weights,
     match_type,
     rrf,
 )
+from ._keywords import Filter, KeywordIndex, KeywordTable
 from ._vectors import VectorHit, VectorIndex
 
-__all__ = ["Filter", "Mode", "RankedId", "SearchParams", "hybrid_search", "keyword_search", "validate_mode"]
+__all__ = [
+    "Filter",
+    "Mode",
+    "QueryVector",
+    "RankedId",
+    "SearchParams",
+    "hybrid_search",
+    "keyword_search",
+    "validate_mode",
+]
 
 Mode = Literal["hybrid", "vector", "keyword"]
+FloatArray = npt.NDArray[np.float32]
+# the query's vector, or a function computing it (called after the keyword side has ranked, so
+# an embedding started earlier overlaps it); ``None`` from the function: keyword-only
+QueryVector = FloatArray | Callable[[], FloatArray | None] | None
 
 
 def validate_mode(mode: object) -> Mode:
     """``mode`` as a :data:`Mode` (the one rule: :func:`memstrata.core.validation.check_mode`)."""
     return cast(Mode, check_mode(mode))
-
-
-@dataclass(frozen=True, slots=True)
-class Filter:
-    """Which rows may match: ``sql`` selects allowed ids (or ``None`` for all rows),
-    ``where`` holds equality filters on vector metadata columns that ``sql`` also applies."""
-
-    sql: str | None = None
-    params: tuple[Any, ...] = ()
-    where: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def empty(self) -> bool:
-        return self.sql is None
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +77,29 @@ class RankedId:
     similarity: float | None
 
 
+_INDEXES_ATTRIBUTE = "_memstrata_keyword_indexes"
+
+
+def keyword_index(
+    db: Database, table: str, columns: Sequence[str], column_weights: Sequence[float] | None = None
+) -> KeywordIndex:
+    """The connection's :class:`KeywordIndex` of a :func:`fts_schema` table (its postings stay
+    cached between searches; any write through the connection drops them). The indexes hang on
+    the connection object, so they go with it."""
+    weights = tuple(float(w) for w in (column_weights or [1.0] * len(columns)))
+    key = (table, tuple(columns), weights)
+    indexes: dict[tuple[str, tuple[str, ...], tuple[float, ...]], KeywordIndex] | None
+    indexes = getattr(db, _INDEXES_ATTRIBUTE, None)
+    if indexes is None:
+        indexes = {}
+        setattr(db, _INDEXES_ATTRIBUTE, indexes)
+    index = indexes.get(key)
+    if index is None:
+        spec = KeywordTable(table=table, columns=tuple(columns), weights=weights)
+        index = indexes[key] = KeywordIndex(db, spec, track_writes=True)
+    return index
+
+
 def keyword_search(
     db: Database,
     table: str,
@@ -84,53 +109,40 @@ def keyword_search(
     flt: Filter,
     *,
     column_weights: Sequence[float] | None = None,
+    text: str | None = None,
 ) -> list[int]:
-    """Ids ranked by BM25 (words), trigram match (CJK) and LIKE (short CJK), fused by RRF."""
+    """Ids ranked by BM25 (words), trigram match (CJK) and LIKE (short CJK), fused by RRF.
+
+    ``text`` is the query as typed (its words are scored); without it, ``query``'s words are.
+    """
     if query.empty or limit <= 0:
         return []
-    # ``+rowid``: the filter is checked on the rows the MATCH finds (its subquery is evaluated
-    # once). A plain ``rowid IN`` is handed to FTS5, which then runs the MATCH once per allowed id.
-    restrict = f" AND +rowid IN ({flt.sql})" if flt.sql else ""
-    params = tuple(flt.params)
-    weights = ", ".join(str(float(w)) for w in (column_weights or [1.0] * len(columns)))
-    lists: list[list[int]] = []
-    if query.words:
-        sql = (
-            f"SELECT rowid FROM {table}_fts WHERE {table}_fts MATCH ?{restrict} "
-            f"ORDER BY bm25({table}_fts, {weights}) LIMIT ?"
-        )
-        lists.append([r[0] for r in db.query(sql, (query.words, *params, limit))])
-    if query.cjk:
-        sql = (
-            f"SELECT rowid FROM {table}_tri WHERE {table}_tri MATCH ?{restrict} "
-            f"ORDER BY bm25({table}_tri) LIMIT ?"
-        )
-        lists.append([r[0] for r in db.query(sql, (query.cjk, *params, limit))])
-    if query.cjk_short:
-        likes = " OR ".join(f"{c} LIKE ?" for c in columns for _ in query.cjk_short)
-        like_params = [f"%{run}%" for _ in columns for run in query.cjk_short]
-        restrict_id = f" AND id IN ({flt.sql})" if flt.sql else ""
-        sql = f"SELECT id FROM {table} WHERE ({likes}){restrict_id} ORDER BY id DESC LIMIT ?"
-        lists.append([r[0] for r in db.query(sql, (*like_params, *params, limit))])
-    if len(lists) == 1:
-        return lists[0]
-    return [f.key for f in rrf(lists, k=PLAIN_RRF_K)][:limit]
+    index = keyword_index(db, table, columns, column_weights)
+    return index.ranking(text if text is not None else _query_text(query), limit, flt, query=query)
+
+
+def _query_text(query: KeywordQuery) -> str:
+    """The words of a built query (its FTS5 ``"a" OR "b"`` form back to plain words)."""
+    words = query.words or ""
+    return " ".join(part.strip().strip('"').replace('""', '"') for part in words.split(" OR "))
 
 
 def hybrid_search(
     db: Database,
     *,
-    table: str,
-    columns: Sequence[str],
+    table: str | None = None,
+    columns: Sequence[str] = (),
     vectors: VectorIndex | None,
-    query_vector: npt.NDArray[np.float32] | None,
+    query_vector: QueryVector,
     query_text: str,
     params: SearchParams,
     flt: Filter,
     column_weights: Sequence[float] | None = None,
+    keywords: KeywordIndex | None = None,
 ) -> list[RankedId]:
     """Top ``params.top_k`` ids for a query, best first.
 
+    The keyword source is ``keywords``, or the connection's index of ``table``/``columns``.
     ``vectors``/``query_vector`` may be ``None``, and a vector index that cannot be used
     (sqlite-vec missing) is skipped: keyword-only mode. The keyword side is
     skipped in ``"vector"`` mode and when ``query_text`` holds no searchable term. Each list is
@@ -141,59 +153,73 @@ def hybrid_search(
     mode = validate_mode(params.mode)
     if params.top_k <= 0:
         return []
+    if keywords is None:
+        if table is None:
+            raise ValueError("hybrid_search needs keywords or a table")
+        keywords = keyword_index(db, table, columns, column_weights)
     depth = max(params.depth, params.top_k)
     use_vectors = mode != "keyword" and vectors is not None and query_vector is not None and vectors.available
     keyword_query = build_keyword_query(query_text) if mode != "vector" else None
     use_keywords = keyword_query is not None and not keyword_query.empty
 
-    candidates: list[int] | None = None
-    if use_vectors and flt.sql is not None:
-        candidates = [r[0] for r in db.query(flt.sql, flt.params)]
+    # the allowed ids, queried once for both sides (not at all when the vector metadata filter
+    # is exact and the keyword side has no words to score)
+    allowed: list[int] | None = None
+    words = use_keywords and keyword_query is not None and keyword_query.words is not None
+    need_ids = (use_vectors and not flt.where_is_exact) or words
+    if flt.sql is not None and need_ids:
+        allowed = keywords.allowed(flt)
 
+    keyword_ids: list[int] = []
+    if use_keywords:
+        keyword_ids = keywords.ranking(query_text, depth, flt, query=keyword_query, allowed=allowed)
+
+    qv: FloatArray | None = None
+    if use_vectors:
+        qv = query_vector() if callable(query_vector) else query_vector
+        use_vectors = qv is not None
+        if qv is None and not use_keywords:  # the model failed: a vector search answers by keywords
+            keyword_query = build_keyword_query(query_text)
+            if not keyword_query.empty:
+                use_keywords = True
+                if flt.sql is not None and keyword_query.words is not None and allowed is None:
+                    allowed = keywords.allowed(flt)
+                keyword_ids = keywords.ranking(query_text, depth, flt, query=keyword_query, allowed=allowed)
+    elif query_vector is not None and not callable(query_vector):
+        qv = query_vector  # keyword mode: still gives each hit its similarity
     vector_hits: list[VectorHit] = []
     if use_vectors:
-        assert vectors is not None and query_vector is not None
-        vector_hits = vectors.search(query_vector, depth, where=flt.where, candidates=candidates)
+        assert vectors is not None and qv is not None
+        if allowed is not None and not flt.where_is_exact:
+            vector_hits = vectors.search(qv, depth, where=flt.where, candidates=allowed) if allowed else []
+        else:
+            vector_hits = vectors.search(qv, depth, where=flt.where)
         if params.min_similarity is not None:
             vector_hits = [h for h in vector_hits if h.similarity >= params.min_similarity]
     similarity = {h.rowid: h.similarity for h in vector_hits}
 
-    keyword_ids: list[int] = []
-    if use_keywords:
-        assert keyword_query is not None
-        keyword_ids = keyword_search(
-            db, table, columns, keyword_query, depth, flt, column_weights=column_weights
-        )
-
     # a keyword search that matched nothing takes no part: the vector list alone is then the best
     use_keywords = use_keywords and bool(keyword_ids)
-    lists: list[list[int]] = []
+    ranked: list[list[int]] = []
     if use_vectors:
-        lists.append([h.rowid for h in vector_hits])
+        ranked.append([h.rowid for h in vector_hits])
     if use_keywords:
-        lists.append(keyword_ids)
+        ranked.append(keyword_ids)
     weights = fusion_weights(use_vectors, use_keywords, params.vector_weight, params.keyword_weight)
-    if not lists:
+    if not ranked:
         return []
-    fused = rrf(lists, k=params.rrf_k, weights=weights)[: params.top_k]
+    fused = rrf(ranked, k=params.rrf_k, weights=weights)[: params.top_k]
 
+    if vectors is not None and qv is not None and vectors.available:
+        missing = [f.key for f in fused if f.key not in similarity]
+        if missing:  # keyword-only hits: their similarity, from their stored vectors
+            for hit in vectors.search(qv, len(missing), candidates=missing):
+                similarity[hit.rowid] = hit.similarity
     results = []
     for f in fused:
         vrank = f.ranks[0] if use_vectors else None
         krank = f.ranks[-1] if use_keywords else None
-        sim = similarity.get(f.key)
-        if sim is None and vectors is not None and query_vector is not None and vectors.available:
-            stored = vectors.get(f.key)
-            if stored is not None:
-                sim = _cosine(stored, query_vector)
-        results.append(RankedId(f.key, f.score, match_type(vrank, krank), vrank, krank, sim))
+        results.append(
+            RankedId(f.key, f.score, match_type(vrank, krank), vrank, krank, similarity.get(f.key))
+        )
     return results
-
-
-def _cosine(a: npt.NDArray[np.float32], b: npt.NDArray[np.float32]) -> float | None:
-    a = np.asarray(a, dtype=np.float32).reshape(-1)
-    b = np.asarray(b, dtype=np.float32).reshape(-1)
-    if a.shape != b.shape:
-        return None
-    norm = float(np.linalg.norm(a) * np.linalg.norm(b))
-    return float(a @ b) / norm if norm > 0 else None

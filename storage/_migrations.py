@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from memstrata.errors import (
+from memstrata.core.errors import (
     InvalidInputError,
     MemstrataError,
     ReadOnlyError,

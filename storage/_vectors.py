@@ -35,8 +35,7 @@ from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
-
-from memstrata.errors import InvalidInputError, StorageError
+from memstrata.core.errors import InvalidInputError, StorageError
 
 from ._connection import Database
 from ._heap import trim_heap

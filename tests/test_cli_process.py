@@ -1,14 +1,19 @@
-"""The command line as real processes: the console script, `watch` until Ctrl-C, keyword-only mode."""
+"""The command line as real processes: the console script, `watch` until Ctrl-C, keyword-only mode,
+`board watch` on a running server."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -112,3 +117,86 @@ def test_watch_until_interrupted(data_dir: Path, tmp_path: Path) -> None:
             proc.wait(TIMEOUT)
     found = _memstrata(data_dir, "search", "heron pond", "--json")
     assert orjson.loads(found.stdout)[0]["path"] == "memory/2025-03-03.md"
+
+
+def _popen(data_dir: Path, *args: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "memstrata", "--data-dir", str(data_dir), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=data_dir,
+        env=_env(),
+    )
+
+
+def _line_queue(stream: Any) -> queue.Queue[bytes]:
+    lines: queue.Queue[bytes] = queue.Queue()
+
+    def read() -> None:
+        for line in stream:
+            lines.put(line)
+        lines.put(b"")
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
+def _call(conn: socket.socket, reader: Any, request_id: int, method: str, **params: Any) -> Any:
+    conn.sendall(
+        orjson.dumps({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}) + b"\n"
+    )
+    for line in reader:
+        message = orjson.loads(line)
+        if message.get("id") == request_id:
+            return message["result"]
+    raise AssertionError("the server closed the connection")
+
+
+def test_board_watch_follows_a_running_server(data_dir: Path) -> None:
+    folder = tempfile.mkdtemp(prefix="ms-")  # short: socket paths are limited to ~100 bytes
+    address = f"unix:{os.path.join(folder, 'serve.sock')}"
+    server = _popen(data_dir, "serve", "--listen", address)
+    watchers: list[subprocess.Popen[bytes]] = []
+    try:
+        assert server.stderr is not None
+        assert b"listening on" in _line_queue(server.stderr).get(timeout=TIMEOUT)
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(address[len("unix:") :])
+        reader = conn.makefile("rb")
+        _call(conn, reader, 1, "publish", session_id="s1", key="plan", value={"step": 1}, publisher="boss")
+        watch = ["board", "watch", "--connect", address, "-s", "s1", "pl*", "--json"]
+        counted = _popen(data_dir, *watch, "--count", "2")
+        watchers.append(counted)
+        out = _line_queue(counted.stdout)
+        first = orjson.loads(out.get(timeout=TIMEOUT))  # the current value first ...
+        assert first == {
+            "session_id": "s1",
+            "key": "plan",
+            "value": {"step": 1},
+            "version": 1,
+            "publisher": "boss",
+            "deleted": False,
+        }
+        _call(conn, reader, 2, "publish", session_id="s1", key="plan", value={"step": 2})
+        second = orjson.loads(out.get(timeout=TIMEOUT))  # ... then the change another client made
+        assert second["value"] == {"step": 2} and second["version"] == 2
+        assert counted.wait(TIMEOUT) == 0  # --count 2: done
+        endless = _popen(data_dir, *watch[:-1])
+        watchers.append(endless)
+        assert b"plan = " in _line_queue(endless.stdout).get(timeout=TIMEOUT)
+        endless.send_signal(signal.SIGINT)
+        assert endless.wait(TIMEOUT) == 0
+        assert endless.stderr is not None and endless.stderr.read() == b""
+        conn.close()
+    finally:
+        for proc in [*watchers, server]:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(TIMEOUT)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(TIMEOUT)
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(folder, "serve.sock"))
+        os.rmdir(folder)

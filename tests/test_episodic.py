@@ -201,7 +201,7 @@ def test_a_clock_returning_naive_times_is_refused(data_dir: Path, fake_embedder:
 @given(st.datetimes(timezones=st.timezones()))
 def test_times_round_trip_to_the_microsecond(value: datetime) -> None:
     from memstrata.core.validation import check_aware
-    from memstrata.layers._episodes import from_us, to_us
+    from memstrata.layers._episode_records import from_us, to_us
 
     try:
         utc = value.astimezone(UTC)

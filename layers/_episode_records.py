@@ -1,5 +1,6 @@
-"""What live episodic stores and their archives share: the episode records, time handling,
-the ``episodes`` table and keyword scoring over it (argument checks: :mod:`memstrata.core.validation`).
+"""What live episodic stores and their archives share: the episode records, time handling, the
+``episodes`` table, how it is found by keywords and the neighbouring-turn context (argument
+checks: :mod:`memstrata.core.validation`).
 
 An archive file holds the same ``episodes`` table (and its full-text indexes) as a live store,
 so every query here runs unchanged against either.
@@ -15,10 +16,11 @@ from typing import Any
 
 import orjson
 from memstrata.core.constants import EMBED_CHARS
-from memstrata.storage import FTS_TOKENIZER, Database, KeywordQuery, fts_schema
+from memstrata.storage import FTS_TOKENIZER, Database, KeywordTable, fts_schema
 
 __all__ = [
     "EPISODE_COLUMNS",
+    "EPISODE_KEYWORDS",
     "Episode",
     "EpisodeHit",
     "embed_text",
@@ -26,7 +28,6 @@ __all__ = [
     "episodes_schema",
     "from_us",
     "has_context",
-    "keyword_lists",
     "neighbouring_episodes",
     "query_in",
     "refresh_context",
@@ -212,66 +213,17 @@ def query_in(db: Database, sql: str, values: Sequence[Any], *, batch: int = 500)
 
 # -- keyword side -------------------------------------------------------------------------------
 
-Scored = list[tuple[int, float, int]]  # (id, score where higher is better, at_us)
-
-
-def keyword_lists(
-    db: Database, query: KeywordQuery, limit: int, conds: Sequence[str], params: Sequence[Any]
-) -> list[Scored]:
-    """Ranked keyword sub-lists of one store: words by BM25, CJK runs by trigram BM25, short
-    CJK runs by LIKE (newest first). Scores of one sub-list compare across stores."""
-    if query.empty or limit <= 0:
-        return []
-    extra = "".join(f" AND {c}" for c in conds)
-    out: list[Scored] = []
-    weights = ", ".join(str(w) for w in BM25_WEIGHTS)
-    if query.words:
-        sql = (
-            f"SELECT e.id, bm25(episodes_fts, {weights}) AS s, e.at_us FROM episodes_fts "
-            f"JOIN episodes e ON e.id = episodes_fts.rowid WHERE episodes_fts MATCH ?{extra} "
-            "ORDER BY s LIMIT ?"
-        )
-        words = [(int(i), -float(s), int(a)) for i, s, a in db.query(sql, (query.words, *params, limit))]
-        if has_context(db):
-            words = _with_context(db, words, query.words, limit, extra, params)
-        out.append(words)
-    if query.cjk:
-        sql = (
-            "SELECT e.id, bm25(episodes_tri) AS s, e.at_us FROM episodes_tri "
-            f"JOIN episodes e ON e.id = episodes_tri.rowid WHERE episodes_tri MATCH ?{extra} "
-            "ORDER BY s LIMIT ?"
-        )
-        out.append([(int(i), -float(s), int(a)) for i, s, a in db.query(sql, (query.cjk, *params, limit))])
-    if query.cjk_short:
-        likes = " OR ".join("e.content LIKE ? OR e.title LIKE ?" for _ in query.cjk_short)
-        like_params = [p for run in query.cjk_short for p in (f"%{run}%", f"%{run}%")]
-        sql = (
-            f"SELECT e.id, e.at_us FROM episodes e WHERE ({likes}){extra} "
-            "ORDER BY e.at_us DESC, e.id DESC LIMIT ?"
-        )
-        out.append([(int(i), float(a), int(a)) for i, a in db.query(sql, (*like_params, *params, limit))])
-    return out
-
-
-def _with_context(
-    db: Database, words: Scored, match: str, limit: int, extra: str, params: Sequence[Any]
-) -> Scored:
-    """The word list re-scored as ``bm25(own text) + CONTEXT_WEIGHT * bm25(neighbours)``."""
-    sql = (
-        "SELECT e.id, bm25(episodes_ctx) AS s, e.at_us FROM episodes_ctx "
-        f"JOIN episodes e ON e.id = episodes_ctx.rowid WHERE episodes_ctx MATCH ?{extra} "
-        "ORDER BY s LIMIT ?"
-    )
-    found = db.query(sql, (match, *params, limit))
-    if not found:
-        return words
-    score = {i: s for i, s, _ in words}
-    at = {i: a for i, _, a in words}
-    for i, s, a in found:
-        score[int(i)] = score.get(int(i), 0.0) - CONTEXT_WEIGHT * float(s)
-        at[int(i)] = int(a)
-    ranked = sorted(score, key=lambda i: (-score[i], i))[:limit]
-    return [(i, score[i], at[i]) for i in ranked]
+# how episodes are found by keywords (:class:`storage.KeywordIndex`): words of content, title and
+# identifiers by BM25, plus the neighbouring turns' words at ``CONTEXT_WEIGHT``; CJK runs by
+# trigrams; runs too short for trigrams by substring, newest first
+EPISODE_KEYWORDS = KeywordTable(
+    table="episodes",
+    columns=("content", "title", "ident"),
+    weights=BM25_WEIGHTS,
+    like_columns=("content", "title"),
+    like_order="at_us",
+    context=("episodes_ctx", ("context",), CONTEXT_WEIGHT),
+)
 
 
 def has_context(db: Database) -> bool:

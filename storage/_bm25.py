@@ -1,4 +1,4 @@
-"""BM25 over an FTS5 index, scored with numpy: the keyword side of knowledge search at scale.
+"""BM25 over an FTS5 index, scored with numpy: the word ranking of every layer's keyword search.
 
 FTS5 ranks an ``OR`` query by visiting every document that holds any query word; for a sentence
 of ordinary words ("return the list of ...") that is a third of a large store, about 100 ms at
@@ -14,26 +14,32 @@ truth; these are caches:
 
 Writes made through this connection update them incrementally (:meth:`Bm25Index.added`,
 :meth:`Bm25Index.removed`, :meth:`Bm25Index.changed`); a commit by another connection (seen
-through ``PRAGMA data_version``) drops them.
+through ``PRAGMA data_version``) drops them. An owner that does not report its writes opens the
+index with ``track_writes=True``: any change made through the connection then drops them too.
 """
 
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from memstrata.storage import Database
 
-__all__ = ["Bm25Index"]
+from ._connection import Database
+
+__all__ = ["Bm25Index", "top_scored"]
 
 K1 = 1.2
 B = 0.75
 _MAX_CACHED_POSTINGS = 8_000_000  # postings held in memory (12 bytes each) before the cache is emptied
 _MAX_CACHED_STEMS = 50_000
 _INCREMENTAL_LIMIT = 256  # larger writes drop cached postings instead of patching them
+
+# changes made by the scratch tokenizer tables of every index on a connection: not store changes
+_SCRATCH_CHANGES: weakref.WeakKeyDictionary[Database, int] = weakref.WeakKeyDictionary()
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -63,9 +69,18 @@ def _varint_sum(blob: bytes) -> int:
 class Bm25Index:
     """Top-k BM25 for the FTS5 table ``fts`` (external content, integer rowids)."""
 
-    def __init__(self, db: Database, fts: str, columns: Sequence[str], weights: Sequence[float]) -> None:
+    def __init__(
+        self,
+        db: Database,
+        fts: str,
+        columns: Sequence[str],
+        weights: Sequence[float],
+        *,
+        track_writes: bool = False,
+    ) -> None:
         if len(columns) != len(weights):
-            raise ValueError("one weight per column")
+            raise ValueError(f"{fts}: one weight per column, got {len(weights)} for {len(columns)}")
+        self._track_writes = track_writes
         self._db = db
         self._fts = fts
         self._columns = list(columns)
@@ -76,7 +91,7 @@ class Bm25Index:
         tokenizer = db.scalar("SELECT sql FROM sqlite_master WHERE name = ?", (fts,))
         self._tokenize_option = _tokenize_option(str(tokenizer or ""))
         self._ready = False
-        self._version = -1
+        self._version: tuple[int, int] = (-1, -1)
         self._stems: dict[str, tuple[str, ...]] = {}  # depends on the tokenizer only
         self._reset()
 
@@ -106,9 +121,16 @@ class Bm25Index:
 
     # -- caches ----------------------------------------------------------------------------------
 
+    def _current_version(self) -> tuple[int, int]:
+        """Another connection's commits, and (``track_writes``) this connection's changes."""
+        own = 0
+        if self._track_writes:
+            own = int(self._db.conn.total_changes) - _SCRATCH_CHANGES.get(self._db, 0)
+        return self._db.data_version(), own
+
     def _sync(self) -> None:
-        """Drop every cache when another connection has committed since the last look."""
-        version = self._db.data_version()
+        """Drop every cache when the store changed (see :meth:`_current_version`) since the last look."""
+        version = self._current_version()
         if version != self._version:
             self._reset()
             self._version = version
@@ -168,6 +190,7 @@ class Bm25Index:
         marks = ", ".join("?" * len(rows[0]))
         weight = dict(zip(self._columns, self._weights, strict=True))
         out: dict[int, dict[str, float]] = {}
+        before = int(self._db.conn.total_changes)
         try:
             self._db.executemany(f"INSERT INTO temp.{self._tok}(rowid, {cols}) VALUES ({marks})", rows)
             for term, doc, col in self._db.query(f"SELECT term, doc, col FROM {self._tok_vocab}"):
@@ -175,15 +198,17 @@ class Bm25Index:
                 counts[term] = counts.get(term, 0.0) + weight.get(col, 1.0)
         finally:
             self._db.execute(f"DELETE FROM temp.{self._tok}")
+            scratch = int(self._db.conn.total_changes) - before
+            _SCRATCH_CHANGES[self._db] = _SCRATCH_CHANGES.get(self._db, 0) + scratch
         return out
 
     # -- writes through this connection ---------------------------------------------------------
 
     def added(self, rows: Sequence[tuple[Any, ...]]) -> None:
-        """New documents ``(rowid, content, tag_text, ident)`` with rowids above every known one."""
+        """New documents ``(rowid, text per column...)`` with rowids above every known one."""
         if not rows:
             return
-        version = self._db.data_version()
+        version = self._current_version()
         if version != self._version or not self._loaded:
             self._reset()
             self._version = version
@@ -272,8 +297,9 @@ class Bm25Index:
     def scores(self, terms: Sequence[str], ids: Sequence[int]) -> list[float]:
         """BM25 of the documents ``ids`` for ``terms``, as FTS5's ``bm25()`` but positive
         (0.0 for a document that matches no word or does not exist)."""
+        stems = self.stems(terms)
         self._sync()
-        scores = self._score_all(self.stems(terms))
+        scores = self._score_all(stems)
         if scores is None:
             return [0.0] * len(ids)
         pos = self._positions(np.asarray(ids, dtype=np.int64))
@@ -303,30 +329,43 @@ class Bm25Index:
             scores[~self._alive] = 0.0
         return scores
 
-    def search(self, terms: Sequence[str], limit: int, allowed: Sequence[int] | None = None) -> list[int]:
-        """Rowids of the ``limit`` best documents for the query words ``terms`` (OR semantics:
-        a document needs one of them), best first; ``allowed`` restricts the candidates."""
-        self._sync()
+    def matches(
+        self, terms: Sequence[str], allowed: Sequence[int] | IntArray | None = None
+    ) -> tuple[IntArray, FloatArray]:
+        """Every document matching one of ``terms`` (restricted to ``allowed``) with its score,
+        in rowid order: ``(rowids, scores)``."""
         stems = self.stems(terms)
-        if not stems or limit <= 0:
-            return []
-        scores = self._score_all(stems)
+        self._sync()
+        scores = self._score_all(stems) if stems else None
         if scores is None:
-            return []
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
         if allowed is not None:
             keep = np.zeros(len(scores), dtype=bool)
             apos = self._positions(np.asarray(allowed, dtype=np.int64))
             keep[apos[apos >= 0]] = True
             scores[~keep] = 0.0
         matched = np.flatnonzero(scores > 0.0)  # usually a small share of the documents
-        if len(matched) == 0:
+        return self._ids[matched], scores[matched]
+
+    def search(self, terms: Sequence[str], limit: int, allowed: Sequence[int] | None = None) -> list[int]:
+        """Rowids of the ``limit`` best documents for the query words ``terms`` (OR semantics:
+        a document needs one of them), best first; ``allowed`` restricts the candidates."""
+        if limit <= 0:
             return []
-        k = min(limit, len(matched))
-        cut = scores[matched[np.argpartition(-scores[matched], k - 1)[k - 1]]]
-        # every document tied with the last one taken competes, so ties go to the lower id
-        top = matched[scores[matched] >= cut]
-        order = np.lexsort((self._ids[top], -scores[top]))[:limit]
-        return [int(i) for i in self._ids[top[order]]]
+        ids, scores = self.matches(terms, allowed)
+        return [int(i) for i in top_scored(ids, scores, limit)[0]]
+
+
+def top_scored(ids: IntArray, scores: FloatArray, limit: int) -> tuple[IntArray, FloatArray]:
+    """The ``limit`` best ``(ids, scores)``, best first; equal scores go to the lower id."""
+    if limit <= 0 or len(ids) == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
+    k = min(limit, len(ids))
+    cut = scores[np.argpartition(-scores, k - 1)[k - 1]]
+    # every document tied with the last one taken competes, so ties go to the lower id
+    top = np.flatnonzero(scores >= cut)
+    order = top[np.lexsort((ids[top], -scores[top]))][:limit]
+    return ids[order], scores[order]
 
 
 def _tokenize_option(create_sql: str) -> str:

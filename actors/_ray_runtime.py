@@ -1,0 +1,456 @@
+"""The Ray engine: the same actor tree, with each agent's actors hosted on a Ray cluster.
+
+``[cluster] engine = "ray"`` swaps :class:`Runtime` for :class:`RayRuntime`. The actors and their
+logic do not change: a *host* (a named, detached Ray actor, ``agent:{id}``, ``blackboard:{session}``,
+or ``{layer}:{id}`` with ``group = "layer"``) runs a :class:`RayRuntime` of its own in which the
+pykka actors of its agent or session are local, while every other actor is reached through Ray.
+So the task actor's requests to its agent's stores stay in process, a request to the shared store
+(``agent:shared``) crosses to wherever that host runs, and a driver holds no memory actor at all.
+
+Names are get-or-create in one namespace, so every driver and worker of the cluster reaches the
+same host, never two copies. A host restarts (``max_restarts``) by reopening its files, and replays
+its agent's outbox when it starts. A call in flight when its host dies fails at once
+(``max_task_retries = 0``) with :class:`ActorCrashedError`; a host that does not answer is bounded
+by the caller's timeout like any actor (a task's prompt then falls back). Files and code-base
+actors stay local to the process that uses them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import threading
+import uuid
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import ray
+from memstrata.core.config import Config
+from memstrata.core.errors import (
+    ActorCrashedError,
+    InvalidInputError,
+    MemstrataError,
+    RequestTimeoutError,
+    SystemStoppedError,
+)
+from memstrata.storage import Embedder
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from ._base import set_exception, set_result
+from ._blackboard import SubscribeWithCallback
+from ._clock import IdSource, SystemClock
+from ._embedding import BatchingEmbedder
+from ._outbox import has_pending
+from ._runtime import Runtime, StopReport
+from ._stores import LayerStores
+from .messages import SignalSubscribed, SignalUnsubscribed, UnsubscribeSignal
+
+__all__ = ["RayRuntime", "connect", "host_name"]
+
+log = logging.getLogger("memstrata.actors")
+
+_AGENT_KINDS = ("knowledge", "episodic", "working", "agent")
+_HOSTED = (*_AGENT_KINDS, "blackboard")
+_HOST_CONCURRENCY = 1000  # calls a host serves at once (its pykka actors still take one at a time)
+_EMBEDDER_CONCURRENCY = 32  # threads of a node's embedder (its batching service merges their texts)
+_POLL_S = 1.0  # how long a subscription relay waits on its host for the next signals
+# Ray runs a threaded actor's calls in any order: a host puts each caller's messages into its
+# mailboxes in the caller's order, waiting at most this long for a late predecessor
+_ORDER_WAIT_S = 1.0
+
+
+def connect(config: Config) -> None:
+    """Join the cluster ``[cluster] address`` names, unless this process is connected already."""
+    if ray.is_initialized():
+        return
+    address = config.cluster.address
+    try:
+        ray.init(
+            address=None if address == "local" else address,
+            namespace=config.cluster.namespace,
+            logging_level=logging.WARNING,
+            log_to_driver=False,
+        )
+    except Exception as exc:
+        raise SystemStoppedError(f"cannot join the Ray cluster at {address!r}: {exc}") from exc
+
+
+def host_name(config: Config, kind: str, key: str) -> str:
+    """The Ray name of the host of ``(kind, key)``: the agent id or session id is in it."""
+    if kind == "blackboard":
+        return f"blackboard:{key}"
+    return f"agent:{key}" if config.cluster.group == "agent" else f"{kind}:{key}"
+
+
+def _strategy(where: str) -> dict[str, Any]:
+    """Ray actor options for a placement (see ``ClusterConfig.placement``)."""
+    kind, _, rest = where.partition(":")
+    if kind == "resource":
+        return {"resources": {rest: 0.001}}
+    if kind == "label":
+        label_key, _, label_value = rest.partition("=")
+        return {"label_selector": {label_key: label_value}}
+    return {"scheduling_strategy": "SPREAD"}
+
+
+class _RayRef:
+    """What ``Runtime.ref`` returns for an actor hosted elsewhere: its host's handle."""
+
+    __slots__ = ("handle", "key", "kind", "name")
+
+    def __init__(self, handle: Any, kind: str, key: str, name: str) -> None:
+        self.handle, self.kind, self.key, self.name = handle, kind, key, name
+
+    def __str__(self) -> str:
+        return f"ray actor {self.name}"
+
+    def is_alive(self) -> bool:
+        return True
+
+
+class RayRuntime(Runtime):
+    """A :class:`Runtime` whose agent and session actors live in hosts on a Ray cluster.
+
+    ``local``: the ``(kind, key)`` pairs whose pykka actors run in this process (a host's own);
+    ``None`` in a driver. ``model``: the embedder the node embedders use (``None``: the configured
+    model, loaded once per node).
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        local: frozenset[tuple[str, str]] = frozenset(),
+        model: Embedder | None = None,
+        **kwargs: Any,
+    ) -> None:
+        connect(config)
+        # hosts run in other working directories, maybe on other machines: an absolute data dir
+        config = dataclasses.replace(config, data_dir=Path(config.data_dir).expanduser().absolute())
+        super().__init__(config, **kwargs)
+        self._local = local
+        self._model = model
+        self._hosts: dict[str, Any] = {}  # host name -> Ray actor handle
+        self._relays: dict[str, threading.Event] = {}
+        self._caller = uuid.uuid4().hex  # this runtime, as a sender whose order hosts keep
+        self._sequence: dict[str, int] = {}  # host name -> the number of the next message to it
+        self._submit = threading.Lock()
+
+    # -- routing ---------------------------------------------------------------------------------
+
+    def _remote(self, kind: str, key: str) -> bool:
+        return kind in _HOSTED and (kind, key) not in self._local
+
+    def existing(self, kind: str, key: str) -> Any:
+        if not self._remote(kind, key):
+            return super().existing(kind, key)
+        name = host_name(self.config, kind, key)
+        with self._lock:
+            handle = self._hosts.get(name)
+        return None if handle is None else _RayRef(handle, kind, key, name)
+
+    def ref(self, kind: str, key: str) -> Any:
+        if not self._remote(kind, key):
+            return super().ref(kind, key)
+        if self.stopped:
+            raise SystemStoppedError("the memory system is stopped")
+        found = self.existing(kind, key)
+        if found is not None:
+            return found
+        name = host_name(self.config, kind, key)
+        group = (
+            "blackboard"
+            if kind == "blackboard"
+            else ("agent" if self.config.cluster.group == "agent" else kind)
+        )
+        where = (
+            self.config.cluster.placement_of(key) if kind != "blackboard" else self.config.cluster.placement
+        )
+        try:
+            handle = Host.options(  # type: ignore[attr-defined]
+                name=name,
+                namespace=self.config.cluster.namespace,
+                get_if_exists=True,
+                lifetime="detached",
+                max_restarts=max(1, int(self.config.actors.max_restarts)),
+                max_task_retries=0,
+                max_concurrency=_HOST_CONCURRENCY,
+                num_cpus=0,
+                **_strategy(where),
+            ).remote(self.config, group, key, self._model)
+        except Exception as exc:
+            raise RequestTimeoutError(f"cannot reach the Ray actor {name!r}: {exc}") from exc
+        with self._lock:
+            self._hosts.setdefault(name, handle)
+        return _RayRef(handle, kind, key, name)
+
+    def post(self, ref: Any, message: Any, reply: Future[Any] | None = None) -> bool:
+        if not isinstance(ref, _RayRef):
+            return super().post(ref, message, reply)
+        self.activity.begin()
+        try:
+            with self._submit:  # numbered and submitted together: the numbers follow the order
+                seq = self._sequence.get(ref.name, 0)
+                self._sequence[ref.name] = seq + 1
+                if isinstance(message, SubscribeWithCallback):
+                    relay = uuid.uuid4().hex
+                    pending = ref.handle.subscribe.remote(ref.key, message.request, relay, self._caller, seq)
+                    self._start_relay(ref, relay, message.callback)
+                else:
+                    pending = ref.handle.call.remote(ref.kind, ref.key, message, self._caller, seq)
+        except Exception as exc:
+            self.activity.done()
+            if reply is not None:
+                set_exception(reply, SystemStoppedError(f"{ref} cannot be reached: {exc}"))
+            return False
+
+        def arrived(done: Future[Any]) -> None:
+            try:
+                value = done.result()
+            except BaseException as exc:
+                error = self._error(ref, exc)
+                if reply is not None:
+                    set_exception(reply, error)
+                elif not isinstance(error, InvalidInputError):
+                    log.warning("%s: %s", ref, error)
+            else:
+                if reply is not None:
+                    set_result(reply, value)
+            finally:
+                self.activity.done()
+
+        pending.future().add_done_callback(arrived)
+        return True
+
+    def _error(self, ref: _RayRef, exc: BaseException) -> BaseException:
+        """A Ray failure as the error the local engine would raise."""
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, MemstrataError | ValueError):
+            return cause
+        if isinstance(exc, ray.exceptions.RayActorError | ray.exceptions.ActorUnavailableError):
+            with self._lock:
+                self._hosts.pop(ref.name, None)  # the next request looks the actor up again
+                self._sequence.pop(ref.name, None)  # and numbers from 0 for the restarted host
+            return ActorCrashedError(f"{ref} died or its node is gone: {type(exc).__name__}: {exc}")
+        return ActorCrashedError(f"{ref}: {type(exc).__name__}: {exc}")
+
+    # -- blackboard subscriptions across nodes ----------------------------------------------------
+
+    def _start_relay(self, ref: _RayRef, relay: str, callback: Any) -> None:
+        """Signals for a subscriber in this process: a thread asks the host for them."""
+        closed = threading.Event()
+        with self._lock:
+            self._relays[relay] = closed
+
+        def run() -> None:
+            while not closed.is_set() and not self.stopped:
+                try:
+                    signals = ray.get(ref.handle.poll.remote(relay, _POLL_S), timeout=_POLL_S + 30)
+                except BaseException as exc:  # Ray raises SystemExit in threads when it shuts down
+                    if not closed.is_set() and not self.stopped:
+                        log.warning("subscription relay on %s stopped: %s", ref, exc)
+                    break
+                if signals is None:
+                    break
+                for signal in signals:
+                    try:
+                        callback(signal)
+                    except Exception as exc:
+                        log.warning("a subscriber on %s raised and is unsubscribed: %s", ref, exc)
+                        closed.set()
+                        with contextlib.suppress(Exception):
+                            ref.handle.drop_relay.remote(relay)
+                        break
+            with self._lock:
+                self._relays.pop(relay, None)
+
+        threading.Thread(target=run, name=f"memstrata-relay-{ref.key}", daemon=True).start()
+
+    # -- the life of a driver -------------------------------------------------------------------
+
+    def replay_outboxes(self) -> list[str]:
+        return [] if self._local else super().replay_outboxes()
+
+    def retire(self, owner: str, timeout: float) -> list[str]:
+        """Stop the owner's actors in their hosts too (files closed; reopened on the next use)."""
+        late = super().retire(owner, timeout)
+        if self._local:
+            return late
+        if owner.startswith("session:"):
+            names = [f"blackboard:{owner.removeprefix('session:')}"]
+        else:
+            names = sorted({host_name(self.config, kind, owner) for kind in _AGENT_KINDS})
+        for name in names:
+            with self._lock:
+                handle = self._hosts.pop(name, None)
+            try:
+                if handle is None:
+                    handle = ray.get_actor(name, namespace=self.config.cluster.namespace)
+                late += ray.get(handle.retire.remote(owner, timeout), timeout=timeout + 5)
+            except ValueError:  # no such host: nothing of the owner runs there
+                continue
+            except Exception as exc:
+                late.append(f"{name}: {exc}")
+        return late
+
+    def stop(self, timeout: float | None = None) -> StopReport:
+        """Drain this process's requests and the hosts it used; the hosts keep running for the
+        cluster's other drivers (their files stay open and committed)."""
+        limit = self.config.actors.stop_timeout_s if timeout is None else timeout
+        self.accepting = False
+        self.activity.wait_idle(limit)
+        with self._lock:
+            hosts = list(self._hosts.values())
+            relays = list(self._relays.values())
+        for relay in relays:
+            relay.set()
+        waits = []
+        for handle in hosts:
+            with contextlib.suppress(Exception):
+                waits.append(handle.drain.remote(limit))
+        with contextlib.suppress(Exception):
+            ray.wait(waits, num_returns=len(waits), timeout=limit)
+        return super().stop(timeout)
+
+
+@ray.remote
+class Host:
+    """One agent's (or one session's) pykka actors in a Ray worker process.
+
+    An asyncio actor: a call waiting for its answer, or for a sender's earlier message, holds no
+    thread, so however many calls wait, the one they wait for still runs.
+    """
+
+    def __init__(self, config: Config, group: str, key: str, model: Embedder | None) -> None:
+        kinds = _AGENT_KINDS if group == "agent" else (group,)
+        self.key = key
+        self.node = ray.get_runtime_context().get_node_id()
+        embedder = _node_embedder(config, self.node, model)
+        self.runtime = RayRuntime(
+            config,
+            local=frozenset((kind, key) for kind in kinds),
+            model=model,
+            embedder=embedder,
+            clock=SystemClock(),
+            stores=LayerStores(),
+            ids=IdSource(),
+        )
+        self._queues: dict[str, asyncio.Queue[Any]] = {}
+        self._relay_of: dict[int, str] = {}
+        self._turn: asyncio.Condition | None = None  # made in the actor's event loop
+        self._next: dict[str, int] = {}  # caller -> the number of its next message
+        if "agent" in kinds and has_pending(self.runtime.path("outbox", key)):
+            self.runtime.ref("agent", key)  # the task actor replays what a crash left in the outbox
+
+    async def call(self, kind: str, key: str, message: Any, caller: str, seq: int) -> Any:
+        """Handle ``message`` in the local actor (after the caller's earlier messages); answered
+        when the actor has answered."""
+        return await self._answer(message, await self._enqueue(kind, key, message, caller, seq))
+
+    async def _enqueue(self, kind: str, key: str, message: Any, caller: str, seq: int) -> Future[Any]:
+        """Put ``message`` in its actor's mailbox once the caller's message ``seq - 1`` is there."""
+        if self._turn is None:
+            self._turn = asyncio.Condition()
+        turn = self._turn
+        async with turn:
+            if seq > self._next.setdefault(caller, 0):  # a predecessor is on its way (or was lost)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        turn.wait_for(lambda: self._next[caller] >= seq), timeout=_ORDER_WAIT_S
+                    )
+            try:
+                return self.runtime.request(kind, key, message)
+            finally:
+                self._next[caller] = max(self._next[caller], seq + 1)
+                turn.notify_all()
+
+    async def _answer(self, message: Any, future: Future[Any]) -> Any:
+        bound = self.runtime.config.actors.ask_timeout_s * 2
+        try:
+            answer = await asyncio.wait_for(asyncio.wrap_future(future), bound)
+        except TimeoutError as exc:
+            future.cancel()
+            raise RequestTimeoutError(
+                f"{type(message).__name__} to {self.key!r} got no answer within {bound:g} s"
+            ) from exc
+        if isinstance(message, UnsubscribeSignal) and isinstance(answer, SignalUnsubscribed):
+            relay = self._relay_of.pop(message.subscription_id, None)
+            if relay is not None:
+                self._queue(relay).put_nowait(None)
+        return answer
+
+    async def subscribe(self, key: str, request: Any, relay: str, caller: str, seq: int) -> Any:
+        """Subscribe on behalf of a subscriber in another process: signals wait for :meth:`poll`."""
+        signals = self._queue(relay)
+        loop = asyncio.get_running_loop()
+
+        def deliver(signal: Any) -> None:  # on the board's delivery thread
+            loop.call_soon_threadsafe(signals.put_nowait, signal)
+
+        message = SubscribeWithCallback(request, deliver)
+        answer = await self._answer(message, await self._enqueue("blackboard", key, message, caller, seq))
+        if isinstance(answer, SignalSubscribed):
+            self._relay_of[answer.subscription_id] = relay
+        return answer
+
+    async def poll(self, relay: str, wait_s: float) -> list[Any] | None:
+        """The signals for ``relay`` so far (waiting up to ``wait_s`` for one); None once closed."""
+        signals = self._queue(relay)
+        out: list[Any] = []
+        with contextlib.suppress(TimeoutError):
+            out.append(await asyncio.wait_for(signals.get(), wait_s))
+        while not signals.empty():
+            out.append(signals.get_nowait())
+        if any(item is None for item in out):
+            self._queues.pop(relay, None)
+            return None
+        return out
+
+    async def drop_relay(self, relay: str) -> None:
+        sub = next((s for s, r in self._relay_of.items() if r == relay), None)
+        if sub is not None:
+            with contextlib.suppress(Exception):
+                message = UnsubscribeSignal(sub, self.key)
+                await self._answer(message, self.runtime.request("blackboard", self.key, message))
+
+    def _queue(self, relay: str) -> asyncio.Queue[Any]:
+        return self._queues.setdefault(relay, asyncio.Queue())
+
+    async def retire(self, owner: str, timeout: float) -> list[str]:
+        return await asyncio.to_thread(self.runtime.retire, owner, timeout)
+
+    async def drain(self, timeout: float) -> bool:
+        return await asyncio.to_thread(self.runtime.wait_idle, timeout)
+
+    async def where(self) -> tuple[str, int]:
+        """The node id and process id of this host (placement, and the tests that kill it)."""
+        return self.node, os.getpid()
+
+
+def _node_embedder(config: Config, node: str, model: Embedder | None) -> Embedder | None:
+    """This node's embedding service (one per node, shared by its hosts), batched locally too."""
+    from ._ray_embedding import NodeEmbedder, RemoteEmbedder
+
+    service = NodeEmbedder.options(  # type: ignore[attr-defined]
+        name=f"embedder:{node}",
+        namespace=config.cluster.namespace,
+        get_if_exists=True,
+        lifetime="detached",
+        max_restarts=-1,
+        max_concurrency=_EMBEDDER_CONCURRENCY,
+        num_cpus=0,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+    ).remote(config, model)
+    remote = RemoteEmbedder.connect(service, config.actors.embed_timeout_s)
+    if remote is None:
+        return None
+    return BatchingEmbedder(
+        remote,
+        batch_size=config.embedding.batch_size,
+        max_batch_wait_ms=config.embedding.max_batch_wait_ms,
+        call_timeout_s=config.actors.embed_timeout_s,
+    )

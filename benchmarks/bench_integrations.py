@@ -1,0 +1,153 @@
+"""The orchestrator adapters against each framework's built-in backend, on the same work.
+
+- LangGraph: 10k items put (batches of 100, every item embedded) and searched (by meaning, by
+  meaning with a filter, and by filter alone) in ``MemstrataStore`` and in LangGraph's
+  ``SqliteStore`` (on a ``sqlean`` connection, as the stdlib ``sqlite3`` of this Python cannot
+  load sqlite-vec, which LangGraph's index needs). Both get the same embedding function.
+- OpenAI Agents SDK: 1,000 turns recorded (one ``add_items`` per turn) and "the last 20 items"
+  read, in ``MemstrataSession`` and in the SDK's ``SQLiteSession``, both on a file.
+
+A framework that is not installed is skipped with a message. Ratios are memstrata / built-in
+(lower is better for times).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from _harness import Context, Row
+
+from memstrata.testing import HashEmbedder
+
+DIMS = 64
+_EMB = HashEmbedder(dim=DIMS)
+_WORDS = ["river", "stone", "maple", "copper", "violet", "harbor", "lantern", "meadow", "falcon", "ember"]
+
+
+def _embed(texts: Sequence[str]) -> list[list[float]]:
+    return [v.tolist() for v in _EMB.embed_documents(list(texts))]
+
+
+def _text(i: int) -> str:
+    return " ".join(_WORDS[(i * k + k) % len(_WORDS)] for k in range(1, 7)) + f" item {i}"
+
+
+def _p50_ms(fn: Callable[[], Any], runs: int) -> float:
+    samples = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(samples)
+
+
+def _store_work(store: Any, n: int, runs: int) -> dict[str, float]:
+    from langgraph.store.base import PutOp
+
+    t0 = time.perf_counter()
+    for start in range(0, n, 100):
+        store.batch(
+            [
+                PutOp(("bench", f"g{i % 10}"), f"k{i}", {"text": _text(i), "n": i, "kind": i % 7})
+                for i in range(start, min(start + 100, n))
+            ]
+        )
+    put_s = time.perf_counter() - t0
+    queries = [_text(i * 37 % n) for i in range(runs)]
+    it = iter(queries * 3)
+    return {
+        "put": n / put_s,
+        "search": _p50_ms(lambda: store.search(("bench",), query=next(it), limit=10), runs),
+        "search_filter": _p50_ms(
+            lambda: store.search(("bench",), query=next(it), filter={"kind": 3}, limit=10), runs
+        ),
+        "filter_only": _p50_ms(
+            lambda: store.search(("bench", "g3"), filter={"n": {"$gte": n // 2}}, limit=10), runs
+        ),
+    }
+
+
+def _langgraph(ctx: Context) -> list[Row]:
+    try:
+        import sqlean
+        from langgraph.store.sqlite import SqliteStore
+        from memstrata.integrations.langgraph import MemstrataStore
+    except ImportError as exc:
+        print(f"  integrations: LangGraph skipped ({exc})", file=sys.stderr)
+        return []
+    n, runs = ctx.size(10_000, 1_000), ctx.size(30, 5)
+    index = {"dims": DIMS, "embed": _embed, "fields": ["text"]}
+    with MemstrataStore.from_conn_string(ctx.workdir / "memstrata-items.sqlite", index=index) as ours_store:
+        ours = _store_work(ours_store, n, runs)
+    path = str(ctx.workdir / "langgraph.sqlite")
+    conn = sqlean.connect(path, check_same_thread=False, isolation_level=None)
+    builtin_store = SqliteStore(conn, index=index)
+    builtin_store.setup()
+    theirs = _store_work(builtin_store, n, runs)
+    conn.close()
+    label = f"{n // 1000}k items"
+    return [
+        Row("integrations", f"LangGraph put rate ({label})", ours["put"], "items/s",
+            baseline=theirs["put"], baseline_name="SqliteStore"),
+        Row("integrations", f"LangGraph search by meaning p50 ({label})", ours["search"], "ms",
+            baseline=theirs["search"], baseline_name="SqliteStore"),
+        Row("integrations", f"LangGraph search by meaning + filter p50 ({label})", ours["search_filter"],
+            "ms",
+            baseline=theirs["search_filter"], baseline_name="SqliteStore"),
+        Row("integrations", f"LangGraph search by filter p50 ({label})", ours["filter_only"], "ms",
+            baseline=theirs["filter_only"], baseline_name="SqliteStore"),
+    ]  # fmt: skip
+
+
+async def _session_work(session: Any, turns: int, runs: int) -> dict[str, float]:
+    t0 = time.perf_counter()
+    for i in range(turns):
+        await session.add_items([{"role": "user" if i % 2 == 0 else "assistant", "content": _text(i)}])
+    add_ms = (time.perf_counter() - t0) * 1000 / turns
+    samples = []
+    for _ in range(runs):
+        t1 = time.perf_counter()
+        await session.get_items(limit=20)
+        samples.append((time.perf_counter() - t1) * 1000)
+    return {"add": add_ms, "get": statistics.median(samples)}
+
+
+def _agents(ctx: Context) -> list[Row]:
+    try:
+        from agents import SQLiteSession
+        from memstrata.integrations.openai_agents import MemstrataSession
+    except ImportError as exc:
+        print(f"  integrations: OpenAI Agents SDK skipped ({exc})", file=sys.stderr)
+        return []
+    turns, runs = ctx.size(1_000, 200), ctx.size(200, 20)
+    ours_session = MemstrataSession("bench", ctx.workdir / "memstrata-history.sqlite")
+    ours = asyncio.run(_session_work(ours_session, turns, runs))
+    ours_session.close()
+    builtin = SQLiteSession("bench", ctx.workdir / "agents.sqlite")
+    theirs = asyncio.run(_session_work(builtin, turns, runs))
+    builtin.close()
+    return [
+        Row("integrations", f"Agents SDK add_items per turn ({turns} turns)", ours["add"], "ms",
+            baseline=theirs["add"], baseline_name="SQLiteSession"),
+        Row("integrations", f"Agents SDK get_items(limit=20) p50 ({turns} turns)", ours["get"], "ms",
+            baseline=theirs["get"], baseline_name="SQLiteSession"),
+    ]  # fmt: skip
+
+
+def run(ctx: Context) -> list[Row]:
+    return [*_langgraph(ctx), *_agents(ctx)]
+
+
+if __name__ == "__main__":
+    import tempfile
+    from pathlib import Path
+
+    from _harness import format_table
+
+    with tempfile.TemporaryDirectory() as tmp:
+        print(format_table(run(Context(quick="--quick" in sys.argv, workdir=Path(tmp)))))

@@ -1,0 +1,204 @@
+"""The Ray engine's overhead: the same work through ``engine = "ray"`` and the local engine.
+
+A two-node Ray cluster on loopback (``ray.cluster_utils.Cluster``) on the development machine's two
+cores, so the point is the cost of the hop, not a speed-up: pre-task retrieval p50/p99 and
+write-back throughput as ratios to the local engine, the per-ask overhead (a working-memory read
+through both engines, and a bare Ray actor call), and the resident memory of one agent's host
+process and of a node's embedder. The feature-hashing embedder keeps the model out of the figures
+(its cost is the same in both engines). Skipped when the ``memstrata[ray]`` extra is not installed.
+
+    .venv/bin/python benchmarks/run.py --only ray          # or: python benchmarks/bench_ray.py
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from _harness import Context, Row, percentile
+
+from memstrata import Config, MemorySystem
+from memstrata.messages import GetWorkingMemory, StoreKnowledge
+from memstrata.testing import HashEmbedder
+
+GROUP = "ray"
+NAMESPACE = "memstrata-bench"
+AGENTS = ("b0", "b1", "b2", "b3")
+TOPICS = ("deploy", "billing", "search", "login", "backup", "queue", "cache", "metrics")
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _fill(system: MemorySystem, entries: int) -> None:
+    for agent in AGENTS:
+        for i in range(entries):
+            topic = TOPICS[i % len(TOPICS)]
+            text = f"note {i} of {agent}: the {topic} service runs on host {i % 97} in rack {i % 13}"
+            system.tell(StoreKnowledge(agent, text, "fact", author=agent))
+    system.wait_idle(600)
+
+
+def _work(system: MemorySystem, tasks: int, asks: int) -> dict[str, Any]:
+    """Pre-task latencies, write-back throughput and per-ask latencies on a filled system."""
+    prompts: list[float] = []
+    fallbacks = 0
+    for i in range(tasks):
+        agent = system.agent(AGENTS[i % len(AGENTS)])
+        t0 = time.perf_counter()
+        prompt = agent.begin_task(f"p{i}", f"which host runs the {TOPICS[i % len(TOPICS)]} service")
+        prompts.append((time.perf_counter() - t0) * 1000)
+        fallbacks += prompt.fallback
+    started = time.perf_counter()
+
+    def complete(agent_id: str) -> None:
+        agent = system.agent(agent_id)
+        for i in range(tasks):
+            agent.complete_task(f"w{i}", f"moved the {TOPICS[i % len(TOPICS)]} service to host {i}")
+
+    threads = [threading.Thread(target=complete, args=(a,)) for a in AGENTS]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    acked_s = time.perf_counter() - started
+    system.wait_idle(600)
+    stored_s = time.perf_counter() - started
+    ask_ms: list[float] = []
+    for i in range(asks):
+        t0 = time.perf_counter()
+        system.ask(GetWorkingMemory(AGENTS[i % len(AGENTS)], "plan"))
+        ask_ms.append((time.perf_counter() - t0) * 1000)
+    written = tasks * len(AGENTS)
+    return {
+        "p50": percentile(prompts, 50),
+        "p99": percentile(prompts, 99),
+        "fallbacks": fallbacks,
+        "acked_per_s": written / acked_s,
+        "stored_per_s": written / stored_s,
+        "ask_p50": percentile(ask_ms, 50),
+    }
+
+
+def _config(data_dir: Path, engine: str, address: str = "auto") -> Config:
+    return Config.load(
+        env={},
+        data_dir=data_dir,
+        cluster__engine=engine,
+        cluster__address=address,
+        cluster__namespace=NAMESPACE,
+        cluster__pins=[f"{a}=resource:node_{'ab'[i % 2]}" for i, a in enumerate(AGENTS)],
+        cluster__placement="resource:node_b",
+    )
+
+
+def run(ctx: Context) -> list[Row]:
+    try:
+        import ray
+        from ray.cluster_utils import Cluster
+    except ImportError:
+        print("bench_ray: skipped, the memstrata[ray] extra is not installed", file=sys.stderr)
+        return []
+    entries = ctx.size(5_000, 500)
+    tasks = ctx.size(200, 40)
+    asks = ctx.size(2_000, 200)
+    with MemorySystem.start(_config(ctx.workdir / "local", "local"), embedder=HashEmbedder()) as system:
+        _fill(system, entries)
+        local = _work(system, tasks, asks)
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"node_a": 1}})
+    cluster.add_node(num_cpus=1, resources={"node_b": 1})
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False)
+    try:
+        config = _config(ctx.workdir / "ray", "ray", cluster.address)
+        with MemorySystem.start(config, embedder=HashEmbedder()) as system:
+            t0 = time.perf_counter()
+            _fill(system, entries)
+            fill_s = time.perf_counter() - t0
+            remote = _work(system, tasks, asks)
+            host = ray.get_actor(f"agent:{AGENTS[0]}", namespace=NAMESPACE)
+            node, pid = ray.get(host.where.remote())
+            host_mb = _rss_mb(pid)
+            embedder = ray.get_actor(f"embedder:{node}", namespace=NAMESPACE)
+            embedder_mb = _rss_mb(
+                ray.get(embedder.__ray_call__.remote(lambda self: __import__("os").getpid()))
+            )
+
+        @ray.remote(num_cpus=0)
+        class Echo:
+            def ping(self) -> int:
+                return 1
+
+        echo = Echo.options(resources={"node_b": 0.001}).remote()  # type: ignore[attr-defined]
+        ray.get(echo.ping.remote())
+        pings: list[float] = []
+        for _ in range(asks):
+            t0 = time.perf_counter()
+            ray.get(echo.ping.remote())
+            pings.append((time.perf_counter() - t0) * 1000)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+    note = f"4 agents x {entries:,} entries, 2-node loopback cluster, hashing embedder"
+    ratio = "ray / local"
+    return [
+        Row(
+            GROUP,
+            "pre-task p50, ray",
+            remote["p50"],
+            "ms",
+            baseline=local["p50"],
+            baseline_name="local",
+            notes=note,
+        ),
+        Row(GROUP, "pre-task p99, ray", remote["p99"], "ms", baseline=local["p99"], baseline_name="local"),
+        Row(GROUP, "pre-task fallbacks, ray", remote["fallbacks"], "prompts", notes=f"of {tasks}"),
+        Row(
+            GROUP,
+            "write-backs acknowledged/s, ray",
+            remote["acked_per_s"],
+            "tasks/s",
+            baseline=local["acked_per_s"],
+            baseline_name="local",
+            notes=f"4 threads, {ratio}",
+        ),
+        Row(
+            GROUP,
+            "write-backs stored/s, ray",
+            remote["stored_per_s"],
+            "tasks/s",
+            baseline=local["stored_per_s"],
+            baseline_name="local",
+        ),
+        Row(
+            GROUP,
+            "ask p50 (working memory), ray",
+            remote["ask_p50"],
+            "ms",
+            baseline=local["ask_p50"],
+            baseline_name="local",
+        ),
+        Row(GROUP, "bare Ray actor call p50", percentile(pings, 50), "ms", notes="loopback, no memstrata"),
+        Row(
+            GROUP, f"RSS, one agent's host at {entries:,} entries", host_mb, "MB", notes="VmRSS of the worker"
+        ),
+        Row(GROUP, "RSS, a node's embedder (hashing)", embedder_mb, "MB"),
+        Row(GROUP, "fill through ray", fill_s, "s", notes=f"{entries * len(AGENTS):,} tells, group commit"),
+    ]
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for row in run(Context(quick="--quick" in sys.argv, workdir=Path(tmp))):
+            print(f"{row.name:45} {row.value:10.2f} {row.unit:8} {row.baseline or ''} {row.notes}")

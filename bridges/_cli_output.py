@@ -1,0 +1,185 @@
+"""How the command line shows results to a person, and progress on long work.
+
+``--json`` prints the result as one JSON document; without it, results are rendered here: hits
+numbered best first, entries one per line, objects as ``key: value`` lines. Progress on long work
+goes to stderr as plain lines (a terminal and a pipe get the same), so a script that logs stderr
+sees that the work goes on and how it ended.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, TextIO
+
+import click
+
+from ._cli_shared import PROG, echo_json, one_line
+from ._json import dumps
+
+__all__ = [
+    "PROGRESS_SECONDS",
+    "IndexProgress",
+    "echo_hits",
+    "echo_result",
+    "heartbeat",
+    "sync_summary",
+]
+
+PROGRESS_SECONDS = 2.0
+"""At most this long between two progress lines while work goes on (when the work reports)."""
+
+
+def echo_hits(
+    hits: list[dict[str, Any]], as_json: bool, if_none: str, describe: Callable[[dict[str, Any]], str]
+) -> None:
+    """Memory hits as one JSON list, or numbered: score, ``describe(hit)`` and id, then the content."""
+    if as_json:
+        echo_json(hits)
+        return
+    if not hits:
+        click.echo(if_none)
+    for rank, hit in enumerate(hits, 1):
+        click.echo(f"{rank}. {hit.get('score', 0):.2f}  {describe(hit)}  #{hit.get('id')}")
+        click.echo(f"   {one_line(hit.get('content', ''))}")
+
+
+def sync_summary(stats: Any) -> str:
+    """One line for the stats of an index run."""
+    if not isinstance(stats, dict):
+        return str(stats)
+    text = (
+        f"{stats.get('files_processed', 0)} files indexed, {stats.get('files_unchanged', 0)} unchanged, "
+        f"{stats.get('files_deleted', 0)} deleted, {stats.get('files_skipped', 0)} skipped; "
+        f"{stats.get('chunks_indexed', 0)} chunks ({stats.get('chunks_embedded', 0)} embedded)"
+    )
+    if isinstance(stats.get("seconds"), int | float):
+        text += f" in {stats['seconds']:.2f} s"
+    return text
+
+
+# -- results of registry operations ---------------------------------------------------------------
+
+
+def _describe(item: Mapping[str, Any]) -> str:
+    """The short label of an entry, episode or hit: id, store and its kind of subject."""
+    parts = []
+    if "id" in item:
+        parts.append(f"#{item['id']}")
+    for key in ("store", "category", "kind", "at", "title", "match_type"):
+        value = item.get(key)
+        if value not in (None, ""):
+            parts.append(str(value))
+    return "  ".join(parts)
+
+
+def _scalar(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return dumps(value).decode("utf-8")
+
+
+def echo_result(result: Any, as_json: bool, *, if_none: str = "nothing found") -> None:
+    """A registry operation's result: JSON, or a readable rendering of its shape."""
+    if as_json:
+        echo_json(result)
+        return
+    if isinstance(result, Mapping) and isinstance(result.get("hits"), list) and "complete" in result:
+        _echo_search(result, if_none)
+    elif isinstance(result, list):
+        if not result:
+            click.echo(if_none)
+        for item in result:
+            if isinstance(item, Mapping) and ("content" in item or "id" in item):
+                click.echo(f"{_describe(item)}  {one_line(str(item.get('content', '')))}".strip())
+            elif isinstance(item, Mapping):
+                click.echo("  ".join(f"{k}={_scalar(v)}" for k, v in item.items()))
+            else:
+                click.echo(_scalar(item))
+    elif isinstance(result, Mapping):
+        for key, value in result.items():
+            if key == "hits" and isinstance(value, list):
+                click.echo(f"hits: {len(value)}")
+                for hit in value:
+                    click.echo(f"  {_describe(hit)}  {one_line(str(hit.get('content', '')), 120)}")
+            else:
+                click.echo(f"{key}: {one_line(_scalar(value), 400)}")
+    else:
+        click.echo(_scalar(result))
+
+
+def _echo_search(result: Mapping[str, Any], if_none: str) -> None:
+    hits = result["hits"]
+    for warning in result.get("warnings") or ():
+        click.echo(f"{PROG}: warning: {warning}", err=True)
+    if result.get("degraded"):
+        click.echo(f"{PROG}: warning: ranking degraded: {result['degraded']}", err=True)
+    if not result.get("complete", True):
+        click.echo(f"{PROG}: warning: a sync was still running: some data was not searched yet", err=True)
+    if not hits:
+        click.echo(if_none)
+    for rank, hit in enumerate(hits, 1):
+        click.echo(f"{rank}. {float(hit.get('score', 0)):.2f}  {_describe(hit)}")
+        click.echo(f"   {one_line(str(hit.get('content', hit.get('snippet', ''))))}")
+
+
+# -- progress on long work ------------------------------------------------------------------------
+
+
+class IndexProgress:
+    """The sync's ``progress(done, total, path)`` as lines on stderr.
+
+    A line every ``every`` files (deterministic: the same files give the same lines), and also
+    when ``seconds`` passed since the last one, so a slow file still shows the work goes on.
+    """
+
+    def __init__(
+        self,
+        stream: TextIO,
+        *,
+        every: int = 100,
+        seconds: float = PROGRESS_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._stream = stream
+        self._every = max(1, every)
+        self._seconds = seconds
+        self._clock = clock
+        self._last = clock()
+        self.lines = 0
+
+    def __call__(self, done: int, total: int, path: str = "", *args: Any, **kwargs: Any) -> None:
+        now = self._clock()
+        if done % self._every and done != total and now - self._last < self._seconds:
+            return
+        self._last = now
+        self.lines += 1
+        where = f"  {one_line(path, 120)}" if path else ""
+        self._stream.write(f"{PROG}: indexing: {done}/{total} files{where}\n")
+        self._stream.flush()
+
+
+@contextmanager
+def heartbeat(what: str, stream: TextIO, *, seconds: float = PROGRESS_SECONDS) -> Iterator[None]:
+    """``what`` runs; every ``seconds`` while it does, one "still working" line on stderr.
+
+    For long work that reports no progress of its own (export, import, archives): a line only
+    appears when the work outlasts ``seconds``, so quick runs print nothing extra.
+    """
+    done = threading.Event()
+    started = time.monotonic()
+
+    def beat() -> None:
+        while not done.wait(seconds):
+            stream.write(f"{PROG}: {what}: still working ({time.monotonic() - started:.0f} s)\n")
+            stream.flush()
+
+    thread = threading.Thread(target=beat, name=f"{PROG}-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()

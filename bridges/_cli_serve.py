@@ -1,0 +1,116 @@
+"""The long-running doors: ``memstrata serve`` (JSON-RPC 2.0) and ``memstrata mcp`` (MCP on stdio).
+
+Both speak a protocol on stdout, so anything a library prints while they run is sent to stderr
+instead (:func:`_protocol_streams`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from typing import IO, Any
+
+import click
+
+from . import _cli_shared as sh
+
+__all__ = ["COMMANDS"]
+
+
+@contextlib.contextmanager
+def _protocol_streams() -> Iterator[tuple[IO[bytes], IO[bytes]]]:
+    """stdin/stdout for the protocol; stray writes to fd 1 (a library's print) go to stderr."""
+    stdin = sys.stdin.buffer
+    try:
+        out_fd = sys.stdout.fileno()
+        err_fd = sys.stderr.fileno()
+    except (AttributeError, ValueError, OSError):  # not a real process stdout (tests): use it as is
+        yield stdin, sys.stdout.buffer
+        return
+    sys.stdout.flush()
+    private = os.dup(out_fd)
+    os.dup2(err_fd, out_fd)
+    writer = os.fdopen(private, "wb")
+    try:
+        yield stdin, writer
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            writer.flush()
+        with contextlib.suppress(OSError):
+            os.dup2(private, out_fd)
+        with contextlib.suppress(OSError, ValueError):
+            writer.close()
+
+
+@click.command()
+@click.option("--workers", type=click.IntRange(1, 64), default=None, help="Thread pool size (default 4).")
+@click.option("--max-line-bytes", type=click.IntRange(min=1024), default=None, help="Longest request line.")
+@click.option(
+    "--listen",
+    metavar="ADDRESS",
+    default=None,
+    help="Serve many clients on a local socket instead of stdin/stdout: unix:PATH (created 0600) "
+    "or tcp:127.0.0.1:PORT (loopback only; port 0 picks one). The address is printed on stderr.",
+)
+@click.pass_context
+def serve(ctx: click.Context, workers: int | None, max_line_bytes: int | None, listen: str | None) -> None:
+    """Serve JSON-RPC 2.0, one message per line, on stdin/stdout or a local socket."""
+    from ._methods import build_methods
+    from ._server import JsonLinesServer, open_listener
+
+    state = sh.state(ctx)
+    bridges = state.config.bridges
+    listener = open_listener(listen) if listen is not None else None  # refuse a bad address first
+    try:
+        with state.system() as system, state.workspaces(system) as registry:
+            server: JsonLinesServer | None = None
+
+            def server_status() -> dict[str, Any]:
+                assert server is not None
+                connections = server.connections
+                return {
+                    "workers": server.workers,
+                    "max_line_bytes": server.max_line_bytes,
+                    "requests": server.stats.requests,
+                    "errors": server.stats.errors,
+                    "notifications": server.stats.notifications,
+                    "listen": listener.address if listener is not None else "stdio",
+                    "connections": len(connections),
+                    "subscriptions": sum(len(c.subscriptions) for c in connections),
+                }
+
+            server = JsonLinesServer(
+                build_methods(system, registry, extra_status=server_status),
+                workers=workers or bridges.workers,
+                max_line_bytes=max_line_bytes or bridges.max_line_bytes,
+                debug=state.debug,
+            )
+            if listener is not None:
+                click.echo(f"{sh.PROG} serve: listening on {listener.address}", err=True)
+                server.serve_socket(listener)
+                return
+            with _protocol_streams() as (reader, writer):
+                server.serve(reader, writer)
+    finally:
+        if listener is not None:
+            listener.close()
+
+
+@click.command()
+@click.option(
+    "--agent", "-a", "agent_id", default=None, help="Default agent for tool calls (config: bridges.agent_id)."
+)
+@click.pass_context
+def mcp(ctx: click.Context, agent_id: str | None) -> None:
+    """Serve the memory tools over MCP on stdio (needs the 'mcp' extra)."""
+    from ._mcp import require_sdk, run_stdio
+
+    require_sdk()
+    state = sh.state(ctx)
+    with state.system() as system, state.workspaces(system) as registry:
+        run_stdio(system, registry, agent_id=agent_id or state.config.bridges.agent_id)
+
+
+COMMANDS: tuple[click.Command, ...] = (serve, mcp)

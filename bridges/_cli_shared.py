@@ -1,0 +1,118 @@
+"""What every command of the ``memstrata`` command line shares: its state, options and input parsing.
+
+Kept apart from the command modules so each of them (today's shortcuts, the commands generated
+from the registry, ``serve``/``mcp``) reads its options and prints JSON the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import click
+from memstrata.core.errors import InvalidInputError
+
+from ._app import CliState
+from ._json import dumps
+
+__all__ = [
+    "PROG",
+    "agent_option",
+    "content",
+    "echo_json",
+    "fail_line",
+    "given",
+    "json_option",
+    "one_line",
+    "parse_tags",
+    "state",
+    "stop_on_signals",
+    "tag_option",
+    "when",
+]
+
+PROG = "memstrata"
+
+
+def fail_line(message: str) -> str:
+    """An error as the one line the command line prints for it."""
+    return f"{PROG}: error: {' '.join(str(message).split()) or 'failed'}"
+
+
+def state(ctx: click.Context) -> CliState:
+    found = ctx.find_object(CliState)
+    assert found is not None
+    return found
+
+
+def echo_json(value: Any) -> None:
+    """One JSON document on stdout."""
+    click.echo(dumps(value).decode("utf-8"))
+
+
+def one_line(text: str, width: int = 160) -> str:
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= width else flat[: width - 3] + "..."
+
+
+def parse_tags(values: Sequence[str], option: str = "--tag") -> dict[str, str] | None:
+    """``--tag k=v`` (or a bare ``--tag k``, value ``""``) as a tags mapping; ``None`` if none."""
+    tags: dict[str, str] = {}
+    for item in values:
+        key, _, value = item.partition("=")
+        if not key.strip():
+            raise click.BadParameter(
+                f"tag {item!r} has an empty key (use key=value)", param_hint=f"'{option}'"
+            )
+        tags[key.strip()] = value
+    return tags or None
+
+
+def given(**options: Any) -> dict[str, Any]:
+    """The options a command was given: ``None`` means not given, so the callee's default applies."""
+    return {k: v for k, v in options.items() if v is not None}
+
+
+def content(value: str) -> str:
+    """``-`` reads the content from stdin."""
+    if value == "-":
+        return sys.stdin.read()
+    return value
+
+
+def when(value: str | None, name: str) -> Any:
+    """An ISO 8601 option as a datetime; a bad one is a usage error naming ``--name``."""
+    if value is None:
+        return None
+    from ._operation import parse_time
+
+    try:
+        return parse_time(value, name)
+    except InvalidInputError as exc:
+        raise click.BadParameter(str(exc), param_hint=f"'--{name.replace('_', '-')}'") from exc
+
+
+@contextlib.contextmanager
+def stop_on_signals(stop: Callable[[], None]) -> Iterator[None]:
+    """SIGINT/SIGTERM call ``stop`` (main thread only), so a command that waits ends cleanly."""
+    import signal
+
+    previous: dict[signal.Signals, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(ValueError, OSError):
+                previous[signum] = signal.signal(signum, lambda *_: stop())
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            with contextlib.suppress(ValueError, OSError, TypeError):
+                signal.signal(signum, handler)
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+agent_option = click.option("--agent", "-a", "agent_id", required=True, help="Agent id.")
+tag_option = click.option("--tag", "tags", multiple=True, metavar="KEY[=VALUE]", help="A tag (repeatable).")

@@ -1,0 +1,503 @@
+"""Configuration: dataclasses loaded from TOML, then the environment, then explicit arguments.
+
+Lookup order for the file: ``--config``/``path``, ``./memstrata.toml``,
+``~/.config/memstrata/config.toml``. Unknown keys and bad values raise :class:`ConfigError`
+naming the key. ``[agents.<id>]`` tables override agent settings per agent, and their
+``embedding``, ``sync`` and ``files`` sub-tables override those sections for that agent's
+workspace. ``[codebases]`` names shared source trees (``name = "path"``) every agent may search.
+Users import these names from :mod:`memstrata.config`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from memstrata.core.errors import ConfigError
+
+__all__ = [
+    "WORKSPACE_ACCESS",
+    "ActorsConfig",
+    "AgentConfig",
+    "BridgesConfig",
+    "ChunkingConfig",
+    "ClusterConfig",
+    "Config",
+    "EmbeddingConfig",
+    "EpisodicConfig",
+    "FilesConfig",
+    "SearchConfig",
+    "StorageConfig",
+    "SyncConfig",
+    "default_data_dir",
+]
+
+
+def default_data_dir() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("memstrata"))
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingConfig:
+    model: str = "default"  # "default" = the packaged offline model; a fastembed name or a directory
+    dim: int | None = None  # required for a model directory
+    threads: int | None = None
+    batch_size: int = 64
+    max_batch_wait_ms: float = 2.0  # how long the shared embedding service waits to fill a batch
+
+
+@dataclass(frozen=True, slots=True)
+class SearchConfig:
+    max_results: int = 6  # file search
+    top_k: int = 10  # knowledge and episodic search
+    min_score: float = 0.35  # cosine floor for the semantic side of file search
+    snippet_chars: int = 700
+    # fusion of the vector and keyword rankings (weighted RRF, see memstrata.storage.fuse);
+    # rrf_k = 60 with equal weights is textbook RRF
+    rrf_k: int = 5
+    vector_weight: float = 1.0
+    keyword_weight: float = 1.5
+    depth: int = 50  # candidates per list before fusion
+    # live vectors from which a store's vector search scans only the inverted lists nearest the
+    # query (measured recall, see the README); None: always exact
+    approximate_from: int | None = 100_000
+
+    def __post_init__(self) -> None:
+        if self.approximate_from is not None and self.approximate_from < 1:
+            raise ConfigError(
+                "search.approximate_from must be at least 1 (unset: always exact), "
+                f"got {self.approximate_from}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkingConfig:
+    tokens: int = 400
+    overlap: int = 80
+
+
+@dataclass(frozen=True, slots=True)
+class FilesConfig:
+    extra_paths: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ("IDENTITY.md", "SOUL.md", "USER.md", "AGENTS.md", "TOOLS.md")
+    code_extensions: tuple[str, ...] = (
+        ".py", ".rs", ".ts", ".tsx", ".js", ".jsx", ".cs", ".go", ".java",
+        ".md", ".toml", ".json", ".yaml", ".yml",
+    )  # fmt: skip
+    pruned_dirs: tuple[str, ...] = (
+        ".git", "node_modules", "__pycache__", "bin", "obj", "target", "dist", "build", ".venv", "venv",
+    )  # fmt: skip
+    max_file_bytes: int = 2_000_000
+    watch_debounce_ms: int = 1500
+    sync_interval_s: float | None = None
+    lazy_sync_wait_s: float = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class SyncConfig:
+    """When workspaces and codebases are synced with their files (``files.sync_interval_s`` adds
+    an interval, ``files.watch_debounce_ms`` debounces the watcher)."""
+
+    on_session_start: bool = True  # when the system starts (codebases) or an agent is first used
+    watch: bool = True  # a watchdog watcher syncs changes in the background
+    lazy: bool = True  # a search first syncs what changed, waiting at most files.lazy_sync_wait_s
+
+
+WORKSPACE_ACCESS = ("rw", "ro", "none")
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodicConfig:
+    recency_half_life_s: float | None = None
+    retention_max_count: int | None = None
+    retention_max_age_s: float | None = None
+    archive_dir: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    retrieval_timeout_s: float = 5.0
+    retrieval_top_k: int = 5
+    include_shared: bool = True
+    clear_working_memory_on_task_end: bool = True
+    recent_episodes_in_prompt: int = 3
+    retrieval_min_score: float | None = 0.3  # cosine floor for semantic hits in prompts (keyword hits stay)
+    # the agent's memory workspace (MEMORY.md, memory/*.md): indexed, searched before tasks;
+    # "rw" also appends task outcomes to memory/YYYY-MM-DD.md, "ro" never writes, "none" ignores it
+    workspace: str | None = None
+    workspace_access: str = "rw"
+    codebases: tuple[str, ...] | None = None  # the [codebases] this agent searches (unset: all)
+    files_in_prompt: int = 3  # memory-file chunks in a task's prompt
+    code_in_prompt: int = 3  # code chunks in a task's prompt
+
+    def __post_init__(self) -> None:
+        if self.workspace_access not in WORKSPACE_ACCESS:
+            raise ConfigError(f"workspace_access must be 'rw', 'ro' or 'none', got {self.workspace_access!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ActorsConfig:
+    max_restarts: int = 3  # restarts of one actor within restart_window_s before its agent is degraded
+    restart_window_s: float = 60.0
+    ask_timeout_s: float = 30.0  # default bound on a request to an actor
+    stop_timeout_s: float = 30.0  # how long stop() waits for mailboxes to drain
+    # bound on a store's wait for the shared embedding service; below ask_timeout_s so a write is
+    # stored (vector pending) and answered before its caller gives up. A model call running
+    # longer makes the model "stuck": later requests fail at once until it returns. A request of
+    # more than embedding.batch_size texts (a file sync) gets this per batch_size texts
+    embed_timeout_s: float = 10.0
+    # bound on embedding a search's query; a search that reaches it ranks by keywords and says so.
+    # Pre-task retrieval uses at most half of agent.retrieval_timeout_s for it
+    query_embed_timeout_s: float = 2.0
+    writeback_retries: int = 5  # retries of a failed write-back before it waits for the next start
+    blackboard_snapshot: bool = False  # save to blackboard/{session}.sqlite on stop, load on start
+    # queued writes (write-backs, stores) an actor takes from its mailbox into one transaction;
+    # 0 or 1: one transaction per message
+    max_group_commit: int = 256
+
+    def __post_init__(self) -> None:
+        for name in ("embed_timeout_s", "query_embed_timeout_s"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise ConfigError(f"actors.{name} must be a positive number of seconds, got {value!r}")
+            if value >= self.ask_timeout_s:
+                raise ConfigError(
+                    f"actors.{name} ({value:g} s) must be below actors.ask_timeout_s "
+                    f"({self.ask_timeout_s:g} s): the inner timeout has to fire first, so the caller "
+                    "gets a stored write or a keyword-ranked result rather than a timeout"
+                )
+
+
+@dataclass(frozen=True, slots=True)
+class StorageConfig:
+    # how long a write waits for another process's lock before DatabaseBusyError; below
+    # actors.ask_timeout_s so a caller gets the clear busy error rather than a timeout
+    lock_timeout_s: float = 20.0
+    # "normal": a commit survives the process being killed; "full": it also survives power loss
+    synchronous: str = "normal"
+
+
+@dataclass(frozen=True, slots=True)
+class BridgesConfig:
+    agent_id: str = "default"  # the agent LLM tools and MCP use when a call names none
+    workers: int = 4  # `memstrata serve` thread pool
+    max_line_bytes: int = 16 * 1024 * 1024  # longest request line `memstrata serve` accepts
+
+
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_HOST_PORT = re.compile(r"[A-Za-z0-9_.-]+:[0-9]{1,5}")
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """Where the actors run: this process (``local``, pykka) or a Ray cluster (``ray``, the
+    ``memstrata[ray]`` extra); see docs/scale-out.md."""
+
+    engine: str = "local"  # "local" | "ray"
+    # "auto" (a cluster `ray start` runs on this machine, or this process's Ray connection),
+    # "ray://host:port" (Ray Client), "host:port" (the head's GCS) or "local" (a private one-node Ray)
+    address: str = "auto"
+    namespace: str = "memstrata"  # every named actor of memstrata lives in this Ray namespace
+    # "spread" (over the nodes), "resource:NAME" (nodes that declare the custom resource NAME) or
+    # "label:KEY=VALUE" (nodes with that label)
+    placement: str = "spread"
+    # per-agent placement, "agent_id=resource:NAME" or "agent_id=label:KEY=VALUE" (per-node data dirs)
+    pins: tuple[str, ...] = ()
+    # "agent": one Ray actor per agent hosting its knowledge, episodic, working and task actors;
+    # "layer": one Ray actor per layer per agent
+    group: str = "agent"
+
+    def __post_init__(self) -> None:
+        if self.engine not in ("local", "ray"):
+            raise ConfigError(f"config key 'cluster.engine' must be 'local' or 'ray', got {self.engine!r}")
+        address = self.address
+        if not (
+            address in ("auto", "local")
+            or (address.startswith("ray://") and _HOST_PORT.fullmatch(address[6:]))
+            or _HOST_PORT.fullmatch(address)
+        ):
+            raise ConfigError(
+                "config key 'cluster.address' must be 'auto', 'local', 'ray://host:port' or "
+                f"'host:port', got {address!r}"
+            )
+        if not _NAME.fullmatch(self.namespace):
+            raise ConfigError(
+                f"config key 'cluster.namespace' must be 1-64 letters, digits, '_', '.' or '-', "
+                f"got {self.namespace!r}"
+            )
+        check_placement(self.placement, "cluster.placement")
+        for pin in self.pins:
+            agent, sep, where = pin.partition("=")
+            if not sep or not agent or where == "spread":
+                raise ConfigError(
+                    "config key 'cluster.pins' items must read 'agent_id=resource:NAME' or "
+                    f"'agent_id=label:KEY=VALUE', got {pin!r}"
+                )
+            check_placement(where, f"cluster.pins ({agent})")
+        if self.group not in ("agent", "layer"):
+            raise ConfigError(f"config key 'cluster.group' must be 'agent' or 'layer', got {self.group!r}")
+
+    def placement_of(self, agent_id: str) -> str:
+        """The placement of ``agent_id``'s actors: its pin, else ``placement``."""
+        for pin in self.pins:
+            agent, _, where = pin.partition("=")
+            if agent == agent_id:
+                return where
+        return self.placement
+
+
+def check_placement(value: str, key: str) -> None:
+    """A placement reads ``spread``, ``resource:NAME`` or ``label:KEY=VALUE``."""
+    kind, _, rest = value.partition(":")
+    label_key, eq, label_value = rest.partition("=")
+    if not (
+        value == "spread"
+        or (kind == "resource" and _NAME.fullmatch(rest))
+        or (kind == "label" and eq and _NAME.fullmatch(label_key) and _NAME.fullmatch(label_value))
+    ):
+        raise ConfigError(
+            f"config key {key!r} must be 'spread', 'resource:NAME' or 'label:KEY=VALUE', got {value!r}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    data_dir: Path = field(default_factory=default_data_dir)
+    max_content_bytes: int = 4_000_000
+    embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
+    chunking: ChunkingConfig = field(default_factory=ChunkingConfig)
+    files: FilesConfig = field(default_factory=FilesConfig)
+    episodic: EpisodicConfig = field(default_factory=EpisodicConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    actors: ActorsConfig = field(default_factory=ActorsConfig)
+    bridges: BridgesConfig = field(default_factory=BridgesConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    agents: Mapping[str, AgentConfig] = field(default_factory=dict)
+    codebases: Mapping[str, str] = field(default_factory=dict)  # name -> source tree
+    # per-agent overrides of whole sections: {agent_id: {"embedding": EmbeddingConfig, ...}}
+    agent_sections: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        lock, ask = self.storage.lock_timeout_s, self.actors.ask_timeout_s
+        if lock >= ask:
+            raise ConfigError(
+                f"storage.lock_timeout_s ({lock:g} s) must be below actors.ask_timeout_s ({ask:g} s): "
+                "the inner timeout has to fire first, so the caller gets DatabaseBusyError rather "
+                "than a timeout"
+            )
+
+    def for_agent(self, agent_id: str) -> AgentConfig:
+        return self.agents.get(agent_id, self.agent)
+
+    def of_agent(self, agent_id: str) -> Config:
+        """This config as one agent sees it: its ``[agents.<id>]`` settings as ``agent`` and its
+        ``embedding``, ``sync`` and ``files`` overrides in place of those sections."""
+        sections = dict(self.agent_sections.get(agent_id, {}))
+        return replace(self, agent=self.for_agent(agent_id), **sections)
+
+    @classmethod
+    def load(
+        cls,
+        path: str | Path | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        **overrides: Any,
+    ) -> Config:
+        """File, then environment (``MEMSTRATA_*``), then ``overrides`` (dotted keys allowed as ``a__b``)."""
+        env = os.environ if env is None else env
+        data: dict[str, Any] = {}
+        source = _find_file(path, env)
+        if source is not None:
+            try:
+                data = tomllib.loads(source.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ConfigError(f"cannot read config file {source}: {exc}") from exc
+            except tomllib.TOMLDecodeError as exc:
+                raise ConfigError(f"config file {source} is not valid TOML: {exc}") from exc
+        for key, value in env.items():
+            if key.startswith("MEMSTRATA_") and key not in _NOT_CONFIG_ENV:
+                _set_dotted(data, key[len("MEMSTRATA_") :].lower().replace("__", "."), value, from_env=True)
+        for key, value in overrides.items():
+            if value is not None:
+                _set_dotted(data, key.replace("__", "."), value, from_env=False)
+        where = str(source) if source else "configuration"
+        return cls.from_mapping(data, where=where)
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], *, where: str = "configuration") -> Config:
+        agents_raw = data.get("agents", {})
+        codebases_raw = data.get("codebases", {})
+        base = {k: v for k, v in data.items() if k not in ("agents", "codebases")}
+        config: Config = _build(cls, base, "", where)
+        if not isinstance(agents_raw, Mapping):
+            raise ConfigError(f"{where}: 'agents' must be a table of agent ids")
+        agents: dict[str, AgentConfig] = {}
+        sections: dict[str, dict[str, Any]] = {}
+        for agent_id, values in agents_raw.items():
+            prefix = f"agents.{agent_id}."
+            if not isinstance(values, Mapping):
+                raise ConfigError(f"{where}: {prefix.rstrip('.')} must be a table")
+            own = {k: v for k, v in values.items() if k not in _AGENT_SECTIONS}
+            if "workspace_access" in own and own["workspace_access"] not in WORKSPACE_ACCESS:
+                raise ConfigError(
+                    f"{where}: config key {prefix + 'workspace_access'!r} must be 'rw', 'ro' or 'none', "
+                    f"got {own['workspace_access']!r}"
+                )
+            agents[str(agent_id)] = _build(AgentConfig, own, prefix, where, base=config.agent)
+            for name, section in _AGENT_SECTIONS.items():
+                if name in values:
+                    built = _build(
+                        section, values[name], f"{prefix}{name}.", where, base=getattr(config, name)
+                    )
+                    sections.setdefault(str(agent_id), {})[name] = built
+        if not isinstance(codebases_raw, Mapping):
+            raise ConfigError(f"{where}: 'codebases' must be a table of name = \"path\"")
+        codebases: dict[str, str] = {}
+        for name, path in codebases_raw.items():
+            if not isinstance(path, str) or not path.strip():
+                raise ConfigError(
+                    f"{where}: config key 'codebases.{name}' must be a path string, got {path!r}"
+                )
+            codebases[str(name)] = str(path)
+        return replace(config, agents=agents, codebases=codebases, agent_sections=sections)
+
+
+_AGENT_SECTIONS: dict[str, type] = {"embedding": EmbeddingConfig, "sync": SyncConfig, "files": FilesConfig}
+
+
+_NOT_CONFIG_ENV = {"MEMSTRATA_MODEL_DIR", "MEMSTRATA_CONFIG", "MEMSTRATA_DEBUG"}
+
+
+def _find_file(path: str | Path | None, env: Mapping[str, str]) -> Path | None:
+    if path is None and env.get("MEMSTRATA_CONFIG"):
+        path = env["MEMSTRATA_CONFIG"]
+    if path is not None:
+        candidate = Path(path).expanduser()
+        if not candidate.is_file():
+            raise ConfigError(f"config file {candidate} does not exist")
+        return candidate
+    for candidate in (Path.cwd() / "memstrata.toml", Path.home() / ".config" / "memstrata" / "config.toml"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any, *, from_env: bool) -> None:
+    parts = dotted.split(".")
+    node = data
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"config key {dotted!r}: {part!r} is not a table")
+    node[parts[-1]] = _EnvValue(value) if from_env else value
+
+
+class _EnvValue(str):
+    """A string from the environment: converted to the field's type, not type-checked as str."""
+
+
+def _from_env(raw: Any, dotted: str) -> str:
+    """Names the environment variable a bad value came from, so the user knows where to look."""
+    if not isinstance(raw, _EnvValue):
+        return ""
+    return f" (from environment variable MEMSTRATA_{dotted.upper().replace('.', '__')})"
+
+
+def _build(cls: Any, data: Any, prefix: str, where: str, base: Any = None) -> Any:
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where}: {prefix.rstrip('.') or 'config'} must be a table")
+    hints = typing.get_type_hints(cls)
+    skip = ("agents", "codebases", "agent_sections") if cls is Config else ()
+    known = {f.name: f for f in fields(cls) if f.name not in skip}
+    values: dict[str, Any] = {}
+    for key, raw in data.items():
+        if key not in known:
+            raise ConfigError(f"{where}: unknown config key {prefix + key!r}{_from_env(raw, prefix + key)}")
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint):
+            values[key] = _build(hint, raw, f"{prefix}{key}.", where, base=getattr(base, key, None))
+        else:
+            values[key] = _convert(raw, hint, prefix + key, where)
+    start = base if base is not None else cls()
+    return replace(start, **values)
+
+
+def _convert(raw: Any, hint: Any, key: str, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if isinstance(raw, _EnvValue) and raw.lower() in ("", "none", "null") and type(None) in args:
+            return None
+        if raw is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _convert(raw, inner[0], key, where)
+    try:
+        if hint is Path:
+            if not isinstance(raw, str | Path):
+                raise TypeError
+            return Path(raw).expanduser()
+        if hint is bool:
+            if isinstance(raw, _EnvValue):
+                lowered = raw.lower()
+                if lowered in ("1", "true", "yes", "on"):
+                    return True
+                if lowered in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError
+            if not isinstance(raw, bool):
+                raise TypeError
+            return raw
+        if hint is int:
+            if isinstance(raw, bool) or not isinstance(raw, int | str):
+                raise TypeError
+            value = int(raw) if isinstance(raw, _EnvValue) else raw
+            if not isinstance(value, int) or value < 0:
+                raise ValueError
+            return value
+        if hint is float:
+            if isinstance(raw, bool) or not isinstance(raw, int | float | str):
+                raise TypeError
+            number = float(raw) if isinstance(raw, _EnvValue) else raw
+            if not isinstance(number, int | float) or not math.isfinite(number) or number < 0:
+                raise ValueError
+            return float(number)
+        if hint is str:
+            if not isinstance(raw, str):
+                raise TypeError
+            return str(raw)
+        if origin is tuple:
+            items = raw.split(",") if isinstance(raw, _EnvValue) else raw
+            if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
+                raise TypeError
+            return tuple(i.strip() for i in items if i.strip())
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"{where}: config key {key!r} has invalid value {raw!r} (expected {_name(hint)})"
+            f"{_from_env(raw, key)}"
+        ) from exc
+    raise ConfigError(f"{where}: config key {key!r} has an unsupported type")  # pragma: no cover
+
+
+def _name(hint: Any) -> str:
+    if hint is float:
+        return "a non-negative number"
+    if hint is int:
+        return "a non-negative integer"
+    if typing.get_origin(hint) is tuple:
+        return "a list of strings"
+    return getattr(hint, "__name__", str(hint))

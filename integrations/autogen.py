@@ -1,0 +1,188 @@
+"""AutoGen ``Memory`` on memstrata (``pip install 'memstrata[autogen]'``).
+
+Each memory is one item of memstrata's item layer under ``("autogen", collection_name)``, its
+text embedded by a memstrata embedder (the default model unless one is given) and its metadata
+kept as the JSON it was given (numbers, booleans, lists, objects: no string encoding).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+from memstrata.layers._items import ItemStore
+from memstrata.storage import Embedder, embed_documents, embed_query, load_embedder
+from pydantic import BaseModel, Field
+
+from memstrata.errors import InvalidInputError
+
+from ._common import ITEMS_FILE, missing
+
+try:
+    from autogen_core import CancellationToken, Component
+    from autogen_core.memory import (
+        Memory,
+        MemoryContent,
+        MemoryMimeType,
+        MemoryQueryResult,
+        UpdateContextResult,
+    )
+    from autogen_core.model_context import ChatCompletionContext
+    from autogen_core.models import SystemMessage
+except ImportError as exc:  # the adapter is optional: say which extra brings it
+    raise missing("autogen_core", "autogen", exc) from exc
+
+__all__ = ["NAMESPACE", "MemstrataMemory", "MemstrataMemoryConfig"]
+
+NAMESPACE = "autogen"
+_TEXT_TYPES = {MemoryMimeType.TEXT.value, MemoryMimeType.MARKDOWN.value}
+
+
+class MemstrataMemoryConfig(BaseModel):
+    """The memory's settings; the names match AutoGen's vector memories where they mean the same."""
+
+    collection_name: str = Field(default="memstrata_memory", min_length=1)
+    persistence_path: str | None = Field(
+        default=None, description="a folder for the item database; None keeps it in memory"
+    )
+    k: int = Field(default=3, gt=0, description="how many memories a query returns at most")
+    score_threshold: float | None = Field(
+        default=None, description="lowest cosine similarity a returned memory may have"
+    )
+    allow_reset: bool = False
+    embedding_model: str | None = Field(
+        default=None, description="a fastembed model; None: memstrata's default"
+    )
+
+
+class MemstrataMemory(Memory, Component[MemstrataMemoryConfig]):
+    """Vector memory for AutoGen agents, kept by memstrata.
+
+    ``embedder``: any memstrata ``Embedder`` (tests pass ``memstrata.testing.HashEmbedder``);
+    ``system``: a running ``MemorySystem`` whose embedder and data dir are used.
+    """
+
+    component_type = "memory"
+    component_config_schema = MemstrataMemoryConfig
+    component_provider_override = "memstrata.integrations.autogen.MemstrataMemory"
+
+    def __init__(
+        self,
+        config: MemstrataMemoryConfig | None = None,
+        *,
+        embedder: Embedder | None = None,
+        system: Any = None,
+    ) -> None:
+        self._config = config or MemstrataMemoryConfig()
+        path: Path | str = ":memory:"
+        if system is not None:
+            path = system.data_dir / ITEMS_FILE
+            embedder = embedder or system.embedder
+        elif self._config.persistence_path:
+            path = Path(self._config.persistence_path) / ITEMS_FILE
+        self._embedder = embedder
+        self._items = ItemStore(path)
+        self._namespace = (NAMESPACE, self._config.collection_name)
+
+    @property
+    def collection_name(self) -> str:
+        return self._config.collection_name
+
+    def _model(self) -> Embedder:
+        if self._embedder is None:
+            self._embedder = load_embedder(self._config.embedding_model)
+        return self._embedder
+
+    @staticmethod
+    def _text(content: MemoryContent) -> str:
+        mime = content.mime_type.value if isinstance(content.mime_type, MemoryMimeType) else content.mime_type
+        if mime in _TEXT_TYPES:
+            if not isinstance(content.content, str):
+                raise InvalidInputError(
+                    f"{mime} content must be a string, got {type(content.content).__name__}"
+                )
+            return content.content
+        if mime == MemoryMimeType.JSON.value:
+            if not isinstance(content.content, dict):
+                raise InvalidInputError("JSON content must be a dict")
+            return orjson.dumps(content.content).decode()
+        raise InvalidInputError(f"Unsupported content type: {mime}")
+
+    async def add(self, content: MemoryContent, cancellation_token: CancellationToken | None = None) -> None:
+        text = self._text(content)
+        mime = content.mime_type.value if isinstance(content.mime_type, MemoryMimeType) else content.mime_type
+        value = {"content": content.content, "mime_type": mime, "metadata": content.metadata or {}}
+        try:
+            orjson.dumps(value)
+        except TypeError as exc:
+            raise InvalidInputError(f"memory metadata is not JSON: {exc}") from exc
+
+        def write() -> None:
+            vector = embed_documents(self._model(), [text])[0]
+            self._items.put_many([(self._namespace, uuid.uuid4().hex, value, {"content": vector}, None)])
+
+        await asyncio.to_thread(write)
+
+    async def query(
+        self,
+        query: str | MemoryContent = "",
+        cancellation_token: CancellationToken | None = None,
+        **kwargs: Any,
+    ) -> MemoryQueryResult:
+        text = query if isinstance(query, str) else self._text(query)
+        k = int(kwargs.get("k", self._config.k))
+
+        def read() -> list[Any]:
+            vector = embed_query(self._model(), text)
+            return self._items.search(self._namespace, query_vector=vector.tolist(), limit=k)
+
+        records = await asyncio.to_thread(read)
+        threshold = self._config.score_threshold
+        results = []
+        for rec in records:
+            if rec.score is None or (threshold is not None and rec.score < threshold):
+                continue
+            metadata = dict(rec.value.get("metadata") or {})
+            metadata["score"] = float(rec.score)
+            results.append(
+                MemoryContent(
+                    content=rec.value["content"], mime_type=rec.value["mime_type"], metadata=metadata
+                )
+            )
+        return MemoryQueryResult(results=results)
+
+    async def update_context(self, model_context: ChatCompletionContext) -> UpdateContextResult:
+        """Adds the memories relevant to the last message as one system message."""
+        messages = await model_context.get_messages()
+        if not messages:
+            return UpdateContextResult(memories=MemoryQueryResult(results=[]))
+        last = messages[-1].content
+        found = await self.query(last if isinstance(last, str) else str(last))
+        if found.results:
+            lines = "\n".join(f"{n}. {m.content!s}" for n, m in enumerate(found.results, 1))
+            await model_context.add_message(SystemMessage(content=f"\nRelevant memories:\n{lines}\n"))
+        return UpdateContextResult(memories=found)
+
+    async def clear(self) -> None:
+        await asyncio.to_thread(self._items.delete_namespace, self._namespace)
+
+    async def reset(self) -> None:
+        """Deletes every memory of the collection; refused unless ``allow_reset``."""
+        if not self._config.allow_reset:
+            raise InvalidInputError(
+                f"reset of collection {self.collection_name!r} is not allowed: set allow_reset=True"
+            )
+        await self.clear()
+
+    async def close(self) -> None:
+        self._items.close()
+
+    def _to_config(self) -> MemstrataMemoryConfig:
+        return self._config
+
+    @classmethod
+    def _from_config(cls, config: MemstrataMemoryConfig) -> MemstrataMemory:
+        return cls(config)

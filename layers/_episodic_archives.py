@@ -1,0 +1,226 @@
+"""Episodic archives: move or copy episodes into a single-file archive (written, synced and
+checked before the live rows go), and restore an archive into any store (idempotent by uuid)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from memstrata.core.errors import (
+    InvalidInputError,
+)
+from memstrata.core.validation import (
+    check_aware,
+    check_tags,
+    check_task_id,
+)
+from memstrata.storage import (
+    get_meta,
+)
+
+from ._archive import ArchiveFile, describe_filter, write_archive
+from ._episode_records import (
+    EPISODE_COLUMNS,
+    dump_tags,
+    load_tags,
+    query_in,
+    refresh_context,
+    time_conditions,
+    to_us,
+)
+from ._episodic_base import (
+    BULK_DELETE_MIN,
+    _Item,
+    _path_arg,
+)
+from ._episodic_search import EpisodicSearch
+
+FloatArray = npt.NDArray[np.float32]
+
+
+class EpisodicArchives(EpisodicSearch):
+    """Archive and restore (see ``EpisodicMemory``)."""
+
+    def archive(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        before: datetime | None = None,
+        task_run_id: str | None = None,
+        remove: bool = True,
+    ) -> int:
+        """Move episodes into a new archive file at ``path``; returns how many were archived.
+
+        Selects episodes older than ``before`` (exclusive) and/or of ``task_run_id`` (all if
+        neither is given). The file is written, synced and checked before the episodes are
+        removed from the live store, in one transaction. With ``remove=False`` they are copied.
+        Nothing matched: no file is written and 0 is returned. The archive is tracked by this
+        store so ``search(include_archives=True)`` finds its episodes.
+        """
+        db = self._open_db()
+        target = _path_arg(path, "path")
+        before_us = None if before is None else to_us(check_aware(before, "before"))
+        run = check_task_id(task_run_id, "task_run_id", optional=True)
+        if not isinstance(remove, bool):
+            raise InvalidInputError(f"remove must be True or False, got {remove!r}")
+        conds, params = time_conditions(None, before_us, run)
+        where = " WHERE " + " AND ".join(conds) if conds else ""
+        ids = [
+            int(r[0]) for r in db.query(f"SELECT e.id FROM episodes e{where} ORDER BY e.at_us, e.id", params)
+        ]
+        selection = describe_filter(before, run)
+        return self._archive_ids(target, ids, remove=remove, selection=selection)
+
+    def _rows(self, ids: Sequence[int]) -> list[Any]:
+        rows = query_in(self._db, f"SELECT {EPISODE_COLUMNS} FROM episodes WHERE id IN", ids)
+        rows.sort(key=lambda r: (r[2], r[0]))
+        return rows
+
+    def _archive_ids(
+        self, path: Path, ids: Sequence[int], *, remove: bool, selection: Mapping[str, str | int]
+    ) -> int:
+        if not ids:
+            return 0
+        db = self._db
+        rows = self._rows(ids)
+        if remove and len(ids) >= BULK_DELETE_MIN:
+            self._matrix_now()  # before the transaction: scans are slow beside many dirty pages
+        ids = [int(r[0]) for r in rows]
+        model = get_meta(db, "embedding_model")
+        dim_text = get_meta(db, "embedding_dim")
+        vectors = self._stored_vectors(ids) if model and dim_text else {}
+        meta: dict[str, str | int] = {
+            **selection,
+            "source_store_uuid": self.store_uuid,
+            "source_path": str(self.path),
+        }
+        archive_uuid = write_archive(
+            path,
+            rows,
+            vectors,
+            model_id=model,
+            dim=int(dim_text) if dim_text else None,
+            meta=meta,
+        )
+        try:
+            with db.transaction():
+                db.on_rollback(self._drop_matrix)
+                if remove:
+                    query_in(db, "DELETE FROM episodes WHERE id IN", ids)
+                    self._unindexed(ids)
+                    self._delete_vectors(ids)
+                db.execute(
+                    "INSERT OR REPLACE INTO archives(path, archive_uuid, episodes, removed, first_at_us, "
+                    "last_at_us, created_us) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        str(path),
+                        archive_uuid,
+                        len(rows),
+                        int(remove),
+                        rows[0][2],
+                        rows[-1][2],
+                        to_us(self._now()),
+                    ),
+                )
+                if remove and self._matrix is not None:
+                    self._matrix.remove(ids)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                path.unlink()  # the live store kept everything; the copy is not tracked
+            raise
+        return len(rows)
+
+    def restore(self, path: str | os.PathLike[str]) -> int:
+        """Bring an archive's episodes back into this store; returns how many were added.
+
+        Idempotent: episodes are matched by uuid, so restoring twice adds nothing. Into the store
+        that archived them they get their original ids back; into another store, new ids. Stored
+        vectors are reused when the archive was embedded by this store's model. A damaged,
+        truncated or foreign file raises :class:`ArchiveError` and changes nothing.
+        """
+        db = self._open_db()
+        target = _path_arg(path, "path")
+        archive = ArchiveFile(target, verify=True)
+        try:
+            rows = archive.rows()
+            stored = archive.vectors()
+            same_store = archive.source_store_uuid == self.store_uuid
+            archive_model, archive_dim = archive.model_id, archive.dim
+        finally:
+            archive.close()
+        uuids = [str(r[1]) for r in rows]
+        live = {str(r[0]) for r in query_in(db, "SELECT uuid FROM episodes WHERE uuid IN", uuids)}
+        live |= self.deleted_uuids(uuids)  # deleted for good: never restored
+        todo = []
+        seen: set[str] = set()
+        for row in rows:
+            if row[1] not in live and row[1] not in seen:
+                seen.add(row[1])
+                todo.append(row)
+        if not todo:
+            return 0
+
+        vectors = self._restore_vectors(todo, stored, archive_model, archive_dim)
+        items = [
+            _Item(
+                uuid=str(r[1]),
+                at_us=int(r[2]),
+                kind=str(r[3]),
+                task_run_id=r[4],
+                title=r[5],
+                content=str(r[6]),
+                tags=dump_tags(check_tags(load_tags(r[7]))),
+                recorded_us=int(r[8]),
+            )
+            for r in todo
+        ]
+        with db.transaction():
+            db.on_rollback(self._drop_matrix)
+            keep: set[int] = set()
+            if same_store:
+                wanted = [int(r[0]) for r in todo]
+                taken = {int(r[0]) for r in query_in(db, "SELECT id FROM episodes WHERE id IN", wanted)}
+                keep = set(wanted) - taken
+            next_id = max([self._next_id() - 1, *keep]) + 1
+            ids: list[int] = []
+            for row in todo:
+                if int(row[0]) in keep:
+                    ids.append(int(row[0]))
+                else:
+                    ids.append(next_id)
+                    next_id += 1
+            written = [item.row(ident) for ident, item in zip(ids, items, strict=True)]
+            db.executemany(
+                f"INSERT INTO episodes({EPISODE_COLUMNS}, ident) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                written,
+            )
+            self._indexed(written)
+            refresh_context(db, ids)
+            if vectors is not None and self._vectors is not None and self._vectors.available:
+                self._vectors.upsert_many(ids, vectors)
+                if self._matrix is not None:
+                    self._matrix.add(ids, vectors, [i.at_us for i in items], [i.task_run_id for i in items])
+        return len(todo)
+
+    def _restore_vectors(
+        self, rows: Sequence[Any], stored: Mapping[int, bytes], model: str | None, dim: int | None
+    ) -> FloatArray | None:
+        """The archive's own vectors when the same model made them, else fresh ones (or none)."""
+        embedder = self._embedder
+        if embedder is not None:
+            current_model, current_dim = embedder.model_id, embedder.dim
+        else:  # keyword-only: keep the archive's vectors if they match what this store holds
+            current_model = get_meta(self._db, "embedding_model") or ""
+            current_dim = self._vectors.dim if self._vectors is not None else 0
+        if model == current_model and dim == current_dim and all(int(r[0]) in stored for r in rows):
+            blob = b"".join(stored[int(r[0])] for r in rows)
+            return np.frombuffer(blob, dtype=np.float32).reshape(len(rows), current_dim).copy()
+        if embedder is None:
+            return None
+        return self._embed(embedder, [(r[5], r[6], r[2]) for r in rows])

@@ -1,0 +1,313 @@
+"""Episodic writes and reads by id or time: record (embedding title and content, or taking
+the caller's vector), get, count, timeline and delete."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from memstrata.core.constants import MAX_TITLE_CHARS
+from memstrata.core.errors import (
+    EmbeddingError,
+    InvalidInputError,
+)
+from memstrata.core.validation import (
+    check_aware,
+    check_category,
+    check_content,
+    check_optional_text,
+    check_tags,
+    check_task_id,
+)
+
+from ._episode_records import (
+    CONTEXT_TURNS,
+    EPISODE_COLUMNS,
+    Episode,
+    dump_tags,
+    episode_from_row,
+    from_us,
+    has_context,
+    query_in,
+    refresh_context,
+    time_conditions,
+    to_us,
+)
+from ._episodic_base import (
+    _RECORD_KEYS,
+    EpisodicBase,
+    _Item,
+    log,
+)
+
+FloatArray = npt.NDArray[np.float32]
+
+
+class EpisodicWrites(EpisodicBase):
+    """Records, reads and deletes live episodes (see ``EpisodicMemory``)."""
+
+    def _item(
+        self,
+        content: object,
+        title: object,
+        task_run_id: object,
+        tags: object,
+        kind: object,
+        at: object,
+        prefix: str = "",
+        now: datetime | None = None,
+        vector: object = None,
+    ) -> _Item:
+        now = self._now() if now is None else now
+        when = now if at is None else check_aware(at, f"{prefix}at")
+        return _Item(
+            uuid=self.new_uuid(),
+            at_us=to_us(when),
+            kind=check_category(kind, f"{prefix}kind"),
+            task_run_id=check_task_id(task_run_id, f"{prefix}task_run_id", optional=True),
+            title=check_optional_text(title, f"{prefix}title", max_chars=MAX_TITLE_CHARS),
+            content=check_content(content, f"{prefix}content", max_bytes=self._config.max_content_bytes),
+            tags=dump_tags(check_tags(tags, f"{prefix}tags")),
+            recorded_us=to_us(now),
+            vector=self._checked_vector(vector, f"{prefix}vector"),
+        )
+
+    def _checked_vector(self, vector: object, name: str) -> FloatArray | None:
+        """A caller's vector for an episode, unit length; ``None`` in keyword-only mode (there is
+        no model it could belong to)."""
+        if vector is None or self._embedder is None:
+            return None
+        dim = self._embedder.dim
+        try:
+            array = np.asarray(vector, dtype=np.float32).reshape(-1)
+        except (TypeError, ValueError) as exc:
+            raise InvalidInputError(f"{name} must be an array of {dim} numbers: {exc}") from exc
+        norm = float(np.linalg.norm(array)) if array.shape == (dim,) else 0.0
+        if array.shape != (dim,) or not math.isfinite(norm) or norm == 0.0:
+            raise InvalidInputError(
+                f"{name} must be {dim} finite numbers, not all zero (a vector of the store's model "
+                f"{self._embedder.model_id!r}); got shape {array.shape}"
+            )
+        unit: FloatArray = (array / norm).astype(np.float32)
+        return unit
+
+    def record(
+        self,
+        content: str,
+        *,
+        title: str | None = None,
+        task_run_id: str | None = None,
+        tags: Mapping[str, str] | None = None,
+        kind: str = "note",
+        at: datetime | None = None,
+        vector: FloatArray | None = None,
+    ) -> int:
+        """Store one episode; returns its id once the write is committed.
+
+        ``at`` must be timezone-aware (default: the clock's now). ``kind`` is a short label such
+        as ``note``, ``observation`` or ``task-outcome`` (``[a-z0-9][a-z0-9_-]{0,63}``).
+        ``vector``: the episode's vector, already computed with the store's model (e.g. shared
+        with a knowledge entry of the same text), instead of embedding title and content;
+        ignored in keyword-only mode.
+        """
+        self._open_db()
+        return self._insert([self._item(content, title, task_run_id, tags, kind, at, vector=vector)])[0]
+
+    def record_many(self, items: Iterable[Mapping[str, Any]]) -> list[int]:
+        """Store many episodes in one transaction with one embedding batch; returns their ids.
+
+        Each item is a mapping with :meth:`record`'s keyword names (``content`` required). All
+        items are checked before anything is written.
+        """
+        self._open_db()
+        if isinstance(items, str | bytes | Mapping) or not isinstance(items, Iterable):
+            raise InvalidInputError(f"items must be an iterable of mappings, got {type(items).__name__}")
+        now = self._now()
+        checked: list[_Item] = []
+        for n, item in enumerate(items):
+            if not isinstance(item, Mapping):
+                raise InvalidInputError(f"items[{n}] must be a mapping, got {type(item).__name__}")
+            unknown = set(item) - _RECORD_KEYS
+            if unknown:
+                raise InvalidInputError(f"items[{n}] has unknown key(s) {sorted(map(str, unknown))}")
+            if "content" not in item:
+                raise InvalidInputError(f"items[{n}] lacks 'content'")
+            checked.append(
+                self._item(
+                    item["content"],
+                    item.get("title"),
+                    item.get("task_run_id"),
+                    item.get("tags"),
+                    item.get("kind", "note"),
+                    item.get("at"),
+                    prefix=f"items[{n}].",
+                    now=now,
+                    vector=item.get("vector"),
+                )
+            )
+        return self._insert(checked)
+
+    def _next_id(self) -> int:
+        return 1 + int(
+            self._db.scalar(
+                "SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'episodes'), 0), "
+                "coalesce((SELECT max(id) FROM episodes), 0))"
+            )
+        )
+
+    def _insert(self, items: Sequence[_Item], vectors: FloatArray | None = None) -> list[int]:
+        if not items:
+            return []
+        db = self._db
+        embedder = self._embedder
+        embedded = False
+        if vectors is None and embedder is not None:
+            rows = [i.vector for i in items]
+            todo = [n for n, row in enumerate(rows) if row is None]  # the others came with a vector
+            try:
+                if todo:
+                    computed = self._embed(
+                        embedder, [(items[n].title, items[n].content, items[n].at_us) for n in todo]
+                    )
+                    for row, n in zip(computed, todo, strict=True):
+                        rows[n] = row
+                    embedded = True
+                vectors = np.stack([row for row in rows if row is not None]).astype(np.float32, copy=False)
+            except EmbeddingError as exc:  # the episodes are stored anyway; their vectors are pending
+                self._last_error = str(exc)
+                log.warning("episodic %s: storing without vectors, the embedder failed: %s", self.path, exc)
+        with db.transaction():
+            db.on_rollback(self._drop_matrix)
+            start = self._next_id()
+            ids = list(range(start, start + len(items)))
+            written = [item.row(ident) for ident, item in zip(ids, items, strict=True)]
+            db.executemany(
+                f"INSERT INTO episodes({EPISODE_COLUMNS}, ident) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                written,
+            )
+            self._indexed(written)
+            refresh_context(db, ids)
+            if vectors is not None and self._vectors is not None and self._vectors.available:
+                self._vectors.upsert_many(ids, vectors)
+                if self._matrix is not None:
+                    self._matrix.add(ids, vectors, [i.at_us for i in items], [i.task_run_id for i in items])
+        if vectors is None and embedder is not None:
+            self._pending_ids.update(ids)
+        elif embedded and self._pending_ids:  # the model works again: catch up (bounded per write)
+            self._embed_missing(sorted(self._pending_ids)[:1000])
+        return ids
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def get(self, episode_id: int) -> Episode | None:
+        """The live episode with this id, or ``None``."""
+        db = self._open_db()
+        if isinstance(episode_id, bool) or not isinstance(episode_id, int):
+            raise InvalidInputError(f"episode_id must be an integer, got {episode_id!r}")
+        row = db.execute(f"SELECT {EPISODE_COLUMNS} FROM episodes WHERE id = ?", (episode_id,)).fetchone()
+        return None if row is None else episode_from_row(row)
+
+    def deleted_uuids(self, uuids: Iterable[str]) -> set[str]:
+        """Those of ``uuids`` whose episode was deleted (see :meth:`delete`)."""
+        db = self._open_db()
+        sql = "SELECT uuid FROM deleted_episodes WHERE uuid IN"
+        return {str(r[0]) for r in query_in(db, sql, list(uuids))}
+
+    def count(self) -> int:
+        """Live episodes (archived ones are not counted)."""
+        return int(self._open_db().scalar("SELECT count(*) FROM episodes"))
+
+    def _bounds(self, since: object, until: object) -> tuple[int | None, int | None]:
+        since_us = None if since is None else to_us(check_aware(since, "since"))
+        until_us = None if until is None else to_us(check_aware(until, "until"))
+        if since_us is not None and until_us is not None and since_us > until_us:
+            raise InvalidInputError(
+                f"since ({from_us(since_us).isoformat()}) is after until ({from_us(until_us).isoformat()})"
+            )
+        return since_us, until_us
+
+    def timeline(
+        self,
+        *,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        task_run_id: str | None = None,
+        limit: int | None = 100,
+        newest_first: bool = False,
+        offset: int = 0,
+    ) -> list[Episode]:
+        """Live episodes in time order, oldest first (``since`` inclusive, ``until`` exclusive).
+
+        ``limit`` caps the count (``None``: all); ``newest_first=True`` returns the most recent
+        ones, newest first; ``offset`` skips that many first (pages of a long timeline).
+        """
+        db = self._open_db()
+        since_us, until_us = self._bounds(since, until)
+        run = check_task_id(task_run_id, "task_run_id", optional=True)
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+            raise InvalidInputError(f"limit must be a non-negative integer or None, got {limit!r}")
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise InvalidInputError(f"offset must be a non-negative integer, got {offset!r}")
+        conds, params = time_conditions(since_us, until_us, run)
+        where = " WHERE " + " AND ".join(conds) if conds else ""
+        order = "DESC" if newest_first else "ASC"
+        sql = f"SELECT {EPISODE_COLUMNS} FROM episodes e{where} ORDER BY e.at_us {order}, e.id {order}"
+        if limit is not None or offset:
+            sql += " LIMIT ? OFFSET ?"
+            params += [-1 if limit is None else limit, offset]
+        return [episode_from_row(r) for r in db.query(sql, params)]
+
+    def delete(self, episode_id: int) -> bool:
+        """Delete a live episode for good: its row, vector and full-text entries, and its words
+        in its neighbours' conversation context. True if it existed.
+
+        Its uuid is remembered: an archive file written before keeps its copy (archives never
+        change once written), but ``search(include_archives=True)`` drops that copy and
+        :meth:`restore` skips it, so no search and no archive brings it back.
+        """
+        db = self._open_db()
+        if isinstance(episode_id, bool) or not isinstance(episode_id, int):
+            raise InvalidInputError(f"episode_id must be an integer, got {episode_id!r}")
+        with db.transaction():
+            row = db.execute(
+                "SELECT task_run_id, at_us, uuid FROM episodes WHERE id = ?", (episode_id,)
+            ).fetchone()
+            if row is None:
+                return False
+            run, at_us, uuid = row
+            db.execute(
+                "INSERT OR REPLACE INTO deleted_episodes(uuid, deleted_us) VALUES (?, ?)",
+                (str(uuid), to_us(self._now())),
+            )
+            near: list[int] = []
+            if run is not None:  # the neighbours whose context held its text
+                near += [
+                    int(r[0])
+                    for r in db.query(
+                        "SELECT id FROM episodes WHERE task_run_id = ? AND (at_us, id) < (?, ?) "
+                        "ORDER BY at_us DESC, id DESC LIMIT ?",
+                        (run, at_us, episode_id, CONTEXT_TURNS),
+                    )
+                ]
+                near += [
+                    int(r[0])
+                    for r in db.query(
+                        "SELECT id FROM episodes WHERE task_run_id = ? AND (at_us, id) > (?, ?) "
+                        "ORDER BY at_us, id LIMIT ?",
+                        (run, at_us, episode_id, CONTEXT_TURNS),
+                    )
+                ]
+            db.on_rollback(self._drop_matrix)
+            db.execute("DELETE FROM episodes WHERE id = ?", (episode_id,))
+            self._unindexed([episode_id])
+            self._delete_vectors([episode_id])
+            if self._matrix is not None:
+                self._matrix.remove([episode_id])
+            self._pending_ids.discard(episode_id)
+            if near and has_context(db):
+                refresh_context(db, near)
+        return True

@@ -1,0 +1,386 @@
+"""The knowledge store's state: its connection, model and vector index, and the upkeep of
+derived vectors (pending rows, model changes); writes, search and lifetime build on it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from memstrata.core.constants import EMBED_CHARS
+from memstrata.core.errors import EmbedderUnavailableError, EmbeddingError, InvalidInputError, StorageError
+from memstrata.storage import (
+    Database,
+    Embedder,
+    EmbeddingCache,
+    KeywordIndex,
+    VectorIndex,
+    apply_migrations,
+    check_consistency,
+    embed_documents,
+    embedding_mismatch,
+    get_meta,
+    record_embedding,
+    text_hash,
+)
+from memstrata.storage._migrations import refresh_keyword_terms
+
+from ._knowledge_schema import (
+    BATCH,
+    ENTRY_COLUMNS,
+    MIGRATIONS,
+    TABLE,
+    KnowledgeEntry,
+    SearchTuning,
+    _entry,
+    _int_or_none,
+    keyword_table,
+)
+
+FloatArray = npt.NDArray[np.float32]
+
+
+class KnowledgeBase:
+    """Connection, embedder, vectors and keyword index of one store (see ``KnowledgeStore``)."""
+
+    def __init__(
+        self,
+        db: Database,
+        embedder: Embedder | None,
+        *,
+        unavailable_reason: str | None = None,
+        max_content_bytes: int = 4_000_000,
+        tuning: SearchTuning | None = None,
+    ) -> None:
+        if embedder is not None and not isinstance(embedder, Embedder):
+            raise InvalidInputError(
+                f"embedder must implement the Embedder protocol, got {type(embedder).__name__}"
+            )
+        self._db = db
+        self._embedder = embedder
+        self._unavailable = unavailable_reason
+        self._max_bytes = max_content_bytes
+        self._tuning = tuning or SearchTuning()
+        self._closed = False
+        # UNIX seconds for created_at/updated_at; a system sets it from its clock (simulations)
+        self.clock: Callable[[], float] = time.time
+        # the name entries carry as their ``store`` (an agent id or "shared"); a system sets it
+        self.owner: str | None = None
+        self._last_error: str | None = None
+        self._rebuild_needed = False
+        self._seen_version = -1
+        self._foreign_model: str | None = None  # another process rebuilt vectors with this model
+        apply_migrations(db, "knowledge", MIGRATIONS)
+        refresh_keyword_terms(db, table=TABLE, column="ident", source="content")
+        self._cache = EmbeddingCache(db)
+        self._keywords = KeywordIndex(db, keyword_table(self._tuning.column_weights))
+        self._bm25 = self._keywords.bm25  # told of every write made here
+        self._vectors = self._open_vectors()
+        self._consistency = check_consistency(
+            db,
+            table=TABLE,
+            fts={f"{TABLE}_fts": None, f"{TABLE}_tri": "cjk != ''"},
+            vectors=self._vectors,
+            vector_rows="vector_pending = 0",
+            repair_missing=self._mark_pending,
+        )
+        if self._consistency.fts_rebuilt:
+            self._bm25.reset()
+        if embedder is not None:
+            self._start_vectors(embedder)
+
+    def _mark_pending(self, entry_ids: list[int]) -> int:
+        """Entries found without a vector are re-embedded by the pending-vector catch-up."""
+        with self._db.transaction():
+            self._db.executemany(
+                f"UPDATE {TABLE} SET vector_pending = 1 WHERE id = ?", [(i,) for i in entry_ids]
+            )
+        return 0
+
+    def _open_vectors(self) -> VectorIndex | None:
+        """The existing vector table (any model), or ``None`` if this store never had one."""
+        stored_dim = get_meta(self._db, f"vector_dim:{TABLE}")
+        if stored_dim is None:
+            return None
+        return self._vector_index(int(stored_dim))
+
+    def _vector_index(self, dim: int) -> VectorIndex:
+        return VectorIndex(
+            self._db,
+            TABLE,
+            dim,
+            metadata={"category": "text"},
+            approximate_from=self._tuning.approximate_from,
+        )
+
+    def _start_vectors(self, embedder: Embedder) -> None:
+        if self._vectors is None:
+            with self._db.transaction():
+                self._vectors = self._vector_index(embedder.dim)
+                record_embedding(self._db, embedder.model_id, embedder.dim)
+        elif embedding_mismatch(self._db, embedder.model_id, embedder.dim) is not None:
+            self._rebuild_needed = True
+        elif get_meta(self._db, "embedding_model") is None:
+            record_embedding(self._db, embedder.model_id, embedder.dim)
+        self._seen_version = self._db.data_version()
+        self._catch_up()
+
+    # -- state ------------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StorageError(f"knowledge store {self._db.path} is closed")
+
+    def _vectors_writable(self) -> bool:
+        """New vectors can be computed and stored with the current model."""
+        return (
+            self._embedder is not None
+            and self._vectors is not None
+            and self._vectors.available
+            and not self._rebuild_needed
+            and self._foreign_model is None
+        )
+
+    def _refresh_foreign(self) -> None:
+        """Follow another connection's model change: a rebuild with this store's model is adopted;
+        one with another model leaves this store keyword-only until it is reopened."""
+        version = self._db.data_version()
+        if version == self._seen_version:
+            return
+        self._seen_version = version
+        stored_dim = _int_or_none(get_meta(self._db, f"vector_dim:{TABLE}"))
+        if stored_dim is not None and (self._vectors is None or self._vectors.dim != stored_dim):
+            self._vectors = self._open_vectors()
+        if self._embedder is None:
+            return
+        mismatch = embedding_mismatch(self._db, self._embedder.model_id, self._embedder.dim)
+        if mismatch is None:
+            self._foreign_model = None
+            self._rebuild_needed = False
+        elif not self._rebuild_needed:
+            self._foreign_model = str(mismatch.stored_model)
+
+    @property
+    def path(self) -> Path:
+        return self._db.path
+
+    @property
+    def embedder(self) -> Embedder | None:
+        return self._embedder
+
+    @property
+    def mode(self) -> str:
+        """``"hybrid"`` when vector search is usable, else ``"keyword-only"``."""
+        return "hybrid" if self._vector_reason() is None else "keyword-only"
+
+    def _vector_reason(self) -> str | None:
+        if self._embedder is None:
+            return self._unavailable or "no embedding model"
+        if self._vectors is None:
+            return "no vector index"
+        if not self._vectors.available:
+            return f"sqlite-vec could not be loaded: {self._db.vec_reason}"
+        if self._foreign_model is not None:
+            return (
+                f"another process rebuilt the vectors with model {self._foreign_model!r}; "
+                "reopen the store to use them"
+            )
+        if self._rebuild_needed:
+            return (
+                f"vectors were made by another model; rebuilding them for {self._embedder.model_id!r} "
+                f"failed ({self._last_error}); call reindex()"
+            )
+        return None
+
+    def _embed(self, texts: Sequence[str], *, cache: bool = False) -> FloatArray | None:
+        """Vectors for ``texts``, or ``None`` (error recorded) when the model fails.
+
+        Writes do not go through the embedding cache: the same content in the same category and
+        scope is never embedded twice (dedup), the same content elsewhere reuses the stored
+        vector, and a cache would store every vector a second time. Rebuilds use it (``cache``)
+        so that an interrupted rebuild resumes where it stopped.
+        """
+        assert self._embedder is not None
+        clipped = [t[:EMBED_CHARS] for t in texts]
+        try:
+            return embed_documents(self._embedder, clipped, self._cache if cache else None)
+        except EmbeddingError as exc:
+            self._last_error = str(exc)
+            return None
+
+    # -- vectors: pending rows and model changes -------------------------------------------------
+
+    def reindex(self, *, full: bool = False) -> int:
+        """Compute missing vectors (``full=True``: rebuild every vector, e.g. after changing the
+        model outside memstrata). Returns how many vectors were written. Raises
+        :class:`EmbeddingError` if the model fails and :class:`EmbedderUnavailableError` in
+        keyword-only mode."""
+        self._check_open()
+        if self._embedder is None:
+            raise EmbedderUnavailableError(
+                f"knowledge store {self.path} is keyword-only: {self._vector_reason()}"
+            )
+        self._refresh_foreign()
+        if self._foreign_model is not None:
+            raise StorageError(str(self._vector_reason()))
+        if full or self._rebuild_needed:
+            return self._rebuild()
+        written, ok = self._embed_pending()
+        if not ok:
+            raise EmbeddingError(f"reindex of {self.path} stopped: {self._last_error}")
+        return written
+
+    def _catch_up(self) -> None:
+        """After a successful write or open: finish a model change or embed pending rows."""
+        if self._embedder is None:
+            return
+        if self._rebuild_needed:
+            self._try_rebuild()
+        elif self._vectors_writable() and self._pending_count() > 0:
+            self._embed_pending()
+
+    def _pending_count(self) -> int:
+        return int(self._db.scalar(f"SELECT count(*) FROM {TABLE} WHERE vector_pending = 1"))
+
+    def pending_vectors(self) -> int:
+        """Entries whose vector is still to be computed (found by keywords meanwhile)."""
+        self._check_open()
+        return self._pending_count() if self._embedder is not None else 0
+
+    def catch_up_vectors(self) -> int:
+        """Compute pending vectors now (or finish a model change); returns how many are still
+        pending. A model fault leaves them pending and is recorded for :meth:`status`: the owner
+        calls this again later (the actors do, with backoff, in the same process)."""
+        self._check_open()
+        if self._embedder is None:
+            return 0
+        self._refresh_foreign()
+        if self._rebuild_needed:
+            self._try_rebuild()
+        elif self._vectors_writable():
+            self._embed_pending()
+        return self._pending_count()
+
+    def _embed_pending(self) -> tuple[int, bool]:
+        """Embed rows whose vector is pending; returns (vectors written, whether the model worked)."""
+        written = 0
+        after = 0
+        while self._vectors_writable():
+            rows = self._db.query(
+                f"SELECT id, content FROM {TABLE} WHERE vector_pending = 1 AND id > ? ORDER BY id LIMIT ?",
+                (after, BATCH),
+            )
+            if not rows:
+                break
+            after = int(rows[-1][0])
+            array = self._embed([r[1] for r in rows])
+            if array is None:
+                return written, False
+            by_id = {int(r[0]): (text_hash(r[1]), v) for r, v in zip(rows, array, strict=True)}
+            with self._db.transaction():
+                marks = ",".join("?" * len(by_id))
+                current = self._db.query(
+                    f"SELECT id, content_hash, category FROM {TABLE} "
+                    f"WHERE vector_pending = 1 AND id IN ({marks})",
+                    list(by_id),
+                )
+                # rows changed meanwhile (by another process) stay pending for the next pass
+                ready = [(int(i), c) for i, h, c in current if bytes(h) == by_id[int(i)][0]]
+                if ready:
+                    assert self._vectors is not None
+                    self._vectors.upsert_many(
+                        [i for i, _ in ready],
+                        np.stack([by_id[i][1] for i, _ in ready]),
+                        [{"category": c} for _, c in ready],
+                    )
+                    self._db.executemany(
+                        f"UPDATE {TABLE} SET vector_pending = 0 WHERE id = ?", [(i,) for i, _ in ready]
+                    )
+                    written += len(ready)
+        self._last_error = None
+        return written, True
+
+    def _try_rebuild(self) -> None:
+        try:
+            self._rebuild()
+        except EmbeddingError as exc:
+            self._last_error = str(exc)
+
+    def _rows(self) -> Iterator[list[tuple[int, str, str]]]:
+        after = 0
+        while True:
+            rows = self._db.query(
+                f"SELECT id, content, category FROM {TABLE} WHERE id > ? ORDER BY id LIMIT ?",
+                (after, BATCH),
+            )
+            if not rows:
+                return
+            after = int(rows[-1][0])
+            yield [(int(i), str(c), str(cat)) for i, c, cat in rows]
+
+    def _rebuild(self) -> int:
+        """Re-embed every entry with the current model, then swap the index in one transaction.
+
+        Phase 1 fills the embedding cache batch by batch without holding the write lock (other
+        connections keep searching the old index; an interruption keeps the progress). Phase 2
+        resets the vector table and writes every vector from the cache in one transaction.
+        """
+        embedder = self._embedder
+        assert embedder is not None
+        for rows in self._rows():
+            embed_documents(embedder, [c[:EMBED_CHARS] for _, c, _ in rows], self._cache)
+        written = 0
+        try:
+            with self._db.transaction():
+                if self._vectors is None:
+                    self._vectors = self._vector_index(embedder.dim)
+                else:
+                    self._vectors.reset(embedder.dim)
+                for rows in self._rows():
+                    array = embed_documents(embedder, [c[:EMBED_CHARS] for _, c, _ in rows], self._cache)
+                    self._vectors.upsert_many(
+                        [i for i, _, _ in rows], array, [{"category": cat} for _, _, cat in rows]
+                    )
+                    written += len(rows)
+                self._db.execute(f"UPDATE {TABLE} SET vector_pending = 0 WHERE vector_pending != 0")
+                record_embedding(self._db, embedder.model_id, embedder.dim)
+                # the cache only carried this rebuild across interruptions; the index holds it all now
+                self._db.execute("DELETE FROM embedding_cache")
+        except BaseException:
+            self._vectors = self._open_vectors()
+            raise
+        self._rebuild_needed = False
+        self._foreign_model = None
+        self._last_error = None
+        self._seen_version = self._db.data_version()
+        return written
+
+    # -- reads ------------------------------------------------------------------------------------
+
+    def _tags_of(self, ids: Sequence[int]) -> dict[int, dict[str, str]]:
+        tags: dict[int, dict[str, str]] = {}
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            for entry_id, key, value in self._db.query(
+                f"SELECT entry_id, key, value FROM {TABLE}_tags WHERE entry_id IN ({marks}) "
+                "ORDER BY entry_id, key",
+                list(chunk),
+            ):
+                tags.setdefault(int(entry_id), {})[key] = value
+        return tags
+
+    def _load(self, ids: Sequence[int]) -> dict[int, KnowledgeEntry]:
+        """Entries by id, two queries for the lot (rows, then tags)."""
+        if not ids:
+            return {}
+        rows: list[Any] = []
+        for start in range(0, len(ids), 500):
+            chunk = list(ids[start : start + 500])
+            marks = ",".join("?" * len(chunk))
+            rows.extend(self._db.query(f"SELECT {ENTRY_COLUMNS} FROM {TABLE} WHERE id IN ({marks})", chunk))
+        tags = self._tags_of([int(r[0]) for r in rows])
+        return {int(r[0]): _entry(r, tags.get(int(r[0]), {}), self.owner) for r in rows}

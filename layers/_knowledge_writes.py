@@ -1,0 +1,379 @@
+"""Knowledge writes: add (deduplicated by content, category and scope), update and delete,
+each keeping the full-text, BM25 and vector indexes in step."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from memstrata.core.errors import InvalidInputError
+from memstrata.core.validation import (
+    check_author,
+    check_category,
+    check_content,
+    check_row_id,
+    check_scope,
+    check_tags,
+)
+from memstrata.storage import (
+    identifier_words,
+    text_hash,
+)
+
+from ._knowledge_base import KnowledgeBase
+from ._knowledge_schema import (
+    ALLOWED_ITEM_KEYS,
+    BATCH,
+    TABLE,
+    UNSET,
+    KnowledgeEntry,
+    _cjk_text,
+    _Item,
+    _merge_into,
+    _tag_text,
+    _Unset,
+)
+
+FloatArray = npt.NDArray[np.float32]
+
+
+class KnowledgeWrites(KnowledgeBase):
+    """Adds, updates and deletes entries (see ``KnowledgeStore``)."""
+
+    def add(
+        self,
+        content: str,
+        *,
+        category: str = "pattern",
+        tags: Mapping[str, str] | Sequence[str] | None = None,
+        scope: str = "/",
+        author: str | None = None,
+    ) -> int:
+        """Store one entry and return its id. The same content, category and scope as an existing
+        entry returns that entry's id: its ``updated_at`` is refreshed and the given tags are
+        merged into its tags (a given key's value replaces the old one; other keys stay)."""
+        self._check_open()
+        item = {"content": content, "category": category, "tags": tags, "scope": scope, "author": author}
+        return self._write([self._check_item(item, "")])[0]
+
+    def add_many(self, items: Iterable[Mapping[str, Any]]) -> list[int]:
+        """Store many entries (mappings with :meth:`add`'s keyword names); ids in input order.
+
+        Every item is checked before anything is written. Embedding is batched; writes are one
+        transaction per batch of 1000.
+        """
+        self._check_open()
+        if isinstance(items, str | bytes) or not isinstance(items, Iterable):
+            raise InvalidInputError(f"items must be an iterable of mappings, got {type(items).__name__}")
+        checked = []
+        for index, item in enumerate(items):
+            if not isinstance(item, Mapping):
+                raise InvalidInputError(f"items[{index}] must be a mapping, got {type(item).__name__}")
+            checked.append(self._check_item(item, f"items[{index}]."))
+        return self._write(checked)
+
+    def _write(self, checked: list[_Item]) -> list[int]:
+        self._refresh_foreign()
+        if self._rebuild_needed and checked:
+            self._try_rebuild()
+        ids: list[int] = []
+        embedded_ok = True
+        for start in range(0, len(checked), BATCH):
+            batch_ids, ok = self._add_batch(checked[start : start + BATCH])
+            ids.extend(batch_ids)
+            embedded_ok = embedded_ok and ok
+        if embedded_ok and checked:
+            self._catch_up()
+        return ids
+
+    def _check_item(self, item: Mapping[str, Any], where: str) -> _Item:
+        unknown = set(item) - ALLOWED_ITEM_KEYS
+        if unknown:
+            raise InvalidInputError(
+                f"{where.rstrip('.') or 'item'} has unknown key(s) {sorted(map(str, unknown))}; "
+                f"allowed: {', '.join(sorted(ALLOWED_ITEM_KEYS))}"
+            )
+        if "content" not in item:
+            raise InvalidInputError(f"{where.rstrip('.') or 'item'} has no 'content'")
+        category = item.get("category", "pattern")
+        scope = item.get("scope", "/")
+        checked = _Item(
+            content=check_content(item["content"], max_bytes=self._max_bytes, name=f"{where}content"),
+            category=check_category("pattern" if category is None else category, name=f"{where}category"),
+            tags=check_tags(item.get("tags"), name=f"{where}tags"),
+            scope=check_scope("/" if scope is None else scope, name=f"{where}scope"),
+            author=check_author(item.get("author"), name=f"{where}author"),
+        )
+        checked.hash = text_hash(checked.content)
+        return checked
+
+    def _existing(self, items: Sequence[_Item]) -> dict[tuple[bytes, str, str], int]:
+        """Ids of stored entries with the content of ``items``, by (hash, category, scope); an
+        entry with the same content elsewhere is also listed under (hash, "", "")."""
+        found: dict[tuple[bytes, str, str], int] = {}
+        hashes = list(dict.fromkeys(i.hash for i in items))
+        for start in range(0, len(hashes), 500):
+            chunk = hashes[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            for row_id, digest, category, scope in self._db.query(
+                f"SELECT id, content_hash, category, scope FROM {TABLE} WHERE content_hash IN ({marks})",
+                chunk,
+            ):
+                found[(bytes(digest), category, scope)] = int(row_id)
+                found.setdefault((bytes(digest), "", ""), int(row_id))
+        return found
+
+    def _add_batch(self, batch: list[_Item]) -> tuple[list[int], bool]:
+        """Write one batch; returns its ids and whether its embedding succeeded."""
+        existing = self._existing(batch)
+        fresh: dict[tuple[bytes, str, str], _Item] = {}
+        for item in batch:
+            if item.key not in existing and item.key not in fresh:
+                fresh[item.key] = item
+        vectors: dict[tuple[bytes, str, str], FloatArray] = {}
+        embedded_ok = True
+        if fresh and self._vectors_writable():
+            assert self._vectors is not None
+            for key in list(fresh):  # the same content stored in another category or scope
+                sibling = existing.get((key[0], "", ""))
+                stored = None if sibling is None else self._vectors.get(sibling)
+                if stored is not None:
+                    vectors[key] = stored
+            keys = [k for k in fresh if k not in vectors]
+            array = self._embed([fresh[k].content for k in keys]) if keys else None
+            if keys and array is None:
+                embedded_ok = False
+            elif array is not None:
+                vectors.update(zip(keys, array, strict=True))
+        now = self.clock()
+        with self._db.transaction():
+            existing = self._existing(batch)  # authoritative, under the write lock
+            next_id = self._next_id()
+            new_rows: dict[tuple[bytes, str, str], tuple[int, _Item]] = {}
+            refresh: dict[int, _Item] = {}
+            ids: list[int] = []
+            for item in batch:
+                if item.key in existing:
+                    row_id = existing[item.key]
+                    _merge_into(refresh, row_id, item)
+                elif item.key in new_rows:
+                    row_id, first = new_rows[item.key]
+                    first.tags = {**first.tags, **item.tags}  # items are never shared: rebinding is safe
+                    first.author = first.author or item.author
+                else:
+                    row_id = next_id
+                    next_id += 1
+                    new_rows[item.key] = (row_id, item)
+                ids.append(row_id)
+            if new_rows:
+                self._insert_rows(new_rows, vectors, now)
+            if refresh:
+                self._refresh_rows(refresh, now)
+        return ids, embedded_ok
+
+    def _next_id(self) -> int:
+        seq = self._db.scalar("SELECT seq FROM sqlite_sequence WHERE name = ?", (TABLE,))
+        top = self._db.scalar(f"SELECT max(id) FROM {TABLE}")
+        return max(int(seq or 0), int(top or 0)) + 1
+
+    def _insert_rows(
+        self,
+        rows: Mapping[tuple[bytes, str, str], tuple[int, _Item]],
+        vectors: Mapping[tuple[bytes, str, str], FloatArray],
+        now: float,
+    ) -> None:
+        texts = {r: (_tag_text(i.tags), identifier_words(i.content)) for r, i in rows.values()}
+        self._db.executemany(
+            f"INSERT INTO {TABLE}(id, content, category, scope, author, content_hash, tag_text, ident, "
+            "cjk, created_at, updated_at, vector_pending) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                (
+                    row_id,
+                    item.content,
+                    item.category,
+                    item.scope,
+                    item.author,
+                    item.hash,
+                    texts[row_id][0],
+                    texts[row_id][1],
+                    _cjk_text(item.content, texts[row_id][0]),
+                    now,
+                    now,
+                    0 if key in vectors else 1,
+                )
+                for key, (row_id, item) in rows.items()
+            ],
+        )
+        self._db.on_rollback(self._bm25.reset)
+        self._bm25.added([(r, i.content, *texts[r]) for r, i in rows.values()])
+        tag_rows = [(row_id, k, v) for row_id, item in rows.values() for k, v in item.tags.items()]
+        if tag_rows:
+            self._db.executemany(f"INSERT INTO {TABLE}_tags(entry_id, key, value) VALUES (?, ?, ?)", tag_rows)
+        with_vectors = [
+            (row_id, item, vectors[key]) for key, (row_id, item) in rows.items() if key in vectors
+        ]
+        if with_vectors:
+            assert self._vectors is not None
+            self._vectors.upsert_many(
+                [r for r, _, _ in with_vectors],
+                np.stack([v for _, _, v in with_vectors]),
+                [{"category": item.category} for _, item, _ in with_vectors],
+            )
+
+    def _refresh_rows(self, refresh: Mapping[int, _Item], now: float) -> None:
+        """Dedup hits: bump ``updated_at``, merge tags, fill a missing author."""
+        self._db.executemany(
+            f"UPDATE {TABLE} SET updated_at = ?, author = coalesce(author, ?) WHERE id = ?",
+            [(now, item.author, row_id) for row_id, item in refresh.items()],
+        )
+        tagged = {row_id: item.tags for row_id, item in refresh.items() if item.tags}
+        if not tagged:
+            return
+        self._db.executemany(
+            f"INSERT INTO {TABLE}_tags(entry_id, key, value) VALUES (?, ?, ?) "
+            "ON CONFLICT(entry_id, key) DO UPDATE SET value = excluded.value",
+            [(row_id, k, v) for row_id, tags in tagged.items() for k, v in tags.items()],
+        )
+        merged = self._tags_of(list(tagged))
+        texts = {row_id: _tag_text(merged.get(row_id, {})) for row_id in tagged}
+        changed = [
+            i for i, t in texts.items()
+            if self._db.execute(
+                f"UPDATE {TABLE} SET tag_text = ?, cjk = ? WHERE id = ? AND tag_text != ?",
+                (t, _cjk_text(refresh[i].content, t), i, t),
+            ).rowcount
+        ]  # fmt: skip
+        self._db.on_rollback(self._bm25.reset)
+        self._bm25.changed(changed)
+
+    def get(self, id: int) -> KnowledgeEntry | None:
+        """The entry with this id, or ``None``."""
+        self._check_open()
+        entries = self._load([check_row_id(id)])
+        return entries.get(id)
+
+    def update(
+        self,
+        id: int,
+        *,
+        content: str | _Unset = UNSET,
+        category: str | _Unset = UNSET,
+        tags: Mapping[str, str] | Sequence[str] | _Unset | None = UNSET,
+        scope: str | _Unset = UNSET,
+        author: str | _Unset | None = UNSET,
+    ) -> KnowledgeEntry | None:
+        """Change the given fields (``tags`` replaces all tags; ``None`` or ``{}`` clears them);
+        re-embeds when the content changes. Returns the new entry, or ``None`` if ``id`` does not
+        exist. A change that would duplicate another entry (same content, category and scope)
+        raises ``InvalidInputError`` (a ``ValueError``) naming it, and changes nothing."""
+        self._check_open()
+        entry_id = check_row_id(id)
+        new_content = (
+            None if isinstance(content, _Unset) else check_content(content, max_bytes=self._max_bytes)
+        )
+        new_category = None if isinstance(category, _Unset) else check_category(category)
+        new_tags = None if isinstance(tags, _Unset) else check_tags(tags)
+        new_scope = None if isinstance(scope, _Unset) else check_scope(scope)
+        new_author = UNSET if isinstance(author, _Unset) else check_author(author)
+        current = self.get(entry_id)
+        if current is None:
+            return None
+        current_tag_text = _tag_text(current.tags)
+        self._refresh_foreign()
+        content_changed = new_content is not None and new_content != current.content
+        vector: FloatArray | None = None
+        embedded_ok = True
+        if content_changed and self._vectors_writable():
+            assert new_content is not None
+            array = self._embed([new_content])
+            embedded_ok = array is not None
+            vector = None if array is None else array[0]
+        final_content = new_content if new_content is not None else current.content
+        final_category = new_category or current.category
+        final_scope = new_scope or current.scope
+        digest = text_hash(final_content)
+        with self._db.transaction():
+            other = self._db.scalar(
+                f"SELECT id FROM {TABLE} WHERE content_hash = ? AND category = ? AND scope = ? AND id != ?",
+                (digest, final_category, final_scope, entry_id),
+            )
+            if other is not None:
+                raise InvalidInputError(
+                    f"update of entry {entry_id} would duplicate entry {other} "
+                    "(same content, category and scope)"
+                )
+            if self._db.scalar(f"SELECT 1 FROM {TABLE} WHERE id = ?", (entry_id,)) is None:
+                return None
+            sets = ["updated_at = ?", "category = ?", "scope = ?"]
+            params: list[Any] = [self.clock(), final_category, final_scope]
+            tag_text = None if new_tags is None else _tag_text(new_tags)
+            if content_changed:
+                sets += ["content = ?", "content_hash = ?", "ident = ?"]
+                params += [final_content, digest, identifier_words(final_content)]
+            if tag_text is not None:
+                sets.append("tag_text = ?")
+                params.append(tag_text)
+            if content_changed or tag_text is not None:
+                # only text changes touch the full-text indexes (a 1 MB entry is costly to reindex)
+                sets.append("cjk = ?")
+                params.append(
+                    _cjk_text(final_content, tag_text if tag_text is not None else current_tag_text)
+                )
+            if not isinstance(new_author, _Unset):
+                sets.append("author = ?")
+                params.append(new_author)
+            if new_tags is not None:
+                self._db.execute(f"DELETE FROM {TABLE}_tags WHERE entry_id = ?", (entry_id,))
+                self._db.executemany(
+                    f"INSERT INTO {TABLE}_tags(entry_id, key, value) VALUES (?, ?, ?)",
+                    [(entry_id, k, v) for k, v in new_tags.items()],
+                )
+            self._db.execute(f"UPDATE {TABLE} SET {', '.join(sets)} WHERE id = ?", (*params, entry_id))
+            if content_changed or tag_text is not None:
+                self._db.on_rollback(self._bm25.reset)
+                self._bm25.changed([entry_id])
+            self._update_vector(entry_id, content_changed, vector, final_category, current.category)
+        if embedded_ok and content_changed:
+            self._catch_up()
+        return self.get(entry_id)
+
+    def _update_vector(
+        self,
+        entry_id: int,
+        content_changed: bool,
+        vector: FloatArray | None,
+        category: str,
+        old_category: str,
+    ) -> None:
+        if vector is not None:
+            assert self._vectors is not None
+            self._vectors.upsert_many([entry_id], vector.reshape(1, -1), [{"category": category}])
+            self._db.execute(f"UPDATE {TABLE} SET vector_pending = 0 WHERE id = ?", (entry_id,))
+        elif content_changed:
+            # the old vector describes old text: drop it, compute the new one later
+            if self._vectors is not None:
+                self._vectors.delete_many([entry_id])
+            self._db.execute(f"UPDATE {TABLE} SET vector_pending = 1 WHERE id = ?", (entry_id,))
+        elif category != old_category and self._vectors is not None:
+            stored = self._vectors.get(entry_id) if self._vectors.available else None
+            if stored is not None and not self._rebuild_needed and self._foreign_model is None:
+                self._vectors.upsert_many([entry_id], stored.reshape(1, -1), [{"category": category}])
+            elif self._db.scalar(f"SELECT vector_pending FROM {TABLE} WHERE id = ?", (entry_id,)) == 0:
+                # the vector cannot be reached now: rewrite it (with its new category) later
+                self._vectors.delete_many([entry_id])
+                self._db.execute(f"UPDATE {TABLE} SET vector_pending = 1 WHERE id = ?", (entry_id,))
+
+    def delete(self, id: int) -> bool:
+        """Delete an entry: ``True`` if it existed, ``False`` otherwise."""
+        self._check_open()
+        entry_id = check_row_id(id)
+        with self._db.transaction():
+            gone = self._db.execute(f"DELETE FROM {TABLE} WHERE id = ?", (entry_id,)).rowcount > 0
+            if gone:
+                self._db.on_rollback(self._bm25.reset)
+                self._bm25.removed([entry_id])
+            if gone and self._vectors is not None:
+                self._vectors.delete_many([entry_id])
+        return bool(gone)

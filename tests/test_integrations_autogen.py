@@ -1,0 +1,72 @@
+"""AutoGen's Memory on memstrata (memstrata.integrations.autogen), with the real framework."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("autogen_core", reason="the autogen extra is not installed")
+
+from autogen_core.memory import MemoryContent, MemoryMimeType
+from autogen_core.model_context import BufferedChatCompletionContext
+from autogen_core.models import SystemMessage, UserMessage
+from memstrata.integrations.autogen import MemstrataMemory, MemstrataMemoryConfig
+
+from memstrata.errors import InvalidInputError
+from memstrata.testing import HashEmbedder
+
+
+def test_metadata_of_any_json_type_is_kept_as_is(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        config = MemstrataMemoryConfig(collection_name="c", persistence_path=str(tmp_path), k=2)
+        memory = MemstrataMemory(config, embedder=HashEmbedder())
+        meta = {"n": 3, "w": 0.5, "ok": True, "tags": ["a", "b"], "nested": {"x": None}}
+        await memory.add(
+            MemoryContent(content="the cellar key hangs by the door", mime_type="text/plain", metadata=meta)
+        )
+        await memory.add(MemoryContent(content={"city": "Lyon"}, mime_type=MemoryMimeType.JSON))
+        found = await memory.query("where is the cellar key")
+        top = found.results[0]
+        assert top.content == "the cellar key hangs by the door"
+        assert {k: v for k, v in (top.metadata or {}).items() if k != "score"} == meta
+        assert isinstance((top.metadata or {})["score"], float)
+        await memory.close()
+        reopened = MemstrataMemory(config, embedder=HashEmbedder())
+        assert len((await reopened.query("Lyon")).results) == 2
+        await reopened.clear()
+        assert (await reopened.query("Lyon")).results == []
+        await reopened.close()
+
+    asyncio.run(scenario())
+
+
+def test_threshold_context_update_reset_and_config_round_trip() -> None:
+    async def scenario() -> None:
+        memory = MemstrataMemory(MemstrataMemoryConfig(score_threshold=0.5), embedder=HashEmbedder())
+        await memory.add(
+            MemoryContent(content="Jupiter is the largest planet", mime_type=MemoryMimeType.TEXT)
+        )
+        assert (await memory.query("sourdough starter feeding")).results == []
+        context = BufferedChatCompletionContext(buffer_size=5)
+        await context.add_message(UserMessage(content="Jupiter is the largest planet?", source="user"))
+        result = await memory.update_context(context)
+        assert len(result.memories.results) == 1
+        messages = await context.get_messages()
+        assert isinstance(messages[-1], SystemMessage) and "Jupiter" in messages[-1].content
+        with pytest.raises(InvalidInputError, match="allow_reset"):
+            await memory.reset()
+        with pytest.raises(InvalidInputError, match="Unsupported content type"):
+            await memory.add(MemoryContent(content=b"raw", mime_type=MemoryMimeType.BINARY))
+        with pytest.raises(InvalidInputError, match="JSON content must be a dict"):
+            await memory.add(MemoryContent(content="x", mime_type=MemoryMimeType.JSON))
+        dumped = memory.dump_component()
+        assert dumped.config["score_threshold"] == 0.5
+        assert dumped.provider == "memstrata.integrations.autogen.MemstrataMemory"
+        loaded = MemstrataMemory.load_component(dumped)
+        assert isinstance(loaded, MemstrataMemory) and loaded.collection_name == "memstrata_memory"
+        await memory.close()
+        await loaded.close()
+
+    asyncio.run(scenario())

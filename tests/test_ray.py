@@ -1,0 +1,175 @@
+"""The Ray engine on a real two-node Ray cluster on loopback (``ray.cluster_utils.Cluster``).
+
+One cluster for the module (starting one takes ~8 s on the 2-core machine); agents are pinned to
+the nodes by custom resources, so where each actor runs is known, not left to chance.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memstrata import Config, ConfigError, MemorySystem
+from memstrata.testing import HashEmbedder
+
+ray = pytest.importorskip("ray", reason="the memstrata[ray] extra is not installed")
+cluster_utils = pytest.importorskip("ray.cluster_utils")
+
+NAMESPACE = "memstrata-test"
+AGENTS = ("a0", "a1", "a2", "a3")
+PINS = tuple(f"{a}=resource:node_{'ab'[i % 2]}" for i, a in enumerate(AGENTS))
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    made = cluster_utils.Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"node_a": 1}}
+    )
+    made.add_node(num_cpus=1, resources={"node_b": 1})
+    made.wait_for_nodes()
+    ray.init(address=made.address, namespace=NAMESPACE, log_to_driver=False)
+    try:
+        yield made
+    finally:
+        ray.shutdown()
+        made.shutdown()
+
+
+def _config(data_dir: Path, address: str, **more: Any) -> Config:
+    return Config.load(
+        env={},
+        data_dir=data_dir,
+        cluster__engine="ray",
+        cluster__address=address,
+        cluster__namespace=NAMESPACE,
+        cluster__pins=list(PINS),
+        cluster__placement="resource:node_b",  # blackboards and the shared store: the second node
+        **more,
+    )
+
+
+def _where(name: str) -> tuple[str, int]:
+    node, pid = ray.get(ray.get_actor(name, namespace=NAMESPACE).where.remote(), timeout=30)
+    return str(node), int(pid)
+
+
+def test_cluster_config_is_checked_and_read_from_the_environment() -> None:
+    config = Config.load(env={"MEMSTRATA_CLUSTER__ENGINE": "ray", "MEMSTRATA_CLUSTER__PINS": "a=resource:n"})
+    assert config.cluster.engine == "ray"
+    assert config.cluster.placement_of("a") == "resource:n"
+    assert config.cluster.placement_of("b") == "spread"
+    for env, key in (
+        ({"MEMSTRATA_CLUSTER__ENGINE": "spark"}, "cluster.engine"),
+        ({"MEMSTRATA_CLUSTER__ADDRESS": "nowhere"}, "cluster.address"),
+        ({"MEMSTRATA_CLUSTER__PLACEMENT": "resource:"}, "cluster.placement"),
+        ({"MEMSTRATA_CLUSTER__PINS": "a1"}, "cluster.pins"),
+        ({"MEMSTRATA_CLUSTER__GROUP": "node"}, "cluster.group"),
+    ):
+        with pytest.raises(ConfigError, match=key.replace(".", r"\.")) as caught:
+            Config.load(env=env)
+        assert "\n" not in str(caught.value)
+
+
+def test_agents_on_two_nodes_share_memory_with_a_second_driver(cluster: Any, data_dir: Path) -> None:
+    config = _config(data_dir, cluster.address)
+    system = MemorySystem.start(config, embedder=HashEmbedder())
+    try:
+        agents = [system.agent(a) for a in AGENTS]
+        for agent in agents:
+            agent.store_knowledge(
+                f"the deploy key of {agent.id} lives in vault {agent.id}-v", category="fact"
+            )
+        system.agent("a0").store_knowledge("every agent deploys on fridays", shared=True)
+        # each agent's actors run where its pin says: both nodes are used
+        nodes = {a: _where(f"agent:{a}")[0] for a in AGENTS}
+        assert nodes["a0"] == nodes["a2"] != nodes["a1"] == nodes["a3"]
+        for agent in agents:
+            hits = agent.query_knowledge("deploy key vault")
+            contents = [h.entry.content for h in hits]
+            assert f"the deploy key of {agent.id} lives in vault {agent.id}-v" in contents
+            assert "every agent deploys on fridays" in contents  # the shared store, one named actor
+        prompt = system.agent("a1").begin_task("t1", "rotate the deploy key in the vault")
+        assert not prompt.fallback, prompt.reason
+        assert "a1-v" in prompt.text
+        queued = system.agent("a1").complete_task("t1", "rotated the key in vault a1-v")
+        assert queued.outbox_id > 0
+        assert system.wait_idle(30)
+        assert [e.task_run_id for e in system.agent("a1").list_episodes()] == ["t1"]
+        pid = _where("agent:a1")[1]
+
+        # a second driver process joins the cluster and reaches the same actors (no second copy)
+        script = (
+            "import json, sys\n"
+            "from memstrata import Config, MemorySystem\n"
+            "from memstrata.testing import HashEmbedder\n"
+            "import ray\n"
+            f"config = Config.load(env={{}}, data_dir={str(data_dir)!r}, cluster__engine='ray', "
+            f"cluster__address={cluster.address!r}, cluster__namespace={NAMESPACE!r}, "
+            f"cluster__pins={list(PINS)!r}, cluster__placement='resource:node_b')\n"
+            "with MemorySystem.start(config, embedder=HashEmbedder()) as system:\n"
+            "    hits = system.agent('a1').query_knowledge('deploy key vault', include_shared=False)\n"
+            "    episodes = system.agent('a1').list_episodes()\n"
+            "    system.blackboard('s1').publish('build.status', 'green', 'a3', wait=True)\n"
+            "    node, pid = ray.get(ray.get_actor('agent:a1', namespace=%r).where.remote())\n"
+            "    print(json.dumps({'hits': [h.entry.content for h in hits], "
+            "'episodes': [e.task_run_id for e in episodes], 'pid': pid}))\n" % NAMESPACE
+        )
+        board = system.blackboard("s1")
+        got: list[Any] = []
+        arrived = threading.Event()
+
+        def on_signal(signal: Any) -> None:
+            got.append(signal)
+            arrived.set()
+
+        subscription = board.subscribe("build.*", on_signal)
+        board_node = _where("blackboard:s1")[0]
+        assert board_node != ray.get_runtime_context().get_node_id()  # the board is on the other node
+        done = subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=90,
+            cwd=data_dir,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        seen = json.loads(done.stdout.strip().splitlines()[-1])
+        # the other driver sees what this one stored, and the task's write-back
+        assert set(seen["hits"]) == {
+            "the deploy key of a1 lives in vault a1-v",
+            "rotated the key in vault a1-v",
+        }
+        assert seen["episodes"] == ["t1"]
+        assert seen["pid"] == pid
+        # the signal published by the other driver reaches this process's subscriber
+        assert arrived.wait(30)
+        assert [(s.key, s.value) for s in got] == [("build.status", "green")]
+        assert subscription.unsubscribe()
+        assert system.status()["embedding"]["keyword_only"] is False  # status answers with Ray too
+    finally:
+        report = system.stop(30)
+    assert report.drained
+
+
+def test_one_senders_messages_keep_their_order_through_ray(cluster: Any, data_dir: Path) -> None:
+    """Ray may run a threaded actor's calls out of order; the host restores each sender's order."""
+    with MemorySystem.start(_config(data_dir, cluster.address), embedder=HashEmbedder()) as system:
+        board = system.blackboard("order")
+        for i in range(300):
+            board.publish("counter", i)  # fire and forget: nothing waits between them
+        assert board.publish("counter", 300, wait=True) == 301
+        assert board.get("counter") == 300
+
+
+def test_a_missing_ray_extra_is_a_clear_config_error(monkeypatch: pytest.MonkeyPatch, data_dir: Path) -> None:
+    monkeypatch.setitem(sys.modules, "memstrata.actors._ray_runtime", None)
+    with pytest.raises(ConfigError, match=r"memstrata\[ray\]"):
+        MemorySystem.start(_config(data_dir, "auto"), embedder=HashEmbedder())
