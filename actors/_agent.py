@@ -25,7 +25,6 @@ import dataclasses
 import functools
 import itertools
 import logging
-import re
 from collections import Counter
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from typing import Any
 
 from memstrata.core.constants import EMBED_CHARS  # what a query's vector is made of
 from memstrata.core.errors import AgentDegradedError, EmbeddingError, InvalidInputError, SystemStoppedError
+from memstrata.core.validation import check_content
 from memstrata.storage import prefetch_query
 
 from ._base import DEFERRED, MemoryActor, set_result
@@ -60,7 +60,6 @@ __all__ = ["AgentActor", "describe_error"]
 log = logging.getLogger("memstrata.actors")
 
 _MAX_OPEN_TASKS = 10_000
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 _PART_LABELS = {
     "own": "knowledge query",
     "shared": "shared knowledge query",
@@ -232,9 +231,15 @@ class AgentActor(MemoryActor):
         own = self._exists("knowledge", self.key)
         shared = config.include_shared and self._exists("knowledge", SHARED)
         episodes = retrieval.episodes_wanted > 0 and self._exists("episodic", self.key)
-        if self.runtime.embedder is not None and (own or shared or episodes):
-            # computed while the agent's store ranks by keywords
-            prefetch_query(self.runtime.embedder, text[:EMBED_CHARS])
+        # computed while the stores rank by keywords: the agent's own stores embed the query
+        # with its model, the shared store with the shared one (the same service unless the
+        # agent's [embedding] names another)
+        mine = self.runtime.embedder_for(self.key) if own or episodes else None
+        if mine is not None:
+            prefetch_query(mine, text[:EMBED_CHARS])
+        common = self.runtime.embedder_for(SHARED) if shared else None
+        if common is not None and common is not mine:
+            prefetch_query(common, text[:EMBED_CHARS])
         query = QueryKnowledge(
             self.key,
             text,
@@ -364,14 +369,11 @@ class AgentActor(MemoryActor):
     # -- write-back ----------------------------------------------------------------------------
 
     def _checked_outcome(self, kind: str, text: str) -> str:
-        # a lone surrogate cannot be stored as text by every layer: keep the rest, mark the spot
-        text = _LONE_SURROGATE.sub("\ufffd", text)
-        limit = self.runtime.config.max_content_bytes
-        size = len(text.encode("utf-8", "surrogatepass"))
-        if size > limit:
-            what = "summary" if kind == "completed" else "reason"
-            raise InvalidInputError(f"task {what} is {size} bytes, more than max_content_bytes={limit}")
-        return text
+        """The outcome's text as the stores will keep it (lone surrogates become U+FFFD), or the
+        error they would give: the one rule (:func:`check_content`), checked before the outbox
+        acknowledges, so nothing acknowledged is refused by a store later."""
+        name = "TaskCompleted.summary" if kind == "completed" else "TaskFailed.reason"
+        return check_content(text, name, max_bytes=self.runtime.config.max_content_bytes)
 
     def _write_back(self, kind: str, task_id: str, text: str) -> WriteBackQueued:
         text = self._checked_outcome(kind, text)

@@ -41,13 +41,14 @@ from memstrata.core.errors import (
     AgentDegradedError,
     InvalidInputError,
     MemstrataError,
+    ReadOnlyError,
     StorageError,
     SystemStoppedError,
 )
 from memstrata.storage import connection_defaults
 
 if TYPE_CHECKING:
-    from memstrata.core.config import Config
+    from memstrata.core.config import Config, EmbeddingConfig
     from memstrata.storage import Embedder
 
     from ._clock import Clock, IdSource
@@ -194,6 +195,9 @@ class ActorRuntime(Protocol):
     def stores(self) -> Any: ...  # a ``_stores.StoreFactory`` (naming it here would close the cycle)
 
     def config_actors(self, name: str) -> Any: ...
+    def embedding_of(self, agent_id: str) -> tuple[Embedder | None, str | None]: ...
+    def embedder_for(self, agent_id: str) -> Embedder | None: ...
+    def embedding_settings(self, agent_id: str) -> EmbeddingConfig: ...
     def path(self, kind: str, key: str) -> Path: ...
     def workspace_of(self, agent_id: str, *, key: str | None = None) -> Path | None: ...
     def codebase_root(self, name: str) -> Path: ...
@@ -258,6 +262,8 @@ class MemoryActor(pykka.ThreadingActor):
     def on_start(self) -> None:
         try:
             self.layer = self._open()
+        except ReadOnlyError as exc:  # not a crash: the next request gets this error in one line
+            log.debug("%s cannot open its store yet: %s", self, exc)
         except Exception as exc:  # reopened on the next message; counted like a crash
             self._crashed(exc, "opening")
         finally:

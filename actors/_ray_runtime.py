@@ -116,7 +116,7 @@ class RayRuntime(Runtime):
     """A :class:`Runtime` whose agent and session actors live in hosts on a Ray cluster.
 
     ``local``: the ``(kind, key)`` pairs whose pykka actors run in this process (a host's own);
-    ``None`` in a driver. ``model``: the embedder the node embedders use (``None``: the configured
+    empty in a driver. ``model``: the embedder the node embedders use (``None``: the configured
     model, loaded once per node).
     """
 
@@ -234,6 +234,7 @@ class RayRuntime(Runtime):
         if isinstance(exc, ray.exceptions.RayActorError | ray.exceptions.ActorUnavailableError):
             with self._lock:
                 self._hosts.pop(ref.name, None)  # the next request looks the actor up again
+            with self._submit:
                 self._sequence.pop(ref.name, None)  # and numbers from 0 for the restarted host
             return ActorCrashedError(f"{ref} died or its node is gone: {type(exc).__name__}: {exc}")
         return ActorCrashedError(f"{ref}: {type(exc).__name__}: {exc}")

@@ -1,6 +1,6 @@
 """The runtime: one system's actor tree, its shared services, and message routing.
 
-It holds what every actor of a system shares (configuration, the embedding service, the clock,
+It holds what every actor of a system shares (configuration, the embedding services, the clock,
 the activity counter, the timer, the restart policy) and the four supervisors, routes each public
 message to the actor that owns its agent or session (creating it on first use), and stops the
 tree in an order that loses nothing: wait until every mailbox is drained (write-backs included),
@@ -21,14 +21,14 @@ from pathlib import Path
 from typing import Any, cast
 
 import pykka
-from memstrata.core.config import Config
+from memstrata.core.config import Config, EmbeddingConfig
 from memstrata.core.errors import (
     ConfigError,
     InvalidInputError,
     RequestTimeoutError,
     SystemStoppedError,
 )
-from memstrata.storage import Embedder
+from memstrata.storage import Embedder, load_embedder
 
 from ._agent import describe_error
 from ._base import Envelope, Status, Supervision
@@ -36,6 +36,8 @@ from ._blackboard import SubscribeWithCallback
 from ._clock import Clock, IdSource
 from ._concurrency import Activity, Scheduler
 from ._embedding import BatchingEmbedder
+from ._items_actor import ITEMS_KEY
+from ._msg_items import ITEM_REQUESTS
 from ._outbox import has_pending, new_owner, pending_count, release_owner
 from ._prompt import fallback_prompt, merge_hits
 from ._stores import BoundedSearch, Searched, StoreFactory
@@ -84,7 +86,10 @@ from .messages import (
     check_agent_id,
 )
 
-__all__ = ["Runtime", "StopReport", "route"]
+__all__ = ["ModelLoader", "Runtime", "StopReport", "load_model", "route"]
+
+# loads the model an ``[embedding]`` section names (an agent's override); tests pass their own
+ModelLoader = Callable[[EmbeddingConfig], Embedder]
 
 log = logging.getLogger("memstrata.actors")
 
@@ -92,6 +97,7 @@ _SUPERVISOR_OF = {
     "knowledge": "knowledge",
     "episodic": "memory",
     "working": "memory",
+    "items": "memory",
     "blackboard": "blackboard",
     "agent": "agent",
     "workspace": "files",
@@ -149,6 +155,8 @@ def route(message: Message) -> tuple[str, str]:
         return "working", message.agent_id
     if isinstance(message, _BOARD_REQUESTS):
         return "blackboard", message.session_id
+    if isinstance(message, ITEM_REQUESTS):
+        return "items", ITEMS_KEY
     if isinstance(message, TaskAssigned | TaskCompleted | TaskFailed):
         if message.agent_id is None:
             raise InvalidInputError(
@@ -156,6 +164,25 @@ def route(message: Message) -> tuple[str, str]:
             )
         return "agent", message.agent_id
     raise InvalidInputError(f"{type(message).__name__} is not a request a memory actor handles")
+
+
+def load_model(settings: EmbeddingConfig) -> Embedder:
+    """The model an ``[embedding]`` section names (``default``: the packaged one)."""
+    model = settings.model
+    return load_embedder(
+        None if model in ("", "default") else model, dim=settings.dim, threads=settings.threads
+    )
+
+
+def _model_key(settings: EmbeddingConfig) -> tuple[Any, ...]:
+    """What makes two ``[embedding]`` sections the same model."""
+    model = "default" if settings.model in ("", "default") else settings.model
+    return (model, settings.dim, settings.threads)
+
+
+def _service_key(settings: EmbeddingConfig) -> tuple[Any, ...]:
+    """What makes two ``[embedding]`` sections the same embedding service (model and batching)."""
+    return (*_model_key(settings), settings.batch_size, settings.max_batch_wait_ms)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -180,12 +207,18 @@ class Runtime:
         embedder_note: str | None = None,
         owns_embedder: bool = True,
         ids: IdSource | None = None,
+        model_loader: ModelLoader | None = None,
     ) -> None:
         self.config = config
         self.data_dir = Path(config.data_dir)
         self.embedder = embedder
         self.embedder_note = embedder_note
         self._owns_embedder = owns_embedder
+        self._model_loader: ModelLoader = model_loader or load_model
+        # per-agent embedding services, one per distinct [agents.<id>.embedding] setting:
+        # service key -> (service or None, why keyword-only); made on first use, closed on stop
+        self._services: dict[tuple[Any, ...], tuple[BatchingEmbedder | None, str | None]] = {}
+        self._services_lock = threading.Lock()  # held while a model loads: one load per setting
         self.clock = clock
         self.ids = ids if ids is not None else IdSource()
         self.stores = stores
@@ -255,6 +288,82 @@ class Runtime:
         with self._lock:
             self._workspaces[agent_id] = root
         return root
+
+    # -- embedding -----------------------------------------------------------------------------
+
+    def embedding_of(self, agent_id: str) -> tuple[Embedder | None, str | None]:
+        """The embedding service of an agent's stores, workspace and queries, and why it is
+        ``None`` (keyword-only). The shared service unless ``[agents.<id>.embedding]`` names
+        another setting; then one service per distinct setting, shared by every agent with it,
+        made on first use. The shared store always uses the shared one, and so does an agent
+        whose setting names the shared model when that could not be loaded."""
+        shared = self.embedder, None if self.embedder is not None else (self.embedder_note or "keyword-only")
+        settings = self.embedding_settings(agent_id)
+        key = _service_key(settings)
+        if key == _service_key(self.config.embedding):
+            return shared
+        if self.embedder is None and _model_key(settings) == _model_key(self.config.embedding):
+            return shared
+        with self._services_lock:
+            made = self._services.get(key)
+            if made is None:
+                if self._stopped.is_set():
+                    raise SystemStoppedError("the memory system is stopped")
+                made = self._services[key] = self._new_service(settings)
+        return made
+
+    def embedding_settings(self, agent_id: str) -> EmbeddingConfig:
+        """The ``[embedding]`` section an agent's stores use: its own, else the system's (always
+        the system's for the shared store)."""
+        settings = self.config.agent_sections.get(agent_id, {}).get("embedding")
+        if agent_id == SHARED or not isinstance(settings, EmbeddingConfig):
+            return self.config.embedding
+        return settings
+
+    def embedder_for(self, agent_id: str) -> Embedder | None:
+        """:meth:`embedding_of` without the reason."""
+        return self.embedding_of(agent_id)[0]
+
+    def _new_service(self, settings: EmbeddingConfig) -> tuple[BatchingEmbedder | None, str | None]:
+        """A batching service for ``settings``: around the shared model when only the batching
+        differs, else around the model loaded for it (none: keyword-only, with the reason)."""
+        inner: Embedder | None = None
+        if _model_key(settings) == _model_key(self.config.embedding):
+            shared = self.embedder
+            inner = shared.inner if isinstance(shared, BatchingEmbedder) else shared
+        if inner is None:
+            try:
+                inner = self._model_loader(settings)
+            except Exception as exc:  # EmbedderUnavailableError, or a loader's own fault
+                log.warning("embedding model %r could not be loaded: %s", settings.model, exc)
+                return None, f"keyword-only: embedding model {settings.model!r} could not be loaded ({exc})"
+        service = BatchingEmbedder(
+            inner,
+            batch_size=settings.batch_size,
+            max_batch_wait_ms=settings.max_batch_wait_ms,
+            call_timeout_s=self.config.actors.embed_timeout_s,
+        )
+        return service, None
+
+    def embedding_services(self) -> list[tuple[tuple[str, ...], Embedder | None, str | None]]:
+        """Each embedding service with the agents configured to use it (the shared one first,
+        its agents not listed) and, for one that could not be made, why."""
+        found: list[tuple[tuple[str, ...], Embedder | None, str | None]] = [
+            ((), self.embedder, self.embedder_note)
+        ]
+        with self._services_lock:
+            services = dict(self._services)
+        for key, (service, note) in services.items():
+            agents = tuple(
+                sorted(
+                    agent_id
+                    for agent_id, sections in self.config.agent_sections.items()
+                    if isinstance(sections.get("embedding"), EmbeddingConfig)
+                    and _service_key(sections["embedding"]) == key
+                )
+            )
+            found.append((agents, service, note))
+        return found
 
     def codebase_root(self, name: str) -> Path:
         root = self._codebases.get(name)
@@ -511,9 +620,13 @@ class Runtime:
                     )
             self._stopped.set()
             release_owner(self.instance)
+            with self._services_lock:
+                services = [service for service, _ in self._services.values() if service is not None]
             if self._owns_embedder and isinstance(self.embedder, BatchingEmbedder):
+                services.insert(0, self.embedder)
+            for service in services:
                 # a stuck model call is left to its daemon thread: stop() does not wait for it
-                self.embedder.close(timeout=max(0.0, limit - (time.monotonic() - started)))
+                service.close(timeout=max(0.0, limit - (time.monotonic() - started)))
             self.scheduler.close()
             return StopReport(drained, tuple(late), time.monotonic() - started, self._left())
 

@@ -9,7 +9,7 @@ Nothing else: the layers hold the logic.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -19,10 +19,11 @@ import numpy.typing as npt
 from memstrata.core.config import Config
 from memstrata.core.constants import EMBED_CHARS  # what a knowledge entry's vector is made of
 from memstrata.core.errors import EmbeddingError, InvalidInputError
+from memstrata.core.validation import check_content
 from memstrata.storage import Embedder, embed_documents
 from memstrata.storage._embedding import embed_deadline, embed_time_left
 
-from ._base import MemoryActor
+from ._base import ActorRuntime, MemoryActor
 from .messages import (
     ArchiveEpisodes,
     ClearWorkingMemory,
@@ -78,7 +79,8 @@ __all__ = [
 class StoreFactory(Protocol):
     """Opens the persistent layers; tests pass their own to inject faults.
 
-    ``embedder`` is the shared embedding service, or ``None`` when no model could be loaded (the
+    ``embedder`` is the agent's embedding service (the shared one unless its
+    ``[agents.<id>.embedding]`` names another), or ``None`` when no model could be loaded (the
     layers then run keyword-only and say so in their status).
     """
 
@@ -167,8 +169,12 @@ _CATCH_UP_FIRST_S = 0.25  # first retry of pending vectors after a write left so
 _CATCH_UP_MAX_S = 30.0  # backoff cap while the model stays faulty
 
 
-def _content_bytes(text: str) -> int:
-    return len(text.encode("utf-8", "surrogatepass"))
+def _layer_config(runtime: ActorRuntime, key: str) -> Config:
+    """The config a store of ``key`` opens with: the system's, with the agent's ``[embedding]``,
+    the model a store left keyword-only (its model could not be loaded) tries again."""
+    settings = runtime.embedding_settings(key)
+    config = runtime.config
+    return config if settings == config.embedding else replace(config, embedding=settings)
 
 
 class _PersistentActor(MemoryActor):
@@ -234,12 +240,15 @@ class _PersistentActor(MemoryActor):
             return True, None
         return False, None
 
-    def _check_size(self, text: str, what: str) -> None:
-        limit = self.runtime.config.max_content_bytes
-        if _content_bytes(text) > limit:
-            raise InvalidInputError(
-                f"{what} is {_content_bytes(text)} bytes, more than max_content_bytes={limit}"
-            )
+    def _refused(self, text: str, what: str) -> InvalidInputError | None:
+        """Why the layer would refuse ``text`` (the one rule, :func:`check_content`), so one bad
+        message of a batch fails alone and the others still share one transaction. Messages
+        handled alone are checked by the layer only."""
+        try:
+            check_content(text, what, max_bytes=self.runtime.config.max_content_bytes)
+        except InvalidInputError as exc:
+            return exc
+        return None
 
     def status(self) -> dict[str, Any]:
         base = super().status()
@@ -260,7 +269,9 @@ class KnowledgeStoreActor(_PersistentActor):
     def open_layer(self) -> Any:
         runtime = self.runtime
         layer = runtime.stores.open_knowledge(
-            runtime.path("knowledge", self.key), runtime.embedder, runtime.config
+            runtime.path("knowledge", self.key),
+            runtime.embedder_for(self.key),
+            _layer_config(runtime, self.key),
         )
         if hasattr(layer, "clock"):  # entries are dated by the system's clock (simulations replay)
             clock = runtime.clock
@@ -278,10 +289,9 @@ class KnowledgeStoreActor(_PersistentActor):
         items: list[dict[str, Any]] = []
         where: list[int] = []
         for index, message in enumerate(messages):
-            try:
-                self._check_size(message.content, "StoreKnowledge.content")
-            except InvalidInputError as exc:
-                results[index] = exc
+            refused = self._refused(message.content, "StoreKnowledge.content")
+            if refused is not None:
+                results[index] = refused
                 continue
             where.append(index)
             items.append(
@@ -310,7 +320,6 @@ class KnowledgeStoreActor(_PersistentActor):
         if isinstance(message, ImportRecords):
             return self._import(message.records)
         if isinstance(message, StoreKnowledge):
-            self._check_size(message.content, "StoreKnowledge.content")
             entry_id = layer.add(
                 message.content,
                 category=message.category,
@@ -353,7 +362,6 @@ class KnowledgeStoreActor(_PersistentActor):
         and refuses a change that would duplicate another entry."""
         changes: dict[str, Any] = {}
         if message.content is not None:
-            self._check_size(message.content, "UpdateKnowledge.content")
             changes["content"] = message.content
         for name in ("category", "tags", "scope"):
             value = getattr(message, name)
@@ -396,7 +404,6 @@ class KnowledgeStoreActor(_PersistentActor):
         added = 0
         try:
             for record in sorted(records, key=lambda r: int(r.get("id", 0))):
-                self._check_size(str(record["content"]), "knowledge content")
                 args = {
                     "category": record["category"],
                     "tags": record.get("tags") or None,
@@ -424,7 +431,10 @@ class EpisodicActor(_PersistentActor):
     def open_layer(self) -> Any:
         runtime = self.runtime
         layer = runtime.stores.open_episodic(
-            runtime.path("episodic", self.key), runtime.embedder, runtime.config, runtime.clock.now
+            runtime.path("episodic", self.key),
+            runtime.embedder_for(self.key),
+            _layer_config(runtime, self.key),
+            runtime.clock.now,
         )
         if hasattr(layer, "new_uuid") and runtime.ids.seed is not None:
             # seeded ids continue after what the store holds, so a restart never reuses one
@@ -446,10 +456,11 @@ class EpisodicActor(_PersistentActor):
         return None
 
     def _shared_vectors(self, messages: Sequence[StoreMemory]) -> list[FloatArray | None]:
-        """Vectors of write-back episodes: their content through the shared embedding service,
-        which computes each text once for the knowledge entry and the episode. ``None`` where
-        the layer embeds by itself (another embedder, keyword-only, or the model failed)."""
-        embedder: Embedder | None = self.runtime.embedder
+        """Vectors of write-back episodes: their content through the agent's embedding service
+        (its knowledge store's too), which computes each text once for the knowledge entry and
+        the episode. ``None`` where the layer embeds by itself (another embedder, keyword-only,
+        or the model failed)."""
+        embedder: Embedder | None = self.runtime.embedder_for(self.key)
         own: object = getattr(self.layer, "embedder", None)
         if not messages or embedder is None or own is not embedder:
             return [None] * len(messages)
@@ -479,10 +490,11 @@ class EpisodicActor(_PersistentActor):
         shared: list[tuple[int, StoreMemory]] = []
         for index, message in enumerate(messages):
             original = message.message if isinstance(message, WriteBackEpisode) else message
-            try:
-                self._check_size(original.content, "StoreMemory.content")
-            except InvalidInputError as exc:
-                results[index] = exc
+            refused = None  # a write-back's text passed the same rule before its outbox acknowledged it
+            if original is message:
+                refused = self._refused(original.content, "StoreMemory.content")
+            if refused is not None:
+                results[index] = refused
                 continue
             (shared if isinstance(message, WriteBackEpisode) else plain).append((index, original))
         vectors = self._shared_vectors([m for _, m in shared])
@@ -511,13 +523,11 @@ class EpisodicActor(_PersistentActor):
                 for episode in layer.timeline(task_run_id=original.task_run_id, limit=10_000):
                     if episode.content == original.content and episode.title == original.title:
                         return MemoryStored(self.key, int(episode.id))
-            self._check_size(original.content, "StoreMemory.content")
             vector = self._shared_vectors([original])[0]
             episode_id = layer.record_many([self._item(original, vector)])[0]
             self.after_write()
             return MemoryStored(self.key, int(episode_id))
         if isinstance(message, StoreMemory):
-            self._check_size(message.content, "StoreMemory.content")
             episode_id = layer.record(
                 message.content,
                 title=message.title,
@@ -614,7 +624,6 @@ class EpisodicActor(_PersistentActor):
                 uuid = str(record.get("uuid") or "")
                 if record.get("archive") or (uuid and uuid in present):
                     continue
-                self._check_size(str(record["content"]), "episode content")
                 if uuid and saved is not None:
                     layer.new_uuid = lambda uuid=uuid: uuid
                 layer.record(

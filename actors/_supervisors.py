@@ -22,6 +22,7 @@ from memstrata.core.errors import SystemStoppedError
 from ._agent import AgentActor
 from ._base import MemoryActor
 from ._blackboard import BlackboardActor
+from ._items_actor import ItemsActor
 from ._stores import EpisodicActor, KnowledgeStoreActor, WorkingMemoryActor
 from ._workspace import CodebaseActor, WorkspaceActor
 
@@ -130,11 +131,12 @@ class KnowledgeSupervisor(Supervisor):
 
 
 class MemorySupervisor(Supervisor):
-    """Parent of every ``EpisodicActor`` and ``WorkingMemoryActor``."""
+    """Parent of every ``EpisodicActor`` and ``WorkingMemoryActor``, and of the ``ItemsActor``."""
 
     child_kinds: ClassVar[dict[str, type[MemoryActor]]] = {
         "episodic": EpisodicActor,
         "working": WorkingMemoryActor,
+        "items": ItemsActor,
     }
 
 

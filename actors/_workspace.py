@@ -26,13 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from memstrata.core.config import Config
-from memstrata.core.errors import ConfigError, EmbedderUnavailableError, MemstrataError
-from memstrata.storage import Embedder, load_embedder
+from memstrata.core.errors import ConfigError, MemstrataError
+from memstrata.storage import Embedder
 from memstrata.storage._embedding import embed_deadline
 
 from ._base import MemoryActor
 from ._stores import BoundedSearch, Searched
-from .messages import FileContext
+from .messages import SHARED, FileContext
 
 __all__ = [
     "CodebaseActor",
@@ -127,21 +127,9 @@ class _FileIndexActor(MemoryActor):
     def db_path(self, root: Path) -> Path:
         raise NotImplementedError
 
-    def _embedder(self, config: Config) -> tuple[Embedder | None, str | None]:
-        """The system's embedding service, unless the agent's ``[embedding]`` names another model."""
-        if config.embedding.model == self.runtime.config.embedding.model or self.runtime.embedder is None:
-            shared = self.runtime.embedder
-            return shared, None if shared is not None else (self.runtime.embedder_note or "keyword-only")
-        model = config.embedding.model
-        try:
-            own = load_embedder(
-                None if model in ("", "default") else model,
-                dim=config.embedding.dim,
-                threads=config.embedding.threads,
-            )
-        except EmbedderUnavailableError as exc:
-            return None, f"no embedding model: {exc}"
-        return own, None
+    def _embedder(self) -> tuple[Embedder | None, str | None]:
+        """The embedding service of this index (a codebase: the shared one) and, for none, why."""
+        return self.runtime.embedding_of(SHARED)
 
     def open_layer(self) -> Any:
         config = self.view()
@@ -152,7 +140,7 @@ class _FileIndexActor(MemoryActor):
             )
         root = self.root()
         cls = self.layer_class()
-        embedder, problem = self._embedder(config)
+        embedder, problem = self._embedder()
         db_path = self.db_path(root)
         if embedder is None:  # keyword-only, as the system is: never load a model here
             layer = cls(root, db_path, cls._rules(root, config), None, problem, config)
@@ -249,6 +237,10 @@ class WorkspaceActor(_FileIndexActor):
 
     def view(self) -> Config:
         return self.runtime.config.of_agent(self.key)
+
+    def _embedder(self) -> tuple[Embedder | None, str | None]:
+        """The agent's embedding service, the one its stores use (see ``Runtime.embedding_of``)."""
+        return self.runtime.embedding_of(self.key)
 
     def layer_class(self) -> Any:
         from memstrata.layers import MemoryFiles

@@ -319,6 +319,13 @@ def status(ctx: click.Context, verbose: bool, as_json: bool) -> None:
     from . import _status
 
     state = sh.state(ctx)
+    data_dir = Path(state.config.data_dir)
+    if not data_dir.exists():  # a read: report the empty state, create nothing
+        if as_json:
+            sh.echo_json(_status.empty(data_dir))
+        else:
+            click.echo(f"no memory stored yet: the data dir {data_dir} does not exist")
+        return
     with state.system() as system, state.workspaces(system, create=False) as registry:
         report = _status.collect(system, registry, state.config)
     if as_json:

@@ -110,10 +110,13 @@ def _click_param(op: Operation, p: Param) -> click.Parameter:
         extra = {"type": click.FloatRange(low, schema.get("maximum"), min_open="exclusiveMinimum" in schema)}
     elif "enum" in schema:
         extra = {"type": click.Choice([str(v) for v in schema["enum"]])}
-    elif kind == "object":  # tags: the one object-typed param
+    elif kind == "object" and p.name == "tags":
         extra = {"multiple": True, "metavar": "KEY[=VALUE]"}
         help_text += " Give --tag key=value once per tag (a bare --tag key has the value '')."
-    elif kind is None:
+    elif kind == "array":  # a list of strings (a namespace path): the option once per element
+        extra = {"multiple": True, "metavar": "TEXT"}
+        help_text += " Give the option once per element, in order."
+    elif kind is None or kind == "object":
         extra = {"metavar": "JSON"}
         help_text += ' Written as JSON: 42, true, "text" (with the quotes), {"a": 1}, [1, 2].'
     elif p.name in TIME_PARAMS:
@@ -125,7 +128,8 @@ def _click_param(op: Operation, p: Param) -> click.Parameter:
 def _value(op: Operation, p: Param, raw: Any) -> Any:
     """A click value as the operation's param value, validated by the param's schema."""
     option = p.name.upper() if _positional(op, p) else f"--{_flag(p)}"
-    if p.schema.get("type") is None and p.schema.get("enum") is None and isinstance(raw, str):
+    json_text = p.schema.get("type") is None or (p.schema.get("type") == "object" and p.name != "tags")
+    if json_text and p.schema.get("enum") is None and isinstance(raw, str):
         try:
             raw = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
@@ -133,6 +137,8 @@ def _value(op: Operation, p: Param, raw: Any) -> Any:
                 f"must be JSON (a string needs its quotes: '\"text\"'), got {raw[:64]!r}",
                 param_hint=f"'{option}'",
             ) from exc
+    elif p.schema.get("type") == "array":
+        raw = list(raw)
     elif p.schema.get("type") == "object":
         raw = sh.parse_tags(raw, option)
         if raw is None:
@@ -213,7 +219,7 @@ class NotFound(click.ClickException):
     exit_code = 1
 
 
-_NOT_FOUND = {"knowledge": "knowledge entry", "episodes": "episode"}
+_NOT_FOUND = {"knowledge": "knowledge entry", "episodes": "episode", "items": "item"}
 
 
 def _missing(op: Operation, params: Mapping[str, Any]) -> str:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 from memstrata.core.errors import InvalidInputError
 
-from . import _ops_agent, _ops_board, _ops_files, _ops_knowledge, _ops_system
+from . import _ops_agent, _ops_board, _ops_files, _ops_items, _ops_knowledge, _ops_system
 from ._operation import Context, Operation, Param, parse_time
 
 __all__ = ["OPERATIONS", "Context", "Operation", "Param", "by_group", "find", "parse_time"]
@@ -24,6 +24,7 @@ OPERATIONS: tuple[Operation, ...] = (
     *_ops_knowledge.OPERATIONS,
     *_ops_agent.OPERATIONS,
     *_ops_board.OPERATIONS,
+    *_ops_items.OPERATIONS,
     *_ops_files.OPERATIONS,
     *_ops_system.OPERATIONS,
 )

@@ -7,7 +7,7 @@ from typing import Any
 
 from . import _convert
 
-__all__ = ["collect", "render", "warnings"]
+__all__ = ["collect", "empty", "render", "warnings"]
 
 
 def collect(system: Any, registry: Any, config: Any) -> dict[str, Any]:
@@ -22,6 +22,23 @@ def collect(system: Any, registry: Any, config: Any) -> dict[str, Any]:
         "system": _convert.plain(system.status()),
         "stores": stored_counts(system),
         "workspaces": registry.status(),
+    }
+
+
+def empty(data_dir: Any) -> dict[str, Any]:
+    """The report for a data dir that does not exist yet (nothing stored, nothing running)."""
+    from memstrata.storage import driver_info
+
+    from memstrata import __version__
+
+    return {
+        "version": __version__,
+        "data_dir": str(data_dir),
+        "exists": False,
+        "storage": driver_info().as_dict(),
+        "system": {},
+        "stores": {"knowledge": {}, "episodic": {}},
+        "workspaces": [],
     }
 
 
@@ -42,7 +59,8 @@ def stored_counts(system: Any) -> dict[str, dict[str, Any]]:
             continue
         for path in sorted(folder.glob("*.sqlite")):
             try:
-                store = opener(path, system.embedder, config=system.config)
+                # the agent's own model: opened with another, its vectors would be rebuilt
+                store = opener(path, system.embedder_for(path.stem), config=system.config.of_agent(path.stem))
                 try:
                     info = store.status()
                     out[kind][path.stem] = {

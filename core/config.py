@@ -2,10 +2,11 @@
 
 Lookup order for the file: ``--config``/``path``, ``./memstrata.toml``,
 ``~/.config/memstrata/config.toml``. Unknown keys and bad values raise :class:`ConfigError`
-naming the key. ``[agents.<id>]`` tables override agent settings per agent, and their
-``embedding``, ``sync`` and ``files`` sub-tables override those sections for that agent's
-workspace. ``[codebases]`` names shared source trees (``name = "path"``) every agent may search.
-Users import these names from :mod:`memstrata.config`.
+naming the key. ``[agents.<id>]`` tables override agent settings per agent; their ``embedding``
+sub-table gives that agent's stores, workspace and queries a model of their own, and their
+``sync`` and ``files`` sub-tables override those sections for that agent's workspace.
+``[codebases]`` names shared source trees (``name = "path"``) every agent may search. Users
+import these names from :mod:`memstrata.config`.
 """
 
 from __future__ import annotations

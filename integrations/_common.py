@@ -24,3 +24,12 @@ def items_path(target: Any) -> Path | str:
     if isinstance(target, str | Path):
         return target
     raise ConfigError(f"expected a database path or a MemorySystem, got {type(target).__name__}")
+
+
+def items_of(system: Any) -> Any:
+    """A running ``MemorySystem``'s item store handle (``system.items``)."""
+    from memstrata._system import MemorySystem
+
+    if not isinstance(system, MemorySystem):
+        raise ConfigError(f"system must be a running MemorySystem, got {type(system).__name__}")
+    return system.items

@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 
 from memstrata.errors import InvalidInputError
 
-from ._common import ITEMS_FILE, missing
+from ._common import ITEMS_FILE, items_of, missing
 
 try:
     from autogen_core import CancellationToken, Component
@@ -77,19 +77,31 @@ class MemstrataMemory(Memory, Component[MemstrataMemoryConfig]):
         system: Any = None,
     ) -> None:
         self._config = config or MemstrataMemoryConfig()
+        self._namespace = (NAMESPACE, self._config.collection_name)
+        # on a running system whose embedder is the one to use, memories go through its item
+        # actor (one batching embedder and one writer for every agent of the process)
+        self._system_items: Any = None
+        self._items: ItemStore | None = None
         path: Path | str = ":memory:"
         if system is not None:
+            shared = items_of(system)
+            if system.embedder is not None and embedder in (None, system.embedder):
+                self._system_items = shared
             path = system.data_dir / ITEMS_FILE
             embedder = embedder or system.embedder
         elif self._config.persistence_path:
             path = Path(self._config.persistence_path) / ITEMS_FILE
         self._embedder = embedder
-        self._items = ItemStore(path)
-        self._namespace = (NAMESPACE, self._config.collection_name)
+        if self._system_items is None:
+            self._items = ItemStore(path)
 
     @property
     def collection_name(self) -> str:
         return self._config.collection_name
+
+    def _layer(self) -> ItemStore:
+        assert self._items is not None  # set whenever the memory is not on a system's actor
+        return self._items
 
     def _model(self) -> Embedder:
         if self._embedder is None:
@@ -121,8 +133,11 @@ class MemstrataMemory(Memory, Component[MemstrataMemoryConfig]):
             raise InvalidInputError(f"memory metadata is not JSON: {exc}") from exc
 
         def write() -> None:
+            if self._system_items is not None:  # the actor embeds "content" as _text reads it
+                self._system_items.put(self._namespace, uuid.uuid4().hex, value, index=["content"])
+                return
             vector = embed_documents(self._model(), [text])[0]
-            self._items.put_many([(self._namespace, uuid.uuid4().hex, value, {"content": vector}, None)])
+            self._layer().put_many([(self._namespace, uuid.uuid4().hex, value, {"content": vector}, None)])
 
         await asyncio.to_thread(write)
 
@@ -136,8 +151,10 @@ class MemstrataMemory(Memory, Component[MemstrataMemoryConfig]):
         k = int(kwargs.get("k", self._config.k))
 
         def read() -> list[Any]:
+            if self._system_items is not None:
+                return list(self._system_items.search(self._namespace, query=text, limit=k))
             vector = embed_query(self._model(), text)
-            return self._items.search(self._namespace, query_vector=vector.tolist(), limit=k)
+            return self._layer().search(self._namespace, query_vector=vector.tolist(), limit=k)
 
         records = await asyncio.to_thread(read)
         threshold = self._config.score_threshold
@@ -167,7 +184,10 @@ class MemstrataMemory(Memory, Component[MemstrataMemoryConfig]):
         return UpdateContextResult(memories=found)
 
     async def clear(self) -> None:
-        await asyncio.to_thread(self._items.delete_namespace, self._namespace)
+        if self._system_items is not None:
+            await asyncio.to_thread(self._system_items.clear, self._namespace)
+            return
+        await asyncio.to_thread(self._layer().delete_namespace, self._namespace)
 
     async def reset(self) -> None:
         """Deletes every memory of the collection; refused unless ``allow_reset``."""
@@ -178,7 +198,9 @@ class MemstrataMemory(Memory, Component[MemstrataMemoryConfig]):
         await self.clear()
 
     async def close(self) -> None:
-        self._items.close()
+        """Closes the memory's own database (a running system stays as it is)."""
+        if self._items is not None:
+            self._items.close()
 
     def _to_config(self) -> MemstrataMemoryConfig:
         return self._config

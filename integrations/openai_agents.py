@@ -17,7 +17,7 @@ from memstrata.layers._items import ItemStore
 
 from memstrata.errors import InvalidInputError, SystemStoppedError
 
-from ._common import items_path, missing
+from ._common import items_of, items_path, missing
 
 try:
     from agents.memory import session_settings as _settings
@@ -56,15 +56,20 @@ class MemstrataSession(SessionABC):
             if session_settings is not None
             else _settings.SessionSettings()
         )
-        target: Any = system if system is not None else (db_path if db_path is not None else ":memory:")
-        self._items = ItemStore(items_path(target))
+        # on a running system the history goes through its item actor (shared by every session
+        # of the process); otherwise the session opens the item layer itself
+        self._system_items: Any = None if system is None else items_of(system)
+        self._items: ItemStore | None = None
+        if self._system_items is None:
+            self._items = ItemStore(items_path(db_path if db_path is not None else ":memory:"))
         self._namespace = (NAMESPACE, session_id)
         self._closed = False
 
-    def _open(self) -> ItemStore:
+    def _open(self) -> Any:
+        """The item store: the system's ``items`` handle or the layer (same method names)."""
         if self._closed:
             raise SystemStoppedError(f"MemstrataSession {self.session_id!r} is closed")
-        return self._items
+        return self._system_items if self._system_items is not None else self._items
 
     async def get_items(self, limit: int | None = None) -> list[Any]:
         """The conversation in order; with a limit, its last ``limit`` items (a negative
@@ -79,6 +84,14 @@ class MemstrataSession(SessionABC):
         store = self._open()  # a closed session refuses even an empty list
         if not items:
             return
+        if store is self._system_items:
+
+            def put_in_order() -> None:
+                for item in items:
+                    store.put(self._namespace, uuid.uuid4().hex, {"item": item})
+
+            await asyncio.to_thread(put_in_order)
+            return
         rows = [(self._namespace, uuid.uuid4().hex, {"item": item}, None, None) for item in items]
         await asyncio.to_thread(store.put_many, rows)
 
@@ -88,9 +101,13 @@ class MemstrataSession(SessionABC):
         return None if record is None else record.value["item"]
 
     async def clear_session(self) -> None:
-        await asyncio.to_thread(self._open().delete_namespace, self._namespace)
+        store = self._open()
+        clear = store.clear if store is self._system_items else store.delete_namespace
+        await asyncio.to_thread(clear, self._namespace)
 
     def close(self) -> None:
+        """Closes the session's own database (a running system stays as it is)."""
         if not self._closed:
             self._closed = True
-            self._items.close()
+            if self._items is not None:
+                self._items.close()

@@ -7,10 +7,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
+from memstrata.core.config import Config
 from memstrata.core.errors import (
     MemstrataError,
 )
@@ -37,8 +38,15 @@ from ._episodic_base import (
     _Source,
 )
 
-if TYPE_CHECKING:
-    from ._episodic_search import EpisodicSearch
+
+class _Owner(Protocol):
+    """What a search needs from its store: the search settings and where to report an
+    archive whose full-text index failed."""
+
+    _config: Config
+
+    def _archive_unusable(self, path: str, problem: str) -> None: ...
+
 
 FloatArray = npt.NDArray[np.float32]
 MAX_DEPTH = 10_000  # deepest candidate lists recency decay may ask for
@@ -61,7 +69,7 @@ class _Search:
 
     def __init__(
         self,
-        memory: EpisodicSearch,
+        memory: _Owner,
         sources: list[_Source],
         query_vector: FloatArray | None,
         text: str,

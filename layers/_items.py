@@ -245,15 +245,17 @@ class ItemStore:
             self._db.execute("DELETE FROM items WHERE id = ?", (row[0],))
             return _record(row)
 
-    def sweep(self) -> int:
-        """Delete expired items; returns how many."""
+    def sweep(self, prefix: Sequence[str] = ()) -> int:
+        """Delete expired items (only under the namespace ``prefix`` when given); returns how many."""
+        sql = "DELETE FROM items WHERE expires_at IS NOT NULL AND expires_at <= ?"
+        extra: list[Any] = []
+        if prefix:
+            ns = namespace_key(prefix)
+            sql += " AND ns >= ? AND ns < ? AND (ns = ? OR substr(ns, ?, 1) = ?)"
+            extra = [ns, ns + _AFTER_SEP, ns, len(ns) + 1, SEP]
         with self._lock, self._db.transaction():
             self._writes += 1
-            return int(
-                self._db.execute(
-                    "DELETE FROM items WHERE expires_at IS NOT NULL AND expires_at <= ?", (self._clock(),)
-                ).rowcount
-            )
+            return int(self._db.execute(sql, (self._clock(), *extra)).rowcount)
 
     # reads --------------------------------------------------------------------------------
 

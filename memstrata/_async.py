@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 from collections.abc import AsyncIterator, Callable, Coroutine
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -29,9 +30,10 @@ from memstrata.core.errors import InvalidInputError
 from memstrata.messages import Signal
 from memstrata.storage import Embedder
 
+from ._items import Items
 from ._system import Agent, Blackboard, MemorySystem, Subscription
 
-__all__ = ["AsyncAgent", "AsyncBlackboard", "AsyncMemorySystem", "AsyncSubscription"]
+__all__ = ["AsyncAgent", "AsyncBlackboard", "AsyncItems", "AsyncMemorySystem", "AsyncSubscription"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -50,6 +52,31 @@ def _twin(method: Callable[Concatenate[Any, P], R]) -> Callable[Concatenate[Any,
 
     functools.update_wrapper(call, method)
     return call
+
+
+class _Pool(ThreadPoolExecutor):
+    """The system's call pool. It knows which calls are still running, so ``wait_idle`` also
+    waits for a call whose awaiting task was cancelled (the call goes on, see the module doc)."""
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=_POOL_THREADS, thread_name_prefix="memstrata-async")
+        self._running: set[Future[Any]] = set()
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> Future[R]:
+        future = super().submit(fn, *args, **kwargs)
+        with self._lock:
+            self._running.add(future)
+        future.add_done_callback(self._finished)
+        return future
+
+    def _finished(self, future: Future[Any]) -> None:
+        with self._lock:
+            self._running.discard(future)
+
+    def running(self) -> list[Future[Any]]:
+        with self._lock:
+            return list(self._running)
 
 
 class _Handle:
@@ -197,6 +224,25 @@ class AsyncBlackboard(_Handle):
         return AsyncSubscription(self.sync, key_or_prefix, self._pool)
 
 
+class AsyncItems(_Handle):
+    """The system's item store, as coroutines (see :class:`memstrata._items.Items`)."""
+
+    sync: Items
+
+    def __repr__(self) -> str:
+        return f"<AsyncItems of {self.sync!r}>"
+
+    put = _twin(Items.put)
+    get = _twin(Items.get)
+    search = _twin(Items.search)
+    delete = _twin(Items.delete)
+    tail = _twin(Items.tail)
+    pop_last = _twin(Items.pop_last)
+    clear = _twin(Items.clear)
+    list_namespaces = _twin(Items.list_namespaces)
+    sweep = _twin(Items.sweep)
+
+
 class _Starting:
     """What :meth:`AsyncMemorySystem.start` returns: await it, or use it with ``async with``."""
 
@@ -205,7 +251,7 @@ class _Starting:
         self._system: AsyncMemorySystem | None = None
 
     async def _open(self) -> AsyncMemorySystem:
-        pool = ThreadPoolExecutor(max_workers=_POOL_THREADS, thread_name_prefix="memstrata-async")
+        pool = _Pool()
         try:
             system = await asyncio.get_running_loop().run_in_executor(pool, self._start)
         except BaseException:
@@ -240,7 +286,7 @@ class AsyncMemorySystem(_Handle):
 
     def __init__(self, system: MemorySystem, pool: ThreadPoolExecutor | None = None) -> None:
         """Wrap a running :class:`MemorySystem` (its owner still stops it)."""
-        super().__init__(system, pool or ThreadPoolExecutor(_POOL_THREADS, "memstrata-async"))
+        super().__init__(system, pool or _Pool())
         self._agents: dict[str, AsyncAgent] = {}
         self._boards: dict[str, AsyncBlackboard] = {}
 
@@ -299,7 +345,21 @@ class AsyncMemorySystem(_Handle):
             board = self._boards.setdefault(session_id, AsyncBlackboard(sync, self._pool))
         return board
 
-    wait_idle = _twin(MemorySystem.wait_idle)
+    @property
+    def items(self) -> AsyncItems:
+        """The system's item store (see :attr:`memstrata.MemorySystem.items`)."""
+        return AsyncItems(self.sync.items, self._pool)
+
+    async def wait_idle(self, timeout: float | None = 10.0) -> bool:
+        """Like :meth:`MemorySystem.wait_idle`, after the calls still running in the pool (a
+        cancelled await's call included) have reached the actors."""
+        running = self._pool.running() if isinstance(self._pool, _Pool) else []
+        if running:
+            _, late = await asyncio.wait([asyncio.wrap_future(f) for f in running], timeout=timeout)
+            if late:
+                return False
+        return await self._run(functools.partial(self.sync.wait_idle, timeout))
+
     retire = _twin(MemorySystem.retire)
     revive = _twin(MemorySystem.revive)
     ask = _twin(MemorySystem.ask)

@@ -28,7 +28,7 @@ from memstrata.actors import (
     StoreFactory,
     SystemClock,
 )
-from memstrata.core.config import Config
+from memstrata.core.config import Config, EmbeddingConfig
 from memstrata.core.errors import (
     ConfigError,
     EmbedderUnavailableError,
@@ -75,6 +75,8 @@ from memstrata.messages import (
 )
 from memstrata.storage import Embedder, driver_info, load_embedder
 
+from ._items import Items
+
 if TYPE_CHECKING:
     from memstrata.layers import Episode, EpisodeHit, KnowledgeEntry, KnowledgeHit
 
@@ -115,6 +117,7 @@ class MemorySystem:
         clock: Clock | None = None,
         stores: StoreFactory | None = None,
         seed: int | str | None = None,
+        model_loader: Callable[[EmbeddingConfig], Embedder] | None = None,
     ) -> MemorySystem:
         """Start a system.
 
@@ -126,11 +129,17 @@ class MemorySystem:
         (``ManualClock`` for simulations: advancing it fires the deadlines it passes). ``seed``
         makes the ids the system invents (episode uuids) reproducible: with a clock and a seed,
         two runs that do the same things export the same bytes (:meth:`export`). ``stores``
-        opens the persistent layers (tests inject faults through it). Write-backs left in an
-        outbox by a previous process are replayed at once.
+        opens the persistent layers (tests inject faults through it). ``model_loader`` loads the
+        model an agent's ``[agents.<id>.embedding]`` names (default: the packaged or fastembed
+        model, as for ``[embedding]``); tests pass one that makes deterministic embedders.
+        Write-backs left in an outbox by a previous process are replayed at once.
         """
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | str)):
             raise InvalidInputError(f"seed must be an integer, a string or None, got {seed!r}")
+        if model_loader is not None and not callable(model_loader):
+            raise InvalidInputError(
+                f"model_loader must be a callable or None, got {type(model_loader).__name__}"
+            )
         if config is None or isinstance(config, str | Path):
             config = Config.load(config)
         if not isinstance(config, Config):
@@ -192,6 +201,7 @@ class MemorySystem:
                 embedder_note=note,
                 owns_embedder=owns,
                 ids=IdSource(seed),
+                model_loader=model_loader,
                 **extra,
             )
         except BaseException:  # e.g. a workspace path refused: nothing may keep running
@@ -255,6 +265,15 @@ class MemorySystem:
         """The shared embedding service (``None`` in keyword-only mode)."""
         return self._runtime.embedder
 
+    def embedder_for(self, agent_id: str) -> Embedder | None:
+        """The embedding service of an agent's stores: the shared one unless its
+        ``[agents.<id>.embedding]`` names another (made on first use); ``None``: keyword-only.
+        A store opened outside the system must use this one: opened with another model, its
+        vectors are rebuilt for that model."""
+        self._runtime.check_open()
+        check_agent_id(agent_id, allow_shared=True)
+        return self._runtime.embedder_for(agent_id)
+
     # -- handles -------------------------------------------------------------------------------
 
     def agent(self, agent_id: str) -> Agent:
@@ -269,6 +288,12 @@ class MemorySystem:
         # the agent's session starts: its workspace (if any) syncs in its actor, in the background
         self._runtime.agent_session(agent_id)
         return handle
+
+    @property
+    def items(self) -> Items:
+        """The system's item store (``{data_dir}/items.sqlite``), shared by every agent."""
+        self._runtime.check_open()
+        return Items(self)
 
     def blackboard(self, session_id: str = "default") -> Blackboard:
         """The blackboard of session ``session_id``."""
@@ -366,10 +391,17 @@ class MemorySystem:
             embedding.update(embedder.stats().as_dict())
             model_state = embedder.model_status()
             embedding["state"] = model_state  # ok / stuck since ... on a call of N texts / faulty
+        # the services of agents whose [agents.<id>.embedding] names another setting (made on
+        # first use): which agents, which model, and how it is doing
+        embedding["per_agent"] = [
+            _service_status(agents, service, note)
+            for agents, service, note in runtime.embedding_services()[1:]
+        ]
         agents: dict[str, dict[str, Any]] = {}
         boards: dict[str, dict[str, Any]] = {}
         codebases: dict[str, dict[str, Any]] = {}
         shared: dict[str, Any] = {}
+        items: dict[str, Any] = {}
         degraded = runtime.supervision.degraded()
         if not runtime.stopped:
             for (kind, key), state in runtime.actor_status().items():
@@ -378,6 +410,9 @@ class MemorySystem:
                     continue
                 if kind == "codebase":
                     codebases[key] = state
+                    continue
+                if kind == "items":  # the system's item store, not an agent's
+                    items = state
                     continue
                 if key == SHARED:
                     shared = state
@@ -391,6 +426,18 @@ class MemorySystem:
         for name, state in sorted(codebases.items()):
             if state.get("last_sync_error"):
                 warnings.append(f"codebase {name}: {state['last_sync_error']}")
+        for service in embedding["per_agent"]:
+            who = ", ".join(service["agents"])
+            state = service.get("state", {})
+            if service["keyword_only"]:
+                warnings.append(f"agents {who}: {service['note']}")
+            elif state.get("state") == "stuck":
+                warnings.append(f"agents {who}: {state['reason']}: vectors pending, searches by keywords")
+            elif state.get("state") == "faulty":
+                warnings.append(
+                    f"agents {who}: model {state['model']!r} is faulty since {state['since']} "
+                    f"(last error: {state['last_error']}): vectors are retried"
+                )
         if model_state.get("state") == "stuck":
             warnings.insert(
                 0,
@@ -411,6 +458,7 @@ class MemorySystem:
             "agents": agents,
             "shared_knowledge": shared,
             "blackboards": boards,
+            "items": items,
             "codebases": codebases,
             "degraded": degraded,
             "restarts": runtime.supervision.restarts(),
@@ -432,6 +480,21 @@ class Hits(list[Any]):
     def __init__(self, hits: Any = (), *, degraded: str | None = None) -> None:
         super().__init__(hits)
         self.degraded = degraded
+
+
+def _service_status(agents: Sequence[str], service: Embedder | None, note: str | None) -> dict[str, Any]:
+    """One per-agent embedding service in :meth:`MemorySystem.status`."""
+    state: dict[str, Any] = {
+        "agents": list(agents),
+        "model": None if service is None else service.model_id,
+        "dim": None if service is None else service.dim,
+        "keyword_only": service is None,
+        "note": note,
+    }
+    if isinstance(service, BatchingEmbedder):
+        state.update(service.stats().as_dict())
+        state["state"] = service.model_status()
+    return state
 
 
 def _warnings(

@@ -36,6 +36,7 @@ K1 = 1.2
 B = 0.75
 _MAX_CACHED_POSTINGS = 8_000_000  # postings held in memory (12 bytes each) before the cache is emptied
 _MAX_CACHED_STEMS = 50_000
+_PHRASE = "\x00"  # joins the stems of a query word FTS5 reads as a phrase
 _INCREMENTAL_LIMIT = 256  # larger writes drop cached postings instead of patching them
 
 # changes made by the scratch tokenizer tables of every index on a connection: not store changes
@@ -157,7 +158,9 @@ class Bm25Index:
         cached = self._postings.get(stem)
         if cached is not None:
             return cached
-        if all(w == 1.0 for w in self._weights):
+        if _PHRASE in stem:
+            ids, tf = self._phrase_postings(stem.split(_PHRASE))
+        elif all(w == 1.0 for w in self._weights):
             # one row per occurrence, counted in numpy: twice as fast as GROUP BY in SQL (a word
             # in 12k of 100k entries: ~4 ms instead of ~8 the first time it is searched)
             cursor = self._db.execute(f"SELECT doc FROM {self._vocab} WHERE term = ?", (stem,))
@@ -176,12 +179,38 @@ class Bm25Index:
         pos = self._positions(ids)
         keep = pos >= 0
         entry = (pos[keep], tf[keep])
-        if self._cached + len(ids) > _MAX_CACHED_POSTINGS:
+        return self._cache_postings(stem, entry, len(ids))
+
+    def _cache_postings(
+        self, stem: str, entry: tuple[npt.NDArray[np.int32], FloatArray], size: int
+    ) -> tuple[npt.NDArray[np.int32], FloatArray]:
+        if self._cached + size > _MAX_CACHED_POSTINGS:
             self._postings.clear()
             self._cached = 0
         self._postings[stem] = entry
-        self._cached += len(ids)
+        self._cached += size
         return entry
+
+    def _phrase_postings(self, stems: Sequence[str]) -> tuple[IntArray, FloatArray]:
+        """Documents holding the stems one after the other in a column, with the (column
+        weighted) count of such runs: FTS5's phrase match, from the same instance rows."""
+        keys: IntArray | None = None
+        for shift, stem in enumerate(stems):
+            rows = self._db.query(f"SELECT doc, col, offset FROM {self._vocab} WHERE term = ?", (stem,))
+            column = {c: n for n, c in enumerate(self._columns)}
+            docs = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+            cols = np.fromiter((column.get(r[1], 0) for r in rows), dtype=np.int64, count=len(rows))
+            offsets = np.fromiter((r[2] for r in rows), dtype=np.int64, count=len(rows)) - shift
+            found = (docs << 32) | (cols << 26) | (offsets & ((1 << 26) - 1))
+            keys = np.unique(found) if keys is None else np.intersect1d(keys, found)
+            if len(keys) == 0:
+                break
+        if keys is None or len(keys) == 0:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
+        weights = np.asarray(self._weights, dtype=np.float64)[(keys >> 26) & 63]
+        ids, inverse = np.unique(keys >> 32, return_inverse=True)
+        tf = np.bincount(inverse.reshape(-1), weights=weights, minlength=len(ids)).astype(np.float64)
+        return ids, tf
 
     def _tokenize(self, rows: Sequence[tuple[Any, ...]]) -> dict[int, dict[str, float]]:
         """FTS5's own stems of ``rows`` (``(rowid, text per column...)``): rowid -> stem -> weighted tf."""
@@ -232,6 +261,8 @@ class Bm25Index:
             self._postings.clear()
             self._cached = 0
             return
+        for phrase in [p for p in self._postings if _PHRASE in p]:  # not patched: recomputed
+            self._cached -= len(self._postings.pop(phrase)[0])
         position = {int(i): start + n for n, i in enumerate(ids)}
         for doc, counts in self._tokenize(rows).items():
             for stem, tf in counts.items():
@@ -280,19 +311,42 @@ class Bm25Index:
     # -- search ----------------------------------------------------------------------------------
 
     def stems(self, terms: Sequence[str]) -> list[str]:
-        """Distinct FTS5 stems of query words, in order."""
+        """Distinct FTS5 stems of query words, in order (a word of several tokens gives one
+        phrase unit: its stems joined by ``_PHRASE``)."""
         unknown = [t for t in dict.fromkeys(terms) if t not in self._stems]
         if unknown:
             if len(self._stems) + len(unknown) > _MAX_CACHED_STEMS:
                 self._stems.clear()
-            tokens = self._tokenize([(i + 1, t) for i, t in enumerate(unknown)])
-            for i, term in enumerate(unknown, start=1):
-                self._stems[term] = tuple(tokens.get(i, {}))
+            self._stems.update(zip(unknown, self._query_units(unknown), strict=True))
         stems: dict[str, None] = {}
         for term in terms:
             for stem in self._stems.get(term, ()):
                 stems.setdefault(stem, None)
         return list(stems)
+
+    def _query_units(self, terms: Sequence[str]) -> list[tuple[str, ...]]:
+        """What FTS5 matches for each quoted query word: its stem, or for a word of several
+        tokens (``"don't"``, ``"Caroline's"``) the phrase of its stems in order, one unit."""
+        self._ensure_tables()
+        before = int(self._db.conn.total_changes)
+        try:
+            self._db.executemany(
+                f"INSERT INTO temp.{self._tok}(rowid, {self._columns[0]}) VALUES (?, ?)",
+                [(i + 1, t) for i, t in enumerate(terms)],
+            )
+            rows = self._db.query(f"SELECT doc, term FROM {self._tok_vocab} ORDER BY doc, col, offset")
+        finally:
+            self._db.execute(f"DELETE FROM temp.{self._tok}")
+            scratch = int(self._db.conn.total_changes) - before
+            _SCRATCH_CHANGES[self._db] = _SCRATCH_CHANGES.get(self._db, 0) + scratch
+        tokens: dict[int, list[str]] = {}
+        for doc, term in rows:
+            tokens.setdefault(int(doc), []).append(str(term))
+        out: list[tuple[str, ...]] = []
+        for i in range(1, len(terms) + 1):
+            parts = tokens.get(i, [])
+            out.append(tuple(parts) if len(parts) <= 1 else (_PHRASE.join(parts),))
+        return out
 
     def scores(self, terms: Sequence[str], ids: Sequence[int]) -> list[float]:
         """BM25 of the documents ``ids`` for ``terms``, as FTS5's ``bm25()`` but positive

@@ -171,16 +171,21 @@ class KeywordIndex:
         return [int(f.key) for f in rrf(lists, k=PLAIN_RRF_K)][:limit]
 
     def _words(self, terms: Sequence[str], limit: int, allowed: Sequence[int] | None) -> ScoredIds:
-        ids, scores = self.bm25.matches(terms, allowed)
-        if self._context is not None:
-            more_ids, more = self._context.matches(terms, allowed)
-            if len(more_ids):
-                every = np.concatenate([ids, more_ids])
-                weighted = np.concatenate([scores, self._context_weight * more])
-                ids, inverse = np.unique(every, return_inverse=True)
-                summed = np.bincount(inverse.reshape(-1), weights=weighted, minlength=len(ids))
-                scores = summed.astype(np.float64)
-        return top_scored(ids, scores, limit)
+        """BM25 of the rows' own text; with a context, the ``limit`` best by context add their
+        weighted score to the ``limit`` best by own text (a row found by its context alone
+        still enters). Summing over every row instead ranks rows whose neighbours match above
+        rows that match themselves, and lost 0.01 of evidence recall@5 on conversations."""
+        ids, scores = top_scored(*self.bm25.matches(terms, allowed), limit)
+        if self._context is None:
+            return ids, scores
+        more_ids, more = top_scored(*self._context.matches(terms, allowed), limit)
+        if len(more_ids) == 0:
+            return ids, scores
+        every = np.concatenate([ids, more_ids])
+        weighted = np.concatenate([scores, self._context_weight * more])
+        ids, inverse = np.unique(every, return_inverse=True)
+        summed = np.bincount(inverse.reshape(-1), weights=weighted, minlength=len(ids))
+        return top_scored(ids, summed.astype(np.float64), limit)
 
 
 def _scored(rows: Sequence[tuple[Any, float]]) -> ScoredIds:

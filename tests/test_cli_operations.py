@@ -270,6 +270,65 @@ SAMPLES: dict[str, Sample] = {
     ),
 }
 SAMPLES["unsubscribe"] = SAMPLES["subscribe"]  # `board watch` subscribes and unsubscribes
+NS = ["--namespace", "users", "--namespace", "u1"]
+PUT_ITEM = [
+    "items",
+    "put",
+    *NS,
+    "--key",
+    "k1",
+    "--value",
+    '{"text": "likes green tea", "n": 2}',
+    "--index",
+    "text",
+]
+SAMPLES.update(
+    {
+        "put_item": Sample(
+            PUT_ITEM,
+            lambda r: r == {"namespace": ["users", "u1"], "key": "k1"},
+            [*PUT_ITEM[:-4], "--value", "[1]"],
+            "'--value'",
+        ),
+        "get_item": Sample(
+            ["items", "get", *NS, "--key", "k1"],
+            lambda r: r["value"] == {"text": "likes green tea", "n": 2} and r["namespace"] == ["users", "u1"],
+            ["items", "get", "--key", "k1"],
+            "--namespace",
+            setup=[PUT_ITEM],
+        ),
+        "search_items": Sample(
+            [
+                "items",
+                "search",
+                "--prefix",
+                "users",
+                "--query",
+                "green tea",
+                "--filter",
+                '{"n": {"$gte": 2}}',
+            ],
+            lambda r: [i["key"] for i in r] == ["k1"] and r[0]["score"] is not None,
+            ["items", "search", "--limit", "-1"],
+            "'--limit'",
+            setup=[PUT_ITEM],
+        ),
+        "delete_item": Sample(
+            ["items", "delete", *NS, "--key", "k1"],
+            lambda r: r["deleted"] is True,
+            ["items", "delete", "--namespace", "", "--key", "k1"],
+            "'--namespace'",
+            setup=[PUT_ITEM],
+        ),
+        "list_namespaces": Sample(
+            ["items", "list", "--prefix", "users"],
+            lambda r: r == [["users", "u1"]],
+            ["items", "list", "--max-depth", "0"],
+            "'--max-depth'",
+            setup=[PUT_ITEM],
+        ),
+    }
+)
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ _ANY_JSON = {"value"}  # params that take any JSON value, so they declare no sin
 @pytest.mark.parametrize("op", OPERATIONS, ids=lambda op: op.name)
 def test_every_operation_is_fully_described(op: Any) -> None:
     assert op.summary and op.summary[0].isupper(), op.name
-    assert op.group in {"knowledge", "episodes", "working", "board", "tasks", "files", "system"}
+    assert op.group in {"knowledge", "episodes", "working", "board", "items", "tasks", "files", "system"}
     assert not (op.read_only and op.destructive), op.name
     names = [p.name for p in op.params]
     assert len(names) == len(set(names)), op.name

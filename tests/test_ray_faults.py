@@ -36,7 +36,7 @@ def cluster() -> Iterator[Any]:
     made = cluster_utils.Cluster(
         initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"node_a": 1}}
     )
-    made.add_node(num_cpus=1, resources={"node_b": 1})
+    made.add_node(num_cpus=1, resources={"node_b": 1}, labels={"zone": "b"})
     made.wait_for_nodes()
     ray.init(address=made.address, namespace=NAMESPACE, log_to_driver=False)
     try:
@@ -84,7 +84,9 @@ def test_sixteen_agents_spread_over_the_nodes(cluster: Any, tmp_path: Path) -> N
         assert len(nodes) >= 2, "the agents' actors all landed on one node"
 
 
-def test_one_host_per_layer_serves_the_same_task_lifecycle(cluster: Any, tmp_path: Path) -> None:
+def test_one_host_per_layer_pinned_by_label_serves_the_same_task_lifecycle(
+    cluster: Any, tmp_path: Path
+) -> None:
     config = Config.load(
         env={},
         data_dir=tmp_path / "layers",
@@ -92,6 +94,7 @@ def test_one_host_per_layer_serves_the_same_task_lifecycle(cluster: Any, tmp_pat
         cluster__address=cluster.address,
         cluster__namespace=NAMESPACE,
         cluster__group="layer",
+        cluster__pins=["l0=label:zone=b"],
     )
     with MemorySystem.start(config, embedder=HashEmbedder()) as system:
         agent = system.agent("l0")
@@ -104,6 +107,8 @@ def test_one_host_per_layer_serves_the_same_task_lifecycle(cluster: Any, tmp_pat
         assert [e.task_run_id for e in agent.list_episodes()] == ["t1"]
         pids = {_where(f"{layer}:l0")[1] for layer in ("knowledge", "episodic", "agent")}
         assert len(pids) == 3  # each layer in its own process
+        driver_node = ray.get_runtime_context().get_node_id()
+        assert all(_where(f"{layer}:l0")[0] != driver_node for layer in ("knowledge", "agent"))  # zone b
         system.retire("l0")  # its actors stop in their hosts, files closed; the next use reopens them
         contents = [h.entry.content for h in agent.query_knowledge("staging restored")]
         assert "the staging database is restored nightly" in contents

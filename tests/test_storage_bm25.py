@@ -11,8 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from memstrata.layers import KnowledgeStore
-from memstrata.storage import Bm25Index
-from memstrata.storage import keyword_terms
+from memstrata.storage import Bm25Index, keyword_terms
 
 from tests.fakes import FakeEmbedder
 

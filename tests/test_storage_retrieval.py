@@ -285,3 +285,29 @@ def test_a_connections_keyword_index_goes_with_it(tmp_path: Path) -> None:
     del db
     gc.collect()
     assert ref() is None
+
+
+def test_a_word_of_several_tokens_matches_as_a_phrase(tmp_path: Path) -> None:
+    db = open_database(tmp_path / "p.sqlite")
+    apply_migrations(db, "retrieval-test", [_migration])
+    bodies = [
+        "Caroline's dog barked at the mailman",
+        "Caroline has a dog and a cat",
+        "press the s key, Caroline",
+        "the dog's bowl and Caroline's bowl; Caroline's cat",
+        "nothing to see here",
+    ]
+    with db.transaction():
+        for i, body in enumerate(bodies, start=1):
+            db.execute(
+                "INSERT INTO docs(id, body, idwords, cat, at) VALUES (?, ?, ?, 'a', ?)",
+                (i, body, identifier_words(body), i),
+            )
+    index = KeywordIndex(db, KeywordTable("docs", ("body", "idwords"), weights=(1.0, 2.0)))
+    for text in ["Caroline's dog", "don't dog's", "caroline"]:
+        expected = _fts5(db, "docs_fts", query_terms(text), ", 1.0, 2.0")
+        ((ids, scores),) = index.lists(text, 10, Filter()) if expected else ((np.array([]), np.array([])),)
+        assert ids.tolist() == _ordered(expected, 10), text
+        assert scores.tolist() == pytest.approx([expected[int(i)] for i in ids])
+    assert 3 not in index.ranking("Caroline's", 10, Filter())  # "caroline" and "s" apart
+    db.close()

@@ -190,6 +190,11 @@ _METHOD_BASE: dict[str, dict[str, Any]] = {
     "delete_signal": {"session_id": "s", "key": "k"},
     "subscribe": {"session_id": "s", "key_or_prefix": "k"},
     "unsubscribe": {"session_id": "s", "subscription_id": 1},
+    "put_item": {"namespace": ["n"], "key": "k", "value": {"text": "t"}, "index": ["text"]},
+    "get_item": {"namespace": ["n"], "key": "k"},
+    "search_items": {"prefix": ["n"], "query": "t"},
+    "delete_item": {"namespace": ["n"], "key": "k"},
+    "list_namespaces": {},
     "rpc.discover": {},
 }
 # methods that write or read files at a given path: hostile paths are tried with index/forget_root

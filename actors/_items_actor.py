@@ -1,0 +1,162 @@
+"""The system's item store behind a mailbox: ``{data_dir}/items.sqlite``, one actor per system.
+
+It owns the :class:`~memstrata.layers._items.ItemStore` (opened in its own thread) and embeds the
+``index`` fields of the items it stores, and the queries of searches, with the shared embedder, so
+the adapters of every agent in a process share one model and one batching queue.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from memstrata.core.errors import InvalidInputError
+from memstrata.storage import embed_documents, embed_query
+
+from ._base import MemoryActor
+from ._msg_items import (
+    ClearNamespace,
+    DeleteItem,
+    GetItem,
+    ItemDeleted,
+    ItemList,
+    ItemsSwept,
+    ItemStored,
+    ItemValue,
+    ListNamespaces,
+    NamespaceCleared,
+    NamespaceList,
+    PopItem,
+    PutItem,
+    SearchItems,
+    StoredItem,
+    SweepItems,
+    TailItems,
+)
+
+__all__ = ["ITEMS_FILE", "ITEMS_KEY", "ItemsActor"]
+
+ITEMS_FILE = "items.sqlite"
+ITEMS_KEY = ":items"  # no agent id can take this name, so retiring an agent never stops it
+
+
+def field_text(value: dict[str, Any], path: str) -> str | None:
+    """The text at a dotted ``path`` of ``value`` (``"$"``: all of it); non-text as JSON."""
+    found: Any = value
+    if path != "$":
+        for part in path.split("."):
+            if not isinstance(found, dict) or part not in found:
+                return None
+            found = found[part]
+    if found is None:
+        return None
+    return found if isinstance(found, str) else orjson.dumps(found).decode()
+
+
+def _stored(record: Any) -> StoredItem:
+    return StoredItem(
+        tuple(record.namespace),
+        record.key,
+        record.value,
+        float(record.created_at),
+        float(record.updated_at),
+        record.score,
+        record.expires_at,
+    )
+
+
+class ItemsActor(MemoryActor):
+    """Translates item messages into calls on the item layer; queued puts share one transaction."""
+
+    kind = "items"
+
+    def open_layer(self) -> Any:
+        from memstrata.layers._items import ItemStore
+
+        self.runtime.data_dir.mkdir(parents=True, exist_ok=True)
+        clock = self.runtime.clock
+        return ItemStore(self.runtime.data_dir / ITEMS_FILE, clock=lambda: clock.now().timestamp())
+
+    def close_layer(self, layer: Any) -> None:
+        layer.close()
+
+    def _embedder(self, what: str) -> Any:
+        embedder = self.runtime.embedder
+        if embedder is None:
+            raise InvalidInputError(f"{what} needs an embedding model, and this system runs keyword-only")
+        return embedder
+
+    def batch_key(self, message: Any) -> str | None:
+        return "put" if isinstance(message, PutItem) else None
+
+    def handle_batch(self, messages: list[Any]) -> list[Any]:
+        """Queued puts in one transaction and one embedding request."""
+        texts: list[str] = []
+        plan: list[list[tuple[str, int]]] = []
+        for message in messages:
+            fields = []
+            for path in message.index or ():
+                text = field_text(message.value, path)
+                if text is not None:
+                    fields.append((path, len(texts)))
+                    texts.append(text)
+            plan.append(fields)
+        vectors: Any = []
+        if texts:
+            vectors = embed_documents(self._embedder("PutItem.index"), texts)
+        rows = []
+        for message, fields in zip(messages, plan, strict=True):
+            vecs = {path: vectors[i].tolist() for path, i in fields} if fields else None
+            rows.append((message.namespace, message.key, message.value, vecs, message.ttl_minutes))
+        self.layer.put_many(rows)
+        return [ItemStored(m.namespace, m.key) for m in messages]
+
+    def handle(self, message: Any) -> Any:
+        layer = self.layer
+        if isinstance(message, PutItem):
+            return self.handle_batch([message])[0]
+        if isinstance(message, GetItem):
+            record = layer.get(message.namespace, message.key, refresh_ttl=message.refresh_ttl)
+            return ItemValue(message.namespace, message.key, None if record is None else _stored(record))
+        if isinstance(message, SearchItems):
+            vector = None
+            if message.query is not None:
+                vector = embed_query(self._embedder("SearchItems.query"), message.query).tolist()
+            records = layer.search(
+                message.prefix,
+                query_vector=vector,
+                filter=message.filter,
+                limit=message.limit,
+                offset=message.offset,
+            )
+            return ItemList(message.prefix, tuple(_stored(r) for r in records))
+        if isinstance(message, DeleteItem):
+            gone = layer.delete_many([(message.namespace, message.key)])
+            return ItemDeleted(message.namespace, message.key, gone > 0)
+        if isinstance(message, ListNamespaces):
+            names = layer.list_namespaces(
+                prefix=message.prefix,
+                suffix=message.suffix,
+                max_depth=message.max_depth,
+                limit=message.limit,
+                offset=message.offset,
+            )
+            return NamespaceList(tuple(tuple(n) for n in names))
+        if isinstance(message, TailItems):
+            records = layer.tail(message.namespace, message.limit)
+            return ItemList(message.namespace, tuple(_stored(r) for r in records))
+        if isinstance(message, PopItem):
+            record = layer.pop_last(message.namespace)
+            key = "" if record is None else record.key
+            return ItemValue(message.namespace, key, None if record is None else _stored(record))
+        if isinstance(message, ClearNamespace):
+            return NamespaceCleared(message.namespace, int(layer.delete_namespace(message.namespace)))
+        if isinstance(message, SweepItems):
+            return ItemsSwept(int(layer.sweep(message.prefix)))
+        return super().handle(message)
+
+    def status(self) -> dict[str, Any]:
+        base = super().status()
+        if self.layer is not None:
+            base["count"] = int(self.layer.count())
+        return base
