@@ -12,9 +12,11 @@ from ._base import MemoryActor, Supervision
 from ._blackboard import BlackboardActor
 from ._clock import Clock, IdSource, ManualClock, SystemClock
 from ._embedding import BatchingEmbedder, EmbeddingStats
+from ._episodic_actor import EpisodicActor
+from ._knowledge_actor import KnowledgeStoreActor
 from ._prompt import build_prompt, fallback_prompt, merge_hits, xml_attr, xml_name, xml_text
 from ._runtime import Runtime, StopReport, route
-from ._stores import EpisodicActor, KnowledgeStoreActor, LayerStores, StoreFactory, WorkingMemoryActor
+from ._store_base import LayerStores, StoreFactory
 from ._supervisors import (
     AgentSupervisor,
     BlackboardSupervisor,
@@ -22,6 +24,7 @@ from ._supervisors import (
     MemorySupervisor,
     Supervisor,
 )
+from ._working_actor import WorkingMemoryActor
 
 __all__ = [
     "AgentActor",

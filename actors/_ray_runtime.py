@@ -46,7 +46,7 @@ from ._clock import IdSource, SystemClock
 from ._embedding import BatchingEmbedder
 from ._outbox import has_pending
 from ._runtime import Runtime, StopReport
-from ._stores import LayerStores
+from ._store_base import LayerStores
 from .messages import SignalSubscribed, SignalUnsubscribed, UnsubscribeSignal
 
 __all__ = ["RayRuntime", "connect", "host_name"]

@@ -21,14 +21,14 @@ from pathlib import Path
 from typing import Any, cast
 
 import pykka
-from memstrata.core.config import Config, EmbeddingConfig
+from memstrata.core.config import Config
 from memstrata.core.errors import (
     ConfigError,
     InvalidInputError,
     RequestTimeoutError,
     SystemStoppedError,
 )
-from memstrata.storage import Embedder, load_embedder
+from memstrata.storage import Embedder
 
 from ._agent import describe_error
 from ._base import Envelope, Status, Supervision
@@ -36,11 +36,11 @@ from ._blackboard import SubscribeWithCallback
 from ._clock import Clock, IdSource
 from ._concurrency import Activity, Scheduler
 from ._embedding import BatchingEmbedder
-from ._items_actor import ITEMS_KEY
-from ._msg_items import ITEM_REQUESTS
+from ._embedding_services import EmbeddingServices, ModelLoader, load_model
 from ._outbox import has_pending, new_owner, pending_count, release_owner
 from ._prompt import fallback_prompt, merge_hits
-from ._stores import BoundedSearch, Searched, StoreFactory
+from ._routing import _FOLDER, _SUPERVISOR_OF, _owner, route
+from ._store_base import BoundedSearch, Searched, StoreFactory
 from ._supervisors import (
     AgentSupervisor,
     BlackboardSupervisor,
@@ -54,135 +54,25 @@ from ._supervisors import (
 from ._workspace import SyncFiles, check_tree
 from .messages import (
     SHARED,
-    ArchiveEpisodes,
-    ClearWorkingMemory,
-    CommitMemory,
-    DeleteEpisode,
-    DeleteKnowledge,
-    DeleteSignal,
-    GetEpisode,
-    GetKnowledge,
-    GetWorkingMemory,
     KnowledgeResult,
-    ListEpisodes,
-    ListKnowledge,
-    ListSignals,
     Message,
-    PublishSignal,
     QueryKnowledge,
-    QuerySignal,
-    RestoreEpisodes,
     SearchMemory,
-    SetWorkingMemory,
-    StoreKnowledge,
-    StoreMemory,
     SubscribeSignal,
     TaskAssigned,
-    TaskCompleted,
-    TaskFailed,
     TaskPrompt,
-    UnsubscribeSignal,
-    UpdateKnowledge,
     check_agent_id,
 )
 
 __all__ = ["ModelLoader", "Runtime", "StopReport", "load_model", "route"]
 
-# loads the model an ``[embedding]`` section names (an agent's override); tests pass their own
-ModelLoader = Callable[[EmbeddingConfig], Embedder]
 
 log = logging.getLogger("memstrata.actors")
 
-_SUPERVISOR_OF = {
-    "knowledge": "knowledge",
-    "episodic": "memory",
-    "working": "memory",
-    "items": "memory",
-    "blackboard": "blackboard",
-    "agent": "agent",
-    "workspace": "files",
-    "codebase": "files",
-}
-_FOLDER = {
-    "knowledge": "knowledge",
-    "episodic": "episodic",
-    "agent": "outbox",
-    "outbox": "outbox",
-    "blackboard": "blackboard",
-}
 _STOP_ORDER = ("agent", "knowledge", "memory", "files", "blackboard")
 # how much longer than the retrieval timeout a caller of TaskAssigned waits for the agent actor
 PROMPT_MARGIN_S = 1.0
 _STOP_STAGE_MIN_S = 0.2  # each stop stage gets at least this, so stop(timeout) ends by ~timeout + 1.2 s
-
-
-_KNOWLEDGE_REQUESTS = (
-    StoreKnowledge,
-    QueryKnowledge,
-    ListKnowledge,
-    GetKnowledge,
-    UpdateKnowledge,
-    DeleteKnowledge,
-)
-_EPISODIC_REQUESTS = (
-    StoreMemory,
-    SearchMemory,
-    CommitMemory,
-    ListEpisodes,
-    GetEpisode,
-    DeleteEpisode,
-    ArchiveEpisodes,
-    RestoreEpisodes,
-)
-_BOARD_REQUESTS = (PublishSignal, QuerySignal, SubscribeSignal, UnsubscribeSignal, ListSignals, DeleteSignal)
-
-
-def _owner(key: tuple[str, str]) -> str:
-    """Who an actor belongs to: an agent, ``session:{id}`` or ``codebase:{name}``."""
-    kind, name = key
-    if kind == "blackboard":
-        return f"session:{name}"
-    return f"codebase:{name}" if kind == "codebase" else name
-
-
-def route(message: Message) -> tuple[str, str]:
-    """The ``(kind, key)`` of the actor that handles ``message``."""
-    if isinstance(message, _KNOWLEDGE_REQUESTS):
-        return "knowledge", message.agent_id
-    if isinstance(message, _EPISODIC_REQUESTS):
-        return "episodic", message.agent_id
-    if isinstance(message, SetWorkingMemory | GetWorkingMemory | ClearWorkingMemory):
-        return "working", message.agent_id
-    if isinstance(message, _BOARD_REQUESTS):
-        return "blackboard", message.session_id
-    if isinstance(message, ITEM_REQUESTS):
-        return "items", ITEMS_KEY
-    if isinstance(message, TaskAssigned | TaskCompleted | TaskFailed):
-        if message.agent_id is None:
-            raise InvalidInputError(
-                f"{type(message).__name__}.agent_id is required here (or send it through system.agent(id))"
-            )
-        return "agent", message.agent_id
-    raise InvalidInputError(f"{type(message).__name__} is not a request a memory actor handles")
-
-
-def load_model(settings: EmbeddingConfig) -> Embedder:
-    """The model an ``[embedding]`` section names (``default``: the packaged one)."""
-    model = settings.model
-    return load_embedder(
-        None if model in ("", "default") else model, dim=settings.dim, threads=settings.threads
-    )
-
-
-def _model_key(settings: EmbeddingConfig) -> tuple[Any, ...]:
-    """What makes two ``[embedding]`` sections the same model."""
-    model = "default" if settings.model in ("", "default") else settings.model
-    return (model, settings.dim, settings.threads)
-
-
-def _service_key(settings: EmbeddingConfig) -> tuple[Any, ...]:
-    """What makes two ``[embedding]`` sections the same embedding service (model and batching)."""
-    return (*_model_key(settings), settings.batch_size, settings.max_batch_wait_ms)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -194,7 +84,7 @@ class StopReport:
     left: tuple[str, ...] = ()
 
 
-class Runtime:
+class Runtime(EmbeddingServices):
     """One system's actors and shared services."""
 
     def __init__(
@@ -288,82 +178,6 @@ class Runtime:
         with self._lock:
             self._workspaces[agent_id] = root
         return root
-
-    # -- embedding -----------------------------------------------------------------------------
-
-    def embedding_of(self, agent_id: str) -> tuple[Embedder | None, str | None]:
-        """The embedding service of an agent's stores, workspace and queries, and why it is
-        ``None`` (keyword-only). The shared service unless ``[agents.<id>.embedding]`` names
-        another setting; then one service per distinct setting, shared by every agent with it,
-        made on first use. The shared store always uses the shared one, and so does an agent
-        whose setting names the shared model when that could not be loaded."""
-        shared = self.embedder, None if self.embedder is not None else (self.embedder_note or "keyword-only")
-        settings = self.embedding_settings(agent_id)
-        key = _service_key(settings)
-        if key == _service_key(self.config.embedding):
-            return shared
-        if self.embedder is None and _model_key(settings) == _model_key(self.config.embedding):
-            return shared
-        with self._services_lock:
-            made = self._services.get(key)
-            if made is None:
-                if self._stopped.is_set():
-                    raise SystemStoppedError("the memory system is stopped")
-                made = self._services[key] = self._new_service(settings)
-        return made
-
-    def embedding_settings(self, agent_id: str) -> EmbeddingConfig:
-        """The ``[embedding]`` section an agent's stores use: its own, else the system's (always
-        the system's for the shared store)."""
-        settings = self.config.agent_sections.get(agent_id, {}).get("embedding")
-        if agent_id == SHARED or not isinstance(settings, EmbeddingConfig):
-            return self.config.embedding
-        return settings
-
-    def embedder_for(self, agent_id: str) -> Embedder | None:
-        """:meth:`embedding_of` without the reason."""
-        return self.embedding_of(agent_id)[0]
-
-    def _new_service(self, settings: EmbeddingConfig) -> tuple[BatchingEmbedder | None, str | None]:
-        """A batching service for ``settings``: around the shared model when only the batching
-        differs, else around the model loaded for it (none: keyword-only, with the reason)."""
-        inner: Embedder | None = None
-        if _model_key(settings) == _model_key(self.config.embedding):
-            shared = self.embedder
-            inner = shared.inner if isinstance(shared, BatchingEmbedder) else shared
-        if inner is None:
-            try:
-                inner = self._model_loader(settings)
-            except Exception as exc:  # EmbedderUnavailableError, or a loader's own fault
-                log.warning("embedding model %r could not be loaded: %s", settings.model, exc)
-                return None, f"keyword-only: embedding model {settings.model!r} could not be loaded ({exc})"
-        service = BatchingEmbedder(
-            inner,
-            batch_size=settings.batch_size,
-            max_batch_wait_ms=settings.max_batch_wait_ms,
-            call_timeout_s=self.config.actors.embed_timeout_s,
-        )
-        return service, None
-
-    def embedding_services(self) -> list[tuple[tuple[str, ...], Embedder | None, str | None]]:
-        """Each embedding service with the agents configured to use it (the shared one first,
-        its agents not listed) and, for one that could not be made, why."""
-        found: list[tuple[tuple[str, ...], Embedder | None, str | None]] = [
-            ((), self.embedder, self.embedder_note)
-        ]
-        with self._services_lock:
-            services = dict(self._services)
-        for key, (service, note) in services.items():
-            agents = tuple(
-                sorted(
-                    agent_id
-                    for agent_id, sections in self.config.agent_sections.items()
-                    if isinstance(sections.get("embedding"), EmbeddingConfig)
-                    and _service_key(sections["embedding"]) == key
-                )
-            )
-            found.append((agents, service, note))
-        return found
 
     def codebase_root(self, name: str) -> Path:
         root = self._codebases.get(name)

@@ -22,8 +22,10 @@ from memstrata.core.errors import SystemStoppedError
 from ._agent import AgentActor
 from ._base import MemoryActor
 from ._blackboard import BlackboardActor
+from ._episodic_actor import EpisodicActor
 from ._items_actor import ItemsActor
-from ._stores import EpisodicActor, KnowledgeStoreActor, WorkingMemoryActor
+from ._knowledge_actor import KnowledgeStoreActor
+from ._working_actor import WorkingMemoryActor
 from ._workspace import CodebaseActor, WorkspaceActor
 
 __all__ = [

@@ -58,7 +58,8 @@ def _protocol_streams() -> Iterator[tuple[IO[bytes], IO[bytes]]]:
 def serve(ctx: click.Context, workers: int | None, max_line_bytes: int | None, listen: str | None) -> None:
     """Serve JSON-RPC 2.0, one message per line, on stdin/stdout or a local socket."""
     from ._methods import build_methods
-    from ._server import JsonLinesServer, open_listener
+    from ._rpc_listen import open_listener
+    from ._server import JsonLinesServer
 
     state = sh.state(ctx)
     bridges = state.config.bridges

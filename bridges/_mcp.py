@@ -10,7 +10,7 @@ in worker threads, so a slow embedding never blocks the session's event loop.
 The stdio transport is memstrata's, not the SDK's: the SDK's drops a line it cannot validate
 (not JSON, invalid UTF-8, too deep, an object as id, params that are not an object, an escaped
 lone surrogate) without answering. Here every line is judged first with the JSON-lines server's
-checks (:func:`memstrata.bridges._server.decode_line`), so each bad line gets exactly one JSON-RPC
+checks (:func:`memstrata.bridges._rpc_protocol.decode_line`), so each bad line gets exactly one JSON-RPC
 error (with its id when it has a usable one, else ``null``) and the session goes on.
 """
 
@@ -27,7 +27,7 @@ from typing import IO, TYPE_CHECKING, Any
 from memstrata.core.errors import MemstrataError
 
 from ._json import MAX_DEPTH, dumps
-from ._server import (
+from ._rpc_protocol import (
     DEFAULT_MAX_LINE_BYTES,
     ErrorCode,
     IdentifiedError,

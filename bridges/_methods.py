@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from ._operation import Operation
 from ._operations import OPERATIONS, Context, parse_time
-from ._server import ErrorCode, Method, current_connection
+from ._rpc_connection import current_connection
+from ._rpc_protocol import ErrorCode, Method
 
 if TYPE_CHECKING:
     from memstrata._workspaces import Workspaces

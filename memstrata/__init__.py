@@ -50,8 +50,10 @@ if TYPE_CHECKING:
     )
     from memstrata.storage import Embedder, FastEmbedEmbedder, default_embedder
 
+    from ._agent_handle import Agent
     from ._async import AsyncAgent, AsyncBlackboard, AsyncMemorySystem, AsyncSubscription
-    from ._system import Agent, Blackboard, MemorySystem, Subscription
+    from ._board_handle import Blackboard, Subscription
+    from ._system import MemorySystem
 
 __version__ = "0.1.0"
 
@@ -74,9 +76,9 @@ _LAZY = {
     "AsyncAgent": "memstrata._async",
     "AsyncBlackboard": "memstrata._async",
     "AsyncSubscription": "memstrata._async",
-    "Agent": "memstrata._system",
-    "Blackboard": "memstrata._system",
-    "Subscription": "memstrata._system",
+    "Agent": "memstrata._agent_handle",
+    "Blackboard": "memstrata._board_handle",
+    "Subscription": "memstrata._board_handle",
 }
 
 __all__ = [

@@ -30,8 +30,10 @@ from memstrata.core.errors import InvalidInputError
 from memstrata.messages import Signal
 from memstrata.storage import Embedder
 
+from ._agent_handle import Agent
+from ._board_handle import Blackboard, Subscription
 from ._items import Items
-from ._system import Agent, Blackboard, MemorySystem, Subscription
+from ._system import MemorySystem
 
 __all__ = ["AsyncAgent", "AsyncBlackboard", "AsyncItems", "AsyncMemorySystem", "AsyncSubscription"]
 

@@ -70,7 +70,7 @@ def _owners(runtime: Runtime, kind: str) -> set[str]:
 
 def export_records(runtime: Runtime, *, timeout: float) -> list[dict[str, Any]]:
     """Every record of every store, sorted (waits until the system is idle first)."""
-    from memstrata.actors._stores import ExportRecords
+    from memstrata.actors._store_base import ExportRecords
 
     runtime.check_open()
     runtime.wait_idle(timeout)
@@ -187,7 +187,7 @@ def import_records(runtime: Runtime, records: Iterable[dict[str, Any]], *, timeo
     and time and are skipped when an episode with that uuid exists, archived ones are counted as
     skipped (restore their archive file); working memory and blackboard values are set again.
     """
-    from memstrata.actors._stores import ImportRecords
+    from memstrata.actors._store_base import ImportRecords
 
     runtime.check_open()
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import numbers
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -40,6 +39,7 @@ from memstrata.core.errors import InvalidInputError, StorageError
 from ._connection import Database
 from ._heap import trim_heap
 from ._migrations import ensure_metadata, get_meta, set_meta
+from ._vector_checks import check_metas, check_vectors, meta_value
 from ._vector_mirror import Mirror, VectorHit
 from ._vector_sync import _OP_DELETE, _OP_RESET, _OP_UPSERT, MirrorUpkeep, _rollbacks
 
@@ -54,7 +54,6 @@ _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 APPROXIMATE_FROM = 100_000  # live vectors from which searches use the inverted lists
 
-_PLAIN: dict[str, type] = {"text": str, "integer": int, "float": float}
 _BULK_DELETE = 64  # from this many vec0 deletes, sort them by chunk and raise the page cache
 _BULK_CACHE_KIB = 65_536
 
@@ -244,58 +243,13 @@ class VectorIndex(MirrorUpkeep):
     # -- writes --------------------------------------------------------------------------------
 
     def _check(self, vectors: FloatArray, what: str = "vectors") -> FloatArray:
-        try:
-            array = np.asarray(vectors, dtype=np.float32)
-        except (TypeError, ValueError) as exc:
-            raise InvalidInputError(f"{what} must be an array of numbers: {exc}") from exc
-        if array.ndim == 1:
-            array = array.reshape(1, -1)
-        if array.ndim != 2 or array.shape[1] != self.dim:
-            raise InvalidInputError(f"{what} must have shape (n, {self.dim}), got {array.shape}")
-        if not np.isfinite(array).all():
-            raise InvalidInputError(f"{what} contain NaN or infinity")
-        if len(array) and not np.linalg.norm(array, axis=1).all():
-            raise InvalidInputError(f"{what} contain a zero vector, which has no cosine similarity")
-        return np.ascontiguousarray(array)
+        return check_vectors(vectors, self.dim, what)
 
     def _meta_value(self, column: str, value: Any, index: int) -> Any:
-        kind = self._types[column]
-        plain = type(value)
-        if plain is _PLAIN.get(kind) and (plain is not float or math.isfinite(value)):
-            return value  # the common case, without the slower numbers ABC checks
-        ok = False
-        if kind == "text":
-            ok = isinstance(value, str)
-        elif kind == "integer":
-            ok = isinstance(value, numbers.Integral)
-            value = int(value) if ok else value
-        elif kind == "float":
-            ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-            value = float(value) if ok else value
-        elif kind == "boolean":
-            ok = isinstance(value, bool | np.bool_)
-            ok = ok or (isinstance(value, numbers.Integral) and int(value) in (0, 1))
-            value = int(value) if ok else value
-        if not ok:
-            raise InvalidInputError(
-                f"metas[{index}][{column!r}] must be a {kind} value for vector table {self.table}, "
-                f"got {value!r}"
-            )
-        return value
+        return meta_value(self._types[column], self.table, column, value, index)
 
     def _metas(self, metas: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        checked = []
-        for index, meta in enumerate(metas):
-            unknown = set(meta) - set(self.metadata)
-            if unknown:
-                raise InvalidInputError(f"metas[{index}] has unknown column(s) {sorted(unknown)}")
-            row = {}
-            for column in self.metadata:
-                if column not in meta:
-                    raise InvalidInputError(f"metas[{index}] lacks metadata column {column!r}")
-                row[column] = self._meta_value(column, meta[column], index)
-            checked.append(row)
-        return checked
+        return check_metas(self._types, self.table, metas)
 
     def upsert_many(
         self,

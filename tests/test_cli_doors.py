@@ -203,7 +203,7 @@ def test_memory_get_of_a_superscript_id_is_a_clear_error(data_dir: Path) -> None
 
 def test_storage_errors_leave_status_once_writes_succeed_again(data_dir: Path) -> None:
     """A full disk is a warning while it lasts; a later successful write clears it."""
-    from memstrata.actors import _stores
+    from memstrata.actors import _knowledge_actor
 
     from memstrata import Config, MemorySystem
     from memstrata.errors import StorageError
@@ -212,24 +212,24 @@ def test_storage_errors_leave_status_once_writes_succeed_again(data_dir: Path) -
     with MemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder()) as system:
         agent = system.agent("disk")
         agent.store_knowledge("before the disk filled up", category="pattern")
-        original = _stores.KnowledgeStoreActor.handle_batch
+        original = _knowledge_actor.KnowledgeStoreActor.handle_batch
 
         def full(self: object, messages: list[object]) -> list[object]:
             raise StorageError("database x: the disk is full")
 
-        _stores.KnowledgeStoreActor.handle_batch = full  # type: ignore[method-assign]
-        original_handle = _stores.KnowledgeStoreActor.handle
+        _knowledge_actor.KnowledgeStoreActor.handle_batch = full  # type: ignore[method-assign]
+        original_handle = _knowledge_actor.KnowledgeStoreActor.handle
 
         def full_handle(self: object, message: object) -> object:
             raise StorageError("database x: the disk is full")
 
-        _stores.KnowledgeStoreActor.handle = full_handle  # type: ignore[method-assign]
+        _knowledge_actor.KnowledgeStoreActor.handle = full_handle  # type: ignore[method-assign]
         try:
             with pytest.raises(StorageError):
                 agent.store_knowledge("while the disk is full", category="pattern")
         finally:
-            _stores.KnowledgeStoreActor.handle_batch = original  # type: ignore[method-assign]
-            _stores.KnowledgeStoreActor.handle = original_handle  # type: ignore[method-assign]
+            _knowledge_actor.KnowledgeStoreActor.handle_batch = original  # type: ignore[method-assign]
+            _knowledge_actor.KnowledgeStoreActor.handle = original_handle  # type: ignore[method-assign]
         assert any("disk is full" in w for w in system.status()["warnings"])
         agent.store_knowledge("after space was freed", category="pattern")
         assert not any("disk is full" in w for w in system.status()["warnings"]), system.status()["warnings"]

@@ -51,12 +51,13 @@ def _config(data_dir: Path, address: str, **more: Any) -> Config:
         cluster__namespace=NAMESPACE,
         cluster__pins=list(PINS),
         cluster__placement="resource:node_b",  # blackboards and the shared store: the second node
+        actors__ask_timeout_s=120,  # headroom: a loaded 2-core machine runs the whole cluster
         **more,
     )
 
 
 def _where(name: str) -> tuple[str, int]:
-    node, pid = ray.get(ray.get_actor(name, namespace=NAMESPACE).where.remote(), timeout=30)
+    node, pid = ray.get(ray.get_actor(name, namespace=NAMESPACE).where.remote(), timeout=120)
     return str(node), int(pid)
 
 
@@ -112,7 +113,8 @@ def test_agents_on_two_nodes_share_memory_with_a_second_driver(cluster: Any, dat
             "import ray\n"
             f"config = Config.load(env={{}}, data_dir={str(data_dir)!r}, cluster__engine='ray', "
             f"cluster__address={cluster.address!r}, cluster__namespace={NAMESPACE!r}, "
-            f"cluster__pins={list(PINS)!r}, cluster__placement='resource:node_b')\n"
+            f"cluster__pins={list(PINS)!r}, cluster__placement='resource:node_b', "
+            "actors__ask_timeout_s=120)\n"
             "with MemorySystem.start(config, embedder=HashEmbedder()) as system:\n"
             "    hits = system.agent('a1').query_knowledge('deploy key vault', include_shared=False)\n"
             "    episodes = system.agent('a1').list_episodes()\n"
@@ -136,7 +138,7 @@ def test_agents_on_two_nodes_share_memory_with_a_second_driver(cluster: Any, dat
             [sys.executable, "-c", script],
             capture_output=True,
             text=True,
-            timeout=90,
+            timeout=240,
             cwd=data_dir,
             check=False,
         )

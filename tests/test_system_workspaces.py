@@ -309,3 +309,14 @@ def test_workspace_settings_load_from_toml_and_the_environment(tmp_path: Path) -
     bad = {"MEMSTRATA_AGENTS__ARCHITECT__SYNC__WATCH": "maybe"}
     with pytest.raises(ConfigError, match="MEMSTRATA_AGENTS__ARCHITECT__SYNC__WATCH"):
         Config.load(toml, env=bad)
+
+
+def test_the_workspace_actor_starts_a_watcher_by_default(trees: dict[str, Path]) -> None:
+    """The watch trigger: the actor that owns the workspace runs the debounced watcher of the layer
+    (its event-to-sync behaviour is tested on the layer, tests/test_files_watch.py)."""
+    with _start(_config(trees)) as system:
+        system.agent("a")
+        assert system.wait_idle(30)
+        watcher = system.status()["agents"]["a"]["workspace"]["watcher"]
+    assert watcher["running"] is True and watcher["healthy"] is True, watcher
+    assert watcher["debounce_s"] == 1.5

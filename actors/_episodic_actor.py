@@ -1,0 +1,262 @@
+"""EpisodicActor: episodic memory behind a mailbox; one store actor per module."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from memstrata.core.constants import EMBED_CHARS  # what a knowledge entry's vector is made of
+from memstrata.core.errors import EmbeddingError
+from memstrata.storage import Embedder, embed_documents
+
+from ._store_base import (
+    ExportRecords,
+    FloatArray,
+    ImportRecords,
+    WriteBackEpisode,
+    _iso,
+    _layer_config,
+    _PersistentActor,
+)
+from .messages import (
+    ArchiveEpisodes,
+    CommitMemory,
+    DeleteEpisode,
+    EpisodeDeleted,
+    EpisodeItem,
+    EpisodeList,
+    EpisodesArchived,
+    EpisodesRestored,
+    GetEpisode,
+    ListEpisodes,
+    MemoryCommitted,
+    MemorySearchResult,
+    MemoryStored,
+    RestoreEpisodes,
+    SearchMemory,
+    StoreMemory,
+)
+
+__all__ = ["EpisodicActor"]
+
+
+class EpisodicActor(_PersistentActor):
+    """``episodic/{agent}.sqlite`` behind a mailbox; committed before it closes."""
+
+    kind = "episodic"
+
+    def open_layer(self) -> Any:
+        runtime = self.runtime
+        layer = runtime.stores.open_episodic(
+            runtime.path("episodic", self.key),
+            runtime.embedder_for(self.key),
+            _layer_config(runtime, self.key),
+            runtime.clock.now,
+        )
+        if hasattr(layer, "new_uuid") and runtime.ids.seed is not None:
+            # seeded ids continue after what the store holds, so a restart never reuses one
+            held = int(layer.count())
+            status = layer.status() if callable(getattr(layer, "status", None)) else {}
+            held += sum(int(a.get("episodes", 0)) for a in status.get("archives", ()))
+            layer.new_uuid = runtime.ids.for_scope(f"episode:{self.key}:{held}")
+        return layer
+
+    def close_layer(self, layer: Any) -> None:
+        try:
+            layer.commit()
+        finally:
+            layer.close()
+
+    def batch_key(self, message: Any) -> str | None:
+        if isinstance(message, StoreMemory) or (isinstance(message, WriteBackEpisode) and not message.once):
+            return "store"
+        return None
+
+    def _shared_vectors(self, messages: Sequence[StoreMemory]) -> list[FloatArray | None]:
+        """Vectors of write-back episodes: their content through the agent's embedding service
+        (its knowledge store's too), which computes each text once for the knowledge entry and
+        the episode. ``None`` where the layer embeds by itself (another embedder, keyword-only,
+        or the model failed)."""
+        embedder: Embedder | None = self.runtime.embedder_for(self.key)
+        own: object = getattr(self.layer, "embedder", None)
+        if not messages or embedder is None or own is not embedder:
+            return [None] * len(messages)
+        try:
+            array = embed_documents(embedder, [m.content[:EMBED_CHARS] for m in messages])
+        except EmbeddingError:
+            return [None] * len(messages)  # the layer tries again and keeps the episode either way
+        return list(array)
+
+    def _item(self, message: StoreMemory, vector: FloatArray | None) -> dict[str, Any]:
+        item: dict[str, Any] = {
+            "content": message.content,
+            "title": message.title,
+            "task_run_id": message.task_run_id,
+            "tags": message.tags,
+            "kind": message.kind,
+            "at": message.at or self.runtime.clock.now(),
+        }
+        if vector is not None:
+            item["vector"] = vector
+        return item
+
+    def handle_batch(self, messages: list[Any]) -> list[Any]:
+        """Queued episodes in one ``record_many``: one transaction, one embedding request."""
+        results: list[Any] = [None] * len(messages)
+        plain: list[tuple[int, StoreMemory]] = []
+        shared: list[tuple[int, StoreMemory]] = []
+        for index, message in enumerate(messages):
+            original = message.message if isinstance(message, WriteBackEpisode) else message
+            refused = None  # a write-back's text passed the same rule before its outbox acknowledged it
+            if original is message:
+                refused = self._refused(original.content, "StoreMemory.content")
+            if refused is not None:
+                results[index] = refused
+                continue
+            (shared if isinstance(message, WriteBackEpisode) else plain).append((index, original))
+        vectors = self._shared_vectors([m for _, m in shared])
+        order = [*plain, *shared]
+        items = [self._item(m, None) for _, m in plain]
+        items += [self._item(m, v) for (_, m), v in zip(shared, vectors, strict=True)]
+        if items:
+            ids = self.layer.record_many(items)
+            for (index, _), episode_id in zip(order, ids, strict=True):
+                results[index] = MemoryStored(self.key, int(episode_id))
+            self.after_write()
+        return results
+
+    def handle(self, message: Any) -> Any:
+        internal, answer = self.handle_internal(message)
+        if internal:
+            return answer
+        layer = self.layer
+        if isinstance(message, ExportRecords):
+            return self._export()
+        if isinstance(message, ImportRecords):
+            return self._import(message.records)
+        if isinstance(message, WriteBackEpisode):
+            original = message.message
+            if message.once:
+                for episode in layer.timeline(task_run_id=original.task_run_id, limit=10_000):
+                    if episode.content == original.content and episode.title == original.title:
+                        return MemoryStored(self.key, int(episode.id))
+            vector = self._shared_vectors([original])[0]
+            episode_id = layer.record_many([self._item(original, vector)])[0]
+            self.after_write()
+            return MemoryStored(self.key, int(episode_id))
+        if isinstance(message, StoreMemory):
+            episode_id = layer.record(
+                message.content,
+                title=message.title,
+                task_run_id=message.task_run_id,
+                tags=message.tags,
+                kind=message.kind,
+                at=message.at or self.runtime.clock.now(),
+            )
+            self.after_write()
+            return MemoryStored(self.key, int(episode_id))
+        if isinstance(message, SearchMemory):
+            hits = layer.search(
+                message.query,
+                top_k=message.top_k,
+                task_run_id=message.task_run_id,
+                since=message.since,
+                until=message.until,
+            )
+            return MemorySearchResult(self.key, message.task_run_id, tuple(hits))
+        if isinstance(message, ListEpisodes):
+            episodes = layer.timeline(
+                task_run_id=message.task_run_id,
+                since=message.since,
+                until=message.until,
+                limit=message.limit,
+                offset=message.offset,
+                newest_first=message.newest_first,
+            )
+            return EpisodeList(self.key, tuple(episodes))
+        if isinstance(message, GetEpisode):
+            return EpisodeItem(self.key, layer.get(message.episode_id))
+        if isinstance(message, DeleteEpisode):
+            return EpisodeDeleted(self.key, message.episode_id, bool(layer.delete(message.episode_id)))
+        if isinstance(message, ArchiveEpisodes):
+            Path(message.path).parent.mkdir(parents=True, exist_ok=True)
+            count = layer.archive(message.path, before=message.before, task_run_id=message.task_run_id)
+            return EpisodesArchived(self.key, message.path, int(count))
+        if isinstance(message, RestoreEpisodes):
+            count = layer.restore(message.path)
+            self.after_write()
+            return EpisodesRestored(self.key, message.path, int(count))
+        if isinstance(message, CommitMemory):
+            layer.commit()
+            return MemoryCommitted(self.key)
+        return super().handle(message)
+
+    def _record(self, episode: Any, archive: str | None) -> dict[str, Any]:
+        return {
+            "kind": "episode",
+            "agent": self.key,
+            "id": int(episode.id),
+            "uuid": episode.uuid,
+            "at": _iso(episode.at),
+            "episode_kind": episode.kind,
+            "title": episode.title,
+            "task_run_id": episode.task_run_id,
+            "tags": dict(episode.tags),
+            "content": episode.content,
+            "archive": archive,
+        }
+
+    def _export(self) -> list[dict[str, Any]]:
+        """Live episodes, then the episodes of every readable archive (named by file name)."""
+        from memstrata.layers._archive import ArchiveFile
+        from memstrata.layers._episode_records import episode_from_row
+
+        layer = self.layer
+        out = [self._record(e, None) for e in layer.timeline(limit=None)]
+        status = layer.status() if callable(getattr(layer, "status", None)) else {}
+        for archive in status.get("archives", ()):
+            if not archive.get("available"):
+                continue
+            path = Path(str(archive["path"]))
+            opened = ArchiveFile(path, verify=False)
+            try:
+                rows = opened.rows()
+            finally:
+                opened.close()
+            gone = layer.deleted_uuids([str(r[1]) for r in rows])  # deleted for good since
+            out += [
+                self._record(episode_from_row(r, path.name), path.name) for r in rows if str(r[1]) not in gone
+            ]
+        return out
+
+    def _import(self, records: Sequence[dict[str, Any]]) -> int:
+        """Live episodes with their uuid and time; those already present (same uuid) and
+        archived ones (restore their archive file instead) are skipped."""
+        layer = self.layer
+        present = {e.uuid for e in layer.timeline(limit=None)}
+        saved = getattr(layer, "new_uuid", None)
+        added = 0
+        try:
+            for record in sorted(records, key=lambda r: (str(r.get("at")), int(r.get("id", 0)))):
+                uuid = str(record.get("uuid") or "")
+                if record.get("archive") or (uuid and uuid in present):
+                    continue
+                if uuid and saved is not None:
+                    layer.new_uuid = lambda uuid=uuid: uuid
+                layer.record(
+                    record["content"],
+                    title=record.get("title"),
+                    task_run_id=record.get("task_run_id"),
+                    tags=record.get("tags") or None,
+                    kind=record.get("episode_kind", "note"),
+                    at=datetime.fromisoformat(str(record["at"])),
+                )
+                present.add(uuid)
+                added += 1
+        finally:
+            if saved is not None:
+                layer.new_uuid = saved
+        self.after_write()
+        return added

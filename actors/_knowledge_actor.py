@@ -1,0 +1,192 @@
+"""KnowledgeStoreActor: the long-term knowledge store behind a mailbox; one store actor per module."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ._store_base import (
+    _EXPORT_PAGE,
+    ExportRecords,
+    ImportRecords,
+    _layer_config,
+    _PersistentActor,
+)
+from .messages import (
+    DeleteKnowledge,
+    GetKnowledge,
+    KnowledgeDeleted,
+    KnowledgeItem,
+    KnowledgeList,
+    KnowledgeResult,
+    KnowledgeStored,
+    KnowledgeUpdated,
+    ListKnowledge,
+    QueryKnowledge,
+    StoreKnowledge,
+    UpdateKnowledge,
+)
+
+__all__ = ["KnowledgeStoreActor"]
+
+
+class KnowledgeStoreActor(_PersistentActor):
+    """``knowledge/{agent}.sqlite`` (or ``knowledge/shared.sqlite``) behind a mailbox."""
+
+    kind = "knowledge"
+
+    def open_layer(self) -> Any:
+        runtime = self.runtime
+        layer = runtime.stores.open_knowledge(
+            runtime.path("knowledge", self.key),
+            runtime.embedder_for(self.key),
+            _layer_config(runtime, self.key),
+        )
+        if hasattr(layer, "clock"):  # entries are dated by the system's clock (simulations replay)
+            clock = runtime.clock
+            layer.clock = lambda: clock.now().timestamp()
+        if hasattr(layer, "owner"):  # entries say which store they are in
+            layer.owner = self.key
+        return layer
+
+    def batch_key(self, message: Any) -> str | None:
+        return "store" if isinstance(message, StoreKnowledge) else None
+
+    def handle_batch(self, messages: list[Any]) -> list[Any]:
+        """Queued stores in one ``add_many``: one transaction, one embedding request."""
+        results: list[Any] = [None] * len(messages)
+        items: list[dict[str, Any]] = []
+        where: list[int] = []
+        for index, message in enumerate(messages):
+            refused = self._refused(message.content, "StoreKnowledge.content")
+            if refused is not None:
+                results[index] = refused
+                continue
+            where.append(index)
+            items.append(
+                {
+                    "content": message.content,
+                    "category": message.category,
+                    "tags": message.tags,
+                    "scope": message.scope,
+                    "author": message.author,
+                }
+            )
+        if items:
+            ids = self.layer.add_many(items)
+            for index, entry_id in zip(where, ids, strict=True):
+                results[index] = KnowledgeStored(self.key, int(entry_id))
+            self.after_write()
+        return results
+
+    def handle(self, message: Any) -> Any:
+        internal, answer = self.handle_internal(message)
+        if internal:
+            return answer
+        layer = self.layer
+        if isinstance(message, ExportRecords):
+            return self._export()
+        if isinstance(message, ImportRecords):
+            return self._import(message.records)
+        if isinstance(message, StoreKnowledge):
+            entry_id = layer.add(
+                message.content,
+                category=message.category,
+                tags=message.tags,
+                scope=message.scope,
+                author=message.author,
+            )
+            self.after_write()
+            return KnowledgeStored(self.key, int(entry_id))
+        if isinstance(message, QueryKnowledge):
+            hits = layer.search(
+                message.query,
+                top_k=message.top_k,
+                mode=message.mode,
+                category=message.category,
+                tags=message.tags,
+                scope=message.scope,
+                min_score=message.min_score,
+            )
+            return KnowledgeResult(self.key, tuple(hits))
+        if isinstance(message, ListKnowledge):
+            entries = layer.list(
+                category=message.category,
+                tags=message.tags,
+                scope=message.scope,
+                limit=message.limit,
+                offset=message.offset,
+            )
+            return KnowledgeList(self.key, tuple(entries))
+        if isinstance(message, GetKnowledge):
+            return KnowledgeItem(self.key, layer.get(message.entry_id))
+        if isinstance(message, UpdateKnowledge):
+            return self._update(message)
+        if isinstance(message, DeleteKnowledge):
+            return KnowledgeDeleted(self.key, message.entry_id, bool(layer.delete(message.entry_id)))
+        return super().handle(message)
+
+    def _update(self, message: UpdateKnowledge) -> KnowledgeUpdated:
+        """Only the given fields change (``tags``: all of them); the layer re-embeds new content
+        and refuses a change that would duplicate another entry."""
+        changes: dict[str, Any] = {}
+        if message.content is not None:
+            changes["content"] = message.content
+        for name in ("category", "tags", "scope"):
+            value = getattr(message, name)
+            if value is not None:
+                changes[name] = value
+        entry = self.layer.update(message.entry_id, **changes)
+        if "content" in changes:
+            self.after_write()
+        return KnowledgeUpdated(self.key, message.entry_id, entry)
+
+    def _export(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        offset = 0
+        while True:
+            page = self.layer.list(limit=_EXPORT_PAGE, offset=offset, order_by="id", descending=False)
+            for entry in page:
+                out.append(
+                    {
+                        "kind": "knowledge",
+                        "owner": self.key,
+                        "id": int(entry.id),
+                        "content": entry.content,
+                        "category": entry.category,
+                        "scope": entry.scope,
+                        "tags": dict(entry.tags),
+                        "author": entry.author,
+                        "created_at": float(entry.created_at),
+                        "updated_at": float(entry.updated_at),
+                    }
+                )
+            if len(page) < _EXPORT_PAGE:
+                return out
+            offset += len(page)
+
+    def _import(self, records: Sequence[dict[str, Any]]) -> int:
+        """Entries in id order, each dated as exported: created by an ``add`` at ``created_at``,
+        then (when it changed later) refreshed by the same ``add`` at ``updated_at``."""
+        layer = self.layer
+        saved = getattr(layer, "clock", None)
+        added = 0
+        try:
+            for record in sorted(records, key=lambda r: int(r.get("id", 0))):
+                args = {
+                    "category": record["category"],
+                    "tags": record.get("tags") or None,
+                    "scope": record.get("scope", "/"),
+                    "author": record.get("author"),
+                }
+                before = layer.count()
+                for stamp in dict.fromkeys((record.get("created_at"), record.get("updated_at"))):
+                    if stamp is not None and saved is not None:
+                        layer.clock = lambda stamp=float(stamp): stamp
+                    layer.add(record["content"], **args)
+                added += int(layer.count()) - int(before)
+        finally:
+            if saved is not None:
+                layer.clock = saved
+        self.after_write()
+        return added

@@ -1,0 +1,177 @@
+"""MemorySystem.status() assembly and warnings: a read-only report, apart from the lifecycle."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from memstrata.actors import BatchingEmbedder
+from memstrata.messages import SHARED
+from memstrata.storage import Embedder, driver_info
+
+if TYPE_CHECKING:
+    from memstrata.actors import Runtime
+
+__all__ = ["system_status"]
+
+
+def system_status(runtime: Runtime) -> dict[str, Any]:
+    """What runs and what is stored: drivers, vectors, model, per-agent counts, degradation."""
+    info = driver_info()
+    embedder = runtime.embedder
+    embedding: dict[str, Any] = {
+        "model": None if embedder is None else embedder.model_id,
+        "dim": None if embedder is None else embedder.dim,
+        "keyword_only": embedder is None,
+        "note": runtime.embedder_note,
+    }
+    model_state: dict[str, Any] = {}
+    if isinstance(embedder, BatchingEmbedder):
+        embedding.update(embedder.stats().as_dict())
+        model_state = embedder.model_status()
+        embedding["state"] = model_state  # ok / stuck since ... on a call of N texts / faulty
+    # the services of agents whose [agents.<id>.embedding] names another setting (made on
+    # first use): which agents, which model, and how it is doing
+    embedding["per_agent"] = [
+        _service_status(agents, service, note) for agents, service, note in runtime.embedding_services()[1:]
+    ]
+    agents: dict[str, dict[str, Any]] = {}
+    boards: dict[str, dict[str, Any]] = {}
+    codebases: dict[str, dict[str, Any]] = {}
+    shared: dict[str, Any] = {}
+    items: dict[str, Any] = {}
+    degraded = runtime.supervision.degraded()
+    if not runtime.stopped:
+        for (kind, key), state in runtime.actor_status().items():
+            if kind == "blackboard":
+                boards[key] = state
+                continue
+            if kind == "codebase":
+                codebases[key] = state
+                continue
+            if kind == "items":  # the system's item store, not an agent's
+                items = state
+                continue
+            if key == SHARED:
+                shared = state
+                continue
+            agents.setdefault(key, {})[kind] = state
+    for agent_id, kinds in agents.items():
+        kinds["degraded"] = degraded.get(agent_id)
+    warnings = _warnings(info.native_vectors, info.reason, runtime.embedder_note, agents, shared, degraded)
+    for name, state in sorted(codebases.items()):
+        if state.get("last_sync_error"):
+            warnings.append(f"codebase {name}: {state['last_sync_error']}")
+    for service in embedding["per_agent"]:
+        who = ", ".join(service["agents"])
+        state = service.get("state", {})
+        if service["keyword_only"]:
+            warnings.append(f"agents {who}: {service['note']}")
+        elif state.get("state") == "stuck":
+            warnings.append(f"agents {who}: {state['reason']}: vectors pending, searches by keywords")
+        elif state.get("state") == "faulty":
+            warnings.append(
+                f"agents {who}: model {state['model']!r} is faulty since {state['since']} "
+                f"(last error: {state['last_error']}): vectors are retried"
+            )
+    if model_state.get("state") == "stuck":
+        warnings.insert(
+            0,
+            f"{model_state['reason']}: writes are stored with vectors pending, searches rank by keywords",
+        )
+    elif model_state.get("state") == "faulty":
+        warnings.insert(
+            0,
+            f"model {model_state['model']!r} is faulty since {model_state['since']} "
+            f"(last error: {model_state['last_error']}): vectors are retried",
+        )
+    return {
+        "data_dir": str(runtime.data_dir),
+        "stopped": runtime.stopped or not runtime.accepting,
+        "driver": info.as_dict(),
+        "vectors": "native (sqlite-vec)" if info.native_vectors else f"fallback (numpy): {info.reason}",
+        "embedding": embedding,
+        "agents": agents,
+        "shared_knowledge": shared,
+        "blackboards": boards,
+        "items": items,
+        "codebases": codebases,
+        "degraded": degraded,
+        "restarts": runtime.supervision.restarts(),
+        "shared_query_errors": runtime.shared_query_errors,
+        "blackboard_subscriber_errors": sum(int(b.get("subscriber_errors", 0)) for b in boards.values()),
+        "in_flight": runtime.activity.in_flight,
+        "warnings": warnings,
+    }
+
+
+def _service_status(agents: Sequence[str], service: Embedder | None, note: str | None) -> dict[str, Any]:
+    """One per-agent embedding service in :meth:`MemorySystem.status`."""
+    state: dict[str, Any] = {
+        "agents": list(agents),
+        "model": None if service is None else service.model_id,
+        "dim": None if service is None else service.dim,
+        "keyword_only": service is None,
+        "note": note,
+    }
+    if isinstance(service, BatchingEmbedder):
+        state.update(service.stats().as_dict())
+        state["state"] = service.model_status()
+    return state
+
+
+def _warnings(
+    native_vectors: bool,
+    vec_reason: str | None,
+    embedder_note: str | None,
+    agents: Mapping[str, Mapping[str, Any]],
+    shared: Mapping[str, Any],
+    degraded: Mapping[str, str],
+) -> list[str]:
+    """What is degraded right now, one line each: nothing here means nothing is."""
+    out: list[str] = []
+    if not native_vectors:
+        out.append(f"sqlite-vec is not loaded ({vec_reason}): new vector tables use the exact numpy scan")
+    if embedder_note:
+        out.append(embedder_note)
+    owners: list[tuple[str, Mapping[str, Any]]] = list(agents.items())
+    if shared:
+        owners.append(("shared", {"knowledge": shared}))
+    for owner, kinds in owners:
+        for kind, state in kinds.items():
+            if not isinstance(state, Mapping):
+                continue
+            where = f"{owner} {kind}"
+            if "error" in state:
+                out.append(f"{where}: no status ({state['error']})")
+            store = state.get("store")
+            if isinstance(store, Mapping):
+                if store.get("mode") == "keyword-only":
+                    reason = store.get("reason") or store.get("keyword_only_reason")
+                    out.append(f"{where}: keyword-only ({reason})")
+                if store.get("pending_vectors"):
+                    out.append(
+                        f"{where}: {store['pending_vectors']} item(s) wait for their vectors and are "
+                        f"found by keywords until then (last embedder error: {store.get('last_error')})"
+                    )
+                check = store.get("consistency")
+                if isinstance(check, Mapping) and check.get("problems"):
+                    out.append(f"{where}: repaired on open: {'; '.join(map(str, check['problems']))}")
+            for problem in ("last_sync_error", "last_note_error"):  # workspaces
+                if state.get(problem):
+                    out.append(f"{where}: {state[problem]}")
+            if state.get("storage_errors"):
+                out.append(
+                    f"{where}: {state['storage_errors']} write(s) failed in the database, "
+                    f"last: {state.get('last_storage_error')}"
+                )
+            waiting = int(state.get("outbox_pending") or 0) - int(state.get("writebacks_in_flight") or 0)
+            if waiting > 0:
+                out.append(f"{where}: {waiting} acknowledged write-back(s) wait in the outbox for a retry")
+            if state.get("outbox_dead"):
+                out.append(
+                    f"{where}: {state['outbox_dead']} write-back(s) were refused and are kept in the outbox"
+                )
+    for owner, reason in sorted(degraded.items()):
+        out.append(f"{owner} is degraded: {reason}")
+    return out

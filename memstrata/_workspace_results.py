@@ -1,0 +1,154 @@
+"""The registry's result types (roots, hits, file text) and row/JSON conversions, apart from its logic."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+
+__all__ = ["KINDS", "FileText", "Kind", "Workspace", "WorkspaceHit", "WorkspaceHits"]
+
+Kind = Literal["memory", "code"]
+KINDS: tuple[Kind, ...] = ("memory", "code")
+
+
+@dataclass(frozen=True, slots=True)
+class Workspace:
+    """One indexed root."""
+
+    root: Path
+    kind: Kind
+    db_path: Path
+    added_at: dt.datetime
+    last_sync_at: dt.datetime | None
+    last_stats: dict[str, Any] | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "root": str(self.root),
+            "kind": self.kind,
+            "db_path": str(self.db_path),
+            "added_at": self.added_at.isoformat(),
+            "last_sync_at": self.last_sync_at.isoformat() if self.last_sync_at else None,
+            "last_stats": self.last_stats,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class WorkspaceHit:
+    """A file-search hit with the root it came from (``path`` is relative to ``root``)."""
+
+    root: Path
+    kind: Kind
+    path: str
+    start_line: int
+    end_line: int
+    score: float
+    snippet: str
+    match_type: str
+    language: str | None = None
+
+    @property
+    def absolute_path(self) -> Path:
+        return self.root / self.path
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "root": str(self.root),
+            "kind": self.kind,
+            "path": self.path,
+            "start_line": self.start_line,
+            "end_line": self.end_line,
+            "score": self.score,
+            "snippet": self.snippet,
+            "match_type": self.match_type,
+            "language": self.language,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class FileText:
+    """Lines read back from an indexed file."""
+
+    root: Path
+    kind: Kind
+    path: str
+    from_line: int
+    lines: int
+    text: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "root": str(self.root),
+            "kind": self.kind,
+            "path": self.path,
+            "from_line": self.from_line,
+            "lines": self.lines,
+            "text": self.text,
+        }
+
+
+class WorkspaceHits(list[WorkspaceHit]):
+    """Hits across roots, best first. ``complete`` is False when some root's sync ran out of its
+    budget before the search (files not indexed yet were not searched); ``warnings`` names the
+    roots that were skipped (a folder that is gone); ``degraded`` is kept for the one result
+    shape of every search (file search never falls back, so it stays ``None``)."""
+
+    def __init__(self, hits: Any = (), *, complete: bool = True, warnings: Any = ()) -> None:
+        super().__init__(hits)
+        self.complete = complete
+        self.warnings: list[str] = list(warnings)
+        self.degraded: str | None = None
+
+
+def _row_to_workspace(row: Any) -> Workspace:
+    root, kind, db_path, added_at, last_sync_at, last_stats = row
+    return Workspace(
+        root=Path(root),
+        kind=kind,
+        db_path=Path(db_path),
+        added_at=dt.datetime.fromisoformat(added_at),
+        last_sync_at=dt.datetime.fromisoformat(last_sync_at) if last_sync_at else None,
+        last_stats=orjson.loads(last_stats) if last_stats else None,
+    )
+
+
+def _hit(ws: Workspace, hit: Any) -> WorkspaceHit:
+    return WorkspaceHit(
+        root=ws.root,
+        kind=ws.kind,
+        path=str(hit.path),
+        start_line=int(hit.start_line),
+        end_line=int(hit.end_line),
+        score=float(hit.score),
+        snippet=str(hit.snippet),
+        match_type=str(hit.match_type),
+        language=getattr(hit, "language", None),
+    )
+
+
+def _stats_dict(stats: Any) -> dict[str, Any]:
+    if dataclasses.is_dataclass(stats) and not isinstance(stats, type):
+        return _plain(stats)  # type: ignore[no-any-return]
+    if isinstance(stats, dict):
+        return stats
+    return {"value": str(stats)}
+
+
+def _plain(value: Any) -> Any:
+    """Dataclasses, paths and datetimes as plain JSON-ready values."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, dt.datetime | dt.date):
+        return value.isoformat()
+    return value

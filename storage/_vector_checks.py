@@ -1,0 +1,77 @@
+"""Checks of vectors and metadata rows before a VectorIndex writes them: validation apart from storage."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from memstrata.core.errors import InvalidInputError
+
+__all__ = ["check_metas", "check_vectors", "meta_value"]
+
+FloatArray = npt.NDArray[np.float32]
+_PLAIN: dict[str, type] = {"text": str, "integer": int, "float": float}
+
+
+def check_vectors(vectors: FloatArray, dim: int, what: str = "vectors") -> FloatArray:
+    """``vectors`` as a contiguous float32 matrix of ``dim`` columns: finite, with no zero row."""
+    try:
+        array = np.asarray(vectors, dtype=np.float32)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"{what} must be an array of numbers: {exc}") from exc
+    if array.ndim == 1:
+        array = array.reshape(1, -1)
+    if array.ndim != 2 or array.shape[1] != dim:
+        raise InvalidInputError(f"{what} must have shape (n, {dim}), got {array.shape}")
+    if not np.isfinite(array).all():
+        raise InvalidInputError(f"{what} contain NaN or infinity")
+    if len(array) and not np.linalg.norm(array, axis=1).all():
+        raise InvalidInputError(f"{what} contain a zero vector, which has no cosine similarity")
+    return np.ascontiguousarray(array)
+
+
+def meta_value(kind: str, table: str, column: str, value: Any, index: int) -> Any:
+    """One metadata value checked (and normalised) against its column's vec0 type."""
+    plain = type(value)
+    if plain is _PLAIN.get(kind) and (plain is not float or math.isfinite(value)):
+        return value  # the common case, without the slower numbers ABC checks
+    ok = False
+    if kind == "text":
+        ok = isinstance(value, str)
+    elif kind == "integer":
+        ok = isinstance(value, numbers.Integral)
+        value = int(value) if ok else value
+    elif kind == "float":
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+        value = float(value) if ok else value
+    elif kind == "boolean":
+        ok = isinstance(value, bool | np.bool_)
+        ok = ok or (isinstance(value, numbers.Integral) and int(value) in (0, 1))
+        value = int(value) if ok else value
+    if not ok:
+        raise InvalidInputError(
+            f"metas[{index}][{column!r}] must be a {kind} value for vector table {table}, got {value!r}"
+        )
+    return value
+
+
+def check_metas(
+    types: Mapping[str, str], table: str, metas: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """Each row of metadata checked: exactly the columns of ``types`` (column -> vec0 type)."""
+    checked = []
+    for index, meta in enumerate(metas):
+        unknown = set(meta) - set(types)
+        if unknown:
+            raise InvalidInputError(f"metas[{index}] has unknown column(s) {sorted(unknown)}")
+        row = {}
+        for column in types:
+            if column not in meta:
+                raise InvalidInputError(f"metas[{index}] lacks metadata column {column!r}")
+            row[column] = meta_value(types[column], table, column, meta[column], index)
+        checked.append(row)
+    return checked
