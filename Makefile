@@ -63,6 +63,7 @@ $(VENV)/.bench-deps: pyproject.toml $(VENV)/.deps
 # language whose download fails is skipped by the benchmark with a message).
 BENCH_DATA := benchmarks/.data
 RUST_DEBS := apt-get download -qq librust-itertools-dev=0.10.3-1 librust-bytes-dev=1.2.1-1 librust-semver-dev=1.0.14-1
+GO_DEBS := apt-get download -qq golang-github-gorilla-mux-dev=1.8.0-1 golang-github-google-go-cmp-dev=0.5.9-1 golang-github-spf13-cobra-dev=1.6.1-1
 bench-data: $(BENCH_DATA)/.unpacked
 
 $(BENCH_DATA)/.unpacked: benchmarks/_corpus_code.py
@@ -70,6 +71,7 @@ $(BENCH_DATA)/.unpacked: benchmarks/_corpus_code.py
 	-test -f $(BENCH_DATA)/downloads/requests-2.32.3-py3-none-any.whl || $(PY) -m pip download -q --no-deps --only-binary :all: requests==2.32.3 -d $(BENCH_DATA)/downloads
 	-ls $(BENCH_DATA)/downloads/librust-semver-dev_*.deb >/dev/null 2>&1 || (cd $(BENCH_DATA)/downloads && $(RUST_DEBS) || (apt-get update -qq && $(RUST_DEBS)))
 	-test -f $(BENCH_DATA)/downloads/lodash-4.17.21.tgz || (cd $(BENCH_DATA)/downloads && npm pack -q lodash@4.17.21)
+	-ls $(BENCH_DATA)/downloads/golang-github-spf13-cobra-dev_*.deb >/dev/null 2>&1 || (cd $(BENCH_DATA)/downloads && $(GO_DEBS) || (apt-get update -qq && $(GO_DEBS)))
 	$(PY) benchmarks/_corpus_code.py unpack $(BENCH_DATA)
 	touch $@
 

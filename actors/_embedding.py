@@ -16,6 +16,10 @@ flight, or shortly after, is shared. Every caller waits at most ``call_timeout_s
 A failure reaches every caller whose texts were in the failing call; a coalesced batch that fails
 is retried request by request, so one poisoned text cannot fail its neighbours.
 
+Store actors do not wait at all: :meth:`BatchingEmbedder.submit_documents` returns a future at
+once (the same cache, in-flight sharing and batches), and a watchdog (:mod:`._embedding_watchdog`)
+fails the futures still waiting once a call outlives its bound (the model is stuck).
+
 Model faults: a caller waits at most ``call_timeout_s``, or less inside an
 :func:`~memstrata.storage._embedding.embed_deadline` block (a search's own deadline). A call that
 runs longer than ``call_timeout_s`` makes the model *stuck*: until it returns, new requests that
@@ -23,12 +27,14 @@ would queue behind it fail at once with :class:`ModelFaultError` instead of wait
 keeps the text with its vector pending, a search ranks by keywords). Vectors that are all zero,
 NaN or of the wrong shape are a :class:`ModelFaultError` too and are never cached, so the same
 text is computed again once the model works. :meth:`BatchingEmbedder.model_status` says which.
+The timing of model calls and these states are in :mod:`._embedding_health`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import logging
 import queue
 import threading
@@ -36,15 +42,17 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from memstrata.core.errors import EmbeddingError, MemstrataError, ModelFaultError
+from memstrata.core.errors import EmbeddingError, ModelFaultError
 from memstrata.storage import Embedder, text_hash
-from memstrata.storage._embedding import check_model_rows, embed_time_left
+from memstrata.storage._embedding import check_model_rows
+
+from ._embedding_health import _Call, _fail
+from ._embedding_watchdog import FutureWatchdog
 
 __all__ = ["BatchingEmbedder", "EmbeddingStats"]
 
@@ -85,19 +93,7 @@ class EmbeddingStats:
 _COUNTS = ("model_calls", "texts_embedded", "document_requests", "query_requests", "texts_requested")
 
 
-@dataclass(slots=True)
-class _Call:
-    """A model call in progress: what and since when (monotonic for ages, wall clock for people)."""
-
-    kind: str  # "documents" | "query"
-    texts: int
-    started: float
-    started_at: float
-    bound: float  # how long it may run before it counts as stuck
-    abandoned: bool = False  # a caller stopped waiting for it: stuck until it returns
-
-
-class BatchingEmbedder:
+class BatchingEmbedder(FutureWatchdog):
     """An ``Embedder`` that coalesces concurrent requests into batched calls of ``inner``."""
 
     def __init__(
@@ -135,6 +131,12 @@ class BatchingEmbedder:
         self._calls: dict[int, _Call] = {}  # running model calls, by a counter
         self._call_ids = 0
         self._last_fault: tuple[float, str] | None = None  # (wall time, error) since the last success
+        # submit_documents' futures by due time: a watchdog fails those a stuck model leaves unanswered
+        self._watched: list[tuple[float, int, Future[FloatArray]]] = []
+        self._watch_seq = itertools.count()
+        self._watch_cond = threading.Condition()
+        self._watch_thread: threading.Thread | None = None
+        self._watch_stop = False
         self._thread = threading.Thread(target=self._run, name="memstrata-embedder", daemon=True)
         self._thread.start()
         self._query_thread = threading.Thread(
@@ -156,6 +158,67 @@ class BatchingEmbedder:
         texts = list(texts)
         if not texts:
             return np.zeros((0, self._dim), dtype=np.float32)
+        hashes, rows, waits = self._lookup(texts)
+        answers: dict[int, FloatArray] = {}
+        for request, _ in waits.values():
+            if id(request) not in answers:
+                answers[id(request)] = self._wait(request.future, "documents", len(texts))
+        for h, (request, i) in waits.items():
+            rows[h] = answers[id(request)][i]
+        return np.stack([rows[h] for h in hashes]).astype(np.float32, copy=False)
+
+    def submit_documents(self, texts: Sequence[str]) -> Future[FloatArray]:
+        """Vectors of ``texts`` without waiting: a future, answered from the cache, from a call
+        already on its way, or by the next batch (shared with :meth:`embed_documents`).
+
+        A closed service or a stuck model gives a failed future at once; a future still
+        unanswered when a call runs longer than ``call_timeout_s`` (per ``batch_size`` texts)
+        fails with :class:`ModelFaultError` (the model is stuck); a backlog is waited for.
+        Texts are made valid UTF-8 as :func:`~memstrata.storage.embed_documents` does, so both
+        share cached vectors.
+        """
+        outer: Future[FloatArray] = Future()
+        safe = [t.encode("utf-8", "replace").decode("utf-8") for t in texts]
+        if not safe:
+            outer.set_result(np.zeros((0, self._dim), dtype=np.float32))
+            return outer
+        try:
+            hashes, rows, waits = self._lookup(safe)
+        except BaseException as exc:
+            _fail(outer, exc)
+            return outer
+        requests = list({id(r): r for r, _ in waits.values()}.values())
+        if not requests:
+            outer.set_result(np.stack([rows[h] for h in hashes]).astype(np.float32, copy=False))
+            return outer
+        left = [len(requests)]
+        guard = threading.Lock()
+
+        def answered(done: Future[FloatArray]) -> None:
+            error = done.exception()
+            if error is not None:
+                _fail(outer, error)
+                return
+            with guard:
+                left[0] -= 1
+                if left[0]:
+                    return
+            got = dict(rows)
+            for h, (request, i) in waits.items():
+                got[h] = request.future.result()[i]
+            with contextlib.suppress(Exception):
+                outer.set_result(np.stack([got[h] for h in hashes]).astype(np.float32, copy=False))
+
+        self._watch(outer, len(safe))
+        for request in requests:
+            request.future.add_done_callback(answered)
+        return outer
+
+    def _lookup(
+        self, texts: list[str]
+    ) -> tuple[list[bytes], dict[bytes, FloatArray], dict[bytes, tuple[_DocRequest, int]]]:
+        """Each distinct text's vector from the cache, or the request computing it (queued now
+        unless already in flight); raises when the service is closed or the model is stuck."""
         hashes = [text_hash(t) for t in texts]
         rows: dict[bytes, FloatArray] = {}
         waits: dict[bytes, tuple[_DocRequest, int]] = {}
@@ -191,13 +254,7 @@ class BatchingEmbedder:
                 for i, h in enumerate(new_hashes):
                     self._inflight[h] = waits[h] = (request, i)
                 self._queue.put(request)
-        answers: dict[int, FloatArray] = {}
-        for request, _ in waits.values():
-            if id(request) not in answers:
-                answers[id(request)] = self._wait(request.future, "documents", len(texts))
-        for h, (request, i) in waits.items():
-            rows[h] = answers[id(request)][i]
-        return np.stack([rows[h] for h in hashes]).astype(np.float32, copy=False)
+        return hashes, rows, waits
 
     def embed_query(self, text: str) -> FloatArray:
         """One query vector (an agent's store, the shared store and its episodes are searched
@@ -236,107 +293,7 @@ class BatchingEmbedder:
         counter = getattr(self.inner, "count_tokens", None)
         return int(counter(text)) if callable(counter) else max(1, len(text) // 4)
 
-    # -- plumbing ------------------------------------------------------------------------------
-
-    def _model_call(self, call: Any, texts: int, kind: str = "documents") -> Any:
-        """Run one call of the model, timed and counted (under the model lock unless thread-safe)."""
-        lock = contextlib.nullcontext() if self._thread_safe else self._model_lock
-        with self._lock:
-            self._call_ids += 1
-            ident = self._call_ids
-            bound = self._bound(texts)
-            self._calls[ident] = _Call(kind, texts, time.monotonic(), time.time(), bound)
-        try:
-            with lock:
-                started = time.perf_counter()
-                try:
-                    return call()
-                finally:
-                    elapsed = time.perf_counter() - started
-                    with self._lock:
-                        counts = self._counts
-                        counts["model_calls"] += 1
-                        counts["texts_embedded"] += texts
-                        counts["model_seconds"] += elapsed
-        finally:
-            with self._lock:
-                self._calls.pop(ident, None)
-
-    def _stuck_call(self, kind: str) -> _Call | None:
-        """The oldest call running longer than ``call_timeout_s`` that a new ``kind`` request
-        would wait behind (its own worker's, or any with a model that is not thread-safe); lock held."""
-        now = time.monotonic()
-        stuck = [
-            c
-            for c in self._calls.values()
-            if (c.abandoned or now - c.started >= c.bound) and (c.kind == kind or not self._thread_safe)
-        ]
-        return min(stuck, key=lambda c: c.started) if stuck else None
-
-    def _stuck_text(self, call: _Call) -> str:
-        return (
-            f"model {self._model_id!r} is stuck since {_stamp(call.started_at)} on a call of "
-            f"{call.texts} text(s) (no answer for {time.monotonic() - call.started:.1f} s)"
-        )
-
-    def model_status(self) -> dict[str, Any]:
-        """``state``: ``"ok"``; ``"stuck"`` (a call has run longer than ``call_timeout_s``:
-        ``since``, ``texts``); or ``"faulty"`` (its last call failed or returned unusable
-        vectors: ``since``, ``last_error``); ``"closed"`` once stopped."""
-        with self._lock:
-            status: dict[str, Any] = {"model": self._model_id, "state": "ok"}
-            if self._closed:
-                status["state"] = "closed"
-                return status
-            now = time.monotonic()
-            running = [c for c in self._calls.values() if c.abandoned or now - c.started >= c.bound]
-            if running:
-                oldest = min(running, key=lambda c: c.started)
-                status.update(
-                    state="stuck",
-                    since=_stamp(oldest.started_at),
-                    texts=oldest.texts,
-                    reason=self._stuck_text(oldest),
-                )
-            elif self._last_fault is not None:
-                status.update(
-                    state="faulty", since=_stamp(self._last_fault[0]), last_error=self._last_fault[1]
-                )
-            return status
-
-    def _record(self, error: BaseException | None) -> None:
-        """The outcome of a model call: a fault is kept until the next success."""
-        with self._lock:
-            if error is None:
-                self._last_fault = None
-            elif self._last_fault is None:
-                self._last_fault = (time.time(), f"{type(error).__name__}: {error}")
-            else:
-                self._last_fault = (self._last_fault[0], f"{type(error).__name__}: {error}")
-
-    def _bound(self, texts: int) -> float:
-        """``call_timeout_s`` per ``batch_size`` texts: a large request (a file sync) may take
-        longer than a store's few texts before it counts as stuck."""
-        return self.call_timeout_s * max(1.0, texts / self.batch_size)
-
-    def _wait(self, future: Future[FloatArray], kind: str, texts: int = 1) -> FloatArray:
-        """The answer, within ``call_timeout_s`` (per ``batch_size`` texts) or the caller's shorter
-        deadline. A caller that gives up marks the call it waited behind as stuck, so the next
-        ones do not wait too."""
-        limit = self._bound(texts)
-        left = embed_time_left()
-        if left is not None and left < limit:
-            limit = left
-        try:
-            return future.result(timeout=limit)
-        except FutureTimeout as exc:
-            with self._lock:
-                behind = [c for c in self._calls.values() if c.kind == kind or not self._thread_safe]
-                if behind:
-                    min(behind, key=lambda c: c.started).abandoned = True
-            raise ModelFaultError(
-                f"model {self._model_id!r} did not answer within {round(limit, 2):g} s"
-            ) from exc
+    # -- the workers ------------------------------------------------------------------------------
 
     def stats(self) -> EmbeddingStats:
         with self._lock:
@@ -371,6 +328,12 @@ class BatchingEmbedder:
                 break
             if query is not None:
                 _fail(query[1], closed)
+        with self._watch_cond:  # a future waiting behind a stuck call is answered too
+            self._watch_stop = True
+            watched, self._watched = self._watched, []
+            self._watch_cond.notify()
+        for _, _, future in watched:
+            _fail(future, closed)
 
     def _run_queries(self) -> None:
         """Queries have a thread of their own: never queued behind a document batch, and with a
@@ -472,23 +435,3 @@ class BatchingEmbedder:
             raise
         self._record(None)
         return vectors
-
-
-def _stamp(wall: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall))
-
-
-def _wrap(exc: BaseException) -> BaseException:
-    """A fresh error for one caller (tracebacks are per raise): memstrata errors keep their type,
-    anything else becomes :class:`EmbeddingError`."""
-    if isinstance(exc, MemstrataError):
-        error: BaseException = type(exc)(str(exc))
-    else:
-        error = EmbeddingError(f"embedding failed: {type(exc).__name__}: {exc}")
-    error.__cause__ = exc
-    return error
-
-
-def _fail(future: Future[Any], exc: BaseException) -> None:
-    with contextlib.suppress(Exception):
-        future.set_exception(_wrap(exc))

@@ -43,9 +43,21 @@ __all__ = ["EpisodicActor"]
 
 
 class EpisodicActor(_PersistentActor):
-    """``episodic/{agent}.sqlite`` behind a mailbox; committed before it closes."""
+    """``episodic/{agent}.sqlite`` behind a mailbox; committed before it closes.
+
+    A write-back's episode is embedded by its content alone, the text its knowledge entry is
+    embedded by, so the embedding service computes one vector for both (the layer's rule, title,
+    content and date, would be a second model call per write-back: 2.5 times the model's work per
+    task, measured). With vectors computed apart, ``_content_only`` holds the texts of those
+    episodes until their vectors are stored; one still pending at a restart gets the layer's rule.
+    """
 
     kind = "episodic"
+    _content_only: dict[int, str]
+
+    def _open(self) -> Any:
+        self._content_only = {}
+        return super()._open()
 
     def open_layer(self) -> Any:
         runtime = self.runtime
@@ -74,14 +86,21 @@ class EpisodicActor(_PersistentActor):
             return "store"
         return None
 
+    def _texts_to_embed(self, ids: list[int], texts: list[str]) -> list[str]:
+        return [self._content_only.get(i, t) for i, t in zip(ids, texts, strict=True)]
+
+    def _vectors_stored(self, ids: list[int]) -> None:
+        for episode_id in ids:
+            self._content_only.pop(episode_id, None)
+
     def _shared_vectors(self, messages: Sequence[StoreMemory]) -> list[FloatArray | None]:
-        """Vectors of write-back episodes: their content through the agent's embedding service
-        (its knowledge store's too), which computes each text once for the knowledge entry and
-        the episode. ``None`` where the layer embeds by itself (another embedder, keyword-only,
-        or the model failed)."""
+        """Vectors of write-back episodes computed inline (an embedder other than the shared
+        service): their content, which the knowledge entry's vector is made of too. ``None``
+        where the layer embeds by itself (vectors computed apart, keyword-only, or the model
+        failed)."""
         embedder: Embedder | None = self.runtime.embedder_for(self.key)
         own: object = getattr(self.layer, "embedder", None)
-        if not messages or embedder is None or own is not embedder:
+        if not messages or self._service is not None or embedder is None or own is not embedder:
             return [None] * len(messages)
         try:
             array = embed_documents(embedder, [m.content[:EMBED_CHARS] for m in messages])
@@ -89,7 +108,13 @@ class EpisodicActor(_PersistentActor):
             return [None] * len(messages)  # the layer tries again and keeps the episode either way
         return list(array)
 
-    def _item(self, message: StoreMemory, vector: FloatArray | None) -> dict[str, Any]:
+    def _recorded(self, episodes: Sequence[tuple[int, StoreMemory]]) -> None:
+        """Write-back episodes just recorded with their vectors pending: their content is embedded."""
+        if self._service is not None:
+            for episode_id, message in episodes:
+                self._content_only[episode_id] = message.content[:EMBED_CHARS]
+
+    def _item(self, message: StoreMemory, vector: FloatArray | None = None) -> dict[str, Any]:
         item: dict[str, Any] = {
             "content": message.content,
             "title": message.title,
@@ -118,12 +143,13 @@ class EpisodicActor(_PersistentActor):
             (shared if isinstance(message, WriteBackEpisode) else plain).append((index, original))
         vectors = self._shared_vectors([m for _, m in shared])
         order = [*plain, *shared]
-        items = [self._item(m, None) for _, m in plain]
+        items = [self._item(m) for _, m in plain]
         items += [self._item(m, v) for (_, m), v in zip(shared, vectors, strict=True)]
         if items:
             ids = self.layer.record_many(items)
             for (index, _), episode_id in zip(order, ids, strict=True):
                 results[index] = MemoryStored(self.key, int(episode_id))
+            self._recorded([(int(i), m) for i, (_, m) in zip(ids[len(plain) :], shared, strict=True)])
             self.after_write()
         return results
 
@@ -144,6 +170,7 @@ class EpisodicActor(_PersistentActor):
                         return MemoryStored(self.key, int(episode.id))
             vector = self._shared_vectors([original])[0]
             episode_id = layer.record_many([self._item(original, vector)])[0]
+            self._recorded([(int(episode_id), original)])
             self.after_write()
             return MemoryStored(self.key, int(episode_id))
         if isinstance(message, StoreMemory):
@@ -179,6 +206,7 @@ class EpisodicActor(_PersistentActor):
         if isinstance(message, GetEpisode):
             return EpisodeItem(self.key, layer.get(message.episode_id))
         if isinstance(message, DeleteEpisode):
+            self._content_only.pop(message.episode_id, None)
             return EpisodeDeleted(self.key, message.episode_id, bool(layer.delete(message.episode_id)))
         if isinstance(message, ArchiveEpisodes):
             Path(message.path).parent.mkdir(parents=True, exist_ok=True)

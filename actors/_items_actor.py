@@ -22,6 +22,7 @@ from ._msg_items import (
     ItemList,
     ItemsSwept,
     ItemStored,
+    ItemsWritten,
     ItemValue,
     ListNamespaces,
     NamespaceCleared,
@@ -32,7 +33,9 @@ from ._msg_items import (
     StoredItem,
     SweepItems,
     TailItems,
+    WriteItems,
 )
+from ._store_base import ExportRecords, ImportRecords
 
 __all__ = ["ITEMS_FILE", "ITEMS_KEY", "ItemsActor"]
 
@@ -89,11 +92,12 @@ class ItemsActor(MemoryActor):
     def batch_key(self, message: Any) -> str | None:
         return "put" if isinstance(message, PutItem) else None
 
-    def handle_batch(self, messages: list[Any]) -> list[Any]:
-        """Queued puts in one transaction and one embedding request."""
+    def _rows(self, puts: list[PutItem]) -> list[Any]:
+        """Layer rows for puts: the ``index`` fields embedded in one request, or the vectors
+        the caller computed."""
         texts: list[str] = []
         plan: list[list[tuple[str, int]]] = []
-        for message in messages:
+        for message in puts:
             fields = []
             for path in message.index or ():
                 text = field_text(message.value, path)
@@ -105,21 +109,35 @@ class ItemsActor(MemoryActor):
         if texts:
             vectors = embed_documents(self._embedder("PutItem.index"), texts)
         rows = []
-        for message, fields in zip(messages, plan, strict=True):
-            vecs = {path: vectors[i].tolist() for path, i in fields} if fields else None
+        for message, fields in zip(puts, plan, strict=True):
+            vecs: Any = {path: vectors[i].tolist() for path, i in fields} if fields else None
+            if message.vectors is not None:
+                vecs = message.vectors
             rows.append((message.namespace, message.key, message.value, vecs, message.ttl_minutes))
-        self.layer.put_many(rows)
+        return rows
+
+    def handle_batch(self, messages: list[Any]) -> list[Any]:
+        """Queued puts in one transaction and one embedding request."""
+        self.layer.put_many(self._rows(messages))
         return [ItemStored(m.namespace, m.key) for m in messages]
 
     def handle(self, message: Any) -> Any:
         layer = self.layer
         if isinstance(message, PutItem):
             return self.handle_batch([message])[0]
+        if isinstance(message, WriteItems):
+            rows = self._rows(list(message.puts))  # embedded before the transaction opens
+            deleted = layer.put_many(rows, delete=[(d.namespace, d.key) for d in message.deletes])
+            return ItemsWritten(len(rows), int(deleted))
+        if isinstance(message, ExportRecords):
+            return [{"kind": "item", **row} for row in layer.export_rows()]
+        if isinstance(message, ImportRecords):
+            return layer.import_rows(message.records)
         if isinstance(message, GetItem):
             record = layer.get(message.namespace, message.key, refresh_ttl=message.refresh_ttl)
             return ItemValue(message.namespace, message.key, None if record is None else _stored(record))
         if isinstance(message, SearchItems):
-            vector = None
+            vector: Any = message.query_vector
             if message.query is not None:
                 vector = embed_query(self._embedder("SearchItems.query"), message.query).tolist()
             records = layer.search(
@@ -128,6 +146,7 @@ class ItemsActor(MemoryActor):
                 filter=message.filter,
                 limit=message.limit,
                 offset=message.offset,
+                refresh_ttl=message.refresh_ttl,
             )
             return ItemList(message.prefix, tuple(_stored(r) for r in records))
         if isinstance(message, DeleteItem):

@@ -7,6 +7,8 @@ system owns ``{data_dir}/items.sqlite`` and embeds the ``index`` fields with the
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +25,7 @@ __all__ = [
     "ItemStored",
     "ItemValue",
     "ItemsSwept",
+    "ItemsWritten",
     "ListNamespaces",
     "NamespaceCleared",
     "NamespaceList",
@@ -32,10 +35,45 @@ __all__ = [
     "StoredItem",
     "SweepItems",
     "TailItems",
+    "WriteItems",
 ]
 
 _SEP = "\x1f"  # the layer's separator between labels: a label may not hold it
 MAX_ITEM_LIMIT = 1000
+MAX_VECTOR_DIMS = 65_536
+MAX_WRITE_ITEMS = 100_000
+MAX_TTL_MINUTES = 100_000_000  # about 190 years: expiry times stay within every platform's range
+
+
+def check_vector(value: object, name: str) -> tuple[float, ...]:
+    """A vector computed by the caller: a non-empty list of finite numbers."""
+    if isinstance(value, str | bytes) or not hasattr(value, "__len__") or not hasattr(value, "__iter__"):
+        raise fail(name, "must be a list of numbers", value)
+    if not 0 < len(value) <= MAX_VECTOR_DIMS:
+        raise fail(name, f"must hold 1 to {MAX_VECTOR_DIMS} numbers", f"{len(value)} numbers")
+    out: list[float] = []
+    for x in value:
+        if isinstance(x, bool) or (not isinstance(x, int | float) and type(x).__module__ != "numpy"):
+            raise fail(name, "must hold only numbers", x)
+        f = float(x)
+        if not math.isfinite(f):
+            raise fail(name, "must hold only finite numbers", x)
+        out.append(f)
+    return tuple(out)
+
+
+def check_vectors(value: object, name: str) -> dict[str, tuple[float, ...]]:
+    """Vectors per indexed field, all of one dimension."""
+    if not isinstance(value, Mapping):
+        raise fail(name, "must map field paths to vectors", value)
+    out: dict[str, tuple[float, ...]] = {}
+    for field, vec in value.items():
+        check_text(field, f"{name} key")
+        out[field] = check_vector(vec, f"{name}[{field!r}]")
+    dims = {len(v) for v in out.values()}
+    if len(dims) > 1:
+        raise fail(name, "vectors must all have the same number of dimensions", sorted(dims))
+    return out
 
 
 def check_namespace(value: object, name: str, *, allow_empty: bool = False) -> tuple[str, ...]:
@@ -68,7 +106,9 @@ class PutItem(Message):
     """Upsert ``value`` (a JSON object) at ``(namespace, key)``.
 
     ``index``: the value's fields (dotted paths) whose text is embedded, one vector each, so a
-    search by meaning finds the item; ``None`` or empty keeps no vector. ``ttl_minutes``: expiry.
+    search by meaning finds the item; ``None`` or empty keeps no vector. ``vectors``: instead of
+    ``index``, the vectors the caller computed with its own model, one per field name (all of
+    one dimension, finite). ``ttl_minutes``: expiry.
     """
 
     namespace: tuple[str, ...]
@@ -76,6 +116,7 @@ class PutItem(Message):
     value: dict[str, Any]
     index: tuple[str, ...] | None = None
     ttl_minutes: float | None = None
+    vectors: dict[str, tuple[float, ...]] | None = None
 
     def __post_init__(self) -> None:
         set_field(self, "namespace", check_namespace(self.namespace, "PutItem.namespace"))
@@ -89,8 +130,13 @@ class PutItem(Message):
             for path in self.index:
                 check_text(path, "PutItem.index[]")
             set_field(self, "index", tuple(self.index))
-        if self.ttl_minutes is not None and check_number(self.ttl_minutes, "PutItem.ttl_minutes") == 0:
+        ttl = check_number(self.ttl_minutes, "PutItem.ttl_minutes", high=MAX_TTL_MINUTES)
+        if ttl == 0:
             raise fail("PutItem.ttl_minutes", "must be a positive number of minutes", self.ttl_minutes)
+        if self.vectors is not None:
+            if self.index:
+                raise fail("PutItem.vectors", "cannot come with index (give one or the other)", self.index)
+            set_field(self, "vectors", check_vectors(self.vectors, "PutItem.vectors"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,13 +170,17 @@ class ItemValue(Message):
 class SearchItems(Message):
     """Items under a namespace prefix (empty: all), ranked by meaning when ``query`` is given
     (else most recently updated first); ``filter`` compares value fields inside SQLite
-    (``{"status": "open", "n": {"$gte": 2}}``)."""
+    (``{"status": "open", "n": {"$gte": 2}}``). ``query_vector``: instead of ``query``, the
+    query's vector computed by the caller's model. ``refresh_ttl`` restarts the found items'
+    lifetimes."""
 
     prefix: tuple[str, ...] = ()
     query: str | None = None
     filter: dict[str, Any] | None = None
     limit: int = 10
     offset: int = 0
+    query_vector: tuple[float, ...] | None = None
+    refresh_ttl: bool = False
 
     def __post_init__(self) -> None:
         set_field(self, "prefix", check_namespace(self.prefix, "SearchItems.prefix", allow_empty=True))
@@ -142,6 +192,11 @@ class SearchItems(Message):
             check_json_value(self.filter, "SearchItems.filter")
         check_int(self.limit, "SearchItems.limit", 0, MAX_ITEM_LIMIT)
         check_int(self.offset, "SearchItems.offset", 0, 2**31)
+        if self.query_vector is not None:
+            if self.query is not None:
+                raise fail("SearchItems.query_vector", "cannot come with query (give one or the other)", "")
+            set_field(self, "query_vector", check_vector(self.query_vector, "SearchItems.query_vector"))
+        check_bool(self.refresh_ttl, "SearchItems.refresh_ttl")
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +222,36 @@ class ItemDeleted(Message):
     namespace: tuple[str, ...]
     key: str
     deleted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class WriteItems(Message):
+    """Deletes, then puts, applied in one transaction (a LangGraph batch, an import): the puts
+    with ``index`` share one embedding request."""
+
+    puts: tuple[PutItem, ...] = ()
+    deletes: tuple[DeleteItem, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("puts", "deletes"):
+            value = getattr(self, name)
+            if isinstance(value, str | bytes | Mapping) or not isinstance(value, list | tuple):
+                raise fail(f"WriteItems.{name}", "must be a list of messages", value)
+            if len(value) > MAX_WRITE_ITEMS:
+                raise fail(f"WriteItems.{name}", f"must hold at most {MAX_WRITE_ITEMS:,}", len(value))
+            set_field(self, name, tuple(value))
+        for n, put in enumerate(self.puts):
+            if not isinstance(put, PutItem):
+                raise fail(f"WriteItems.puts[{n}]", "must be a PutItem", type(put).__name__)
+        for n, delete in enumerate(self.deletes):
+            if not isinstance(delete, DeleteItem):
+                raise fail(f"WriteItems.deletes[{n}]", "must be a DeleteItem", type(delete).__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ItemsWritten(Message):
+    stored: int
+    deleted: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,5 +346,6 @@ ITEM_REQUESTS = (
     ClearNamespace,
     ListNamespaces,
     SweepItems,
+    WriteItems,
 )
 """The requests the system's ``ItemsActor`` answers."""

@@ -2,8 +2,9 @@
 
 ``[cluster] engine = "ray"`` swaps :class:`Runtime` for :class:`RayRuntime`. The actors and their
 logic do not change: a *host* (a named, detached Ray actor, ``agent:{id}``, ``blackboard:{session}``,
-or ``{layer}:{id}`` with ``group = "layer"``) runs a :class:`RayRuntime` of its own in which the
-pykka actors of its agent or session are local, while every other actor is reached through Ray.
+``items``, or ``{layer}:{id}`` with ``group = "layer"``) runs a :class:`RayRuntime` of its own in
+which the pykka actors of its agent or session are local, while every other actor is reached
+through Ray.
 So the task actor's requests to its agent's stores stay in process, a request to the shared store
 (``agent:shared``) crosses to wherever that host runs, and a driver holds no memory actor at all.
 
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from memstrata.core.config import Config
+from memstrata.core.config import Config, EmbeddingConfig
 from memstrata.core.errors import (
     ActorCrashedError,
     InvalidInputError,
@@ -38,26 +39,34 @@ from memstrata.core.errors import (
     SystemStoppedError,
 )
 from memstrata.storage import Embedder
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ._base import set_exception, set_result
 from ._blackboard import SubscribeWithCallback
 from ._clock import IdSource, SystemClock
 from ._embedding import BatchingEmbedder
+from ._embedding_services import ModelLoader, _model_key
 from ._outbox import has_pending
+from ._ray_admin import (
+    ClusterSupervision,
+    HostLifecycle,
+    actor_states,
+    cluster_down,
+    cluster_summary,
+    host_reports,
+)
+from ._ray_board import JournaledBoardSupervisor
+from ._ray_embedding import node_embedder
+from ._ray_relays import RelayEndpoint, run_relay
 from ._runtime import Runtime, StopReport
 from ._store_base import LayerStores
-from .messages import SignalSubscribed, SignalUnsubscribed, UnsubscribeSignal
 
 __all__ = ["RayRuntime", "connect", "host_name"]
 
 log = logging.getLogger("memstrata.actors")
 
 _AGENT_KINDS = ("knowledge", "episodic", "working", "agent")
-_HOSTED = (*_AGENT_KINDS, "blackboard")
+_HOSTED = (*_AGENT_KINDS, "blackboard", "items")  # every kind but the files' (local to their user)
 _HOST_CONCURRENCY = 1000  # calls a host serves at once (its pykka actors still take one at a time)
-_EMBEDDER_CONCURRENCY = 32  # threads of a node's embedder (its batching service merges their texts)
-_POLL_S = 1.0  # how long a subscription relay waits on its host for the next signals
 # Ray runs a threaded actor's calls in any order: a host puts each caller's messages into its
 # mailboxes in the caller's order, waiting at most this long for a late predecessor
 _ORDER_WAIT_S = 1.0
@@ -83,6 +92,8 @@ def host_name(config: Config, kind: str, key: str) -> str:
     """The Ray name of the host of ``(kind, key)``: the agent id or session id is in it."""
     if kind == "blackboard":
         return f"blackboard:{key}"
+    if kind == "items":
+        return "items"
     return f"agent:{key}" if config.cluster.group == "agent" else f"{kind}:{key}"
 
 
@@ -117,7 +128,7 @@ class RayRuntime(Runtime):
 
     ``local``: the ``(kind, key)`` pairs whose pykka actors run in this process (a host's own);
     empty in a driver. ``model``: the embedder the node embedders use (``None``: the configured
-    model, loaded once per node).
+    model, loaded once per node). ``node``: the node a host runs on (its embedders are there).
     """
 
     def __init__(
@@ -126,6 +137,7 @@ class RayRuntime(Runtime):
         *,
         local: frozenset[tuple[str, str]] = frozenset(),
         model: Embedder | None = None,
+        node: str | None = None,
         **kwargs: Any,
     ) -> None:
         connect(config)
@@ -134,6 +146,25 @@ class RayRuntime(Runtime):
         super().__init__(config, **kwargs)
         self._local = local
         self._model = model
+        self._node = node
+        self._loader: ModelLoader | None = kwargs.get("model_loader")
+        self._cluster_seen: dict[str, dict[str, Any]] = {}
+        if not local:  # a driver: restart budgets and degraded marks are the hosts'
+            self.supervision = ClusterSupervision(
+                config.cluster.namespace,
+                self._hosts_of,
+                2.0 + self._round_trip_s(),
+                max_restarts=config.actors.max_restarts,
+                window_s=config.actors.restart_window_s,
+                clock=self.clock.monotonic,
+            )
+        if any(kind == "blackboard" for kind, _ in local):
+            # a host's board writes each change to disk before answering (see _ray_board)
+            plain, self.supervisors["blackboard"] = (
+                self.supervisors["blackboard"],
+                JournaledBoardSupervisor.start(self),
+            )
+            plain.stop()
         self._hosts: dict[str, Any] = {}  # host name -> Ray actor handle
         self._relays: dict[str, threading.Event] = {}
         self._caller = uuid.uuid4().hex  # this runtime, as a sender whose order hosts keep
@@ -162,13 +193,11 @@ class RayRuntime(Runtime):
         if found is not None:
             return found
         name = host_name(self.config, kind, key)
-        group = (
-            "blackboard"
-            if kind == "blackboard"
-            else ("agent" if self.config.cluster.group == "agent" else kind)
-        )
+        group = kind if kind in ("blackboard", "items") or self.config.cluster.group != "agent" else "agent"
         where = (
-            self.config.cluster.placement_of(key) if kind != "blackboard" else self.config.cluster.placement
+            self.config.cluster.placement
+            if kind in ("blackboard", "items")
+            else self.config.cluster.placement_of(key)
         )
         try:
             handle = Host.options(  # type: ignore[attr-defined]
@@ -181,7 +210,7 @@ class RayRuntime(Runtime):
                 max_concurrency=_HOST_CONCURRENCY,
                 num_cpus=0,
                 **_strategy(where),
-            ).remote(self.config, group, key, self._model)
+            ).remote(self.config, group, key, self._model, self._loader, self.ids.seed)
         except Exception as exc:
             raise RequestTimeoutError(f"cannot reach the Ray actor {name!r}: {exc}") from exc
         with self._lock:
@@ -248,28 +277,62 @@ class RayRuntime(Runtime):
             self._relays[relay] = closed
 
         def run() -> None:
-            while not closed.is_set() and not self.stopped:
-                try:
-                    signals = ray.get(ref.handle.poll.remote(relay, _POLL_S), timeout=_POLL_S + 30)
-                except BaseException as exc:  # Ray raises SystemExit in threads when it shuts down
-                    if not closed.is_set() and not self.stopped:
-                        log.warning("subscription relay on %s stopped: %s", ref, exc)
-                    break
-                if signals is None:
-                    break
-                for signal in signals:
-                    try:
-                        callback(signal)
-                    except Exception as exc:
-                        log.warning("a subscriber on %s raised and is unsubscribed: %s", ref, exc)
-                        closed.set()
-                        with contextlib.suppress(Exception):
-                            ref.handle.drop_relay.remote(relay)
-                        break
-            with self._lock:
-                self._relays.pop(relay, None)
+            try:
+                run_relay(ref.handle, relay, callback, closed, lambda: self.stopped)
+            finally:
+                with self._lock:
+                    self._relays.pop(relay, None)
 
         threading.Thread(target=run, name=f"memstrata-relay-{ref.key}", daemon=True).start()
+
+    # -- embedding: one service per node per distinct model --------------------------------------
+
+    def _new_service(self, settings: EmbeddingConfig) -> tuple[BatchingEmbedder | None, str | None]:
+        """In a host, an agent's own model is its node's embedder for that model, not a copy."""
+        if self._node is None or _model_key(settings) == _model_key(self.config.embedding):
+            return super()._new_service(settings)
+        service, note = node_embedder(self.config, self._node, settings, None, self._loader)
+        if service is None:
+            return None, f"keyword-only: embedding model {settings.model!r} could not be loaded ({note})"
+        return service, None
+
+    # -- status of the whole deployment ----------------------------------------------------------
+
+    def actor_status(self, timeout: float = 2.0) -> dict[tuple[str, str], dict[str, Any]]:
+        """In a driver: this process's actors and every host's in the namespace, each with the
+        host, node and process it runs in (other drivers' agents included)."""
+        found = super().actor_status(timeout)
+        if self._local:
+            return found
+        self._cluster_seen = host_reports(self.config.cluster.namespace, timeout, self._round_trip_s())
+        return {**found, **actor_states(self._cluster_seen)}
+
+    def _hosts_of(self, owner: str) -> list[str]:
+        """The names of the hosts that run an agent's actors."""
+        return sorted({host_name(self.config, kind, owner) for kind in _AGENT_KINDS})
+
+    def _round_trip_s(self) -> float:
+        """How much longer than a status timeout a driver waits for the hosts' reports (a loaded
+        machine delays Ray's hops, not the hosts' own bound)."""
+        return min(float(self.config.actors.ask_timeout_s), 30.0)
+
+    def cluster_status(self, timeout: float = 2.0) -> dict[str, Any]:
+        """The nodes, and each host: where it runs, what it holds, its restarts and degraded
+        agents (from the last :meth:`actor_status`, else asked now)."""
+        namespace = self.config.cluster.namespace
+        reports = self._cluster_seen or host_reports(namespace, timeout, self._round_trip_s())
+        return {
+            "engine": "ray",
+            "address": self.config.cluster.address,
+            **cluster_summary(namespace, reports),
+        }
+
+    def stop_cluster(self, timeout: float | None = None) -> list[str]:
+        """Stop this driver, then every host and node embedder of the namespace (see
+        ``_ray_admin.cluster_down``): what did not stop cleanly."""
+        limit = self.config.actors.stop_timeout_s if timeout is None else timeout
+        report = self.stop(limit)
+        return [*report.late, *cluster_down(self.config.cluster.namespace, limit)]
 
     # -- the life of a driver -------------------------------------------------------------------
 
@@ -284,7 +347,7 @@ class RayRuntime(Runtime):
         if owner.startswith("session:"):
             names = [f"blackboard:{owner.removeprefix('session:')}"]
         else:
-            names = sorted({host_name(self.config, kind, owner) for kind in _AGENT_KINDS})
+            names = self._hosts_of(owner)
         for name in names:
             with self._lock:
                 handle = self._hosts.pop(name, None)
@@ -319,29 +382,46 @@ class RayRuntime(Runtime):
 
 
 @ray.remote
-class Host:
-    """One agent's (or one session's) pykka actors in a Ray worker process.
+class Host(RelayEndpoint, HostLifecycle):
+    """One agent's (or one session's, or the item store's) pykka actors in a Ray worker process.
 
     An asyncio actor: a call waiting for its answer, or for a sender's earlier message, holds no
     thread, so however many calls wait, the one they wait for still runs.
     """
 
-    def __init__(self, config: Config, group: str, key: str, model: Embedder | None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        group: str,
+        key: str,
+        model: Embedder | None,
+        loader: ModelLoader | None,
+        seed: int | str | None,
+    ) -> None:
         kinds = _AGENT_KINDS if group == "agent" else (group,)
         self.key = key
         self.node = ray.get_runtime_context().get_node_id()
-        embedder = _node_embedder(config, self.node, model)
-        self.runtime = RayRuntime(
+        self.hosts_board = group == "blackboard"
+        self._keep_board = bool(config.actors.blackboard_snapshot)
+        if self.hosts_board:  # the board is reloaded from its file after a restart (see _ray_board)
+            config = dataclasses.replace(
+                config, actors=dataclasses.replace(config.actors, blackboard_snapshot=True)
+            )
+        more: dict[str, Any] = {} if loader is None else {"model_loader": loader}
+        embedder, why = node_embedder(config, self.node, config.embedding, model, loader)
+        self.runtime: RayRuntime = RayRuntime(
             config,
             local=frozenset((kind, key) for kind in kinds),
             model=model,
+            node=self.node,
             embedder=embedder,
+            embedder_note=None if embedder is not None else f"keyword-only on this node: {why}",
             clock=SystemClock(),
             stores=LayerStores(),
-            ids=IdSource(),
+            ids=IdSource(seed),  # the creating driver's seed: seeded runs name episodes alike
+            **more,
         )
-        self._queues: dict[str, asyncio.Queue[Any]] = {}
-        self._relay_of: dict[int, str] = {}
+        self._relays_init()
         self._turn: asyncio.Condition | None = None  # made in the actor's event loop
         self._next: dict[str, int] = {}  # caller -> the number of its next message
         if "agent" in kinds and has_pending(self.runtime.path("outbox", key)):
@@ -350,6 +430,7 @@ class Host:
     async def call(self, kind: str, key: str, message: Any, caller: str, seq: int) -> Any:
         """Handle ``message`` in the local actor (after the caller's earlier messages); answered
         when the actor has answered."""
+        await self._ready()
         return await self._answer(message, await self._enqueue(kind, key, message, caller, seq))
 
     async def _enqueue(self, kind: str, key: str, message: Any, caller: str, seq: int) -> Future[Any]:
@@ -378,51 +459,14 @@ class Host:
             raise RequestTimeoutError(
                 f"{type(message).__name__} to {self.key!r} got no answer within {bound:g} s"
             ) from exc
-        if isinstance(message, UnsubscribeSignal) and isinstance(answer, SignalUnsubscribed):
-            relay = self._relay_of.pop(message.subscription_id, None)
-            if relay is not None:
-                self._queue(relay).put_nowait(None)
+        self._unsubscribed(message, answer)
         return answer
-
-    async def subscribe(self, key: str, request: Any, relay: str, caller: str, seq: int) -> Any:
-        """Subscribe on behalf of a subscriber in another process: signals wait for :meth:`poll`."""
-        signals = self._queue(relay)
-        loop = asyncio.get_running_loop()
-
-        def deliver(signal: Any) -> None:  # on the board's delivery thread
-            loop.call_soon_threadsafe(signals.put_nowait, signal)
-
-        message = SubscribeWithCallback(request, deliver)
-        answer = await self._answer(message, await self._enqueue("blackboard", key, message, caller, seq))
-        if isinstance(answer, SignalSubscribed):
-            self._relay_of[answer.subscription_id] = relay
-        return answer
-
-    async def poll(self, relay: str, wait_s: float) -> list[Any] | None:
-        """The signals for ``relay`` so far (waiting up to ``wait_s`` for one); None once closed."""
-        signals = self._queue(relay)
-        out: list[Any] = []
-        with contextlib.suppress(TimeoutError):
-            out.append(await asyncio.wait_for(signals.get(), wait_s))
-        while not signals.empty():
-            out.append(signals.get_nowait())
-        if any(item is None for item in out):
-            self._queues.pop(relay, None)
-            return None
-        return out
-
-    async def drop_relay(self, relay: str) -> None:
-        sub = next((s for s, r in self._relay_of.items() if r == relay), None)
-        if sub is not None:
-            with contextlib.suppress(Exception):
-                message = UnsubscribeSignal(sub, self.key)
-                await self._answer(message, self.runtime.request("blackboard", self.key, message))
-
-    def _queue(self, relay: str) -> asyncio.Queue[Any]:
-        return self._queues.setdefault(relay, asyncio.Queue())
 
     async def retire(self, owner: str, timeout: float) -> list[str]:
-        return await asyncio.to_thread(self.runtime.retire, owner, timeout)
+        late = await asyncio.to_thread(self.runtime.retire, owner, timeout)
+        if self.hosts_board and owner == f"session:{self.key}":
+            self._end_board()
+        return late
 
     async def drain(self, timeout: float) -> bool:
         return await asyncio.to_thread(self.runtime.wait_idle, timeout)
@@ -430,28 +474,3 @@ class Host:
     async def where(self) -> tuple[str, int]:
         """The node id and process id of this host (placement, and the tests that kill it)."""
         return self.node, os.getpid()
-
-
-def _node_embedder(config: Config, node: str, model: Embedder | None) -> Embedder | None:
-    """This node's embedding service (one per node, shared by its hosts), batched locally too."""
-    from ._ray_embedding import NodeEmbedder, RemoteEmbedder
-
-    service = NodeEmbedder.options(  # type: ignore[attr-defined]
-        name=f"embedder:{node}",
-        namespace=config.cluster.namespace,
-        get_if_exists=True,
-        lifetime="detached",
-        max_restarts=-1,
-        max_concurrency=_EMBEDDER_CONCURRENCY,
-        num_cpus=0,
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
-    ).remote(config, model)
-    remote = RemoteEmbedder.connect(service, config.actors.embed_timeout_s)
-    if remote is None:
-        return None
-    return BatchingEmbedder(
-        remote,
-        batch_size=config.embedding.batch_size,
-        max_batch_wait_ms=config.embedding.max_batch_wait_ms,
-        call_timeout_s=config.actors.embed_timeout_s,
-    )

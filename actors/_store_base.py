@@ -6,12 +6,25 @@ Each store actor owns one layer object, opened in its own thread (so the layer's
 confined to that thread), and turns messages into method calls on it: the stores waiting in its
 mailbox into one ``add_many`` / ``record_many`` call (group commit, see :class:`MemoryActor`).
 Nothing else: the layers hold the logic.
+
+Vectors never hold up a write. With the agent's shared embedding service (a
+:class:`BatchingEmbedder`), a layer is opened with ``defer_vectors``: a write commits its rows
+and keyword index with the vectors pending and returns; the actor then asks the service for
+the pending texts without waiting (``submit_documents``) and stores the answer, in its own
+thread, when a :class:`VectorsReady` comes back. A search first waits for those answers within
+its own embedding deadline (read-your-writes), then searches; messages that need no model
+never wait. A failed answer is retried with backoff (:class:`CatchUp`) until the model works.
+With any other embedder the layer embeds inline, as a direct user of the layer does.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import itertools
+import queue
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -19,12 +32,13 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 from memstrata.core.config import Config
-from memstrata.core.errors import InvalidInputError
+from memstrata.core.errors import InvalidInputError, StorageError
 from memstrata.core.validation import check_content
 from memstrata.storage import Embedder
-from memstrata.storage._embedding import embed_deadline, embed_time_left
+from memstrata.storage._embedding import EmbedWatch, embed_deadline, embed_time_left
 
 from ._base import ActorRuntime, MemoryActor
+from ._embedding import BatchingEmbedder
 from .messages import (
     QueryKnowledge,
     SearchMemory,
@@ -41,6 +55,7 @@ __all__ = [
     "LayerStores",
     "Searched",
     "StoreFactory",
+    "VectorsReady",
     "WriteBackEpisode",
 ]
 
@@ -61,19 +76,23 @@ class StoreFactory(Protocol):
 
 
 class LayerStores:
-    """The real layers: :class:`KnowledgeStore` and :class:`EpisodicMemory`."""
+    """The real layers: :class:`KnowledgeStore` and :class:`EpisodicMemory`, opened with their
+    vectors deferred when the embedder is the shared service (the actor computes them apart,
+    so neither a write nor the open waits for the model)."""
 
     def open_knowledge(self, path: Path, embedder: Embedder | None, config: Config) -> Any:
         from memstrata.layers import KnowledgeStore
 
-        return KnowledgeStore.open(path, embedder, config=config)
+        defer = isinstance(embedder, BatchingEmbedder)
+        return KnowledgeStore.open(path, embedder, config=config, defer_vectors=defer)
 
     def open_episodic(
         self, path: Path, embedder: Embedder | None, config: Config, clock: Callable[[], datetime]
     ) -> Any:
         from memstrata.layers import EpisodicMemory
 
-        return EpisodicMemory.open(path, embedder, config=config, clock=clock)
+        defer = isinstance(embedder, BatchingEmbedder)
+        return EpisodicMemory.open(path, embedder, config=config, clock=clock, defer_vectors=defer)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,9 +100,9 @@ class WriteBackEpisode:
     """Internal: the episode of a write-back.
 
     It is embedded by its content alone, the text its knowledge entry is embedded by, so the
-    embedding service computes one vector for both. ``once``: record it unless the same episode
-    of the same task run already exists (a replay after a crash, so a write-back committed just
-    before the crash is not recorded twice).
+    embedding service computes one vector for both (see :class:`EpisodicActor`). ``once``:
+    record it unless the same episode of the same task run already exists (a replay after a
+    crash, so a write-back committed just before the crash is not recorded twice).
     """
 
     message: StoreMemory
@@ -134,8 +153,32 @@ class CatchUp:
     """Internal: compute pending vectors now (posted by a timer, with backoff, while some wait)."""
 
 
+@dataclass(frozen=True, slots=True)
+class VectorsReady:
+    """Internal: the embedding service answered (or failed) the vector request ``token``."""
+
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class _AskVectors:
+    """Internal: ask for the pending vectors once the messages queued before this one are handled
+    (writes arriving together share one request, one model batch and one vector transaction)."""
+
+
+@dataclass(slots=True)
+class _VectorRequest:
+    """Pending rows whose vectors the embedding service computes now."""
+
+    ids: list[int]
+    texts: list[str]
+    future: Future[FloatArray] = field(repr=False)
+
+
 _CATCH_UP_FIRST_S = 0.25  # first retry of pending vectors after a write left some
 _CATCH_UP_MAX_S = 30.0  # backoff cap while the model stays faulty
+_VECTORS_IN_FLIGHT = 1024  # rows whose vectors one store asks for at a time
+_tokens = itertools.count(1)  # vector requests, unique in the process (a reopened layer ignores old ones)
 
 
 def _layer_config(runtime: ActorRuntime, key: str) -> Config:
@@ -148,18 +191,72 @@ def _layer_config(runtime: ActorRuntime, key: str) -> Config:
 
 class _PersistentActor(MemoryActor):
     """A store with vectors: searches bound their query embedding, and vectors left pending by a
-    late or faulty model are retried in this process with backoff until they are all computed."""
+    late or faulty model are retried in this process with backoff until they are all computed.
+
+    With the shared embedding service, vectors are computed apart from the writes (see the
+    module's docstring): ``_requests`` holds the vector requests in flight, by token.
+    """
 
     _catch_up_due = False
     _catch_up_misses = 0
+    _ask_posted = False
+    _service: BatchingEmbedder | None = None  # set when vectors are computed apart
+    _requests: dict[int, _VectorRequest]
+    _in_flight: set[int]
+
+    def _open(self) -> Any:
+        """Open the layer; with the shared service, vectors are deferred and those left pending
+        on disk (a model fault, a stop before they were computed) are asked for at once."""
+        layer = super()._open()
+        self._requests, self._in_flight = {}, set()
+        self._service, self._ask_posted = None, False
+        embedder = self.runtime.embedder_for(self.key)
+        if (
+            isinstance(embedder, BatchingEmbedder)
+            and getattr(layer, "embedder", None) is embedder
+            and callable(getattr(layer, "pending_texts", None))
+            and callable(getattr(layer, "store_vectors", None))
+        ):
+            self._service = embedder
+            layer.defer_vectors = True
+            self.layer = layer
+            self._request_vectors()
+        return layer
 
     def _search(self, message: Any, embed_s: float | None) -> Searched:
         limit = self.runtime.config.actors.query_embed_timeout_s
         if embed_s is not None:
             limit = min(limit, max(0.0, embed_s))
         with embed_deadline(limit) as watch:
+            late = self._await_vectors()
             result = self.handle(message)
-        return Searched(result, watch.degraded)
+        return Searched(result, _degraded(watch, late))
+
+    def _await_vectors(self) -> str | None:
+        """Read-your-writes: wait for the vectors in flight within the search's own embedding
+        deadline and store them; why some are still pending when the time is up (``None``: all
+        stored). A stuck model is not waited for: its answers will not come in time."""
+        service = self._service
+        if service is None:
+            return None
+        self._request_vectors()  # writes just before this search may not have asked yet
+        if not self._requests:
+            return None
+        stuck = service.model_status().get("state") == "stuck"
+        while self._requests:  # storing may ask again (a row updated while its vector was computed)
+            if not stuck:
+                futures = [r.future for r in self._requests.values()]
+                concurrent.futures.wait(futures, timeout=embed_time_left())
+            done = [t for t, r in self._requests.items() if r.future.done()]
+            for token in done:
+                self._vectors_ready(token)
+            if not done or stuck:
+                break
+        waiting = len(self._in_flight)
+        if not waiting:
+            return None
+        why = "is stuck" if stuck else "did not answer in time"
+        return f"vectors pending: model {service.model_id!r} {why}; {waiting} new item(s) ranked by keywords"
 
     def pending_vectors(self) -> int:
         counter = getattr(self.layer, "pending_vectors", None)
@@ -169,9 +266,81 @@ class _PersistentActor(MemoryActor):
             return 0
 
     def after_write(self) -> None:
-        """A write may have left vectors pending (the model was late or faulty): retry soon."""
-        if not self._catch_up_due and self.pending_vectors() > 0:
+        """A write may have left vectors pending (deferred, or the model was late or faulty):
+        ask for them now, or retry soon."""
+        if self._service is not None:
+            inbox = self.actor_inbox
+            if not isinstance(inbox, queue.Queue) or inbox.empty():
+                self._request_vectors()
+            elif not self._ask_posted:  # more messages wait: ask once they are handled
+                self._ask_posted = self.runtime.post(self.actor_ref, _AskVectors())
+        elif not self._catch_up_due and self.pending_vectors() > 0:
             self._schedule_catch_up()
+
+    def _request_vectors(self) -> None:
+        """Ask the embedding service for the pending rows' vectors without waiting; the answer
+        comes back as a :class:`VectorsReady` message (counted as work in flight meanwhile)."""
+        service, layer = self._service, self.layer
+        room = _VECTORS_IN_FLIGHT - len(self._in_flight)
+        if service is None or layer is None or room <= 0:
+            return
+        pending = layer.pending_texts(room, self._in_flight)
+        if not pending:
+            if not self._in_flight and not self._catch_up_due and self.pending_vectors() > 0:
+                self._schedule_catch_up()  # e.g. a model change to finish: CatchUp does it
+            return
+        ids = [int(i) for i, _ in pending]
+        texts = [t for _, t in pending]
+        token = next(_tokens)
+        future = service.submit_documents(self._texts_to_embed(ids, texts))
+        self._requests[token] = _VectorRequest(ids, texts, future)
+        self._in_flight.update(ids)
+        runtime, me = self.runtime, self.actor_ref
+        runtime.activity.begin()
+
+        def answered(_: Future[FloatArray]) -> None:
+            try:
+                if not runtime.stopped:
+                    runtime.post(me, VectorsReady(token))
+            finally:
+                runtime.activity.done()
+
+        future.add_done_callback(answered)
+
+    def _texts_to_embed(self, ids: list[int], texts: list[str]) -> list[str]:
+        """What the model is asked to embed for pending rows (by default the layer's texts)."""
+        return texts
+
+    def _vectors_stored(self, ids: list[int]) -> None:
+        """A request for ``ids`` was answered and its vectors handed to the layer."""
+
+    def _vectors_ready(self, token: int) -> None:
+        """Store the vectors of request ``token`` (rows changed or deleted meanwhile are skipped
+        by the layer), then ask for what is still pending; a failure is retried with backoff."""
+        request = self._requests.pop(token, None)
+        if request is None:  # already stored by a search, or asked for by a layer since reopened
+            return
+        self._in_flight.difference_update(request.ids)
+        error = request.future.exception()
+        if error is not None:
+            note = getattr(self.layer, "note_vector_fault", None)
+            if callable(note):
+                note(str(error))
+            self._vectors_failed()
+            return
+        try:
+            self.layer.store_vectors(request.ids, request.texts, request.future.result())
+        except StorageError:
+            self._vectors_failed()  # the rows stay pending; a busy or full disk is retried
+            raise
+        self._vectors_stored(request.ids)
+        self._catch_up_misses = 0
+        self._request_vectors()
+
+    def _vectors_failed(self) -> None:
+        if not self._catch_up_due:
+            self._schedule_catch_up()
+            self._catch_up_misses = min(self._catch_up_misses + 1, 16)
 
     def _schedule_catch_up(self) -> None:
         delay = min(_CATCH_UP_MAX_S, _CATCH_UP_FIRST_S * 2**self._catch_up_misses)
@@ -186,6 +355,11 @@ class _PersistentActor(MemoryActor):
 
     def catch_up(self) -> None:
         self._catch_up_due = False
+        if self._service is not None:
+            requests = len(self._requests)
+            self._request_vectors()
+            if len(self._requests) > requests or self._in_flight:
+                return
         catch = getattr(self.layer, "catch_up_vectors", None)
         if not callable(catch):
             return
@@ -204,10 +378,21 @@ class _PersistentActor(MemoryActor):
             return True, self._search(message, None).result
         if isinstance(message, BoundedSearch):
             return True, self._search(message.message, message.embed_s)
+        if isinstance(message, VectorsReady):
+            self._vectors_ready(message.token)
+            return True, None
+        if isinstance(message, _AskVectors):
+            self._ask_posted = False
+            self._request_vectors()
+            return True, None
         if isinstance(message, CatchUp):
             self.catch_up()
             return True, None
         return False, None
+
+    def refuses_when_degraded(self, message: Any) -> bool:
+        """Vector upkeep goes on for a degraded owner: the rows it completes are stored already."""
+        return not isinstance(message, VectorsReady | _AskVectors | CatchUp)
 
     def _refused(self, text: str, what: str) -> InvalidInputError | None:
         """Why the layer would refuse ``text`` (the one rule, :func:`check_content`), so one bad
@@ -224,7 +409,15 @@ class _PersistentActor(MemoryActor):
         layer = self.layer
         if layer is not None:
             base["count"] = int(layer.count())
+            base["pending_vectors"] = self.pending_vectors()
+            if self._service is not None:
+                base["vectors_in_flight"] = len(self._in_flight)
             layer_status = getattr(layer, "status", None)
             if callable(layer_status):
                 base["store"] = layer_status()
         return base
+
+
+def _degraded(watch: EmbedWatch, late: str | None) -> str | None:
+    """Why a search was degraded: its query embedding's fault first, else vectors not ready."""
+    return watch.degraded if watch.degraded is not None else late

@@ -8,86 +8,19 @@ times) hold their normal form. The wire format is in :mod:`._codec`. Users impor
 :mod:`memstrata.messages`.
 """
 
+# ruff: noqa: F403, F405 - the messages come from their modules by star import (each module lists them once)
 from __future__ import annotations
 
 from memstrata.core.constants import AGENT_ID_PATTERN, CATEGORY_PATTERN, MAX_TOP_K, MODES, SHARED
 from memstrata.core.validation import check_agent_id, check_json_value, check_session_id
 
 from ._codec import Message, decode, encode, message_types
-from ._msg_blackboard import (
-    DeleteSignal,
-    ListSignals,
-    PublishSignal,
-    QuerySignal,
-    Signal,
-    SignalDeleted,
-    SignalList,
-    SignalPublished,
-    SignalSubscribed,
-    SignalUnsubscribed,
-    SignalValue,
-    SubscribeSignal,
-    UnsubscribeSignal,
-)
-from ._msg_episodic import (
-    ArchiveEpisodes,
-    CommitMemory,
-    DeleteEpisode,
-    EpisodeDeleted,
-    EpisodeItem,
-    EpisodeList,
-    EpisodesArchived,
-    EpisodesRestored,
-    GetEpisode,
-    ListEpisodes,
-    MemoryCommitted,
-    MemorySearchResult,
-    MemoryStored,
-    RestoreEpisodes,
-    SearchMemory,
-    StoreMemory,
-)
-from ._msg_items import (
-    ClearNamespace,
-    DeleteItem,
-    GetItem,
-    ItemDeleted,
-    ItemList,
-    ItemsSwept,
-    ItemStored,
-    ItemValue,
-    ListNamespaces,
-    NamespaceCleared,
-    NamespaceList,
-    PopItem,
-    PutItem,
-    SearchItems,
-    StoredItem,
-    SweepItems,
-    TailItems,
-)
-from ._msg_knowledge import (
-    DeleteKnowledge,
-    GetKnowledge,
-    KnowledgeDeleted,
-    KnowledgeItem,
-    KnowledgeList,
-    KnowledgeResult,
-    KnowledgeStored,
-    KnowledgeUpdated,
-    ListKnowledge,
-    QueryKnowledge,
-    StoreKnowledge,
-    UpdateKnowledge,
-)
-from ._msg_tasks import FileContext, TaskAssigned, TaskCompleted, TaskFailed, TaskPrompt, WriteBackQueued
-from ._msg_working import (
-    ClearWorkingMemory,
-    GetWorkingMemory,
-    SetWorkingMemory,
-    WorkingMemoryCleared,
-    WorkingMemoryValue,
-)
+from ._msg_blackboard import *
+from ._msg_episodic import *
+from ._msg_items import *
+from ._msg_knowledge import *
+from ._msg_tasks import *
+from ._msg_working import *
 
 CategoryPattern = CATEGORY_PATTERN  # the name this pattern had before it moved to memstrata.core
 
@@ -120,6 +53,7 @@ __all__ = [
     "ItemStored",
     "ItemValue",
     "ItemsSwept",
+    "ItemsWritten",
     "KnowledgeDeleted",
     "KnowledgeItem",
     "KnowledgeList",
@@ -167,6 +101,7 @@ __all__ = [
     "WorkingMemoryCleared",
     "WorkingMemoryValue",
     "WriteBackQueued",
+    "WriteItems",
     "check_agent_id",
     "check_json_value",
     "check_session_id",

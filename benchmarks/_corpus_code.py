@@ -2,7 +2,8 @@
 
 The sources are released packages fetched from package registries by ``make bench-data`` (pip
 for Python, Debian's crate source packages for Rust, npm for JavaScript) and unpacked under
-``benchmarks/.data/``; this module never touches the network. For each language, every
+``benchmarks/.data/``; this module never touches the network. Go modules come as Debian's
+``golang-*-dev`` source packages, like the Rust crates. For each language, every
 documented definition gives one query: the first sentence of its doc comment. In the indexed
 copy the doc comment's lines are blank (Python docstrings become ``...``), so line numbers are
 unchanged and the words of the query are not in the code. The relevant result is the chunk
@@ -43,6 +44,17 @@ SOURCES: dict[str, tuple[tuple[str, ...], str, str, tuple[str, ...]]] = {
     ),
     # lodash.js and core.js repeat every module's documentation in one file: left out
     "javascript": (("lodash-4.17.21.tgz",), "package", ".js", ("lodash.js", "core.js", "fp.js")),
+    # Go modules as Debian source packages (golang-*-dev); doc.go files hold only package docs
+    "go": (
+        (
+            "golang-github-gorilla-mux-dev_1.8.0-1_*.deb",
+            "golang-github-google-go-cmp-dev_0.5.9-1_*.deb",
+            "golang-github-spf13-cobra-dev_1.6.1-1_*.deb",
+        ),
+        "usr/share/gocode/src",
+        ".go",
+        ("doc.go",),
+    ),
 }
 
 
@@ -174,7 +186,51 @@ def _javascript(rel: str, source: str) -> tuple[str, list[CodeQuery]]:
     return "\n".join(lines), queries
 
 
-_BLANKERS = {"python": _python, "rust": _rust, "javascript": _javascript}
+_GO_DOC = re.compile(r"^\s*//(?![/!])\s?(.*)$")
+_GO_ITEM = re.compile(r"^\s*(func |type |var |const )|^\s*[A-Za-z_]\w*(\s+\S.*)?\s*(=|\{|$)")
+
+
+_GO_NAME = re.compile(r"^\s*(?:func\s+(?:\([^)]*\)\s*)?|type\s+)([A-Za-z_]\w*)")
+
+
+def _go(rel: str, source: str) -> tuple[str, list[CodeQuery]]:
+    """``//`` comment blocks directly above a declaration (Go's doc comments; a ``//go:``
+    directive is kept). The declaration may be inside a ``var (`` / ``const (`` group."""
+    lines = source.split("\n")
+    queries = []
+    i = 0
+    while i < len(lines):
+        m = _GO_DOC.match(lines[i])
+        if not m or lines[i].lstrip().startswith("//go:"):
+            i += 1
+            continue
+        start, doc = i, []
+        while i < len(lines) and (m := _GO_DOC.match(lines[i])) and not lines[i].lstrip().startswith("//go:"):
+            doc.append(m.group(1))
+            i += 1
+        if i >= len(lines) or not lines[i].strip() or not _GO_ITEM.match(lines[i]):
+            continue
+        for n in range(start, i):
+            lines[n] = ""
+        paragraph = []
+        for d in doc:
+            if not d.strip():
+                if paragraph:
+                    break
+                continue
+            paragraph.append(d.strip())
+        summary = _first_sentence(" ".join(paragraph))
+        name = _GO_NAME.match(lines[i])
+        if summary is not None and name is not None:
+            # Go docs open with the declared name ("Diff returns ..."): a query without it
+            first, _, rest = summary.partition(" ")
+            if first == name.group(1) and len(rest.split()) >= 3:
+                summary = rest[:1].upper() + rest[1:]
+            queries.append(CodeQuery(summary, rel, i + 1))
+    return "\n".join(lines), queries
+
+
+_BLANKERS = {"python": _python, "rust": _rust, "javascript": _javascript, "go": _go}
 
 
 def load(language: str, *, max_queries: int, seed: int = 0, data: Path = DATA) -> CodeCorpus | None:
@@ -197,6 +253,8 @@ def load(language: str, *, max_queries: int, seed: int = 0, data: Path = DATA) -
             continue  # lodash's fp/ folder: generated wrappers without docs
         if language == "rust" and "/src/" not in f"/{rel}":
             continue  # a crate's library sources, not its tests, benches or examples
+        if language == "go" and (path.name.endswith("_test.go") or "/testdata/" in f"/{rel}"):
+            continue  # a module's library sources, not its tests
         source = path.read_text(encoding="utf-8", errors="replace").replace("\r\n", "\n")
         blanked, found = _BLANKERS[language](rel, source)
         files[rel] = blanked

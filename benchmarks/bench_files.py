@@ -233,7 +233,7 @@ def quality_and_throughput(ctx: Context) -> list[Row]:
     overheads: list[float] = []
     cb: Codebase | None = None
     stats = None
-    for n in range(ctx.size(3, 2)):
+    for n in range(2):  # best of two: a third round cost ~35 CPU s of the 10-minute `make bench`
         raw_runs.append(_timed(raw))
         if cb is not None:
             cb.close()

@@ -5,7 +5,12 @@
   ``SqliteStore`` (on a ``sqlean`` connection, as the stdlib ``sqlite3`` of this Python cannot
   load sqlite-vec, which LangGraph's index needs). Both get the same embedding function.
 - OpenAI Agents SDK: 1,000 turns recorded (one ``add_items`` per turn) and "the last 20 items"
-  read, in ``MemstrataSession`` and in the SDK's ``SQLiteSession``, both on a file.
+  read, in ``MemstrataSession`` (episodes of an agent's episodic memory, on a private system
+  whose model embeds them apart) and in the SDK's ``SQLiteSession``, both on a file; then 100
+  turns given to one ``add_items``.
+- AutoGen: 1,000 memories added and queried (k=5) in ``MemstrataMemory`` and in autogen-core's
+  built-in ``ListMemory`` (which keeps a list and returns every memory: no ranking, no vectors;
+  memstrata's work includes embedding, by the same cheap hash model as above, and ranking).
 
 A framework that is not installed is skipped with a message. Ratios are memstrata / built-in
 (lower is better for times).
@@ -82,7 +87,7 @@ def _langgraph(ctx: Context) -> list[Row]:
         return []
     n, runs = ctx.size(10_000, 1_000), ctx.size(30, 5)
     index = {"dims": DIMS, "embed": _embed, "fields": ["text"]}
-    with MemstrataStore.from_conn_string(ctx.workdir / "memstrata-items.sqlite", index=index) as ours_store:
+    with MemstrataStore.from_conn_string(ctx.workdir / "memstrata-items", index=index) as ours_store:
         ours = _store_work(ours_store, n, runs)
     path = str(ctx.workdir / "langgraph.sqlite")
     conn = sqlean.connect(path, check_same_thread=False, isolation_level=None)
@@ -104,17 +109,24 @@ def _langgraph(ctx: Context) -> list[Row]:
     ]  # fmt: skip
 
 
-async def _session_work(session: Any, turns: int, runs: int) -> dict[str, float]:
+def _turn(i: int) -> dict[str, str]:
+    return {"role": "user" if i % 2 == 0 else "assistant", "content": _text(i)}
+
+
+async def _session_work(session: Any, other: Any, turns: int, runs: int) -> dict[str, float]:
     t0 = time.perf_counter()
     for i in range(turns):
-        await session.add_items([{"role": "user" if i % 2 == 0 else "assistant", "content": _text(i)}])
+        await session.add_items([_turn(i)])
     add_ms = (time.perf_counter() - t0) * 1000 / turns
     samples = []
     for _ in range(runs):
         t1 = time.perf_counter()
         await session.get_items(limit=20)
         samples.append((time.perf_counter() - t1) * 1000)
-    return {"add": add_ms, "get": statistics.median(samples)}
+    t2 = time.perf_counter()
+    await other.add_items([_turn(i) for i in range(100)])
+    bulk_ms = (time.perf_counter() - t2) * 1000
+    return {"add": add_ms, "get": statistics.median(samples), "bulk": bulk_ms}
 
 
 def _agents(ctx: Context) -> list[Row]:
@@ -125,22 +137,65 @@ def _agents(ctx: Context) -> list[Row]:
         print(f"  integrations: OpenAI Agents SDK skipped ({exc})", file=sys.stderr)
         return []
     turns, runs = ctx.size(1_000, 200), ctx.size(200, 20)
-    ours_session = MemstrataSession("bench", ctx.workdir / "memstrata-history.sqlite")
-    ours = asyncio.run(_session_work(ours_session, turns, runs))
+    folder = ctx.workdir / "memstrata-history"
+    ours_session, ours_other = MemstrataSession("bench", folder), MemstrataSession("bulk", folder)
+    ours = asyncio.run(_session_work(ours_session, ours_other, turns, runs))
     ours_session.close()
-    builtin = SQLiteSession("bench", ctx.workdir / "agents.sqlite")
-    theirs = asyncio.run(_session_work(builtin, turns, runs))
+    ours_other.close()
+    builtin, other = (
+        SQLiteSession("bench", ctx.workdir / "agents.sqlite"),
+        SQLiteSession("bulk", ctx.workdir / "agents.sqlite"),
+    )
+    theirs = asyncio.run(_session_work(builtin, other, turns, runs))
     builtin.close()
+    other.close()
     return [
         Row("integrations", f"Agents SDK add_items per turn ({turns} turns)", ours["add"], "ms",
             baseline=theirs["add"], baseline_name="SQLiteSession"),
         Row("integrations", f"Agents SDK get_items(limit=20) p50 ({turns} turns)", ours["get"], "ms",
             baseline=theirs["get"], baseline_name="SQLiteSession"),
+        Row("integrations", "Agents SDK add_items of 100 turns at once", ours["bulk"], "ms",
+            baseline=theirs["bulk"], baseline_name="SQLiteSession"),
+    ]  # fmt: skip
+
+
+async def _memory_work(memory: Any, n: int, runs: int) -> dict[str, float]:
+    from autogen_core.memory import MemoryContent, MemoryMimeType
+
+    t0 = time.perf_counter()
+    for i in range(n):
+        await memory.add(MemoryContent(content=_text(i), mime_type=MemoryMimeType.TEXT, metadata={"n": i}))
+    add_ms = (time.perf_counter() - t0) * 1000 / n
+    samples = []
+    for i in range(runs):
+        t1 = time.perf_counter()
+        await memory.query(_text(i * 37 % n))
+        samples.append((time.perf_counter() - t1) * 1000)
+    await memory.close()
+    return {"add": add_ms, "query": statistics.median(samples)}
+
+
+def _autogen(ctx: Context) -> list[Row]:
+    try:
+        from autogen_core.memory import ListMemory
+        from memstrata.integrations.autogen import MemstrataMemory, MemstrataMemoryConfig
+    except ImportError as exc:
+        print(f"  integrations: AutoGen skipped ({exc})", file=sys.stderr)
+        return []
+    n, runs = ctx.size(1_000, 200), ctx.size(100, 20)
+    config = MemstrataMemoryConfig(persistence_path=str(ctx.workdir / "memstrata-autogen"), k=5)
+    ours = asyncio.run(_memory_work(MemstrataMemory(config, embedder=HashEmbedder(dim=DIMS)), n, runs))
+    theirs = asyncio.run(_memory_work(ListMemory(), n, runs))
+    return [
+        Row("integrations", f"AutoGen add per memory ({n} memories)", ours["add"], "ms",
+            baseline=theirs["add"], baseline_name="ListMemory"),
+        Row("integrations", f"AutoGen query p50 ({n} memories, k=5)", ours["query"], "ms",
+            baseline=theirs["query"], baseline_name="ListMemory"),
     ]  # fmt: skip
 
 
 def run(ctx: Context) -> list[Row]:
-    return [*_langgraph(ctx), *_agents(ctx)]
+    return [*_langgraph(ctx), *_agents(ctx), *_autogen(ctx)]
 
 
 if __name__ == "__main__":

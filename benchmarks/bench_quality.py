@@ -3,8 +3,9 @@
 * conversations: LoCoMo (``_corpus_dialogue.py``), every turn an episode of its session's task
   run, searched through :meth:`EpisodicMemory.search`; evidence recall@5 and @10.
 * prose: the documentation corpora of ``bench_knowledge`` through :class:`KnowledgeStore`; MRR@10.
-* code: library sources with their docstrings removed (``bench_files.build_corpus``), searched
-  through :class:`Codebase`, each removed summary a query; MRR@10.
+* code: released packages in Python, Rust, JavaScript and Go (``_corpus_code``, fetched by
+  ``make bench-data``) with their doc comments blanked, searched through :class:`Codebase`,
+  each removed summary a query; MRR@10.
 
 For each corpus "hybrid - best single mode" comes with a paired bootstrap 95 % interval
 (``_stats.py``). The vector and keyword lists (50 deep, as hybrid search fuses them) are kept per
@@ -202,7 +203,7 @@ class _CodeQuery:
 
 
 def code(ctx: Context, embedder: CachedEmbedder) -> list[Measured]:
-    """Python, Rust and JavaScript packages (``_corpus_code``, fetched by ``make bench-data``);
+    """Python, Rust, JavaScript and Go packages (``_corpus_code``, fetched by ``make bench-data``);
     where none is there, the Python libraries installed with memstrata (``bench_files``)."""
     from _corpus_code import SOURCES, load
 

@@ -85,7 +85,14 @@ def query(
     )
     state = sh.state(ctx)
     hits: list[dict[str, Any]] = []
-    if state.store_exists("knowledge", agent_id) or state.store_exists("knowledge", "shared", shared=True):
+    found = None
+    if state.store_exists("knowledge", agent_id):  # searched in this process, no system started
+        from ._cli_query import query_knowledge
+
+        found = query_knowledge(state.config, state.embedder, agent_id, query, options)
+    if found is not None:
+        hits = [_convert.knowledge_hit(h) for h in found]
+    elif state.store_exists("knowledge", agent_id) or state.store_exists("knowledge", "shared", shared=True):
         with state.system() as system:
             hits = [
                 _convert.knowledge_hit(h) for h in system.agent(agent_id).query_knowledge(query, **options)
@@ -326,8 +333,8 @@ def status(ctx: click.Context, verbose: bool, as_json: bool) -> None:
         else:
             click.echo(f"no memory stored yet: the data dir {data_dir} does not exist")
         return
-    with state.system() as system, state.workspaces(system, create=False) as registry:
-        report = _status.collect(system, registry, state.config)
+    # nothing is started and no model loaded to count: read-only queries per store
+    report = _status.collect_offline(state.config, state.embedder)
     if as_json:
         sh.echo_json(report)
         return

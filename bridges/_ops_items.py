@@ -79,7 +79,12 @@ def _item(item: Any) -> dict[str, Any]:
         ),
         Param(
             "ttl_minutes",
-            {"type": "number", "exclusiveMinimum": 0, "description": "Delete the item after this long."},
+            {
+                "type": "number",
+                "exclusiveMinimum": 0,
+                "maximum": 100_000_000,
+                "description": "Delete the item after this many minutes.",
+            },
         ),
     ),
     {"type": "object", "properties": {"namespace": {"type": "array"}, "key": {"type": "string"}}},

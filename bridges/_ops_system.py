@@ -18,8 +18,8 @@ _PATH = Param(
 @_OPS.add(
     "export",
     "system",
-    "Write every agent's knowledge, the shared store, episodes (archives too), working memory and "
-    "blackboards to a file as sorted JSON lines, for diffs, backups and moves.",
+    "Write every agent's knowledge, the shared store, episodes (archives too), working memory, "
+    "blackboards and items to a file as sorted JSON lines, for diffs, backups and moves.",
     (_PATH,),
     {"type": "object", "properties": {"path": {"type": "string"}, "lines": {"type": "integer"}}},
     read_only=True,

@@ -1,13 +1,20 @@
-"""``memstrata status``: one report from the system, the storage driver and the file index."""
+"""``memstrata status``: one report from the system, the storage driver and the file index.
+
+The command runs no system: :func:`collect_offline` counts what each store holds with read-only
+SQLite queries (``mode=ro``; ``immutable`` when no write-ahead log is beside the file, so no file
+is created) and describes the configured model without loading it. A running system's own
+report (model state, actors, restarts) is the ``status`` operation of ``memstrata serve``.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from . import _convert
 
-__all__ = ["collect", "empty", "render", "warnings"]
+__all__ = ["collect", "collect_offline", "empty", "render", "warnings"]
 
 
 def collect(system: Any, registry: Any, config: Any) -> dict[str, Any]:
@@ -23,6 +30,136 @@ def collect(system: Any, registry: Any, config: Any) -> dict[str, Any]:
         "stores": stored_counts(system),
         "workspaces": registry.status(),
     }
+
+
+def collect_offline(config: Any, embedder: Any = None) -> dict[str, Any]:
+    """The report of :func:`collect` with no system started and no model loaded: read-only
+    counts per store, the registry's roots with their indexes' counts, the configured model."""
+    from memstrata.storage import driver_info
+
+    from memstrata import __version__
+    from memstrata._system_status import configured_embedding, offline_status
+
+    system = offline_status(config, embedder)
+    data_dir = Path(config.data_dir)
+    native = bool(system["driver"].get("native_vectors"))
+
+    def mode_of(agent: str) -> tuple[str, str | None]:
+        settings = config.of_agent(agent).embedding
+        described = system["embedding"] if settings == config.embedding else configured_embedding(settings)
+        if described["keyword_only"]:
+            return "keyword-only", described["note"]
+        return "hybrid", None
+
+    return {
+        "version": __version__,
+        "data_dir": str(config.data_dir),
+        "storage": driver_info().as_dict(),
+        "system": system,
+        "stores": offline_counts(data_dir, mode_of if embedder is None else None, native),
+        "workspaces": offline_workspaces(data_dir),
+    }
+
+
+def _read_only(path: Path) -> Any:
+    """A read-only connection that creates no file: ``immutable`` when no write-ahead log is
+    beside the database (nobody has it open for writing), else ``mode=ro`` on the live log."""
+    from memstrata.storage._driver import _MODULE
+
+    uri = path.resolve().as_uri()
+    wal = path.with_name(path.name + "-wal")
+    if wal.exists():
+        try:
+            conn = _MODULE.connect(f"{uri}?mode=ro", uri=True)
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            return conn
+        except _MODULE.Error:  # a read-only folder without the shared-memory file: read the file
+            pass
+    return _MODULE.connect(f"{uri}?mode=ro&immutable=1", uri=True)
+
+
+def _query(path: Path, sql: str) -> list[Any]:
+    conn = _read_only(path)
+    try:
+        return list(conn.execute(sql).fetchall())
+    finally:
+        conn.close()
+
+
+def offline_counts(data_dir: Path, mode_of: Any, native_vectors: bool) -> dict[str, dict[str, Any]]:
+    """Entries per knowledge store and episodes per episodic store, read-only (see
+    :func:`stored_counts` for the same through a running system); ``mode_of(agent)`` gives the
+    search mode its model allows (``None``: hybrid)."""
+    out: dict[str, dict[str, Any]] = {"knowledge": {}, "episodic": {}}
+    for kind, table in (("knowledge", "knowledge"), ("episodic", "episodes")):
+        folder = data_dir / kind
+        if not folder.is_dir():
+            continue
+        for path in sorted(folder.glob("*.sqlite")):
+            try:
+                # the vector table is named after the entries' table
+                (count, backend), *_ = _query(
+                    path,
+                    f"SELECT (SELECT count(*) FROM {table}), "
+                    f"(SELECT value FROM metadata WHERE key = 'vector_backend:{table}')",
+                )
+                mode, reason = ("hybrid", None) if mode_of is None else mode_of(path.stem)
+                if mode == "hybrid" and backend == "vec0" and not native_vectors:
+                    mode, reason = "keyword-only", "sqlite-vec could not be loaded"
+                out[kind][path.stem] = {"count": int(count), "mode": mode, "reason": reason}
+            except Exception as exc:  # one unreadable store is reported, the others still counted
+                out[kind][path.stem] = {"error": f"{type(exc).__name__}: {exc}"}
+    return out
+
+
+def offline_workspaces(data_dir: Path) -> list[dict[str, Any]]:
+    """The registry's roots with their indexes' counts, read-only (no layer is opened)."""
+    registry = data_dir / "workspaces.sqlite"
+    if not registry.exists():
+        return []
+    import orjson
+
+    out: list[dict[str, Any]] = []
+    rows = _query(
+        registry,
+        "SELECT root, kind, db_path, added_at, last_sync_at, last_stats FROM roots "
+        "ORDER BY kind = 'code', added_at, root",
+    )
+    for root, kind, db_path, added_at, last_sync_at, last_stats in rows:
+        entry: dict[str, Any] = {
+            "root": root,
+            "kind": kind,
+            "db_path": db_path,
+            "added_at": added_at,
+            "last_sync_at": last_sync_at,
+            "last_stats": orjson.loads(last_stats) if last_stats else None,
+            "missing": not Path(root).is_dir(),
+        }
+        if entry["missing"]:
+            entry["warning"] = (
+                f"{kind} root {root!r} is missing (deleted or not mounted): skipped "
+                "(forget_root removes it from the index)"
+            )
+        try:
+            (files, skipped, chunks, vectors), *_ = _query(
+                Path(db_path),
+                "SELECT (SELECT count(*) - count(skipped) FROM files), (SELECT count(skipped) FROM files), "
+                "(SELECT count(*) FROM chunks), "
+                "(SELECT count(*) FROM sqlite_master WHERE name = 'chunks_vec')",
+            )
+            entry["index"] = {
+                "kind": kind,
+                "root": root,
+                "db_path": db_path,
+                "mode": "hybrid" if vectors else "keyword-only",
+                "files": int(files),
+                "files_skipped": int(skipped),
+                "chunks": int(chunks),
+            }
+        except Exception as exc:  # a broken index is reported, never hides the others
+            entry["error"] = f"{type(exc).__name__}: {exc}"
+        out.append(entry)
+    return out
 
 
 def empty(data_dir: Any) -> dict[str, Any]:

@@ -167,11 +167,13 @@ def derived(
     bind_agent: tuple[str, ...] = (),
     describe: Mapping[str, str] | None = None,
     shape: Callable[[Any], Any] | None = None,
+    json_text: tuple[str, ...] = (),
 ) -> Tool | None:
     """A tool that runs one operation: its params minus ``agent_id`` (bound by the host) and the
     params in ``bind_agent`` (set to the agent's id too, e.g. a signal's publisher), with tags and
     JSON values in their tool shapes; ``require`` makes optional params required, ``describe``
-    words a param for the tool. ``None`` when the registry has no such operation."""
+    words a param for the tool, ``json_text`` passes JSON object params as JSON text (strict
+    mode cannot say "any object"). ``None`` when the registry has no such operation."""
     op = operation(op_name)
     if op is None:
         return None
@@ -183,7 +185,7 @@ def derived(
         schema: Mapping[str, Any] = p.schema
         if p.name == "tags":
             schema, converters[p.name] = (TAGS_FILTER if op.read_only else TAGS), tags_map
-        elif "type" not in schema and "anyOf" not in schema:  # any JSON value
+        elif ("type" not in schema and "anyOf" not in schema) or p.name in json_text:  # any JSON
             schema = JSON_TEXT
             converters[p.name] = json_value
         if describe and p.name in describe:

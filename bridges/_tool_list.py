@@ -1,5 +1,5 @@
 """The agent-facing tools, in the order they are offered: memory, knowledge, episodes, working
-memory, blackboard. Every one but the ``memory_*`` composites is one registry operation."""
+memory, blackboard, items. Every one but the ``memory_*`` composites is one registry operation."""
 
 from __future__ import annotations
 
@@ -94,6 +94,37 @@ _DERIVED = (
         "Read a blackboard signal: {key, value, found, publisher, version, updated_at}.",
     ),
     derived("blackboard_list", "list_signals", "List signals", "The sorted keys of a session's blackboard."),
+    derived(
+        "item_put",
+        "put_item",
+        "Store an item",
+        "Store a JSON object at a namespace (a path of labels) and key, replacing what was there; "
+        "its index fields are embedded so item_search finds it by meaning.",
+        json_text=("value",),
+        describe={"value": 'The item as JSON object text, e.g. {"status": "open", "n": 2}.'},
+    ),
+    derived("item_get", "get_item", "Read an item", "The item at a namespace and key, or null."),
+    derived(
+        "item_search",
+        "search_items",
+        "Search items",
+        "Items under a namespace prefix, ranked by meaning when a query is given (else newest "
+        "first), narrowed by a filter on their fields.",
+        json_text=("filter",),
+        describe={
+            "filter": 'Field conditions as JSON object text, e.g. {"status": "open", "n": {"$gte": 2}} '
+            "($eq, $ne, $gt, $gte, $lt, $lte; dotted names reach nested fields)."
+        },
+    ),
+    derived(
+        "item_delete", "delete_item", "Delete an item", "Delete the item at a namespace and key; {deleted}."
+    ),
+    derived(
+        "item_namespaces",
+        "list_namespaces",
+        "List item namespaces",
+        'The namespaces holding items, sorted ("*" in prefix or suffix matches any label).',
+    ),
 )
 
 WANTED: tuple[str, ...] = (
@@ -113,6 +144,11 @@ WANTED: tuple[str, ...] = (
     "blackboard_publish",
     "blackboard_get",
     "blackboard_list",
+    "item_put",
+    "item_get",
+    "item_search",
+    "item_delete",
+    "item_namespaces",
 )
 """Every tool this module declares; one whose operation the registry lacks is left out of TOOLS."""
 

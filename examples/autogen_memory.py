@@ -1,6 +1,6 @@
 """An AutoGen assistant agent with memstrata as its memory (no network: a replayed model).
 
-Run: ``python examples/autogen_memory.py [folder]`` (in memory without a folder).
+Run: ``python examples/autogen_memory.py [folder]`` (a temporary one without it).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A LangGraph graph whose nodes write to and read from memstrata's store (no network).
 
-Run: ``python examples/langgraph_store.py [path/to/items.sqlite]`` (in memory without a path).
+Run: ``python examples/langgraph_store.py [data-dir]`` (a temporary one without it).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """An OpenAI Agents SDK ``Runner`` keeping its conversation in memstrata (no network: a scripted model).
 
-Run: ``python examples/openai_agents_session.py [path/to/history.sqlite]``.
+The conversation is a task run of the agent's episodic memory, so it can also be searched.
+Run: ``python examples/openai_agents_session.py [data-dir]`` (a temporary one without it).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ async def main(path: str | None = None) -> int:
         print(f"{question} -> {result.final_output}")
     history = await session.get_items()
     print("items kept:", len(history), "last two:", await session.get_items(limit=2))
+    hits = session.agent.recall("Lisbon", task_run_id="trip-planning", top_k=1)
+    print("recalled:", hits[0].episode.content if hits else None)
     session.close()
     return len(history)
 

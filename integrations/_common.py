@@ -1,13 +1,33 @@
-"""What the adapters share: where a running system keeps its items, and a clear missing-extra error."""
+"""What the adapters share: the running system they go through, and a clear missing-extra error.
+
+An adapter given a running ``MemorySystem`` uses it (its actors, its shared batching embedder,
+its durable writes). Given a path, it starts a private system whose data dir is that folder (for
+the path of an existing file, as a SQLite connection string may name, the folder beside it with
+``.memstrata`` added to its name; the file is left alone); every adapter of the process given the
+same path shares that one system (counted: the last to close stops it). Given ``":memory:"`` or
+``None``, it starts a private system in a new temporary folder, removed when the adapter closes
+(or the process exits). The embedding model of private systems is loaded once per process.
+"""
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import shutil
+import tempfile
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memstrata.errors import ConfigError
+from memstrata import MemorySystem
+from memstrata.config import Config
+from memstrata.errors import ConfigError, EmbedderUnavailableError, InvalidInputError, SystemStoppedError
 
-ITEMS_FILE = "items.sqlite"
+__all__ = ["Opened", "missing", "open_system"]
+
+MEMORY = ":memory:"
+FILE_SUFFIX = ".memstrata"
 
 
 def missing(module: str, extra: str, exc: ImportError) -> ImportError:
@@ -15,21 +35,116 @@ def missing(module: str, extra: str, exc: ImportError) -> ImportError:
     return ImportError(f"{module} is not installed: pip install 'memstrata[{extra}]' ({exc})")
 
 
-def items_path(target: Any) -> Path | str:
-    """The item database for a path, ``":memory:"``, or a running ``MemorySystem``."""
-    from memstrata._system import MemorySystem
+@dataclass(slots=True)
+class _Private:
+    system: MemorySystem
+    users: int = 0
+    temporary: Path | None = None
 
+
+@dataclass(slots=True)
+class Opened:
+    """A system an adapter uses; :meth:`release` lets a private one go (idempotent)."""
+
+    system: MemorySystem
+    _key: str | None = None
+    _entry: _Private | None = None
+    _released: bool = field(default=False)
+
+    @property
+    def private(self) -> bool:
+        return self._key is not None
+
+    def release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        if self._key is not None and self._entry is not None:
+            _release(self._key, self._entry)
+
+
+_LOCK = threading.Lock()
+_PRIVATE: dict[str, _Private] = {}
+_MODEL: list[Any] = []  # the default model, loaded at most once per process
+
+
+def _default_model() -> Any:
+    """The configured embedding model, loaded once and shared by every private system (each
+    wraps it in its own batching service); ``None`` if none can be loaded (keyword-only)."""
+    if not _MODEL:
+        from memstrata.storage import load_embedder
+
+        config = Config.load()
+        model = config.embedding.model
+        try:
+            _MODEL.append(
+                load_embedder(None if model in ("", "default") else model, dim=config.embedding.dim)
+            )
+        except EmbedderUnavailableError:
+            _MODEL.append(None)
+    return _MODEL[0]
+
+
+def open_system(target: Any, *, embedder: Any = None, what: str = "target") -> Opened:
+    """The system behind ``target``: a running ``MemorySystem``, a data dir path (``str`` or
+    ``Path``, shared by every adapter of the process given it), or ``":memory:"``/``None`` (a
+    private temporary one). ``embedder``: the model a new private system uses (default: the
+    configured one, loaded once per process)."""
     if isinstance(target, MemorySystem):
-        return target.data_dir / ITEMS_FILE
-    if isinstance(target, str | Path):
-        return target
-    raise ConfigError(f"expected a database path or a MemorySystem, got {type(target).__name__}")
+        if target.stopped:
+            raise SystemStoppedError(f"{what}: the MemorySystem is stopped")
+        return Opened(target)
+    if target is not None and not isinstance(target, str | Path):
+        raise ConfigError(f"{what} must be a data dir path, ':memory:' or a MemorySystem, got {target!r}")
+    temporary = target is None or str(target) == MEMORY
+    if target is not None and not str(target).strip():
+        raise InvalidInputError(f"{what} must be a non-empty path, got {target!r}")
+    with _LOCK:
+        if target is None or temporary:
+            folder = Path(tempfile.mkdtemp(prefix="memstrata-"))
+            key = f"{MEMORY}{folder}"
+        else:
+            folder = Path(target).expanduser().resolve()
+            if folder.exists() and not folder.is_dir():  # a database file's name, as SQLite takes
+                folder = folder.with_name(folder.name + FILE_SUFFIX)  # the file is left alone
+            key = str(folder)
+        entry = _PRIVATE.get(key)
+        if entry is None or entry.system.stopped:
+            model = embedder if embedder is not None else _default_model()
+            try:
+                system = MemorySystem.start(Config(data_dir=folder), model)
+            except BaseException:
+                if temporary:
+                    shutil.rmtree(folder, ignore_errors=True)
+                raise
+            entry = _PRIVATE[key] = _Private(system, temporary=folder if temporary else None)
+        entry.users += 1
+        return Opened(entry.system, key, entry)
 
 
-def items_of(system: Any) -> Any:
-    """A running ``MemorySystem``'s item store handle (``system.items``)."""
-    from memstrata._system import MemorySystem
+def _release(key: str, entry: _Private) -> None:
+    with _LOCK:
+        entry.users -= 1
+        if entry.users > 0:
+            return
+        if _PRIVATE.get(key) is entry:
+            del _PRIVATE[key]
+    _stop(entry)
 
-    if not isinstance(system, MemorySystem):
-        raise ConfigError(f"system must be a running MemorySystem, got {type(system).__name__}")
-    return system.items
+
+def _stop(entry: _Private) -> None:
+    try:
+        entry.system.stop()
+    finally:
+        if entry.temporary is not None:
+            shutil.rmtree(entry.temporary, ignore_errors=True)
+
+
+@atexit.register
+def _stop_all() -> None:  # pragma: no cover - interpreter shutdown
+    with _LOCK:
+        entries = list(_PRIVATE.values())
+        _PRIVATE.clear()
+    for entry in entries:
+        with contextlib.suppress(Exception):  # nothing is left to report to at exit
+            _stop(entry)

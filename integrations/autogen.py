@@ -1,25 +1,25 @@
 """AutoGen ``Memory`` on memstrata (``pip install 'memstrata[autogen]'``).
 
-Each memory is one item of memstrata's item layer under ``("autogen", collection_name)``, its
-text embedded by a memstrata embedder (the default model unless one is given) and its metadata
-kept as the JSON it was given (numbers, booleans, lists, objects: no string encoding).
+Each memory is one item of a memstrata system's item store under ``("autogen", collection_name)``,
+its text embedded by the system's shared embedder (or by the ``embedder`` given, its vector then
+sent with the item), its metadata kept as the JSON it was given (numbers, booleans, lists,
+objects: no string encoding). Without a running system, a private one is started on
+``persistence_path`` (a folder), or in a temporary folder removed at :meth:`MemstrataMemory.close`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from pathlib import Path
 from typing import Any
 
 import orjson
-from memstrata.layers._items import ItemStore
-from memstrata.storage import Embedder, embed_documents, embed_query, load_embedder
+from memstrata.storage import Embedder, load_embedder
 from pydantic import BaseModel, Field
 
 from memstrata.errors import InvalidInputError
 
-from ._common import ITEMS_FILE, items_of, missing
+from ._common import missing, open_system
 
 try:
     from autogen_core import CancellationToken, Component
@@ -78,35 +78,22 @@ class MemstrataMemory(Memory, Component[MemstrataMemoryConfig]):
     ) -> None:
         self._config = config or MemstrataMemoryConfig()
         self._namespace = (NAMESPACE, self._config.collection_name)
-        # on a running system whose embedder is the one to use, memories go through its item
-        # actor (one batching embedder and one writer for every agent of the process)
-        self._system_items: Any = None
-        self._items: ItemStore | None = None
-        path: Path | str = ":memory:"
-        if system is not None:
-            shared = items_of(system)
-            if system.embedder is not None and embedder in (None, system.embedder):
-                self._system_items = shared
-            path = system.data_dir / ITEMS_FILE
-            embedder = embedder or system.embedder
-        elif self._config.persistence_path:
-            path = Path(self._config.persistence_path) / ITEMS_FILE
-        self._embedder = embedder
-        if self._system_items is None:
-            self._items = ItemStore(path)
+        if embedder is None and system is None and self._config.embedding_model:
+            embedder = load_embedder(self._config.embedding_model)
+        target = system if system is not None else self._config.persistence_path
+        self._opened = open_system(target, embedder=embedder, what="MemstrataMemory persistence_path")
+        shared = self._opened.system.embedder
+        # the system's own embedder embeds in its item actor (one batching queue for every agent
+        # of the process); another model given here embeds in the memory, its vectors sent along
+        self._embedder = None if embedder in (None, shared) or self._opened.private else embedder
+        if self._embedder is None and shared is None:
+            self._opened.release()
+            raise InvalidInputError("MemstrataMemory needs an embedding model: the system runs keyword-only")
+        self._items = self._opened.system.items
 
     @property
     def collection_name(self) -> str:
         return self._config.collection_name
-
-    def _layer(self) -> ItemStore:
-        assert self._items is not None  # set whenever the memory is not on a system's actor
-        return self._items
-
-    def _model(self) -> Embedder:
-        if self._embedder is None:
-            self._embedder = load_embedder(self._config.embedding_model)
-        return self._embedder
 
     @staticmethod
     def _text(content: MemoryContent) -> str:
@@ -133,11 +120,11 @@ class MemstrataMemory(Memory, Component[MemstrataMemoryConfig]):
             raise InvalidInputError(f"memory metadata is not JSON: {exc}") from exc
 
         def write() -> None:
-            if self._system_items is not None:  # the actor embeds "content" as _text reads it
-                self._system_items.put(self._namespace, uuid.uuid4().hex, value, index=["content"])
+            if self._embedder is None:  # the actor embeds "content" as _text reads it
+                self._items.put(self._namespace, uuid.uuid4().hex, value, index=["content"])
                 return
-            vector = embed_documents(self._model(), [text])[0]
-            self._layer().put_many([(self._namespace, uuid.uuid4().hex, value, {"content": vector}, None)])
+            vector = self._embedder.embed_documents([text])[0].tolist()
+            self._items.put(self._namespace, uuid.uuid4().hex, value, vectors={"content": vector})
 
         await asyncio.to_thread(write)
 
@@ -151,10 +138,10 @@ class MemstrataMemory(Memory, Component[MemstrataMemoryConfig]):
         k = int(kwargs.get("k", self._config.k))
 
         def read() -> list[Any]:
-            if self._system_items is not None:
-                return list(self._system_items.search(self._namespace, query=text, limit=k))
-            vector = embed_query(self._model(), text)
-            return self._layer().search(self._namespace, query_vector=vector.tolist(), limit=k)
+            if self._embedder is None:
+                return list(self._items.search(self._namespace, query=text, limit=k))
+            vector = self._embedder.embed_query(text).tolist()
+            return list(self._items.search(self._namespace, query_vector=vector, limit=k))
 
         records = await asyncio.to_thread(read)
         threshold = self._config.score_threshold
@@ -184,10 +171,7 @@ class MemstrataMemory(Memory, Component[MemstrataMemoryConfig]):
         return UpdateContextResult(memories=found)
 
     async def clear(self) -> None:
-        if self._system_items is not None:
-            await asyncio.to_thread(self._system_items.clear, self._namespace)
-            return
-        await asyncio.to_thread(self._layer().delete_namespace, self._namespace)
+        await asyncio.to_thread(self._items.clear, self._namespace)
 
     async def reset(self) -> None:
         """Deletes every memory of the collection; refused unless ``allow_reset``."""
@@ -198,9 +182,8 @@ class MemstrataMemory(Memory, Component[MemstrataMemoryConfig]):
         await self.clear()
 
     async def close(self) -> None:
-        """Closes the memory's own database (a running system stays as it is)."""
-        if self._items is not None:
-            self._items.close()
+        """Lets a private system go (a running system given stays as it is)."""
+        await asyncio.to_thread(self._opened.release)
 
     def _to_config(self) -> MemstrataMemoryConfig:
         return self._config

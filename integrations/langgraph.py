@@ -1,9 +1,13 @@
-"""LangGraph ``BaseStore`` on memstrata's item layer (``pip install 'memstrata[langgraph]'``).
+"""LangGraph ``BaseStore`` on memstrata's item store (``pip install 'memstrata[langgraph]'``).
 
 Items are addressed by (namespace tuple, key); values stay JSON apart from the embedded text; the
 ``index`` config is LangGraph's (``dims``, ``embed``, ``fields`` or ``text_fields`` with JSON paths,
 one vector per field and item ranked by its best field); search takes a namespace prefix and
 filters evaluated inside SQLite; scores are cosine similarities; TTL follows ``TTLConfig``.
+
+Every operation goes through a running ``MemorySystem``'s item actor (given, or started privately
+on a data dir, see :mod:`memstrata.integrations`): a batch's puts are one message and one
+transaction, with the vectors the index's ``embed`` computed (or the system's shared embedder).
 """
 
 from __future__ import annotations
@@ -12,17 +16,17 @@ import asyncio
 import concurrent.futures
 import contextlib
 import datetime
+import math
+import sys
 import threading
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from memstrata.layers._items import ItemRecord, ItemStore
-from memstrata.storage import embed_documents
-
 from memstrata.errors import InvalidInputError
+from memstrata.messages import PutItem
 
-from ._common import items_path, missing
+from ._common import missing, open_system
 
 try:
     from langgraph.store.base import (
@@ -45,19 +49,19 @@ def _stamp(seconds: float) -> datetime.datetime:
     return datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC)
 
 
-def _item(rec: ItemRecord) -> Any:
+def _item(rec: Any) -> Any:
     return Item(
         value=rec.value,
         key=rec.key,
-        namespace=rec.namespace,
+        namespace=tuple(rec.namespace),
         created_at=_stamp(rec.created_at),
         updated_at=_stamp(rec.updated_at),
     )
 
 
-def _search_item(rec: ItemRecord) -> Any:
+def _search_item(rec: Any) -> Any:
     return SearchItem(
-        namespace=rec.namespace,
+        namespace=tuple(rec.namespace),
         key=rec.key,
         value=rec.value,
         created_at=_stamp(rec.created_at),
@@ -66,76 +70,157 @@ def _search_item(rec: ItemRecord) -> Any:
     )
 
 
-def _system_embed(target: Any) -> Callable[[Sequence[str]], list[list[float]]]:
-    """A running system's shared (batching) embedder as LangGraph's ``embed`` function."""
-    from memstrata._system import MemorySystem
+class _SystemEmbeddings:
+    """A system's shared (batching) embedder with LangGraph's ``Embeddings`` methods."""
 
-    if not isinstance(target, MemorySystem):
-        raise InvalidInputError(
-            'index needs "embed" (a function or Embeddings) unless the store is on a MemorySystem'
-        )
-    embedder = target.embedder
-    if embedder is None:
-        raise InvalidInputError('the MemorySystem runs keyword-only (no embedder): give the index an "embed"')
+    def __init__(self, embedder: Any) -> None:
+        self._embedder = embedder
 
-    def embed(texts: Sequence[str]) -> list[list[float]]:
-        return [row.tolist() for row in embed_documents(embedder, list(texts))]
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        return [row.tolist() for row in self._embedder.embed_documents(list(texts))]
 
-    return embed
+    def embed_query(self, text: str) -> list[float]:
+        return list(self._embedder.embed_query(text).tolist())
+
+
+_MAX = sys.float_info.max
+_NEVER = {"$gt": _MAX, "$lt": -_MAX}  # no finite number passes both
+
+
+def _bound(op: str, value: float) -> dict[str, float] | None:
+    """A comparison with infinity or NaN as the same test on finite numbers (JSON has no
+    infinity, so a stored number is always finite); ``None``: every item passes."""
+    if math.isnan(value):
+        return dict(_NEVER)  # NaN compares false with everything, as SQL NULL does
+    big = _MAX if value > 0 else -_MAX
+    if op in ("$lt", "$lte"):
+        return {"$lte": big} if value > 0 else dict(_NEVER)
+    if op in ("$gt", "$gte"):
+        return {"$gte": big} if value < 0 else dict(_NEVER)
+    if op == "$eq":
+        return dict(_NEVER)
+    return None  # "$ne": every item differs from infinity
+
+
+def _finite(filter: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``filter`` with its infinite and NaN operands rewritten (see :func:`_bound`), integers
+    beyond 64 bits as reals."""
+    if not filter:
+        return filter
+    out: dict[str, Any] = {}
+    for field, cond in filter.items():
+        ops = cond if isinstance(cond, dict) and all(str(k).startswith("$") for k in cond) else None
+        if ops is None:
+            ops = {"$eq": cond}
+        kept: dict[str, Any] = {}
+        for op, value in ops.items():
+            if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+                try:  # beyond JSON's integers: compared as a real, as SQLite does
+                    value = float(value)
+                except OverflowError:
+                    value = math.inf if value > 0 else -math.inf
+            if not isinstance(value, float) or math.isfinite(value):
+                kept[op] = value
+                continue
+            bound = _bound(op, value)
+            if bound is None:
+                continue
+            for name, limit in bound.items():  # the stricter of two bounds on one side
+                old = kept.get(name)
+                kept[name] = limit if old is None else (min if name.startswith("$l") else max)(old, limit)
+        if kept:
+            out[field] = kept if (ops is not cond or len(kept) != 1 or "$eq" not in kept) else kept["$eq"]
+    return out
+
+
+def _paths(fields: Sequence[str]) -> list[tuple[str, Any]]:
+    return [(p, "$" if p == "$" else _embed.tokenize_path(p)) for p in fields]
 
 
 class MemstrataStore(BaseStore):
-    """A LangGraph store on a memstrata item database.
+    """A LangGraph store on a memstrata system's item store.
 
-    ``target``: a database path, ``":memory:"``, or a running ``MemorySystem`` (its data dir
-    holds the items). ``index``: LangGraph's index config. ``ttl``: LangGraph's ``TTLConfig``.
+    ``target``: a running ``MemorySystem`` (its item actor and shared embedder are used), a data
+    dir path (a private system on it, shared by the stores of the process given that path), or
+    ``":memory:"`` (a private system in a temporary folder, removed at :meth:`close`).
+    ``index``: LangGraph's index config (without ``embed``: the system's embedder).
+    ``ttl``: LangGraph's ``TTLConfig``. ``embedder``: the model of a private system.
     """
 
     supports_ttl = True
 
-    def __init__(self, target: Any = ":memory:", *, index: Any = None, ttl: Any = None) -> None:
-        self._items = ItemStore(items_path(target))
+    def __init__(
+        self, target: Any = ":memory:", *, index: Any = None, ttl: Any = None, embedder: Any = None
+    ) -> None:
+        self.index_config: dict[str, Any] | None = None
+        self.embeddings: Any = None
+        fields: list[str] = []
+        if index:
+            config = dict(index)
+            raw = config.get("fields") or config.get("text_fields") or ["$"]
+            fields = [raw] if isinstance(raw, str) else raw
+            if not isinstance(fields, list) or not all(isinstance(f, str) and f for f in fields):
+                raise InvalidInputError(f"index fields must be a list of paths or one path, got {raw!r}")
+            dims = config.get("dims")
+            if dims is not None and (isinstance(dims, bool) or not isinstance(dims, int) or dims < 1):
+                raise InvalidInputError(f"index dims must be a positive integer, got {dims!r}")
+            self.index_config = config
+        self._opened = open_system(target, embedder=embedder, what="MemstrataStore target")
+        system = self._opened.system
+        try:
+            if self.index_config is not None:
+                config = self.index_config
+                config["__tokenized_fields"] = _paths(fields)
+                if config.get("embed") is None:
+                    if system.embedder is None:
+                        raise InvalidInputError(
+                            'the MemorySystem runs keyword-only (no embedder): give the index an "embed"'
+                        )
+                    self.embeddings = _SystemEmbeddings(system.embedder)
+                    config.setdefault("dims", system.embedder.dim)
+                else:
+                    self.embeddings = _embed.ensure_embeddings(config["embed"])
+        except BaseException:
+            self._opened.release()
+            raise
+        self._items = system.items
         self.ttl_config = ttl
         # a read refreshes expiry only when the config turns refresh_on_read on (LangGraph's
         # SQLite store reads it so: the per-call flag alone does not extend a lifetime)
         self._refresh_on_read = bool(ttl and ttl.get("refresh_on_read", False))
-        self.index_config: dict[str, Any] | None = None
-        self.embeddings: Any = None
-        if index:
-            config = dict(index)
-            fields = config.get("fields") or config.get("text_fields") or ["$"]
-            if isinstance(fields, str):
-                fields = [fields]
-            if not isinstance(fields, list):
-                raise InvalidInputError(f"index fields must be a list of paths or one path, got {fields!r}")
-            config["__tokenized_fields"] = [(p, "$" if p == "$" else _embed.tokenize_path(p)) for p in fields]
-            if config.get("embed") is None:
-                config["embed"] = _system_embed(target)
-                config.setdefault("dims", getattr(target, "embedder", None) and target.embedder.dim)
-            self.embeddings = _embed.ensure_embeddings(config.get("embed"))
-            self.index_config = config
         self._stop = threading.Event()
         self._sweeper: threading.Thread | None = None
+
+    @property
+    def system(self) -> Any:
+        """The ``MemorySystem`` the store goes through."""
+        return self._opened.system
 
     @classmethod
     @contextlib.contextmanager
     def from_conn_string(
         cls, conn_string: str | Path, *, index: Any = None, ttl: Any = None
     ) -> Iterator[MemstrataStore]:
-        """A store on ``conn_string`` (a path or ``":memory:"``), closed on exit."""
+        """A store on ``conn_string`` (a data dir path or ``":memory:"``), closed on exit."""
         store = cls(conn_string, index=index, ttl=ttl)
         try:
             yield store
         finally:
             store.close()
 
+    def __enter__(self) -> MemstrataStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def setup(self) -> None:
         """Nothing to do: the schema is created on open (kept for LangGraph's store protocol)."""
 
     def close(self) -> None:
-        """Stops the sweeper and closes the database (the async store's too: it is synchronous)."""
+        """Stops the sweeper and lets a private system go (a given one keeps running)."""
         MemstrataStore.stop_ttl_sweeper(self, timeout=5)
-        self._items.close()
+        self._opened.release()
 
     # operations --------------------------------------------------------------------------
 
@@ -167,8 +252,24 @@ class MemstrataStore(BaseStore):
         self._flush(pending)
         return results
 
+    def _vectors(self, values: list[Sequence[float]]) -> list[tuple[float, ...]]:
+        """The embedding function's rows, checked: one per text, ``dims`` finite numbers each."""
+        dims = (self.index_config or {}).get("dims")
+        out = []
+        for n, row in enumerate(values):
+            vec = tuple(float(x) for x in row)
+            if dims is not None and len(vec) != dims:
+                raise InvalidInputError(
+                    f"index embed returned {len(vec)} dimensions for text {n}, not {dims}"
+                )
+            if not all(math.isfinite(x) for x in vec):
+                raise InvalidInputError(f"index embed returned a vector with NaN or infinity for text {n}")
+            out.append(vec)
+        return out
+
     def _flush(self, puts: list[Any]) -> None:
-        """Apply puts in order (last write of a key wins), embedding every text in one call."""
+        """Apply puts in order (last write of a key wins) in one message, embedding every text
+        in one call."""
         if not puts:
             return
         last: dict[tuple[tuple[str, ...], str], Any] = {}
@@ -176,44 +277,41 @@ class MemstrataStore(BaseStore):
             last[(tuple(op.namespace), op.key)] = op
         puts.clear()
         deletes = [k for k, op in last.items() if op.value is None]
-        if deletes:
-            self._items.delete_many(deletes)
         texts: list[str] = []
         owners: list[tuple[tuple[tuple[str, ...], str], str]] = []
         for k, op in last.items():
             if op.value is None or not self.index_config or op.index is False:
                 continue
-            if op.index is None:
-                paths = self.index_config["__tokenized_fields"]
-            else:
-                paths = [(p, "$" if p == "$" else _embed.tokenize_path(p)) for p in op.index]
+            paths = self.index_config["__tokenized_fields"] if op.index is None else _paths(op.index)
             for path, tokens in paths:
                 found = _embed.get_text_at_path(op.value, tokens)
                 for n, text in enumerate(found):
                     owners.append((k, f"{path}.{n}" if len(found) > 1 else path))
                     texts.append(text)
-        vectors: dict[tuple[tuple[str, ...], str], dict[str, Sequence[float]]] = {}
+        vectors: dict[tuple[tuple[str, ...], str], dict[str, tuple[float, ...]]] = {}
         if texts:
-            for (k, field), vec in zip(owners, self.embeddings.embed_documents(texts), strict=True):
+            rows = self._vectors(self.embeddings.embed_documents(texts))
+            if len(rows) != len(texts):
+                raise InvalidInputError(f"index embed returned {len(rows)} vectors for {len(texts)} texts")
+            for (k, field), vec in zip(owners, rows, strict=True):
                 vectors.setdefault(k, {})[field] = vec
-        rows = []
-        for k, op in last.items():
-            if op.value is None:
-                continue
-            embedded = self.index_config is not None and op.index is not False
-            rows.append((k[0], k[1], dict(op.value), vectors.get(k, {}) if embedded else None, op.ttl))
-        self._items.put_many(rows)
+        messages = [
+            PutItem(k[0], k[1], dict(op.value), None, op.ttl, vectors.get(k) or None)
+            for k, op in last.items()
+            if op.value is not None
+        ]
+        self._items.write(messages, deletes)
 
     def _search(self, op: Any) -> list[Any]:
         vector = None
         if op.query and self.embeddings is not None:
-            vector = self.embeddings.embed_query(op.query)
+            vector = self._vectors([self.embeddings.embed_query(op.query)])[0]
         records = self._items.search(
             tuple(op.namespace_prefix),
-            query_vector=vector,
-            filter=op.filter,
+            filter=_finite(op.filter),
             limit=op.limit,
             offset=op.offset,
+            query_vector=vector,
             refresh_ttl=bool(op.refresh_ttl) and self._refresh_on_read,
         )
         return [_search_item(r) for r in records]
@@ -251,7 +349,7 @@ class MemstrataStore(BaseStore):
         def loop() -> None:
             while not self._stop.wait(interval):
                 with contextlib.suppress(Exception):
-                    self.sweep_ttl()
+                    MemstrataStore.sweep_ttl(self)
             future.set_result(None)
 
         self._sweeper = threading.Thread(target=loop, daemon=True, name="memstrata-ttl-sweeper")
@@ -259,6 +357,7 @@ class MemstrataStore(BaseStore):
         return future
 
     def stop_ttl_sweeper(self, timeout: float | None = None) -> bool:
+        """Stop the sweeper; True once it has stopped (within ``timeout`` seconds)."""
         if self._sweeper is None or not self._sweeper.is_alive():
             return True
         self._stop.set()
@@ -278,7 +377,7 @@ class AsyncMemstrataStore(MemstrataStore):
     async def from_conn_string(  # type: ignore[override]
         cls, conn_string: str | Path, *, index: Any = None, ttl: Any = None
     ) -> AsyncIterator[AsyncMemstrataStore]:
-        store = cls(conn_string, index=index, ttl=ttl)
+        store = await asyncio.to_thread(cls, conn_string, index=index, ttl=ttl)
         try:
             yield store
         finally:

@@ -1,23 +1,28 @@
 """OpenAI Agents SDK conversation history on memstrata (``pip install 'memstrata[openai-agents]'``).
 
-Each item of a conversation is one keyed item of memstrata's item layer under the namespace
-``("openai-agents", session_id)``: recorded without embedding (a turn costs one insert), read
-back as "the last N live items" by an index walk from the end, and really deleted by
-``pop_item`` and ``clear_session``.
+A conversation is a task run of an agent's episodic memory: each item the SDK adds is one episode
+(kind ``turn``, task run = the session id) whose content is the item's JSON, so the history is
+also searchable memory (``agent.recall(query, task_run_id=session_id)``). Recording does not wait
+for the model: the system's episodic actor stores the episode and computes its vector apart.
+``get_items(limit)`` reads the latest ``limit`` live episodes of the run from its index;
+``pop_item`` and ``clear_session`` delete episodes for good (no search and no later archive
+returns them).
 """
 
 from __future__ import annotations
 
 import asyncio
-import uuid
+import datetime as dt
+import threading
 from pathlib import Path
 from typing import Any
 
-from memstrata.layers._items import ItemStore
+import orjson
 
 from memstrata.errors import InvalidInputError, SystemStoppedError
+from memstrata.messages import StoreMemory
 
-from ._common import items_of, items_path, missing
+from ._common import missing, open_system
 
 try:
     from agents.memory import session_settings as _settings
@@ -25,17 +30,24 @@ try:
 except ImportError as exc:  # the adapter is optional: say which extra brings it
     raise missing("agents", "openai-agents", exc) from exc
 
-__all__ = ["NAMESPACE", "MemstrataSession"]
+__all__ = ["AGENT_ID", "KIND", "MemstrataSession"]
 
-NAMESPACE = "openai-agents"
+AGENT_ID = "openai-agents"
+"""The agent whose episodic memory keeps the history unless another is named."""
+KIND = "turn"
+_PAGE = 10_000  # the most episodes one list request returns
+_TICK = dt.timedelta(microseconds=1)
 
 
 class MemstrataSession(SessionABC):
-    """History of one conversation, kept by memstrata.
+    """History of one conversation, kept in an agent's episodic memory.
 
-    ``db_path``: a file (``str`` or ``Path``), or ``None`` for a private in-memory database;
-    ``system``: a running ``MemorySystem`` whose data dir keeps the history instead.
-    ``session_settings``: the SDK's settings (``limit`` is the default for :meth:`get_items`).
+    ``db_path``: the data dir of a private system (``str`` or ``Path``; every session of the
+    process given that path shares it), or ``None`` for a temporary one removed at
+    :meth:`close`. ``system``: a running ``MemorySystem`` to use instead. ``agent_id``: whose
+    episodic memory (default ``"openai-agents"``). ``session_settings``: the SDK's settings
+    (``limit`` is the default for :meth:`get_items`). The session id is the task run id (1-256
+    characters, no control characters).
     """
 
     def __init__(
@@ -45,9 +57,12 @@ class MemstrataSession(SessionABC):
         *,
         system: Any = None,
         session_settings: Any = None,
+        agent_id: str = AGENT_ID,
+        embedder: Any = None,
     ) -> None:
         if not isinstance(session_id, str) or not session_id:
             raise InvalidInputError(f"session_id must be a non-empty string, got {session_id!r}")
+        StoreMemory(agent_id, session_id, "-")  # the ids' own checks, before anything starts
         if system is not None and db_path is not None:
             raise InvalidInputError("give db_path or system, not both")
         self.session_id = session_id
@@ -56,58 +71,124 @@ class MemstrataSession(SessionABC):
             if session_settings is not None
             else _settings.SessionSettings()
         )
-        # on a running system the history goes through its item actor (shared by every session
-        # of the process); otherwise the session opens the item layer itself
-        self._system_items: Any = None if system is None else items_of(system)
-        self._items: ItemStore | None = None
-        if self._system_items is None:
-            self._items = ItemStore(items_path(db_path if db_path is not None else ":memory:"))
-        self._namespace = (NAMESPACE, session_id)
+        self._opened = open_system(
+            system if system is not None else db_path, embedder=embedder, what="MemstrataSession db_path"
+        )
+        self._agent = self._opened.system.agent(agent_id)
+        self._max_bytes = self._opened.system.config.max_content_bytes
+        self._lock = threading.Lock()
+        self._last_at: dt.datetime | None = None
         self._closed = False
 
-    def _open(self) -> Any:
-        """The item store: the system's ``items`` handle or the layer (same method names)."""
+    @property
+    def agent(self) -> Any:
+        """The agent whose episodic memory keeps this conversation."""
+        return self._agent
+
+    def _check_open(self) -> Any:
         if self._closed:
             raise SystemStoppedError(f"MemstrataSession {self.session_id!r} is closed")
-        return self._system_items if self._system_items is not None else self._items
+        return self._agent
+
+    def _latest(self, count: int) -> list[Any]:
+        """The latest ``count`` live episodes of the run, oldest first (``-1``: all)."""
+        agent = self._check_open()
+        found: list[Any] = []
+        while count < 0 or len(found) < count:
+            page = _PAGE if count < 0 else min(_PAGE, count - len(found))
+            got = agent.list_episodes(task_run_id=self.session_id, limit=page, offset=len(found))
+            found += got
+            if len(got) < page:
+                break
+        found.reverse()
+        return found
+
+    def _read(self, limit: int | None) -> list[Any]:
+        n = _settings.resolve_session_limit(limit, self.session_settings)
+        if n is not None and n <= 0 and limit is not None and limit < 0:
+            n = None  # a negative limit means all, as SQLite reads it
+        if n == 0:
+            self._check_open()
+            return []
+        return [orjson.loads(e.content) for e in self._latest(-1 if n is None or n < 0 else n)]
 
     async def get_items(self, limit: int | None = None) -> list[Any]:
-        """The conversation in order; with a limit, its last ``limit`` items (a negative
-        limit means all, as SQLite reads it)."""
-        n = _settings.resolve_session_limit(limit, self.session_settings)
-        if n is not None and n < 0:
-            n = None
-        records = await asyncio.to_thread(self._open().tail, self._namespace, n)
-        return [r.value["item"] for r in records]
+        """The conversation in order; with a limit, its last ``limit`` items."""
+        return await asyncio.to_thread(self._read, limit)
 
-    async def add_items(self, items: list[Any]) -> None:
-        store = self._open()  # a closed session refuses even an empty list
+    def _stamps(self, count: int) -> list[dt.datetime]:
+        """Times strictly after the run's latest episode, so the timeline keeps the order the
+        items were added in even if the clock steps back."""
+        with self._lock:
+            last = self._last_at
+            if last is None:
+                latest = self._latest(1)
+                last = latest[0].at if latest else None
+            now = self._opened.system.clock.now()
+            out = []
+            for _ in range(count):
+                now = now if last is None or now > last else last + _TICK
+                out.append(now)
+                last = now
+            self._last_at = last
+            return out
+
+    def _add(self, items: list[Any]) -> None:
+        agent = self._check_open()  # a closed session refuses even an empty list
         if not items:
             return
-        if store is self._system_items:
+        texts = []
+        for n, item in enumerate(items):
+            try:
+                text = orjson.dumps(item).decode()
+            except TypeError as exc:
+                raise InvalidInputError(f"items[{n}] is not JSON: {exc}") from exc
+            if len(text.encode()) > self._max_bytes:
+                raise InvalidInputError(f"items[{n}] is over max_content_bytes ({self._max_bytes:,} bytes)")
+            texts.append(text)
+        stamps = self._stamps(len(texts))
+        messages = [
+            StoreMemory(agent.id, self.session_id, t, None, None, KIND, at)
+            for t, at in zip(texts, stamps, strict=True)
+        ]
+        # one mailbox keeps them in order and stores the queued ones in one transaction: the
+        # answer to the last says every one before it was handled
+        for message in messages[:-1]:
+            agent.tell(message)
+        agent.ask(messages[-1])
 
-            def put_in_order() -> None:
-                for item in items:
-                    store.put(self._namespace, uuid.uuid4().hex, {"item": item})
+    async def add_items(self, items: list[Any]) -> None:
+        """Record the items in order, as episodes of the run (not waiting for their vectors)."""
+        await asyncio.to_thread(self._add, list(items))
 
-            await asyncio.to_thread(put_in_order)
-            return
-        rows = [(self._namespace, uuid.uuid4().hex, {"item": item}, None, None) for item in items]
-        await asyncio.to_thread(store.put_many, rows)
+    def _pop(self) -> Any:
+        while True:
+            latest = self._latest(1)
+            if not latest:
+                return None
+            if self._agent.delete_episode(latest[0].id):
+                with self._lock:
+                    self._last_at = None  # re-read: the next item may reuse the freed time
+                return orjson.loads(latest[0].content)
 
     async def pop_item(self) -> Any:
-        """Remove the most recent item and return it (``None`` when there is none)."""
-        record = await asyncio.to_thread(self._open().pop_last, self._namespace)
-        return None if record is None else record.value["item"]
+        """Remove the most recent item for good and return it (``None`` when there is none)."""
+        return await asyncio.to_thread(self._pop)
+
+    def _clear(self) -> None:
+        while True:
+            page = self._latest(_PAGE)
+            if not page:
+                return
+            for episode in page:
+                self._agent.delete_episode(episode.id)
 
     async def clear_session(self) -> None:
-        store = self._open()
-        clear = store.clear if store is self._system_items else store.delete_namespace
-        await asyncio.to_thread(clear, self._namespace)
+        """Delete every item of the conversation for good."""
+        await asyncio.to_thread(self._clear)
 
     def close(self) -> None:
-        """Closes the session's own database (a running system stays as it is)."""
+        """Lets a private system go (a given one keeps running); later calls are refused."""
         if not self._closed:
             self._closed = True
-            if self._items is not None:
-                self._items.close()
+            self._opened.release()

@@ -22,7 +22,6 @@ from memstrata.core.errors import ArchiveError, MemstrataError
 from memstrata.core.validation import check_category
 from memstrata.storage import Database, identifier_words, open_database
 
-from ._episode_matrix import TimedMatrix
 from ._episode_records import (
     EPISODE_COLUMNS,
     episodes_schema,
@@ -30,6 +29,7 @@ from ._episode_records import (
     query_in,
     to_us,
 )
+from ._episode_vectors import EpisodeVectors
 
 __all__ = ["ARCHIVE_FORMAT", "ARCHIVE_VERSION", "ArchiveFile", "write_archive"]
 
@@ -298,7 +298,7 @@ class ArchiveFile:
             out[int(ident)] = blob
         return out
 
-    def matrix(self) -> TimedMatrix | None:
+    def matrix(self) -> EpisodeVectors | None:
         """The archive's vectors with times and task runs, for exact search."""
         if self.dim is None or self.model_id is None:
             return None
@@ -311,7 +311,7 @@ class ArchiveFile:
             raise ArchiveError(f"archive {self.path} is damaged: {_reason(exc)}") from exc
         size = self.dim * 4
         rows = [r for r in rows if isinstance(r[3], bytes) and len(r[3]) == size]
-        matrix = TimedMatrix(self.dim)
+        matrix = EpisodeVectors(self.dim)
         if rows:
             vectors = np.frombuffer(b"".join(r[3] for r in rows), dtype=np.float32).reshape(
                 len(rows), self.dim

@@ -29,8 +29,10 @@ __all__ = [
 
 # Bump whenever chunk boundaries (or the text indexed or embedded per chunk) may change for the
 # same input: stores purge and rebuild. 2: code chunked by syntax tree, embedded with its path and
-# enclosing signature, keyword text with split identifiers.
-CHUNKER_VERSION = 2
+# enclosing signature, keyword text with split identifiers. 3: Markdown, JSON, TOML, YAML and
+# GDScript by syntax tree too (Markdown embedded with its heading trail); code embedded with
+# its path and symbol as words instead of the raw path.
+CHUNKER_VERSION = 3
 ESTIMATE_NAME = "chars/4"
 
 TokenCounter = Callable[[str], int]

@@ -27,6 +27,7 @@ _LANGUAGES = {
     ".sh": "shell", ".bash": "shell", ".sql": "sql", ".md": "markdown", ".markdown": "markdown",
     ".rst": "text", ".txt": "text", ".toml": "toml", ".json": "json", ".yaml": "yaml", ".yml": "yaml",
     ".html": "html", ".css": "css", ".scss": "css", ".xml": "xml", ".lua": "lua", ".scala": "scala",
+    ".gd": "gdscript",
 }  # fmt: skip
 
 
@@ -37,7 +38,7 @@ def language_for(path: str) -> str:
 
 
 Chunker = Callable[..., list[Chunk]]
-_PROSE = {"markdown", "text"}
+_PROSE = {"markdown", "text"}  # keyword text as prose; without a grammar, the paragraph chunker
 
 
 def chunker_for(language: str) -> Chunker:
@@ -51,22 +52,27 @@ def chunker_for(language: str) -> Chunker:
 def chunk_file(
     path: str, text: str, *, tokens: int = 400, overlap: int = 80, count: TokenCounter | None = None
 ) -> tuple[str, list[Chunk]]:
-    """``(language, chunks)`` for a file, by its extension: source with a tree-sitter grammar by
-    its syntax tree (:mod:`._chunk_code`), Markdown and prose by headings and paragraphs, any
-    other file line-aware."""
+    """``(language, chunks)`` for a file, by its extension: a file with a tree-sitter grammar
+    (source code, Markdown, JSON, TOML, YAML) by its syntax tree (:mod:`._chunk_code`), other
+    prose by headings and paragraphs, any other file line-aware."""
     language = language_for(path)
-    if language not in _PROSE:
-        chunks = chunk_syntax(text, PurePosixPath(path).suffix, tokens=tokens, overlap=overlap, count=count)
-        if chunks is not None:
-            return language, chunks
+    chunks = chunk_syntax(text, PurePosixPath(path).suffix, tokens=tokens, overlap=overlap, count=count)
+    if chunks is not None:
+        return language, chunks
     return language, chunker_for(language)(text, tokens=tokens, overlap=overlap, count=count)
 
 
 def chunk_embedding_text(path: str, language: str, chunk: Chunk) -> str:
-    """The text embedded for a chunk: for source code ``path``, the enclosing definitions'
-    signature lines and the chunk text (one per line); prose and Markdown as they are."""
+    """The text embedded for a chunk: for source and data files the words of ``path`` and of
+    the chunk's symbol, the enclosing definitions' signature lines and the chunk text (one per
+    line, :func:`._chunk_code.embedding_text`); for Markdown the headings above the chunk, then
+    its text; plain text as it is.
+
+    Prose leaves the path out so a moved or copied note is not embedded again (the cache is
+    keyed by the embedded text).
+    """
     if language in _PROSE:
-        return chunk.text
+        return f"{chunk.signature}\n{chunk.text}" if chunk.signature else chunk.text
     return embedding_text(path, chunk)
 
 

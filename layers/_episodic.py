@@ -43,15 +43,9 @@ from ._episode_records import (
     to_us,
 )
 from ._episodic_archives import EpisodicArchives
-from ._episodic_base import (
-    _MIGRATIONS,
-    BULK_DELETE_MIN,
-    DEFAULT,
-    _optional_count,
-    _path_arg,
-    _positive_timedelta,
-    _utc_now,
-)
+from ._episodic_inputs import DEFAULT, _optional_count, _path_arg, _positive_timedelta, _utc_now
+from ._episodic_migrations import _MIGRATIONS
+from ._episodic_state import BULK_DELETE_MIN
 
 __all__ = ["DEFAULT", "Episode", "EpisodeHit", "EpisodicMemory", "promotion_tags"]
 
@@ -89,6 +83,7 @@ class EpisodicMemory(EpisodicArchives):
         retention_max_count: int | None = None,
         retention_max_age: timedelta | None = None,
         archive_dir: str | os.PathLike[str] | None = None,
+        defer_vectors: bool = False,
     ) -> EpisodicMemory:
         """Open (or create) the store at ``path``.
 
@@ -97,6 +92,9 @@ class EpisodicMemory(EpisodicArchives):
         keyword-only and :meth:`status` says why. ``clock`` returns aware datetimes (default: UTC
         now) and dates new episodes and measures recency. The other arguments override
         ``config.episodic``; with ``archive_dir`` set, retention archives instead of deleting.
+        ``defer_vectors``: writes never call the model, nor does opening for episodes without
+        a vector; they stay pending for the owner to compute apart (``pending_texts``,
+        ``store_vectors``), as the actors do.
         """
         config = Config.load() if config is None else config  # memstrata.toml and MEMSTRATA_*
         if not isinstance(config, Config):
@@ -162,6 +160,7 @@ class EpisodicMemory(EpisodicArchives):
                 retention_max_count=max_count,
                 retention_max_age=max_age,
                 archive_dir=archive_folder,
+                defer_vectors=defer_vectors,
             )
         except BaseException:
             db.close()

@@ -34,12 +34,9 @@ from ._episode_records import (
     time_conditions,
     to_us,
 )
-from ._episodic_base import (
-    BULK_DELETE_MIN,
-    _Item,
-    _path_arg,
-)
+from ._episodic_inputs import _Item, _path_arg
 from ._episodic_search import EpisodicSearch
+from ._episodic_state import BULK_DELETE_MIN
 
 FloatArray = npt.NDArray[np.float32]
 

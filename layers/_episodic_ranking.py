@@ -34,9 +34,7 @@ from ._episode_records import (
     episode_from_row,
     query_in,
 )
-from ._episodic_base import (
-    _Source,
-)
+from ._episodic_state import _Source
 
 
 class _Owner(Protocol):
@@ -249,9 +247,12 @@ class _Search:
         source = self.sources[index]
         where = " AND ".join(self.conds)
         flt = Filter(f"SELECT e.id FROM episodes e WHERE {where}", tuple(self.params)) if where else Filter()
+        # the filter as a mask read from the vector mirror's columns, when the source has one:
+        # no list of allowed ids from SQL
+        keep = source.ranking.keep(source.db, flt) if where and source.ranking is not None else None
         try:
             assert source.keywords is not None
-            found = source.keywords.lists(self.text, limit, flt, query=self.keywords)
+            found = source.keywords.lists(self.text, limit, flt, query=self.keywords, keep=keep)
             lists = [_with_times(source.db, ids, scores) for ids, scores in found]
         except MemstrataError as exc:
             if source.label is None:

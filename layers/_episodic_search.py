@@ -30,7 +30,6 @@ from memstrata.storage import (
 )
 
 from ._archive import ArchiveFile
-from ._episode_matrix import TimedMatrix
 from ._episode_records import (
     EPISODE_KEYWORDS,
     MAX_NEIGHBOURS,
@@ -39,14 +38,11 @@ from ._episode_records import (
     time_conditions,
     to_us,
 )
-from ._episodic_base import (
-    DEFAULT,
-    _Default,
-    _positive_timedelta,
-    _Source,
-    log,
-)
+from ._episode_vectors import EpisodeVectors
+from ._episodic_base import log
+from ._episodic_inputs import DEFAULT, _Default, _positive_timedelta
 from ._episodic_ranking import _Search
+from ._episodic_state import _Source
 from ._episodic_writes import EpisodicWrites
 
 FloatArray = npt.NDArray[np.float32]
@@ -209,7 +205,7 @@ class EpisodicSearch(EpisodicWrites):
             log.warning("episodic archive %s is skipped: %s", path, problem)
         self._archive_problems[path] = problem
 
-    def _archive_matrix(self, path: str, archive: ArchiveFile) -> TimedMatrix | None:
+    def _archive_matrix(self, path: str, archive: ArchiveFile) -> EpisodeVectors | None:
         """The archive's vectors, if the current model made them (else it is searched by keywords)."""
         embedder = self._embedder
         if embedder is None or archive.model_id != embedder.model_id or archive.dim != embedder.dim:

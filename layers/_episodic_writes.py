@@ -37,12 +37,8 @@ from ._episode_records import (
     time_conditions,
     to_us,
 )
-from ._episodic_base import (
-    _RECORD_KEYS,
-    EpisodicBase,
-    _Item,
-    log,
-)
+from ._episodic_base import EpisodicBase, log
+from ._episodic_inputs import _RECORD_KEYS, _Item
 
 FloatArray = npt.NDArray[np.float32]
 
@@ -165,7 +161,8 @@ class EpisodicWrites(EpisodicBase):
         db = self._db
         embedder = self._embedder
         embedded = False
-        if vectors is None and embedder is not None:
+        deferred = self.defer_vectors and any(i.vector is None for i in items)  # the owner embeds them
+        if vectors is None and embedder is not None and not deferred:
             rows = [i.vector for i in items]
             todo = [n for n, row in enumerate(rows) if row is None]  # the others came with a vector
             try:

@@ -6,16 +6,17 @@ item (one per indexed field) ranked by the best field, namespace *prefix* search
 range filters on the value evaluated by SQLite (exact: the filter narrows the candidates before
 any ranking, so an item is never lost behind a global top-k), an ordered tail read, and time to
 live with sweeping. Vectors arrive computed: the caller owns the embedding model.
+
+The parts of the store each hold one concern: :mod:`._item_records` (addresses and records),
+:mod:`._item_filters` (filter SQL), :mod:`._item_ranking` (search by meaning),
+:mod:`._item_namespaces` (namespace listing) and :mod:`._item_expiry` (time to live).
 """
 
 from __future__ import annotations
 
-import math
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +26,13 @@ import orjson
 from memstrata.core.errors import InvalidInputError
 from memstrata.storage import Database, open_database
 
-__all__ = ["SEP", "ItemRecord", "ItemRow", "ItemStore", "namespace_key"]
+from ._item_expiry import MAX_TTL_MINUTES, ItemExpiry
+from ._item_filters import filter_sql
+from ._item_namespaces import NamespaceListing
+from ._item_ranking import ItemRanking
+from ._item_records import _AFTER_SEP, SEP, ItemRecord, _record, namespace_key
 
-SEP = "\x1f"  # between namespace labels; a label may not contain it
-_AFTER_SEP = chr(ord(SEP) + 1)
-_FILTER_KEY = re.compile(r"[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*")
-_OPS = {"$eq": "=", "$ne": "!=", "$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<="}
+__all__ = ["ItemStore"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS items (
@@ -55,89 +57,7 @@ CREATE TABLE IF NOT EXISTS item_vectors (
 """
 
 
-def namespace_key(namespace: Sequence[str]) -> str:
-    """One namespace path as the stored text; refuses what would make prefixes ambiguous."""
-    if isinstance(namespace, str) or not namespace:
-        raise InvalidInputError(f"namespace must be a non-empty tuple of labels, got {namespace!r}")
-    for label in namespace:
-        if not isinstance(label, str) or not label:
-            raise InvalidInputError(f"namespace labels must be non-empty strings, got {namespace!r}")
-        if SEP in label:
-            raise InvalidInputError(f"namespace label {label!r} contains the reserved character \\x1f")
-    return SEP.join(namespace)
-
-
-ItemRow = tuple[Sequence[str], str, dict[str, Any], Mapping[str, Sequence[float]] | None, float | None]
-"""(namespace, key, value, vectors per field or None, ttl in minutes or None)"""
-
-
-@dataclass(frozen=True, slots=True)
-class ItemRecord:
-    """One stored item; ``score`` is the best field's cosine similarity when a query ranked it."""
-
-    namespace: tuple[str, ...]
-    key: str
-    value: dict[str, Any]
-    created_at: float
-    updated_at: float
-    score: float | None = None
-    expires_at: float | None = None
-
-
-def _json_path(field: str) -> str:
-    """A filter key (``"a.b"`` or ``"a-b"``) as a quoted SQLite JSON path."""
-    if not isinstance(field, str) or not _FILTER_KEY.fullmatch(field):
-        raise InvalidInputError(
-            f"Invalid filter key {field!r}: use letters, digits, '_', '-' and '.' between nested keys"
-        )
-    parts = field.split(".")
-    return "$" + "".join('."' + p.replace('"', '""') + '"' for p in parts)
-
-
-def _compare(path: str, op: str, value: Any, params: list[Any]) -> str:
-    """One comparison of the value at ``path``; lists and objects compare as canonical JSON."""
-    if op not in _OPS:
-        raise InvalidInputError(f"unknown filter operator {op!r}: use one of {', '.join(_OPS)}")
-    sql_op = _OPS[op]
-    if isinstance(value, dict | list):
-        if op not in ("$eq", "$ne"):
-            raise InvalidInputError(f"operator {op!r} does not apply to a list or object filter value")
-        params.extend([path, orjson.dumps(value).decode()])
-        return f"json_extract(i.value, ?) {'IS' if op == '$eq' else 'IS NOT'} json(?)"
-    if value is None:
-        params.append(path)
-        return f"json_type(i.value, ?) {'=' if op == '$eq' else '!='} 'null'"
-    if isinstance(value, bool):
-        params.append(path)
-        kind = "true" if value else "false"
-        if op == "$eq":
-            return f"json_type(i.value, ?) = '{kind}'"
-        if op == "$ne":
-            return f"coalesce(json_type(i.value, ?), '') != '{kind}'"
-        raise InvalidInputError(f"operator {op!r} does not apply to a boolean filter value")
-    if not isinstance(value, str | int | float):
-        raise InvalidInputError(f"filter value {value!r} is not JSON")
-    if isinstance(value, int) and not -(2**63) <= value < 2**63:
-        value = float(value)  # beyond SQLite's integers: compared as a real
-    params.extend([path, value])
-    if op == "$ne":
-        return "json_extract(i.value, ?) IS NOT ?"
-    return f"json_extract(i.value, ?) {sql_op} ?"
-
-
-def _filter_sql(filter: Mapping[str, Any] | None, params: list[Any]) -> list[str]:
-    clauses: list[str] = []
-    for field, cond in (filter or {}).items():
-        path = _json_path(field)
-        if isinstance(cond, dict) and cond and all(isinstance(k, str) and k.startswith("$") for k in cond):
-            for op, value in cond.items():
-                clauses.append(_compare(path, op, value, params))
-        else:
-            clauses.append(_compare(path, "$eq", cond, params))
-    return clauses
-
-
-class ItemStore:
+class ItemStore(ItemExpiry, NamespaceListing, ItemRanking):
     """Items in one SQLite file (or ``:memory:``). Thread-safe: one lock serialises the connection.
 
     ``clock`` returns seconds (``time.time`` by default); expiry compares against it.
@@ -164,13 +84,18 @@ class ItemStore:
 
     # writes -------------------------------------------------------------------------------
 
+    # writes -------------------------------------------------------------------------------
+
     def put_many(
         self,
         rows: Iterable[
             tuple[Sequence[str], str, dict[str, Any], Mapping[str, Sequence[float]] | None, float | None]
         ],
-    ) -> None:
-        """Upsert ``(namespace, key, value, vectors, ttl_minutes)`` rows in one transaction.
+        *,
+        delete: Iterable[tuple[Sequence[str], str]] = (),
+    ) -> int:
+        """Upsert ``(namespace, key, value, vectors, ttl_minutes)`` rows in one transaction,
+        after deleting the ``delete`` keys in it; returns how many of those existed.
 
         ``vectors`` ``None`` keeps no vector (stored, not searchable by meaning); a mapping
         replaces the item's vectors by one per field. ``ttl_minutes`` ``None``: never expires.
@@ -183,18 +108,32 @@ class ItemStore:
                 raise InvalidInputError(f"item key must be a string, got {key!r}")
             if not isinstance(value, dict):
                 raise InvalidInputError(f"item value must be a dict, got {type(value).__name__}")
-            if ttl is not None and (not isinstance(ttl, int | float) or ttl <= 0 or not math.isfinite(ttl)):
-                raise InvalidInputError(f"ttl must be a positive number of minutes, got {ttl!r}")
+            if ttl is not None and (not isinstance(ttl, int | float) or not 0 < ttl <= MAX_TTL_MINUTES):
+                raise InvalidInputError(
+                    f"ttl must be a positive number of minutes up to {MAX_TTL_MINUTES:,}, got {ttl!r}"
+                )
             try:
                 text = orjson.dumps(value).decode()
             except TypeError as exc:
                 raise InvalidInputError(f"item value for key {key!r} is not JSON: {exc}") from exc
             blobs = None
             if vectors is not None:
-                blobs = [(f, np.asarray(v, dtype=np.float32).tobytes()) for f, v in vectors.items()]
+                blobs = []
+                for f, v in vectors.items():
+                    row = np.asarray(v, dtype=np.float32).ravel()
+                    if row.size == 0 or not np.isfinite(row).all():
+                        raise InvalidInputError(
+                            f"vector of field {f!r} of key {key!r} is empty or not finite"
+                        )
+                    blobs.append((f, row.tobytes()))
             prepared.append((ns, key, text, blobs, ttl))
+        gone_keys = [(namespace_key(ns), key) for ns, key in delete]
         with self._lock, self._db.transaction():
             self._writes += 1
+            gone = 0
+            for ns, key in gone_keys:
+                gone += self._db.execute("DELETE FROM items WHERE ns = ? AND key = ?", (ns, key)).rowcount
+            self._check_dims({len(b) // 4 for p in prepared for _, b in p[3] or ()})
             for ns, key, text, blobs, ttl in prepared:
                 expires = now + ttl * 60.0 if ttl is not None else None
                 row = self._db.execute(
@@ -212,6 +151,84 @@ class ItemStore:
                         "INSERT INTO item_vectors (item_id, field, vec) VALUES (?, ?, ?)",
                         [(item_id, f, b) for f, b in blobs],
                     )
+        return gone
+
+    def _check_dims(self, dims: set[int]) -> None:
+        """One dimension per store: every vector, stored or new, has the same length."""
+        if not dims:
+            return
+        held = self._db.scalar("SELECT length(vec) / 4 FROM item_vectors LIMIT 1")
+        if held is not None:
+            dims = {*dims, int(held)}
+        if len(dims) > 1:
+            raise InvalidInputError(
+                f"item vectors must all have one dimension: got {sorted(dims)}"
+                + ("" if held is None else f" (the store holds {int(held)})")
+            )
+
+    def export_rows(self) -> list[dict[str, Any]]:
+        """Every stored item (expired ones not yet swept too) with its times, lifetime and
+        vectors, as plain JSON-ready dicts, by namespace then key."""
+        with self._lock:
+            rows = self._db.query(
+                "SELECT id, ns, key, value, created_at, updated_at, expires_at, ttl_minutes FROM items"
+                " ORDER BY ns, key"
+            )
+            vecs: dict[int, dict[str, list[float]]] = {}
+            for item_id, field, blob in self._db.query(
+                "SELECT item_id, field, vec FROM item_vectors ORDER BY item_id, field"
+            ):
+                vecs.setdefault(int(item_id), {})[field] = np.frombuffer(blob, dtype=np.float32).tolist()
+        return [
+            {
+                "namespace": r[1].split(SEP),
+                "key": r[2],
+                "value": orjson.loads(r[3]),
+                "created_at": r[4],
+                "updated_at": r[5],
+                "expires_at": r[6],
+                "ttl_minutes": r[7],
+                "vectors": vecs.get(int(r[0])),
+            }
+            for r in rows
+        ]
+
+    def import_rows(self, rows: Sequence[Mapping[str, Any]]) -> int:
+        """Upsert exported items keeping their times, expiry and vectors; returns how many."""
+        prepared = []
+        for n, row in enumerate(rows):
+            try:
+                ns = namespace_key(row["namespace"])
+                key, value = row["key"], row["value"]
+                times = [row["created_at"], row["updated_at"]]
+                expires, ttl = row.get("expires_at"), row.get("ttl_minutes")
+                vectors = row.get("vectors") or {}
+            except (KeyError, TypeError) as exc:
+                raise InvalidInputError(f"item record {n} lacks a field: {exc}") from exc
+            if not isinstance(key, str) or not isinstance(value, dict):
+                raise InvalidInputError(f"item record {n}: key must be a string and value an object")
+            if not all(isinstance(t, int | float) for t in times) or not isinstance(vectors, dict):
+                raise InvalidInputError(f"item record {n}: bad times or vectors")
+            blobs = [(f, np.asarray(v, dtype=np.float32).ravel().tobytes()) for f, v in vectors.items()]
+            prepared.append((ns, key, orjson.dumps(value).decode(), *times, expires, ttl, blobs))
+        with self._lock, self._db.transaction():
+            self._writes += 1
+            self._check_dims({len(b) // 4 for p in prepared for _, b in p[7]})
+            for ns, key, text, created, updated, expires, ttl, blobs in prepared:
+                item_id = self._db.execute(
+                    "INSERT INTO items (ns, key, value, created_at, updated_at, expires_at, ttl_minutes)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (ns, key)"
+                    " DO UPDATE SET value = excluded.value, created_at = excluded.created_at,"
+                    " updated_at = excluded.updated_at,"
+                    " expires_at = excluded.expires_at, ttl_minutes = excluded.ttl_minutes RETURNING id",
+                    (ns, key, text, created, updated, expires, ttl),
+                ).fetchone()[0]
+                self._db.execute("DELETE FROM item_vectors WHERE item_id = ?", (item_id,))
+                self._db.executemany(
+                    "INSERT INTO item_vectors (item_id, field, vec) VALUES (?, ?, ?)",
+                    [(item_id, f, b) for f, b in blobs],
+                )
+        return len(prepared)
 
     def delete_many(self, keys: Iterable[tuple[Sequence[str], str]]) -> int:
         """Really delete items (vectors go with them); returns how many existed."""
@@ -244,18 +261,6 @@ class ItemStore:
                 return None
             self._db.execute("DELETE FROM items WHERE id = ?", (row[0],))
             return _record(row)
-
-    def sweep(self, prefix: Sequence[str] = ()) -> int:
-        """Delete expired items (only under the namespace ``prefix`` when given); returns how many."""
-        sql = "DELETE FROM items WHERE expires_at IS NOT NULL AND expires_at <= ?"
-        extra: list[Any] = []
-        if prefix:
-            ns = namespace_key(prefix)
-            sql += " AND ns >= ? AND ns < ? AND (ns = ? OR substr(ns, ?, 1) = ?)"
-            extra = [ns, ns + _AFTER_SEP, ns, len(ns) + 1, SEP]
-        with self._lock, self._db.transaction():
-            self._writes += 1
-            return int(self._db.execute(sql, (self._clock(), *extra)).rowcount)
 
     # reads --------------------------------------------------------------------------------
 
@@ -319,7 +324,7 @@ class ItemStore:
         with self._lock:
             now = self._clock()
             params = [now, *params_ns]
-            where.extend(_filter_sql(filter, params))
+            where.extend(filter_sql(filter, params))
             sql_where = " AND ".join(where)
             cols = "i.id, i.ns, i.key, i.value, i.created_at, i.updated_at, i.expires_at"
             if query_vector is None:
@@ -335,161 +340,6 @@ class ItemStore:
                 self._refresh_records(records, now)
         return records
 
-    def _ranked(
-        self,
-        cols: str,
-        sql_where: str,
-        params: list[Any],
-        query_vector: Sequence[float],
-        limit: int,
-        offset: int,
-    ) -> list[ItemRecord]:
-        q = np.asarray(query_vector, dtype=np.float32).ravel()
-        qn = float(np.linalg.norm(q))
-        need = offset + limit
-        if need == 0:
-            return []
-        scored: list[tuple[int, float | None]] = []
-        found = self._admitted_vectors(sql_where, params, q.size)
-        if found is not None:
-            ids, unit = found  # unit rows, sorted by item id
-            sims = unit @ (q / qn) if qn > 0 else np.zeros(len(ids), dtype=np.float32)
-            starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
-            uniq, best = ids[starts], np.maximum.reduceat(sims, starts)  # each item's best field
-            if need < len(best):
-                keep = np.argpartition(-best, need - 1)[:need]
-                uniq, best = uniq[keep], best[keep]
-            ranked = np.lexsort((uniq, -best))  # best score first, then older item
-            scored = [(int(uniq[j]), float(best[j])) for j in ranked]
-        order = scored
-        if len(scored) < need:  # items stored without vectors follow, unscored
-            plain = self._db.query(
-                f"SELECT i.id FROM items i WHERE {sql_where} AND NOT EXISTS"
-                " (SELECT 1 FROM item_vectors v WHERE v.item_id = i.id)"
-                " ORDER BY i.updated_at DESC, i.id DESC LIMIT ?",
-                (*params, need - len(scored)),
-            )
-            order = [*scored, *((r[0], None) for r in plain)]
-        page = order[offset : offset + limit]
-        if not page:
-            return []
-        marks = ",".join("?" * len(page))
-        rows = {
-            r[0]: r
-            for r in self._db.query(
-                f"SELECT {cols} FROM items i WHERE i.id IN ({marks})", [p[0] for p in page]
-            )
-        }
-        return [_record(rows[i], score) for i, score in page if i in rows]
-
-    def _admitted_vectors(
-        self, sql_where: str, params: list[Any], dim: int
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]] | None:
-        """(item id per vector, vectors) of the items the prefix and filter admit, or None.
-
-        The vectors are mirrored in memory (rebuilt when this or another connection wrote), and
-        the admitted ids come from SQL in one row, so a search scans no BLOB and does one product.
-        """
-        version = (self._db.data_version(), self._writes)
-        if self._mirror is None or self._mirror[0] != version:
-            rows = self._db.query("SELECT item_id, vec FROM item_vectors ORDER BY item_id")
-            ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
-            raw = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32)
-            width = raw.size // len(rows) if rows else dim
-            if rows and raw.size != len(rows) * width:
-                raise InvalidInputError("stored vectors have different dimensions: re-create the index")
-            mat = raw.reshape(len(rows), width)
-            norms = np.linalg.norm(mat, axis=1, keepdims=True)
-            unit = np.divide(mat, norms, out=np.zeros_like(mat), where=norms > 0)
-            self._mirror = (version, ids, unit)
-        _, all_ids, all_vecs = self._mirror
-        if len(all_ids) == 0:
-            return None
-        if all_vecs.shape[1] != dim:
-            raise InvalidInputError(
-                f"query vector has {dim} dimensions but the stored vectors have {all_vecs.shape[1]}"
-            )
-        listed = self._db.scalar(f"SELECT group_concat(i.id) FROM items i WHERE {sql_where}", params)
-        if not listed:
-            return None
-        admitted = np.array(listed.split(","), dtype=np.int64)
-        mask = np.isin(all_ids, admitted, assume_unique=False)
-        if not mask.any():
-            return None
-        return all_ids[mask], all_vecs[mask]
-
-    def list_namespaces(
-        self,
-        *,
-        prefix: Sequence[str] | None = None,
-        suffix: Sequence[str] | None = None,
-        max_depth: int | None = None,
-        limit: int = 100,
-        offset: int = 0,
-        wildcard: str | None = "*",
-    ) -> list[tuple[str, ...]]:
-        """Distinct namespaces, sorted, found by walking the namespace index (never the items).
-
-        Each step asks the index for the next namespace (one ``min`` over a range); once a
-        namespace cut to ``max_depth`` is listed, the rest of its subtree is jumped over.
-        ``prefix``/``suffix`` labels equal to ``wildcard`` match any label; ``max_depth`` cuts
-        longer namespaces to that depth (then deduplicated).
-        """
-        if max_depth is not None and (not isinstance(max_depth, int) or max_depth < 1):
-            raise InvalidInputError(f"max_depth must be a positive integer, got {max_depth!r}")
-        fixed: list[str] = []
-        for label in prefix or ():
-            if label == wildcard:
-                break
-            fixed.append(label)
-        base = namespace_key(fixed) if fixed else None
-        exact = base is not None and len(fixed) == len(prefix or ())
-        if base is None:
-            low, upper = "", None
-        else:
-            low, upper = (base if exact else base + SEP), base + _AFTER_SEP
-
-        def matches(ns: tuple[str, ...], pattern: Sequence[str], at_end: bool) -> bool:
-            if len(pattern) > len(ns):
-                return False
-            part = ns[len(ns) - len(pattern) :] if at_end else ns[: len(pattern)]
-            return all(p in (wildcard, n) for p, n in zip(pattern, part, strict=True))
-
-        out: set[tuple[str, ...]] = set()
-        with self._lock:
-            now = self._clock()
-            found = self._next_namespace(low, True, upper)
-            while found is not None:
-                name = tuple(found.split(SEP))
-                cut = name[:max_depth] if max_depth is not None else name
-                in_tree = base is None or found == base or found.startswith(base + SEP)
-                if (
-                    in_tree
-                    and cut not in out
-                    and (not prefix or matches(name, prefix, False))
-                    and (not suffix or matches(name, suffix, True))
-                    and self._db.scalar(
-                        "SELECT 1 FROM items WHERE ns = ? AND (expires_at IS NULL OR expires_at > ?) LIMIT 1",
-                        (found, now),
-                    )
-                ):
-                    out.add(cut)
-                if cut in out and len(name) > len(cut):  # deeper names of this subtree add nothing
-                    found = self._next_namespace(SEP.join(cut) + _AFTER_SEP, True, upper)
-                else:
-                    found = self._next_namespace(found, False, upper)
-        return sorted(out)[offset : offset + limit]
-
-    def _next_namespace(self, low: str, inclusive: bool, upper: str | None) -> str | None:
-        """The smallest stored namespace after ``low`` (and before ``upper``): one index seek."""
-        sql = f"SELECT min(ns) FROM items WHERE ns {'>=' if inclusive else '>'} ?"
-        params: list[Any] = [low]
-        if upper is not None:
-            sql += " AND ns < ?"
-            params.append(upper)
-        found = self._db.scalar(sql, params)
-        return None if found is None else str(found)
-
     def count(self, namespace: Sequence[str] | None = None) -> int:
         with self._lock:
             if namespace is None:
@@ -497,31 +347,3 @@ class ItemStore:
             return int(
                 self._db.scalar("SELECT count(*) FROM items WHERE ns = ?", (namespace_key(namespace),))
             )
-
-    def _refresh(self, ids: list[int], now: float) -> None:
-        with self._db.transaction():
-            self._db.executemany(
-                "UPDATE items SET expires_at = ? + ttl_minutes * 60.0"
-                " WHERE id = ? AND ttl_minutes IS NOT NULL",
-                [(now, i) for i in ids],
-            )
-
-    def _refresh_records(self, records: list[ItemRecord], now: float) -> None:
-        with self._db.transaction():
-            self._db.executemany(
-                "UPDATE items SET expires_at = ? + ttl_minutes * 60.0"
-                " WHERE ns = ? AND key = ? AND ttl_minutes IS NOT NULL",
-                [(now, SEP.join(r.namespace), r.key) for r in records],
-            )
-
-
-def _record(row: Any, score: float | None = None) -> ItemRecord:
-    return ItemRecord(
-        namespace=tuple(row[1].split(SEP)),
-        key=row[2],
-        value=orjson.loads(row[3]),
-        created_at=row[4],
-        updated_at=row[5],
-        score=score,
-        expires_at=row[6],
-    )

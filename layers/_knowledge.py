@@ -65,12 +65,15 @@ class KnowledgeStore(KnowledgeSearch):
         embedder: Embedder | None = None,
         *,
         config: Config | None = None,
+        defer_vectors: bool = False,
     ) -> KnowledgeStore:
         """Open (creating if needed) the store at ``path``.
 
         ``embedder`` ``None`` loads the configured model (the packaged default unless ``config``
         names another); when no model can be loaded the store runs keyword-only and
-        :meth:`status` says why.
+        :meth:`status` says why. ``defer_vectors``: writes never call the model, nor does
+        opening for vectors left pending; they stay pending for the owner to compute apart
+        (``pending_texts``, ``store_vectors``), as the actors do.
         """
         if not isinstance(path, str | Path):
             raise InvalidInputError(f"path must be a str or Path, got {type(path).__name__}")
@@ -102,6 +105,7 @@ class KnowledgeStore(KnowledgeSearch):
                 unavailable_reason=reason,
                 max_content_bytes=config.max_content_bytes,
                 tuning=tuning,
+                defer_vectors=defer_vectors,
             )
         except BaseException:
             db.close()

@@ -4,7 +4,7 @@ derived vectors (pending rows, model changes); writes, search and lifetime build
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from memstrata.storage import (
     record_embedding,
     text_hash,
 )
+from memstrata.storage._embedding import usable_rows
 from memstrata.storage._migrations import refresh_keyword_terms
 
 from ._knowledge_schema import (
@@ -54,6 +55,7 @@ class KnowledgeBase:
         unavailable_reason: str | None = None,
         max_content_bytes: int = 4_000_000,
         tuning: SearchTuning | None = None,
+        defer_vectors: bool = False,
     ) -> None:
         if embedder is not None and not isinstance(embedder, Embedder):
             raise InvalidInputError(
@@ -65,6 +67,8 @@ class KnowledgeBase:
         self._max_bytes = max_content_bytes
         self._tuning = tuning or SearchTuning()
         self._closed = False
+        # writes leave new vectors pending for the owner to compute apart (see pending_texts)
+        self.defer_vectors = defer_vectors
         # UNIX seconds for created_at/updated_at; a system sets it from its clock (simulations)
         self.clock: Callable[[], float] = time.time
         # the name entries carry as their ``store`` (an agent id or "shared"); a system sets it
@@ -196,6 +200,11 @@ class KnowledgeBase:
         return None
 
     def _embed(self, texts: Sequence[str], *, cache: bool = False) -> FloatArray | None:
+        """Vectors for a write's ``texts``, or ``None``: the model failed (error recorded) or
+        vectors are deferred (:attr:`defer_vectors`), so the rows are stored with them pending."""
+        return None if self.defer_vectors else self._embed_now(texts, cache=cache)
+
+    def _embed_now(self, texts: Sequence[str], *, cache: bool = False) -> FloatArray | None:
         """Vectors for ``texts``, or ``None`` (error recorded) when the model fails.
 
         Writes do not go through the embedding cache: the same content in the same category and
@@ -239,7 +248,7 @@ class KnowledgeBase:
             return
         if self._rebuild_needed:
             self._try_rebuild()
-        elif self._vectors_writable() and self._pending_count() > 0:
+        elif not self.defer_vectors and self._vectors_writable() and self._pending_count() > 0:
             self._embed_pending()
 
     def _pending_count(self) -> int:
@@ -264,6 +273,69 @@ class KnowledgeBase:
             self._embed_pending()
         return self._pending_count()
 
+    def pending_texts(self, limit: int = BATCH, skip: Collection[int] = ()) -> list[tuple[int, str]]:
+        """Up to ``limit`` entries whose vector is pending, as ``(id, text to embed)``, oldest
+        first, leaving out ``skip`` (those already being computed); none while vectors cannot
+        be written (keyword-only, or a model change not finished: :meth:`catch_up_vectors`)."""
+        self._check_open()
+        self._refresh_foreign()
+        if not self._vectors_writable() or limit <= 0:
+            return []
+        rows = self._db.query(
+            f"SELECT id, substr(content, 1, {EMBED_CHARS}) FROM {TABLE} WHERE vector_pending = 1 "
+            "ORDER BY id LIMIT ?",
+            (limit + len(skip),),
+        )
+        return [(int(i), str(c)) for i, c in rows if int(i) not in skip][:limit]
+
+    def store_vectors(self, ids: Sequence[int], texts: Sequence[str], vectors: Any) -> int:
+        """Store vectors computed apart for :meth:`pending_texts`; returns how many were written.
+
+        An entry deleted meanwhile, or whose text is no longer ``texts[i]`` (updated), is
+        skipped: it stays pending for its current text. Unusable rows (NaN, infinite, all zero)
+        are a model fault: recorded for :meth:`status`, their entries stay pending."""
+        self._check_open()
+        if len(ids) != len(texts):
+            raise InvalidInputError(f"store_vectors got {len(ids)} ids for {len(texts)} texts")
+        self._refresh_foreign()
+        if not ids or not self._vectors_writable():
+            return 0
+        assert self._embedder is not None and self._vectors is not None
+        array, usable, fault = usable_rows(self._embedder.model_id, self._embedder.dim, vectors, len(ids))
+        if fault is not None:
+            self._last_error = fault
+        wanted = {int(i): (t, n) for n, (i, t) in enumerate(zip(ids, texts, strict=True)) if usable[n]}
+        if not wanted:
+            return 0
+        with self._db.transaction():
+            marks = ",".join("?" * len(wanted))
+            current = self._db.query(
+                f"SELECT id, substr(content, 1, {EMBED_CHARS}), category FROM {TABLE} "
+                f"WHERE vector_pending = 1 AND id IN ({marks})",
+                list(wanted),
+            )
+            ready = [
+                (int(i), cat, wanted[int(i)][1])
+                for i, content, cat in current
+                if str(content) == wanted[int(i)][0]
+            ]
+            if ready:
+                self._vectors.upsert_many(
+                    [i for i, _, _ in ready],
+                    np.stack([array[n] for _, _, n in ready]),
+                    [{"category": c} for _, c, _ in ready],
+                )
+                self._db.executemany(
+                    f"UPDATE {TABLE} SET vector_pending = 0 WHERE id = ?", [(i,) for i, _, _ in ready]
+                )
+        if fault is None and ready:
+            self._last_error = None
+        return len(ready)
+
+    def note_vector_fault(self, error: str) -> None:
+        """The model failed on vectors computed apart: kept for :meth:`status` until it works."""
+        self._last_error = error
+
     def _embed_pending(self) -> tuple[int, bool]:
         """Embed rows whose vector is pending; returns (vectors written, whether the model worked)."""
         written = 0
@@ -276,7 +348,7 @@ class KnowledgeBase:
             if not rows:
                 break
             after = int(rows[-1][0])
-            array = self._embed([r[1] for r in rows])
+            array = self._embed_now([r[1] for r in rows])
             if array is None:
                 return written, False
             by_id = {int(r[0]): (text_hash(r[1]), v) for r, v in zip(rows, array, strict=True)}

@@ -18,7 +18,9 @@ from memstrata.storage import (
     FTS_TOKENIZER,
     KeywordTable,
     cjk_runs,
+    text_hash,
 )
+from memstrata.storage._migrations import Migration, NamedMigration
 
 __all__ = ["CATEGORIES", "KnowledgeEntry", "KnowledgeHit", "SearchTuning"]
 
@@ -27,6 +29,7 @@ FloatArray = npt.NDArray[np.float32]
 CATEGORIES: Final = ("outcome", "pitfall", "pattern", "codebase", "preference")
 ORDER_BY: Final = ("updated_at", "created_at", "id")
 BATCH: Final = 1000  # rows per transaction in add_many and rebuilds
+BULK_BATCH: Final = 10_000  # rows per transaction in add_many with precomputed vectors
 TABLE: Final = "knowledge"
 FTS_COLUMNS: Final = ("content", "tag_text", "ident")
 ENTRY_COLUMNS: Final = "id, content, category, scope, author, created_at, updated_at"
@@ -162,7 +165,17 @@ CREATE TRIGGER {TABLE}_au AFTER UPDATE OF content, tag_text, ident, cjk ON {TABL
 END;
 """
 
-MIGRATIONS: Final = [_SCHEMA_V1]
+# Migration 2: new rows reach the full-text indexes in one INSERT ... SELECT per batch, written
+# by KnowledgeWrites._insert_rows in the same transaction; the per-row insert trigger tripled the
+# cost of a bulk load. Updates and deletes keep their triggers (rare, one row at a time).
+_BULK_INGEST = NamedMigration(
+    "bulk-ingest-1",
+    f"""
+DROP TRIGGER IF EXISTS {TABLE}_ai;
+""",
+)
+
+MIGRATIONS: Final[list[Migration]] = [_SCHEMA_V1, _BULK_INGEST]
 
 
 def _tag_text(tags: Mapping[str, str]) -> str:
@@ -172,6 +185,8 @@ def _tag_text(tags: Mapping[str, str]) -> str:
 
 def _cjk_text(content: str, tag_text: str) -> str:
     """The CJK runs of an entry, one per line, for the trigram index (``""`` for most text)."""
+    if content.isascii() and tag_text.isascii():
+        return ""
     return "\n".join(dict.fromkeys(cjk_runs(content) + cjk_runs(tag_text)))
 
 
@@ -183,10 +198,13 @@ class _Item:
     scope: str
     author: str | None
     hash: bytes = b""
+    key: tuple[bytes, str, str] = (b"", "", "")  # (hash, category, scope), set with the hash
 
-    @property
-    def key(self) -> tuple[bytes, str, str]:
-        return (self.hash, self.category, self.scope)
+    def seal(self) -> _Item:
+        """Compute the content hash and the dedup key (once: a bulk load asks for it often)."""
+        self.hash = text_hash(self.content)
+        self.key = (self.hash, self.category, self.scope)
+        return self
 
 
 def _merge_into(refresh: dict[int, _Item], row_id: int, item: _Item) -> None:

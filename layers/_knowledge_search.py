@@ -158,9 +158,9 @@ class KnowledgeSearch(KnowledgeWrites):
         vectors = self._vectors if self._vector_reason() is None else None
         engine_mode: Mode = checked_mode
         if vectors is None or checked_mode == "keyword":  # keyword mode, or a store without vectors
-            vectors, engine_mode = None, "keyword"
+            engine_mode = "keyword"
         vector: QueryVector = None
-        if vectors is not None:
+        if vectors is not None and engine_mode != "keyword":
             if query_vector is not None:
                 vector = self._checked_query_vector(query_vector, vectors.dim)
             else:

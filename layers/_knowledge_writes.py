@@ -3,7 +3,7 @@ each keeping the full-text, BM25 and vector indexes in step."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,11 +21,13 @@ from memstrata.storage import (
     identifier_words,
     text_hash,
 )
+from memstrata.storage._vectors import bulk_cache, precomputed_vectors
 
 from ._knowledge_base import KnowledgeBase
 from ._knowledge_schema import (
     ALLOWED_ITEM_KEYS,
     BATCH,
+    BULK_BATCH,
     TABLE,
     UNSET,
     KnowledgeEntry,
@@ -37,6 +39,41 @@ from ._knowledge_schema import (
 )
 
 FloatArray = npt.NDArray[np.float32]
+
+
+def _unit_rows(rows: FloatArray, lengths: npt.NDArray[np.float64], start: int, end: int) -> FloatArray:
+    """``rows[start:end]`` divided by their lengths, in float32 unless a length is too large
+    for it (a finite row of huge values: float64 then)."""
+    part = lengths[start:end, None]
+    if part.size and float(part.max()) < 1e30:
+        return np.asarray(rows[start:end] / part.astype(np.float32), dtype=np.float32)
+    return np.asarray(rows[start:end] / part, dtype=np.float32)
+
+
+class _OwnRows:
+    """The entries of a bulk load into an empty store, while nothing else writes to it.
+
+    While the store holds only what this call wrote (it was empty when the call began, and no
+    commit from elsewhere nor any other write on this connection came between its batches:
+    ``PRAGMA data_version`` and the connection's change count are where the last batch left
+    them), a batch's duplicates are found here instead of by probing the dedup index for every
+    item. Any other write turns it off for the rest of the call.
+    """
+
+    def __init__(self) -> None:
+        self.ids: dict[tuple[bytes, str, str], int] = {}
+        self.mark: tuple[int, int] | None = None
+        self.off = False
+
+    def usable(self, db: Any, empty: Callable[[], bool]) -> bool:
+        if not self.off:
+            now = (db.data_version(), db.conn.total_changes)
+            self.off = now != self.mark if self.mark is not None else not empty()
+        return not self.off
+
+    def settle(self, db: Any) -> None:
+        if not self.off:
+            self.mark = (db.data_version(), db.conn.total_changes)
 
 
 class KnowledgeWrites(KnowledgeBase):
@@ -58,39 +95,64 @@ class KnowledgeWrites(KnowledgeBase):
         item = {"content": content, "category": category, "tags": tags, "scope": scope, "author": author}
         return self._write([self._check_item(item, "")])[0]
 
-    def add_many(self, items: Iterable[Mapping[str, Any]]) -> list[int]:
+    def add_many(self, items: Iterable[Mapping[str, Any]], *, vectors: Any = None) -> list[int]:
         """Store many entries (mappings with :meth:`add`'s keyword names); ids in input order.
 
         Every item is checked before anything is written. Embedding is batched; writes are one
-        transaction per batch of 1000.
+        transaction per batch (1000 entries, or :data:`BULK_BATCH` with ``vectors``).
+
+        ``vectors``: precomputed vectors of the store's model, one row per item (shape
+        ``(len(items), dim)``, finite, non-zero; normalised here), so the model is not called:
+        the bulk-import path. A row whose item is a duplicate of a stored entry is not used
+        (the entry keeps its vector). While the store cannot write vectors (keyword-only, a
+        model change not finished) the rows are stored with their vectors pending instead.
         """
         self._check_open()
         if isinstance(items, str | bytes) or not isinstance(items, Iterable):
             raise InvalidInputError(f"items must be an iterable of mappings, got {type(items).__name__}")
         checked = []
+        seen: dict[tuple[str, str], str] = {}
         for index, item in enumerate(items):
             if not isinstance(item, Mapping):
                 raise InvalidInputError(f"items[{index}] must be a mapping, got {type(item).__name__}")
-            checked.append(self._check_item(item, f"items[{index}]."))
-        return self._write(checked)
+            checked.append(self._check_item(item, f"items[{index}].", seen))
+        given = None if vectors is None else precomputed_vectors(vectors, len(checked), self._store_dim())
+        return self._write(checked, given)
 
-    def _write(self, checked: list[_Item]) -> list[int]:
+    def _store_dim(self) -> int | None:
+        if self._vectors is not None:
+            return self._vectors.dim
+        return None if self._embedder is None else self._embedder.dim
+
+    def _write(
+        self, checked: list[_Item], given: tuple[FloatArray, npt.NDArray[np.float64]] | None = None
+    ) -> list[int]:
         self._refresh_foreign()
         if self._rebuild_needed and checked:
             self._try_rebuild()
         ids: list[int] = []
         embedded_ok = True
-        for start in range(0, len(checked), BATCH):
-            batch_ids, ok = self._add_batch(checked[start : start + BATCH])
-            ids.extend(batch_ids)
-            embedded_ok = embedded_ok and ok
+        size = BATCH if given is None else BULK_BATCH
+        own = _OwnRows() if len(checked) > size else None
+        with bulk_cache(self._db, len(checked)):
+            for start in range(0, len(checked), size):
+                part = None
+                if given is not None:  # normalised a batch at a time: no copy of the whole input
+                    part = _unit_rows(*given, start, start + size)
+                batch_ids, ok = self._add_batch(checked[start : start + size], part, own)
+                ids.extend(batch_ids)
+                embedded_ok = embedded_ok and ok
         if embedded_ok and checked:
             self._catch_up()
         return ids
 
-    def _check_item(self, item: Mapping[str, Any], where: str) -> _Item:
-        unknown = set(item) - ALLOWED_ITEM_KEYS
-        if unknown:
+    def _check_item(
+        self, item: Mapping[str, Any], where: str, seen: dict[tuple[str, str], str] | None = None
+    ) -> _Item:
+        """One item checked; ``seen`` remembers categories and scopes already found valid (a
+        bulk load repeats a few of them: each is checked once)."""
+        if not ALLOWED_ITEM_KEYS.issuperset(item):
+            unknown = set(item) - ALLOWED_ITEM_KEYS
             raise InvalidInputError(
                 f"{where.rstrip('.') or 'item'} has unknown key(s) {sorted(map(str, unknown))}; "
                 f"allowed: {', '.join(sorted(ALLOWED_ITEM_KEYS))}"
@@ -99,15 +161,25 @@ class KnowledgeWrites(KnowledgeBase):
             raise InvalidInputError(f"{where.rstrip('.') or 'item'} has no 'content'")
         category = item.get("category", "pattern")
         scope = item.get("scope", "/")
-        checked = _Item(
+        category = "pattern" if category is None else category
+        scope = "/" if scope is None else scope
+        seen = {} if seen is None else seen
+        if type(category) is not str or (checked_category := seen.get(("c", category))) is None:
+            checked_category = check_category(category, name=f"{where}category")
+            seen[("c", checked_category)] = checked_category
+        if type(scope) is not str or (checked_scope := seen.get(("s", scope))) is None:
+            checked_scope = check_scope(scope, name=f"{where}scope")
+            if type(scope) is str:
+                seen[("s", scope)] = checked_scope
+        tags = item.get("tags")
+        author = item.get("author")
+        return _Item(
             content=check_content(item["content"], max_bytes=self._max_bytes, name=f"{where}content"),
-            category=check_category("pattern" if category is None else category, name=f"{where}category"),
-            tags=check_tags(item.get("tags"), name=f"{where}tags"),
-            scope=check_scope("/" if scope is None else scope, name=f"{where}scope"),
-            author=check_author(item.get("author"), name=f"{where}author"),
-        )
-        checked.hash = text_hash(checked.content)
-        return checked
+            category=checked_category,
+            tags={} if tags is None else check_tags(tags, name=f"{where}tags"),
+            scope=checked_scope,
+            author=None if author is None else check_author(author, name=f"{where}author"),
+        ).seal()
 
     def _existing(self, items: Sequence[_Item]) -> dict[tuple[bytes, str, str], int]:
         """Ids of stored entries with the content of ``items``, by (hash, category, scope); an
@@ -125,31 +197,26 @@ class KnowledgeWrites(KnowledgeBase):
                 found.setdefault((bytes(digest), "", ""), int(row_id))
         return found
 
-    def _add_batch(self, batch: list[_Item]) -> tuple[list[int], bool]:
-        """Write one batch; returns its ids and whether its embedding succeeded."""
-        existing = self._existing(batch)
-        fresh: dict[tuple[bytes, str, str], _Item] = {}
-        for item in batch:
-            if item.key not in existing and item.key not in fresh:
-                fresh[item.key] = item
+    def _add_batch(
+        self, batch: list[_Item], given: FloatArray | None, own: _OwnRows | None = None
+    ) -> tuple[list[int], bool]:
+        """Write one batch (with its precomputed vectors, if ``given``); returns its ids and
+        whether its embedding succeeded. ``own``: see :class:`_OwnRows`."""
         vectors: dict[tuple[bytes, str, str], FloatArray] = {}
         embedded_ok = True
-        if fresh and self._vectors_writable():
-            assert self._vectors is not None
-            for key in list(fresh):  # the same content stored in another category or scope
-                sibling = existing.get((key[0], "", ""))
-                stored = None if sibling is None else self._vectors.get(sibling)
-                if stored is not None:
-                    vectors[key] = stored
-            keys = [k for k in fresh if k not in vectors]
-            array = self._embed([fresh[k].content for k in keys]) if keys else None
-            if keys and array is None:
-                embedded_ok = False
-            elif array is not None:
-                vectors.update(zip(keys, array, strict=True))
+        if given is not None:
+            if self._vectors_writable():
+                for item, vector in zip(batch, given, strict=True):
+                    vectors.setdefault(item.key, vector)  # a duplicate merges into the first
+        else:
+            embedded_ok = self._embed_batch(batch, vectors)
         now = self.clock()
         with self._db.transaction():
-            existing = self._existing(batch)  # authoritative, under the write lock
+            # authoritative, under the write lock
+            if own is not None and own.usable(self._db, self._empty):
+                existing = own.ids
+            else:
+                existing = self._existing(batch)
             next_id = self._next_id()
             new_rows: dict[tuple[bytes, str, str], tuple[int, _Item]] = {}
             refresh: dict[int, _Item] = {}
@@ -171,7 +238,37 @@ class KnowledgeWrites(KnowledgeBase):
                 self._insert_rows(new_rows, vectors, now)
             if refresh:
                 self._refresh_rows(refresh, now)
+        if own is not None and not own.off:
+            own.ids.update((key, row_id) for key, (row_id, _) in new_rows.items())
+            own.settle(self._db)
         return ids, embedded_ok
+
+    def _empty(self) -> bool:
+        return self._db.scalar(f"SELECT 1 FROM {TABLE} LIMIT 1") is None
+
+    def _embed_batch(self, batch: list[_Item], vectors: dict[tuple[bytes, str, str], FloatArray]) -> bool:
+        """Fill ``vectors`` for the batch's new entries; False when the model failed."""
+        if not self._vectors_writable():
+            return True
+        assert self._vectors is not None
+        existing = self._existing(batch)
+        fresh: dict[tuple[bytes, str, str], _Item] = {}
+        for item in batch:
+            if item.key not in existing and item.key not in fresh:
+                fresh[item.key] = item
+        for key in list(fresh):  # the same content stored in another category or scope
+            sibling = existing.get((key[0], "", ""))
+            stored = None if sibling is None else self._vectors.get(sibling)
+            if stored is not None:
+                vectors[key] = stored
+        keys = [k for k in fresh if k not in vectors]
+        if not keys:
+            return True
+        array = self._embed([fresh[k].content for k in keys])
+        if array is None:
+            return False
+        vectors.update(zip(keys, array, strict=True))
+        return True
 
     def _next_id(self) -> int:
         seq = self._db.scalar("SELECT seq FROM sqlite_sequence WHERE name = ?", (TABLE,))
@@ -185,6 +282,7 @@ class KnowledgeWrites(KnowledgeBase):
         now: float,
     ) -> None:
         texts = {r: (_tag_text(i.tags), identifier_words(i.content)) for r, i in rows.values()}
+        cjk = {r: _cjk_text(i.content, texts[r][0]) for r, i in rows.values()}
         self._db.executemany(
             f"INSERT INTO {TABLE}(id, content, category, scope, author, content_hash, tag_text, ident, "
             "cjk, created_at, updated_at, vector_pending) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -198,7 +296,7 @@ class KnowledgeWrites(KnowledgeBase):
                     item.hash,
                     texts[row_id][0],
                     texts[row_id][1],
-                    _cjk_text(item.content, texts[row_id][0]),
+                    cjk[row_id],
                     now,
                     now,
                     0 if key in vectors else 1,
@@ -206,6 +304,21 @@ class KnowledgeWrites(KnowledgeBase):
                 for key, (row_id, item) in rows.items()
             ],
         )
+        # The full-text rows of the new entries, in bulk (no insert trigger since migration 2):
+        # their ids are one run above every stored id, so the range holds exactly them.
+        first, last = min(cjk), max(cjk)
+        assert last - first + 1 == len(cjk), "new ids are consecutive"
+        self._db.execute(
+            f"INSERT INTO {TABLE}_fts(rowid, content, tag_text, ident) "
+            f"SELECT id, content, tag_text, ident FROM {TABLE} WHERE id BETWEEN ? AND ?",
+            (first, last),
+        )
+        if any(cjk.values()):
+            self._db.execute(
+                f"INSERT INTO {TABLE}_tri(rowid, cjk) "
+                f"SELECT id, cjk FROM {TABLE} WHERE id BETWEEN ? AND ? AND cjk != ''",
+                (first, last),
+            )
         self._db.on_rollback(self._bm25.reset)
         self._bm25.added([(r, i.content, *texts[r]) for r, i in rows.values()])
         tag_rows = [(row_id, k, v) for row_id, item in rows.values() for k, v in item.tags.items()]

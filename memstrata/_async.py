@@ -235,6 +235,7 @@ class AsyncItems(_Handle):
         return f"<AsyncItems of {self.sync!r}>"
 
     put = _twin(Items.put)
+    write = _twin(Items.write)
     get = _twin(Items.get)
     search = _twin(Items.search)
     delete = _twin(Items.delete)

@@ -9,7 +9,10 @@ Format (version 1): UTF-8, one JSON object per line, keys sorted, each with a ``
   ``task_run_id``, ``tags``, ``content``, ``archive`` (the archive file's name, ``null`` if live);
 - ``working``: ``agent``, ``key``, ``value``, ``expires_in_s`` (``null``: never expires), and
   ``task_id`` for a key of a task's space (absent for the agent-wide space);
-- ``signal``: ``session``, ``key``, ``value``, ``publisher``, ``version``, ``updated_at``.
+- ``signal``: ``session``, ``key``, ``value``, ``publisher``, ``version``, ``updated_at``;
+- ``item``: ``namespace`` (list of labels), ``key``, ``value``, ``created_at``, ``updated_at``,
+  ``expires_at`` (UNIX seconds, ``null``: never), ``ttl_minutes`` and ``vectors`` (field name to
+  vector, ``null`` when the item has none; kept because a caller's own model may have made them).
 
 Lines are sorted by kind, then owner, then id (or key), so two runs that stored the same memory
 export the same bytes: nothing depends on the process, the machine or wall time when the system
@@ -38,7 +41,7 @@ __all__ = ["FORMAT", "VERSION", "export_records", "import_records", "read_export
 
 FORMAT = "memstrata-export"
 VERSION = 1
-_KIND_ORDER = {"export": 0, "knowledge": 1, "episode": 2, "working": 3, "signal": 4}
+_KIND_ORDER = {"export": 0, "knowledge": 1, "episode": 2, "working": 3, "signal": 4, "item": 5}
 _OWNER_KEY = {"knowledge": "owner", "episode": "agent", "working": "agent", "signal": "session"}
 
 
@@ -49,6 +52,8 @@ def _sort_key(record: dict[str, Any]) -> tuple[Any, ...]:
         return (_KIND_ORDER[kind], owner, record.get("archive") or "", int(record["id"]), record["uuid"])
     if kind == "knowledge":
         return (_KIND_ORDER[kind], owner, int(record["id"]))
+    if kind == "item":
+        return (_KIND_ORDER[kind], "\x1f".join(map(str, record["namespace"])), str(record["key"]))
     return (_KIND_ORDER.get(kind, 9), owner, str(record.get("key", "")))
 
 
@@ -70,6 +75,7 @@ def _owners(runtime: Runtime, kind: str) -> set[str]:
 
 def export_records(runtime: Runtime, *, timeout: float) -> list[dict[str, Any]]:
     """Every record of every store, sorted (waits until the system is idle first)."""
+    from memstrata.actors._items_actor import ITEMS_FILE, ITEMS_KEY
     from memstrata.actors._store_base import ExportRecords
 
     runtime.check_open()
@@ -103,6 +109,8 @@ def export_records(runtime: Runtime, *, timeout: float) -> list[dict[str, Any]]:
                             "updated_at": value.updated_at.isoformat() if value.updated_at else None,
                         }
                     )
+    if (runtime.data_dir / ITEMS_FILE).exists() or any(k == "items" for k, _, _ in runtime.children()):
+        records += runtime.wait(runtime.request("items", ITEMS_KEY, ExportRecords()), timeout, "export items")
     records[1:] = sorted(records[1:], key=_sort_key)
     return records
 
@@ -185,17 +193,23 @@ def import_records(runtime: Runtime, records: Iterable[dict[str, Any]], *, timeo
 
     Knowledge keeps its times (and its ids when the store was empty); episodes keep their uuid
     and time and are skipped when an episode with that uuid exists, archived ones are counted as
-    skipped (restore their archive file); working memory and blackboard values are set again.
+    skipped (restore their archive file); working memory and blackboard values are set again;
+    items are upserted with their times, expiry and vectors.
     """
+    from memstrata.actors._items_actor import ITEMS_KEY
     from memstrata.actors._store_base import ImportRecords
 
     runtime.check_open()
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     signals: list[dict[str, Any]] = []
-    counts = {"knowledge": 0, "episode": 0, "working": 0, "signal": 0, "skipped": 0}
+    items: list[dict[str, Any]] = []
+    counts = {"knowledge": 0, "episode": 0, "working": 0, "signal": 0, "item": 0, "skipped": 0}
     for record in records:
         kind = record["kind"]
         if kind == "export":
+            continue
+        if kind == "item":
+            items.append({k: v for k, v in record.items() if k != "kind"})
             continue
         if kind == "signal":
             signals.append(record)
@@ -218,5 +232,10 @@ def import_records(runtime: Runtime, records: Iterable[dict[str, Any]], *, timeo
         message = PublishSignal(record["key"], record["value"], record.get("publisher"), record["session"])
         runtime.wait(runtime.request("blackboard", record["session"], message), timeout, "import signal")
         counts["signal"] += 1
+    if items:
+        added = runtime.wait(
+            runtime.request("items", ITEMS_KEY, ImportRecords(tuple(items))), timeout, "import items"
+        )
+        counts["item"] += int(added)
     runtime.wait_idle(timeout)
     return counts

@@ -7,13 +7,14 @@ embedder.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from memstrata.messages import (
     ClearNamespace,
     DeleteItem,
     GetItem,
+    ItemsWritten,
     ListNamespaces,
     PopItem,
     PutItem,
@@ -21,6 +22,7 @@ from memstrata.messages import (
     StoredItem,
     SweepItems,
     TailItems,
+    WriteItems,
 )
 
 if TYPE_CHECKING:
@@ -50,14 +52,29 @@ class Items:
         *,
         index: Sequence[str] | None = None,
         ttl_minutes: float | None = None,
+        vectors: Mapping[str, Sequence[float]] | None = None,
         timeout: float | None = None,
     ) -> None:
         """Upsert ``value`` (a JSON object); the ``index`` fields (dotted paths, ``"$"``: the whole
-        value) are embedded so a search by meaning finds it; ``ttl_minutes`` makes it expire."""
+        value) are embedded so a search by meaning finds it, or ``vectors`` (field name to
+        vector) computed by the caller's own model are stored; ``ttl_minutes`` makes it expire."""
         fields = None if index is None else _ns(index)
         plain = dict(value) if isinstance(value, Mapping) else value
-        message = PutItem(_ns(namespace), key, plain, fields, ttl_minutes)
+        vecs = dict(vectors) if isinstance(vectors, Mapping) else vectors
+        message = PutItem(_ns(namespace), key, plain, fields, ttl_minutes, vecs)  # type: ignore[arg-type]
         self._ask(message, timeout)
+
+    def write(
+        self,
+        puts: Iterable[PutItem] = (),
+        deletes: Iterable[tuple[Sequence[str], str]] = (),
+        *,
+        timeout: float | None = None,
+    ) -> ItemsWritten:
+        """Delete the ``(namespace, key)`` pairs, then apply the puts, in one transaction (one
+        embedding request for their ``index`` fields); ``stored`` and ``deleted`` count them."""
+        gone = tuple(DeleteItem(_ns(ns), key) for ns, key in deletes)
+        return self._ask(WriteItems(tuple(puts), gone), timeout)  # type: ignore[no-any-return]
 
     def get(
         self, namespace: Sequence[str], key: str, *, refresh_ttl: bool = False, timeout: float | None = None
@@ -74,12 +91,18 @@ class Items:
         filter: Mapping[str, Any] | None = None,
         limit: int = 10,
         offset: int = 0,
+        query_vector: Sequence[float] | None = None,
+        refresh_ttl: bool = False,
         timeout: float | None = None,
     ) -> list[StoredItem]:
         """Items under ``prefix`` (the namespace and its descendants): ranked by meaning when
-        ``query`` is given, else most recently updated first; ``filter`` narrows them first."""
+        ``query`` (or the caller's ``query_vector``) is given, else most recently updated
+        first; ``filter`` narrows them first, exactly; ``refresh_ttl`` restarts the lifetimes
+        of the items returned."""
         flt = dict(filter) if isinstance(filter, Mapping) else filter
-        reply = self._ask(SearchItems(_ns(prefix), query, flt, limit, offset), timeout)
+        vec = None if query_vector is None else tuple(query_vector)
+        message = SearchItems(_ns(prefix), query, flt, limit, offset, vec, refresh_ttl)
+        reply = self._ask(message, timeout)
         return list(reply.items)
 
     def delete(self, namespace: Sequence[str], key: str, *, timeout: float | None = None) -> bool:

@@ -196,6 +196,16 @@ class MemorySystem:
         _RUNNING.discard(self)
         return report
 
+    def stop_cluster(self, timeout: float | None = None) -> list[str]:
+        """:meth:`stop`, then, on the Ray engine, every host of the namespace for good (other
+        drivers' agents too: files committed, boards kept only with ``blackboard_snapshot``).
+        What did not stop cleanly, one line each; the same as :meth:`stop` on the local engine."""
+        down = getattr(self._runtime, "stop_cluster", None)
+        if down is None:
+            return list(self.stop(timeout).late)
+        _RUNNING.discard(self)
+        return list(down(timeout))
+
     @property
     def stopped(self) -> bool:
         return not self._runtime.accepting
@@ -335,8 +345,13 @@ class MemorySystem:
     # -- status --------------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
-        """What runs and what is stored: drivers, vectors, model, per-agent counts, degradation."""
-        return system_status(self._runtime)
+        """What runs and what is stored: drivers, vectors, model, per-agent counts, degradation
+        (on the Ray engine, every host's actors and a ``cluster`` section: nodes and hosts)."""
+        report = system_status(self._runtime)
+        cluster = getattr(self._runtime, "cluster_status", None)
+        if cluster is not None and not self._runtime.stopped:
+            report["cluster"] = cluster()
+        return report
 
     def __repr__(self) -> str:
         state = "stopped" if self.stopped else "running"

@@ -1,22 +1,30 @@
-"""MemorySystem.status() assembly and warnings: a read-only report, apart from the lifecycle."""
+"""MemorySystem.status() assembly and warnings: a read-only report, apart from the lifecycle.
+
+:func:`offline_status` is the same report for a process that runs no system (``memstrata
+status``): the configured model is described, not loaded, and nothing runs, so the fields that
+only a running system knows (model state, actors, restarts) are empty.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from memstrata.actors import BatchingEmbedder
-from memstrata.messages import SHARED
 from memstrata.storage import Embedder, driver_info
 
 if TYPE_CHECKING:
     from memstrata.actors import Runtime
+    from memstrata.core.config import Config, EmbeddingConfig
 
-__all__ = ["system_status"]
+__all__ = ["configured_embedding", "offline_status", "system_status"]
 
 
 def system_status(runtime: Runtime) -> dict[str, Any]:
     """What runs and what is stored: drivers, vectors, model, per-agent counts, degradation."""
+    from memstrata.actors import BatchingEmbedder
+    from memstrata.messages import SHARED
+
     info = driver_info()
     embedder = runtime.embedder
     embedding: dict[str, Any] = {
@@ -105,8 +113,87 @@ def system_status(runtime: Runtime) -> dict[str, Any]:
     }
 
 
+def offline_status(config: Config, embedder: Embedder | None = None) -> dict[str, Any]:
+    """:func:`system_status`'s report without a running system: same keys, the model as
+    configured (``embedder``, when given, is described instead), nothing running or degraded."""
+    info = driver_info()
+    embedding = configured_embedding(config.embedding, embedder)
+    note = embedding["note"] if embedding["keyword_only"] else None
+    return {
+        "data_dir": str(config.data_dir),
+        "stopped": True,
+        "running": False,
+        "driver": info.as_dict(),
+        "vectors": "native (sqlite-vec)" if info.native_vectors else f"fallback (numpy): {info.reason}",
+        "embedding": embedding,
+        "agents": {},
+        "shared_knowledge": {},
+        "blackboards": {},
+        "items": {},
+        "codebases": {},
+        "degraded": {},
+        "restarts": {},
+        "shared_query_errors": 0,
+        "blackboard_subscriber_errors": 0,
+        "in_flight": 0,
+        "warnings": _warnings(info.native_vectors, info.reason, note, {}, {}, {}),
+    }
+
+
+def configured_embedding(settings: EmbeddingConfig, embedder: Embedder | None = None) -> dict[str, Any]:
+    """The embedding model a system would load, told without loading it: its id and dimension,
+    and ``keyword_only`` (with the reason in ``note``) when it plainly cannot be loaded (a
+    directory that is not there, a name nothing knows). Whether a loadable model works, and how
+    it is doing, only a running system can say."""
+    from memstrata.storage._default_model import DEFAULT_DIM, DEFAULT_MODEL_ID
+
+    out: dict[str, Any] = {"model": None, "dim": None, "keyword_only": False, "note": None, "loaded": False}
+    if embedder is not None:
+        return {**out, "model": embedder.model_id, "dim": embedder.dim, "per_agent": []}
+    model = settings.model
+    if model in (None, "", "default", DEFAULT_MODEL_ID):
+        out.update(model=DEFAULT_MODEL_ID, dim=DEFAULT_DIM)
+    elif Path(model).expanduser().is_dir():
+        name = f"local:{Path(model).expanduser().resolve().name}"
+        out.update(model=name, dim=settings.dim)
+        if settings.dim is None:
+            out.update(
+                keyword_only=True,
+                note=_unloadable(f"model directory {model}: pass its embedding dimension (dim)"),
+            )
+    else:
+        known = _fastembed_models()
+        if model in known:
+            out.update(model=model, dim=settings.dim or known[model])
+        else:
+            out.update(
+                model=model,
+                dim=settings.dim,
+                keyword_only=True,
+                note=_unloadable(f"{model!r} is neither a model directory nor a model fastembed knows"),
+            )
+    out["per_agent"] = []
+    return out
+
+
+def _unloadable(reason: str) -> str:
+    return f"keyword-only: no embedding model could be loaded ({reason})"
+
+
+def _fastembed_models() -> dict[str, int]:
+    """Model names fastembed can load, with their dimensions (imported only for such a name)."""
+    try:
+        from fastembed import TextEmbedding
+
+        return {str(d["model"]): int(d["dim"]) for d in TextEmbedding.list_supported_models()}
+    except Exception:
+        return {}
+
+
 def _service_status(agents: Sequence[str], service: Embedder | None, note: str | None) -> dict[str, Any]:
     """One per-agent embedding service in :meth:`MemorySystem.status`."""
+    from memstrata.actors import BatchingEmbedder
+
     state: dict[str, Any] = {
         "agents": list(agents),
         "model": None if service is None else service.model_id,

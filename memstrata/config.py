@@ -1,35 +1,4 @@
 """Configuration, for users: defined in :mod:`memstrata.core.config`."""
 
-from memstrata.core.config import (
-    WORKSPACE_ACCESS,
-    ActorsConfig,
-    AgentConfig,
-    BridgesConfig,
-    ChunkingConfig,
-    ClusterConfig,
-    Config,
-    EmbeddingConfig,
-    EpisodicConfig,
-    FilesConfig,
-    SearchConfig,
-    StorageConfig,
-    SyncConfig,
-    default_data_dir,
-)
-
-__all__ = [
-    "WORKSPACE_ACCESS",
-    "ActorsConfig",
-    "AgentConfig",
-    "BridgesConfig",
-    "ChunkingConfig",
-    "ClusterConfig",
-    "Config",
-    "EmbeddingConfig",
-    "EpisodicConfig",
-    "FilesConfig",
-    "SearchConfig",
-    "StorageConfig",
-    "SyncConfig",
-    "default_data_dir",
-]
+from memstrata.core.config import *  # noqa: F403 - the public path re-exports the whole configuration
+from memstrata.core.config import __all__ as __all__

@@ -1,39 +1,4 @@
 """The one exception hierarchy of memstrata, for users: defined in :mod:`memstrata.core.errors`."""
 
-from memstrata.core.errors import (
-    ActorCrashedError,
-    AgentDegradedError,
-    ArchiveError,
-    ConfigError,
-    DatabaseBusyError,
-    EmbedderUnavailableError,
-    EmbeddingError,
-    InvalidInputError,
-    MemstrataError,
-    ModelFaultError,
-    PathOutsideRootError,
-    ReadOnlyError,
-    RequestTimeoutError,
-    SchemaMismatchError,
-    StorageError,
-    SystemStoppedError,
-)
-
-__all__ = [
-    "ActorCrashedError",
-    "AgentDegradedError",
-    "ArchiveError",
-    "ConfigError",
-    "DatabaseBusyError",
-    "EmbedderUnavailableError",
-    "EmbeddingError",
-    "InvalidInputError",
-    "MemstrataError",
-    "ModelFaultError",
-    "PathOutsideRootError",
-    "ReadOnlyError",
-    "RequestTimeoutError",
-    "SchemaMismatchError",
-    "StorageError",
-    "SystemStoppedError",
-]
+from memstrata.core.errors import *  # noqa: F403 - the public path re-exports the whole hierarchy
+from memstrata.core.errors import __all__ as __all__

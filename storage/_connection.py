@@ -217,6 +217,7 @@ class Database:
         self._in_tx = False
         self._savepoints = 0
         self._rollback_hooks: list[Callable[[], None]] = []
+        self._close_hooks: list[Callable[[], None]] = []  # see on_close
         # writes per vector table made through this connection: in-memory mirrors compare it,
         # since ``PRAGMA data_version`` only changes for other connections' commits
         self._vector_generations: dict[str, int] = {}
@@ -441,7 +442,16 @@ class Database:
             for name in ("journal_mode", "synchronous", "busy_timeout", "foreign_keys")
         }
 
+    def on_close(self, hook: Callable[[], None]) -> None:
+        """Run ``hook`` when this connection closes, before it does (caches written beside the
+        database refresh themselves here); a failing hook does not stop the close."""
+        self._close_hooks.append(hook)
+
     def close(self) -> None:
+        hooks, self._close_hooks = self._close_hooks, []
+        for hook in hooks:
+            with contextlib.suppress(Exception):
+                hook()
         with contextlib.suppress(Exception):
             self.conn.close()
 

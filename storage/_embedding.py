@@ -28,6 +28,7 @@ __all__ = [
     "embed_query",
     "embed_time_left",
     "prefetch_query",
+    "usable_rows",
 ]
 
 RETRIES = 3
@@ -176,6 +177,27 @@ def check_model_rows(model_id: str, dim: int, vectors: Any, n: int) -> FloatArra
     if n and not np.abs(array).max(axis=1).all():
         raise ModelFaultError(f"model {model_id!r} returned an all-zero vector")
     return array
+
+
+def usable_rows(model_id: str, dim: int, vectors: Any, n: int) -> tuple[FloatArray, list[bool], str | None]:
+    """A model's answer computed apart from its texts' rows (vectors stored later, by their
+    owner): the rows normalised, which of them are usable, and the model fault that makes the
+    others unusable (NaN, infinity or all zero; a wrong shape or no numbers: none is usable)."""
+    try:
+        check_model_rows(model_id, dim, vectors, n)
+    except ModelFaultError as exc:
+        fault: str | None = str(exc)
+    else:
+        return _normalise(np.asarray(vectors, dtype=np.float32)), [True] * n, None
+    try:
+        array = np.asarray(vectors, dtype=np.float32)
+    except (TypeError, ValueError):
+        return np.zeros((n, dim), dtype=np.float32), [False] * n, fault
+    if array.shape != (n, dim):
+        return np.zeros((n, dim), dtype=np.float32), [False] * n, fault
+    good = np.isfinite(array).all(axis=1) & (np.abs(np.nan_to_num(array)).max(axis=1) > 0) if n else []
+    clean = np.where(np.asarray(good, dtype=bool)[:, None], array, 0.0).astype(np.float32) if n else array
+    return _normalise(clean), [bool(g) for g in good], fault
 
 
 def _checked(embedder: Embedder, vectors: Any, n: int) -> FloatArray:

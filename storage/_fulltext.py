@@ -47,8 +47,10 @@ STOP_WORDS = frozenset(_STOP_WORDS_TEXT.split())
 _WORD = re.compile(r"[^\W_]+(?:['’][^\W_]+)*", re.UNICODE)
 # the characters of an ASCII identifier-like token
 _TOKEN_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
-# a case change inside a token: ``parseHttp``, ``getX``, ``HTTPServer`` (but not ``HTTP`` or ``Word``)
-_CASE_CHANGE = re.compile(r"[a-z0-9][A-Z]|[A-Z]{2}[a-z]")
+# a case change inside a token: ``parseHttp``, ``getX``, ``HTTPServer`` (but not ``HTTP`` or ``Word``),
+# matched at its capital letter: a pattern that starts with one character class lets ``re`` skip
+# ahead to the next capital instead of trying every position (3x faster on prose)
+_CASE_CHANGE = re.compile(r"[A-Z](?:(?<=[a-z0-9][A-Z])|(?=[A-Z][a-z]))")
 _CAMEL_PARTS = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
 _CJK = re.compile(
     "[\u2e80-\u2fdf\u3040-\u30ff\u3100-\u31bf\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]+"
@@ -107,6 +109,8 @@ def identifier_words(text: str) -> str:
 
 def folded_and_symbol_terms(text: str) -> list[str]:
     """The terms :func:`identifier_words` adds beyond identifier parts: ё -> е spellings, emoji."""
+    if text.isascii():  # neither ё nor pictographs: skip two scans of the text
+        return []
     terms: dict[str, None] = {}
     if "ё" in text or "Ё" in text:
         for match in _YO.finditer(text):
@@ -137,6 +141,8 @@ def _case_change_tokens(text: str) -> list[str]:
 
 def cjk_runs(text: str) -> list[str]:
     """The distinct runs of CJK characters (scripts written without spaces) in ``text``, in order."""
+    if text.isascii():
+        return []
     return list(dict.fromkeys(_CJK.findall(text)))
 
 

@@ -6,12 +6,16 @@ A layer owns a content table (integer primary key ``id``) indexed by :func:`fts_
 :class:`VectorIndex` keyed by the same ids. It describes its filters once (:class:`Filter`:
 SQL that selects the allowed ids plus equality filters on vector metadata columns), and both
 sources search exactly that set, so filtered results are exact, never over-fetched and
-post-filtered. The layer gets back ranked ids with each list's rank, the match type and the
-score, and only maps them to its rows.
+post-filtered. When the metadata filters are the whole filter (``where_is_exact``), it runs
+inside the vector index on both sides: the vector mirror scans only the allowed rows, and the
+keyword matches are checked against the mirror's columns (rows without a vector by the SQL), so
+no list of allowed ids is built. The layer gets back ranked ids with each list's rank, the
+match type and the score, and only maps them to its rows.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, cast
@@ -30,7 +34,7 @@ from ._fusion import (
     match_type,
     rrf,
 )
-from ._keywords import Filter, KeywordIndex, KeywordTable
+from ._keywords import Filter, Keep, KeywordIndex, KeywordTable
 from ._vectors import VectorHit, VectorIndex
 
 __all__ = [
@@ -162,17 +166,23 @@ def hybrid_search(
     keyword_query = build_keyword_query(query_text) if mode != "vector" else None
     use_keywords = keyword_query is not None and not keyword_query.empty
 
-    # the allowed ids, queried once for both sides (not at all when the vector metadata filter
-    # is exact and the keyword side has no words to score)
+    # A filter the vector metadata states exactly is applied inside the vector index (its
+    # mirror's columns: no id list), on both sides: the word matches are checked against the
+    # mirror's columns by position. Otherwise the allowed ids are queried once for both sides.
     allowed: list[int] | None = None
+    keep: Keep | None = None
+    if flt.sql is not None and flt.where_is_exact and vectors is not None and vectors.use_mirror:
+        keep = _mirror_keep(db, vectors, flt)
     words = use_keywords and keyword_query is not None and keyword_query.words is not None
-    need_ids = (use_vectors and not flt.where_is_exact) or words
+    need_ids = (use_vectors and not flt.where_is_exact) or (words and keep is None)
     if flt.sql is not None and need_ids:
         allowed = keywords.allowed(flt)
 
     keyword_ids: list[int] = []
     if use_keywords:
-        keyword_ids = keywords.ranking(query_text, depth, flt, query=keyword_query, allowed=allowed)
+        keyword_ids = keywords.ranking(
+            query_text, depth, flt, query=keyword_query, allowed=allowed, keep=keep
+        )
 
     qv: FloatArray | None = None
     if use_vectors:
@@ -182,9 +192,16 @@ def hybrid_search(
             keyword_query = build_keyword_query(query_text)
             if not keyword_query.empty:
                 use_keywords = True
-                if flt.sql is not None and keyword_query.words is not None and allowed is None:
+                if (
+                    flt.sql is not None
+                    and keyword_query.words is not None
+                    and allowed is None
+                    and keep is None
+                ):
                     allowed = keywords.allowed(flt)
-                keyword_ids = keywords.ranking(query_text, depth, flt, query=keyword_query, allowed=allowed)
+                keyword_ids = keywords.ranking(
+                    query_text, depth, flt, query=keyword_query, allowed=allowed, keep=keep
+                )
     elif query_vector is not None and not callable(query_vector):
         qv = query_vector  # keyword mode: still gives each hit its similarity
     vector_hits: list[VectorHit] = []
@@ -223,3 +240,23 @@ def hybrid_search(
             RankedId(f.key, f.score, match_type(vrank, krank), vrank, krank, similarity.get(f.key))
         )
     return results
+
+
+def _mirror_keep(db: Database, vectors: VectorIndex, flt: Filter) -> Keep:
+    """``flt`` as a mask over ids, read from the vector mirror's columns; ids the index does
+    not hold (their vector pending or failed) are checked by ``flt.sql``, so the mask is exact."""
+
+    def keep(ids: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+        state = vectors.allows(ids, flt.where)
+        if state is None:
+            state = np.full(len(ids), -1, dtype=np.int8)
+        out = state > 0
+        unknown = np.flatnonzero(state < 0)
+        if len(unknown) and flt.sql is not None:
+            asked = ids[unknown]
+            sql = f"SELECT value FROM json_each(?) WHERE value IN ({flt.sql})"
+            found = [int(r[0]) for r in db.query(sql, (json.dumps(asked.tolist()), *flt.params))]
+            out[unknown] = np.isin(asked, np.asarray(found, dtype=np.int64))
+        return out
+
+    return keep

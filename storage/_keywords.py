@@ -12,7 +12,7 @@ one store with textbook RRF.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,11 +24,13 @@ from ._connection import Database
 from ._fulltext import MAX_QUERY_TERMS, KeywordQuery, build_keyword_query, keyword_terms
 from ._fusion import PLAIN_RRF_K, rrf
 
-__all__ = ["Filter", "KeywordIndex", "KeywordTable", "ScoredIds", "query_terms"]
+__all__ = ["Filter", "Keep", "KeywordIndex", "KeywordTable", "ScoredIds", "query_terms"]
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 ScoredIds = tuple[IntArray, FloatArray]  # ids best first, and their scores (higher is better)
+# which of some ids a filter allows, decided without listing every allowed id (a mask)
+Keep = Callable[[IntArray], npt.NDArray[np.bool_]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,20 +113,23 @@ class KeywordIndex:
         flt: Filter,
         *,
         query: KeywordQuery | None = None,
-        allowed: Sequence[int] | None = None,
+        allowed: Sequence[int] | IntArray | None = None,
+        keep: Keep | None = None,
     ) -> list[ScoredIds]:
         """Ranked sub-lists for ``text``: words (BM25, plus the weighted context), CJK trigrams
         (BM25), short CJK runs (``like_order``); each best first, at most ``limit`` long.
-        ``allowed`` (the ids of ``flt``, when the caller has them) saves querying them again."""
+        ``allowed`` (the ids of ``flt``, when the caller has them) saves querying them again;
+        ``keep`` (the same filter as a mask over the word matches, e.g. read from a vector
+        mirror) saves listing them at all."""
         query = build_keyword_query(text) if query is None else query
         if query.empty or limit <= 0:
             return []
         spec = self.spec
         out: list[ScoredIds] = []
         if query.words:
-            if allowed is None and flt.sql is not None:
+            if allowed is None and keep is None and flt.sql is not None:
                 allowed = self.allowed(flt)
-            out.append(self._words(query_terms(text), limit, allowed))
+            out.append(self._words(query_terms(text), limit, allowed, keep))
         restrict = f" AND +rowid IN ({flt.sql})" if flt.sql else ""
         if query.cjk:
             tri = spec.trigram or f"{spec.table}_tri"
@@ -160,25 +165,46 @@ class KeywordIndex:
         flt: Filter,
         *,
         query: KeywordQuery | None = None,
-        allowed: Sequence[int] | None = None,
+        allowed: Sequence[int] | IntArray | None = None,
+        keep: Keep | None = None,
     ) -> list[int]:
         """Ids best first: the sub-lists of :meth:`lists`, fused by textbook RRF when several."""
-        lists = [ids.tolist() for ids, _ in self.lists(text, limit, flt, query=query, allowed=allowed)]
+        found = self.lists(text, limit, flt, query=query, allowed=allowed, keep=keep)
+        lists = [ids.tolist() for ids, _ in found]
         if not lists:
             return []
         if len(lists) == 1:
             return [int(i) for i in lists[0]]
         return [int(f.key) for f in rrf(lists, k=PLAIN_RRF_K)][:limit]
 
-    def _words(self, terms: Sequence[str], limit: int, allowed: Sequence[int] | None) -> ScoredIds:
+    def _matches(
+        self,
+        bm25: Bm25Index,
+        terms: Sequence[str],
+        allowed: Sequence[int] | IntArray | None,
+        keep: Keep | None,
+    ) -> ScoredIds:
+        ids, scores = bm25.matches(terms, allowed)
+        if keep is not None and len(ids):
+            mask = keep(ids)
+            ids, scores = ids[mask], scores[mask]
+        return ids, scores
+
+    def _words(
+        self,
+        terms: Sequence[str],
+        limit: int,
+        allowed: Sequence[int] | IntArray | None,
+        keep: Keep | None = None,
+    ) -> ScoredIds:
         """BM25 of the rows' own text; with a context, the ``limit`` best by context add their
         weighted score to the ``limit`` best by own text (a row found by its context alone
         still enters). Summing over every row instead ranks rows whose neighbours match above
         rows that match themselves, and lost 0.01 of evidence recall@5 on conversations."""
-        ids, scores = top_scored(*self.bm25.matches(terms, allowed), limit)
+        ids, scores = top_scored(*self._matches(self.bm25, terms, allowed, keep), limit)
         if self._context is None:
             return ids, scores
-        more_ids, more = top_scored(*self._context.matches(terms, allowed), limit)
+        more_ids, more = top_scored(*self._matches(self._context, terms, allowed, keep), limit)
         if len(more_ids) == 0:
             return ids, scores
         every = np.concatenate([ids, more_ids])

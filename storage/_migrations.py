@@ -2,7 +2,9 @@
 
 Every database kind (``knowledge``, ``episodic``, ``files``, ...) declares an ordered list of
 migrations; migration *n* (1-based) brings the schema to version *n*. They run on open, each in
-its own transaction, so a crash mid-upgrade leaves the previous version intact.
+its own transaction, so a crash mid-upgrade leaves the previous version intact. A step may be
+a :class:`NamedMigration`: its name is recorded in ``metadata`` (``migration:<number>``) and in
+any error, so that a schema change can be told apart from its neighbours by what it does.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from ._fulltext import folded_and_symbol_terms
 __all__ = [
     "EmbeddingMismatch",
     "Migration",
+    "NamedMigration",
     "apply_migrations",
     "embedding_mismatch",
     "ensure_metadata",
@@ -34,7 +37,16 @@ __all__ = [
     "set_meta",
 ]
 
-Migration = str | Callable[[Database], None]
+
+@dataclass(frozen=True, slots=True)
+class NamedMigration:
+    """A migration step with a name that says what it does (e.g. ``"bulk-ingest-1"``)."""
+
+    name: str
+    step: str | Callable[[Database], None]
+
+
+Migration = str | Callable[[Database], None] | NamedMigration
 
 _METADATA_SQL = "CREATE TABLE IF NOT EXISTS metadata (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
 
@@ -99,6 +111,11 @@ def apply_migrations(db: Database, kind: str, migrations: Sequence[Migration]) -
             if current >= number:
                 continue
             step = migrations[number - 1]
+            label = f"{kind} migration {number}"
+            if isinstance(step, NamedMigration):
+                label += f" ({step.name})"
+                set_meta(db, f"migration:{number}", step.name)
+                step = step.step
             try:
                 if isinstance(step, str):
                     for statement in split_sql(step):
@@ -108,10 +125,10 @@ def apply_migrations(db: Database, kind: str, migrations: Sequence[Migration]) -
             except MemstrataError as exc:
                 if type(exc) is not StorageError:
                     raise
-                raise StorageError(f"{kind} migration {number} failed, {exc}") from exc
+                raise StorageError(f"{label} failed, {exc}") from exc
             except Exception as exc:
                 raise StorageError(
-                    f"{kind} migration {number} failed on database {db.path}: {type(exc).__name__}: {exc}"
+                    f"{label} failed on database {db.path}: {type(exc).__name__}: {exc}"
                 ) from exc
             set_meta(db, "schema_version", number)
     return len(migrations)

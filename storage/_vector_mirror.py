@@ -1,459 +1,200 @@
-"""The in-memory mirror of a vector table: one float32 matrix, metadata codes, inverted lists."""
+"""The in-memory mirror of a vector table: one float32 matrix, metadata codes and integer
+columns, rows grouped by the most used filter column and by inverted list (searching it:
+:mod:`._mirror_search`).
+
+This module saves and maps back a mirror and wires the search to it; the rows are
+:mod:`._mirror_matrix` and their order (groups, inverted lists) :mod:`._mirror_layout`."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from ._ivf import MAX_SAMPLE, SAMPLE_PER_LIST, Partition, assign, list_count, train
-from ._vector_kernels import dot, dot_rows, in_two, permute_rows, unit_rows
+from ._ivf import Partition
+from ._mirror_layout import MirrorLayout
+from ._mirror_rows import RowIndex
+from ._mirror_search import Ranges, VectorHit
 
-FloatArray = npt.NDArray[np.float32]
-BoolArray = npt.NDArray[np.bool_]
-_CANDIDATE_LOOKUP_MAX = 2048  # up to this many candidate ids, look positions up one by one
+__all__ = ["PROBE_LISTS", "Mirror", "Ranges", "RowIndex", "VectorHit"]
 
 PROBE_LISTS = 112  # lists' worth of rows a k=10 search scans (measured: recall@10 >= 0.99)
-_EXACT_SHARE = 0.5  # a search that would scan more than this share of the rows scans them all
-_TAIL_SHARE = 0.15  # rows added since the partition, as a share of it, that trigger a rebuild
-_SEED = 20_240_607
-_MOVE_BLOCK = 16_384  # rows moved per step when compacting in place
+STATE_VERSION = 1  # of :meth:`Mirror.state`, for saved mirrors
 
 
-@dataclass(frozen=True, slots=True)
-class VectorHit:
-    rowid: int
-    similarity: float  # cosine similarity, -1..1
-
-
-def encode_values(vocab: dict[Any, int], values: Sequence[Any]) -> npt.NDArray[np.int32]:
-    """Codes of metadata ``values`` in ``vocab`` (extended with new values). Numbers are
-    grouped by numpy first, so a million rows cost one sort rather than a million dict calls."""
-    if values and all(type(v) is int for v in values[:64]):
-        try:
-            array = np.asarray(values, dtype=np.int64)
-        except (OverflowError, TypeError, ValueError):
-            array = None
-        if array is not None:
-            distinct, inverse = np.unique(array, return_inverse=True)
-            table = np.fromiter(
-                (vocab.setdefault(v, len(vocab)) for v in distinct.tolist()),
-                dtype=np.int32,
-                count=len(distinct),
-            )
-            return table[inverse.reshape(-1)]
-    return np.fromiter((vocab.setdefault(v, len(vocab)) for v in values), dtype=np.int32, count=len(values))
-
-
-class RowIndex:
-    """rowid -> position in the mirror, in 16 bytes a row (a dict takes ~100: 100 MB at 1M rows).
-
-    A sorted snapshot of (rowid, position) pairs, plus a dict of the changes made since (-1 for a
-    removed row); the snapshot is rebuilt when the changes pile up.
-    """
-
-    def __init__(self) -> None:
-        self.keys = np.zeros(0, dtype=np.int64)
-        self.values = np.zeros(0, dtype=np.int64)
-        self.recent: dict[int, int] = {}
-
-    def rebuild(self, rowids: npt.NDArray[np.int64], alive: BoolArray) -> None:
-        positions = np.flatnonzero(alive)
-        keys = rowids[positions]
-        order = np.argsort(keys, kind="stable")
-        self.keys, self.values, self.recent = keys[order], positions[order], {}
-
-    def lookup(self, rowids: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-        """Positions of ``rowids``, -1 for those not in the mirror."""
-        found = np.full(len(rowids), -1, dtype=np.int64)
-        if len(self.keys):
-            at = np.searchsorted(self.keys, rowids)
-            at[at == len(self.keys)] = 0
-            hit = self.keys[at] == rowids
-            found[hit] = self.values[at[hit]]
-        if self.recent:
-            recent = self.recent
-            for i, rowid in enumerate(rowids.tolist()):
-                pos = recent.get(rowid)
-                if pos is not None:
-                    found[i] = pos
-        return found
-
-    @property
-    def stale(self) -> bool:
-        return len(self.recent) > max(4096, len(self.keys) // 8)
-
-
-class Mirror:
-    """The live vectors (unit length) as one float32 matrix, plus their metadata codes.
+class Mirror(MirrorLayout):
+    """The live vectors (unit length, unless ``unit=False``) as one float32 matrix, plus their
+    metadata codes and integer columns.
 
     Rows are appended; a replaced or deleted row is marked dead and dropped by :meth:`compact`.
-    Under a :class:`Partition` the rows before ``partition.end`` are grouped by inverted list
-    (``lists`` holds each row's list) and later rows form the tail.
+    The rows before ``sorted_end`` are kept in blocks ordered by (group, list): ``group`` is the
+    metadata column most filters use (the first one by default) and ``list`` the inverted list
+    under a :class:`Partition` (one list without). ``blocks[b]:blocks[b + 1]`` holds block
+    ``b = group_code * lists + list``, so a filter on the group scans one slice of the matrix
+    (or, under a partition, its slice of each list it probes) instead of gathering scattered
+    rows. Later rows form the tail, scanned with a mask. A group column with more than
+    ``GROUP_MAX`` values is not grouped (its filters are masks, as any other column's).
+
+    Every per-row array is listed by :meth:`arrays` and rebuilt by :meth:`from_arrays` (with the
+    small JSON-able :meth:`state`), so a mirror can be saved and mapped back as it is.
     """
 
-    def __init__(self, dim: int, columns: Sequence[str]) -> None:
-        self.dim = dim
-        self.columns = list(columns)
-        self.matrix: FloatArray = np.zeros((0, dim), dtype=np.float32)
-        self.rowids = np.zeros(0, dtype=np.int64)
-        self.alive = np.zeros(0, dtype=bool)
-        self.lists = np.zeros(0, dtype=np.int32)
-        self.codes: dict[str, npt.NDArray[np.int32]] = {c: np.zeros(0, dtype=np.int32) for c in columns}
-        self.vocab: dict[str, dict[Any, int]] = {c: {} for c in columns}
-        self.index = RowIndex()
-        self.size = 0
-        self.dead = 0
-        self.partition: Partition | None = None
-        self.partitions_built = 0
-        self.partitions_restored = 0
-        self.partition_seconds = 0.0
-        self._scores = np.empty(0, dtype=np.float32)
-        self._allowed = np.empty(0, dtype=bool)
+    # -- saving and mapping back ---------------------------------------------------------------
+
+    def arrays(self) -> dict[str, npt.NDArray[Any]]:
+        """Every array of the mirror, trimmed to its rows (views, not copies): per row
+        ``matrix``, ``rowids``, ``alive``, ``lists`` and ``code:<column>``; ``blocks`` (the
+        sorted blocks' starts); ``index_keys``/``index_values`` (rowid -> position, sorted by
+        rowid); under a partition ``centroids``. With :meth:`state`, all that
+        :meth:`from_arrays` needs. Names and dtypes are stable (``STATE_VERSION``)."""
+        n = self.size
+        if self.index.recent or len(self.index.keys) != self.live:
+            self.index.rebuild(self.rowids[:n], self.alive[:n])
+        out: dict[str, npt.NDArray[Any]] = {
+            "matrix": self.matrix[:n],
+            "rowids": self.rowids[:n],
+            "alive": self.alive[:n],
+            "lists": self.lists[:n],
+            "blocks": self.blocks,
+            "index_keys": self.index.keys,
+            "index_values": self.index.values,
+        }
+        for c in self.columns:
+            out[f"code:{c}"] = self.codes[c][:n]
+        for c in self.ranges:
+            out[f"int:{c}"] = self.ints[c][:n]
+        if self.partition is not None:
+            out["centroids"] = self.partition.centroids
+        return out
+
+    def state(self) -> dict[str, Any]:
+        """The mirror's small, JSON-able state: shape, counts and the metadata values by code."""
+        part = self.partition
+        return {
+            "version": STATE_VERSION,
+            "dim": self.dim,
+            "columns": list(self.columns),
+            "ranges": list(self.ranges),
+            "unit": self.unit,
+            "group": self.group,
+            "groups": self.groups,
+            "size": self.size,
+            "dead": self.dead,
+            "sorted_end": self.sorted_end,
+            "vocab": {c: list(self.vocab[c]) for c in self.columns},  # values in code order
+            "trained_rows": None if part is None else part.trained_rows,
+        }
 
     @classmethod
-    def bulk(
-        cls,
-        dim: int,
-        columns: Sequence[str],
-        rowids: Sequence[int] | npt.NDArray[np.int64],
-        storage: FloatArray,
-        metas: Mapping[str, Sequence[Any]],
-    ) -> Mirror:
-        """A mirror of distinct ``rowids`` whose vectors are the first rows of ``storage``; it
-        takes ownership of ``storage`` (normalised in place; spare rows are room to grow)."""
-        mirror = cls(dim, columns)
-        n = len(rowids)
-        vectors = storage[:n]
-        norms = np.sqrt(np.einsum("ij,ij->i", vectors, vectors))  # no full-size temporary
-        norms[norms == 0] = 1.0
-        vectors /= norms[:, None]
-        capacity = len(storage)
-        mirror.matrix = storage
-        mirror.rowids = np.zeros(capacity, dtype=np.int64)
-        mirror.rowids[:n] = rowids
-        mirror.alive = np.zeros(capacity, dtype=bool)
-        mirror.alive[:n] = True
-        mirror.lists = np.full(capacity, -1, dtype=np.int32)
-        for c in mirror.columns:
-            mirror.codes[c] = np.zeros(capacity, dtype=np.int32)
-            mirror.codes[c][:n] = encode_values(mirror.vocab[c], metas[c])
-        mirror.index.rebuild(mirror.rowids[:n], mirror.alive[:n])
-        mirror.size = n
+    def from_arrays(cls, arrays: Mapping[str, npt.NDArray[Any]], state: Mapping[str, Any]) -> Mirror:
+        """The mirror saved by :meth:`arrays` and :meth:`state`.
+
+        ``matrix`` is used as it is (a memory-mapped one stays mapped; it may hold spare rows
+        beyond ``size``, room to grow; it must be writeable, e.g. ``np.load(mmap_mode="c")``, or
+        it is copied). The small per-row arrays are copied with room to the matrix's rows. The
+        row index is taken when given and consistent, else rebuilt. Raises ``ValueError`` when
+        the arrays do not fit together (a damaged or foreign save): never a wrong mirror."""
+        try:
+            if state.get("version") != STATE_VERSION:
+                raise ValueError(f"mirror state version {state.get('version')!r}, expected {STATE_VERSION}")
+            dim, columns, size = int(state["dim"]), [str(c) for c in state["columns"]], int(state["size"])
+            group = state["group"]
+            ranges = [str(c) for c in state.get("ranges", [])]
+            mirror = cls(
+                dim,
+                columns,
+                group=False if group is None else str(group),
+                ranges=ranges,
+                unit=bool(state.get("unit", True)),
+            )
+            vocab_lists = {c: list(state["vocab"][c]) for c in columns}
+            groups, sorted_end, dead = int(state["groups"]), int(state["sorted_end"]), int(state["dead"])
+            trained = state.get("trained_rows")
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"mirror state is incomplete: {exc!r}") from exc
+
+        def array(name: str, dtype: Any, shape: tuple[int, ...] | None = None) -> npt.NDArray[Any]:
+            if name not in arrays:
+                raise ValueError(f"mirror array {name!r} is missing")
+            found = arrays[name]
+            if found.dtype != np.dtype(dtype) or (shape is not None and found.shape != shape):
+                raise ValueError(
+                    f"mirror array {name!r} is {found.dtype}{found.shape}, not {np.dtype(dtype)}{shape}"
+                )
+            return found
+
+        matrix = array("matrix", np.float32)
+        if matrix.ndim != 2 or matrix.shape[1] != dim or len(matrix) < size:
+            raise ValueError(f"mirror array 'matrix' has shape {matrix.shape}, not ({size}+, {dim})")
+        capacity = len(matrix)
+
+        def room(name: str, dtype: Any, fill: Any) -> npt.NDArray[Any]:
+            out = np.full(capacity, fill, dtype=dtype)
+            out[:size] = array(name, dtype, (size,))
+            return out
+
+        mirror.matrix = matrix if matrix.flags.writeable else matrix.copy()
+        mirror.rowids = room("rowids", np.int64, 0)
+        mirror.alive = room("alive", np.bool_, False)
+        mirror.lists = room("lists", np.int32, -1)
+        for c in columns:
+            mirror.codes[c] = room(f"code:{c}", np.int32, 0)
+            mirror.vocab[c] = {v: i for i, v in enumerate(vocab_lists[c])}
+            if len(mirror.vocab[c]) != len(vocab_lists[c]):
+                raise ValueError(f"mirror vocabulary of {c!r} repeats a value")
+            codes = mirror.codes[c][:size]
+            if size and (int(codes.min()) < 0 or int(codes.max()) >= len(vocab_lists[c])):
+                raise ValueError(f"mirror codes of {c!r} out of range")
+        for c in ranges:
+            mirror.ints[c] = room(f"int:{c}", np.int64, 0)
+        mirror.size, mirror.dead = size, dead
+        if dead != size - int(np.count_nonzero(mirror.alive[:size])):
+            raise ValueError("mirror state: dead rows do not match the alive array")
+        lists = 1
+        if trained is not None:
+            centroids = array("centroids", np.float32)
+            if centroids.ndim != 2 or centroids.shape[1] != dim or len(centroids) == 0:
+                raise ValueError(f"mirror array 'centroids' has shape {centroids.shape}")
+            lists = len(centroids)
+            mirror.partition = Partition(np.array(centroids), np.zeros(2, dtype=np.int64), int(trained))
+            labels = mirror.lists[:sorted_end]
+            if sorted_end and (int(labels.min()) < 0 or int(labels.max()) >= lists):
+                raise ValueError("mirror lists out of range")
+        if groups < 1 or (groups > 1 and (group is None or groups > len(vocab_lists[str(group)]))):
+            raise ValueError(f"mirror state: {groups} groups for group column {group!r}")
+        blocks = np.array(array("blocks", np.int64, (groups * lists + 1,)))
+        if blocks[0] != 0 or blocks[-1] != sorted_end or sorted_end > size or (np.diff(blocks) < 0).any():
+            raise ValueError("mirror array 'blocks' does not describe the sorted rows")
+        mirror.blocks, mirror.groups, mirror.sorted_end = blocks, groups, sorted_end
+        mirror._sync_partition_starts()
+        keys, values = arrays.get("index_keys"), arrays.get("index_values")
+        live = size - dead
+        if (
+            keys is not None
+            and values is not None
+            and keys.dtype == np.int64
+            and values.dtype == np.int64
+            and len(keys) == len(values) == live
+            and (live == 0 or (int(values.min()) >= 0 and int(values.max()) < size))
+            and not (np.diff(keys) <= 0).any()
+            and np.array_equal(mirror.rowids[values], keys)
+        ):
+            mirror.index.set(np.array(keys), np.array(values))
+        else:
+            mirror.index.rebuild(mirror.rowids[:size], mirror.alive[:size])
         return mirror
 
-    @property
-    def live(self) -> int:
-        return self.size - self.dead
+    # -- search (:class:`._mirror_search.MirrorSearch`) ---------------------------------------
 
-    def _grow(self, need: int) -> None:
-        capacity = len(self.rowids)
-        if need <= capacity:
-            return
-        new_capacity = max(need, capacity * 2, 1024)
-        matrix = np.zeros((new_capacity, self.dim), dtype=np.float32)
-        matrix[: self.size] = self.matrix[: self.size]
-        self.matrix = matrix
-        self.rowids = np.resize(self.rowids, new_capacity)
-        alive = np.zeros(new_capacity, dtype=bool)
-        alive[: self.size] = self.alive[: self.size]
-        self.alive = alive
-        lists = np.full(new_capacity, -1, dtype=np.int32)
-        lists[: self.size] = self.lists[: self.size]
-        self.lists = lists
-        for c in self.columns:
-            self.codes[c] = np.resize(self.codes[c], new_capacity)
+    def _lookup(self, rowids: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        return self.index.lookup(rowids)
 
-    def put_many(
-        self, rowids: Sequence[int], vectors: FloatArray, metas: Mapping[str, Sequence[Any]]
-    ) -> None:
-        """Add or replace; ``rowids`` must be distinct. New rows join the tail."""
-        self.remove_many(rowids)
-        start = self.size
-        end = start + len(rowids)
-        self._grow(end)
-        self.matrix[start:end] = unit_rows(vectors)
-        self.rowids[start:end] = rowids
-        self.alive[start:end] = True
-        self.lists[start:end] = -1
-        for c in self.columns:
-            vocab = self.vocab[c]
-            self.codes[c][start:end] = [vocab.setdefault(v, len(vocab)) for v in metas[c]]
-        recent = self.index.recent
-        for offset, rowid in enumerate(rowids):
-            recent[int(rowid)] = start + offset
-        self.size = end
-        if self.index.stale:
-            self.index.rebuild(self.rowids[:end], self.alive[:end])
-
-    def remove_many(self, rowids: Iterable[int]) -> None:
-        ids = np.fromiter((int(r) for r in rowids), dtype=np.int64)
-        if not len(ids):
-            return
-        positions = self.index.lookup(ids)
-        present = positions >= 0
-        if not present.any():
-            return
-        self.alive[positions[present]] = False
-        self.dead += int(np.count_nonzero(present))
-        recent = self.index.recent
-        for rowid in ids[present].tolist():
-            recent[rowid] = -1
-
-    # -- upkeep --------------------------------------------------------------------------------
-
-    def maintain(self, approximate_from: int | None) -> None:
-        """Drop dead rows when they pile up; build, extend or drop the partition as size asks."""
-        if self.dead > max(1024, self.size // 4):
-            self.compact()
-        if approximate_from is None:
-            self.partition = None
-            return
-        live = self.live
-        part = self.partition
-        if part is None:
-            if live >= approximate_from:
-                self.repartition(retrain=True)
-            return
-        if live < approximate_from // 2:
-            self.partition = None
-        elif self.size - part.end > _TAIL_SHARE * max(part.end, 1):
-            # the tail is folded into the lists; the centroids are retrained when the data
-            # has grown or shrunk by half since they were made
-            self.repartition(retrain=not part.trained_rows / 2 <= live <= part.trained_rows * 2)
-
-    def compact(self) -> None:
-        """Drop dead rows in place (rows only move towards the front, so no second matrix)."""
-        keep = np.flatnonzero(self.alive[: self.size])
-        kept = len(keep)
-        for a in range(0, kept, _MOVE_BLOCK):
-            picks = keep[a : a + _MOVE_BLOCK]
-            if picks[0] != a or picks[-1] != a + len(picks) - 1:  # else already in place
-                self.matrix[a : a + len(picks)] = self.matrix[picks]
-        self.rowids[:kept] = self.rowids[keep]
-        self.lists[:kept] = self.lists[keep]
-        for c in self.columns:
-            self.codes[c][:kept] = self.codes[c][keep]
-        self.alive[:kept] = True
-        self.alive[kept : self.size] = False
-        part = self.partition
-        if part is not None:
-            end = int(np.searchsorted(keep, part.end))
-            part.starts = np.searchsorted(self.lists[:end], np.arange(part.lists + 1)).astype(np.int64)
-        self.size, self.dead = kept, 0
-        self.index.rebuild(self.rowids[:kept], self.alive[:kept])
-
-    def repartition(self, *, retrain: bool) -> None:
-        """Group the live rows by inverted list: train new centroids, or fold the tail into the
-        existing lists. Rows move in place (no second matrix: a 1M x 384 mirror is 1.5 GB)."""
-        started = time.perf_counter()
-        if self.dead:
-            self.compact()
-        size = self.size
-        part = self.partition
-        if retrain or part is None:
-            lists = list_count(size)
-            rng = np.random.default_rng(_SEED)
-            n_sample = min(size, lists * SAMPLE_PER_LIST, MAX_SAMPLE)
-            sample = np.take(self.matrix, np.sort(rng.choice(size, n_sample, replace=False)), axis=0)
-            centroids = train(sample, lists, seed=_SEED)
-            del sample
-            labels = assign(self.matrix[:size], centroids)
-            trained_rows = size
-        else:
-            centroids, trained_rows = part.centroids, part.trained_rows
-            labels = self.lists[:size].copy()
-            labels[part.end : size] = assign(self.matrix[part.end : size], centroids)
-        order = np.argsort(labels, kind="stable")
-        permute_rows(self.matrix, order)
-        self.rowids[:size] = self.rowids[order]
-        for c in self.columns:
-            self.codes[c][:size] = self.codes[c][order]
-        sorted_labels = labels[order]
-        self.lists[:size] = sorted_labels
-        self.index.rebuild(self.rowids[:size], self.alive[:size])
-        starts = np.searchsorted(sorted_labels, np.arange(len(centroids) + 1)).astype(np.int64)
-        self.partition = Partition(centroids, starts, trained_rows)
-        self.partitions_built += 1
-        self.partition_seconds = time.perf_counter() - started
-
-    # -- search --------------------------------------------------------------------------------
-
-    def search(
-        self,
-        query: FloatArray,
-        k: int,
-        where: Mapping[str, Any],
-        candidates: npt.NDArray[np.int64] | None,
-        *,
-        exact: bool = False,
-    ) -> list[VectorHit]:
-        if self.size == 0 or k <= 0:
-            return []
-        query = unit_rows(query.reshape(1, -1))[0]
-        if candidates is not None:
-            return self._search_candidates(query, k, where, candidates)
-        size = self.size
-        valid: BoolArray | None = None
-        for column, value in where.items():
-            code = self.vocab[column].get(value)
-            if code is None:
-                return []
-            match = self.codes[column][:size] == code
-            valid = match if valid is None else np.logical_and(valid, match, out=valid)
-        if self.dead:
-            valid = (
-                self.alive[:size].copy()
-                if valid is None
-                else np.logical_and(valid, self.alive[:size], out=valid)
-            )
-        allowed = size if valid is None else int(np.count_nonzero(valid))
-        if allowed == 0:
-            return []
-        k = min(k, allowed)
-        part = self.partition
-        if part is not None and not exact:
-            # about PROBE_LISTS lists (lists hold ~sqrt(n) rows: ~11% of 1M rows, ~22% of 100k-200k);
-            # more for a larger k, and 1/f times more for a filter passing a share f of the rows:
-            # scaling less loses recall on filters that follow topics (measured at 1M, f = 10%:
-            # recall@10 0.92 with sqrt(1/f)), so a filter under ~20% scans its rows exactly
-            rows = PROBE_LISTS * part.end / part.lists * max(1.0, (k / 10) ** 0.25) * (size / allowed)
-            if rows < _EXACT_SHARE * size:
-                hits = self._search_lists(part, query, k, valid, rows)
-                if hits is not None:
-                    return hits
-        if valid is None:
-            return self._top(dot(self.matrix[:size], query), k, None)
-        positions = np.flatnonzero(valid)
-        if allowed * 2 < size:  # selective: score only the allowed rows
-            return self._top(dot_rows(self.matrix, positions, query), k, positions)
-        return self._top(dot(self.matrix[:size], query)[positions], k, positions)
-
-    def _search_candidates(
-        self, query: FloatArray, k: int, where: Mapping[str, Any], candidates: npt.NDArray[np.int64]
-    ) -> list[VectorHit]:
-        size = self.size
-        positions: npt.NDArray[np.int64] | None
-        if len(candidates) <= _CANDIDATE_LOOKUP_MAX:
-            positions = self.index.lookup(np.unique(candidates))
-            positions = positions[positions >= 0]
-            mask = np.ones(len(positions), dtype=bool)
-            for column, value in where.items():
-                code = self.vocab[column].get(value)
-                if code is None:
-                    return []
-                mask &= self.codes[column][positions] == code
-            positions = positions[mask]
-        else:
-            valid = self.alive[:size] & np.isin(self.rowids[:size], candidates)
-            for column, value in where.items():
-                code = self.vocab[column].get(value)
-                if code is None:
-                    return []
-                valid &= self.codes[column][:size] == code
-            positions = np.flatnonzero(valid)
-        if len(positions) == 0:
-            return []
-        if len(positions) * 2 < size:
-            scores = dot_rows(self.matrix, positions, query)
-        else:
-            scores = dot(self.matrix[:size], query)[positions]
-        return self._top(scores, min(k, len(positions)), positions)
-
-    def _top(self, scores: FloatArray, k: int, positions: npt.NDArray[np.int64] | None) -> list[VectorHit]:
-        k = min(k, len(scores))
-        top = np.argpartition(-scores, k - 1)[:k] if k < len(scores) else np.arange(len(scores))
-        top = top[np.argsort(-scores[top], kind="stable")]
-        chosen = top if positions is None else positions[top]
-        rowids = self.rowids
-        return [VectorHit(int(rowids[p]), float(scores[i])) for i, p in zip(top, chosen, strict=True)]
-
-    def _search_lists(
-        self, part: Partition, query: FloatArray, k: int, valid: BoolArray | None, rows: float
-    ) -> list[VectorHit] | None:
-        """Top ``k`` among the rows of the lists nearest ``query`` and the tail, scored exactly;
-        ``None`` when those rows hold fewer than ``k`` allowed ones (the caller scans all)."""
-        starts, ends = part.spans(query, rows)
-        if self.size > part.end:
-            if ends and ends[-1] == part.end:
-                ends[-1] = self.size
-            else:
-                starts.append(part.end)
-                ends.append(self.size)
-        total = sum(ends) - sum(starts)
-        if total < k:
-            return None
-        if len(self._scores) < total:
-            self._scores = np.empty(max(total, 2 * len(self._scores)), dtype=np.float32)
-        if valid is not None and len(self._allowed) < total:
-            self._allowed = np.empty(max(total, 2 * len(self._allowed)), dtype=bool)
-        scores, allowed, matrix = self._scores, self._allowed, self.matrix
-        lengths = np.subtract(ends, starts)
-        offsets = np.concatenate(([0], np.cumsum(lengths)[:-1])).tolist()
-        at = int(lengths.sum())
-
-        def scan(first: int, last: int) -> None:
-            for a, b, o in zip(starts[first:last], ends[first:last], offsets[first:last], strict=True):
-                np.einsum("ij,j->i", matrix[a:b], query, out=scores[o : o + b - a])
-
-        in_two(scan, len(starts), offsets, at)
-        if valid is not None:
-            for a, b, o in zip(starts, ends, offsets, strict=True):
-                allowed[o : o + b - a] = valid[a:b]
-        scored = scores[:at]
-        if valid is not None:
-            ok = allowed[:at]
-            if int(np.count_nonzero(ok)) < k:
-                return None
-            scored[~ok] = -np.inf
-        top = np.argpartition(-scored, k - 1)[:k] if k < at else np.arange(at)
-        top = top[np.argsort(-scored[top], kind="stable")]
-        first = np.asarray(offsets, dtype=np.int64)
-        span = np.searchsorted(first, top, side="right") - 1
-        positions = np.asarray(starts, dtype=np.int64)[span] + (top - first[span])
-        rowids = self.rowids
-        return [VectorHit(int(rowids[p]), float(scored[i])) for i, p in zip(top, positions, strict=True)]
-
-    def adopt(
-        self,
-        centroids: FloatArray,
-        ordered: npt.NDArray[np.int64],
-        sizes: npt.NDArray[np.int64],
-        trained_rows: int,
-        changed: npt.NDArray[np.int64],
-    ) -> None:
-        """Take a partition made earlier (by this or another process) instead of building one:
-        rows in ``ordered`` (grouped by list, ``sizes`` rows each) keep their list unless they
-        ``changed`` since; every other row joins the tail. Costs one in-place regrouping."""
-        started = time.perf_counter()
-        if self.dead:
-            self.compact()
-        size, lists = self.size, len(centroids)
-        list_of = np.repeat(np.arange(lists, dtype=np.int64), sizes)
-        by_rowid = np.argsort(ordered, kind="stable")
-        keys, values = ordered[by_rowid], list_of[by_rowid]
-        rowids = self.rowids[:size]
-        at = np.searchsorted(keys, rowids)
-        at[at == len(keys)] = 0
-        labels = np.where(keys[at] == rowids, values[at], lists) if len(keys) else np.full(size, lists)
-        if len(changed):
-            labels[np.isin(rowids, changed)] = lists  # a changed vector may belong elsewhere now
-        order = np.argsort(labels, kind="stable")
-        permute_rows(self.matrix, order)
-        self.rowids[:size] = rowids[order]
-        for c in self.columns:
-            self.codes[c][:size] = self.codes[c][order]
-        sorted_labels = labels[order]
-        self.lists[:size] = np.where(sorted_labels < lists, sorted_labels, -1)
-        self.index.rebuild(self.rowids[:size], self.alive[:size])
-        starts = np.searchsorted(sorted_labels, np.arange(lists + 1)).astype(np.int64)
-        self.partition = Partition(centroids, starts, trained_rows)
-        self.partitions_restored += 1
-        self.partition_seconds = time.perf_counter() - started
+    def _probe_rows(self, part: Partition, k: int) -> float:
+        """About PROBE_LISTS lists' worth of rows (lists hold ~sqrt(n) rows: ~11% of 1M rows,
+        ~22% of 100k-200k); more for a larger k."""
+        return float(PROBE_LISTS * part.end / part.lists * max(1.0, (k / 10) ** 0.25))
 
     def describe(self) -> dict[str, Any] | None:
         part = self.partition
@@ -462,9 +203,10 @@ class Mirror:
         return {
             "lists": part.lists,
             "probe_lists": PROBE_LISTS,
-            "partitioned_rows": part.end,
-            "tail_rows": self.size - part.end,
+            "partitioned_rows": self.sorted_end,
+            "tail_rows": self.size - self.sorted_end,
             "trained_rows": part.trained_rows,
+            "groups": self.groups,
             "builds": self.partitions_built,
             "restored": self.partitions_restored,
             "last_build_seconds": round(self.partition_seconds, 3),

@@ -43,7 +43,7 @@ from ._vector_checks import check_metas, check_vectors, meta_value
 from ._vector_mirror import Mirror, VectorHit
 from ._vector_sync import _OP_DELETE, _OP_RESET, _OP_UPSERT, MirrorUpkeep, _rollbacks
 
-__all__ = ["APPROXIMATE_FROM", "VectorHit", "VectorIndex"]
+__all__ = ["APPROXIMATE_FROM", "VectorHit", "VectorIndex", "bulk_cache", "precomputed_vectors"]
 
 Engine = Literal["auto", "memory", "vec0"]
 ENGINES = ("auto", "memory", "vec0")
@@ -56,6 +56,63 @@ APPROXIMATE_FROM = 100_000  # live vectors from which searches use the inverted 
 
 _BULK_DELETE = 64  # from this many vec0 deletes, sort them by chunk and raise the page cache
 _BULK_CACHE_KIB = 65_536
+_BULK_WAL_PAGES = 16_384  # checkpoint the WAL from 64 MB during bulk writes (default 4 MB)
+
+
+@contextlib.contextmanager
+def bulk_cache(db: Database, rows: int) -> Iterator[None]:
+    """A larger page cache while ``rows`` (from 64) are written or deleted, then the old size.
+
+    vec0 writes a row into a 1.5 MB chunk blob by walking its overflow pages, and FTS5 merges
+    segments page by page: with SQLite's default 2 MB cache both re-read the same pages from
+    the file for every row (a 100k-row load ran 3-5x slower). The pages beyond the old size are
+    released when it is restored.
+    """
+    if rows < _BULK_DELETE or db.read_only:
+        yield
+        return
+    previous = int(db.scalar("PRAGMA cache_size"))
+    if previous < 0 and -previous >= _BULK_CACHE_KIB:
+        yield
+        return
+    checkpoint = int(db.scalar("PRAGMA wal_autocheckpoint"))
+    db.execute(f"PRAGMA cache_size = -{_BULK_CACHE_KIB}")
+    if _BULK_WAL_PAGES and 0 < checkpoint < _BULK_WAL_PAGES:
+        db.execute(f"PRAGMA wal_autocheckpoint = {_BULK_WAL_PAGES}")
+    try:
+        yield
+    finally:
+        db.execute(f"PRAGMA cache_size = {previous}")
+        db.execute(f"PRAGMA wal_autocheckpoint = {checkpoint}")
+
+
+def precomputed_vectors(vectors: Any, n: int, dim: int | None) -> tuple[FloatArray, npt.NDArray[np.float64]]:
+    """Vectors computed apart for ``n`` rows, checked: the rows as float32 (not copied when
+    they already are) and their lengths, to normalise a batch at a time.
+
+    One row per item; ``dim``, when known, is the store's dimension. A bad row is named by its
+    index (``vectors[17] holds NaN or infinity``).
+    """
+    try:
+        array = np.asarray(vectors, dtype=np.float32)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"vectors must be an array of numbers: {exc}") from exc
+    want = f"({n}, {dim})" if dim is not None else f"({n}, dim)"
+    if array.ndim != 2 or len(array) != n or (dim is not None and array.shape[1] != dim):
+        raise InvalidInputError(
+            f"vectors must have shape {want}: one row per item, of the store's dimension; got {array.shape}"
+        )
+    # the squared lengths are infinite or NaN exactly when a row holds NaN or infinity (or
+    # overflows float32 when squared, which no model's vector does): one pass, no n x dim temporary
+    squares = np.einsum("ij,ij->i", array, array, dtype=np.float64)
+    finite = np.isfinite(squares)
+    if not finite.all():
+        raise InvalidInputError(f"vectors[{int(np.argmin(finite))}] holds NaN or infinity")
+    if n and not squares.all():
+        raise InvalidInputError(
+            f"vectors[{int(np.argmin(squares != 0))}] is all zeros, which has no cosine similarity"
+        )
+    return array, np.sqrt(squares)  # float64: a huge (finite) row still normalises
 
 
 def _int_or(value: Any, default: int = -1) -> int:
@@ -277,19 +334,26 @@ class VectorIndex(MirrorUpkeep):
         if len(ids) != len(rowids):
             array, meta_rows = array[picks], [meta_rows[i] for i in picks]
         columns = list(self.metadata)
-        placeholders = ", ".join("?" for _ in range(2 + len(columns)))
-        col_sql = "".join(f", {c}" for c in columns)
 
         def write() -> Callable[[Mirror], None]:
             self._delete_rows(ids)
-            self.db.executemany(
-                f"INSERT INTO {self.table}(rowid, embedding{col_sql}) VALUES ({placeholders})",
-                [(r, array[i].tobytes(), *(meta_rows[i][c] for c in columns)) for i, r in enumerate(ids)],
-            )
+            with self._page_cache(len(ids)):
+                self._insert_rows(ids, array, meta_rows)
             by_column = {c: [m[c] for m in meta_rows] for c in columns}
             return lambda mirror: mirror.put_many(ids, array, by_column)
 
         self._write(write, ids, _OP_UPSERT)
+
+    def _insert_rows(
+        self, ids: Sequence[int], array: FloatArray, meta_rows: Sequence[Mapping[str, Any]]
+    ) -> None:
+        columns = list(self.metadata)
+        placeholders = ", ".join("?" for _ in range(2 + len(columns)))
+        col_sql = "".join(f", {c}" for c in columns)
+        self.db.executemany(
+            f"INSERT INTO {self.table}(rowid, embedding{col_sql}) VALUES ({placeholders})",
+            [(r, array[i].tobytes(), *(meta_rows[i][c] for c in columns)) for i, r in enumerate(ids)],
+        )
 
     def upsert(self, rowid: int, vector: FloatArray, meta: Mapping[str, Any] | None = None) -> None:
         self.upsert_many([rowid], self._check(vector), [meta or {}])
@@ -359,17 +423,8 @@ class VectorIndex(MirrorUpkeep):
                 self.db.executemany(f"DELETE FROM {self.table} WHERE rowid = ?", [(r,) for r in found])
         return found
 
-    @contextlib.contextmanager
-    def _page_cache(self, rows: int) -> Iterator[None]:
-        if rows < _BULK_DELETE or self.backend != "vec0":
-            yield
-            return
-        previous = self.db.scalar("PRAGMA cache_size")
-        self.db.execute(f"PRAGMA cache_size = -{_BULK_CACHE_KIB}")
-        try:
-            yield
-        finally:
-            self.db.execute(f"PRAGMA cache_size = {int(previous)}")
+    def _page_cache(self, rows: int) -> contextlib.AbstractContextManager[None]:
+        return bulk_cache(self.db, rows) if self.backend == "vec0" else contextlib.nullcontext()
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -432,11 +487,13 @@ class VectorIndex(MirrorUpkeep):
                 f"query must have shape (n, {self.dim}): vector table {self.table} was reset to "
                 f"{self.dim} dimensions by another connection"
             )
-        built = mirror.partitions_built
+        built, regrouped = mirror.partitions_built, mirror.regroups
         mirror.maintain(self.approximate_from)
         if mirror.partitions_built != built:
             self._save_partition(mirror)
             trim_heap()  # the build's temporaries, as after a load
+        elif mirror.regroups != regrouped:
+            self._files_due = True  # the index file should hold the rows grouped, as now
         return mirror.search(q[0], k, where, cand, exact=exact)
 
     def _search_vec0(
@@ -454,6 +511,18 @@ class VectorIndex(MirrorUpkeep):
             params.append("[" + ",".join(str(int(c)) for c in np.unique(cand)) + "]")
         sql += " ORDER BY distance"
         return [VectorHit(int(r), 1.0 - float(d)) for r, d in self.db.query(sql, params) if d is not None]
+
+    def allows(self, rowids: npt.NDArray[np.int64], where: Mapping[str, Any]) -> npt.NDArray[np.int8] | None:
+        """Whether the filter columns of ``rowids`` match ``where``, read from the mirror (no SQL):
+        1 yes, 0 no, -1 not in the index (the caller asks the store). ``None`` when the mirror is
+        not used (``mirror=False``, or sqlite-vec missing)."""
+        if not self.use_mirror or not self.available:
+            return None
+        try:
+            values = {c: self._meta_value(c, v, 0) for c, v in where.items()}
+        except (InvalidInputError, KeyError):
+            return np.zeros(len(rowids), dtype=np.int8)  # of another type: matches nothing
+        return self._mirror_now().allows(rowids, values)
 
     def status(self) -> dict[str, Any]:
         """Backend (``vec0`` or ``blob``), whether it can be used now and why not, and the mirror."""
@@ -474,4 +543,5 @@ class VectorIndex(MirrorUpkeep):
             "change_log": self._has_log,
             "approximate_from": self.approximate_from,
             "approximate": None if mirror is None else mirror.describe(),
+            "index_file": self.files_status(),
         }

@@ -365,10 +365,11 @@ def test_keyword_text_holds_split_identifiers_and_the_symbol() -> None:
 
 def test_embedded_text_is_path_signature_then_body() -> None:
     chunk = Chunk(5, 6, "    return x", 10, 22, symbol="A.f", signature="class A:\n    def f(self):")
-    assert embedding_text("pkg/a.py", chunk) == "pkg/a.py\nclass A:\n    def f(self):\n    return x"
+    # the path and the symbol as words, then the signature, then the text
+    assert embedding_text("pkg/a.py", chunk) == "pkg a f\nclass A:\n    def f(self):\n    return x"
     assert chunk_embedding_text("pkg/a.py", "python", chunk) == embedding_text("pkg/a.py", chunk)
     plain = Chunk(1, 1, "def g(): pass", 0, 13, symbol="g")
-    assert chunk_embedding_text("pkg/a.py", "python", plain) == "pkg/a.py\ndef g(): pass"
+    assert chunk_embedding_text("pkg/a.py", "python", plain) == "pkg a g\ndef g(): pass"
     assert chunk_embedding_text("notes.md", "markdown", plain) == "def g(): pass"
 
 

@@ -805,7 +805,7 @@ def test_real_model_finds_paraphrases(workspace: Path, data_dir: Path, real_embe
     with MemoryFiles.open(workspace, embedder=real_embedder, config=cfg) as index:  # type: ignore[arg-type]
         stats = index.sync()
         assert stats.files_processed == 5
-        assert index.status()["chunker"].startswith("v2/400/80/tokens:")
+        assert index.status()["chunker"].startswith("v3/400/80/tokens:")
         hits = index.search("which puppy lives at work", mode="vector")
         assert (
             hits[0].path == "memory/pets.md" and hits[0].similarity is not None and hits[0].similarity > 0.35

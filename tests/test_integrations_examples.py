@@ -22,14 +22,14 @@ def load(name: str, needs: str) -> ModuleType:
 
 
 def test_langgraph_example_graph_reads_what_it_wrote(tmp_path: Path) -> None:
-    recalled = load("langgraph_store", "langgraph.graph").main(str(tmp_path / "items.sqlite"))
+    recalled = load("langgraph_store", "langgraph.graph").main(str(tmp_path / "data"))
     assert recalled[0] == "tomatoes need more sun"
     assert "water the tomatoes on friday" in recalled
 
 
 def test_openai_agents_example_keeps_both_turns(tmp_path: Path) -> None:
     module = load("openai_agents_session", "agents")
-    assert asyncio.run(module.main(str(tmp_path / "history.sqlite"))) == 4
+    assert asyncio.run(module.main(str(tmp_path / "data"))) == 4
 
 
 def test_autogen_example_gives_the_memory_to_the_model(tmp_path: Path) -> None:

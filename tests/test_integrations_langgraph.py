@@ -119,8 +119,10 @@ def test_store_on_a_running_system_persists_in_its_data_dir(tmp_path: Path) -> N
 
 def test_index_without_embed_uses_the_systems_shared_embedder(tmp_path: Path) -> None:
     with MemorySystem.start(Config(data_dir=tmp_path / "data"), embedder=HashEmbedder()) as system:
-        with pytest.raises(InvalidInputError, match='needs "embed"'):
-            MemstrataStore(":memory:", index={"dims": 256})
+        private = MemstrataStore(":memory:", index={"dims": 64}, embedder=HashEmbedder(dim=256))
+        with pytest.raises(InvalidInputError, match="256 dimensions for text 0, not 64"):
+            private.put(("k",), "a", {"t": "x"})
+        private.close()
         store = MemstrataStore(system, index={"fields": ["t"]})
         store.put(("k",), "a", {"t": "the harbor lantern"})
         store.put(("k",), "b", {"t": "violet meadow"})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 from pathlib import Path
 
 import pytest
@@ -82,3 +83,86 @@ def test_runner_with_a_scripted_model_keeps_the_conversation(tmp_path: Path) -> 
         session.close()
 
     asyncio.run(scenario())
+
+
+def test_history_is_episodic_memory_and_deletion_is_for_good(tmp_path: Path) -> None:
+    from memstrata.actors import ManualClock
+
+    from memstrata import Config, MemorySystem
+    from memstrata.testing import HashEmbedder
+
+    t0 = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
+    clock = ManualClock(t0)
+
+    async def scenario(system: MemorySystem) -> None:
+        session = MemstrataSession("chat-1", system=system, agent_id="helper")
+        items = [{"role": "user", "content": "the violet harbor lantern", "extra": [1, 2.5, None]}]
+        items.append({"role": "assistant", "content": "the copper falcon"})
+        await session.add_items(items)
+        assert await session.get_items() == items  # each item's JSON kept exactly
+        helper = system.agent("helper")
+        found = helper.recall("violet harbor lantern", task_run_id="chat-1")
+        assert [h.episode.content for h in found][:1] == [
+            '{"role":"user","content":"the violet harbor lantern","extra":[1,2.5,null]}'
+        ]
+        archived = helper.archive_episodes(tmp_path / "before.sqlite", task_run_id="chat-1")
+        assert archived.archived == 2 and await session.get_items() == []
+        helper.restore_episodes(tmp_path / "before.sqlite")
+        assert await session.pop_item() == items[1]
+        await session.clear_session()
+        assert await session.get_items() == []
+        # gone for good: no search finds them and restoring the older archive brings none back
+        assert helper.restore_episodes(tmp_path / "before.sqlite") == 0
+        assert helper.recall("violet harbor lantern", task_run_id="chat-1") == []
+        session.close()
+
+    with MemorySystem.start(Config(data_dir=tmp_path / "d"), embedder=HashEmbedder(), clock=clock) as system:
+        asyncio.run(scenario(system))
+
+
+def test_order_survives_a_clock_stepping_back_and_long_histories_page(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import memstrata.integrations.openai_agents as module
+    from memstrata.actors import ManualClock
+
+    from memstrata import Config, MemorySystem
+    from memstrata.testing import HashEmbedder
+
+    class WallClock(ManualClock):
+        """A wall clock the test can step back (as NTP may)."""
+
+        def __init__(self, start: dt.datetime) -> None:
+            super().__init__(start)
+            self.wall = start
+
+        def now(self) -> dt.datetime:
+            return self.wall
+
+    monkeypatch.setattr(module, "_PAGE", 3)  # several list requests for one read
+    clock = WallClock(dt.datetime(2030, 1, 1, tzinfo=dt.UTC))
+
+    async def scenario(system: MemorySystem) -> None:
+        session = MemstrataSession("s", system=system)
+        await session.add_items([{"n": i} for i in range(4)])
+        clock.wall = dt.datetime(2029, 1, 1, tzinfo=dt.UTC)  # the wall clock stepped back a year
+        await session.add_items([{"n": 4}])
+        again = MemstrataSession("s", system=system)  # a new handle reads the latest time first
+        await again.add_items([{"n": 5}, {"n": 6}])
+        assert [i["n"] for i in await session.get_items()] == list(range(7))
+        assert [i["n"] for i in await again.get_items(limit=5)] == [2, 3, 4, 5, 6]
+        assert [i["n"] for i in await again.get_items(limit=-1)] == list(range(7))
+        await again.clear_session()
+        assert await session.get_items() == []
+
+    with MemorySystem.start(Config(data_dir=tmp_path / "d"), embedder=HashEmbedder(), clock=clock) as system:
+        asyncio.run(scenario(system))
+
+
+def test_bad_ids_and_items_are_refused_by_name() -> None:
+    with pytest.raises(InvalidInputError, match="task_run_id"):
+        MemstrataSession("bad\x00id")
+    with pytest.raises(InvalidInputError, match="agent_id"):
+        MemstrataSession("s", agent_id="no spaces allowed")
+    with pytest.raises(InvalidInputError, match="db_path or system"):
+        MemstrataSession("s", "x", system=object())

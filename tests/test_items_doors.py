@@ -188,7 +188,7 @@ def test_the_json_lines_door_serves_the_item_operations(data_dir: Path) -> None:
 _PAST = dt.datetime(2001, 1, 1, tzinfo=dt.UTC)  # items stamped with it were written by the actor
 
 
-def test_openai_sessions_on_a_system_go_through_its_item_actor(data_dir: Path) -> None:
+def test_openai_sessions_on_a_system_are_episodes_of_its_agent(data_dir: Path) -> None:
     pytest.importorskip("agents", reason="the openai-agents extra is not installed")
     from memstrata.integrations.openai_agents import MemstrataSession
 
@@ -207,7 +207,10 @@ def test_openai_sessions_on_a_system_go_through_its_item_actor(data_dir: Path) -
         assert await again.get_items() == [] and await again.pop_item() is None
         assert len(await two.get_items()) == 1
         one.close()  # closes the session, not the system
-        assert [r.created_at for r in system.items.tail(("openai-agents", "s2"))] == [_PAST.timestamp()]
+        (episode,) = system.agent("openai-agents").list_episodes(task_run_id="s2")
+        assert (episode.at, episode.kind) == (_PAST, "turn")
+        assert episode.content == '{"role":"user","content":"elsewhere"}'
+        assert system.items.tail(("openai-agents", "s2")) == []  # not items any more
 
     with MemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder(), clock=clock) as system:
         asyncio.run(scenario(system))

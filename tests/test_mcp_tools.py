@@ -200,6 +200,21 @@ def test_every_tool_over_mcp(env: Any) -> None:
             await c.bad("blackboard_get", {"session_id": "s1"}, "missing required argument 'key'")
             await c.bad("blackboard_list", {"session_id": 3}, "'session_id' must be a string")
 
+            # items: JSON objects by namespace and key; values and filters are JSON text
+            put = {"namespace": ["crm", "acme"], "key": "lead", "value": '{"stage": "won", "n": 3}'}
+            await c.ok("item_put", {**put, "index": ["stage"]})
+            got = await c.ok("item_get", {"namespace": ["crm", "acme"], "key": "lead"})
+            assert got["value"] == {"stage": "won", "n": 3}
+            found = await c.ok("item_search", {"prefix": ["crm"], "filter": '{"n": {"$gte": 2}}'})
+            assert [i["key"] for i in found] == ["lead"]
+            assert (await c.ok("item_namespaces", {"max_depth": 1})) == [["crm"]]
+            assert (await c.ok("item_delete", {"namespace": ["crm", "acme"], "key": "lead"}))["deleted"]
+            await c.bad("item_put", {**put, "value": "[1]"}, "value")
+            await c.bad("item_get", {"namespace": "crm", "key": "k"}, "'namespace' must be an array")
+            await c.bad("item_search", {"limit": 5000}, "'limit' must be at most 1000")
+            await c.bad("item_delete", {"namespace": ["crm"]}, "missing required argument 'key'")
+            await c.bad("item_namespaces", {"max_depth": 0}, "'max_depth' must be at least 1")
+
             assert c.driven == set(tools.TOOL_NAMES)
             assert c.refused == set(tools.TOOL_NAMES)
 

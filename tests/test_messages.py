@@ -36,6 +36,7 @@ from memstrata.messages import (
     ItemList,
     ItemsSwept,
     ItemStored,
+    ItemsWritten,
     ItemValue,
     KnowledgeDeleted,
     KnowledgeItem,
@@ -84,6 +85,7 @@ from memstrata.messages import (
     WorkingMemoryCleared,
     WorkingMemoryValue,
     WriteBackQueued,
+    WriteItems,
     check_agent_id,
     decode,
     encode,
@@ -171,6 +173,10 @@ EXAMPLES: list[Message] = [
     ClearNamespace(("chat", "s1")),
     NamespaceCleared(("chat", "s1"), 4),
     ItemsSwept(3),
+    WriteItems(
+        (PutItem(("docs",), "a", {"t": "x"}, None, None, {"t": (0.5, -1.0)}),), (DeleteItem(("docs",), "b"),)
+    ),
+    ItemsWritten(1, 1),
 ]
 
 
@@ -382,3 +388,19 @@ def test_the_public_module_re_exports_the_actors_protocol() -> None:
     assert public.__all__ == protocol.__all__
     assert all(getattr(public, name) is getattr(protocol, name) for name in public.__all__)
     assert public.StoreKnowledge.__module__ == "memstrata.actors._msg_knowledge"
+
+
+def test_the_protocol_module_lists_every_message_of_every_message_module() -> None:
+    """``memstrata.messages`` is the union of the message modules: a message added to one of
+    them is public without a second list to keep in step."""
+    import importlib
+
+    import memstrata.actors.messages as protocol
+
+    import memstrata.messages as public
+
+    for name in ("blackboard", "episodic", "items", "knowledge", "tasks", "working"):
+        module = importlib.import_module(f"memstrata.actors._msg_{name}")
+        missing = set(module.__all__) - set(protocol.__all__)
+        assert not missing, f"{name}: {sorted(missing)}"
+        assert all(getattr(public, n) is getattr(module, n) for n in module.__all__)

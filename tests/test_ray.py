@@ -7,6 +7,7 @@ the nodes by custom resources, so where each actor runs is known, not left to ch
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -101,7 +102,7 @@ def test_agents_on_two_nodes_share_memory_with_a_second_driver(cluster: Any, dat
         assert "a1-v" in prompt.text
         queued = system.agent("a1").complete_task("t1", "rotated the key in vault a1-v")
         assert queued.outbox_id > 0
-        assert system.wait_idle(30)
+        assert system.wait_idle(120)
         assert [e.task_run_id for e in system.agent("a1").list_episodes()] == ["t1"]
         pid = _where("agent:a1")[1]
 
@@ -152,7 +153,7 @@ def test_agents_on_two_nodes_share_memory_with_a_second_driver(cluster: Any, dat
         assert seen["episodes"] == ["t1"]
         assert seen["pid"] == pid
         # the signal published by the other driver reaches this process's subscriber
-        assert arrived.wait(30)
+        assert arrived.wait(120)
         assert [(s.key, s.value) for s in got] == [("build.status", "green")]
         assert subscription.unsubscribe()
         assert system.status()["embedding"]["keyword_only"] is False  # status answers with Ray too
@@ -175,3 +176,68 @@ def test_a_missing_ray_extra_is_a_clear_config_error(monkeypatch: pytest.MonkeyP
     monkeypatch.setitem(sys.modules, "memstrata.actors._ray_runtime", None)
     with pytest.raises(ConfigError, match=r"memstrata\[ray\]"):
         MemorySystem.start(_config(data_dir, "auto"), embedder=HashEmbedder())
+
+
+def test_items_and_status_reach_every_host_from_any_driver(cluster: Any, data_dir: Path) -> None:
+    """The item store is one named host; a driver's status() shows the hosts other drivers use."""
+    config = _config(data_dir, cluster.address)
+    first = MemorySystem.start(config, embedder=HashEmbedder())
+    second = MemorySystem.start(config, embedder=HashEmbedder())
+    try:
+        first.items.put(("users", "u1"), "prefs", {"note": "prefers the dark theme"}, index=["note"])
+        got = second.items.get(("users", "u1"), "prefs")
+        assert got is not None and got.value == {"note": "prefers the dark theme"}
+        assert [i.key for i in second.items.search(("users",), query="dark theme")] == ["prefs"]
+        items_node, items_pid = _where("items")
+        assert items_pid != os.getpid()  # the store runs in its host, not in a driver
+
+        first.agent("st0").store_knowledge("the status page lives at /health", category="fact")
+        status = second.status()  # the second driver never used st0
+        state = status["agents"]["st0"]["knowledge"]
+        node, pid = _where("agent:st0")
+        assert (state["host"], state["node"], state["pid"]) == ("agent:st0", node, pid)
+        assert state["store"]["dim"] == HashEmbedder().dim  # the host's store, opened with the node's model
+        assert (status["items"]["host"], status["items"]["pid"]) == ("items", items_pid)
+        cluster_state = status["cluster"]
+        assert sum(n["alive"] for n in cluster_state["nodes"]) == 2
+        assert cluster_state["hosts"]["agent:st0"]["node"] == node
+        assert "knowledge:st0" in cluster_state["hosts"]["agent:st0"]["actors"]
+        assert cluster_state["hosts"]["items"]["node"] == items_node
+    finally:
+        first.stop(30)
+        second.stop(30)
+
+
+def _degrade(host: Any, owner: str) -> None:
+    """Crash an actor of ``owner`` in its host's supervision until the owner is marked degraded."""
+
+    def crash(self: Any) -> None:
+        supervision = self.runtime.supervision
+        while supervision.child_failed("knowledge", owner, owner, RuntimeError("disk on fire")):
+            pass
+
+    ray.get(host.__ray_call__.remote(crash), timeout=120)
+
+
+def test_degraded_marks_live_in_the_hosts_and_revive_clears_them(cluster: Any, data_dir: Path) -> None:
+    with MemorySystem.start(_config(data_dir, cluster.address), embedder=HashEmbedder()) as system:
+        system.agent("dg0").store_knowledge("the runbook is in the wiki", category="fact")
+        _degrade(ray.get_actor("agent:dg0", namespace=NAMESPACE), "dg0")
+        status = system.status()
+        assert "knowledge actor crashed" in status["degraded"]["dg0"]
+        assert any(w.startswith("dg0 is degraded") for w in status["warnings"])
+        assert "dg0" in status["cluster"]["hosts"]["agent:dg0"]["degraded"]
+        assert system.revive("dg0") is True  # cleared in the host that runs dg0
+        assert "dg0" not in system.status()["degraded"]
+        assert system.revive("dg0") is False
+
+
+def test_stop_cluster_on_the_local_engine_is_stop(data_dir: Path) -> None:
+    system = MemorySystem.start(Config(data_dir=data_dir), embedder=HashEmbedder())
+    system.agent("l1").store_knowledge("kept on disk", category="fact")
+    assert system.stop_cluster(10) == []
+    assert system.stopped
+    with MemorySystem.start(Config(data_dir=data_dir), embedder=HashEmbedder()) as again:
+        assert [h.entry.content for h in again.agent("l1").query_knowledge("kept on disk")] == [
+            "kept on disk"
+        ]

@@ -90,6 +90,7 @@ def test_a_failing_embedder_keeps_every_write_and_says_so(data_dir: Path) -> Non
     with start(data_dir, embedder) as system:
         agent = system.agent("a1")
         agent.store_knowledge("payment retries need idempotency keys", category="pitfall")
+        assert system.wait_idle(10)  # its vector (computed apart from the write) before the fault
         embedder.mode = "raise"
         agent.store_knowledge("billing exports run nightly", category="pattern")
         agent.complete_task("t1", "moved billing exports to a queue")
@@ -115,6 +116,7 @@ def test_a_failing_embedder_keeps_every_write_and_says_so(data_dir: Path) -> Non
         embedder.mode = "ok"
         agent.store_knowledge("ledger closes at month end", category="pattern")
         agent.remember("ledger closed without errors")
+        assert system.wait_idle(20)  # the vectors they asked for, the pending ones with them
         stores = stores_of(system, "a1")
         assert stores["knowledge"]["pending_vectors"] == 0 and stores["episodic"]["pending_vectors"] == 0
         semantic = agent.query_knowledge("billing exports run nightly", mode="vector", top_k=1)
@@ -156,6 +158,7 @@ def test_a_hanging_embedder_falls_back_in_time_and_keeps_writes(data_dir: Path) 
     try:
         agent = system.agent("a1")
         agent.store_knowledge("cache keys include the tenant id", category="pitfall")
+        assert system.wait_idle(10)  # its vector (computed apart from the write) before the hang
         embedder.mode = "hang"
         prompt = agent.begin_task("t1", "cache keys for tenants")
         # the query's vector is late: the keyword ranking still makes the prompt, and says so

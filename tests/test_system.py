@@ -237,25 +237,33 @@ def test_after_stop_every_call_raises_system_stopped(data_dir: Path) -> None:
 
 
 def test_ask_timeout_is_a_clear_error(system: MemorySystem) -> None:
-    gate = threading.Event()
+    gate, entered = threading.Event(), threading.Event()
     board = system.blackboard("s1")
     board.subscribe("k", lambda signal: None)
     agent = system.agent("a1")
-    # a working-memory actor blocked by a callback would be artificial; block the embedder instead
+    agent.store_knowledge("blocked")
+    # a working-memory actor blocked by a callback would be artificial; block the model instead:
+    # a search waits for its query vector (within its own bound), and a request queued behind it
+    # waits longer than its timeout
     inner = system.embedder
     assert inner is not None
-    original = inner.inner.embed_documents  # type: ignore[attr-defined]
+    original = inner.inner.embed_query  # type: ignore[attr-defined]
 
-    def slow(texts: list[str]) -> object:
+    def slow(text: str) -> object:
+        entered.set()
         gate.wait(10)
-        return original(texts)
+        return original(text)
 
-    inner.inner.embed_documents = slow  # type: ignore[attr-defined]
+    inner.inner.embed_query = slow  # type: ignore[attr-defined]
+    searching = threading.Thread(target=lambda: agent.query_knowledge("held at the model", timeout=20))
     try:
+        searching.start()
+        assert entered.wait(10)  # the knowledge actor waits for the query's vector now
         with pytest.raises(RequestTimeoutError, match=r"no answer within 0\.2 s"):
-            agent.store_knowledge("blocked", timeout=0.2)
+            agent.list_knowledge(timeout=0.2)
     finally:
         gate.set()
+        searching.join(10)
     assert system.wait_idle(10)
     assert agent.query_knowledge("blocked")[0].entry.content == "blocked"
 
@@ -345,6 +353,7 @@ def test_a_retrieval_starts_its_query_vector_before_any_store_searches(data_dir:
             agent.store_knowledge("retry the flaky upload with backoff", category="pattern")
             system.agent("other").store_knowledge("uploads need a checksum", category="pattern", shared=True)
             agent.remember("the upload failed twice on Monday")
+            assert system.wait_idle(10)  # the stores' vectors, computed apart from the writes
             calls = inner.calls
             prompt = agent.begin_task("t1", "Fix the flaky upload")
             assert not prompt.fallback and prompt.reason is None

@@ -89,7 +89,7 @@ def test_export_holds_every_kind_sorted_and_import_restores_it(tmp_path: Path) -
     target = Config(data_dir=tmp_path / "b")
     with MemorySystem.start(target, embedder=HashEmbedder(), clock=again, seed=4) as system:
         counts = system.import_(tmp_path / "a.jsonl")
-        assert counts == {"knowledge": 3, "episode": 2, "working": 2, "signal": 2, "skipped": 1}
+        assert counts == {"knowledge": 3, "episode": 2, "working": 2, "signal": 2, "item": 0, "skipped": 1}
         assert system.import_(tmp_path / "a.jsonl")["episode"] == 0  # episodes are matched by uuid
         system.export(tmp_path / "b.jsonl")
         hits = system.agent("qa").query_knowledge("parallel runs rate limit")

@@ -99,6 +99,11 @@ _BASE = {
     "blackboard_publish": {"session_id": "s", "key": "k", "value": "1"},
     "blackboard_get": {"session_id": "s", "key": "k"},
     "blackboard_list": {"session_id": "s"},
+    "item_put": {"namespace": ["h"], "key": "k", "value": '{"t": "x"}'},
+    "item_get": {"namespace": ["h"], "key": "k"},
+    "item_search": {"prefix": ["h"], "query": "x"},
+    "item_delete": {"namespace": ["h"], "key": "k"},
+    "item_namespaces": {},
 }
 
 

@@ -35,6 +35,11 @@ _EXPECTED = {
     "blackboard_publish",
     "blackboard_get",
     "blackboard_list",
+    "item_put",
+    "item_get",
+    "item_search",
+    "item_delete",
+    "item_namespaces",
 }
 
 

@@ -182,6 +182,9 @@ _GIVEN: dict[str, dict[str, Any]] = {
     "blackboard_publish": {"session_id": "s", "key": "k", "value": "true"},
     "blackboard_get": {"session_id": "s", "key": "k"},
     "blackboard_list": {"session_id": "s"},
+    "item_put": {"namespace": ["t"], "key": "k", "value": '{"n": 1}'},
+    "item_get": {"namespace": ["t"], "key": "k"},
+    "item_delete": {"namespace": ["t"], "key": "k"},
 }
 
 

@@ -1,0 +1,197 @@
+"""``memstrata query`` without starting the system: the same search the agent's knowledge actor
+runs, in this process.
+
+Starting the system for one search costs importing and starting the actors, and the model
+load waits in front of everything. Here the knowledge stores open (their index files mapped,
+see ``storage/_index_files.py``) while the model loads on a thread, and the hits are the ones
+``Agent.query_knowledge`` returns: each store searched with the same parameters, the shared
+store's hits merged by the same rule. Whatever this path does not cover exactly (a Ray cluster,
+an agent with its own embedding model, a model that cannot be loaded) returns ``None``, and the
+command starts the system as before.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+    from memstrata.core.config import Config
+    from memstrata.storage import Embedder
+
+__all__ = ["query_knowledge"]
+
+
+class _Loading:
+    """The configured model, loaded on a thread; its id and dimension are known before (the
+    stores check them when they open), a call waits for the load. A query embedding is bounded
+    as the system bounds it (``query_embed_timeout_s``): a late model leaves keywords to rank."""
+
+    def __init__(self, model_id: str, dim: int, load: Callable[[], Embedder], limit: float) -> None:
+        self._model_id, self._dim, self._limit = model_id, dim, limit
+        self._loaded: Embedder | None = None
+        self.error: BaseException | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(load,), name="memstrata-model", daemon=True)
+        self._thread.start()
+
+    def _run(self, load: Callable[[], Embedder]) -> None:
+        try:
+            self._loaded = load()
+        except BaseException as exc:  # reported to the caller, which starts the system instead
+            self.error = exc
+        finally:
+            self._done.set()
+
+    def model(self) -> Embedder:
+        self._done.wait()
+        if self._loaded is None:
+            raise RuntimeError(f"the embedding model could not be loaded: {self.error}")
+        return self._loaded
+
+    @property
+    def failed(self) -> bool:
+        self._done.wait()
+        return self._loaded is None
+
+    @property
+    def model_id(self) -> str:
+        return self._model_id
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    def embed_documents(self, texts: Sequence[str]) -> npt.NDArray[Any]:
+        return self.model().embed_documents(texts)
+
+    def embed_query(self, text: str) -> npt.NDArray[Any]:
+        model = self.model()
+        answer: list[npt.NDArray[Any]] = []
+        failure: list[BaseException] = []
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                answer.append(model.embed_query(text))
+            except BaseException as exc:  # handed to the caller below
+                failure.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name="memstrata-query-embedding", daemon=True).start()
+        if not done.wait(self._limit):
+            from memstrata.core.errors import ModelFaultError
+
+            raise ModelFaultError(f"model {self._model_id!r} gave no query vector within {self._limit:g} s")
+        if failure:
+            raise failure[0]
+        return answer[0]
+
+    def __getattr__(self, name: str) -> Any:  # count_tokens, thread_safe, ...: the model's own
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.model(), name)
+
+
+def _embedder(config: Config, given: Embedder | None) -> Embedder | _Loading | None:
+    """The embedder the system would give the agent's stores; ``None``: not known without
+    loading it (the caller starts the system)."""
+    if given is not None:
+        return given
+    from memstrata.storage._default_model import DEFAULT_DIM, DEFAULT_MODEL_ID
+
+    if config.embedding.model not in ("", "default", DEFAULT_MODEL_ID):
+        return None
+
+    def load() -> Embedder:
+        from memstrata.storage import load_embedder
+
+        return load_embedder(None, dim=config.embedding.dim, threads=config.embedding.threads)
+
+    # the bound the system puts on a query's embedding (see Runtime.search_knowledge)
+    limit = min(config.actors.query_embed_timeout_s, config.actors.ask_timeout_s / 2)
+    return _Loading(DEFAULT_MODEL_ID, DEFAULT_DIM, load, limit)
+
+
+def query_knowledge(
+    config: Config, embedder: Embedder | None, agent_id: str, query: str, options: Mapping[str, Any]
+) -> list[Any] | None:
+    """The hits of ``Agent.query_knowledge(query, **options)`` for ``agent_id`` (whose store
+    exists), or ``None`` when only a running system can answer exactly."""
+    from memstrata.core.constants import SHARED
+    from memstrata.core.validation import (
+        check_category,
+        check_min_score,
+        check_mode,
+        check_scope,
+        check_tags,
+        check_text,
+        check_top_k,
+    )
+
+    if config.cluster.engine != "local" or "embedding" in config.agent_sections.get(agent_id, {}):
+        return None
+    # the checks (and their messages) of the QueryKnowledge message the system would build
+    check_text(query, "QueryKnowledge.query", allow_empty=True)
+    category = options.get("category")
+    if category is not None:
+        check_category(category, "QueryKnowledge.category")
+    top_k = options.get("top_k") or config.search.top_k
+    check_top_k(top_k, "QueryKnowledge.top_k")
+    tags = options.get("tags")
+    tags = None if tags is None else check_tags(tags, "QueryKnowledge.tags")
+    scope = options.get("scope")
+    scope = None if scope is None else check_scope(scope, "QueryKnowledge.scope")
+    mode = options.get("mode", "hybrid")
+    check_mode(mode, "QueryKnowledge.mode")
+    min_score = options.get("min_score")
+    check_min_score(min_score, "QueryKnowledge.min_score")
+    service = _embedder(config, embedder)
+    if service is None:
+        return None
+    from memstrata.layers import KnowledgeStore
+
+    params = {
+        "top_k": top_k,
+        "mode": mode,
+        "category": category,
+        "tags": tags,
+        "scope": scope,
+        "min_score": min_score,
+    }
+
+    def search(owner: str) -> list[Any]:
+        path = KnowledgeStore.path_for(config.data_dir, owner)
+        store = KnowledgeStore.open(path, service, config=config, defer_vectors=True)
+        try:
+            if hasattr(store, "owner"):  # as the actor does: entries say which store they are in
+                store.owner = owner
+            return list(store.search(query, **params))
+        finally:
+            store.close()
+
+    loading = service if isinstance(service, _Loading) else None
+    try:
+        own = search(agent_id)
+    except Exception:
+        if loading is not None and loading.failed:
+            return None  # keyword-only as the system would run it: let it say so
+        raise
+    shared_path = KnowledgeStore.path_for(config.data_dir, SHARED)
+    merge = config.for_agent(agent_id).include_shared and agent_id != SHARED and shared_path.exists()
+    shared: list[Any] = []
+    if merge:
+        try:
+            shared = search(SHARED)
+        except Exception:  # the shared store is a supplement: the agent's own hits still count
+            shared = []
+    if loading is not None and loading.failed:
+        return None
+    if not merge:
+        return own
+    from memstrata.actors._prompt import merge_hits
+
+    return list(merge_hits(own, shared, top_k))

@@ -1,0 +1,122 @@
+"""Episode vectors in memory, in the storage engine's vector mirror with their filter columns.
+
+Episodic search filters by time range far more often than by anything else, so each episode's
+time is an integer range column of the mirror and its task run an equality column: the filter
+runs inside the index (a time range over rows added in time order is one run of the matrix,
+scanned in place), through the same tuned scan as every other search. The durable copy stays in
+the store's ``VectorIndex``; this one is rebuilt from it when another connection changes the
+store. Rows are kept as stored (not rescaled), so :meth:`EpisodeVectors.live` gives back the
+stored vectors exactly and similarities are the dot products of the stored vectors.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Sequence
+
+import numpy as np
+import numpy.typing as npt
+from memstrata.storage import Database, Filter
+from memstrata.storage._vector_mirror import Mirror, Ranges
+
+__all__ = ["EpisodeRanking", "EpisodeVectors"]
+
+FloatArray = npt.NDArray[np.float32]
+IntArray = npt.NDArray[np.int64]
+Keep = Callable[[IntArray], npt.NDArray[np.bool_]]  # as storage's keyword side takes it
+_RUN = "task_run"
+_AT = "at_us"
+
+
+class EpisodeRanking:
+    """Every allowed vector of one query, best first on demand (a deeper prefix ranks again)."""
+
+    def __init__(
+        self, vectors: EpisodeVectors, query: FloatArray, where: dict[str, str], ranges: Ranges
+    ) -> None:
+        self._mirror = vectors.mirror
+        self._query = query
+        self._where = where
+        self._ranges = ranges
+        self._count = self._mirror.count(where, ranges)
+        self._top: tuple[IntArray, FloatArray, IntArray] | None = None
+
+    def __len__(self) -> int:
+        return self._count
+
+    def keep(self, db: Database, flt: Filter) -> Keep:
+        """The same filter as a mask over episode ids (for the keyword side), read from the
+        mirror's columns; ids it does not hold (vector pending) are checked by ``flt.sql``."""
+        mirror, where, ranges = self._mirror, self._where, self._ranges
+
+        def keep(ids: IntArray) -> npt.NDArray[np.bool_]:
+            state = mirror.allows(ids, where, ranges)
+            out = state > 0
+            unknown = np.flatnonzero(state < 0)
+            if len(unknown) and flt.sql is not None:
+                asked = ids[unknown]
+                sql = f"SELECT value FROM json_each(?) WHERE value IN ({flt.sql})"
+                found = [int(r[0]) for r in db.query(sql, (json.dumps(asked.tolist()), *flt.params))]
+                out[unknown] = np.isin(asked, np.asarray(found, dtype=np.int64))
+            elif len(unknown):
+                out[unknown] = True
+            return out
+
+        return keep
+
+    def top(self, k: int) -> tuple[IntArray, FloatArray, IntArray]:
+        """The best ``k`` as arrays ``(ids, similarities, at_us)``; ties keep insertion order."""
+        k = min(max(k, 0), self._count)
+        if self._top is None or len(self._top[0]) < k:
+            found = self._mirror.rank(self._query, k, self._where, exact=True, ranges=self._ranges)
+            self._top = (found.rowids, found.scores, self._mirror.ints[_AT][found.positions])
+        ids, scores, at = self._top
+        return ids[:k], scores[:k], at[:k]
+
+
+class EpisodeVectors:
+    """Episode vectors with their times (``at_us``) and task runs; removals are tombstones."""
+
+    def __init__(self, dim: int) -> None:
+        self.dim = dim
+        # no grouping: a task-run column has too many values, and insertion order is kept
+        self.mirror = Mirror(dim, [_RUN], group=False, ranges=[_AT], unit=False)
+
+    def __len__(self) -> int:
+        return self.mirror.live
+
+    def add(
+        self, ids: Sequence[int], vectors: FloatArray, at_us: Sequence[int], runs: Sequence[str | None]
+    ) -> None:
+        """Add or replace episodes' vectors (a replaced one moves to the end)."""
+        if len(ids) == 0:
+            return
+        rows = np.asarray(vectors, dtype=np.float32).reshape(len(ids), self.dim)
+        self.mirror.put_many([int(i) for i in ids], rows, {_RUN: list(runs), _AT: [int(a) for a in at_us]})
+
+    def remove(self, ids: Iterable[int]) -> None:
+        self.mirror.remove_many(ids)
+
+    def rank(
+        self,
+        query: FloatArray,
+        *,
+        since_us: int | None = None,
+        until_us: int | None = None,
+        task_run_id: str | None = None,
+    ) -> EpisodeRanking:
+        """The allowed rows (``since`` inclusive, ``until`` exclusive), ranked against ``query``."""
+        self.mirror.maintain(None)  # drops dead rows once they pile up; keeps insertion order
+        where = {} if task_run_id is None else {_RUN: task_run_id}
+        ranges: Ranges = {} if since_us is None and until_us is None else {_AT: (since_us, until_us)}
+        return EpisodeRanking(self, np.asarray(query, dtype=np.float32), where, ranges)
+
+    def live(self) -> tuple[IntArray, FloatArray]:
+        """Ids and stored vectors of every row not removed, in insertion order."""
+        mirror = self.mirror
+        keep = np.flatnonzero(mirror.alive[: mirror.size])
+        return mirror.rowids[keep], mirror.matrix[keep]
+
+    def similarity(self, ident: int, query: FloatArray) -> float | None:
+        position = int(self.mirror.positions(np.array([int(ident)], dtype=np.int64))[0])
+        return None if position < 0 else float(self.mirror.matrix[position] @ query)

@@ -1,0 +1,58 @@
+"""Time to live of items: the longest lifetime, sweeping expired items, refreshing on read.
+
+An item's ``expires_at`` is ``ttl_minutes`` after its last write (or read with ``refresh_ttl``);
+expired items are invisible to reads at once and deleted by :meth:`ItemExpiry.sweep`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from memstrata.storage import Database
+
+from ._item_records import _AFTER_SEP, SEP, ItemRecord, namespace_key
+
+__all__ = ["MAX_TTL_MINUTES", "ItemExpiry"]
+
+MAX_TTL_MINUTES = 100_000_000  # about 190 years: expiry times stay within every platform's range
+
+
+class ItemExpiry:
+    """The expiry of :class:`~._items.ItemStore` (one of its bases)."""
+
+    _db: Database
+    _lock: threading.RLock
+    _clock: Callable[[], float]
+    _writes: int  # own writes; other connections' show in PRAGMA data_version
+
+    def sweep(self, prefix: Sequence[str] = ()) -> int:
+        """Delete expired items (only under the namespace ``prefix`` when given); returns how many."""
+        sql = "DELETE FROM items WHERE expires_at IS NOT NULL AND expires_at <= ?"
+        extra: list[Any] = []
+        if prefix:
+            ns = namespace_key(prefix)
+            sql += " AND ns >= ? AND ns < ? AND (ns = ? OR substr(ns, ?, 1) = ?)"
+            extra = [ns, ns + _AFTER_SEP, ns, len(ns) + 1, SEP]
+        with self._lock, self._db.transaction():
+            self._writes += 1
+            return int(self._db.execute(sql, (self._clock(), *extra)).rowcount)
+
+    # reads --------------------------------------------------------------------------------
+
+    def _refresh(self, ids: list[int], now: float) -> None:
+        with self._db.transaction():
+            self._db.executemany(
+                "UPDATE items SET expires_at = ? + ttl_minutes * 60.0"
+                " WHERE id = ? AND ttl_minutes IS NOT NULL",
+                [(now, i) for i in ids],
+            )
+
+    def _refresh_records(self, records: list[ItemRecord], now: float) -> None:
+        with self._db.transaction():
+            self._db.executemany(
+                "UPDATE items SET expires_at = ? + ttl_minutes * 60.0"
+                " WHERE ns = ? AND key = ? AND ttl_minutes IS NOT NULL",
+                [(now, SEP.join(r.namespace), r.key) for r in records],
+            )

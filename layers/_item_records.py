@@ -1,0 +1,60 @@
+"""How an item is addressed and returned: namespace paths as stored text, and the item record.
+
+Shared by the store and its search, listing and expiry parts, so the separator and the record
+shape are defined once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from memstrata.core.errors import InvalidInputError
+
+__all__ = ["SEP", "ItemRecord", "ItemRow", "namespace_key"]
+
+SEP = "\x1f"  # between namespace labels; a label may not contain it
+_AFTER_SEP = chr(ord(SEP) + 1)
+
+
+def namespace_key(namespace: Sequence[str]) -> str:
+    """One namespace path as the stored text; refuses what would make prefixes ambiguous."""
+    if isinstance(namespace, str) or not namespace:
+        raise InvalidInputError(f"namespace must be a non-empty tuple of labels, got {namespace!r}")
+    for label in namespace:
+        if not isinstance(label, str) or not label:
+            raise InvalidInputError(f"namespace labels must be non-empty strings, got {namespace!r}")
+        if SEP in label:
+            raise InvalidInputError(f"namespace label {label!r} contains the reserved character \\x1f")
+    return SEP.join(namespace)
+
+
+ItemRow = tuple[Sequence[str], str, dict[str, Any], Mapping[str, Sequence[float]] | None, float | None]
+"""(namespace, key, value, vectors per field or None, ttl in minutes or None)"""
+
+
+@dataclass(frozen=True, slots=True)
+class ItemRecord:
+    """One stored item; ``score`` is the best field's cosine similarity when a query ranked it."""
+
+    namespace: tuple[str, ...]
+    key: str
+    value: dict[str, Any]
+    created_at: float
+    updated_at: float
+    score: float | None = None
+    expires_at: float | None = None
+
+
+def _record(row: Any, score: float | None = None) -> ItemRecord:
+    return ItemRecord(
+        namespace=tuple(row[1].split(SEP)),
+        key=row[2],
+        value=orjson.loads(row[3]),
+        created_at=row[4],
+        updated_at=row[5],
+        score=score,
+        expires_at=row[6],
+    )

@@ -1,0 +1,90 @@
+"""Patching the BM25 caches for writes made through this connection, instead of dropping them.
+
+An owner reports its writes (:meth:`Bm25Writes.added`, :meth:`Bm25Writes.removed`,
+:meth:`Bm25Writes.changed`) so the document lengths and the postings read so far stay usable;
+large writes drop the postings rather than patch them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ._bm25_postings import _PHRASE, Bm25Postings
+
+__all__ = ["Bm25Writes"]
+
+_INCREMENTAL_LIMIT = 256  # larger writes drop cached postings instead of patching them
+
+
+class Bm25Writes(Bm25Postings):
+    """The caches of :class:`Bm25Postings`, kept in line with this connection's writes."""
+
+    def added(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        """New documents ``(rowid, text per column...)`` with rowids above every known one."""
+        if not rows:
+            return
+        version = self._current_version()
+        if version != self._version or not self._loaded:
+            self._reset()
+            self._version = version
+            return
+        self._mark = None  # patched: no longer one state of the index as read
+        ids = np.array([int(r[0]) for r in rows], dtype=np.int64)
+        if len(self._ids) and ids.min() <= self._ids[-1]:
+            self._reset()
+            return
+        order = np.argsort(ids)
+        ids = ids[order]
+        sizes = self._sizes_of(ids)
+        start = len(self._ids)
+        self._ids = np.concatenate([self._ids, ids])
+        self._sizes = np.concatenate([self._sizes, sizes])
+        self._alive = np.concatenate([self._alive, np.ones(len(ids), dtype=bool)])
+        self._live += len(ids)
+        self._total += float(sizes.sum())
+        if not self._postings:
+            return
+        if len(rows) > _INCREMENTAL_LIMIT:
+            self._postings.clear()
+            self._cached = 0
+            return
+        for phrase in [p for p in self._postings if _PHRASE in p]:  # not patched: recomputed
+            self._cached -= len(self._postings.pop(phrase)[0])
+        position = {int(i): start + n for n, i in enumerate(ids)}
+        for doc, counts in self._tokenize(rows).items():
+            for stem, tf in counts.items():
+                cached = self._postings.get(stem)
+                if cached is not None:
+                    self._postings[stem] = (
+                        np.append(cached[0], np.int32(position[doc])),
+                        np.append(cached[1], tf),
+                    )
+
+    def removed(self, ids: Sequence[int]) -> None:
+        if not self._loaded or not ids:
+            return
+        self._mark = None
+        pos = self._positions(np.asarray(ids, dtype=np.int64))
+        pos = pos[pos >= 0]
+        pos = pos[self._alive[pos]]
+        self._alive[pos] = False
+        self._live -= len(pos)
+        self._total -= float(self._sizes[pos].sum())
+
+    def changed(self, ids: Sequence[int]) -> None:
+        """Documents whose text changed: new lengths; cached postings are dropped."""
+        if not self._loaded or not ids:
+            return
+        self._mark = None
+        arr = np.asarray(ids, dtype=np.int64)
+        pos = self._positions(arr)
+        ok = pos >= 0
+        new = self._sizes_of(arr[ok])
+        old = self._sizes[pos[ok]]
+        self._total += float(new.sum() - old[self._alive[pos[ok]]].sum())
+        self._sizes[pos[ok]] = new
+        self._postings.clear()
+        self._cached = 0

@@ -1,0 +1,307 @@
+"""Persisted index files: the in-memory search structures of a store, kept beside its database.
+
+A fresh process would otherwise rebuild its vector mirror and its keyword document lengths from
+SQLite at the first search (about a second at 100k entries, 15-23 s at 1M). Instead, the owner of
+a structure writes it here after building it and refreshes it at close; the next process
+memory-maps the file (copy-on-write: pages are read when touched, and changed pages stay private)
+and answers its first query in milliseconds.
+
+The files are caches, never the truth, and are never trusted blindly:
+
+* one file per structure, ``<database>.index/<name>``, written to a temporary file, flushed with
+  ``fsync`` and renamed over the old one (a reader sees the old file or the new one, whole);
+* a fixed prefix (magic, header length, header CRC) and a JSON header describing each array
+  (dtype, shape, offset, CRC32 of the small ones); the file must be exactly as long as the header
+  says. A file that fails any check is *damaged*: the caller rebuilds from SQLite and warns;
+* the header records which state of the database the file reflects (the database's index token,
+  see :func:`database_token`, and a position the caller can check: the vector change log's
+  sequence number, FTS5's structure record). The caller validates it against the database and
+  catches up or rebuilds; the vector matrix, too large to checksum at open, is spot-checked
+  against SQLite by its caller.
+
+Nothing here knows a mirror's semantics beyond :func:`mirror_arrays` and :func:`mirror_from_arrays`,
+the one adapter between a :class:`~._vector_mirror.Mirror` and its arrays.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import mmap
+import os
+import secrets
+import struct
+import time
+import zlib
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ._connection import Database
+from ._migrations import get_meta, set_meta
+from ._vector_mirror import Mirror
+
+__all__ = [
+    "FORMAT",
+    "MIN_ROWS",
+    "MIRROR_UNCHECKED",
+    "DamagedFile",
+    "IndexFile",
+    "database_token",
+    "ensure_token",
+    "index_path",
+    "mirror_arrays",
+    "mirror_from_arrays",
+    "read_index",
+    "write_index",
+]
+
+log = logging.getLogger("memstrata.storage")
+
+FORMAT = 1
+MIN_ROWS = 20_000  # smaller structures load from SQLite in well under 100 ms: no file for them
+TOKEN_KEY = "index_files_token"
+_MAGIC = b"MEMSTRATA-INDEX\x00"
+_PREFIX = struct.Struct("<16sQI4x")  # magic, header length, header CRC32
+_ALIGN = 64
+_CHECKSUM_LIMIT = 64 << 20  # arrays up to this size get a CRC32 (checked at every open)
+_STALE_TEMP_S = 600.0  # temporary files older than this are leftovers of a crashed writer
+
+
+class DamagedFile(Exception):
+    """An index file that cannot be read as written (truncated, garbage, wrong checksum)."""
+
+
+@dataclass
+class IndexFile:
+    """A file read back: its ``meta`` header fields and its arrays (copy-on-write maps)."""
+
+    path: Path
+    meta: dict[str, Any]
+    arrays: dict[str, npt.NDArray[Any]]
+
+
+def index_path(db: Database, name: str) -> Path | None:
+    """Where the index file ``name`` of ``db`` lives (``None`` for an in-memory database)."""
+    if str(db.path) == ":memory:":
+        return None
+    return db.path.with_name(db.path.name + ".index") / name
+
+
+def database_token(db: Database) -> str | None:
+    """The random token that tells this database from any other (a recreated or restored one),
+    recorded once in its metadata; ``None`` until an index file was first written."""
+    try:
+        return get_meta(db, TOKEN_KEY)
+    except Exception:  # no metadata table readable: no file can be trusted
+        return None
+
+
+def ensure_token(db: Database) -> str | None:
+    """The database's token, recorded now if it has none. Best effort, never waiting for the
+    write lock: ``None`` when it cannot be written (read-only, busy)."""
+    token = database_token(db)
+    if token is not None or db.read_only:
+        return token
+    if db.in_transaction or db.conn.in_transaction:
+        return None
+    conn = db.conn
+    timeout = conn.execute("PRAGMA busy_timeout").fetchone()[0]
+    try:
+        conn.execute("PRAGMA busy_timeout = 0")
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            token = database_token(db) or secrets.token_hex(16)
+            set_meta(db, TOKEN_KEY, token)
+            conn.execute("COMMIT")
+        except Exception:
+            conn.execute("ROLLBACK")
+            raise
+    except Exception:  # busy, read-only file, disk full: the files are only a cache
+        return None
+    finally:
+        conn.execute(f"PRAGMA busy_timeout = {int(timeout)}")
+    return token
+
+
+# -- the file format -----------------------------------------------------------------------------
+
+
+def _aligned(offset: int) -> int:
+    return (offset + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def write_index(
+    path: Path,
+    meta: Mapping[str, Any],
+    arrays: Mapping[str, npt.NDArray[Any]],
+    *,
+    spare: Mapping[str, int] | None = None,
+    unchecked: Collection[str] = (),
+) -> bool:
+    """Write ``arrays`` and ``meta`` (JSON-able) to ``path`` atomically; False when the folder
+    cannot be written (read-only data dir, disk full): the next process rebuilds instead.
+
+    ``spare`` gives the last array (only) extra rows that are not written: the file is extended
+    with a hole, so room to grow costs no disk and reads back as zeros. ``unchecked`` arrays get
+    no checksum: those the reader verifies completely by other means.
+    """
+    names = list(arrays)
+    extra = dict(spare or {})
+    if any(name != names[-1] for name in extra):
+        raise ValueError("only the last array can have spare rows")
+    described: list[dict[str, Any]] = []
+    offset = end = 0  # relative to the start of the data
+    for name in names:
+        array = arrays[name]
+        rows = extra.get(name, 0)
+        shape = [int(array.shape[0]) + rows, *map(int, array.shape[1:])] if array.ndim else []
+        entry: dict[str, Any] = {
+            "name": name,
+            "dtype": array.dtype.str,
+            "shape": shape,
+            "offset": offset,
+        }
+        if array.nbytes <= _CHECKSUM_LIMIT and not rows and name not in unchecked:
+            entry["crc"] = zlib.crc32(np.ascontiguousarray(array).data.cast("B"))
+        described.append(entry)
+        end = offset + int(np.prod(shape, dtype=np.int64)) * array.dtype.itemsize
+        offset = _aligned(end)
+    header = json.dumps(
+        {"format": FORMAT, "meta": dict(meta), "arrays": described, "data_bytes": end},
+        separators=(",", ":"),
+    ).encode()
+    start = _aligned(_PREFIX.size + len(header))
+    folder = path.parent
+    temp = folder / f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        _remove_leftovers(folder)
+        with open(temp, "wb") as f:
+            f.write(_PREFIX.pack(_MAGIC, len(header), zlib.crc32(header)))
+            f.write(header)
+            for entry, name in zip(described, names, strict=True):
+                f.seek(start + entry["offset"])
+                f.write(np.ascontiguousarray(arrays[name]).data.cast("B"))
+            f.truncate(start + end)  # the spare rows: a hole
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, path)
+        _sync_folder(folder)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            temp.unlink()
+        log.debug("index file %s not written: %s", path, exc)
+        return False
+    return True
+
+
+def _sync_folder(folder: Path) -> None:
+    """Make the rename itself durable (where the platform lets a folder be opened)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _remove_leftovers(folder: Path) -> None:
+    now = time.time()
+    for leftover in folder.glob(".*.tmp-*"):
+        with contextlib.suppress(OSError):
+            if now - leftover.stat().st_mtime > _STALE_TEMP_S:
+                leftover.unlink()
+
+
+def read_index(path: Path) -> IndexFile | None:
+    """The file at ``path`` mapped copy-on-write, or ``None`` if there is none.
+
+    Raises :class:`DamagedFile` when it is not exactly what a writer wrote. Arrays with a CRC are
+    checked here; the large ones (the vector matrix) are left to the caller's spot checks.
+    """
+    try:
+        f = open(path, "rb")  # noqa: SIM115 - closed below, once mapped
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise DamagedFile(f"cannot open: {exc}") from exc
+    with f:
+        prefix = f.read(_PREFIX.size)
+        if len(prefix) != _PREFIX.size:
+            raise DamagedFile("shorter than its prefix")
+        magic, header_len, header_crc = _PREFIX.unpack(prefix)
+        if magic != _MAGIC:
+            raise DamagedFile("not an index file (bad magic)")
+        if header_len > 64 << 20:
+            raise DamagedFile("header length out of range")
+        header = f.read(header_len)
+        if len(header) != header_len or zlib.crc32(header) != header_crc:
+            raise DamagedFile("header checksum mismatch")
+        try:
+            parsed = json.loads(header)
+            described = list(parsed["arrays"])
+            data_bytes = int(parsed["data_bytes"])
+            meta = dict(parsed["meta"])
+            version = int(parsed["format"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DamagedFile(f"unreadable header: {exc}") from exc
+        if version != FORMAT:
+            raise DamagedFile(f"format {version}, expected {FORMAT}")
+        start = _aligned(_PREFIX.size + header_len)
+        size = os.fstat(f.fileno()).st_size
+        if size != start + data_bytes:
+            raise DamagedFile(f"{size} bytes, expected {start + data_bytes} (truncated or extended)")
+        arrays: dict[str, npt.NDArray[Any]] = {}
+        if size == 0:
+            return IndexFile(path, meta, arrays)
+        try:
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        except (OSError, ValueError) as exc:
+            raise DamagedFile(f"cannot map: {exc}") from exc
+    try:
+        for entry in described:
+            dtype = np.dtype(entry["dtype"])
+            shape = tuple(int(n) for n in entry["shape"])
+            count = int(np.prod(shape, dtype=np.int64))
+            offset = start + int(entry["offset"])
+            if count < 0 or offset + count * dtype.itemsize > size or dtype.hasobject:
+                raise DamagedFile(f"array {entry['name']} lies outside the file")
+            array = np.frombuffer(mapped, dtype=dtype, count=count, offset=offset).reshape(shape)
+            if "crc" in entry and zlib.crc32(np.ascontiguousarray(array).data.cast("B")) != int(entry["crc"]):
+                raise DamagedFile(f"array {entry['name']} checksum mismatch")
+            arrays[str(entry["name"])] = array
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DamagedFile(f"bad array description: {exc}") from exc
+    return IndexFile(path, meta, arrays)
+
+
+# -- the mirror's arrays ---------------------------------------------------------------------------
+
+
+def mirror_arrays(mirror: Mirror) -> tuple[dict[str, Any], dict[str, npt.NDArray[Any]]]:
+    """``mirror``'s JSON-able state and its arrays, the matrix last (the file's spare rows extend
+    it): the one place that asks a mirror for what to save."""
+    arrays = dict(mirror.arrays())
+    matrix = arrays.pop("matrix")
+    arrays["matrix"] = matrix
+    return mirror.state(), arrays
+
+
+# the row index is checked whole when mapped back (sorted keys, ``rowids[values] == keys``) and
+# rebuilt from the checksummed rowids when it fails: a checksum would only cost time (16 MB at 1M)
+MIRROR_UNCHECKED = ("index_keys", "index_values")
+
+
+def mirror_from_arrays(fields: Mapping[str, Any], arrays: Mapping[str, npt.NDArray[Any]]) -> Mirror:
+    """The mirror :func:`mirror_arrays` described, over the mapped arrays (the matrix stays
+    mapped, copy-on-write). Raises :class:`DamagedFile` when the arrays do not fit together."""
+    try:
+        return Mirror.from_arrays(arrays, fields)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise DamagedFile(str(exc)) from exc

@@ -1,0 +1,303 @@
+"""Bulk ingest: ``add_many(items, vectors=...)`` with precomputed vectors, the full-text rows
+written in bulk in the writing transaction, and the named migration that made it so."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from memstrata.layers import KnowledgeStore
+from memstrata.layers._knowledge_schema import MIGRATIONS
+from memstrata.storage import apply_migrations, check_consistency, open_database
+from memstrata.storage._migrations import NamedMigration, get_meta
+from memstrata.storage._vectors import bulk_cache
+
+from memstrata.errors import EmbedderUnavailableError, InvalidInputError, StorageError
+from tests.fakes import FakeEmbedder
+
+DIM = 64
+
+
+class CountingEmbedder(FakeEmbedder):
+    """Counts the documents it is asked to embed (precomputed vectors must not reach it)."""
+
+    def __init__(self) -> None:
+        super().__init__(dim=DIM)
+        self.documents: list[str] = []
+
+    def embed_documents(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        self.documents.extend(texts)
+        return super().embed_documents(texts)
+
+
+def _vectors(n: int, seed: int = 7) -> npt.NDArray[np.float32]:
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((n, DIM)).astype(np.float32) * 3  # not unit length: normalised on write
+
+
+def _items(n: int) -> list[dict[str, object]]:
+    return [{"content": f"entry number {i} about topic{i % 7}", "category": "pattern"} for i in range(n)]
+
+
+def _fts_ids(store: KnowledgeStore, word: str) -> set[int]:
+    rows = store._db.query("SELECT rowid FROM knowledge_fts WHERE knowledge_fts MATCH ?", (word,))
+    return {int(r[0]) for r in rows}
+
+
+def test_precomputed_vectors_are_stored_and_the_model_is_not_called(data_dir: Path) -> None:
+    embedder = CountingEmbedder()
+    vectors = _vectors(30)
+    with KnowledgeStore.open(data_dir / "k.sqlite", embedder) as store:
+        ids = store.add_many(_items(30), vectors=vectors)
+        assert embedder.documents == []
+        assert store.pending_vectors() == 0
+        for index in (0, 17, 29):
+            stored = store._vectors.get(ids[index]) if store._vectors is not None else None
+            assert stored is not None
+            expected = vectors[index] / np.linalg.norm(vectors[index])
+            np.testing.assert_allclose(stored, expected, rtol=1e-6, atol=1e-6)
+            hits = store.search("unrelated words", mode="vector", top_k=1, query_vector=vectors[index])
+            assert [h.entry.id for h in hits] == [ids[index]]
+
+
+@pytest.mark.parametrize(
+    ("vectors", "message"),
+    [
+        (np.ones((3, DIM), dtype=np.float32), r"vectors must have shape \(4, 64\).*got \(3, 64\)"),
+        (np.ones((4, DIM + 1), dtype=np.float32), r"vectors must have shape \(4, 64\).*got \(4, 65\)"),
+        (np.ones(DIM, dtype=np.float32), r"vectors must have shape \(4, 64\)"),
+        ("not numbers", r"vectors must be an array of numbers"),
+    ],
+)
+def test_vectors_of_the_wrong_shape_are_refused_before_anything_is_written(
+    data_dir: Path, vectors: object, message: str
+) -> None:
+    with KnowledgeStore.open(data_dir / "k.sqlite", FakeEmbedder(dim=DIM)) as store:
+        with pytest.raises(InvalidInputError, match=message):
+            store.add_many(_items(4), vectors=vectors)
+        assert store.count() == 0
+
+
+@pytest.mark.parametrize(("bad", "what"), [(np.nan, "holds NaN or infinity"), (np.inf, "holds NaN")])
+def test_a_vector_that_is_not_finite_is_named_by_its_row(data_dir: Path, bad: float, what: str) -> None:
+    vectors = _vectors(5)
+    vectors[3, 10] = bad
+    with KnowledgeStore.open(data_dir / "k.sqlite", FakeEmbedder(dim=DIM)) as store:
+        with pytest.raises(InvalidInputError, match=rf"vectors\[3\] {what}"):
+            store.add_many(_items(5), vectors=vectors)
+        assert store.count() == 0
+
+
+def test_a_zero_vector_is_named_by_its_row(data_dir: Path) -> None:
+    vectors = _vectors(5)
+    vectors[2] = 0
+    with KnowledgeStore.open(data_dir / "k.sqlite", FakeEmbedder(dim=DIM)) as store:
+        with pytest.raises(InvalidInputError, match=r"vectors\[2\] is all zeros"):
+            store.add_many(_items(5), vectors=vectors)
+        assert store.count() == 0
+
+
+def test_duplicates_keep_the_stored_vector_and_merge_into_the_first(data_dir: Path) -> None:
+    vectors = _vectors(4)
+    with KnowledgeStore.open(data_dir / "k.sqlite", FakeEmbedder(dim=DIM)) as store:
+        first = store.add_many([{"content": "kept entry", "tags": {"a": "1"}}], vectors=vectors[:1])[0]
+        items = [
+            {"content": "kept entry", "tags": {"b": "2"}},  # a duplicate of the stored entry
+            {"content": "new entry", "tags": {"c": "3"}},
+            {"content": "new entry", "tags": {"d": "4"}},  # a duplicate within the call
+        ]
+        ids = store.add_many(items, vectors=vectors[1:])
+        assert ids[0] == first and ids[1] == ids[2] != first
+        assert store.count() == 2
+        assert store._vectors is not None
+        kept, new = store._vectors.get(first), store._vectors.get(ids[1])
+        assert kept is not None and new is not None
+        np.testing.assert_allclose(kept, vectors[0] / np.linalg.norm(vectors[0]), atol=1e-6)
+        np.testing.assert_allclose(new, vectors[2] / np.linalg.norm(vectors[2]), atol=1e-6)
+        entry = store.get(ids[1])
+        assert entry is not None and entry.tags == {"c": "3", "d": "4"}
+        merged = store.get(first)
+        assert merged is not None and merged.tags == {"a": "1", "b": "2"}
+
+
+def test_bulk_rows_reach_both_full_text_indexes_exactly(data_dir: Path) -> None:
+    items = [
+        {"content": "parseHttpRequest handles the payload", "tags": {"lang": "python"}},
+        {"content": "支付系统的重试策略 needs idempotency", "category": "pitfall"},
+        {"content": "plain words only here"},
+    ]
+    with KnowledgeStore.open(data_dir / "k.sqlite", FakeEmbedder(dim=DIM)) as store:
+        ids = store.add_many(items, vectors=_vectors(3))
+        assert _fts_ids(store, "http") == {ids[0]}  # the identifier column
+        assert _fts_ids(store, "python") == {ids[0]}  # the tag column
+        assert _fts_ids(store, "plain") == {ids[2]}
+        tri = store._db.query("SELECT rowid FROM knowledge_tri WHERE knowledge_tri MATCH ?", ('"重试策"',))
+        assert [int(r[0]) for r in tri] == [ids[1]]
+        assert store._db.scalar("SELECT count(*) FROM knowledge_tri_docsize") == 1
+        assert [h.entry.id for h in store.search("支付", mode="keyword")] == [ids[1]]
+        report = check_consistency(
+            store._db,
+            table="knowledge",
+            fts={"knowledge_fts": None, "knowledge_tri": "cjk != ''"},
+            full=True,
+        )
+        assert report.problems == [] and report.fts_rebuilt == []
+        # later writes keep them exact: an update and a delete go through their triggers
+        store.update(ids[2], content="other words now")
+        assert _fts_ids(store, "plain") == set() and _fts_ids(store, "other") == {ids[2]}
+        store.delete(ids[0])
+        assert _fts_ids(store, "http") == set()
+
+
+def test_a_failed_batch_leaves_no_full_text_rows_behind(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with KnowledgeStore.open(data_dir / "k.sqlite", FakeEmbedder(dim=DIM)) as store:
+        store.add_many(_items(3), vectors=_vectors(3))
+        assert store._vectors is not None
+
+        def fail(*args: object, **kwargs: object) -> None:
+            raise StorageError("disk full (injected)")
+
+        monkeypatch.setattr(store._vectors, "upsert_many", fail)  # after the rows and their FTS rows
+        with pytest.raises(StorageError, match="injected"):
+            store.add_many([{"content": "never stored zebra"}], vectors=_vectors(1))
+        monkeypatch.undo()
+        assert store.count() == 3
+        assert _fts_ids(store, "zebra") == set()
+        assert store._db.scalar("SELECT count(*) FROM knowledge_fts_docsize") == 3
+        new = store.add_many([{"content": "stored zebra"}], vectors=_vectors(1, seed=3))
+        assert _fts_ids(store, "zebra") == set(new)
+
+
+def test_more_items_than_one_batch_are_written_in_order(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import memstrata.layers._knowledge_writes as writes
+
+    monkeypatch.setattr(writes, "BULK_BATCH", 7)
+    items = _items(30)
+    with KnowledgeStore.open(data_dir / "k.sqlite", FakeEmbedder(dim=DIM)) as store:
+        ids = store.add_many(items, vectors=_vectors(30))
+        assert ids == sorted(ids) and len(set(ids)) == 30
+        assert [e.content for e in store.list(order_by="id", descending=False, limit=30)] == [
+            str(i["content"]) for i in items
+        ]
+        assert store._db.scalar("SELECT count(*) FROM knowledge_fts_docsize") == 30
+        assert store.pending_vectors() == 0
+
+
+def test_a_store_that_cannot_write_vectors_keeps_the_rows_pending(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import memstrata.layers._knowledge as knowledge_module
+
+    def unavailable() -> object:
+        raise EmbedderUnavailableError("no model here (injected)")
+
+    monkeypatch.setattr(knowledge_module, "default_embedder", unavailable)
+    path = data_dir / "k.sqlite"
+    with KnowledgeStore.open(path) as store:
+        assert store.status()["mode"] == "keyword-only"
+        ids = store.add_many(_items(3), vectors=_vectors(3))
+        assert (
+            len(ids) == 3 and store._db.scalar("SELECT count(*) FROM knowledge WHERE vector_pending = 1") == 3
+        )
+    embedder = CountingEmbedder()
+    with KnowledgeStore.open(path, embedder) as store:  # the model computes them when it is back
+        assert store.pending_vectors() == 0 and len(embedder.documents) == 3
+
+
+def test_a_version_1_store_is_migrated_by_name_and_keeps_its_rows(data_dir: Path) -> None:
+    path = data_dir / "old.sqlite"
+    db = open_database(path)
+    apply_migrations(db, "knowledge", MIGRATIONS[:1])
+    with db.transaction():
+        db.execute(
+            "INSERT INTO knowledge(content, category, scope, content_hash, ident, created_at, updated_at) "
+            "VALUES ('written by version one', 'pattern', '/', x'01', '', 1.0, 1.0)"
+        )
+    assert db.scalar("SELECT count(*) FROM sqlite_master WHERE name = 'knowledge_ai'") == 1
+    db.close()
+    with KnowledgeStore.open(path, FakeEmbedder(dim=DIM)) as store:
+        assert get_meta(store._db, "schema_version") == str(len(MIGRATIONS))
+        assert get_meta(store._db, "migration:2") == "bulk-ingest-1"
+        assert store._db.scalar("SELECT count(*) FROM sqlite_master WHERE name = 'knowledge_ai'") == 0
+        assert [h.entry.content for h in store.search("version one", mode="keyword")] == [
+            "written by version one"
+        ]
+        new = store.add("written by version two")
+        assert [h.entry.id for h in store.search("two", mode="keyword")] == [new]
+
+
+def test_a_failing_named_migration_is_named_in_the_error(data_dir: Path) -> None:
+    db = open_database(data_dir / "m.sqlite")
+    try:
+        steps = ["CREATE TABLE t (x INTEGER)", NamedMigration("broken-step", "CREATE TABLE t (y INTEGER)")]
+        with pytest.raises(StorageError, match=r"demo migration 2 \(broken-step\) failed"):
+            apply_migrations(db, "demo", steps)
+        assert get_meta(db, "schema_version") == "1" and get_meta(db, "migration:2") is None
+    finally:
+        db.close()
+
+
+def test_the_bulk_page_cache_is_given_back(data_dir: Path) -> None:
+    db = open_database(data_dir / "c.sqlite")
+    try:
+        before = db.scalar("PRAGMA cache_size")
+        with bulk_cache(db, 10):
+            assert db.scalar("PRAGMA cache_size") == before  # a few rows: left as it is
+        with bulk_cache(db, 10_000):
+            assert db.scalar("PRAGMA cache_size") == -65_536
+            with bulk_cache(db, 10_000):
+                assert db.scalar("PRAGMA cache_size") == -65_536
+            assert db.scalar("PRAGMA cache_size") == -65_536
+        assert db.scalar("PRAGMA cache_size") == before
+    finally:
+        db.close()
+
+
+def test_a_write_from_elsewhere_between_batches_is_still_deduplicated(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import memstrata.layers._knowledge_writes as writes
+
+    monkeypatch.setattr(writes, "BULK_BATCH", 4)
+    path = data_dir / "k.sqlite"
+    items = [*_items(8), {"content": "written elsewhere meanwhile", "category": "pattern"}]
+    with (
+        KnowledgeStore.open(path, FakeEmbedder(dim=DIM)) as store,
+        KnowledgeStore.open(path, FakeEmbedder(dim=DIM)) as other,
+    ):
+        original = store._add_batch
+        foreign: list[int] = []
+
+        def add_batch(*args: object, **kwargs: object) -> object:
+            result = original(*args, **kwargs)  # type: ignore[arg-type]
+            if not foreign:  # after the first batch: another connection commits the last item
+                foreign.append(other.add("written elsewhere meanwhile"))
+            return result
+
+        monkeypatch.setattr(store, "_add_batch", add_batch)
+        ids = store.add_many(items, vectors=_vectors(9))
+        assert ids[-1] == foreign[0]
+        assert store.count() == 9 and len(set(ids)) == 9
+        again = store.add_many(items[:6], vectors=_vectors(6))  # all stored: every id comes back
+        assert again == ids[:6] and store.count() == 9
+
+
+def test_huge_and_tiny_finite_vectors_are_normalised(data_dir: Path) -> None:
+    vectors = _vectors(3)
+    vectors[0] *= 1e35  # its length overflows float32
+    vectors[1] *= 1e-30
+    with KnowledgeStore.open(data_dir / "k.sqlite", FakeEmbedder(dim=DIM)) as store:
+        ids = store.add_many(_items(3), vectors=vectors)
+        assert store._vectors is not None
+        for index, entry_id in enumerate(ids):
+            stored = store._vectors.get(entry_id)
+            assert stored is not None and abs(float(np.linalg.norm(stored)) - 1.0) < 1e-5
+            direction = vectors[index].astype(np.float64) / np.linalg.norm(vectors[index].astype(np.float64))
+            np.testing.assert_allclose(stored, direction, atol=1e-6)

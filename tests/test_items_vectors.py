@@ -1,0 +1,115 @@
+"""Items with vectors computed by the caller, batched writes, and items in export/import."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from pathlib import Path
+
+import orjson
+import pytest
+from memstrata.actors import ManualClock
+from memstrata.layers._items import ItemStore
+
+from memstrata import Config, MemorySystem
+from memstrata.errors import InvalidInputError
+from memstrata.messages import DeleteItem, PutItem, SearchItems, WriteItems, decode, encode
+from tests.fakes import FakeEmbedder
+
+_T0 = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
+
+
+def test_put_vectors_are_checked_by_name() -> None:
+    with pytest.raises(InvalidInputError, match=r"PutItem.vectors\['t'\] must hold only finite numbers"):
+        PutItem(("a",), "k", {}, vectors={"t": [1.0, math.nan]})
+    with pytest.raises(InvalidInputError, match="same number of dimensions"):
+        PutItem(("a",), "k", {}, vectors={"t": [1.0, 2.0], "u": [1.0]})
+    with pytest.raises(InvalidInputError, match="cannot come with index"):
+        PutItem(("a",), "k", {"t": "x"}, index=("t",), vectors={"t": [1.0]})
+    with pytest.raises(InvalidInputError, match="must hold 1 to"):
+        PutItem(("a",), "k", {}, vectors={"t": []})
+    with pytest.raises(InvalidInputError, match="must hold only numbers"):
+        PutItem(("a",), "k", {}, vectors={"t": ["1"]})
+    with pytest.raises(InvalidInputError, match="cannot come with query"):
+        SearchItems(("a",), "q", query_vector=(1.0,))
+    with pytest.raises(InvalidInputError, match="query_vector must hold only finite"):
+        SearchItems(("a",), query_vector=(math.inf,))
+    with pytest.raises(InvalidInputError, match=r"WriteItems.puts\[0\] must be a PutItem"):
+        WriteItems((DeleteItem(("a",), "k"),))  # type: ignore[arg-type]
+
+
+def test_write_items_survives_the_wire() -> None:
+    message = WriteItems(
+        (PutItem(("a", "b"), "k", {"n": 1}, None, 5.0, {"t": (0.5, 0.25)}),), (DeleteItem(("a",), "x"),)
+    )
+    again = decode(encode(message))
+    assert again == message
+    assert isinstance(again, WriteItems) and again.puts[0].vectors == {"t": (0.5, 0.25)}
+
+
+def test_layer_keeps_one_dimension(tmp_path: Path) -> None:
+    store = ItemStore(tmp_path / "i.sqlite")
+    store.put_many([(("a",), "k", {}, {"t": [1.0, 0.0]}, None)])
+    with pytest.raises(InvalidInputError, match=r"one dimension: got \[2, 3\] \(the store holds 2\)"):
+        store.put_many([(("a",), "j", {}, {"t": [1.0, 0.0, 0.0]}, None)])
+    with pytest.raises(InvalidInputError, match="not finite"):
+        store.put_many([(("a",), "j", {}, {"t": [1.0, math.inf]}, None)])
+    assert store.count() == 1
+    store.close()
+
+
+def test_caller_vectors_batch_and_refresh_through_the_actor(tmp_path: Path) -> None:
+    clock = ManualClock(_T0)
+    with MemorySystem.start(Config(data_dir=tmp_path / "d"), embedder=FakeEmbedder(), clock=clock) as system:
+        items = system.items
+        puts = [
+            PutItem(("docs",), "east", {"n": 1}, None, 10.0, {"t": (1.0, 0.0)}),
+            PutItem(("docs",), "north", {"n": 2}, None, 10.0, {"t": (0.0, 1.0), "u": (0.6, 0.8)}),
+            PutItem(("docs",), "plain", {"n": 3}),
+        ]
+        written = items.write(puts)
+        assert (written.stored, written.deleted) == (3, 0)
+        hits = items.search(("docs",), query_vector=(0.0, 1.0), limit=3)
+        assert [(h.key, h.score) for h in hits][:2] == [("north", pytest.approx(1.0)), ("east", 0.0)]
+        assert hits[2].key == "plain" and hits[2].score is None  # stored without vectors: unscored
+        clock.advance(9 * 60)
+        items.search(("docs",), query_vector=(1.0, 0.0), limit=1, refresh_ttl=True)  # east only
+        clock.advance(2 * 60)
+        assert items.get(("docs",), "east") is not None
+        assert items.get(("docs",), "north") is None  # expired: its lifetime was not restarted
+        again = items.write([PutItem(("docs",), "west", {"n": 4})], [(("docs",), "east"), (("docs",), "zz")])
+        assert (again.stored, again.deleted) == (1, 1)
+        with pytest.raises(InvalidInputError, match="one dimension"):
+            items.put(("docs",), "bad", {}, vectors={"t": [1.0, 0.0, 0.0]})
+
+
+def test_export_and_import_keep_items_with_times_expiry_and_vectors(tmp_path: Path) -> None:
+    clock = ManualClock(_T0)
+    start = MemorySystem.start
+    with start(Config(data_dir=tmp_path / "a"), embedder=FakeEmbedder(), clock=clock) as system:
+        system.items.put(("z", "deep"), "k2", {"text": "second"}, vectors={"t": [0.25, -0.5]})
+        system.items.put(("a",), "k1", {"nested": {"x": [1, True, None]}}, ttl_minutes=30)
+        lines = system.export(tmp_path / "out.jsonl")
+    records = [orjson.loads(line) for line in (tmp_path / "out.jsonl").read_bytes().splitlines()]
+    items = [r for r in records if r["kind"] == "item"]
+    assert lines == len(records) and [r["key"] for r in items] == ["k1", "k2"]  # sorted by namespace
+    assert items[0]["expires_at"] == _T0.timestamp() + 30 * 60 and items[0]["vectors"] is None
+    assert items[1]["vectors"] == {"t": [0.25, -0.5]} and items[1]["created_at"] == _T0.timestamp()
+    later = ManualClock(_T0 + dt.timedelta(minutes=10))
+    with start(Config(data_dir=tmp_path / "b"), embedder=FakeEmbedder(), clock=later) as other:
+        counts = other.import_(tmp_path / "out.jsonl")
+        assert counts["item"] == 2
+        got = other.items.get(("a",), "k1")
+        assert got is not None and got.value == {"nested": {"x": [1, True, None]}}
+        assert (got.created_at, got.expires_at) == (_T0.timestamp(), _T0.timestamp() + 30 * 60)
+        assert [h.key for h in other.items.search((), query_vector=(0.25, -0.5), limit=1)] == ["k2"]
+        other.export(tmp_path / "again.jsonl")
+    assert (tmp_path / "again.jsonl").read_bytes() == (tmp_path / "out.jsonl").read_bytes()
+
+
+def test_an_export_without_items_has_no_item_lines_and_makes_no_item_file(tmp_path: Path) -> None:
+    with MemorySystem.start(Config(data_dir=tmp_path / "d"), embedder=FakeEmbedder()) as system:
+        system.agent("a1").remember("something happened")
+        system.export(tmp_path / "out.jsonl")
+    assert b'"kind":"item"' not in (tmp_path / "out.jsonl").read_bytes()
+    assert not (tmp_path / "d" / "items.sqlite").exists()

@@ -1,0 +1,199 @@
+"""Ray hosts over their whole life, on a real two-node Ray cluster on loopback (``slow``).
+
+A blackboard host killed with SIGKILL comes back with its values, its version counts and the
+subscriptions of subscribers in other processes; the embedders are one per node per distinct
+model, shared by the node's hosts (per-agent models included); ``stop_cluster`` ends every host
+for good while the data stays for the next start.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memstrata import Config, MemorySystem
+from memstrata.config import EmbeddingConfig
+from memstrata.errors import MemstrataError
+from memstrata.testing import HashEmbedder
+
+ray = pytest.importorskip("ray", reason="the memstrata[ray] extra is not installed")
+cluster_utils = pytest.importorskip("ray.cluster_utils")
+
+pytestmark = pytest.mark.slow
+
+NAMESPACE = "memstrata-hosts"
+BOUND_S = 120.0  # how long a loaded 2-core machine may take to restart a host
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    made = cluster_utils.Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"node_a": 1}}
+    )
+    made.add_node(num_cpus=1, resources={"node_b": 1})
+    made.wait_for_nodes()
+    ray.init(address=made.address, namespace=NAMESPACE, log_to_driver=False)
+    # the model loader below is defined here: Ray's workers get it by value, not by import
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    try:
+        yield made
+    finally:
+        ray.shutdown()
+        made.shutdown()
+
+
+def _config(data_dir: Path, address: str, namespace: str = NAMESPACE, **more: Any) -> Config:
+    return Config.from_mapping(
+        {
+            "data_dir": str(data_dir),
+            "cluster": {
+                "engine": "ray",
+                "address": address,
+                "namespace": namespace,
+                "placement": "resource:node_b",
+                "pins": [
+                    "e0=resource:node_a",
+                    "e1=resource:node_b",
+                    "e2=resource:node_a",
+                    "e3=resource:node_b",
+                ],
+            },
+            "actors": {"ask_timeout_s": BOUND_S},
+            **more,
+        }
+    )
+
+
+def _where(name: str) -> tuple[str, int]:
+    node, pid = ray.get(ray.get_actor(name, namespace=NAMESPACE).where.remote(), timeout=BOUND_S)
+    return str(node), int(pid)
+
+
+def _until(check: Any, what: str) -> Any:
+    """Ask ``check`` again until it returns a true value (errors while a host restarts count as
+    not yet), within ``BOUND_S``."""
+    deadline = time.monotonic() + BOUND_S
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+        except MemstrataError as exc:
+            last = exc
+            continue
+        if last:
+            return last
+    raise AssertionError(f"{what}: still {last!r} after {BOUND_S:g} s")
+
+
+def hash_loader(settings: EmbeddingConfig) -> HashEmbedder:
+    """Stands in for loading the model an ``[agents.<id>.embedding]`` section names."""
+    return HashEmbedder(dim=settings.dim or 32)
+
+
+def test_a_killed_board_host_comes_back_with_values_versions_and_subscriptions(
+    cluster: Any, data_dir: Path
+) -> None:
+    system = MemorySystem.start(_config(data_dir, cluster.address), embedder=HashEmbedder(dim=64))
+    try:
+        board = system.blackboard("rs")
+        assert board.publish("plan.step", "build", "p1", wait=True) == 1
+        assert board.publish("plan.gone", "x", wait=True) == 1
+        assert board.delete("plan.gone")  # version 2: a deletion
+        got: list[Any] = []
+        changed = threading.Condition()
+
+        def on_signal(item: Any) -> None:
+            with changed:
+                got.append(item)
+                changed.notify_all()
+
+        def seen(key: str, value: Any) -> bool:
+            with changed:
+                return changed.wait_for(
+                    lambda: any((s.key, s.value) == (key, value) for s in got), timeout=BOUND_S
+                )
+
+        subscription = board.subscribe("plan.*", on_signal)
+        assert seen("plan.step", "build")
+        _, pid = _where("blackboard:rs")
+        os.kill(pid, signal.SIGKILL)
+
+        # the board comes back from its file, in a new process
+        assert _until(lambda: board.get("plan.step") == "build", "the board's value after the restart")
+        assert _where("blackboard:rs")[1] != pid
+        assert board.list("plan.") == ["plan.step"]
+        # a key deleted before the crash continues its version count
+        assert board.publish("plan.gone", "back", wait=True) == 3
+        # the subscriber in this process still receives, through the same subscription
+        assert seen("plan.gone", "back")
+        with changed:
+            after = [(s.key, s.value, s.version) for s in got]
+        assert ("plan.gone", "back", 3) in after
+        status = system.status()["blackboards"]["rs"]
+        assert status["subscribers"] == 1 and status["keys"] == 2
+        # the id the subscriber held from before the crash still unsubscribes
+        assert subscription.unsubscribe()
+        assert system.status()["blackboards"]["rs"]["subscribers"] == 0
+    finally:
+        system.stop(30)
+
+
+def test_one_embedder_per_node_per_model_shared_by_the_nodes_hosts(cluster: Any, data_dir: Path) -> None:
+    other = {"embedding": {"model": "hash-96", "dim": 96}}
+    config = _config(data_dir, cluster.address, agents={"e2": other, "e3": other})
+    with MemorySystem.start(config, embedder=HashEmbedder(dim=64), model_loader=hash_loader) as system:
+        for agent_id in ("e0", "e1", "e2", "e3"):
+            system.agent(agent_id).store_knowledge(f"{agent_id} rotates the signing keys", category="fact")
+        for agent_id in ("e0", "e1", "e2", "e3"):
+            hits = system.agent(agent_id).query_knowledge("signing keys", include_shared=False)
+            assert [h.entry.content for h in hits] == [f"{agent_id} rotates the signing keys"]
+        state = system.status()["agents"]
+        dims = {
+            agent_id: state[agent_id]["knowledge"]["store"]["dim"] for agent_id in ("e0", "e1", "e2", "e3")
+        }
+        assert dims == {"e0": 64, "e1": 64, "e2": 96, "e3": 96}  # each agent's own model
+    names = [
+        str(item["name"])
+        for item in ray.util.list_named_actors(all_namespaces=True)
+        if item["namespace"] == NAMESPACE and str(item["name"]).startswith("embedder:")
+    ]
+    node_a, node_b = _where("agent:e0")[0], _where("agent:e1")[0]
+    assert node_a != node_b
+    # two nodes, two models: four embedders, whatever the number of agents on each node
+    by_node = {node: sorted(n for n in names if n.split(":")[1] == node) for node in (node_a, node_b)}
+    assert {node: len(found) for node, found in by_node.items()} == {node_a: 2, node_b: 2}
+    assert sorted(names) == sorted(by_node[node_a] + by_node[node_b])
+    for node, found in by_node.items():
+        for name in found:  # each runs on its node, in a process of its own
+            where, pid = ray.get(ray.get_actor(name, namespace=NAMESPACE).where.remote(), timeout=BOUND_S)
+            assert where == node and pid not in (_where("agent:e0")[1], _where("agent:e1")[1])
+
+
+def test_stop_cluster_ends_every_host_and_keeps_the_data(cluster: Any, data_dir: Path) -> None:
+    from memstrata.actors._ray_admin import memstrata_actors
+
+    namespace = f"{NAMESPACE}-down"  # its own: what the other tests left running is not its concern
+    config = _config(data_dir, cluster.address, namespace)
+    system = MemorySystem.start(config, embedder=HashEmbedder())
+    system.agent("k0").store_knowledge("the backups run at 02:00", category="fact")
+    system.blackboard("down").publish("phase", "one", wait=True)
+    system.items.put(("teams",), "ops", {"lead": "ana"})
+    assert {"agent:k0", "blackboard:down", "items"} <= set(memstrata_actors(namespace))
+    assert system.stop_cluster(60) == []
+    assert system.stopped
+    assert memstrata_actors(namespace) == []  # nothing left for Ray to restart
+    # a board is not kept (blackboard_snapshot is off, as a stopped local engine's); stores are
+    assert not (data_dir / "blackboard" / "down.sqlite").exists()
+    with MemorySystem.start(config, embedder=HashEmbedder()) as again:
+        hits = again.agent("k0").query_knowledge("when do backups run", include_shared=False)
+        assert [h.entry.content for h in hits] == ["the backups run at 02:00"]
+        assert again.items.get(("teams",), "ops") is not None
+        assert again.blackboard("down").get("phase") is None
