@@ -68,8 +68,9 @@ _AGENT_KINDS = ("knowledge", "episodic", "working", "agent")
 _HOSTED = (*_AGENT_KINDS, "blackboard", "items")  # every kind but the files' (local to their user)
 _HOST_CONCURRENCY = 1000  # calls a host serves at once (its pykka actors still take one at a time)
 # Ray runs a threaded actor's calls in any order: a host puts each caller's messages into its
-# mailboxes in the caller's order, waiting at most this long for a late predecessor
-_ORDER_WAIT_S = 1.0
+# mailboxes in the caller's order. A predecessor that was submitted arrives (a busy machine can
+# delay it by seconds); this bound only keeps a host from waiting forever on one that never will.
+_ORDER_WAIT_S = 60.0
 
 
 def connect(config: Config) -> None:
@@ -224,13 +225,14 @@ class RayRuntime(Runtime):
         try:
             with self._submit:  # numbered and submitted together: the numbers follow the order
                 seq = self._sequence.get(ref.name, 0)
-                self._sequence[ref.name] = seq + 1
-                if isinstance(message, SubscribeWithCallback):
-                    relay = uuid.uuid4().hex
+                relay = uuid.uuid4().hex if isinstance(message, SubscribeWithCallback) else None
+                if relay is not None:
                     pending = ref.handle.subscribe.remote(ref.key, message.request, relay, self._caller, seq)
-                    self._start_relay(ref, relay, message.callback)
                 else:
                     pending = ref.handle.call.remote(ref.kind, ref.key, message, self._caller, seq)
+                self._sequence[ref.name] = seq + 1  # only a submitted message uses its number
+            if relay is not None:
+                self._start_relay(ref, relay, message.callback)
         except Exception as exc:
             self.activity.done()
             if reply is not None:
@@ -424,6 +426,9 @@ class Host(RelayEndpoint, HostLifecycle):
         self._relays_init()
         self._turn: asyncio.Condition | None = None  # made in the actor's event loop
         self._next: dict[str, int] = {}  # caller -> the number of its next message
+        # a restarted host does not know how far each caller had counted: it takes the number of
+        # the first message it gets from a caller as that caller's start
+        self._restarted = bool(ray.get_runtime_context().was_current_actor_reconstructed)
         if "agent" in kinds and has_pending(self.runtime.path("outbox", key)):
             self.runtime.ref("agent", key)  # the task actor replays what a crash left in the outbox
 
@@ -439,7 +444,7 @@ class Host(RelayEndpoint, HostLifecycle):
             self._turn = asyncio.Condition()
         turn = self._turn
         async with turn:
-            if seq > self._next.setdefault(caller, 0):  # a predecessor is on its way (or was lost)
+            if seq > self._next.setdefault(caller, seq if self._restarted else 0):  # one is on its way
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(
                         turn.wait_for(lambda: self._next[caller] >= seq), timeout=_ORDER_WAIT_S
