@@ -28,9 +28,8 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	cd $(VENV) && ./bin/mypy --config-file ../pyproject.toml -p memstrata
-	# import-linter reads the installed package (run from the venv, as mypy is): the dependency
-	# direction and no import cycle between the modules of one package
-	cd $(VENV) && ./bin/lint-imports --config ../pyproject.toml
+	# the dependency direction and no import cycle between the modules of one package
+	$(VENV)/bin/lint-imports
 
 test: lint
 	$(VENV)/bin/pytest -m "not slow"

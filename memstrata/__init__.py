@@ -7,17 +7,10 @@ JSON-lines server start fast) and the embedding model loads only when first need
 from __future__ import annotations
 
 import importlib
-from pathlib import Path as _Path
 from typing import TYPE_CHECKING, Any
 
-# In a source checkout (e.g. ``python -c`` run from the repository root) the sibling folders
-# ``storage/``, ``layers/``, ... are this package's subpackages, as the installed mapping says.
-_root = _Path(__file__).resolve().parent.parent
-if not (_Path(__file__).parent / "storage").is_dir() and (_root / "storage" / "__init__.py").is_file():
-    __path__.append(str(_root))
-
-from .config import Config  # noqa: E402
-from .errors import (  # noqa: E402
+from .config import Config
+from .errors import (
     ActorCrashedError,
     AgentDegradedError,
     ArchiveError,
