@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import pykka
+
 from memstrata.core.errors import (
     ActorCrashedError,
     AgentDegradedError,

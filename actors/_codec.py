@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar
 
 import orjson
+
 from memstrata.core.errors import InvalidInputError
 from memstrata.core.jsonable import to_jsonable
 

@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
 from memstrata.core.errors import EmbeddingError, ModelFaultError
 from memstrata.storage import Embedder, text_hash
 from memstrata.storage._embedding import check_model_rows

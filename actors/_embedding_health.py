@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
 from memstrata.core.errors import EmbeddingError, MemstrataError, ModelFaultError
 from memstrata.storage._embedding import embed_time_left
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+
 from memstrata.core.errors import InvalidInputError
 from memstrata.storage import embed_documents, embed_query
 

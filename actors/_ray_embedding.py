@@ -18,10 +18,11 @@ from typing import Any
 
 import numpy as np
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
 from memstrata.core.config import Config, EmbeddingConfig
 from memstrata.core.errors import EmbeddingError
 from memstrata.storage import Embedder
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ._embedding import BatchingEmbedder
 from ._embedding_services import ModelLoader, load_model

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+
 from memstrata.core.config import Config, EmbeddingConfig
 from memstrata.core.errors import (
     ActorCrashedError,

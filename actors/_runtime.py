@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pykka
+
 from memstrata.core.config import Config
 from memstrata.core.errors import (
     ConfigError,

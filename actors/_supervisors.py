@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import pykka
+
 from memstrata.core.errors import SystemStoppedError
 
 from ._agent import AgentActor

@@ -214,6 +214,7 @@ def _prepare_planted(data_dir: Path, n: int) -> None:
     """``n`` entries for agent b0 with random vectors recorded as the default model's (the store
     loads; queries are embedded by the real model): process timings, not relevance."""
     import numpy as np
+
     from memstrata.layers import KnowledgeStore
     from memstrata.storage import DEFAULT_MODEL_ID
 

@@ -106,6 +106,7 @@ def _measure(
 
 def run(ctx: Context) -> list[Row]:
     from bench_knowledge import CachedEmbedder
+
     from memstrata.storage import default_embedder
 
     inner = default_embedder()

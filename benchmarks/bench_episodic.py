@@ -20,6 +20,7 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import numpy.typing as npt
 from _harness import Context, Row, p50, percentile, time_calls
+
 from memstrata.layers import EpisodicMemory
 
 DIM = 384

@@ -28,10 +28,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from _harness import Context, Row
-from memstrata.layers._chunk import model_token_counter
-from memstrata.layers._chunk_file import chunk_embedding_text, chunk_file, language_for
 
 from memstrata import Codebase, Config
+from memstrata.layers._chunk import model_token_counter
+from memstrata.layers._chunk_file import chunk_embedding_text, chunk_file, language_for
 
 GROUP = "files"
 _ROOT = Path(__file__).resolve().parent.parent

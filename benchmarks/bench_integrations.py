@@ -81,6 +81,7 @@ def _langgraph(ctx: Context) -> list[Row]:
     try:
         import sqlean
         from langgraph.store.sqlite import SqliteStore
+
         from memstrata.integrations.langgraph import MemstrataStore
     except ImportError as exc:
         print(f"  integrations: LangGraph skipped ({exc})", file=sys.stderr)
@@ -132,6 +133,7 @@ async def _session_work(session: Any, other: Any, turns: int, runs: int) -> dict
 def _agents(ctx: Context) -> list[Row]:
     try:
         from agents import SQLiteSession
+
         from memstrata.integrations.openai_agents import MemstrataSession
     except ImportError as exc:
         print(f"  integrations: OpenAI Agents SDK skipped ({exc})", file=sys.stderr)
@@ -178,6 +180,7 @@ async def _memory_work(memory: Any, n: int, runs: int) -> dict[str, float]:
 def _autogen(ctx: Context) -> list[Row]:
     try:
         from autogen_core.memory import ListMemory
+
         from memstrata.integrations.autogen import MemstrataMemory, MemstrataMemoryConfig
     except ImportError as exc:
         print(f"  integrations: AutoGen skipped ({exc})", file=sys.stderr)

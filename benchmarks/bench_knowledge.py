@@ -27,10 +27,10 @@ import numpy.typing as npt
 from _corpus_docstrings import Corpus, packages_corpus, stdlib_corpus
 from _corpus_sections import sections_corpus
 from _harness import Context, Row, percentile
-from memstrata.layers import KnowledgeStore
-from memstrata.storage import Embedder, EmbeddingCache, default_embedder, open_database, text_hash
 
 from memstrata.errors import EmbedderUnavailableError
+from memstrata.layers import KnowledgeStore
+from memstrata.storage import Embedder, EmbeddingCache, default_embedder, open_database, text_hash
 
 FloatArray = npt.NDArray[np.float32]
 QUALITY = "knowledge quality"

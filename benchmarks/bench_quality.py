@@ -30,11 +30,11 @@ from _corpus_sections import sections_corpus
 from _harness import Context, Row
 from _stats import paired_bootstrap
 from bench_knowledge import CachedEmbedder
-from memstrata.layers import EpisodicMemory, KnowledgeStore
-from memstrata.storage import default_embedder, rrf
 
 from memstrata import Codebase, Config
 from memstrata.errors import EmbedderUnavailableError
+from memstrata.layers import EpisodicMemory, KnowledgeStore
+from memstrata.storage import default_embedder, rrf
 
 GROUP = "retrieval quality"
 DEPTH = 50

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from _harness import Context, Row, percentile, time_calls
+
 from memstrata.storage import (
     Database,
     FastEmbedEmbedder,

@@ -38,12 +38,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from _harness import Context, Row, percentile
-from memstrata.actors._outbox import Outbox
-from memstrata.layers import EpisodicMemory, KnowledgeStore
-from memstrata.storage import Embedder, default_embedder
 
 from memstrata import Config, MemorySystem
+from memstrata.actors._outbox import Outbox
 from memstrata.config import ActorsConfig, EmbeddingConfig
+from memstrata.layers import EpisodicMemory, KnowledgeStore
+from memstrata.storage import Embedder, default_embedder
 
 GROUP = "system"
 FloatArray = npt.NDArray[np.float32]

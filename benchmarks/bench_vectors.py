@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from _harness import Context, Row, percentile
+
 from memstrata.storage import Database, VectorIndex, default_embedder, open_database
 
 FloatArray = npt.NDArray[np.float32]

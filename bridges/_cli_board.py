@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 import orjson
+
 from memstrata.core.errors import InvalidInputError, MemstrataError
 
 from . import _cli_shared as sh

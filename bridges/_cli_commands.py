@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+
 from memstrata.core.constants import MAX_TOP_K, MODES
 from memstrata.core.errors import MemstrataError
 

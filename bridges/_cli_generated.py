@@ -21,6 +21,7 @@ from typing import Any, cast
 
 import click
 import orjson
+
 from memstrata.core.errors import InvalidInputError
 
 from . import _cli_shared as sh

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import numpy.typing as npt
+
     from memstrata.core.config import Config
     from memstrata.storage import Embedder
 

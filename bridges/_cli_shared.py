@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import click
+
 from memstrata.core.errors import InvalidInputError
 
 from ._app import CliState

@@ -13,6 +13,7 @@ from pathlib import PurePath
 from typing import Any
 
 import orjson
+
 from memstrata.core.jsonable import to_jsonable
 
 __all__ = ["MAX_DEPTH", "dumps", "json_depth", "loads", "to_jsonable"]

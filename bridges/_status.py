@@ -18,9 +18,8 @@ __all__ = ["collect", "collect_offline", "empty", "render", "warnings"]
 
 
 def collect(system: Any, registry: Any, config: Any) -> dict[str, Any]:
-    from memstrata.storage import driver_info
-
     from memstrata import __version__
+    from memstrata.storage import driver_info
 
     return {
         "version": __version__,
@@ -35,10 +34,9 @@ def collect(system: Any, registry: Any, config: Any) -> dict[str, Any]:
 def collect_offline(config: Any, embedder: Any = None) -> dict[str, Any]:
     """The report of :func:`collect` with no system started and no model loaded: read-only
     counts per store, the registry's roots with their indexes' counts, the configured model."""
-    from memstrata.storage import driver_info
-
     from memstrata import __version__
     from memstrata._system_status import configured_embedding, offline_status
+    from memstrata.storage import driver_info
 
     system = offline_status(config, embedder)
     data_dir = Path(config.data_dir)
@@ -164,9 +162,8 @@ def offline_workspaces(data_dir: Path) -> list[dict[str, Any]]:
 
 def empty(data_dir: Any) -> dict[str, Any]:
     """The report for a data dir that does not exist yet (nothing stored, nothing running)."""
-    from memstrata.storage import driver_info
-
     from memstrata import __version__
+    from memstrata.storage import driver_info
 
     return {
         "version": __version__,

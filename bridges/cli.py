@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import click
+
 from memstrata.core.errors import InvalidInputError, MemstrataError
 
 from . import _cli_commands, _cli_generated, _cli_serve

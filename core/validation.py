@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Literal, overload
 
 import orjson
+
 from memstrata.core.constants import (
     AGENT_ID_PATTERN,
     CATEGORY_PATTERN,

@@ -12,8 +12,8 @@ from autogen_agentchat.agents import AssistantAgent
 from autogen_core.memory import MemoryContent, MemoryMimeType
 from autogen_core.models import SystemMessage
 from autogen_ext.models.replay import ReplayChatCompletionClient
-from memstrata.integrations.autogen import MemstrataMemory, MemstrataMemoryConfig
 
+from memstrata.integrations.autogen import MemstrataMemory, MemstrataMemoryConfig
 from memstrata.testing import HashEmbedder
 
 

@@ -11,8 +11,8 @@ from typing import TypedDict
 
 from langgraph.graph import END, START, StateGraph
 from langgraph.store.base import BaseStore
-from memstrata.integrations.langgraph import MemstrataStore
 
+from memstrata.integrations.langgraph import MemstrataStore
 from memstrata.testing import HashEmbedder
 
 _EMBEDDER = HashEmbedder(dim=64)  # deterministic, offline; a real graph would pass its model

@@ -11,8 +11,9 @@ import sys
 
 from agents import Agent, Runner, set_tracing_disabled
 from agents.testing import ScriptedModel
-from memstrata.integrations.openai_agents import MemstrataSession
 from openai.types.responses import ResponseOutputMessage, ResponseOutputText
+
+from memstrata.integrations.openai_agents import MemstrataSession
 
 
 def reply(text: str) -> ResponseOutputMessage:

@@ -14,10 +14,10 @@ import uuid
 from typing import Any
 
 import orjson
-from memstrata.storage import Embedder, load_embedder
 from pydantic import BaseModel, Field
 
 from memstrata.errors import InvalidInputError
+from memstrata.storage import Embedder, load_embedder
 
 from ._common import missing, open_system
 

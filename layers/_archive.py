@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from memstrata.core.errors import ArchiveError, MemstrataError
 from memstrata.core.validation import check_category
 from memstrata.storage import Database, identifier_words, open_database

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+
 from memstrata.core.validation import check_json_value, check_key, check_signal_key, check_signal_pattern
 from memstrata.storage import apply_migrations, open_database
 

@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
+
 from memstrata.core.constants import EMBED_CHARS
 from memstrata.storage import FTS_TOKENIZER, Database, KeywordTable, fts_schema
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import numpy.typing as npt
+
 from memstrata.storage import Database, Filter
 from memstrata.storage._vector_mirror import Mirror, Ranges
 

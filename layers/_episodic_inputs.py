@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
 from memstrata.core.errors import InvalidInputError
 from memstrata.storage import identifier_words
 

@@ -7,6 +7,7 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 import numpy as np
+
 from memstrata.core.errors import EmbeddingError, InvalidInputError
 from memstrata.storage._embedding import usable_rows
 

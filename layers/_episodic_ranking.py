@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
+
 from memstrata.core.config import Config
 from memstrata.core.errors import (
     MemstrataError,

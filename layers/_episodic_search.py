@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
+
 from memstrata.core.constants import EMBED_CHARS
 from memstrata.core.errors import (
     ArchiveError,

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
 from memstrata.core.errors import StorageError
 from memstrata.core.validation import check_aware
 from memstrata.storage import Database, Embedder, EmbeddingCache, KeywordIndex, VectorIndex, embed_documents

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
 from memstrata.core.constants import MAX_TITLE_CHARS
 from memstrata.core.errors import (
     EmbeddingError,

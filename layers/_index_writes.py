@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
 from memstrata.storage import Database, Embedder, EmbeddingCache, VectorIndex, embed_documents, text_hash
 
 from ._chunk import Chunk

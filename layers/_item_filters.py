@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import orjson
+
 from memstrata.core.errors import InvalidInputError
 
 __all__ = ["filter_sql"]

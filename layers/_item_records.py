@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
 from memstrata.core.errors import InvalidInputError
 
 __all__ = ["SEP", "ItemRecord", "ItemRow", "namespace_key"]

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import orjson
+
 from memstrata.core.errors import InvalidInputError
 from memstrata.storage import Database, open_database
 

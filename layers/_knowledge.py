@@ -23,6 +23,7 @@ from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
+
 from memstrata.core.config import Config
 from memstrata.core.constants import SHARED
 from memstrata.core.errors import EmbedderUnavailableError, InvalidInputError

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
 from memstrata.core.constants import EMBED_CHARS
 from memstrata.core.errors import EmbedderUnavailableError, EmbeddingError, InvalidInputError, StorageError
 from memstrata.storage import (

@@ -10,6 +10,7 @@ from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
+
 from memstrata.storage import (
     APPROXIMATE_FROM,
     DEFAULT_KEYWORD_WEIGHT,

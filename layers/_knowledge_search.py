@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
 from memstrata.core.constants import EMBED_CHARS, MAX_LIST_LIMIT
 from memstrata.core.errors import EmbeddingError, InvalidInputError
 from memstrata.core.validation import (

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
 from memstrata.core.errors import InvalidInputError
 from memstrata.core.validation import (
     check_author,

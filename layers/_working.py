@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import orjson
+
 from memstrata.core.errors import InvalidInputError
 from memstrata.core.validation import check_json_value, check_key, check_number, check_task_id
 

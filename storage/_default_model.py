@@ -19,6 +19,7 @@ import threading
 from pathlib import Path
 
 import numpy as np
+
 from memstrata.core.errors import EmbedderUnavailableError
 
 from ._embedder import FloatArray

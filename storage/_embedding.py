@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
+
 from memstrata.core.errors import EmbedderUnavailableError, EmbeddingError, ModelFaultError
 
 from ._embed_cache import EmbeddingCache

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from memstrata.core.errors import EmbedderUnavailableError
 
 from ._default_model import DEFAULT_DIM, DEFAULT_MODEL_ID, _DefaultModel, default_model_dir

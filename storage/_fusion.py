@@ -26,6 +26,7 @@ from typing import Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
+
 from memstrata.core.errors import InvalidInputError
 
 __all__ = [

@@ -22,6 +22,7 @@ from typing import Literal, cast
 
 import numpy as np
 import numpy.typing as npt
+
 from memstrata.core.validation import check_mode
 
 from ._connection import Database

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
 from memstrata.core.errors import StorageError
 
 from ._connection import Database

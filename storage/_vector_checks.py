@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
 from memstrata.core.errors import InvalidInputError
 
 __all__ = ["check_metas", "check_vectors", "meta_value"]

@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
+
 from memstrata.core.errors import InvalidInputError, StorageError
 
 from ._connection import Database

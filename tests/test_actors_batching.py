@@ -9,18 +9,18 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import memstrata.actors._agent as agent_module
 import numpy as np
 import numpy.typing as npt
 import pytest
+
+import memstrata.actors._agent as agent_module
+from memstrata import Config, MemorySystem
 from memstrata.actors import BatchingEmbedder, LayerStores
 from memstrata.actors._outbox import Outbox
-from memstrata.layers import EpisodicMemory, KnowledgeStore
-from memstrata.storage import Embedder
-
-from memstrata import Config, MemorySystem
 from memstrata.errors import InvalidInputError, StorageError
+from memstrata.layers import EpisodicMemory, KnowledgeStore
 from memstrata.messages import StoreKnowledge, TaskCompleted, TaskFailed
+from memstrata.storage import Embedder
 from tests.fakes import FakeEmbedder
 
 FloatArray = npt.NDArray[np.float32]

@@ -8,8 +8,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import numpy.typing as npt
 import pytest
-from memstrata.actors import BatchingEmbedder
 
+from memstrata.actors import BatchingEmbedder
 from memstrata.errors import EmbeddingError
 from tests.fakes import FakeEmbedder
 
@@ -222,9 +222,8 @@ def test_a_prefetched_query_is_computed_once_in_the_background() -> None:
 
 
 def test_a_stuck_model_fails_later_requests_at_once_and_says_since_when() -> None:
-    from memstrata.storage._embedding import embed_deadline
-
     from memstrata.errors import ModelFaultError
+    from memstrata.storage._embedding import embed_deadline
 
     inner = GatedEmbedder()  # its first document call waits inside the model until released
     service = BatchingEmbedder(inner, call_timeout_s=30.0)

@@ -8,6 +8,7 @@ import xml.etree.ElementTree as ET
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from memstrata.actors import build_prompt, fallback_prompt, merge_hits, xml_name
 from memstrata.layers import KnowledgeEntry, KnowledgeHit
 
@@ -98,7 +99,6 @@ def test_every_kind_of_entry_shares_one_context_escaped() -> None:
     import datetime as dt
 
     from memstrata.layers import Episode, EpisodeHit
-
     from memstrata.messages import FileContext
 
     nasty = 'x<"y">&\n\x01'

@@ -6,9 +6,9 @@ import datetime as dt
 from pathlib import Path
 
 import pytest
-from memstrata.layers import BlackboardState
 
 from memstrata.errors import InvalidInputError
+from memstrata.layers import BlackboardState
 
 
 def test_publish_get_versions_and_sorted_list() -> None:

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from memstrata.errors import InvalidInputError
 from memstrata.layers._chunk import (
     Chunk,
     estimate_tokens,
@@ -23,8 +25,6 @@ from memstrata.layers._chunk_file import chunk_file, language_for
 from memstrata.layers._chunk_lines import chunk_code
 from memstrata.layers._chunk_markdown import chunk_markdown
 from memstrata.layers._chunk_python import chunk_python
-
-from memstrata.errors import InvalidInputError
 
 
 def _syntax(suffix: str):

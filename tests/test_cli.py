@@ -9,9 +9,9 @@ from typing import Any
 import orjson
 import pytest
 from click.testing import CliRunner, Result
+
 from memstrata.bridges._app import CliState
 from memstrata.bridges.cli import cli
-
 from tests.fakes import FakeEmbedder
 
 

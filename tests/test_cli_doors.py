@@ -14,6 +14,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+
 from memstrata.actors._outbox import Outbox
 
 REPO = Path(__file__).resolve().parent.parent
@@ -189,9 +190,8 @@ def test_serve_names_the_byte_of_invalid_utf8() -> None:
 
 
 def test_memory_get_of_a_superscript_id_is_a_clear_error(data_dir: Path) -> None:
-    from memstrata.bridges import tools
-
     from memstrata import Config, MemorySystem
+    from memstrata.bridges import tools
     from tests.fakes import FakeEmbedder
 
     with MemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder()) as system:
@@ -203,9 +203,8 @@ def test_memory_get_of_a_superscript_id_is_a_clear_error(data_dir: Path) -> None
 
 def test_storage_errors_leave_status_once_writes_succeed_again(data_dir: Path) -> None:
     """A full disk is a warning while it lasts; a later successful write clears it."""
-    from memstrata.actors import _knowledge_actor
-
     from memstrata import Config, MemorySystem
+    from memstrata.actors import _knowledge_actor
     from memstrata.errors import StorageError
     from tests.fakes import FakeEmbedder
 

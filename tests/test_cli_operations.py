@@ -15,13 +15,13 @@ import click
 import orjson
 import pytest
 from click.testing import CliRunner, Result
+
 from memstrata.bridges import doc_tables
 from memstrata.bridges._app import CliState
 from memstrata.bridges._cli_generated import command_path
 from memstrata.bridges._cli_output import IndexProgress, heartbeat
 from memstrata.bridges._operations import OPERATIONS, find
 from memstrata.bridges.cli import cli, command_for, command_table
-
 from tests.fakes import FakeEmbedder
 
 A = ["-a", "a1"]

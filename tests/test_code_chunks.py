@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from memstrata.layers._chunk import Chunk, split_lines
 from memstrata.layers._chunk_code import chunk_syntax, embedding_text, keyword_words, split_identifier
 from memstrata.layers._chunk_file import chunk_embedding_text, chunk_file, chunk_keyword_text
@@ -376,9 +377,8 @@ def test_embedded_text_is_path_signature_then_body() -> None:
 def test_a_new_chunker_version_rechunks_on_the_next_sync(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from memstrata.layers import _index_db
-
     from memstrata import Codebase, Config
+    from memstrata.layers import _index_db
     from tests.fakes import FakeEmbedder
 
     root = tmp_path / "repo"

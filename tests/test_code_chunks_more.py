@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 
 import pytest
+
+from memstrata.config import FilesConfig
 from memstrata.layers._chunk import Chunk, estimate_tokens, split_lines
 from memstrata.layers._chunk_code import chunk_syntax, grammar_for
 from memstrata.layers._chunk_file import chunk_embedding_text, chunk_file, chunk_keyword_text
 from memstrata.layers._chunk_markdown import chunk_markdown
-
-from memstrata.config import FilesConfig
 
 
 def _check_exact(text: str, chunks: list[Chunk], budget: int) -> None:

@@ -12,12 +12,10 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from memstrata.core.constants import MAX_TOP_K
-from memstrata.layers import Episode, EpisodeHit, EpisodicMemory
-from memstrata.storage import open_database
 
 from memstrata import Config
 from memstrata.config import EpisodicConfig, SearchConfig
+from memstrata.core.constants import MAX_TOP_K
 from memstrata.errors import (
     ArchiveError,
     EmbedderUnavailableError,
@@ -25,6 +23,8 @@ from memstrata.errors import (
     SchemaMismatchError,
     StorageError,
 )
+from memstrata.layers import Episode, EpisodeHit, EpisodicMemory
+from memstrata.storage import open_database
 from tests.fakes import FakeEmbedder
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)

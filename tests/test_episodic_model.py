@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from memstrata.layers import EpisodicMemory, KnowledgeStore
-from memstrata.storage import Embedder, open_database
 
 from memstrata.errors import ArchiveError, InvalidInputError
+from memstrata.layers import EpisodicMemory, KnowledgeStore
+from memstrata.storage import Embedder, open_database
 
 pytestmark = pytest.mark.model
 

@@ -15,8 +15,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from memstrata.layers import FileHit, SyncStats, _files, _index_db, _snippet
-from memstrata.layers._paths import SourceRules
 
 from memstrata import Codebase, Config, MemoryFiles
 from memstrata.config import ChunkingConfig, FilesConfig, SearchConfig
@@ -28,6 +26,8 @@ from memstrata.errors import (
     PathOutsideRootError,
     SchemaMismatchError,
 )
+from memstrata.layers import FileHit, SyncStats, _files, _index_db, _snippet
+from memstrata.layers._paths import SourceRules
 from tests.fakes import FakeEmbedder
 
 HOUR_NS = 3600 * 10**9

@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from memstrata.layers import SyncStats, _watch
 
 from memstrata import Config, MemoryFiles
 from memstrata.config import FilesConfig
+from memstrata.layers import SyncStats, _watch
 from tests.fakes import FakeEmbedder
 
 WAIT_S = 20.0  # upper bound for a background sync to arrive on a loaded machine

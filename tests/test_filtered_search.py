@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pytest
+
 from memstrata.storage import (
     Database,
     Filter,

@@ -16,12 +16,12 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 from click.testing import CliRunner
+
 from memstrata.bridges._app import CliState
 from memstrata.bridges.cli import cli
+from memstrata.config import Config
 from memstrata.layers import KnowledgeStore
 from memstrata.storage import Database, VectorIndex, _index_files, _vector_sync, open_database
-
-from memstrata.config import Config
 from tests.fakes import FakeEmbedder
 
 DIM = 8
@@ -404,9 +404,8 @@ def test_status_creates_nothing_and_loads_no_model(tmp_path: Path, monkeypatch: 
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("status must not load a model or start a system")
 
-    import memstrata.storage._fastembed as fastembed_module
-
     import memstrata._system as system_module
+    import memstrata.storage._fastembed as fastembed_module
 
     monkeypatch.setattr(fastembed_module, "load_embedder", refuse)
     monkeypatch.setattr(fastembed_module, "default_embedder", refuse)

@@ -9,13 +9,13 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 import pytest
+
+from memstrata.errors import EmbedderUnavailableError, InvalidInputError, StorageError
 from memstrata.layers import KnowledgeStore
 from memstrata.layers._knowledge_schema import MIGRATIONS
 from memstrata.storage import apply_migrations, check_consistency, open_database
 from memstrata.storage._migrations import NamedMigration, get_meta
 from memstrata.storage._vectors import bulk_cache
-
-from memstrata.errors import EmbedderUnavailableError, InvalidInputError, StorageError
 from tests.fakes import FakeEmbedder
 
 DIM = 64

@@ -12,9 +12,9 @@ pytest.importorskip("autogen_core", reason="the autogen extra is not installed")
 from autogen_core.memory import MemoryContent, MemoryMimeType
 from autogen_core.model_context import BufferedChatCompletionContext
 from autogen_core.models import SystemMessage, UserMessage
-from memstrata.integrations.autogen import MemstrataMemory, MemstrataMemoryConfig
 
 from memstrata.errors import InvalidInputError
+from memstrata.integrations.autogen import MemstrataMemory, MemstrataMemoryConfig
 from memstrata.testing import HashEmbedder
 
 

@@ -11,11 +11,11 @@ import pytest
 pytest.importorskip("langgraph.store.base", reason="the langgraph extra is not installed")
 
 from langgraph.store.base import BaseStore, PutOp
-from memstrata.integrations.langgraph import AsyncMemstrataStore, MemstrataStore
 
 from memstrata import MemorySystem
 from memstrata.config import Config
 from memstrata.errors import InvalidInputError
+from memstrata.integrations.langgraph import AsyncMemstrataStore, MemstrataStore
 from memstrata.testing import HashEmbedder
 
 _EMB = HashEmbedder(dim=64)

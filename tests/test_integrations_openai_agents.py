@@ -13,10 +13,10 @@ pytest.importorskip("agents", reason="the openai-agents extra is not installed")
 from agents import Agent, Runner, set_tracing_disabled
 from agents.memory import SessionSettings
 from agents.testing import ScriptedModel
-from memstrata.integrations.openai_agents import MemstrataSession
 from openai.types.responses import ResponseOutputMessage, ResponseOutputText
 
 from memstrata.errors import InvalidInputError, SystemStoppedError
+from memstrata.integrations.openai_agents import MemstrataSession
 
 set_tracing_disabled(True)  # no network: nothing is exported
 
@@ -86,9 +86,8 @@ def test_runner_with_a_scripted_model_keeps_the_conversation(tmp_path: Path) -> 
 
 
 def test_history_is_episodic_memory_and_deletion_is_for_good(tmp_path: Path) -> None:
-    from memstrata.actors import ManualClock
-
     from memstrata import Config, MemorySystem
+    from memstrata.actors import ManualClock
     from memstrata.testing import HashEmbedder
 
     t0 = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
@@ -124,9 +123,8 @@ def test_order_survives_a_clock_stepping_back_and_long_histories_page(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import memstrata.integrations.openai_agents as module
-    from memstrata.actors import ManualClock
-
     from memstrata import Config, MemorySystem
+    from memstrata.actors import ManualClock
     from memstrata.testing import HashEmbedder
 
     class WallClock(ManualClock):

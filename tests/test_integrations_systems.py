@@ -9,11 +9,11 @@ import math
 from pathlib import Path
 
 import pytest
-from memstrata.actors import ManualClock
-from memstrata.integrations._common import open_system
 
 from memstrata import Config, MemorySystem
+from memstrata.actors import ManualClock
 from memstrata.errors import ConfigError, InvalidInputError
+from memstrata.integrations._common import open_system
 from memstrata.testing import HashEmbedder
 
 REPO = Path(__file__).resolve().parents[1]
@@ -125,6 +125,7 @@ def test_langgraph_filters_with_infinity_nan_and_huge_integers() -> None:
 def test_autogen_private_memory_on_a_folder_persists(tmp_path: Path) -> None:
     pytest.importorskip("autogen_core", reason="the autogen extra is not installed")
     from autogen_core.memory import MemoryContent, MemoryMimeType
+
     from memstrata.integrations.autogen import MemstrataMemory, MemstrataMemoryConfig
 
     config = MemstrataMemoryConfig(collection_name="c", persistence_path=str(tmp_path / "mem"), k=1)

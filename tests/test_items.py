@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from memstrata.layers._items import ItemStore
 
 from memstrata.errors import InvalidInputError
+from memstrata.layers._items import ItemStore
 
 
 class Clock:

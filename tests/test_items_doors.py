@@ -12,16 +12,16 @@ from pathlib import Path
 
 import orjson
 import pytest
-from memstrata.actors import ManualClock
-from memstrata.bridges._methods import build_methods
-from memstrata.bridges._server import JsonLinesServer
-from memstrata.layers._items import ItemStore
 
 from memstrata import AsyncMemorySystem, Config, MemorySystem
 from memstrata._async import AsyncItems
 from memstrata._items import Items
 from memstrata._workspaces import Workspaces
+from memstrata.actors import ManualClock
+from memstrata.bridges._methods import build_methods
+from memstrata.bridges._server import JsonLinesServer
 from memstrata.errors import InvalidInputError
+from memstrata.layers._items import ItemStore
 from memstrata.messages import GetItem, ItemValue, PutItem, SearchItems
 from tests.fakes import FakeEmbedder
 
@@ -219,6 +219,7 @@ def test_openai_sessions_on_a_system_are_episodes_of_its_agent(data_dir: Path) -
 def test_autogen_memories_on_a_system_use_its_actor_and_embedder(data_dir: Path) -> None:
     pytest.importorskip("autogen_core", reason="the autogen extra is not installed")
     from autogen_core.memory import MemoryContent, MemoryMimeType
+
     from memstrata.integrations.autogen import MemstrataMemory, MemstrataMemoryConfig
 
     clock = ManualClock(_PAST)

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import orjson
 import pytest
-from memstrata.actors import ManualClock
-from memstrata.layers._items import ItemStore
 
 from memstrata import Config, MemorySystem
+from memstrata.actors import ManualClock
 from memstrata.errors import InvalidInputError
+from memstrata.layers._items import ItemStore
 from memstrata.messages import DeleteItem, PutItem, SearchItems, WriteItems, decode, encode
 from tests.fakes import FakeEmbedder
 

@@ -18,15 +18,15 @@ from typing import Any
 
 import orjson
 import pytest
+
+from memstrata import AsyncMemorySystem, Config, MemorySystem
+from memstrata._workspaces import Workspaces
 from memstrata.bridges._methods import build_methods, method_table, openrpc_document
 from memstrata.bridges._operations import OPERATIONS, Context, find
 from memstrata.bridges._server import ErrorCode, JsonLinesServer, Method, open_listener
 from memstrata.bridges.doc_tables import render as render_table
-from memstrata.layers import BlackboardState
-
-from memstrata import AsyncMemorySystem, Config, MemorySystem
-from memstrata._workspaces import Workspaces
 from memstrata.errors import InvalidInputError
+from memstrata.layers import BlackboardState
 from tests.fakes import FakeEmbedder
 
 WAIT = 30.0

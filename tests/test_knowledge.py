@@ -10,8 +10,6 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 import pytest
-from memstrata.layers import KnowledgeEntry, KnowledgeHit, KnowledgeStore
-from memstrata.storage import disable_vec_for_tests
 
 from memstrata import Config
 from memstrata.config import SearchConfig
@@ -21,6 +19,8 @@ from memstrata.errors import (
     InvalidInputError,
     StorageError,
 )
+from memstrata.layers import KnowledgeEntry, KnowledgeHit, KnowledgeStore
+from memstrata.storage import disable_vec_for_tests
 from tests.fakes import FakeEmbedder
 
 HOSTILE_QUERIES = [

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 import pytest
+
 from memstrata.layers import KnowledgeHit, KnowledgeStore
 from memstrata.storage import DEFAULT_MODEL_ID, Embedder
-
 from tests.fakes import FakeEmbedder
 
 pytestmark = pytest.mark.model

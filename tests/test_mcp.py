@@ -16,11 +16,11 @@ pytest.importorskip("mcp")
 
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.client import Client
-from memstrata.bridges import tools
-from memstrata.bridges._mcp import build_server
 
 from memstrata import Config, MemorySystem
 from memstrata._workspaces import Workspaces
+from memstrata.bridges import tools
+from memstrata.bridges._mcp import build_server
 from tests.fakes import FakeEmbedder
 
 REPO = Path(__file__).resolve().parent.parent

@@ -14,11 +14,11 @@ import pytest
 pytest.importorskip("mcp")
 
 from mcp.client.client import Client
-from memstrata.bridges import tools
-from memstrata.bridges._mcp import build_server
 
 from memstrata import Config, MemorySystem
 from memstrata._workspaces import Workspaces
+from memstrata.bridges import tools
+from memstrata.bridges._mcp import build_server
 from tests.fakes import FakeEmbedder
 
 

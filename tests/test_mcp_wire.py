@@ -19,10 +19,9 @@ import pytest
 
 pytest.importorskip("mcp")
 
+from memstrata import Config, MemorySystem
 from memstrata.bridges._mcp import build_server, serve_lines
 from memstrata.bridges._server import ErrorCode
-
-from memstrata import Config, MemorySystem
 from tests.fakes import FakeEmbedder
 
 REPO = Path(__file__).resolve().parent.parent

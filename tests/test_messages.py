@@ -9,11 +9,11 @@ from typing import Any
 
 import orjson
 import pytest
-from memstrata.core.constants import MAX_TOP_K
-from memstrata.layers import Episode, EpisodeHit, KnowledgeEntry, KnowledgeHit
 
 from memstrata import Config, MemorySystem
+from memstrata.core.constants import MAX_TOP_K
 from memstrata.errors import InvalidInputError
+from memstrata.layers import Episode, EpisodeHit, KnowledgeEntry, KnowledgeHit
 from memstrata.messages import (
     ArchiveEpisodes,
     ClearNamespace,
@@ -382,7 +382,6 @@ def test_messages_and_layers_share_one_top_k_bound() -> None:
 
 def test_the_public_module_re_exports_the_actors_protocol() -> None:
     import memstrata.actors.messages as protocol
-
     import memstrata.messages as public
 
     assert public.__all__ == protocol.__all__
@@ -396,7 +395,6 @@ def test_the_protocol_module_lists_every_message_of_every_message_module() -> No
     import importlib
 
     import memstrata.actors.messages as protocol
-
     import memstrata.messages as public
 
     for name in ("blackboard", "episodic", "items", "knowledge", "tasks", "working"):

@@ -16,12 +16,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pytest
-from memstrata.actors._outbox import Outbox
-from memstrata.storage import open_database
 
 from memstrata import Config, MemorySystem
+from memstrata.actors._outbox import Outbox
 from memstrata.config import ActorsConfig, AgentConfig, StorageConfig
 from memstrata.errors import ConfigError, InvalidInputError, ModelFaultError
+from memstrata.storage import open_database
 from tests.fakes import FakeEmbedder
 
 FloatArray = npt.NDArray[np.float32]

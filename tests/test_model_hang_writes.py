@@ -18,13 +18,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pytest
-from memstrata.actors import BatchingEmbedder
-from memstrata.core.constants import EMBED_CHARS
-from memstrata.layers import EpisodicMemory, KnowledgeStore
 
 from memstrata import Config, MemorySystem
+from memstrata.actors import BatchingEmbedder
 from memstrata.config import ActorsConfig, AgentConfig, StorageConfig
+from memstrata.core.constants import EMBED_CHARS
 from memstrata.errors import EmbeddingError, InvalidInputError, ModelFaultError
+from memstrata.layers import EpisodicMemory, KnowledgeStore
 from tests.fakes import FakeEmbedder
 
 FloatArray = npt.NDArray[np.float32]

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from memstrata.bridges._methods import build_methods
-from memstrata.bridges._operations import OPERATIONS, Context, find
 
 from memstrata import Agent, Config, MemorySystem
 from memstrata._workspaces import Workspaces
+from memstrata.bridges._methods import build_methods
+from memstrata.bridges._operations import OPERATIONS, Context, find
 from memstrata.errors import InvalidInputError
 from tests.fakes import FakeEmbedder
 

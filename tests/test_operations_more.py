@@ -14,16 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from memstrata.actors import ManualClock
-from memstrata.bridges import tools
-from memstrata.bridges._operations import Context, find
-from memstrata.layers import Codebase, MemoryFiles
-from memstrata.layers._archive import ArchiveFile
 
 from memstrata import AsyncMemorySystem, Config, MemorySystem
 from memstrata._workspaces import Workspaces
+from memstrata.actors import ManualClock
+from memstrata.bridges import tools
+from memstrata.bridges._operations import Context, find
 from memstrata.config import FilesConfig
 from memstrata.errors import InvalidInputError
+from memstrata.layers import Codebase, MemoryFiles
+from memstrata.layers._archive import ArchiveFile
 from tests.fakes import FakeEmbedder
 
 T0 = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)

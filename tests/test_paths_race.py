@@ -22,13 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from memstrata.layers import _safe_fs as safe_fs
-from memstrata.layers._paths import SkipFile, read_source, resolve_request, scan
 
 from memstrata import Codebase, Config, MemoryFiles
 from memstrata._workspaces import Workspaces
 from memstrata.config import FilesConfig
 from memstrata.errors import InvalidInputError, MemstrataError, PathOutsideRootError
+from memstrata.layers import _safe_fs as safe_fs
+from memstrata.layers._paths import SkipFile, read_source, resolve_request, scan
 from tests.fakes import FakeEmbedder
 
 MARKER = "OUTSIDE-MARKER-5f1c9a7e"  # only ever written outside the root

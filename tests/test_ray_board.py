@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from memstrata.actors._clock import SystemClock
 from memstrata.actors._ray_board import JournaledBoardSupervisor, RelaySubscribe, SavedRelays
 from memstrata.actors._runtime import Runtime
 from memstrata.actors._store_base import LayerStores
-
 from memstrata.config import ActorsConfig, Config
 from memstrata.messages import (
     DeleteSignal,

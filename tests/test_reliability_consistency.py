@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from memstrata.errors import InvalidInputError
 from memstrata.layers import EpisodicMemory, KnowledgeStore
 from memstrata.storage import (
     Database,
@@ -17,8 +19,6 @@ from memstrata.storage import (
     fts_schema,
     open_database,
 )
-
-from memstrata.errors import InvalidInputError
 from tests.fakes import FakeEmbedder
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
@@ -223,7 +223,6 @@ def test_keyword_only_episodic_keeps_its_gaps_for_the_model(
     with EpisodicMemory.open(path, FakeEmbedder()) as episodic:
         episodic.record("first note", at=T0)
     import memstrata.layers._episodic as module
-
     from memstrata.errors import EmbedderUnavailableError
 
     def unavailable() -> object:

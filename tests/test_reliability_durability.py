@@ -17,11 +17,10 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from memstrata import Config, MemorySystem
 from memstrata.actors._outbox import Outbox
 from memstrata.layers import EpisodicMemory, KnowledgeStore
 from memstrata.storage import VectorIndex, check_consistency, open_database
-
-from memstrata import Config, MemorySystem
 from tests.fakes import FakeEmbedder
 
 REPO = Path(__file__).resolve().parent.parent

@@ -11,18 +11,18 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import memstrata.actors._agent as agent_module
 import numpy as np
 import numpy.typing as npt
 import pytest
+
+import memstrata.actors._agent as agent_module
+from memstrata import Config, MemorySystem
 from memstrata.actors import LayerStores
 from memstrata.actors._outbox import Outbox
-from memstrata.layers import EpisodicMemory, KnowledgeStore
-from memstrata.storage import Embedder, disable_vec_for_tests, open_database
-
-from memstrata import Config, MemorySystem
 from memstrata.config import ActorsConfig, AgentConfig
 from memstrata.errors import EmbeddingError, StorageError
+from memstrata.layers import EpisodicMemory, KnowledgeStore
+from memstrata.storage import Embedder, disable_vec_for_tests, open_database
 from tests.fakes import FakeEmbedder
 
 FloatArray = npt.NDArray[np.float32]

@@ -15,15 +15,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-import memstrata.storage._connection as connection_module
 import pytest
-from memstrata.actors._outbox import Outbox, _boot_id, _start_time
-from memstrata.layers import EpisodicMemory, KnowledgeStore
-from memstrata.storage import connection_defaults, open_database
 
+import memstrata.storage._connection as connection_module
 from memstrata import Config, MemorySystem
+from memstrata.actors._outbox import Outbox, _boot_id, _start_time
 from memstrata.config import StorageConfig
 from memstrata.errors import ConfigError, DatabaseBusyError, InvalidInputError
+from memstrata.layers import EpisodicMemory, KnowledgeStore
+from memstrata.storage import connection_defaults, open_database
 from tests.fakes import FakeEmbedder
 
 REPO = Path(__file__).resolve().parent.parent

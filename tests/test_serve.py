@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 import pytest
+
 from memstrata.layers import EpisodicMemory, KnowledgeStore
 
 pytestmark = pytest.mark.model

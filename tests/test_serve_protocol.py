@@ -8,8 +8,8 @@ from typing import Any
 
 import orjson
 import pytest
-from memstrata.bridges._server import ErrorCode, JsonLinesServer, Method
 
+from memstrata.bridges._server import ErrorCode, JsonLinesServer, Method
 from memstrata.errors import DatabaseBusyError, InvalidInputError, StorageError
 
 

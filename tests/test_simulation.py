@@ -11,10 +11,10 @@ from typing import Any
 
 import orjson
 import pytest
-from memstrata.actors import IdSource, LayerStores
-from memstrata.storage import Embedder
 
 from memstrata import Config, MemorySystem
+from memstrata.actors import IdSource, LayerStores
+from memstrata.storage import Embedder
 from memstrata.testing import HashEmbedder, ManualClock
 
 _RUN_DEMO = """

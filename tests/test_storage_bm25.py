@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from memstrata.layers import KnowledgeStore
 from memstrata.storage import Bm25Index, keyword_terms
-
 from tests.fakes import FakeEmbedder
 
 _WORDS_TEXT = """

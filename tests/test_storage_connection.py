@@ -6,11 +6,11 @@ import threading
 import time
 from pathlib import Path
 
-import memstrata.storage._connection as connection_module
 import pytest
-from memstrata.storage import Database, disable_vec_for_tests, driver_info, open_database
 
+import memstrata.storage._connection as connection_module
 from memstrata.errors import DatabaseBusyError, InvalidInputError, StorageError
+from memstrata.storage import Database, disable_vec_for_tests, driver_info, open_database
 
 
 def test_pragmas(tmp_path: Path) -> None:
@@ -300,9 +300,8 @@ def test_read_only_flag_serves_reads_and_refuses_writes_in_one_line(tmp_path: Pa
 
 
 def test_read_only_database_is_not_migrated_and_not_repaired(tmp_path: Path) -> None:
-    from memstrata.storage import apply_migrations, check_consistency
-
     from memstrata.errors import ReadOnlyError
+    from memstrata.storage import apply_migrations, check_consistency
 
     path = tmp_path / "m.sqlite"
     with open_database(path) as db:

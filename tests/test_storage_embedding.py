@@ -11,10 +11,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import memstrata.storage._default_model as model_module
 import numpy as np
 import numpy.typing as npt
 import pytest
+
+import memstrata.storage._default_model as model_module
+from memstrata.errors import EmbedderUnavailableError, EmbeddingError
 from memstrata.storage import (
     DEFAULT_MODEL_ID,
     Embedder,
@@ -26,8 +28,6 @@ from memstrata.storage import (
     load_embedder,
     open_database,
 )
-
-from memstrata.errors import EmbedderUnavailableError, EmbeddingError
 from tests.fakes import FakeEmbedder
 
 # -- cache ------------------------------------------------------------------------------------
@@ -268,8 +268,9 @@ def test_every_weight_product_of_the_packaged_model_runs_in_int8() -> None:
 
 def test_a_graph_without_int8_products_is_left_alone(tmp_path: Path) -> None:
     import onnx
-    from memstrata.storage._quantize import int8_products
     from onnx import TensorProto, helper, numpy_helper
+
+    from memstrata.storage._quantize import int8_products
 
     weight = numpy_helper.from_array(np.ones((4, 3), dtype=np.float32), "w")
     graph = helper.make_graph(

@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from memstrata.errors import InvalidInputError
 from memstrata.storage import (
     Database,
     Filter,
@@ -23,8 +25,6 @@ from memstrata.storage import (
     keyword_terms,
     open_database,
 )
-
-from memstrata.errors import InvalidInputError
 
 DOCS = {
     1: "The quick brown fox jumps over the lazy dog",
@@ -359,10 +359,9 @@ def test_update_and_delete_keep_both_indexes_in_sync(tmp_path: Path) -> None:
 
 def test_yo_and_emoji_are_found_in_every_keyword_index(tmp_path: Path) -> None:
     """ё and е find each other, and an emoji is a term: knowledge, episodes and file chunks."""
-    from memstrata.layers import EpisodicMemory, KnowledgeStore
-
     from memstrata import Config
     from memstrata._workspaces import Workspaces
+    from memstrata.layers import EpisodicMemory, KnowledgeStore
     from tests.fakes import FakeEmbedder
 
     embedder = FakeEmbedder()
@@ -393,7 +392,6 @@ def test_rows_indexed_before_the_yo_emoji_terms_gain_them_once(tmp_path: Path) -
     from memstrata.layers import KnowledgeStore
     from memstrata.storage import get_meta, open_database
     from memstrata.storage._migrations import KEYWORD_TERMS, refresh_keyword_terms
-
     from tests.fakes import FakeEmbedder
 
     path = tmp_path / "old.sqlite"

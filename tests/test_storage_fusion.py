@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from memstrata.errors import InvalidInputError
 from memstrata.storage import (
     DEFAULT_KEYWORD_WEIGHT,
     DEFAULT_RRF_K,
@@ -29,8 +31,6 @@ from memstrata.storage import (
     rrf,
     validate_mode,
 )
-
-from memstrata.errors import InvalidInputError
 from tests.fakes import FakeEmbedder
 
 # -- rrf --------------------------------------------------------------------------------------

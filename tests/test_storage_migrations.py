@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
+from memstrata.errors import InvalidInputError, SchemaMismatchError, StorageError
 from memstrata.storage import (
     Database,
     EmbeddingMismatch,
@@ -18,8 +20,6 @@ from memstrata.storage import (
     schema_version,
     set_meta,
 )
-
-from memstrata.errors import InvalidInputError, SchemaMismatchError, StorageError
 
 
 def _tables(db: Database) -> set[str]:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from memstrata.errors import InvalidInputError
 from memstrata.storage import (
     Database,
     Filter,
@@ -24,8 +26,6 @@ from memstrata.storage import (
     open_database,
     query_terms,
 )
-
-from memstrata.errors import InvalidInputError
 from tests.fakes import FakeEmbedder
 
 WORDS = [

@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pytest
-from memstrata.storage import Database, VectorIndex, disable_vec_for_tests, open_database
 
 from memstrata.errors import InvalidInputError, StorageError
+from memstrata.storage import Database, VectorIndex, disable_vec_for_tests, open_database
 
 DIM = 16
 META = {"cat": "text", "n": "integer", "score": "float", "flag": "boolean"}

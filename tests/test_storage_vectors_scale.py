@@ -16,13 +16,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pytest
+
+from memstrata.errors import InvalidInputError
 from memstrata.storage import Database, VectorIndex, open_database
 from memstrata.storage import _vector_kernels as kernels_module
 from memstrata.storage import _vector_mirror as mirror_module
 from memstrata.storage import _vector_sync as vector_sync_module
 from memstrata.storage._vec0_chunks import read_rows
-
-from memstrata.errors import InvalidInputError
 
 DIM = 32
 N = 20_000

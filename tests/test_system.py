@@ -10,12 +10,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from memstrata.actors import BatchingEmbedder, ManualClock
-from memstrata.layers import EpisodeHit, KnowledgeHit, KnowledgeStore
 
 from memstrata import Config, MemorySystem
+from memstrata.actors import BatchingEmbedder, ManualClock
 from memstrata.config import AgentConfig
 from memstrata.errors import InvalidInputError, RequestTimeoutError, SystemStoppedError
+from memstrata.layers import EpisodeHit, KnowledgeHit, KnowledgeStore
 from memstrata.messages import (
     GetWorkingMemory,
     KnowledgeResult,

@@ -11,10 +11,9 @@ import textwrap
 import threading
 from pathlib import Path
 
+from memstrata import Config, MemorySystem
 from memstrata.actors._outbox import Outbox
 from memstrata.layers import EpisodicMemory, KnowledgeStore
-
-from memstrata import Config, MemorySystem
 from tests.fakes import FakeEmbedder
 
 REPO = Path(__file__).resolve().parent.parent

@@ -9,11 +9,11 @@ from typing import Any
 import orjson
 import pytest
 from click.testing import CliRunner
+
+from memstrata import Config, MemorySystem
 from memstrata.bridges._app import CliState
 from memstrata.bridges._operations import find
 from memstrata.bridges.cli import cli
-
-from memstrata import Config, MemorySystem
 from memstrata.errors import InvalidInputError
 from memstrata.testing import HashEmbedder, ManualClock
 

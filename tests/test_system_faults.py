@@ -13,13 +13,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pytest
-from memstrata.actors import LayerStores
-from memstrata.storage import Embedder
 
 from memstrata import Config, MemorySystem
+from memstrata.actors import LayerStores
 from memstrata.config import ActorsConfig, AgentConfig
 from memstrata.errors import ActorCrashedError, AgentDegradedError, StorageError
 from memstrata.messages import TaskAssigned, TaskPrompt
+from memstrata.storage import Embedder
 from tests.fakes import FakeEmbedder
 
 MARGIN_S = 1.5  # what "within the timeout plus a small margin" allows on a shared 2-core machine

@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from memstrata.bridges import tools
 
 from memstrata import Config, MemorySystem
 from memstrata._workspaces import Workspaces
+from memstrata.bridges import tools
 from tests.fakes import FakeEmbedder
 
 

@@ -16,14 +16,14 @@ import anyio
 import orjson
 import pytest
 from click.testing import CliRunner
+
+from memstrata import Config, MemorySystem
+from memstrata._workspaces import Workspaces
 from memstrata.bridges import tools
 from memstrata.bridges._app import CliState
 from memstrata.bridges._methods import build_methods
 from memstrata.bridges._server import ErrorCode, JsonLinesServer
 from memstrata.bridges.cli import cli
-
-from memstrata import Config, MemorySystem
-from memstrata._workspaces import Workspaces
 from tests.fakes import FakeEmbedder
 
 HOSTILE_STRINGS = [
@@ -241,6 +241,7 @@ def test_serve_methods_survive_hostile_params(env: Any, data_dir: Path) -> None:
 def test_mcp_survives_hostile_calls(env: Any) -> None:
     pytest.importorskip("mcp")
     from mcp.client.client import Client
+
     from memstrata.bridges._mcp import build_server
 
     system, registry = env

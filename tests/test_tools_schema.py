@@ -8,9 +8,9 @@ import jsonschema
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from memstrata.bridges import tools
 from memstrata.bridges._schema import check
-
 from memstrata.errors import InvalidInputError
 
 _EXPECTED = {

@@ -13,11 +13,11 @@ from typing import Any
 
 import jsonschema
 import pytest
-from memstrata.bridges import tools
-from memstrata.bridges.doc_tables import render
 
 from memstrata import Config, MemorySystem
 from memstrata._workspaces import Workspaces
+from memstrata.bridges import tools
+from memstrata.bridges.doc_tables import render
 from tests.fakes import FakeEmbedder
 
 REPO = Path(__file__).resolve().parent.parent

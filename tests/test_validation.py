@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 import pytest
+
 from memstrata.core import constants, validation
 from memstrata.core.validation import (
     check_agent_id,
@@ -30,9 +31,8 @@ from memstrata.core.validation import (
     check_task_id,
     check_top_k,
 )
-from memstrata.layers import BlackboardState, WorkingMemory
-
 from memstrata.errors import InvalidInputError
+from memstrata.layers import BlackboardState, WorkingMemory
 
 HOSTILE_NAMES = ["a\ud800", "a\udfff", "\udc80", "a\x00b", "a\nb"]
 RTL = "\u202eevil\u202c"
@@ -340,6 +340,7 @@ def test_to_jsonable_is_the_one_json_helper() -> None:
     from typing import NamedTuple
 
     import numpy as np
+
     from memstrata.core.jsonable import to_jsonable
 
     class Pair(NamedTuple):

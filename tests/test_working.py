@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from memstrata.layers import WorkingMemory
 
 from memstrata.errors import InvalidInputError
+from memstrata.layers import WorkingMemory
 
 
 class Tick:
