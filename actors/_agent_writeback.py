@@ -14,7 +14,7 @@ from memstrata.core.validation import check_content
 
 from ._base import MemoryActor
 from ._outbox import Outbox, OutboxRow
-from ._store_base import WriteBackEpisode
+from ._store_base import WriteBackEpisode, WriteBackKnowledge
 from ._workspace import NoteOutcome
 from .messages import (
     ClearWorkingMemory,
@@ -118,7 +118,8 @@ class AgentWriteBack(MemoryActor):
         completed = row.kind == "completed"
         if part == "knowledge":
             category = "outcome" if completed else "pitfall"
-            return StoreKnowledge(self.key, row.text, category, {"taskId": row.task_id}, author=self.key)
+            entry = StoreKnowledge(self.key, row.text, category, {"taskId": row.task_id}, author=self.key)
+            return WriteBackKnowledge(entry)
         episode = StoreMemory(
             self.key,
             row.task_id,
@@ -167,17 +168,7 @@ class AgentWriteBack(MemoryActor):
                 self._part_failed(message.row_id, message.part, error)
 
     def _write_back_part(self, message: _WriteBackPart) -> None:
-        inflight = self._inflight.get(message.row_id)
-        if inflight is not None:
-            inflight.discard(message.part)
-            if not inflight:
-                del self._inflight[message.row_id]
-        error = message.future.exception()
-        if error is not None:
-            self._part_failed(message.row_id, message.part, error)
-            return
-        if self.layer.mark_done(message.row_id, message.part):
-            self.counters["written_back"] += 1
+        self._write_back_parts([message])
 
     def _part_failed(self, row_id: int, part: str, error: BaseException) -> None:
         outbox: Outbox = self.layer

@@ -4,6 +4,12 @@
 (``{"type": "StoreKnowledge", ...}``) and :func:`decode` turns such bytes (or the decoded dict)
 back into the same message; ``msg.to_dict()`` / ``Message.from_dict(d)`` do the same without the
 bytes. Datetimes travel as ISO-8601 strings; search hits travel as nested objects.
+
+A message checks itself when it is built: each field whose type is ``Annotated[..., Rule(...)]``
+(the field types of :mod:`._msg_fields`) is checked by its rule, in field order, with
+``"MessageName.field"`` as the name in the error; the rules of a class are read into one
+function on its first message. A check that spans fields is the class's ``_check`` method, run
+after the rules (a message class defines ``_check``, never ``__post_init__``).
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ import dataclasses
 import datetime as _dt
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, TypeVar
 
 import orjson
@@ -20,9 +26,23 @@ import orjson
 from memstrata.core.errors import InvalidInputError
 from memstrata.core.jsonable import to_jsonable
 
-__all__ = ["Message", "decode", "encode", "message_types", "set_field"]
+__all__ = ["Message", "Rule", "decode", "encode", "field_rules", "message_types"]
 
 M = TypeVar("M", bound="Message")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Rule:
+    """How one message field is checked, put in its type: ``Annotated[str, Rule(check_key)]``.
+
+    ``check(value, "MessageName.field")`` raises :class:`InvalidInputError` on a bad value;
+    ``normalise`` stores what it returns (sorted tags, a clean scope, a parsed time, a tuple);
+    ``optional`` lets ``None`` through unchecked.
+    """
+
+    check: Callable[[Any, str], object]
+    normalise: bool = False
+    optional: bool = False
 
 
 class Message:
@@ -35,6 +55,18 @@ class Message:
         super().__init_subclass__(**kwargs)
         cls.type_name = cls.__name__
         _REGISTRY[cls.__name__] = cls
+        if "__post_init__" not in cls.__dict__:  # each class compiles its own on first use
+            setattr(cls, "__post_init__", Message.__post_init__)  # noqa: B010
+
+    def __post_init__(self) -> None:
+        """Compile the class's checks (its field rules, then its ``_check``) and run them."""
+        cls = type(self)
+        checks = _compile_checks(cls)
+        setattr(cls, "__post_init__", checks)  # noqa: B010
+        checks(self)
+
+    def _check(self) -> None:
+        """Checks that span fields (one of two fields, a name built from another field)."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict with a ``"type"`` tag (datetimes as ISO strings)."""
@@ -98,18 +130,54 @@ def _layer_names() -> dict[str, Any]:
     }
 
 
+def _resolve_hints(cls: type, *, extras: bool) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(cls, include_extras=extras)
+    except NameError:
+        return typing.get_type_hints(cls, localns=_layer_names(), include_extras=extras)
+
+
 def _hints(cls: type) -> dict[str, Any]:
     cached = _HINTS.get(cls)
     if cached is None:
-        try:
-            cached = typing.get_type_hints(cls)
-        except NameError:
-            cached = typing.get_type_hints(cls, localns=_layer_names())
-        _HINTS[cls] = cached
+        cached = _HINTS[cls] = _resolve_hints(cls, extras=False)
     return cached
 
 
 _HINTS: dict[type, dict[str, Any]] = {}
+
+
+def field_rules(cls: type[Message]) -> dict[str, Rule]:
+    """The :class:`Rule` of each checked field of a message class, in field order."""
+    hints = _resolve_hints(cls, extras=True)
+    rules: dict[str, Rule] = {}
+    for field in dataclasses.fields(cls):  # type: ignore[arg-type]
+        found = [m for m in getattr(hints.get(field.name), "__metadata__", ()) if isinstance(m, Rule)]
+        if len(found) > 1:
+            raise TypeError(f"{cls.__name__}.{field.name} has more than one Rule")
+        if found:
+            rules[field.name] = found[0]
+    return rules
+
+
+def _compile_checks(cls: type[Message]) -> Callable[[Message], None]:
+    """The class's checks as one function: its field rules in field order, then its ``_check``."""
+    rules = [(name, f"{cls.__name__}.{name}", rule) for name, rule in field_rules(cls).items()]
+    cross = cls._check if cls._check is not Message._check else None
+
+    def __post_init__(self: Message) -> None:
+        for name, where, rule in rules:
+            value = getattr(self, name)
+            if rule.optional and value is None:
+                continue
+            checked = rule.check(value, where)
+            if rule.normalise:
+                object.__setattr__(self, name, checked)
+        if cross is not None:
+            cross(self)
+
+    __post_init__.__qualname__ = f"{cls.__qualname__}.__post_init__"
+    return __post_init__
 
 
 def _from_fields(cls: type, data: Mapping[str, Any]) -> Any:
@@ -165,8 +233,3 @@ def _from_jsonable(value: Any, hint: Any, where: str) -> Any:
         if issubclass(hint, Message):
             return hint.from_dict(value)
     return value
-
-
-def set_field(obj: object, name: str, value: object) -> None:
-    """Set a field of a frozen message while it is being built (a normalised value)."""
-    object.__setattr__(obj, name, value)

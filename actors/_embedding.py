@@ -50,6 +50,7 @@ import numpy.typing as npt
 
 from memstrata.core.errors import EmbeddingError, ModelFaultError
 from memstrata.storage import Embedder, text_hash
+from memstrata.storage._embedder_identity import ModelIdentity
 from memstrata.storage._embedding import check_model_rows
 
 from ._embedding_health import _Call, _fail
@@ -94,7 +95,7 @@ class EmbeddingStats:
 _COUNTS = ("model_calls", "texts_embedded", "document_requests", "query_requests", "texts_requested")
 
 
-class BatchingEmbedder(FutureWatchdog):
+class BatchingEmbedder(ModelIdentity, FutureWatchdog):
     """An ``Embedder`` that coalesces concurrent requests into batched calls of ``inner``."""
 
     def __init__(
@@ -146,14 +147,6 @@ class BatchingEmbedder(FutureWatchdog):
         self._query_thread.start()
 
     # -- the Embedder protocol -----------------------------------------------------------------
-
-    @property
-    def model_id(self) -> str:
-        return self._model_id
-
-    @property
-    def dim(self) -> int:
-        return self._dim
 
     def embed_documents(self, texts: Sequence[str]) -> FloatArray:
         texts = list(texts)
@@ -314,21 +307,11 @@ class BatchingEmbedder(FutureWatchdog):
             with contextlib.suppress(RuntimeError):
                 thread.join(timeout=max(0.0, deadline - time.monotonic()))
         closed = EmbeddingError("the embedding service is closed")
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if item is not None:
-                self._forget(item)
-                _fail(item.future, closed)
-        while True:
-            try:
-                query = self._query_queue.get_nowait()
-            except queue.Empty:
-                break
-            if query is not None:
-                _fail(query[1], closed)
+        for item in _drained(self._queue):
+            self._forget(item)
+            _fail(item.future, closed)
+        for _, future in _drained(self._query_queue):
+            _fail(future, closed)
         with self._watch_cond:  # a future waiting behind a stuck call is answered too
             self._watch_stop = True
             watched, self._watched = self._watched, []
@@ -436,3 +419,15 @@ class BatchingEmbedder(FutureWatchdog):
             raise
         self._record(None)
         return vectors
+
+
+def _drained(waiting: queue.SimpleQueue[Any]) -> list[Any]:
+    """What is left in ``waiting``, taken out (the ``None`` that stops a worker left aside)."""
+    items: list[Any] = []
+    while True:
+        try:
+            item = waiting.get_nowait()
+        except queue.Empty:
+            return items
+        if item is not None:
+            items.append(item)

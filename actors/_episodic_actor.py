@@ -12,10 +12,9 @@ from memstrata.core.errors import EmbeddingError
 from memstrata.storage import Embedder, embed_documents
 
 from ._store_base import (
-    ExportRecords,
     FloatArray,
-    ImportRecords,
     WriteBackEpisode,
+    _fields,
     _iso,
     _layer_config,
     _PersistentActor,
@@ -108,101 +107,61 @@ class EpisodicActor(_PersistentActor):
             return [None] * len(messages)  # the layer tries again and keeps the episode either way
         return list(array)
 
-    def _recorded(self, episodes: Sequence[tuple[int, StoreMemory]]) -> None:
+    def _committed(self, messages: list[Any], answers: list[Any]) -> None:
         """Write-back episodes just recorded with their vectors pending: their content is embedded."""
         if self._service is not None:
-            for episode_id, message in episodes:
-                self._content_only[episode_id] = message.content[:EMBED_CHARS]
+            for message, answer in zip(messages, answers, strict=True):
+                if isinstance(message, WriteBackEpisode) and id(message) not in self._inline:
+                    self._content_only[int(answer.episode_id)] = message.message.content[:EMBED_CHARS]
 
     def _item(self, message: StoreMemory, vector: FloatArray | None = None) -> dict[str, Any]:
-        item: dict[str, Any] = {
-            "content": message.content,
-            "title": message.title,
-            "task_run_id": message.task_run_id,
-            "tags": message.tags,
-            "kind": message.kind,
-            "at": message.at or self.runtime.clock.now(),
-        }
+        """``record_many``'s item of ``message`` (dated now unless it says when)."""
+        item = {"content": message.content, **_fields(message, "title", "task_run_id", "tags", "kind")}
+        item["at"] = message.at or self.runtime.clock.now()
         if vector is not None:
             item["vector"] = vector
         return item
 
     def handle_batch(self, messages: list[Any]) -> list[Any]:
         """Queued episodes in one ``record_many``: one transaction, one embedding request."""
-        results: list[Any] = [None] * len(messages)
-        plain: list[tuple[int, StoreMemory]] = []
-        shared: list[tuple[int, StoreMemory]] = []
-        for index, message in enumerate(messages):
-            original = message.message if isinstance(message, WriteBackEpisode) else message
-            refused = None  # a write-back's text passed the same rule before its outbox acknowledged it
-            if original is message:
-                refused = self._refused(original.content, "StoreMemory.content")
-            if refused is not None:
-                results[index] = refused
-                continue
-            (shared if isinstance(message, WriteBackEpisode) else plain).append((index, original))
-        vectors = self._shared_vectors([m for _, m in shared])
-        order = [*plain, *shared]
-        items = [self._item(m) for _, m in plain]
-        items += [self._item(m, v) for (_, m), v in zip(shared, vectors, strict=True)]
-        if items:
-            ids = self.layer.record_many(items)
-            for (index, _), episode_id in zip(order, ids, strict=True):
-                results[index] = MemoryStored(self.key, int(episode_id))
-            self._recorded([(int(i), m) for i, (_, m) in zip(ids[len(plain) :], shared, strict=True)])
-            self.after_write()
-        return results
+        return self._write_batch(messages, "StoreMemory.content", self._record_many)
+
+    def _record_many(self, messages: list[Any]) -> list[Any]:
+        """Episodes in mailbox order; a write-back's is embedded by its content (see the class)."""
+
+        def record(run: list[Any], vectors: FloatArray | None) -> list[int]:
+            shared = [m.message for m in run if isinstance(m, WriteBackEpisode)]
+            given = iter(self._shared_vectors(shared) if vectors is None else list(vectors))
+            items = [
+                self._item(m.message, next(given)) if isinstance(m, WriteBackEpisode) else self._item(m)
+                for m in run
+            ]
+            return [int(i) for i in self.layer.record_many(items)]
+
+        return [MemoryStored(self.key, i) for i in self._with_vectors(messages, record)]
 
     def handle(self, message: Any) -> Any:
         internal, answer = self.handle_internal(message)
         if internal:
             return answer
         layer = self.layer
-        if isinstance(message, ExportRecords):
-            return self._export()
-        if isinstance(message, ImportRecords):
-            return self._import(message.records)
         if isinstance(message, WriteBackEpisode):
             original = message.message
             if message.once:
                 for episode in layer.timeline(task_run_id=original.task_run_id, limit=10_000):
                     if episode.content == original.content and episode.title == original.title:
                         return MemoryStored(self.key, int(episode.id))
-            vector = self._shared_vectors([original])[0]
-            episode_id = layer.record_many([self._item(original, vector)])[0]
-            self._recorded([(int(episode_id), original)])
-            self.after_write()
-            return MemoryStored(self.key, int(episode_id))
+            return self.handle_batch([message])[0]  # with the vectors answered meanwhile
         if isinstance(message, StoreMemory):
-            episode_id = layer.record(
-                message.content,
-                title=message.title,
-                task_run_id=message.task_run_id,
-                tags=message.tags,
-                kind=message.kind,
-                at=message.at or self.runtime.clock.now(),
-            )
+            episode_id = layer.record(**self._item(message))
             self.after_write()
             return MemoryStored(self.key, int(episode_id))
         if isinstance(message, SearchMemory):
-            hits = layer.search(
-                message.query,
-                top_k=message.top_k,
-                task_run_id=message.task_run_id,
-                since=message.since,
-                until=message.until,
-            )
+            hits = layer.search(message.query, **_fields(message, "top_k", "task_run_id", "since", "until"))
             return MemorySearchResult(self.key, message.task_run_id, tuple(hits))
         if isinstance(message, ListEpisodes):
-            episodes = layer.timeline(
-                task_run_id=message.task_run_id,
-                since=message.since,
-                until=message.until,
-                limit=message.limit,
-                offset=message.offset,
-                newest_first=message.newest_first,
-            )
-            return EpisodeList(self.key, tuple(episodes))
+            window = _fields(message, "task_run_id", "since", "until", "limit", "offset", "newest_first")
+            return EpisodeList(self.key, tuple(layer.timeline(**window)))
         if isinstance(message, GetEpisode):
             return EpisodeItem(self.key, layer.get(message.episode_id))
         if isinstance(message, DeleteEpisode):

@@ -7,8 +7,8 @@ from typing import Any
 
 from ._store_base import (
     _EXPORT_PAGE,
-    ExportRecords,
-    ImportRecords,
+    WriteBackKnowledge,
+    _fields,
     _layer_config,
     _PersistentActor,
 )
@@ -28,6 +28,8 @@ from .messages import (
 )
 
 __all__ = ["KnowledgeStoreActor"]
+
+_ENTRY = ("category", "tags", "scope", "author")  # a StoreKnowledge's fields besides its content
 
 
 class KnowledgeStoreActor(_PersistentActor):
@@ -50,73 +52,36 @@ class KnowledgeStoreActor(_PersistentActor):
         return layer
 
     def batch_key(self, message: Any) -> str | None:
-        return "store" if isinstance(message, StoreKnowledge) else None
+        return "store" if isinstance(message, StoreKnowledge | WriteBackKnowledge) else None
 
     def handle_batch(self, messages: list[Any]) -> list[Any]:
         """Queued stores in one ``add_many``: one transaction, one embedding request."""
-        results: list[Any] = [None] * len(messages)
-        items: list[dict[str, Any]] = []
-        where: list[int] = []
-        for index, message in enumerate(messages):
-            refused = self._refused(message.content, "StoreKnowledge.content")
-            if refused is not None:
-                results[index] = refused
-                continue
-            where.append(index)
-            items.append(
-                {
-                    "content": message.content,
-                    "category": message.category,
-                    "tags": message.tags,
-                    "scope": message.scope,
-                    "author": message.author,
-                }
-            )
-        if items:
-            ids = self.layer.add_many(items)
-            for index, entry_id in zip(where, ids, strict=True):
-                results[index] = KnowledgeStored(self.key, int(entry_id))
-            self.after_write()
-        return results
+        return self._write_batch(messages, "StoreKnowledge.content", self._add_many)
+
+    def _add_many(self, messages: list[Any]) -> list[Any]:
+        def add(run: list[Any], vectors: Any) -> list[int]:
+            stores = [m.message if isinstance(m, WriteBackKnowledge) else m for m in run]
+            items = [{"content": m.content, **_fields(m, *_ENTRY)} for m in stores]
+            return [int(i) for i in self.layer.add_many(items, vectors=vectors)]
+
+        return [KnowledgeStored(self.key, i) for i in self._with_vectors(messages, add)]
 
     def handle(self, message: Any) -> Any:
         internal, answer = self.handle_internal(message)
         if internal:
             return answer
         layer = self.layer
-        if isinstance(message, ExportRecords):
-            return self._export()
-        if isinstance(message, ImportRecords):
-            return self._import(message.records)
+        if isinstance(message, WriteBackKnowledge):  # with the vectors answered meanwhile
+            return self.handle_batch([message])[0]
         if isinstance(message, StoreKnowledge):
-            entry_id = layer.add(
-                message.content,
-                category=message.category,
-                tags=message.tags,
-                scope=message.scope,
-                author=message.author,
-            )
+            entry_id = layer.add(message.content, **_fields(message, *_ENTRY))
             self.after_write()
             return KnowledgeStored(self.key, int(entry_id))
         if isinstance(message, QueryKnowledge):
-            hits = layer.search(
-                message.query,
-                top_k=message.top_k,
-                mode=message.mode,
-                category=message.category,
-                tags=message.tags,
-                scope=message.scope,
-                min_score=message.min_score,
-            )
-            return KnowledgeResult(self.key, tuple(hits))
+            filters = _fields(message, "top_k", "mode", "category", "tags", "scope", "min_score")
+            return KnowledgeResult(self.key, tuple(layer.search(message.query, **filters)))
         if isinstance(message, ListKnowledge):
-            entries = layer.list(
-                category=message.category,
-                tags=message.tags,
-                scope=message.scope,
-                limit=message.limit,
-                offset=message.offset,
-            )
+            entries = layer.list(**_fields(message, "category", "tags", "scope", "limit", "offset"))
             return KnowledgeList(self.key, tuple(entries))
         if isinstance(message, GetKnowledge):
             return KnowledgeItem(self.key, layer.get(message.entry_id))

@@ -7,16 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from memstrata.core.constants import DEFAULT_SESSION
-from memstrata.core.validation import (
-    check_int,
-    check_json_value,
-    check_key,
-    check_session_id,
-    check_signal_key,
-    check_signal_pattern,
-)
+from memstrata.core.validation import check_json_value
 
-from ._codec import Message, set_field
+from ._codec import Message
+from ._msg_fields import Many, OptKey, OptKeyPrefix, RowId, SessionId, SignalKey, SignalPattern
 
 __all__ = [
     "DeleteSignal",
@@ -39,17 +33,13 @@ __all__ = [
 class PublishSignal(Message):
     """Set ``key`` on a session's blackboard and notify its subscribers."""
 
-    key: str
+    key: SignalKey
     value: Any
-    publisher_id: str | None = None
-    session_id: str = DEFAULT_SESSION
+    publisher_id: OptKey = None
+    session_id: SessionId = DEFAULT_SESSION
 
-    def __post_init__(self) -> None:
-        check_signal_key(self.key, "PublishSignal.key")
+    def _check(self) -> None:
         check_json_value(self.value, f"PublishSignal.value for key {self.key!r}")
-        if self.publisher_id is not None:
-            check_key(self.publisher_id, "PublishSignal.publisher_id")
-        check_session_id(self.session_id, "PublishSignal.session_id")
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,12 +51,8 @@ class SignalPublished(Message):
 
 @dataclass(frozen=True, slots=True)
 class QuerySignal(Message):
-    key: str
-    session_id: str = DEFAULT_SESSION
-
-    def __post_init__(self) -> None:
-        check_signal_key(self.key, "QuerySignal.key")
-        check_session_id(self.session_id, "QuerySignal.session_id")
+    key: SignalKey
+    session_id: SessionId = DEFAULT_SESSION
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,12 +84,8 @@ class Signal(Message):
 class DeleteSignal(Message):
     """Remove ``key`` from a session's blackboard and tell its subscribers."""
 
-    key: str
-    session_id: str = DEFAULT_SESSION
-
-    def __post_init__(self) -> None:
-        check_signal_key(self.key, "DeleteSignal.key")
-        check_session_id(self.session_id, "DeleteSignal.session_id")
+    key: SignalKey
+    session_id: SessionId = DEFAULT_SESSION
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,12 +100,8 @@ class SignalDeleted(Message):
 class SubscribeSignal(Message):
     """Subscribe to a key, or to a prefix ending in ``*``; the callback is given separately."""
 
-    key_or_prefix: str
-    session_id: str = DEFAULT_SESSION
-
-    def __post_init__(self) -> None:
-        check_signal_pattern(self.key_or_prefix, "SubscribeSignal.key_or_prefix")
-        check_session_id(self.session_id, "SubscribeSignal.session_id")
+    key_or_prefix: SignalPattern
+    session_id: SessionId = DEFAULT_SESSION
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,12 +113,8 @@ class SignalSubscribed(Message):
 
 @dataclass(frozen=True, slots=True)
 class UnsubscribeSignal(Message):
-    subscription_id: int
-    session_id: str = DEFAULT_SESSION
-
-    def __post_init__(self) -> None:
-        check_int(self.subscription_id, "UnsubscribeSignal.subscription_id", 1, 2**62)
-        check_session_id(self.session_id, "UnsubscribeSignal.session_id")
+    subscription_id: RowId
+    session_id: SessionId = DEFAULT_SESSION
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,13 +126,8 @@ class SignalUnsubscribed(Message):
 
 @dataclass(frozen=True, slots=True)
 class ListSignals(Message):
-    prefix: str | None = None
-    session_id: str = DEFAULT_SESSION
-
-    def __post_init__(self) -> None:
-        if self.prefix is not None and self.prefix != "":
-            check_key(self.prefix, "ListSignals.prefix")
-        check_session_id(self.session_id, "ListSignals.session_id")
+    prefix: OptKeyPrefix = None
+    session_id: SessionId = DEFAULT_SESSION
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +136,4 @@ class SignalList(Message):
 
     session_id: str
     prefix: str | None
-    keys: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        set_field(self, "keys", tuple(self.keys))
+    keys: Many[str] = ()

@@ -3,26 +3,29 @@ restore them, commit the store."""
 
 from __future__ import annotations
 
-import datetime as _dt
 import typing
 from dataclasses import dataclass
+from typing import Annotated
 
-from memstrata.core.constants import MAX_TITLE_CHARS
 from memstrata.core.errors import InvalidInputError
-from memstrata.core.validation import (
-    check_agent_id,
-    check_bool,
-    check_category,
-    check_datetime,
-    check_int,
-    check_optional_text,
-    check_tags,
-    check_task_id,
-    check_text,
-    check_top_k,
-)
+from memstrata.core.validation import check_text
 
-from ._codec import Message, set_field
+from ._codec import Message, Rule
+from ._msg_fields import (
+    AgentId,
+    Category,
+    Flag,
+    Many,
+    OptTaskId,
+    Query,
+    RowId,
+    Tags,
+    Text,
+    Time,
+    Title,
+    TopK,
+    between,
+)
 
 if typing.TYPE_CHECKING:
     from memstrata.layers import Episode, EpisodeHit
@@ -48,27 +51,28 @@ __all__ = [
 ]
 
 
+def _check_path(value: object, name: str) -> str:
+    """A file path as text: non-empty, at most 4096 characters, no NUL."""
+    text = check_text(value, name)
+    if len(text) > 4096 or "\x00" in text:
+        raise InvalidInputError(f"{name} must be a file path of at most 4096 characters without NUL")
+    return text
+
+
+FilePath = Annotated[str, Rule(_check_path)]
+
+
 @dataclass(frozen=True, slots=True)
 class StoreMemory(Message):
     """Record an episode in ``agent_id``'s episodic memory (``at`` defaults to the system clock)."""
 
-    agent_id: str
-    task_run_id: str | None
-    content: str
-    title: str | None = None
-    tags: dict[str, str] | None = None
-    kind: str = "note"
-    at: _dt.datetime | None = None
-
-    def __post_init__(self) -> None:
-        check_agent_id(self.agent_id, "StoreMemory.agent_id")
-        if self.task_run_id is not None:
-            check_task_id(self.task_run_id, "StoreMemory.task_run_id")
-        check_text(self.content, "StoreMemory.content")
-        check_optional_text(self.title, "StoreMemory.title", max_chars=MAX_TITLE_CHARS)
-        set_field(self, "tags", None if self.tags is None else check_tags(self.tags, "StoreMemory.tags"))
-        check_category(self.kind, "StoreMemory.kind")
-        set_field(self, "at", check_datetime(self.at, "StoreMemory.at"))
+    agent_id: AgentId
+    task_run_id: OptTaskId
+    content: Text
+    title: Title = None
+    tags: Tags = None
+    kind: Category = "note"
+    at: Time = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,41 +85,26 @@ class MemoryStored(Message):
 class SearchMemory(Message):
     """Hybrid search of ``agent_id``'s episodes, optionally within a task run or a time range."""
 
-    agent_id: str
-    query: str
-    task_run_id: str | None = None
-    top_k: int = 10
-    since: _dt.datetime | None = None
-    until: _dt.datetime | None = None
-
-    def __post_init__(self) -> None:
-        check_agent_id(self.agent_id, "SearchMemory.agent_id")
-        check_text(self.query, "SearchMemory.query", allow_empty=True)
-        if self.task_run_id is not None:
-            check_task_id(self.task_run_id, "SearchMemory.task_run_id")
-        check_top_k(self.top_k, "SearchMemory.top_k")
-        set_field(self, "since", check_datetime(self.since, "SearchMemory.since"))
-        set_field(self, "until", check_datetime(self.until, "SearchMemory.until"))
+    agent_id: AgentId
+    query: Query
+    task_run_id: OptTaskId = None
+    top_k: TopK = 10
+    since: Time = None
+    until: Time = None
 
 
 @dataclass(frozen=True, slots=True)
 class MemorySearchResult(Message):
     agent_id: str
     task_run_id: str | None
-    hits: tuple[EpisodeHit, ...] = ()
-
-    def __post_init__(self) -> None:
-        set_field(self, "hits", tuple(self.hits))
+    hits: Many[EpisodeHit] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class CommitMemory(Message):
     """Flush ``agent_id``'s episodic memory (and apply its retention policy)."""
 
-    agent_id: str
-
-    def __post_init__(self) -> None:
-        check_agent_id(self.agent_id, "CommitMemory.agent_id")
+    agent_id: AgentId
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,42 +117,25 @@ class ListEpisodes(Message):
     """The timeline of ``agent_id``'s live episodes (``since`` inclusive, ``until`` exclusive),
     newest first unless ``newest_first`` is false, a page of ``limit`` after ``offset``."""
 
-    agent_id: str
-    task_run_id: str | None = None
-    since: _dt.datetime | None = None
-    until: _dt.datetime | None = None
-    limit: int = 100
-    offset: int = 0
-    newest_first: bool = True
-
-    def __post_init__(self) -> None:
-        check_agent_id(self.agent_id, "ListEpisodes.agent_id")
-        if self.task_run_id is not None:
-            check_task_id(self.task_run_id, "ListEpisodes.task_run_id")
-        set_field(self, "since", check_datetime(self.since, "ListEpisodes.since"))
-        set_field(self, "until", check_datetime(self.until, "ListEpisodes.until"))
-        check_int(self.limit, "ListEpisodes.limit", 0, 10_000)
-        check_int(self.offset, "ListEpisodes.offset", 0, 2**62)
-        check_bool(self.newest_first, "ListEpisodes.newest_first")
+    agent_id: AgentId
+    task_run_id: OptTaskId = None
+    since: Time = None
+    until: Time = None
+    limit: Annotated[int, between(0, 10_000)] = 100
+    offset: Annotated[int, between(0, 2**62)] = 0
+    newest_first: Flag = True
 
 
 @dataclass(frozen=True, slots=True)
 class EpisodeList(Message):
     agent_id: str
-    episodes: tuple[Episode, ...] = ()
-
-    def __post_init__(self) -> None:
-        set_field(self, "episodes", tuple(self.episodes))
+    episodes: Many[Episode] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class GetEpisode(Message):
-    agent_id: str
-    episode_id: int
-
-    def __post_init__(self) -> None:
-        check_agent_id(self.agent_id, "GetEpisode.agent_id")
-        check_int(self.episode_id, "GetEpisode.episode_id", 1, 2**62)
+    agent_id: AgentId
+    episode_id: RowId
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,12 +150,8 @@ class EpisodeItem(Message):
 class DeleteEpisode(Message):
     """Delete a live episode for good (its vector, text index and neighbours' context too)."""
 
-    agent_id: str
-    episode_id: int
-
-    def __post_init__(self) -> None:
-        check_agent_id(self.agent_id, "DeleteEpisode.agent_id")
-        check_int(self.episode_id, "DeleteEpisode.episode_id", 1, 2**62)
+    agent_id: AgentId
+    episode_id: RowId
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,17 +167,10 @@ class ArchiveEpisodes(Message):
     neither is given) into one new archive file at ``path`` (:class:`RestoreEpisodes` brings
     them back)."""
 
-    agent_id: str
-    path: str
-    before: _dt.datetime | None = None
-    task_run_id: str | None = None
-
-    def __post_init__(self) -> None:
-        check_agent_id(self.agent_id, "ArchiveEpisodes.agent_id")
-        _check_path(self.path, "ArchiveEpisodes.path")
-        set_field(self, "before", check_datetime(self.before, "ArchiveEpisodes.before"))
-        if self.task_run_id is not None:
-            check_task_id(self.task_run_id, "ArchiveEpisodes.task_run_id")
+    agent_id: AgentId
+    path: FilePath
+    before: Time = None
+    task_run_id: OptTaskId = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,12 +184,8 @@ class EpisodesArchived(Message):
 class RestoreEpisodes(Message):
     """Bring the episodes of the archive file at ``path`` back (idempotent: matched by uuid)."""
 
-    agent_id: str
-    path: str
-
-    def __post_init__(self) -> None:
-        check_agent_id(self.agent_id, "RestoreEpisodes.agent_id")
-        _check_path(self.path, "RestoreEpisodes.path")
+    agent_id: AgentId
+    path: FilePath
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,11 +193,3 @@ class EpisodesRestored(Message):
     agent_id: str
     path: str
     restored: int
-
-
-def _check_path(value: object, name: str) -> str:
-    """A file path as text: non-empty, at most 4096 characters, no NUL."""
-    text = check_text(value, name)
-    if len(text) > 4096 or "\x00" in text:
-        raise InvalidInputError(f"{name} must be a file path of at most 4096 characters without NUL")
-    return text

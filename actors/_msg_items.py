@@ -8,13 +8,14 @@ system owns ``{data_dir}/items.sqlite`` and embeds the ``index`` fields with the
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
-from memstrata.core.validation import check_bool, check_int, check_json_value, check_number, check_text, fail
+from memstrata.core.validation import check_json_value, check_number, check_text, fail
 
-from ._codec import Message, set_field
+from ._codec import Message, Rule
+from ._msg_fields import Flag, OptQuery, Text, between
 
 __all__ = [
     "ClearNamespace",
@@ -88,6 +89,61 @@ def check_namespace(value: object, name: str, *, allow_empty: bool = False) -> t
     return tuple(value)
 
 
+def _check_prefix(value: object, name: str) -> tuple[str, ...]:
+    return check_namespace(value, name, allow_empty=True)
+
+
+def _check_object(value: object, name: str) -> dict[str, Any]:
+    """A JSON object (an item's value, a filter)."""
+    if not isinstance(value, dict):
+        raise fail(name, "must be a JSON object", value)
+    check_json_value(value, name)
+    return value
+
+
+def _check_paths(value: object, name: str) -> tuple[str, ...]:
+    """The dotted paths of the fields to embed."""
+    if isinstance(value, str) or not isinstance(value, list | tuple):
+        raise fail(name, "must be a list of field paths", value)
+    for path in value:
+        check_text(path, f"{name}[]")
+    return tuple(value)
+
+
+def _check_ttl(value: object, name: str) -> float | None:
+    ttl = check_number(value, name, high=MAX_TTL_MINUTES)
+    if ttl == 0:
+        raise fail(name, "must be a positive number of minutes", value)
+    return ttl
+
+
+def _messages(kind: type[Message]) -> Callable[[object, str], tuple[Any, ...]]:
+    """The rule of a list of ``kind`` messages (a batch), held as a tuple."""
+
+    def check(value: object, name: str) -> tuple[Any, ...]:
+        if isinstance(value, str | bytes | Mapping) or not isinstance(value, list | tuple):
+            raise fail(name, "must be a list of messages", value)
+        if len(value) > MAX_WRITE_ITEMS:
+            raise fail(name, f"must hold at most {MAX_WRITE_ITEMS:,}", len(value))
+        for n, message in enumerate(value):
+            if not isinstance(message, kind):
+                raise fail(f"{name}[{n}]", f"must be a {kind.__name__}", type(message).__name__)
+        return tuple(value)
+
+    return check
+
+
+Namespace = Annotated[tuple[str, ...], Rule(check_namespace, normalise=True)]
+Prefix = Annotated[tuple[str, ...], Rule(_check_prefix, normalise=True)]  # () is every namespace
+OptPrefix = Annotated[tuple[str, ...] | None, Rule(_check_prefix, normalise=True, optional=True)]
+JsonObject = Annotated[dict[str, Any], Rule(_check_object)]
+FieldPaths = Annotated[tuple[str, ...] | None, Rule(_check_paths, normalise=True, optional=True)]
+OptVector = Annotated[tuple[float, ...] | None, Rule(check_vector, normalise=True, optional=True)]
+Vectors = Annotated[dict[str, tuple[float, ...]] | None, Rule(check_vectors, normalise=True, optional=True)]
+Limit = Annotated[int, between(0, MAX_ITEM_LIMIT)]
+Offset = Annotated[int, between(0, 2**31)]
+
+
 @dataclass(frozen=True, slots=True)
 class StoredItem:
     """One item; ``score`` is the best indexed field's cosine similarity when a query ranked it."""
@@ -111,32 +167,16 @@ class PutItem(Message):
     one dimension, finite). ``ttl_minutes``: expiry.
     """
 
-    namespace: tuple[str, ...]
-    key: str
-    value: dict[str, Any]
-    index: tuple[str, ...] | None = None
-    ttl_minutes: float | None = None
-    vectors: dict[str, tuple[float, ...]] | None = None
+    namespace: Namespace
+    key: Text
+    value: JsonObject
+    index: FieldPaths = None
+    ttl_minutes: Annotated[float | None, Rule(_check_ttl)] = None
+    vectors: Vectors = None
 
-    def __post_init__(self) -> None:
-        set_field(self, "namespace", check_namespace(self.namespace, "PutItem.namespace"))
-        check_text(self.key, "PutItem.key")
-        if not isinstance(self.value, dict):
-            raise fail("PutItem.value", "must be a JSON object", self.value)
-        check_json_value(self.value, "PutItem.value")
-        if self.index is not None:
-            if isinstance(self.index, str) or not isinstance(self.index, list | tuple):
-                raise fail("PutItem.index", "must be a list of field paths", self.index)
-            for path in self.index:
-                check_text(path, "PutItem.index[]")
-            set_field(self, "index", tuple(self.index))
-        ttl = check_number(self.ttl_minutes, "PutItem.ttl_minutes", high=MAX_TTL_MINUTES)
-        if ttl == 0:
-            raise fail("PutItem.ttl_minutes", "must be a positive number of minutes", self.ttl_minutes)
-        if self.vectors is not None:
-            if self.index:
-                raise fail("PutItem.vectors", "cannot come with index (give one or the other)", self.index)
-            set_field(self, "vectors", check_vectors(self.vectors, "PutItem.vectors"))
+    def _check(self) -> None:
+        if self.vectors is not None and self.index:
+            raise fail("PutItem.vectors", "cannot come with index (give one or the other)", self.index)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,14 +189,9 @@ class ItemStored(Message):
 class GetItem(Message):
     """Read one live item; ``refresh_ttl`` restarts its lifetime."""
 
-    namespace: tuple[str, ...]
-    key: str
-    refresh_ttl: bool = False
-
-    def __post_init__(self) -> None:
-        set_field(self, "namespace", check_namespace(self.namespace, "GetItem.namespace"))
-        check_text(self.key, "GetItem.key")
-        check_bool(self.refresh_ttl, "GetItem.refresh_ttl")
+    namespace: Namespace
+    key: Text
+    refresh_ttl: Flag = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,29 +209,17 @@ class SearchItems(Message):
     query's vector computed by the caller's model. ``refresh_ttl`` restarts the found items'
     lifetimes."""
 
-    prefix: tuple[str, ...] = ()
-    query: str | None = None
-    filter: dict[str, Any] | None = None
-    limit: int = 10
-    offset: int = 0
-    query_vector: tuple[float, ...] | None = None
-    refresh_ttl: bool = False
+    prefix: Prefix = ()
+    query: OptQuery = None
+    filter: Annotated[dict[str, Any] | None, Rule(_check_object, optional=True)] = None
+    limit: Limit = 10
+    offset: Offset = 0
+    query_vector: OptVector = None
+    refresh_ttl: Flag = False
 
-    def __post_init__(self) -> None:
-        set_field(self, "prefix", check_namespace(self.prefix, "SearchItems.prefix", allow_empty=True))
-        if self.query is not None:
-            check_text(self.query, "SearchItems.query", allow_empty=True)
-        if self.filter is not None:
-            if not isinstance(self.filter, dict):
-                raise fail("SearchItems.filter", "must be a JSON object", self.filter)
-            check_json_value(self.filter, "SearchItems.filter")
-        check_int(self.limit, "SearchItems.limit", 0, MAX_ITEM_LIMIT)
-        check_int(self.offset, "SearchItems.offset", 0, 2**31)
-        if self.query_vector is not None:
-            if self.query is not None:
-                raise fail("SearchItems.query_vector", "cannot come with query (give one or the other)", "")
-            set_field(self, "query_vector", check_vector(self.query_vector, "SearchItems.query_vector"))
-        check_bool(self.refresh_ttl, "SearchItems.refresh_ttl")
+    def _check(self) -> None:
+        if self.query_vector is not None and self.query is not None:
+            raise fail("SearchItems.query_vector", "cannot come with query (give one or the other)", "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,12 +232,8 @@ class ItemList(Message):
 class DeleteItem(Message):
     """Really delete one item (its vectors go with it)."""
 
-    namespace: tuple[str, ...]
-    key: str
-
-    def __post_init__(self) -> None:
-        set_field(self, "namespace", check_namespace(self.namespace, "DeleteItem.namespace"))
-        check_text(self.key, "DeleteItem.key")
+    namespace: Namespace
+    key: Text
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,23 +248,8 @@ class WriteItems(Message):
     """Deletes, then puts, applied in one transaction (a LangGraph batch, an import): the puts
     with ``index`` share one embedding request."""
 
-    puts: tuple[PutItem, ...] = ()
-    deletes: tuple[DeleteItem, ...] = ()
-
-    def __post_init__(self) -> None:
-        for name in ("puts", "deletes"):
-            value = getattr(self, name)
-            if isinstance(value, str | bytes | Mapping) or not isinstance(value, list | tuple):
-                raise fail(f"WriteItems.{name}", "must be a list of messages", value)
-            if len(value) > MAX_WRITE_ITEMS:
-                raise fail(f"WriteItems.{name}", f"must hold at most {MAX_WRITE_ITEMS:,}", len(value))
-            set_field(self, name, tuple(value))
-        for n, put in enumerate(self.puts):
-            if not isinstance(put, PutItem):
-                raise fail(f"WriteItems.puts[{n}]", "must be a PutItem", type(put).__name__)
-        for n, delete in enumerate(self.deletes):
-            if not isinstance(delete, DeleteItem):
-                raise fail(f"WriteItems.deletes[{n}]", "must be a DeleteItem", type(delete).__name__)
+    puts: Annotated[tuple[PutItem, ...], Rule(_messages(PutItem), normalise=True)] = ()
+    deletes: Annotated[tuple[DeleteItem, ...], Rule(_messages(DeleteItem), normalise=True)] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,33 +263,22 @@ class TailItems(Message):
     """The last ``limit`` live items of one namespace in insertion order (all when ``None``): a
     conversation's history read from its end."""
 
-    namespace: tuple[str, ...]
-    limit: int | None = None
-
-    def __post_init__(self) -> None:
-        set_field(self, "namespace", check_namespace(self.namespace, "TailItems.namespace"))
-        if self.limit is not None:
-            check_int(self.limit, "TailItems.limit", 0, 2**31)
+    namespace: Namespace
+    limit: Annotated[int | None, between(0, 2**31, optional=True)] = None
 
 
 @dataclass(frozen=True, slots=True)
 class PopItem(Message):
     """Remove and return the most recently inserted live item of a namespace."""
 
-    namespace: tuple[str, ...]
-
-    def __post_init__(self) -> None:
-        set_field(self, "namespace", check_namespace(self.namespace, "PopItem.namespace"))
+    namespace: Namespace
 
 
 @dataclass(frozen=True, slots=True)
 class ClearNamespace(Message):
     """Delete every item of exactly this namespace (its descendants keep theirs)."""
 
-    namespace: tuple[str, ...]
-
-    def __post_init__(self) -> None:
-        set_field(self, "namespace", check_namespace(self.namespace, "ClearNamespace.namespace"))
+    namespace: Namespace
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,21 +292,11 @@ class ListNamespaces(Message):
     """The distinct namespaces holding live items, sorted; ``prefix``/``suffix`` labels ``"*"``
     match any label; ``max_depth`` cuts longer namespaces to that depth."""
 
-    prefix: tuple[str, ...] | None = None
-    suffix: tuple[str, ...] | None = None
-    max_depth: int | None = None
-    limit: int = 100
-    offset: int = 0
-
-    def __post_init__(self) -> None:
-        if self.prefix is not None:
-            set_field(self, "prefix", check_namespace(self.prefix, "ListNamespaces.prefix", allow_empty=True))
-        if self.suffix is not None:
-            set_field(self, "suffix", check_namespace(self.suffix, "ListNamespaces.suffix", allow_empty=True))
-        if self.max_depth is not None:
-            check_int(self.max_depth, "ListNamespaces.max_depth", 1, 1000)
-        check_int(self.limit, "ListNamespaces.limit", 0, MAX_ITEM_LIMIT)
-        check_int(self.offset, "ListNamespaces.offset", 0, 2**31)
+    prefix: OptPrefix = None
+    suffix: OptPrefix = None
+    max_depth: Annotated[int | None, between(1, 1000, optional=True)] = None
+    limit: Limit = 100
+    offset: Offset = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,10 +308,7 @@ class NamespaceList(Message):
 class SweepItems(Message):
     """Delete the expired items now, only those under the namespace ``prefix`` when given."""
 
-    prefix: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        set_field(self, "prefix", check_namespace(self.prefix, "SweepItems.prefix", allow_empty=True))
+    prefix: Prefix = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,17 +5,8 @@ from __future__ import annotations
 import typing
 from dataclasses import dataclass
 
-from memstrata.core.validation import (
-    check_agent_id,
-    check_category,
-    check_scope,
-    check_tags,
-    check_task_id,
-    check_text,
-    check_top_k,
-)
-
-from ._codec import Message, set_field
+from ._codec import Message
+from ._msg_fields import Many, OptAgentId, OptCategory, OptQuery, OptScope, OptTopK, Tags, TaskId, Text
 
 if typing.TYPE_CHECKING:
     from memstrata.layers import EpisodeHit, KnowledgeHit
@@ -39,29 +30,14 @@ class TaskAssigned(Message):
     (``system.agent(id).ask(msg)``); ``query`` defaults to the description.
     """
 
-    task_id: str
-    description: str
-    agent_id: str | None = None
-    query: str | None = None
-    category: str | None = None
-    tags: dict[str, str] | None = None
-    scope: str | None = None
-    top_k: int | None = None
-
-    def __post_init__(self) -> None:
-        check_task_id(self.task_id, "TaskAssigned.task_id")
-        check_text(self.description, "TaskAssigned.description")
-        if self.agent_id is not None:
-            check_agent_id(self.agent_id, "TaskAssigned.agent_id")
-        if self.query is not None:
-            check_text(self.query, "TaskAssigned.query", allow_empty=True)
-        if self.category is not None:
-            check_category(self.category, "TaskAssigned.category")
-        set_field(self, "tags", None if self.tags is None else check_tags(self.tags, "TaskAssigned.tags"))
-        if self.scope is not None:
-            set_field(self, "scope", check_scope(self.scope, "TaskAssigned.scope"))
-        if self.top_k is not None:
-            check_top_k(self.top_k, "TaskAssigned.top_k")
+    task_id: TaskId
+    description: Text
+    agent_id: OptAgentId = None
+    query: OptQuery = None
+    category: OptCategory = None
+    tags: Tags = None
+    scope: OptScope = None
+    top_k: OptTopK = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,48 +61,31 @@ class TaskPrompt(Message):
     """The prompt for a task: knowledge context + task, or the fallback (task only) and why."""
 
     text: str
-    hits: tuple[KnowledgeHit, ...] = ()
+    hits: Many[KnowledgeHit] = ()
     fallback: bool = False
     reason: str | None = None
     agent_id: str = ""
     task_id: str = ""
-    episodes: tuple[EpisodeHit, ...] = ()
-    files: tuple[FileContext, ...] = ()  # memory-file and code chunks, in prompt order
-
-    def __post_init__(self) -> None:
-        set_field(self, "hits", tuple(self.hits))
-        set_field(self, "episodes", tuple(self.episodes))
-        set_field(self, "files", tuple(self.files))
+    episodes: Many[EpisodeHit] = ()
+    files: Many[FileContext] = ()  # memory-file and code chunks, in prompt order
 
 
 @dataclass(frozen=True, slots=True)
 class TaskCompleted(Message):
     """Write-back: the summary becomes an ``outcome`` entry and an episode (durable when acked)."""
 
-    task_id: str
-    summary: str
-    agent_id: str | None = None
-
-    def __post_init__(self) -> None:
-        check_task_id(self.task_id, "TaskCompleted.task_id")
-        check_text(self.summary, "TaskCompleted.summary")
-        if self.agent_id is not None:
-            check_agent_id(self.agent_id, "TaskCompleted.agent_id")
+    task_id: TaskId
+    summary: Text
+    agent_id: OptAgentId = None
 
 
 @dataclass(frozen=True, slots=True)
 class TaskFailed(Message):
     """Write-back: the reason becomes a ``pitfall`` entry and an episode (durable when acked)."""
 
-    task_id: str
-    reason: str
-    agent_id: str | None = None
-
-    def __post_init__(self) -> None:
-        check_task_id(self.task_id, "TaskFailed.task_id")
-        check_text(self.reason, "TaskFailed.reason")
-        if self.agent_id is not None:
-            check_agent_id(self.agent_id, "TaskFailed.agent_id")
+    task_id: TaskId
+    reason: Text
+    agent_id: OptAgentId = None
 
 
 @dataclass(frozen=True, slots=True)

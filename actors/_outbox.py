@@ -231,19 +231,9 @@ class Outbox:
             )
         return [self._row(tuple(r)) for r in rows]
 
-    def mark_done(self, row_id: int, part: str) -> bool:
-        """Record that ``part`` is stored; deletes the row (and returns True) once both are."""
-        column = {"knowledge": "knowledge_done", "episode": "episode_done"}[part]
-        with self.db.transaction():
-            self.db.execute(f"UPDATE outbox SET {column} = 1 WHERE id = ?", (row_id,))
-            cursor = self.db.execute(
-                "DELETE FROM outbox WHERE id = ? AND knowledge_done = 1 AND episode_done = 1", (row_id,)
-            )
-            return int(cursor.rowcount) > 0
-
     def mark_done_many(self, parts: list[tuple[int, str]]) -> list[int]:
-        """:meth:`mark_done` for many ``(row_id, part)`` in one transaction; the ids of the rows
-        that are now complete (and deleted)."""
+        """Record that each ``(row_id, part)`` is stored, in one transaction; a row whose two parts
+        are stored is deleted. Returns the ids of the rows deleted."""
         if not parts:
             return []
         by_column: dict[str, list[int]] = {}

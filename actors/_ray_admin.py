@@ -24,12 +24,15 @@ __all__ = [
     "ClusterSupervision",
     "HostLifecycle",
     "actor_states",
+    "ask_hosts",
     "cluster_down",
     "cluster_summary",
     "host_kind",
+    "host_names",
     "host_reports",
     "memstrata_actors",
     "nodes",
+    "take_down",
 ]
 
 _LAYERS = ("knowledge", "episodic", "working")
@@ -58,15 +61,37 @@ def memstrata_actors(namespace: str) -> list[str]:
     )
 
 
+def host_names(namespace: str) -> list[str]:
+    """The names of the hosts in ``namespace`` (its actors but the node embedders), sorted."""
+    return [name for name in memstrata_actors(namespace) if not name.startswith("embedder:")]
+
+
+def ask_hosts(
+    names: list[str], namespace: str, call: Callable[[Any], Any], bound_s: float | None
+) -> list[Any]:
+    """``call(handle)`` on every named host at once; the answers that came within ``bound_s``
+    (a host that is gone or fails is left out)."""
+    pending = []
+    for name in names:
+        with contextlib.suppress(Exception):  # not there (yet): nothing of it to report
+            pending.append(call(ray.get_actor(name, namespace=namespace)))
+    if not pending:
+        return []
+    ready, _ = ray.wait(pending, num_returns=len(pending), timeout=bound_s)
+    answers = []
+    for ref in ready:
+        with contextlib.suppress(Exception):
+            answers.append(ray.get(ref))
+    return answers
+
+
 def host_reports(namespace: str, timeout: float, round_trip_s: float) -> dict[str, dict[str, Any]]:
     """Every host's report (its node, process, actors' status, restarts and degraded agents),
     asked of all hosts at once; ``{"error": ...}`` for one that does not answer within
     ``timeout`` plus ``round_trip_s``."""
     pending: dict[Any, str] = {}
     reports: dict[str, dict[str, Any]] = {}
-    for name in memstrata_actors(namespace):
-        if name.startswith("embedder:"):
-            continue
+    for name in host_names(namespace):
         try:
             handle = ray.get_actor(name, namespace=namespace)
             pending[handle.report.remote(timeout)] = name
@@ -102,8 +127,8 @@ def actor_states(reports: dict[str, dict[str, Any]]) -> dict[tuple[str, str], di
 
 
 def cluster_summary(namespace: str, reports: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The ``cluster`` part of ``status()``: the nodes, and each host's node, process, actors,
-    restarts and degraded agents."""
+    """The ``cluster`` part of ``status()``: the nodes, each host's node, process, actors,
+    restarts and degraded agents, and each node embedder's node."""
     hosts = {
         name: report
         if "error" in report
@@ -116,7 +141,10 @@ def cluster_summary(namespace: str, reports: dict[str, dict[str, Any]]) -> dict[
         }
         for name, report in reports.items()
     }
-    return {"namespace": namespace, "nodes": nodes(), "hosts": hosts}
+    embedders = {
+        name: name.split(":")[1] for name in memstrata_actors(namespace) if name.startswith("embedder:")
+    }
+    return {"namespace": namespace, "nodes": nodes(), "hosts": hosts, "embedders": embedders}
 
 
 def nodes() -> list[dict[str, Any]]:
@@ -136,6 +164,11 @@ def nodes() -> list[dict[str, Any]]:
 def cluster_down(namespace: str, timeout: float) -> list[str]:
     """Stop every host and node embedder of ``namespace`` for good; what did not stop cleanly
     (a host that did not answer is killed all the same: what it acknowledged is on disk)."""
+    return take_down(namespace, timeout)[1]
+
+
+def take_down(namespace: str, timeout: float) -> tuple[list[str], list[str]]:
+    """:func:`cluster_down`, with the names of the actors it ended first."""
     names = memstrata_actors(namespace)
     handles: dict[str, Any] = {}
     for name in names:
@@ -155,12 +188,15 @@ def cluster_down(namespace: str, timeout: float) -> list[str]:
             except Exception as exc:
                 problems.append(f"{closing[ref]}: {type(exc).__name__}: {exc}")
         problems += [f"{closing[ref]}: did not stop within {timeout + 10:g} s" for ref in late]
+    ended = []
     for name, handle in handles.items():
         try:
             ray.kill(handle, no_restart=True)
         except Exception as exc:
             problems.append(f"{name}: {type(exc).__name__}: {exc}")
-    return problems
+        else:
+            ended.append(name)
+    return ended, problems
 
 
 class ClusterSupervision(Supervision):
@@ -180,22 +216,10 @@ class ClusterSupervision(Supervision):
         self._bound_s = bound_s
 
     def _ask(self, names: list[str], call: Callable[[Any], Any]) -> list[Any]:
-        """``call(handle)`` on every named host at once; the answers that came within the bound."""
-        pending = []
-        for name in names:
-            with contextlib.suppress(Exception):  # not there (yet): nothing of it to report
-                pending.append(call(ray.get_actor(name, namespace=self._namespace)))
-        if not pending:
-            return []
-        ready, _ = ray.wait(pending, num_returns=len(pending), timeout=self._bound_s)
-        answers = []
-        for ref in ready:
-            with contextlib.suppress(Exception):
-                answers.append(ray.get(ref))
-        return answers
+        return ask_hosts(names, self._namespace, call, self._bound_s)
 
     def _hosts(self) -> list[str]:
-        return [n for n in memstrata_actors(self._namespace) if not n.startswith("embedder:")]
+        return host_names(self._namespace)
 
     def degraded(self) -> dict[str, str]:
         found = super().degraded()
@@ -234,6 +258,11 @@ class HostLifecycle:
     async def revive(self, owner: str) -> bool:
         """Clear an agent's degraded mark and restart budget here (see ``MemorySystem.revive``)."""
         return bool(self.runtime.supervision.revive(owner))
+
+    async def running(self) -> list[tuple[str, str]]:
+        """``(kind, key)`` of the memory actors running in this host (what an export reads)."""
+        await self._ready()
+        return list(self.runtime.running())
 
     async def report(self, timeout: float) -> dict[str, Any]:
         """Where this host runs and how its actors are (for a driver's ``status()``)."""

@@ -23,6 +23,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from memstrata.core.config import Config, EmbeddingConfig
 from memstrata.core.errors import EmbeddingError
 from memstrata.storage import Embedder
+from memstrata.storage._embedder_identity import ModelIdentity
 
 from ._embedding import BatchingEmbedder
 from ._embedding_services import ModelLoader, load_model
@@ -94,7 +95,7 @@ def embedder_name(node: str, settings: EmbeddingConfig, system: EmbeddingConfig)
     return f"embedder:{node}:{digest}"
 
 
-class RemoteEmbedder:
+class RemoteEmbedder(ModelIdentity):
     """An ``Embedder`` that asks the node's :class:`NodeEmbedder`, bounded by ``timeout_s``."""
 
     def __init__(self, service: Any, model_id: str, dim: int, timeout_s: float) -> None:
@@ -110,14 +111,6 @@ class RemoteEmbedder:
         if isinstance(info, str):
             return None, info
         return cls(service, info[0], int(info[1]), timeout_s), None
-
-    @property
-    def model_id(self) -> str:
-        return self._model_id
-
-    @property
-    def dim(self) -> int:
-        return self._dim
 
     def _get(self, pending: Any) -> Any:
         try:

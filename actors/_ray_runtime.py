@@ -23,8 +23,11 @@ import contextlib
 import dataclasses
 import logging
 import os
+import socket
 import threading
+import time
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -51,9 +54,12 @@ from ._ray_admin import (
     ClusterSupervision,
     HostLifecycle,
     actor_states,
+    ask_hosts,
     cluster_down,
     cluster_summary,
+    host_names,
     host_reports,
+    take_down,
 )
 from ._ray_board import JournaledBoardSupervisor
 from ._ray_embedding import node_embedder
@@ -61,7 +67,7 @@ from ._ray_relays import RelayEndpoint, run_relay
 from ._runtime import Runtime, StopReport
 from ._store_base import LayerStores
 
-__all__ = ["RayRuntime", "connect", "host_name"]
+__all__ = ["RayRuntime", "cluster_report", "connect", "end_cluster", "host_name", "joined"]
 
 log = logging.getLogger("memstrata.actors")
 
@@ -72,6 +78,7 @@ _HOST_CONCURRENCY = 1000  # calls a host serves at once (its pykka actors still 
 # mailboxes in the caller's order. A predecessor that was submitted arrives (a busy machine can
 # delay it by seconds); this bound only keeps a host from waiting forever on one that never will.
 _ORDER_WAIT_S = 60.0
+_PROBE_S = 5.0  # how long a head's address may take to accept a connection
 
 
 def connect(config: Config) -> None:
@@ -79,6 +86,7 @@ def connect(config: Config) -> None:
     if ray.is_initialized():
         return
     address = config.cluster.address
+    _probe(address)
     try:
         ray.init(
             address=None if address == "local" else address,
@@ -88,6 +96,54 @@ def connect(config: Config) -> None:
         )
     except Exception as exc:
         raise SystemStoppedError(f"cannot join the Ray cluster at {address!r}: {exc}") from exc
+
+
+def _probe(address: str) -> None:
+    """A head that does not answer is a clear error at once (Ray itself retries for minutes)."""
+    if address in ("auto", "local"):
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=_PROBE_S):
+            pass
+    except OSError as exc:
+        raise SystemStoppedError(
+            f"cannot join the Ray cluster at {address!r}: nothing answers at {host}:{port} "
+            f"within {_PROBE_S:g} s ({exc})"
+        ) from exc
+
+
+@contextlib.contextmanager
+def joined(config: Config) -> Iterator[None]:
+    """This process connected to the configured cluster for the block; a connection it made
+    is closed after it (one it had before is kept)."""
+    made = not ray.is_initialized()
+    connect(config)
+    try:
+        yield
+    finally:
+        if made:
+            ray.shutdown()
+
+
+def cluster_report(config: Config, timeout: float) -> dict[str, Any]:
+    """What ``status()["cluster"]`` says, asked by a process that holds no memory actor (see
+    ``memstrata cluster status``); call it within :func:`joined`."""
+    namespace = config.cluster.namespace
+    reports = host_reports(namespace, timeout, _round_trip_s(config))
+    return {"engine": "ray", "address": config.cluster.address, **cluster_summary(namespace, reports)}
+
+
+def end_cluster(config: Config, timeout: float) -> tuple[list[str], list[str]]:
+    """Every host and node embedder of the configured namespace ended for good (see
+    ``_ray_admin.cluster_down``): the names ended, and what did not stop cleanly."""
+    return take_down(config.cluster.namespace, timeout)
+
+
+def _round_trip_s(config: Config) -> float:
+    """How much longer than a status timeout a driver waits for the hosts' reports (a loaded
+    machine delays Ray's hops, not the hosts' own bound)."""
+    return min(float(config.actors.ask_timeout_s), 30.0)
 
 
 def host_name(config: Config, kind: str, key: str) -> str:
@@ -310,25 +366,45 @@ class RayRuntime(Runtime):
         self._cluster_seen = host_reports(self.config.cluster.namespace, timeout, self._round_trip_s())
         return {**found, **actor_states(self._cluster_seen)}
 
+    def running(self) -> list[tuple[str, str]]:
+        """In a driver: this process's actors and those of every host of the namespace (other
+        drivers' agents included), so an export reads what the local engine's would."""
+        found = set(super().running())
+        if not self._local:
+            namespace = self.config.cluster.namespace
+            bound = self._round_trip_s()
+            for answer in ask_hosts(host_names(namespace), namespace, lambda h: h.running.remote(), bound):
+                found.update((str(kind), str(key)) for kind, key in answer)
+        return sorted(found)
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """In a driver: this process's requests, then the hosts it sent them to idle too (a
+        write-back runs in its agent's host after the driver was answered)."""
+        started = time.monotonic()
+        if not super().wait_idle(timeout):
+            return False
+        with self._lock:
+            names = sorted(self._hosts)
+        if self._local or not names:
+            return True
+        left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
+        drained = ask_hosts(names, self.config.cluster.namespace, lambda h: h.drain.remote(left), left)
+        return len(drained) == len(names) and all(drained)
+
     def _hosts_of(self, owner: str) -> list[str]:
         """The names of the hosts that run an agent's actors."""
         return sorted({host_name(self.config, kind, owner) for kind in _AGENT_KINDS})
 
     def _round_trip_s(self) -> float:
-        """How much longer than a status timeout a driver waits for the hosts' reports (a loaded
-        machine delays Ray's hops, not the hosts' own bound)."""
-        return min(float(self.config.actors.ask_timeout_s), 30.0)
+        return _round_trip_s(self.config)
 
     def cluster_status(self, timeout: float = 2.0) -> dict[str, Any]:
-        """The nodes, and each host: where it runs, what it holds, its restarts and degraded
-        agents (from the last :meth:`actor_status`, else asked now)."""
-        namespace = self.config.cluster.namespace
-        reports = self._cluster_seen or host_reports(namespace, timeout, self._round_trip_s())
-        return {
-            "engine": "ray",
-            "address": self.config.cluster.address,
-            **cluster_summary(namespace, reports),
-        }
+        """The nodes, each host (where it runs, what it holds, its restarts and degraded agents,
+        from the last :meth:`actor_status`, else asked now) and the node embedders."""
+        if not self._cluster_seen:
+            return cluster_report(self.config, timeout)
+        summary = cluster_summary(self.config.cluster.namespace, self._cluster_seen)
+        return {"engine": "ray", "address": self.config.cluster.address, **summary}
 
     def stop_cluster(self, timeout: float | None = None) -> list[str]:
         """Stop this driver, then every host and node embedder of the namespace (see
@@ -474,7 +550,7 @@ class Host(RelayEndpoint, HostLifecycle):
             self._end_board()
         return late
 
-    async def drain(self, timeout: float) -> bool:
+    async def drain(self, timeout: float | None) -> bool:
         return await asyncio.to_thread(self.runtime.wait_idle, timeout)
 
     async def where(self) -> tuple[str, int]:

@@ -475,6 +475,11 @@ class Runtime(EmbeddingServices):
                 )
         return found
 
+    def running(self) -> list[tuple[str, str]]:
+        """``(kind, key)`` of every running memory actor of the system (what an export reads);
+        an engine whose actors run in other processes adds theirs."""
+        return [(kind, key) for kind, key, _ in self.children()]
+
     def actor_status(self, timeout: float = 2.0) -> dict[tuple[str, str], dict[str, Any]]:
         """Each live actor's status (``{"error": ...}`` for one that does not answer in time)."""
         pending = []

@@ -14,15 +14,18 @@ the pending texts without waiting (``submit_documents``) and stores the answer, 
 thread, when a :class:`VectorsReady` comes back. A search first waits for those answers within
 its own embedding deadline (read-your-writes), then searches; messages that need no model
 never wait. A failed answer is retried with backoff (:class:`CatchUp`) until the model works.
+Answers are stored together, and a write-back waits (bounded) for its own vector to be written
+with it, so a busy store writes about once per model batch (see :class:`_PersistentActor`).
 With any other embedder the layer embeds inline, as a direct user of the layer does.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import itertools
 import queue
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -33,16 +36,19 @@ import numpy as np
 import numpy.typing as npt
 
 from memstrata.core.config import Config
+from memstrata.core.constants import EMBED_CHARS  # what a write-back's vector is made of
 from memstrata.core.errors import InvalidInputError, StorageError
 from memstrata.core.validation import check_content
 from memstrata.storage import Embedder
 from memstrata.storage._embedding import EmbedWatch, embed_deadline, embed_time_left
 
-from ._base import ActorRuntime, MemoryActor
+from ._base import ActorRuntime, Envelope, MemoryActor, Status
+from ._concurrency import TimerHandle
 from ._embedding import BatchingEmbedder
 from .messages import (
     QueryKnowledge,
     SearchMemory,
+    StoreKnowledge,
     StoreMemory,
 )
 
@@ -58,6 +64,7 @@ __all__ = [
     "StoreFactory",
     "VectorsReady",
     "WriteBackEpisode",
+    "WriteBackKnowledge",
 ]
 
 
@@ -108,6 +115,15 @@ class WriteBackEpisode:
 
     message: StoreMemory
     once: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class WriteBackKnowledge:
+    """Internal: the knowledge entry of a write-back (its text passed the content rule before its
+    outbox acknowledged it). Like :class:`WriteBackEpisode`, it may wait for the store's vectors
+    in flight to be written in their transaction (see :class:`_PersistentActor`)."""
+
+    message: StoreKnowledge
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +183,41 @@ class _AskVectors:
     (writes arriving together share one request, one model batch and one vector transaction)."""
 
 
+@dataclass(frozen=True, slots=True)
+class _FlushHeld:
+    """Internal: write the held write-backs whose vectors are answered, or (``bound``: their
+    wait is up) all of them."""
+
+    bound: bool = False
+
+
+@dataclass(slots=True)
+class _Held:
+    """Write-backs waiting for their vectors: rows ``offset`` on of ``future``'s answer, once
+    asked for."""
+
+    envelopes: list[Envelope]
+    future: Future[FloatArray] | None = field(default=None, repr=False)
+    offset: int = 0
+
+    def answered(self) -> bool:
+        return self.future is not None and self.future.done()
+
+
+@dataclass(slots=True)
+class _Answered:
+    """Answered vector requests taken together: their rows, and the last failure among them."""
+
+    ids: list[int] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    rows: list[FloatArray] = field(default_factory=list)
+    failed: BaseException | None = None
+    requests: int = 0
+
+    def vectors(self) -> FloatArray:
+        return self.rows[0] if len(self.rows) == 1 else np.concatenate(self.rows)
+
+
 @dataclass(slots=True)
 class _VectorRequest:
     """Pending rows whose vectors the embedding service computes now."""
@@ -179,7 +230,14 @@ class _VectorRequest:
 _CATCH_UP_FIRST_S = 0.25  # first retry of pending vectors after a write left some
 _CATCH_UP_MAX_S = 30.0  # backoff cap while the model stays faulty
 _VECTORS_IN_FLIGHT = 1024  # rows whose vectors one store asks for at a time
+_HOLD_S = 1.0  # longest a write-back waits for the vectors in flight before it is written alone
 _tokens = itertools.count(1)  # vector requests, unique in the process (a reopened layer ignores old ones)
+
+
+def _fields(message: Any, *names: str) -> dict[str, Any]:
+    """Keyword arguments of a layer call: these fields of ``message``, named as the layer names
+    its parameters."""
+    return {name: getattr(message, name) for name in names}
 
 
 def _layer_config(runtime: ActorRuntime, key: str) -> Config:
@@ -196,6 +254,17 @@ class _PersistentActor(MemoryActor):
 
     With the shared embedding service, vectors are computed apart from the writes (see the
     module's docstring): ``_requests`` holds the vector requests in flight, by token.
+
+    Write-backs as before vectors were computed apart, without the wait: an agent completing
+    tasks one after another sends its stores one write-back at a time, and written at once each
+    would cost a transaction, and its vector one more. So while the model is well, a write-back
+    (:meth:`held_write`) is held in ``_held`` while its vector, asked for on arrival, is
+    computed; those answered are then written with their vectors, together with the answers to
+    other requests, in one transaction (the write-backs arriving meanwhile share it, as the
+    writes queued behind an inline model call used to). A write-back waits at most ``_HOLD_S``
+    (then it is written with its vector pending: a hung model never holds it longer), and any
+    other message (a search, a user's write) writes the held ones first, so the mailbox's order
+    is kept. Their callers are answered once they are committed, as always.
     """
 
     _catch_up_due = False
@@ -204,6 +273,14 @@ class _PersistentActor(MemoryActor):
     _service: BatchingEmbedder | None = None  # set when vectors are computed apart
     _requests: dict[int, _VectorRequest]
     _in_flight: set[int]
+    _held: list[_Held] | None = None  # write-backs waiting for their vectors
+    _hold_timer: TimerHandle | None = None
+    _ready: dict[int, FloatArray]  # vectors of the held write-backs being written, by id(message)
+    _inline: set[int]  # of those, the messages written with their vector, by id(message)
+
+    def __init__(self, runtime: ActorRuntime, key: str, owner: str | None = None) -> None:
+        super().__init__(runtime, key, owner)
+        self._ready, self._inline = {}, set()
 
     def _open(self) -> Any:
         """Open the layer; with the shared service, vectors are deferred and those left pending
@@ -248,10 +325,7 @@ class _PersistentActor(MemoryActor):
             if not stuck:
                 futures = [r.future for r in self._requests.values()]
                 concurrent.futures.wait(futures, timeout=embed_time_left())
-            done = [t for t, r in self._requests.items() if r.future.done()]
-            for token in done:
-                self._vectors_ready(token)
-            if not done or stuck:
+            if not self._store_answered() or stuck:
                 break
         waiting = len(self._in_flight)
         if not waiting:
@@ -316,27 +390,233 @@ class _PersistentActor(MemoryActor):
         """A request for ``ids`` was answered and its vectors handed to the layer."""
 
     def _vectors_ready(self, token: int) -> None:
-        """Store the vectors of request ``token`` (rows changed or deleted meanwhile are skipped
-        by the layer), then ask for what is still pending; a failure is retried with backoff."""
-        request = self._requests.pop(token, None)
-        if request is None:  # already stored by a search, or asked for by a layer since reopened
-            return
-        self._in_flight.difference_update(request.ids)
-        error = request.future.exception()
-        if error is not None:
+        """The request ``token`` was answered: store it, with every other answered request (with
+        the held write-backs when there are some: see :meth:`_writing`)."""
+        if token in self._requests and not self._held:  # else already stored, or asked for by a
+            self._store_answered()  # layer since reopened
+
+    def _store_answered(self) -> int:
+        """Store the vectors of every answered request in one transaction (the service answers a
+        whole model batch at once), then ask for what is still pending; how many requests were
+        answered."""
+        answered = self._take_answered()
+        if answered.ids:
+            try:
+                self.layer.store_vectors(answered.ids, answered.texts, answered.vectors())
+            except StorageError:
+                self._vectors_failed()  # the rows stay pending; a busy or full disk is retried
+                raise
+        self._answered_stored(answered, ask=True)
+        return answered.requests
+
+    def _take_answered(self) -> _Answered:
+        """The answered requests, taken out of those in flight. A failed one leaves only its own
+        rows pending (retried with backoff); rows changed or deleted meanwhile are skipped by the
+        layer when the vectors are stored."""
+        answered = _Answered()
+        for token in [t for t, r in self._requests.items() if r.future.done()]:
+            request = self._requests.pop(token)
+            self._in_flight.difference_update(request.ids)
+            answered.requests += 1
+            error = request.future.exception()
+            if error is not None:
+                answered.failed = error
+                continue
+            answered.ids += request.ids
+            answered.texts += request.texts
+            answered.rows.append(request.future.result())
+        return answered
+
+    def _answered_stored(self, answered: _Answered, *, ask: bool) -> None:
+        """``answered`` is stored (committed): note a failed request, or (``ask``) ask for more."""
+        if answered.ids:
+            self._vectors_stored(answered.ids)
+        if answered.failed is not None:
             note = getattr(self.layer, "note_vector_fault", None)
             if callable(note):
-                note(str(error))
+                note(str(answered.failed))
             self._vectors_failed()
+        elif answered.requests:
+            self._catch_up_misses = 0
+            if ask:
+                self._request_vectors()
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """One transaction for a batch of writes and the vectors answered meanwhile (the layer's
+        ``batch``); a failure rolls both back, and those vectors are asked for again later."""
+        together = getattr(self.layer, "batch", None)
+        if self._service is None or not callable(together):
+            yield
+            return
+        answered = self._take_answered()
+        if not answered.requests:
+            yield
             return
         try:
-            self.layer.store_vectors(request.ids, request.texts, request.future.result())
-        except StorageError:
-            self._vectors_failed()  # the rows stay pending; a busy or full disk is retried
+            with together():
+                if answered.ids:
+                    self.layer.store_vectors(answered.ids, answered.texts, answered.vectors())
+                yield
+        except BaseException:
+            self._vectors_failed()
             raise
-        self._vectors_stored(request.ids)
-        self._catch_up_misses = 0
-        self._request_vectors()
+        self._answered_stored(answered, ask=False)  # the write asks for its own and these
+
+    # -- write-backs held for their vectors ----------------------------------------------------------
+
+    def held_write(self, message: Any) -> bool:
+        """Whether ``message`` is a write-back, which may wait for its vector (see the class)."""
+        return isinstance(message, WriteBackKnowledge | WriteBackEpisode)
+
+    def _may_hold(self, envelopes: list[Envelope]) -> bool:
+        service = self._service
+        if service is None or self.runtime.stopped or not all(self.held_write(e.message) for e in envelopes):
+            return False
+        held = sum(len(h.envelopes) for h in self._held or ())
+        if held + len(envelopes) > int(self.runtime.config.actors.max_group_commit):
+            return False
+        # a stuck or faulty model: no waiting (checked when a wait begins; the bound covers the rest)
+        return bool(held) or service.model_status().get("state") == "ok"
+
+    def _deliver_batch(self, envelopes: list[Envelope]) -> None:
+        if self._may_hold(envelopes):
+            self._hold(envelopes)
+            return
+        held = self._take_held()
+        limit = int(self.runtime.config.actors.max_group_commit)
+        if held and sum(len(h.envelopes) for h in held) + len(envelopes) <= limit:
+            self._write_held(held, envelopes)
+            return
+        if held:
+            self._write_held(held, [])
+        super()._deliver_batch(envelopes)
+
+    def _hold(self, envelopes: list[Envelope]) -> None:
+        """Keep ``envelopes`` (write-backs) until their vectors are answered: asked for now, or,
+        while those of earlier ones are being computed, together once they are answered (one
+        request a round, as the writes queued behind an inline model call used to be)."""
+        if not self._held:
+            self._held = []
+            self._restart_hold_timer()
+        self._held.append(_Held(envelopes))
+        self.runtime.activity.begin(len(envelopes))  # work in flight until written
+        if not any(h.future is not None and not h.answered() for h in self._held):
+            self._ask_held()
+
+    def _ask_held(self) -> None:
+        """Ask for the vectors of the held write-backs not asked for yet, in one request."""
+        groups = [h for h in self._held or () if h.future is None]
+        if not groups or self._service is None:
+            return
+        texts: list[str] = []
+        for group in groups:
+            group.offset = len(texts)
+            texts += [e.message.message.content[:EMBED_CHARS] for e in group.envelopes]
+        future = self._service.submit_documents(texts)
+        for group in groups:
+            group.future = future
+        runtime, me = self.runtime, self.actor_ref
+        runtime.activity.begin()  # the answer is work in flight
+
+        def answered(_: Future[FloatArray]) -> None:
+            try:
+                if not runtime.stopped:
+                    runtime.post(me, _FlushHeld())
+            finally:
+                runtime.activity.done()
+
+        future.add_done_callback(answered)
+
+    def _restart_hold_timer(self) -> None:
+        if self._hold_timer is not None:
+            self._hold_timer.cancel()
+        runtime, me = self.runtime, self.actor_ref
+
+        def fire() -> None:
+            if not runtime.stopped:
+                runtime.post(me, _FlushHeld(bound=True))
+
+        self._hold_timer = runtime.scheduler.call_later(_HOLD_S, fire)
+
+    def _deliver(self, envelope: Envelope) -> None:
+        message = envelope.message
+        if not self._held or isinstance(message, Status | _AskVectors | VectorsReady):
+            pass  # answers to other requests wait for the held write-backs, to share their transaction
+        elif self.held_write(message):
+            pass  # a write-back handled alone (one of those held, or of a failed batch): in its place
+        elif isinstance(message, _FlushHeld) and not message.bound:
+            answered = self._answered_held()
+            if answered:
+                self._write_held(answered, [])
+            self._ask_held()  # those that arrived meanwhile
+        else:  # any other message first writes them all: the mailbox's order; a search sees them
+            self._write_held(self._take_held(), [])
+        super()._deliver(envelope)
+
+    def _answered_held(self) -> list[_Held]:
+        """The held write-backs whose vectors are answered, oldest first up to the first that is
+        not (their order is kept), taken out of those held."""
+        held = self._held or []
+        n = 0
+        while n < len(held) and held[n].answered():
+            n += 1
+        if n == len(held):
+            return self._take_held()
+        if n:
+            self._held = held[n:]
+            self._restart_hold_timer()  # the others wait their own bound
+        return held[:n]
+
+    def _take_held(self) -> list[_Held]:
+        held, self._held = self._held or [], None
+        if self._hold_timer is not None:
+            self._hold_timer.cancel()
+            self._hold_timer = None
+        return held
+
+    def _write_held(self, held: list[_Held], more: list[Envelope]) -> None:
+        """Write the held write-backs (each with its vector if it was answered, else pending) and
+        ``more``, in one transaction."""
+        envelopes = [e for h in held for e in h.envelopes]
+        for h in held:
+            if h.future is not None and h.future.done() and h.future.exception() is None:
+                rows = h.future.result()[h.offset : h.offset + len(h.envelopes)]
+                for envelope, row in zip(h.envelopes, rows, strict=True):
+                    if np.isfinite(row).all() and row.any():
+                        self._ready[id(envelope.message)] = row
+        try:
+            super()._deliver_batch([*envelopes, *more])
+        finally:
+            self._ready.clear()
+            self._inline.clear()
+            self.runtime.activity.done(len(envelopes))
+
+    def _with_vectors(
+        self, messages: list[Any], write: Callable[[list[Any], FloatArray | None], list[int]]
+    ) -> list[int]:
+        """``write`` the runs of ``messages`` that have a vector computed while they were held
+        (``write(run, vectors)``) and those that have none (``write(run, None)``), in order.
+        Each vector is used once: written alone after a failed batch, a message has none."""
+        rows = [self._ready.pop(id(m), None) for m in messages]
+        ids: list[int] = []
+        start = 0
+        while start < len(messages):
+            end = start + 1
+            while end < len(messages) and (rows[end] is None) == (rows[start] is None):
+                end += 1
+            given = None if rows[start] is None else np.stack([r for r in rows[start:end] if r is not None])
+            ids += write(messages[start:end], given)
+            if given is not None:
+                self._inline.update(id(m) for m in messages[start:end])
+            start = end
+        return ids
+
+    def on_stop(self) -> None:
+        held = self._take_held()
+        if held:
+            self._write_held(held, [])
+        super().on_stop()
 
     def _vectors_failed(self) -> None:
         if not self._catch_up_due:
@@ -372,9 +652,49 @@ class _PersistentActor(MemoryActor):
         self._catch_up_misses = 0 if left < before else min(self._catch_up_misses + 1, 16)
         self._schedule_catch_up()
 
+    def _write_batch(
+        self, messages: list[Any], name: str, write: Callable[[list[Any]], list[Any]]
+    ) -> list[Any]:
+        """Queued writes in one layer call (``write``: an answer per message, in order), in one
+        transaction with the vectors answered meanwhile; one answer per message, or the error of
+        one whose text the layer would refuse (``name``), alone (a write-back's text passed the
+        same rule before its outbox acknowledged it)."""
+        results: list[Any] = [None] * len(messages)
+        accepted: list[int] = []
+        self._inline.clear()  # what a failed batch wrote was rolled back
+        for index, message in enumerate(messages):
+            refused = None if self.held_write(message) else self._refused(message.content, name)
+            if refused is None:
+                accepted.append(index)
+            else:
+                results[index] = refused
+        if accepted:
+            written = [messages[i] for i in accepted]
+            with self._writing():
+                answers = write(written)
+            self._committed(written, answers)
+            for index, answer in zip(accepted, answers, strict=True):
+                results[index] = answer
+            if not all(id(m) in self._inline for m in written):  # else none is pending
+                self.after_write()
+        return results
+
+    def _committed(self, messages: list[Any], answers: list[Any]) -> None:
+        """``messages`` were written (committed) with these ``answers`` (see :meth:`_write_batch`)."""
+
+    def _export(self) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def _import(self, records: Sequence[dict[str, Any]]) -> int:
+        raise NotImplementedError
+
     def handle_internal(self, message: Any) -> tuple[bool, Any]:
         """Internal messages common to both stores, and a search's bound on its query embedding:
         ``(True, answer)``, or ``(False, None)`` for the store's own messages."""
+        if isinstance(message, ExportRecords):
+            return True, self._export()
+        if isinstance(message, ImportRecords):
+            return True, self._import(message.records)
         if isinstance(message, QueryKnowledge | SearchMemory) and embed_time_left() is None:
             return True, self._search(message, None).result
         if isinstance(message, BoundedSearch):
@@ -386,6 +706,8 @@ class _PersistentActor(MemoryActor):
             self._ask_posted = False
             self._request_vectors()
             return True, None
+        if isinstance(message, _FlushHeld):  # the held write-backs were written before it
+            return True, None
         if isinstance(message, CatchUp):
             self.catch_up()
             return True, None
@@ -393,7 +715,7 @@ class _PersistentActor(MemoryActor):
 
     def refuses_when_degraded(self, message: Any) -> bool:
         """Vector upkeep goes on for a degraded owner: the rows it completes are stored already."""
-        return not isinstance(message, VectorsReady | _AskVectors | CatchUp)
+        return not isinstance(message, VectorsReady | _AskVectors | CatchUp | _FlushHeld)
 
     def _refused(self, text: str, what: str) -> InvalidInputError | None:
         """Why the layer would refuse ``text`` (the one rule, :func:`check_content`), so one bad
@@ -413,6 +735,7 @@ class _PersistentActor(MemoryActor):
             base["pending_vectors"] = self.pending_vectors()
             if self._service is not None:
                 base["vectors_in_flight"] = len(self._in_flight)
+                base["writes_waiting"] = sum(len(h.envelopes) for h in self._held or ())
             layer_status = getattr(layer, "status", None)
             if callable(layer_status):
                 base["store"] = layer_status()

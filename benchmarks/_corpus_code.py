@@ -3,7 +3,8 @@
 The sources are released packages fetched from package registries by ``make bench-data`` (pip
 for Python, Debian's crate source packages for Rust, npm for JavaScript) and unpacked under
 ``benchmarks/.data/``; this module never touches the network. Go modules come as Debian's
-``golang-*-dev`` source packages, like the Rust crates. For each language, every
+``golang-*-dev`` source packages, like the Rust crates. C++ is LLVM's ``Support`` headers where
+Debian's ``llvm-14-dev`` installed them (skipped elsewhere). For each language, every
 documented definition gives one query: the first sentence of its doc comment. In the indexed
 copy the doc comment's lines are blank (Python docstrings become ``...``), so line numbers are
 unchanged and the words of the query are not in the code. The relevant result is the chunk
@@ -24,7 +25,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["DATA", "SOURCES", "CodeCorpus", "CodeQuery", "load"]
+__all__ = ["DATA", "FETCHED", "SOURCES", "CodeCorpus", "CodeQuery", "load"]
 
 DATA = Path(__file__).resolve().parent / ".data"
 
@@ -55,7 +56,14 @@ SOURCES: dict[str, tuple[tuple[str, ...], str, str, tuple[str, ...]]] = {
         ".go",
         ("doc.go",),
     ),
+    # C++: LLVM's Support headers as installed by Debian's llvm-14-dev (read where they are; not
+    # fetched by `make bench-data`), indexed under a .hpp name: their .h is C++, not C
+    "cpp": ((), "/usr/include/llvm-14/llvm/Support", ".h", ()),
 }
+
+
+# the languages `make bench-data` fetches (C++ is read where the system installed it)
+FETCHED = ("python", "rust", "javascript", "go")
 
 
 @dataclass(frozen=True)
@@ -230,14 +238,54 @@ def _go(rel: str, source: str) -> tuple[str, list[CodeQuery]]:
     return "\n".join(lines), queries
 
 
-_BLANKERS = {"python": _python, "rust": _rust, "javascript": _javascript, "go": _go}
+_CPP_DOC = re.compile(r"^\s*///(?!/)\s?(.*)$")
+_CPP_NOT_ITEM = re.compile(r"^\s*(#|//|/\*|\}|(public|private|protected)\s*:)")
+_DOXYGEN_BRIEF = re.compile(r"^[\\@]brief\s+")
 
 
-def load(language: str, *, max_queries: int, seed: int = 0, data: Path = DATA) -> CodeCorpus | None:
+def _cpp(rel: str, source: str) -> tuple[str, list[CodeQuery]]:
+    """Doxygen ``///`` comment blocks directly above a declaration (LLVM's headers); a leading
+    ``\\brief`` is dropped from the query."""
+    lines = source.split("\n")
+    queries = []
+    i = 0
+    while i < len(lines):
+        if not _CPP_DOC.match(lines[i]):
+            i += 1
+            continue
+        start, doc = i, []
+        while i < len(lines) and (m := _CPP_DOC.match(lines[i])):
+            doc.append(m.group(1))
+            i += 1
+        if i >= len(lines) or not lines[i].strip() or _CPP_NOT_ITEM.match(lines[i]):
+            continue
+        for n in range(start, i):
+            lines[n] = ""
+        paragraph = []
+        for d in doc:
+            if not d.strip():
+                if paragraph:
+                    break
+                continue
+            paragraph.append(d.strip())
+        summary = _first_sentence(_DOXYGEN_BRIEF.sub("", " ".join(paragraph)))
+        if summary is not None:
+            queries.append(CodeQuery(summary, rel, i + 1))
+    return "\n".join(lines), queries
+
+
+_BLANKERS = {"python": _python, "rust": _rust, "javascript": _javascript, "go": _go, "cpp": _cpp}
+
+
+def load(
+    language: str, *, max_queries: int, seed: int = 0, data: Path = DATA, offset: int = 0
+) -> CodeCorpus | None:
     """The corpus of ``language``, or ``None`` when ``make bench-data`` has not fetched it.
 
     Queries whose summary is not unique are dropped (they would have several right answers);
-    ``max_queries`` of the rest are sampled with ``seed``.
+    ``max_queries`` of the rest are sampled with ``seed``. ``offset`` skips that many of the
+    sample's order first: ``offset=n`` gives queries disjoint from ``max_queries=n`` (held out
+    from whatever was tuned on those).
     """
     _, folder, suffix, skipped = SOURCES[language]
     root = data / language / folder
@@ -249,6 +297,10 @@ def load(language: str, *, max_queries: int, seed: int = 0, data: Path = DATA) -
         if path.name in skipped or path.name.endswith(".min.js"):
             continue
         rel = path.relative_to(root).as_posix()
+        if language == "cpp":
+            if "/" in rel:
+                continue  # the top folder's headers (platform folders repeat them)
+            rel = rel.removesuffix(".h") + ".hpp"
         if language == "javascript" and "/" in rel:
             continue  # lodash's fp/ folder: generated wrappers without docs
         if language == "rust" and "/src/" not in f"/{rel}":
@@ -264,7 +316,8 @@ def load(language: str, *, max_queries: int, seed: int = 0, data: Path = DATA) -
         counts[q.text] = counts.get(q.text, 0) + 1
     unique = [q for q in queries if counts[q.text] == 1]
     random.Random(seed).shuffle(unique)
-    return CodeCorpus(language, files, sorted(unique[:max_queries], key=lambda q: (q.path, q.line)))
+    picked = unique[offset : offset + max_queries]
+    return CodeCorpus(language, files, sorted(picked, key=lambda q: (q.path, q.line)))
 
 
 def _deb_data(path: Path) -> tarfile.TarFile:
@@ -288,6 +341,8 @@ def unpack(data: Path) -> None:
     """Unpack each downloaded archive into ``data/<language>/`` (archives come from
     ``data/downloads/``; a missing one is reported and its language skipped)."""
     for language, (patterns, _, _, _) in SOURCES.items():
+        if language not in FETCHED:
+            continue
         found = [sorted((data / "downloads").glob(pattern)) for pattern in patterns]
         if not all(found):
             missing = [p for p, f in zip(patterns, found, strict=True) if not f]

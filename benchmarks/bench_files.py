@@ -32,6 +32,7 @@ from _harness import Context, Row
 from memstrata import Codebase, Config
 from memstrata.layers._chunk import model_token_counter
 from memstrata.layers._chunk_file import chunk_embedding_text, chunk_file, language_for
+from memstrata.storage._embedder_identity import ModelIdentity
 
 GROUP = "files"
 _ROOT = Path(__file__).resolve().parent.parent
@@ -183,20 +184,13 @@ def _timed(fn: Callable[[], int]) -> tuple[float, float]:
     return items / (time.perf_counter() - wall), items / max(1e-9, time.process_time() - cpu)
 
 
-class _TimedEmbedder:
+class _TimedEmbedder(ModelIdentity):
     """The real embedder, timing its document calls (what indexing spends outside it is overhead)."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
+        self._model_id, self._dim = str(inner.model_id), int(inner.dim)
         self.seconds = 0.0
-
-    @property
-    def model_id(self) -> str:
-        return str(self.inner.model_id)
-
-    @property
-    def dim(self) -> int:
-        return int(self.inner.dim)
 
     def count_tokens(self, text: str) -> int:
         return int(self.inner.count_tokens(text))
@@ -256,29 +250,36 @@ def quality_and_throughput(ctx: Context) -> list[Row]:
     overhead = min(overheads)
     runs = ", ".join(f"{r[0]:.1f}" for r in raw_runs)
     index_list = ", ".join(f"{r[0]:.1f}" for r in index_runs)
-    rows = [
-        Row(
+
+    def against_raw(name: str, value: float, unit: str, raw: float, notes: str) -> Row:
+        """Indexing throughput held to 0.9x the embedder's own on the same chunks."""
+        return Row(
             GROUP,
+            name,
+            value,
+            unit,
+            target=">= 0.9x raw embedder",
+            baseline=raw,
+            baseline_name="embedder alone, same chunks",
+            met=value >= 0.9 * raw,
+            notes=notes,
+        )
+
+    rows = [
+        against_raw(
             "full index throughput (real model)",
             index_wall,
             "chunks/s",
-            target=">= 0.9x raw embedder",
-            baseline=raw_wall,
-            baseline_name="embedder alone, same chunks",
-            met=index_wall >= 0.9 * raw_wall,
-            notes=f"best of {len(raw_runs)} each; {stats.chunks_indexed} chunks of {stats.files_processed} "
+            raw_wall,
+            f"best of {len(raw_runs)} each; {stats.chunks_indexed} chunks of {stats.files_processed} "
             f"files; index runs {index_list}, raw runs {runs} chunks/s",
         ),
-        Row(
-            GROUP,
+        against_raw(
             "full index throughput per CPU second",
             index_cpu,
             "chunks/cpu-s",
-            target=">= 0.9x raw embedder",
-            baseline=raw_cpu,
-            baseline_name="embedder alone, same chunks",
-            met=index_cpu >= 0.9 * raw_cpu,
-            notes="CPU time of this process: insensitive to other processes on the machine",
+            raw_cpu,
+            "CPU time of this process: insensitive to other processes on the machine",
         ),
         Row(
             GROUP,

@@ -77,15 +77,22 @@ def _store_work(store: Any, n: int, runs: int) -> dict[str, float]:
     }
 
 
-def _langgraph(ctx: Context) -> list[Row]:
-    try:
-        import sqlean
-        from langgraph.store.sqlite import SqliteStore
+def _against(
+    baseline_name: str, ours: dict[str, float], theirs: dict[str, float], *measures: tuple[str, str, str]
+) -> list[Row]:
+    """A row per ``(name, key, unit)``: our figure against the framework's own ``baseline_name``."""
+    return [
+        Row("integrations", name, ours[key], unit, baseline=theirs[key], baseline_name=baseline_name)
+        for name, key, unit in measures
+    ]
 
-        from memstrata.integrations.langgraph import MemstrataStore
-    except ImportError as exc:
-        print(f"  integrations: LangGraph skipped ({exc})", file=sys.stderr)
-        return []
+
+def _langgraph(ctx: Context) -> list[Row]:
+    import sqlean
+    from langgraph.store.sqlite import SqliteStore
+
+    from memstrata.integrations.langgraph import MemstrataStore
+
     n, runs = ctx.size(10_000, 1_000), ctx.size(30, 5)
     index = {"dims": DIMS, "embed": _embed, "fields": ["text"]}
     with MemstrataStore.from_conn_string(ctx.workdir / "memstrata-items", index=index) as ours_store:
@@ -97,17 +104,13 @@ def _langgraph(ctx: Context) -> list[Row]:
     theirs = _store_work(builtin_store, n, runs)
     conn.close()
     label = f"{n // 1000}k items"
-    return [
-        Row("integrations", f"LangGraph put rate ({label})", ours["put"], "items/s",
-            baseline=theirs["put"], baseline_name="SqliteStore"),
-        Row("integrations", f"LangGraph search by meaning p50 ({label})", ours["search"], "ms",
-            baseline=theirs["search"], baseline_name="SqliteStore"),
-        Row("integrations", f"LangGraph search by meaning + filter p50 ({label})", ours["search_filter"],
-            "ms",
-            baseline=theirs["search_filter"], baseline_name="SqliteStore"),
-        Row("integrations", f"LangGraph search by filter p50 ({label})", ours["filter_only"], "ms",
-            baseline=theirs["filter_only"], baseline_name="SqliteStore"),
-    ]  # fmt: skip
+    return _against(
+        "SqliteStore", ours, theirs,
+        (f"LangGraph put rate ({label})", "put", "items/s"),
+        (f"LangGraph search by meaning p50 ({label})", "search", "ms"),
+        (f"LangGraph search by meaning + filter p50 ({label})", "search_filter", "ms"),
+        (f"LangGraph search by filter p50 ({label})", "filter_only", "ms"),
+    )  # fmt: skip
 
 
 def _turn(i: int) -> dict[str, str]:
@@ -131,13 +134,10 @@ async def _session_work(session: Any, other: Any, turns: int, runs: int) -> dict
 
 
 def _agents(ctx: Context) -> list[Row]:
-    try:
-        from agents import SQLiteSession
+    from agents import SQLiteSession
 
-        from memstrata.integrations.openai_agents import MemstrataSession
-    except ImportError as exc:
-        print(f"  integrations: OpenAI Agents SDK skipped ({exc})", file=sys.stderr)
-        return []
+    from memstrata.integrations.openai_agents import MemstrataSession
+
     turns, runs = ctx.size(1_000, 200), ctx.size(200, 20)
     folder = ctx.workdir / "memstrata-history"
     ours_session, ours_other = MemstrataSession("bench", folder), MemstrataSession("bulk", folder)
@@ -151,14 +151,12 @@ def _agents(ctx: Context) -> list[Row]:
     theirs = asyncio.run(_session_work(builtin, other, turns, runs))
     builtin.close()
     other.close()
-    return [
-        Row("integrations", f"Agents SDK add_items per turn ({turns} turns)", ours["add"], "ms",
-            baseline=theirs["add"], baseline_name="SQLiteSession"),
-        Row("integrations", f"Agents SDK get_items(limit=20) p50 ({turns} turns)", ours["get"], "ms",
-            baseline=theirs["get"], baseline_name="SQLiteSession"),
-        Row("integrations", "Agents SDK add_items of 100 turns at once", ours["bulk"], "ms",
-            baseline=theirs["bulk"], baseline_name="SQLiteSession"),
-    ]  # fmt: skip
+    return _against(
+        "SQLiteSession", ours, theirs,
+        (f"Agents SDK add_items per turn ({turns} turns)", "add", "ms"),
+        (f"Agents SDK get_items(limit=20) p50 ({turns} turns)", "get", "ms"),
+        ("Agents SDK add_items of 100 turns at once", "bulk", "ms"),
+    )  # fmt: skip
 
 
 async def _memory_work(memory: Any, n: int, runs: int) -> dict[str, float]:
@@ -178,27 +176,30 @@ async def _memory_work(memory: Any, n: int, runs: int) -> dict[str, float]:
 
 
 def _autogen(ctx: Context) -> list[Row]:
-    try:
-        from autogen_core.memory import ListMemory
+    from autogen_core.memory import ListMemory
 
-        from memstrata.integrations.autogen import MemstrataMemory, MemstrataMemoryConfig
-    except ImportError as exc:
-        print(f"  integrations: AutoGen skipped ({exc})", file=sys.stderr)
-        return []
+    from memstrata.integrations.autogen import MemstrataMemory, MemstrataMemoryConfig
+
     n, runs = ctx.size(1_000, 200), ctx.size(100, 20)
     config = MemstrataMemoryConfig(persistence_path=str(ctx.workdir / "memstrata-autogen"), k=5)
     ours = asyncio.run(_memory_work(MemstrataMemory(config, embedder=HashEmbedder(dim=DIMS)), n, runs))
     theirs = asyncio.run(_memory_work(ListMemory(), n, runs))
-    return [
-        Row("integrations", f"AutoGen add per memory ({n} memories)", ours["add"], "ms",
-            baseline=theirs["add"], baseline_name="ListMemory"),
-        Row("integrations", f"AutoGen query p50 ({n} memories, k=5)", ours["query"], "ms",
-            baseline=theirs["query"], baseline_name="ListMemory"),
-    ]  # fmt: skip
+    return _against(
+        "ListMemory", ours, theirs,
+        (f"AutoGen add per memory ({n} memories)", "add", "ms"),
+        (f"AutoGen query p50 ({n} memories, k=5)", "query", "ms"),
+    )  # fmt: skip
 
 
 def run(ctx: Context) -> list[Row]:
-    return [*_langgraph(ctx), *_agents(ctx), *_autogen(ctx)]
+    rows: list[Row] = []
+    benches = (("LangGraph", _langgraph), ("OpenAI Agents SDK", _agents), ("AutoGen", _autogen))
+    for framework, bench in benches:
+        try:
+            rows += bench(ctx)
+        except ImportError as exc:  # each framework is optional: its figures are left out
+            print(f"  integrations: {framework} skipped ({exc})", file=sys.stderr)
+    return rows
 
 
 if __name__ == "__main__":

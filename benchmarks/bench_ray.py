@@ -12,6 +12,7 @@ process and of a node's embedder. The feature-hashing embedder keeps the model o
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import threading
@@ -214,9 +215,76 @@ def run(ctx: Context) -> list[Row]:
     ]
 
 
+def run_scale(ctx: Context) -> list[Row]:
+    """The resident memory of one agent's host at 100k entries of 384-d vectors (the default
+    model's dimension), against the local engine's whole process on the same store: what bounds
+    the agents per node (``make bench-scale``; about 2 minutes)."""
+    try:
+        import ray
+        from ray.cluster_utils import Cluster
+    except ImportError:
+        print("bench_ray: skipped, the memstrata[ray] extra is not installed", file=sys.stderr)
+        return []
+    entries = ctx.size(100_000, 5_000)
+    agent = AGENTS[0]
+    query = "which host runs the deploy service"
+
+    def config(data_dir: Path, engine: str, address: str = "auto") -> Config:
+        return Config.load(
+            env={},
+            data_dir=data_dir,
+            cluster__engine=engine,
+            cluster__address=address,
+            cluster__namespace=f"{NAMESPACE}-scale",
+        )
+
+    def use(system: MemorySystem) -> None:  # what an agent's first tasks load: index, caches
+        for i in range(20):
+            system.agent(agent).begin_task(f"s{i}", f"which host runs the {TOPICS[i % len(TOPICS)]} service")
+        system.agent(agent).query_knowledge(query)
+
+    t0 = time.perf_counter()
+    with MemorySystem.start(config(ctx.workdir / "local", "local"), embedder=HashEmbedder(dim=384)) as system:
+        for i in range(entries):
+            topic = TOPICS[i % len(TOPICS)]
+            text = f"note {i} of {agent}: the {topic} service runs on host {i % 97} in rack {i % 13}"
+            system.tell(StoreKnowledge(agent, text, "fact", author=agent))
+        system.wait_idle(1800)
+        fill_s = time.perf_counter() - t0
+        use(system)
+        local_mb = _rss_mb(os.getpid())
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    ray.init(address=cluster.address, namespace=f"{NAMESPACE}-scale", log_to_driver=False)
+    try:
+        system = MemorySystem.start(
+            config(ctx.workdir / "local", "ray", cluster.address), embedder=HashEmbedder(dim=384)
+        )
+        try:
+            use(system)
+            host_mb = _rss_mb(ray.get(ray.get_actor(f"agent:{agent}").where.remote())[1])
+        finally:
+            system.stop_cluster(120)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    note = f"1 agent x {entries:,} entries, 384-d hashing vectors, after 20 prompts"
+    return [
+        Row(GROUP, f"RSS, one agent's host at {entries:,} entries", host_mb, "MB", notes=note),
+        Row(
+            GROUP,
+            f"RSS, local engine process at {entries:,} entries",
+            local_mb,
+            "MB",
+            notes="the same store, in this process (Ray imported)",
+        ),
+        Row(GROUP, f"fill, {entries:,} stores told", entries / fill_s, "stores/s", notes="local engine"),
+    ]
+
+
 if __name__ == "__main__":
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        for row in run(Context(quick="--quick" in sys.argv, workdir=Path(tmp))):
+        entry = run_scale if "--scale" in sys.argv else run
+        for row in entry(Context(quick="--quick" in sys.argv, workdir=Path(tmp))):
             print(f"{row.name:45} {row.value:10.2f} {row.unit:8} {row.baseline or ''} {row.notes}")

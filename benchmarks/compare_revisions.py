@@ -55,10 +55,13 @@ def extract(rev: str, into: Path) -> Path:
     package_dir: dict[str, str] = config["tool"]["setuptools"]["package-dir"]
     site = into / "site"
     package = site / "memstrata"
-    shutil.copytree(src / package_dir["memstrata"], package)
+    shutil.copytree(src / package_dir["memstrata"], package, symlinks=True)
     for name, folder in package_dir.items():
         if name != "memstrata":
-            (package / name.removeprefix("memstrata.")).symlink_to(src / folder, target_is_directory=True)
+            link = package / name.removeprefix("memstrata.")
+            if link.is_symlink():  # a revision whose package holds links to the source folders
+                link.unlink()
+            link.symlink_to(src / folder, target_is_directory=True)
     _missing_dependencies(config["project"]["dependencies"], site)
     return site
 

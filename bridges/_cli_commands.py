@@ -21,6 +21,7 @@ from memstrata.core.constants import MAX_TOP_K, MODES
 from memstrata.core.errors import MemstrataError
 
 from . import _cli_shared as sh
+from ._cli_cluster import cluster
 from ._cli_output import IndexProgress, echo_hits, heartbeat, sync_summary
 
 __all__ = ["COMMANDS"]
@@ -396,4 +397,5 @@ COMMANDS: tuple[click.Command, ...] = (
     export_cmd,
     import_cmd,
     demo,
+    cluster,
 )

@@ -16,6 +16,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from memstrata.storage._embedder_identity import ModelIdentity
+
 if TYPE_CHECKING:
     import numpy.typing as npt
 
@@ -25,7 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["query_knowledge"]
 
 
-class _Loading:
+class _Loading(ModelIdentity):
     """The configured model, loaded on a thread; its id and dimension are known before (the
     stores check them when they open), a call waits for the load. A query embedding is bounded
     as the system bounds it (``query_embed_timeout_s``): a late model leaves keywords to rank."""
@@ -46,6 +48,11 @@ class _Loading:
         finally:
             self._done.set()
 
+    @property
+    def ready(self) -> bool:
+        """True once the load has ended (with the model or with an error)."""
+        return self._done.is_set()
+
     def model(self) -> Embedder:
         self._done.wait()
         if self._loaded is None:
@@ -56,14 +63,6 @@ class _Loading:
     def failed(self) -> bool:
         self._done.wait()
         return self._loaded is None
-
-    @property
-    def model_id(self) -> str:
-        return self._model_id
-
-    @property
-    def dim(self) -> int:
-        return self._dim
 
     def embed_documents(self, texts: Sequence[str]) -> npt.NDArray[Any]:
         return self.model().embed_documents(texts)
@@ -97,12 +96,25 @@ class _Loading:
         return getattr(self.model(), name)
 
 
+def _warm_vectors(store: Any, dim: int) -> None:
+    """Map the store's vector index (its files, checked against the database) while the model
+    still loads: a search with a stand-in vector does it, so the real search, which needs the
+    query's vector first, does not load the index after the model. Nothing here may fail the
+    query: the real search loads (and reports) whatever this could not."""
+    import numpy as np
+
+    try:
+        store.search("", query_vector=np.full(dim, dim**-0.5, dtype=np.float32), top_k=1, mode="vector")
+    except Exception:  # the real search below meets the same problem and reports it
+        return
+
+
 def _embedder(config: Config, given: Embedder | None) -> Embedder | _Loading | None:
     """The embedder the system would give the agent's stores; ``None``: not known without
     loading it (the caller starts the system)."""
     if given is not None:
         return given
-    from memstrata.storage._default_model import DEFAULT_DIM, DEFAULT_MODEL_ID
+    from memstrata.storage._model_id import DEFAULT_DIM, DEFAULT_MODEL_ID
 
     if config.embedding.model not in ("", "default", DEFAULT_MODEL_ID):
         return None
@@ -170,6 +182,8 @@ def query_knowledge(
         try:
             if hasattr(store, "owner"):  # as the actor does: entries say which store they are in
                 store.owner = owner
+            if loading is not None and not loading.ready and mode != "keyword":
+                _warm_vectors(store, loading.dim)
             return list(store.search(query, **params))
         finally:
             store.close()

@@ -11,7 +11,7 @@ same validation and the same documentation.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +46,7 @@ __all__ = [
     "Runner",
     "agent_lane",
     "files_lane",
+    "object_schema",
     "parse_time",
     "pick",
     "search_result",
@@ -66,6 +67,25 @@ class Param:
     @property
     def description(self) -> str:
         return str(self.schema.get("description", ""))
+
+
+def object_schema(params: Sequence[Param]) -> dict[str, Any]:
+    """``params`` as one JSON Schema object (unknown params rejected), each param's schema a
+    copy of its own, which the caller may change."""
+    return {
+        "type": "object",
+        "properties": {p.name: _copy(p.schema) for p in params},
+        "required": [p.name for p in params if p.required],
+        "additionalProperties": False,
+    }
+
+
+def _copy(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_copy(v) for v in value]
+    return value
 
 
 @dataclass(slots=True)
@@ -127,12 +147,7 @@ class Operation:
 
     def params_schema(self) -> dict[str, Any]:
         """The params as one JSON Schema object (unknown params rejected)."""
-        return {
-            "type": "object",
-            "properties": {p.name: dict(p.schema) for p in self.params},
-            "required": [p.name for p in self.params if p.required],
-            "additionalProperties": False,
-        }
+        return object_schema(self.params)
 
     def param(self, name: str) -> Param:
         for p in self.params:

@@ -30,6 +30,7 @@ from ._operation import (
 
 _OPS = OperationList()
 _MISSING = object()
+_TASK_ID = Param("task_id", string("The task's id.", max_length=ID_LIMIT), True)
 _TASK_SPACE = Param(
     "task_id",
     string(
@@ -213,11 +214,7 @@ def _promote_episode(ctx: Context, p: dict[str, Any]) -> Any:
     "begin_task",
     "tasks",
     "Pre-task retrieval: the prompt {text, fallback, reason, hits} within the retrieval budget.",
-    (
-        AGENT_ID,
-        Param("task_id", string("The task's id.", max_length=ID_LIMIT), True),
-        Param("description", string("What the task is."), True),
-    ),
+    (AGENT_ID, _TASK_ID, Param("description", string("What the task is."), True)),
     {"type": "object", "properties": {"text": {"type": "string"}, "fallback": {"type": "boolean"}}},
     read_only=True,
     lane=agent_lane,
@@ -226,40 +223,28 @@ def _begin_task(ctx: Context, p: dict[str, Any]) -> Any:
     return _convert.task_prompt(ctx.agent(p).begin_task(p["task_id"], p["description"]))
 
 
-@_OPS.add(
+def _write_back(name: str, summary: str, text: Param) -> None:
+    """Register the task write-back ``name``: ``Agent.<name>(task_id, <text>)``, queued in the
+    outbox (durable once answered)."""
+
+    def run(ctx: Context, p: dict[str, Any]) -> Any:
+        queued = getattr(ctx.agent(p), name)(p["task_id"], p[text.name])
+        return {"task_id": p["task_id"], "queued": True, "outbox_id": getattr(queued, "outbox_id", None)}
+
+    params = (AGENT_ID, _TASK_ID, text)
+    _OPS.add(name, "tasks", summary, params, QUEUED, read_only=False, lane=agent_lane)(run)
+
+
+_write_back(
     "complete_task",
-    "tasks",
     "Write back a success: durable once answered, stored as knowledge and an episode.",
-    (
-        AGENT_ID,
-        Param("task_id", string("The task's id.", max_length=ID_LIMIT), True),
-        Param("summary", string("What was done and learned."), True),
-    ),
-    QUEUED,
-    read_only=False,
-    lane=agent_lane,
+    Param("summary", string("What was done and learned."), True),
 )
-def _complete_task(ctx: Context, p: dict[str, Any]) -> Any:
-    queued = ctx.agent(p).complete_task(p["task_id"], p["summary"])
-    return {"task_id": p["task_id"], "queued": True, "outbox_id": getattr(queued, "outbox_id", None)}
-
-
-@_OPS.add(
+_write_back(
     "fail_task",
-    "tasks",
     "Write back a failure: durable once answered, stored as a pitfall.",
-    (
-        AGENT_ID,
-        Param("task_id", string("The task's id.", max_length=ID_LIMIT), True),
-        Param("reason", string("Why it failed."), True),
-    ),
-    QUEUED,
-    read_only=False,
-    lane=agent_lane,
+    Param("reason", string("Why it failed."), True),
 )
-def _fail_task(ctx: Context, p: dict[str, Any]) -> Any:
-    queued = ctx.agent(p).fail_task(p["task_id"], p["reason"])
-    return {"task_id": p["task_id"], "queued": True, "outbox_id": getattr(queued, "outbox_id", None)}
 
 
 @_OPS.add(

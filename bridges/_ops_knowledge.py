@@ -46,8 +46,15 @@ def _in_shared(ctx: Context, params: Mapping[str, Any]) -> bool:
     )
 
 
-def _with_store(entry: Mapping[str, Any], store: str) -> dict[str, Any]:
-    return {**entry, "store": store}
+def _store_name(params: Mapping[str, Any], shared: bool) -> str:
+    return SHARED_STORE if shared else params["agent_id"]
+
+
+def _named_entry(entry: Any, params: Mapping[str, Any], shared: bool) -> dict[str, Any] | None:
+    """A knowledge entry in its bridge form, naming its store; no entry stays ``None``."""
+    if entry is None:
+        return None
+    return {**_convert.knowledge_entry(entry), "store": _store_name(params, shared)}
 
 
 @_OPS.add(
@@ -70,7 +77,7 @@ def _with_store(entry: Mapping[str, Any], store: str) -> dict[str, Any]:
 def _store_knowledge(ctx: Context, p: dict[str, Any]) -> Any:
     shared = bool(p.get("shared"))
     ident = ctx.agent(p).store_knowledge(p["content"], shared=shared, **pick(p, "category", "tags", "scope"))
-    return {"id": ident, "store": SHARED_STORE if shared else p["agent_id"]}
+    return {"id": ident, "store": _store_name(p, shared)}
 
 
 @_OPS.add(
@@ -113,9 +120,7 @@ def _query_knowledge(ctx: Context, p: dict[str, Any]) -> Any:
 def _get_knowledge(ctx: Context, p: dict[str, Any]) -> Any:
     shared = _in_shared(ctx, p)
     entry = ctx.agent(p).get_knowledge(p["entry_id"], shared=shared)
-    if entry is None:
-        return None
-    return _with_store(_convert.knowledge_entry(entry), SHARED_STORE if shared else p["agent_id"])
+    return _named_entry(entry, p, shared)
 
 
 @_OPS.add(
@@ -140,8 +145,7 @@ def _list_knowledge(ctx: Context, p: dict[str, Any]) -> Any:
     entries = ctx.agent(p).list_knowledge(
         shared=shared, **pick(p, "category", "tags", "scope", "limit", "offset")
     )
-    store = SHARED_STORE if shared else p["agent_id"]
-    return [_with_store(_convert.knowledge_entry(e), store) for e in entries]
+    return [_named_entry(e, p, shared) for e in entries]
 
 
 @_OPS.add(
@@ -177,9 +181,7 @@ def _update_knowledge(ctx: Context, p: dict[str, Any]) -> Any:
     entry = ctx.agent(p).update_knowledge(
         p["entry_id"], shared=shared, **pick(p, "content", "category", "tags", "scope")
     )
-    if entry is None:
-        return None
-    return _with_store(_convert.knowledge_entry(entry), SHARED_STORE if shared else p["agent_id"])
+    return _named_entry(entry, p, shared)
 
 
 @_OPS.add(

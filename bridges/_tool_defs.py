@@ -30,7 +30,7 @@ from memstrata.core.constants import MAX_TAG_KEY_CHARS, MAX_TAG_VALUE_CHARS, MAX
 from memstrata.core.errors import InvalidInputError, MemstrataError
 
 from ._json import loads
-from ._operation import Context, Operation, Param
+from ._operation import Context, Operation, Param, object_schema
 from ._operations import OPERATIONS
 
 if TYPE_CHECKING:
@@ -133,20 +133,7 @@ class Tool:
 
     def schema(self) -> dict[str, Any]:
         """The params as one JSON Schema object (unknown params rejected)."""
-        return {
-            "type": "object",
-            "properties": {p.name: _copy(p.schema) for p in self.params},
-            "required": [p.name for p in self.params if p.required],
-            "additionalProperties": False,
-        }
-
-
-def _copy(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {k: _copy(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_copy(v) for v in value]
-    return value
+        return object_schema(self.params)
 
 
 _BY_NAME = {op.name: op for op in OPERATIONS}

@@ -5,8 +5,9 @@ from __future__ import annotations
 if __name__ != "memstrata.layers":  # nothing generic may be importable at top level
     raise ImportError(f"import memstrata.layers, not {__name__}: it is part of the memstrata package")
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from memstrata.core.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from ._blackboard import BlackboardState
@@ -47,10 +48,5 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'memstrata.layers' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
+if not TYPE_CHECKING:  # at run time only: type checkers see the imports above
+    __getattr__ = lazy_attributes(__name__, _LAZY, globals())

@@ -31,8 +31,9 @@ __all__ = [
 # same input: stores purge and rebuild. 2: code chunked by syntax tree, embedded with its path and
 # enclosing signature, keyword text with split identifiers. 3: Markdown, JSON, TOML, YAML and
 # GDScript by syntax tree too (Markdown embedded with its heading trail); code embedded with
-# its path and symbol as words instead of the raw path.
-CHUNKER_VERSION = 3
+# its path and symbol as words instead of the raw path. 4: code embedded with the names of every
+# definition the chunk holds.
+CHUNKER_VERSION = 4
 ESTIMATE_NAME = "chars/4"
 
 TokenCounter = Callable[[str], int]
@@ -51,6 +52,7 @@ class Chunk:
     end_char: int
     symbol: str = ""  # code: qualified name of the definition the chunk starts or is part of
     signature: str = ""  # code: header lines of the definitions enclosing the chunk
+    names: tuple[str, ...] = ()  # code: the definitions starting inside the chunk, in order
 
 
 def estimate_tokens(text: str) -> int:

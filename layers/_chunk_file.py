@@ -78,9 +78,9 @@ def chunk_embedding_text(path: str, language: str, chunk: Chunk) -> str:
 
 def chunk_keyword_text(language: str, chunk: Chunk) -> str:
     """Extra keyword text for a chunk: identifiers split into words (``parseHttpHeader`` ->
-    ``parse http header``) and, for code, the words of its symbol."""
+    ``parse http header``) and, for code, the words of its symbol and of the names it defines."""
     if language in _PROSE:
         from memstrata.storage import identifier_words
 
         return identifier_words(chunk.text)
-    return keyword_words(chunk.text, chunk.symbol)
+    return keyword_words(chunk.text, chunk.symbol, chunk.names)

@@ -11,13 +11,13 @@ stored vectors exactly and similarities are the dot products of the stored vecto
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
 from memstrata.storage import Database, Filter
+from memstrata.storage._hybrid import settle_unheld
 from memstrata.storage._vector_mirror import Mirror, Ranges
 
 __all__ = ["EpisodeRanking", "EpisodeVectors"]
@@ -51,17 +51,7 @@ class EpisodeRanking:
         mirror, where, ranges = self._mirror, self._where, self._ranges
 
         def keep(ids: IntArray) -> npt.NDArray[np.bool_]:
-            state = mirror.allows(ids, where, ranges)
-            out = state > 0
-            unknown = np.flatnonzero(state < 0)
-            if len(unknown) and flt.sql is not None:
-                asked = ids[unknown]
-                sql = f"SELECT value FROM json_each(?) WHERE value IN ({flt.sql})"
-                found = [int(r[0]) for r in db.query(sql, (json.dumps(asked.tolist()), *flt.params))]
-                out[unknown] = np.isin(asked, np.asarray(found, dtype=np.int64))
-            elif len(unknown):
-                out[unknown] = True
-            return out
+            return settle_unheld(db, flt, ids, mirror.allows(ids, where, ranges), unheld=True)
 
         return keep
 

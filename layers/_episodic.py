@@ -43,7 +43,7 @@ from ._episode_records import (
     to_us,
 )
 from ._episodic_archives import EpisodicArchives
-from ._episodic_inputs import DEFAULT, _optional_count, _path_arg, _positive_timedelta, _utc_now
+from ._episodic_inputs import DEFAULT, _optional_count, _path_arg, _span_or_configured, _utc_now
 from ._episodic_migrations import _MIGRATIONS
 from ._episodic_state import BULK_DELETE_MIN
 
@@ -104,22 +104,12 @@ class EpisodicMemory(EpisodicArchives):
         elif not callable(clock):
             raise InvalidInputError(f"clock must be a callable returning an aware datetime, got {clock!r}")
         episodic = config.episodic
-        if recency_half_life is not None:
-            half_life: timedelta | None = _positive_timedelta(recency_half_life, "recency_half_life")
-        elif episodic.recency_half_life_s:
-            half_life = timedelta(seconds=episodic.recency_half_life_s)
-        else:
-            half_life = None
+        half_life = _span_or_configured(recency_half_life, episodic.recency_half_life_s, "recency_half_life")
         max_count = _optional_count(
             retention_max_count if retention_max_count is not None else episodic.retention_max_count,
             "retention_max_count",
         )
-        if retention_max_age is not None:
-            max_age: timedelta | None = _positive_timedelta(retention_max_age, "retention_max_age")
-        elif episodic.retention_max_age_s:
-            max_age = timedelta(seconds=episodic.retention_max_age_s)
-        else:
-            max_age = None
+        max_age = _span_or_configured(retention_max_age, episodic.retention_max_age_s, "retention_max_age")
         target = _path_arg(path, "path") if str(path) != ":memory:" else Path(":memory:")
         folder = archive_dir if archive_dir is not None else episodic.archive_dir
         archive_folder = None

@@ -31,7 +31,6 @@ from ._episode_records import (
     dump_tags,
     load_tags,
     query_in,
-    refresh_context,
     time_conditions,
     to_us,
 )
@@ -193,17 +192,7 @@ class EpisodicArchives(EpisodicSearch):
                 else:
                     ids.append(next_id)
                     next_id += 1
-            written = [item.row(ident) for ident, item in zip(ids, items, strict=True)]
-            db.executemany(
-                f"INSERT INTO episodes({EPISODE_COLUMNS}, ident) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                written,
-            )
-            self._indexed(written)
-            refresh_context(db, ids)
-            if vectors is not None and self._vectors is not None and self._vectors.available:
-                self._vectors.upsert_many(ids, vectors)
-                if self._matrix is not None:
-                    self._matrix.add(ids, vectors, [i.at_us for i in items], [i.task_run_id for i in items])
+            self._insert_rows(ids, items, vectors)
         return len(todo)
 
     def _restore_vectors(

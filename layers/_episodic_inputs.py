@@ -78,6 +78,13 @@ def _positive_timedelta(value: object, name: str) -> timedelta:
     return value
 
 
+def _span_or_configured(value: object, configured_s: float | None, name: str) -> timedelta | None:
+    """``value`` when given (a positive timedelta), else the configured seconds (0 or None: none)."""
+    if value is not None:
+        return _positive_timedelta(value, name)
+    return timedelta(seconds=configured_s) if configured_s else None
+
+
 def _optional_count(value: object, name: str) -> int | None:
     if value is None:
         return None

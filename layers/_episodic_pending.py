@@ -88,6 +88,8 @@ class PendingVectors(EpisodicState):
                 vectors_index.upsert_many(done, rows)
                 if self._matrix is not None:
                     self._matrix.add(done, rows, [a for _, a, _, _ in ready], [r for _, _, r, _ in ready])
+                # inside an owner's ``batch`` that rolls back later, they are pending again
+                db.on_rollback(lambda: self._pending_ids.update(done))
         self._pending_ids.difference_update(i for i, _, _, _ in ready)
         if fault is None and ready:
             self._last_error = None

@@ -93,7 +93,12 @@ class _Search:
         self.use_vectors = query_vector is not None and any(s.ranking is not None for s in sources)
         self.use_keywords = not keywords.empty
         self.weights = fusion_weights(
-            self.use_vectors, self.use_keywords, search.vector_weight, search.keyword_weight
+            self.use_vectors,
+            self.use_keywords,
+            search.vector_weight,
+            search.keyword_weight,
+            query=text,
+            k=search.rrf_k,
         )
         self.depth = max(search.depth, top_k)
         self.shadowed: dict[int, bool] = {}

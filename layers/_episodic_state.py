@@ -18,8 +18,9 @@ from memstrata.core.validation import check_aware
 from memstrata.storage import Database, Embedder, EmbeddingCache, KeywordIndex, VectorIndex, embed_documents
 
 from ._archive import ArchiveFile
-from ._episode_records import embed_text, query_in
+from ._episode_records import EPISODE_COLUMNS, embed_text, query_in, refresh_context
 from ._episode_vectors import EpisodeRanking, EpisodeVectors
+from ._episodic_inputs import _Item
 
 __all__ = ["BULK_DELETE_MIN", "EpisodicState"]
 
@@ -83,6 +84,21 @@ class EpisodicState:
         """Episode rows (as :meth:`_Item.row`) just inserted: the keyword index's caches follow."""
         self._db.on_rollback(self._keywords.reset)
         self._keywords.bm25.added([(r[0], r[6], r[5] or "", r[9]) for r in rows])
+
+    def _insert_rows(self, ids: Sequence[int], items: Sequence[_Item], vectors: FloatArray | None) -> None:
+        """Insert ``items`` as the episodes ``ids`` inside the caller's transaction: their keyword
+        index, their neighbours' context and, given ``vectors``, their vectors follow."""
+        written = [item.row(ident) for ident, item in zip(ids, items, strict=True)]
+        self._db.executemany(
+            f"INSERT INTO episodes({EPISODE_COLUMNS}, ident) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            written,
+        )
+        self._indexed(written)
+        refresh_context(self._db, ids)
+        if vectors is not None and self._vectors is not None and self._vectors.available:
+            self._vectors.upsert_many(ids, vectors)
+            if self._matrix is not None:
+                self._matrix.add(ids, vectors, [i.at_us for i in items], [i.task_run_id for i in items])
 
     def _unindexed(self, ids: Sequence[int]) -> None:
         """Episodes just deleted: the keyword index's caches follow."""

@@ -3,8 +3,9 @@ the caller's vector), get, count, timeline and delete."""
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -46,6 +47,13 @@ FloatArray = npt.NDArray[np.float32]
 
 class EpisodicWrites(EpisodicBase):
     """Records, reads and deletes live episodes (see ``EpisodicMemory``)."""
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """One transaction around several writes (``record_many``, ``store_vectors``, ...): all
+        of them are committed together, or none is (each still fails alone inside it)."""
+        with self._open_db().transaction():
+            yield
 
     def _item(
         self,
@@ -148,6 +156,17 @@ class EpisodicWrites(EpisodicBase):
             )
         return self._insert(checked)
 
+    def _indexed(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        """Episode rows (as :meth:`_Item.row`) just inserted: their full-text rows, one statement
+        per index for them all (no per-row insert trigger since migration 4), then the keyword
+        index's caches. Updates and deletes keep their triggers."""
+        fts = [(r[0], r[6], r[5], r[9]) for r in rows]  # id, content, title, ident
+        for index in ("episodes_fts", "episodes_tri"):
+            self._db.executemany(
+                f"INSERT INTO {index}(rowid, content, title, ident) VALUES (?, ?, ?, ?)", fts
+            )
+        super()._indexed(rows)
+
     def _next_id(self) -> int:
         return 1 + int(
             self._db.scalar(
@@ -182,17 +201,7 @@ class EpisodicWrites(EpisodicBase):
             db.on_rollback(self._drop_matrix)
             start = self._next_id()
             ids = list(range(start, start + len(items)))
-            written = [item.row(ident) for ident, item in zip(ids, items, strict=True)]
-            db.executemany(
-                f"INSERT INTO episodes({EPISODE_COLUMNS}, ident) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                written,
-            )
-            self._indexed(written)
-            refresh_context(db, ids)
-            if vectors is not None and self._vectors is not None and self._vectors.available:
-                self._vectors.upsert_many(ids, vectors)
-                if self._matrix is not None:
-                    self._matrix.add(ids, vectors, [i.at_us for i in items], [i.task_run_id for i in items])
+            self._insert_rows(ids, items, vectors)
         if vectors is None and embedder is not None:
             self._pending_ids.update(ids)
         elif embedded and self._pending_ids:  # the model works again: catch up (bounded per write)
@@ -282,20 +291,12 @@ class EpisodicWrites(EpisodicBase):
                 (str(uuid), to_us(self._now())),
             )
             near: list[int] = []
-            if run is not None:  # the neighbours whose context held its text
-                near += [
+            for side, order in (("<", "DESC"), (">", "ASC")) if run is not None else ():
+                near += [  # the neighbours whose context held its text, before and after it
                     int(r[0])
                     for r in db.query(
-                        "SELECT id FROM episodes WHERE task_run_id = ? AND (at_us, id) < (?, ?) "
-                        "ORDER BY at_us DESC, id DESC LIMIT ?",
-                        (run, at_us, episode_id, CONTEXT_TURNS),
-                    )
-                ]
-                near += [
-                    int(r[0])
-                    for r in db.query(
-                        "SELECT id FROM episodes WHERE task_run_id = ? AND (at_us, id) > (?, ?) "
-                        "ORDER BY at_us, id LIMIT ?",
+                        f"SELECT id FROM episodes WHERE task_run_id = ? AND (at_us, id) {side} (?, ?) "
+                        f"ORDER BY at_us {order}, id {order} LIMIT ?",
                         (run, at_us, episode_id, CONTEXT_TURNS),
                     )
                 ]

@@ -14,7 +14,9 @@ __all__ = ["COLUMNS", "COLUMN_WEIGHTS", "MIGRATIONS", "TABLE", "path_words"]
 
 TABLE = "chunks"
 COLUMNS = ["text", "words"]
-COLUMN_WEIGHTS = [1.0, 0.5]
+# the split identifiers, defined names and path words count as much as the text itself: keyword
+# MRR@10 +0.01 to +0.04 on code in four languages against 0.5 (docs/performance.md)
+COLUMN_WEIGHTS = [1.0, 1.0]
 
 _SCHEMA = """
 CREATE TABLE files (

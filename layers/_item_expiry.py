@@ -6,26 +6,18 @@ expired items are invisible to reads at once and deleted by :meth:`ItemExpiry.sw
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from memstrata.storage import Database
-
-from ._item_records import _AFTER_SEP, SEP, ItemRecord, namespace_key
+from ._item_records import _AFTER_SEP, SEP, ItemRecord, ItemStoreState, namespace_key
 
 __all__ = ["MAX_TTL_MINUTES", "ItemExpiry"]
 
 MAX_TTL_MINUTES = 100_000_000  # about 190 years: expiry times stay within every platform's range
 
 
-class ItemExpiry:
+class ItemExpiry(ItemStoreState):
     """The expiry of :class:`~._items.ItemStore` (one of its bases)."""
-
-    _db: Database
-    _lock: threading.RLock
-    _clock: Callable[[], float]
-    _writes: int  # own writes; other connections' show in PRAGMA data_version
 
     def sweep(self, prefix: Sequence[str] = ()) -> int:
         """Delete expired items (only under the namespace ``prefix`` when given); returns how many."""

@@ -6,25 +6,18 @@ wildcards, a depth cut) over a sorted walk that jumps over listed subtrees.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from memstrata.core.errors import InvalidInputError
-from memstrata.storage import Database
 
-from ._item_records import _AFTER_SEP, SEP, namespace_key
+from ._item_records import _AFTER_SEP, SEP, ItemStoreState, namespace_key
 
 __all__ = ["NamespaceListing"]
 
 
-class NamespaceListing:
+class NamespaceListing(ItemStoreState):
     """The namespace listing of :class:`~._items.ItemStore` (one of its bases)."""
-
-    _db: Database
-    _lock: threading.RLock
-    _clock: Callable[[], float]
-    _writes: int  # own writes; other connections' show in PRAGMA data_version
 
     def list_namespaces(
         self,

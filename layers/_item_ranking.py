@@ -6,28 +6,22 @@ the prefix and filter admit come from SQL, so a search scans no BLOB and does on
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from memstrata.core.errors import InvalidInputError
-from memstrata.storage import Database
 
-from ._item_records import ItemRecord, _record
+from ._item_records import ItemRecord, ItemStoreState, _record
 
 __all__ = ["ItemRanking"]
 
 
-class ItemRanking:
+class ItemRanking(ItemStoreState):
     """The vector search of :class:`~._items.ItemStore` (one of its bases)."""
 
-    _db: Database
-    _lock: threading.RLock
-    _clock: Callable[[], float]
-    _writes: int  # own writes; other connections' show in PRAGMA data_version
     _mirror: tuple[tuple[int, int], npt.NDArray[np.int64], npt.NDArray[np.float32]] | None
 
     def _ranked(

@@ -6,15 +6,17 @@ shape are defined once.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from memstrata.core.errors import InvalidInputError
+from memstrata.storage import Database
 
-__all__ = ["SEP", "ItemRecord", "ItemRow", "namespace_key"]
+__all__ = ["SEP", "ItemRecord", "ItemRow", "ItemStoreState", "namespace_key"]
 
 SEP = "\x1f"  # between namespace labels; a label may not contain it
 _AFTER_SEP = chr(ord(SEP) + 1)
@@ -30,6 +32,15 @@ def namespace_key(namespace: Sequence[str]) -> str:
         if SEP in label:
             raise InvalidInputError(f"namespace label {label!r} contains the reserved character \\x1f")
     return SEP.join(namespace)
+
+
+class ItemStoreState:
+    """What the parts of :class:`~._items.ItemStore` share, set by its constructor."""
+
+    _db: Database
+    _lock: threading.RLock
+    _clock: Callable[[], float]
+    _writes: int  # own writes; other connections' show in PRAGMA data_version
 
 
 ItemRow = tuple[Sequence[str], str, dict[str, Any], Mapping[str, Sequence[float]] | None, float | None]

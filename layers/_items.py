@@ -130,10 +130,7 @@ class ItemStore(ItemExpiry, NamespaceListing, ItemRanking):
             prepared.append((ns, key, text, blobs, ttl))
         gone_keys = [(namespace_key(ns), key) for ns, key in delete]
         with self._lock, self._db.transaction():
-            self._writes += 1
-            gone = 0
-            for ns, key in gone_keys:
-                gone += self._db.execute("DELETE FROM items WHERE ns = ? AND key = ?", (ns, key)).rowcount
+            gone = self._delete_keys(gone_keys)
             self._check_dims({len(b) // 4 for p in prepared for _, b in p[3] or ()})
             for ns, key, text, blobs, ttl in prepared:
                 expires = now + ttl * 60.0 if ttl is not None else None
@@ -235,11 +232,15 @@ class ItemStore(ItemExpiry, NamespaceListing, ItemRanking):
         """Really delete items (vectors go with them); returns how many existed."""
         pairs = [(namespace_key(ns), key) for ns, key in keys]
         with self._lock, self._db.transaction():
-            self._writes += 1
-            gone = 0
-            for ns, key in pairs:
-                gone += self._db.execute("DELETE FROM items WHERE ns = ? AND key = ?", (ns, key)).rowcount
-            return gone
+            return self._delete_keys(pairs)
+
+    def _delete_keys(self, pairs: Sequence[tuple[str, str]]) -> int:
+        """Delete items by (stored namespace, key) in the caller's transaction; how many existed."""
+        self._writes += 1
+        gone = 0
+        for ns, key in pairs:
+            gone += self._db.execute("DELETE FROM items WHERE ns = ? AND key = ?", (ns, key)).rowcount
+        return gone
 
     def delete_namespace(self, namespace: Sequence[str]) -> int:
         """Delete every item of exactly this namespace."""

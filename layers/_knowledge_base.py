@@ -309,12 +309,7 @@ class KnowledgeBase:
         if not wanted:
             return 0
         with self._db.transaction():
-            marks = ",".join("?" * len(wanted))
-            current = self._db.query(
-                f"SELECT id, substr(content, 1, {EMBED_CHARS}), category FROM {TABLE} "
-                f"WHERE vector_pending = 1 AND id IN ({marks})",
-                list(wanted),
-            )
+            current = self._still_pending(f"substr(content, 1, {EMBED_CHARS}), category", list(wanted))
             ready = [
                 (int(i), cat, wanted[int(i)][1])
                 for i, content, cat in current
@@ -340,26 +335,17 @@ class KnowledgeBase:
     def _embed_pending(self) -> tuple[int, bool]:
         """Embed rows whose vector is pending; returns (vectors written, whether the model worked)."""
         written = 0
-        after = 0
+        pages = self._pages("content", "vector_pending = 1")
         while self._vectors_writable():
-            rows = self._db.query(
-                f"SELECT id, content FROM {TABLE} WHERE vector_pending = 1 AND id > ? ORDER BY id LIMIT ?",
-                (after, BATCH),
-            )
-            if not rows:
+            rows = next(pages, None)
+            if rows is None:
                 break
-            after = int(rows[-1][0])
             array = self._embed_now([r[1] for r in rows])
             if array is None:
                 return written, False
             by_id = {int(r[0]): (text_hash(r[1]), v) for r, v in zip(rows, array, strict=True)}
             with self._db.transaction():
-                marks = ",".join("?" * len(by_id))
-                current = self._db.query(
-                    f"SELECT id, content_hash, category FROM {TABLE} "
-                    f"WHERE vector_pending = 1 AND id IN ({marks})",
-                    list(by_id),
-                )
+                current = self._still_pending("content_hash, category", list(by_id))
                 # rows changed meanwhile (by another process) stay pending for the next pass
                 ready = [(int(i), c) for i, h, c in current if bytes(h) == by_id[int(i)][0]]
                 if ready:
@@ -383,16 +369,30 @@ class KnowledgeBase:
             self._last_error = str(exc)
 
     def _rows(self) -> Iterator[list[tuple[int, str, str]]]:
+        for rows in self._pages("content, category"):
+            yield [(int(i), str(c), str(cat)) for i, c, cat in rows]
+
+    def _still_pending(self, columns: str, ids: list[int]) -> list[Any]:
+        """``id, {columns}`` of the rows of ``ids`` whose vector is still pending (another process
+        may have written or changed them since they were read)."""
+        marks = ",".join("?" * len(ids))
+        return self._db.query(
+            f"SELECT id, {columns} FROM {TABLE} WHERE vector_pending = 1 AND id IN ({marks})", ids
+        )
+
+    def _pages(self, columns: str, where: str = "1") -> Iterator[list[tuple[Any, ...]]]:
+        """``id, {columns}`` of the rows matching ``where`` in id order, ``BATCH`` rows a page, each
+        page read when asked for (rows changed between pages are seen as they then are)."""
         after = 0
         while True:
             rows = self._db.query(
-                f"SELECT id, content, category FROM {TABLE} WHERE id > ? ORDER BY id LIMIT ?",
+                f"SELECT id, {columns} FROM {TABLE} WHERE ({where}) AND id > ? ORDER BY id LIMIT ?",
                 (after, BATCH),
             )
             if not rows:
                 return
             after = int(rows[-1][0])
-            yield [(int(i), str(c), str(cat)) for i, c, cat in rows]
+            yield rows
 
     def _rebuild(self) -> int:
         """Re-embed every entry with the current model, then swap the index in one transaction.

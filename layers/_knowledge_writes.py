@@ -3,7 +3,8 @@ each keeping the full-text, BM25 and vector indexes in step."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -79,6 +80,14 @@ class _OwnRows:
 
 class KnowledgeWrites(KnowledgeBase):
     """Adds, updates and deletes entries (see ``KnowledgeStore``)."""
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """One transaction around several writes (``add_many``, ``store_vectors``, ...): all of
+        them are committed together, or none is (each still fails alone inside it)."""
+        self._check_open()
+        with self._db.transaction():
+            yield
 
     def add(
         self,

@@ -17,18 +17,18 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
-from memstrata.actors import Clock, StopReport, StoreFactory
+from memstrata.actors import StopReport
 from memstrata.core.config import Config
 from memstrata.core.errors import InvalidInputError
 from memstrata.messages import Signal
-from memstrata.storage import Embedder
 
 from ._agent_handle import Agent
 from ._board_handle import Blackboard, Subscription
@@ -94,18 +94,38 @@ class _Handle:
         # shielded: a cancelled caller stops waiting, but a call already sent still runs
         return await asyncio.shield(asyncio.get_running_loop().run_in_executor(self._pool, call))
 
+    def __repr__(self) -> str:
+        return f"<Async{repr(self.sync)[1:]}"
+
+
+class _Same(Generic[R]):
+    """A read-only attribute of a handle: the synchronous object's attribute of the same name
+    (``id = _Same[str]()``), answered at once, not on the pool."""
+
+    def __init__(self) -> None:
+        self._name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    @overload
+    def __get__(self, handle: None, owner: type) -> _Same[R]: ...
+
+    @overload
+    def __get__(self, handle: _Handle, owner: type | None = None) -> R: ...
+
+    def __get__(self, handle: _Handle | None, owner: type | None = None) -> R | _Same[R]:
+        if handle is None:
+            return self
+        value: R = getattr(handle.sync, self._name)
+        return value
+
 
 class AsyncAgent(_Handle):
     """One agent's memory, as coroutines (see :class:`memstrata.Agent`)."""
 
     sync: Agent
-
-    @property
-    def id(self) -> str:
-        return self.sync.id
-
-    def __repr__(self) -> str:
-        return f"<AsyncAgent {self.id}>"
+    id = _Same[str]()
 
     store_knowledge = _twin(Agent.store_knowledge)
     query_knowledge = _twin(Agent.query_knowledge)
@@ -205,13 +225,7 @@ class AsyncBlackboard(_Handle):
     """A session's blackboard, as coroutines (see :class:`memstrata.Blackboard`)."""
 
     sync: Blackboard
-
-    @property
-    def session_id(self) -> str:
-        return self.sync.session_id
-
-    def __repr__(self) -> str:
-        return f"<AsyncBlackboard {self.session_id}>"
+    session_id = _Same[str]()
 
     publish = _twin(Blackboard.publish)
     get = _twin(Blackboard.get)
@@ -231,9 +245,6 @@ class AsyncItems(_Handle):
 
     sync: Items
 
-    def __repr__(self) -> str:
-        return f"<AsyncItems of {self.sync!r}>"
-
     put = _twin(Items.put)
     write = _twin(Items.write)
     get = _twin(Items.get)
@@ -244,6 +255,20 @@ class AsyncItems(_Handle):
     clear = _twin(Items.clear)
     list_namespaces = _twin(Items.list_namespaces)
     sweep = _twin(Items.sweep)
+
+
+def _starter(start: Callable[P, MemorySystem]) -> Callable[P, _Starting]:
+    """``AsyncMemorySystem.start``: the parameters of ``MemorySystem.start``, which it runs off
+    the event loop."""
+
+    def begin(*args: P.args, **kwargs: P.kwargs) -> _Starting:
+        return _Starting(functools.partial(start, *args, **kwargs))
+
+    functools.update_wrapper(begin, start)
+    begin.__doc__ = "Start a system (same parameters as :meth:`MemorySystem.start`)."
+    signature = inspect.signature(start).replace(return_annotation=_Starting)
+    begin.__signature__ = signature  # type: ignore[attr-defined]
+    return begin
 
 
 class _Starting:
@@ -293,20 +318,7 @@ class AsyncMemorySystem(_Handle):
         self._agents: dict[str, AsyncAgent] = {}
         self._boards: dict[str, AsyncBlackboard] = {}
 
-    @classmethod
-    def start(
-        cls,
-        config: Config | str | Path | None = None,
-        embedder: Embedder | None = None,
-        *,
-        clock: Clock | None = None,
-        stores: StoreFactory | None = None,
-        seed: int | str | None = None,
-    ) -> _Starting:
-        """Start a system (same parameters as :meth:`MemorySystem.start`)."""
-        return _Starting(
-            functools.partial(MemorySystem.start, config, embedder, clock=clock, stores=stores, seed=seed)
-        )
+    start = staticmethod(_starter(MemorySystem.start))
 
     async def __aenter__(self) -> AsyncMemorySystem:
         return self
@@ -320,17 +332,16 @@ class AsyncMemorySystem(_Handle):
         self._pool.shutdown(wait=False)
         return report
 
-    @property
-    def stopped(self) -> bool:
-        return self.sync.stopped
+    async def stop_cluster(self, timeout: float | None = None) -> list[str]:
+        """Stop the system and, on the Ray engine, every host of its namespace for good (see
+        :meth:`MemorySystem.stop_cluster`); releases the thread pool."""
+        problems = await self._run(functools.partial(self.sync.stop_cluster, timeout))
+        self._pool.shutdown(wait=False)
+        return problems
 
-    @property
-    def config(self) -> Config:
-        return self.sync.config
-
-    @property
-    def data_dir(self) -> Path:
-        return self.sync.data_dir
+    stopped = _Same[bool]()
+    config = _Same[Config]()
+    data_dir = _Same[Path]()
 
     def agent(self, agent_id: str) -> AsyncAgent:
         """The handle of agent ``agent_id`` (validated at once; its actors start on first use)."""
@@ -373,6 +384,3 @@ class AsyncMemorySystem(_Handle):
     async def tell(self, message: Any) -> None:
         """Send a message without waiting for its answer (validated in the caller's task)."""
         self.sync.tell(message)
-
-    def __repr__(self) -> str:
-        return f"<AsyncMemorySystem {self.data_dir}>"

@@ -57,9 +57,9 @@ def _sort_key(record: dict[str, Any]) -> tuple[Any, ...]:
     return (_KIND_ORDER.get(kind, 9), owner, str(record.get("key", "")))
 
 
-def _owners(runtime: Runtime, kind: str) -> set[str]:
+def _owners(runtime: Runtime, kind: str, running: list[tuple[str, str]]) -> set[str]:
     """Agents (or ``shared``) with a store of this kind on disk or running."""
-    owners = {key for k, key, _ in runtime.children() if k == kind}
+    owners = {key for k, key in running if k == kind}
     folder = runtime.data_dir / kind
     if folder.is_dir():
         owners |= {p.stem for p in folder.glob("*.sqlite")}
@@ -80,15 +80,16 @@ def export_records(runtime: Runtime, *, timeout: float) -> list[dict[str, Any]]:
 
     runtime.check_open()
     runtime.wait_idle(timeout)
+    running = runtime.running()
     records: list[dict[str, Any]] = [{"kind": "export", "format": FORMAT, "version": VERSION}]
     for kind in ("knowledge", "episodic"):
-        for owner in sorted(_owners(runtime, kind)):
+        for owner in sorted(_owners(runtime, kind, running)):
             if kind == "episodic" and owner == SHARED:
                 continue
             records += runtime.wait(
                 runtime.request(kind, owner, ExportRecords()), timeout, f"export {kind} {owner}"
             )
-    for kind, key, _ in sorted(runtime.children(), key=lambda c: (c[0], c[1])):
+    for kind, key in sorted(running):
         if kind == "working":
             records += runtime.wait(
                 runtime.request(kind, key, ExportRecords()), timeout, f"export working {key}"
@@ -109,7 +110,7 @@ def export_records(runtime: Runtime, *, timeout: float) -> list[dict[str, Any]]:
                             "updated_at": value.updated_at.isoformat() if value.updated_at else None,
                         }
                     )
-    if (runtime.data_dir / ITEMS_FILE).exists() or any(k == "items" for k, _, _ in runtime.children()):
+    if (runtime.data_dir / ITEMS_FILE).exists() or any(k == "items" for k, _ in running):
         records += runtime.wait(runtime.request("items", ITEMS_KEY, ExportRecords()), timeout, "export items")
     records[1:] = sorted(records[1:], key=_sort_key)
     return records

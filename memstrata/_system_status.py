@@ -11,11 +11,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from memstrata.storage import Embedder, driver_info
+from memstrata.storage import driver_info
 
 if TYPE_CHECKING:
     from memstrata.actors import Runtime
     from memstrata.core.config import Config, EmbeddingConfig
+    from memstrata.storage import Embedder
 
 __all__ = ["configured_embedding", "offline_status", "system_status"]
 
@@ -145,7 +146,7 @@ def configured_embedding(settings: EmbeddingConfig, embedder: Embedder | None = 
     and ``keyword_only`` (with the reason in ``note``) when it plainly cannot be loaded (a
     directory that is not there, a name nothing knows). Whether a loadable model works, and how
     it is doing, only a running system can say."""
-    from memstrata.storage._default_model import DEFAULT_DIM, DEFAULT_MODEL_ID
+    from memstrata.storage._model_id import DEFAULT_DIM, DEFAULT_MODEL_ID
 
     out: dict[str, Any] = {"model": None, "dim": None, "keyword_only": False, "note": None, "loaded": False}
     if embedder is not None:

@@ -16,8 +16,18 @@ Kind = Literal["memory", "code"]
 KINDS: tuple[Kind, ...] = ("memory", "code")
 
 
+class _Record:
+    """A result whose ``as_dict`` is its fields as JSON-ready values, in their order."""
+
+    __slots__ = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        plain: dict[str, Any] = _plain(self)
+        return plain
+
+
 @dataclass(frozen=True, slots=True)
-class Workspace:
+class Workspace(_Record):
     """One indexed root."""
 
     root: Path
@@ -27,19 +37,9 @@ class Workspace:
     last_sync_at: dt.datetime | None
     last_stats: dict[str, Any] | None
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "root": str(self.root),
-            "kind": self.kind,
-            "db_path": str(self.db_path),
-            "added_at": self.added_at.isoformat(),
-            "last_sync_at": self.last_sync_at.isoformat() if self.last_sync_at else None,
-            "last_stats": self.last_stats,
-        }
-
 
 @dataclass(frozen=True, slots=True)
-class WorkspaceHit:
+class WorkspaceHit(_Record):
     """A file-search hit with the root it came from (``path`` is relative to ``root``)."""
 
     root: Path
@@ -56,22 +56,9 @@ class WorkspaceHit:
     def absolute_path(self) -> Path:
         return self.root / self.path
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "root": str(self.root),
-            "kind": self.kind,
-            "path": self.path,
-            "start_line": self.start_line,
-            "end_line": self.end_line,
-            "score": self.score,
-            "snippet": self.snippet,
-            "match_type": self.match_type,
-            "language": self.language,
-        }
-
 
 @dataclass(frozen=True, slots=True)
-class FileText:
+class FileText(_Record):
     """Lines read back from an indexed file."""
 
     root: Path
@@ -80,16 +67,6 @@ class FileText:
     from_line: int
     lines: int
     text: str
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "root": str(self.root),
-            "kind": self.kind,
-            "path": self.path,
-            "from_line": self.from_line,
-            "lines": self.lines,
-            "text": self.text,
-        }
 
 
 class WorkspaceHits(list[WorkspaceHit]):

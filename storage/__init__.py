@@ -1,62 +1,150 @@
-"""The SQLite engine: connections, migrations, vectors, full text, fusion, embeddings."""
+"""The SQLite engine: connections, migrations, vectors, full text, fusion, embeddings.
+
+The names below are imported when first used (:func:`__getattr__`), not with the package: a
+command that only reads the driver's version (``memstrata status``) must not pay for numpy, the
+vector mirror and the keyword index it never touches.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 if __name__ != "memstrata.storage":  # nothing generic may be importable at top level
     raise ImportError(f"import memstrata.storage, not {__name__}: it is part of the memstrata package")
 
-from ._bm25 import Bm25Index
-from ._connection import Database, connection_defaults, open_database
-from ._consistency import ConsistencyReport, check_consistency
-from ._default_model import DEFAULT_MODEL_ID, default_model_dir
-from ._driver import DriverInfo, disable_vec_for_tests, driver_info
-from ._embed_cache import EmbeddingCache
-from ._embedder import Embedder, text_hash
-from ._embedding import embed_documents, embed_query, prefetch_query
-from ._fastembed import FastEmbedEmbedder, default_embedder, load_embedder
-from ._fulltext import (
-    FTS_TOKENIZER,
-    MAX_QUERY_TERMS,
-    KeywordQuery,
-    build_keyword_query,
-    cjk_runs,
-    fts_schema,
-    identifier_words,
-    keyword_terms,
-)
-from ._fusion import (
-    DEFAULT_KEYWORD_WEIGHT,
-    DEFAULT_RRF_K,
-    DEFAULT_VECTOR_WEIGHT,
-    PLAIN_RRF_K,
-    Fused,
-    FusedArrays,
-    best_score,
-    fuse,
-    fusion_weights,
-    match_type,
-    rrf,
-)
-from ._hybrid import (
-    Mode,
-    QueryVector,
-    RankedId,
-    SearchParams,
-    hybrid_search,
-    keyword_index,
-    keyword_search,
-    validate_mode,
-)
-from ._keywords import Filter, KeywordIndex, KeywordTable, ScoredIds, query_terms
-from ._migrations import (
-    EmbeddingMismatch,
-    Migration,
-    apply_migrations,
-    embedding_mismatch,
-    get_meta,
-    record_embedding,
-    schema_version,
-    set_meta,
-)
-from ._vectors import APPROXIMATE_FROM, VectorHit, VectorIndex
+from memstrata.core.lazy import lazy_attributes
+
+if TYPE_CHECKING:
+    from ._bm25 import Bm25Index
+    from ._connection import Database, connection_defaults, open_database
+    from ._consistency import ConsistencyReport, check_consistency
+    from ._default_model import default_model_dir
+    from ._driver import DriverInfo, disable_vec_for_tests, driver_info
+    from ._embed_cache import EmbeddingCache
+    from ._embedder import Embedder, text_hash
+    from ._embedding import embed_documents, embed_query, prefetch_query
+    from ._fastembed import FastEmbedEmbedder, default_embedder, load_embedder
+    from ._fulltext import (
+        FTS_TOKENIZER,
+        MAX_QUERY_TERMS,
+        KeywordQuery,
+        build_keyword_query,
+        cjk_runs,
+        fts_schema,
+        identifier_words,
+        keyword_terms,
+    )
+    from ._fusion import (
+        DEFAULT_KEYWORD_WEIGHT,
+        DEFAULT_RRF_K,
+        DEFAULT_VECTOR_WEIGHT,
+        PLAIN_RRF_K,
+        Fused,
+        FusedArrays,
+        best_score,
+        fuse,
+        fusion_weights,
+        match_type,
+        rrf,
+    )
+    from ._hybrid import (
+        Mode,
+        QueryVector,
+        RankedId,
+        SearchParams,
+        hybrid_search,
+        keyword_index,
+        keyword_search,
+        validate_mode,
+    )
+    from ._keywords import Filter, KeywordIndex, KeywordTable, ScoredIds, query_terms
+    from ._migrations import (
+        EmbeddingMismatch,
+        Migration,
+        apply_migrations,
+        embedding_mismatch,
+        get_meta,
+        record_embedding,
+        schema_version,
+        set_meta,
+    )
+    from ._model_id import DEFAULT_MODEL_ID
+    from ._vectors import APPROXIMATE_FROM, VectorHit, VectorIndex
+
+# each public name -> the submodule that defines it
+_HOME: dict[str, str] = {
+    "Bm25Index": "._bm25",
+    "Database": "._connection",
+    "connection_defaults": "._connection",
+    "open_database": "._connection",
+    "ConsistencyReport": "._consistency",
+    "check_consistency": "._consistency",
+    "DEFAULT_MODEL_ID": "._model_id",
+    "default_model_dir": "._default_model",
+    "DriverInfo": "._driver",
+    "disable_vec_for_tests": "._driver",
+    "driver_info": "._driver",
+    "EmbeddingCache": "._embed_cache",
+    "Embedder": "._embedder",
+    "text_hash": "._embedder",
+    "embed_documents": "._embedding",
+    "embed_query": "._embedding",
+    "prefetch_query": "._embedding",
+    "FastEmbedEmbedder": "._fastembed",
+    "default_embedder": "._fastembed",
+    "load_embedder": "._fastembed",
+    "FTS_TOKENIZER": "._fulltext",
+    "MAX_QUERY_TERMS": "._fulltext",
+    "KeywordQuery": "._fulltext",
+    "build_keyword_query": "._fulltext",
+    "cjk_runs": "._fulltext",
+    "fts_schema": "._fulltext",
+    "identifier_words": "._fulltext",
+    "keyword_terms": "._fulltext",
+    "DEFAULT_KEYWORD_WEIGHT": "._fusion",
+    "DEFAULT_RRF_K": "._fusion",
+    "DEFAULT_VECTOR_WEIGHT": "._fusion",
+    "PLAIN_RRF_K": "._fusion",
+    "Fused": "._fusion",
+    "FusedArrays": "._fusion",
+    "best_score": "._fusion",
+    "fuse": "._fusion",
+    "fusion_weights": "._fusion",
+    "match_type": "._fusion",
+    "rrf": "._fusion",
+    "Mode": "._hybrid",
+    "QueryVector": "._hybrid",
+    "RankedId": "._hybrid",
+    "SearchParams": "._hybrid",
+    "hybrid_search": "._hybrid",
+    "keyword_index": "._hybrid",
+    "keyword_search": "._hybrid",
+    "validate_mode": "._hybrid",
+    "Filter": "._keywords",
+    "KeywordIndex": "._keywords",
+    "KeywordTable": "._keywords",
+    "ScoredIds": "._keywords",
+    "query_terms": "._keywords",
+    "EmbeddingMismatch": "._migrations",
+    "Migration": "._migrations",
+    "apply_migrations": "._migrations",
+    "embedding_mismatch": "._migrations",
+    "get_meta": "._migrations",
+    "record_embedding": "._migrations",
+    "schema_version": "._migrations",
+    "set_meta": "._migrations",
+    "APPROXIMATE_FROM": "._vectors",
+    "VectorHit": "._vectors",
+    "VectorIndex": "._vectors",
+}
+
+
+if not TYPE_CHECKING:  # at run time only: type checkers see the imports above
+    __getattr__ = lazy_attributes(__name__, _HOME, globals())
+
+    def __dir__() -> list[str]:
+        return sorted(set(globals()) | set(_HOME))
+
 
 __all__ = [
     "APPROXIMATE_FROM",

@@ -8,14 +8,21 @@ the file against FTS5's own structure and averages records (both change with eve
 from __future__ import annotations
 
 import logging
-import weakref
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from ._bm25_postings import _PHRASE, Bm25Postings
-from ._index_files import DamagedFile, database_token, ensure_token, index_path, read_index, write_index
+from ._index_files import (
+    DamagedFile,
+    database_token,
+    ensure_token,
+    index_path,
+    persist_at_close,
+    read_index,
+    write_index,
+)
 
 __all__ = ["Bm25Files"]
 
@@ -41,14 +48,7 @@ class Bm25Files(Bm25Postings):
         if self._hooked:
             return
         self._hooked = True
-        method = weakref.WeakMethod(self.persist)
-
-        def hook() -> None:
-            persist = method()
-            if persist is not None:
-                persist()
-
-        self._db.on_close(hook)
+        persist_at_close(self._db, self.persist)
 
     def files_status(self) -> dict[str, Any]:
         return {

@@ -24,12 +24,11 @@ from memstrata.core.errors import EmbedderUnavailableError
 
 from ._embedder import FloatArray
 from ._heap import trim_heap
+from ._model_id import DEFAULT_DIM, DEFAULT_MODEL_ID
 from ._quantize import int8_products
 
 __all__ = ["DEFAULT_DIM", "DEFAULT_MODEL_ID", "MAX_TOKENS", "default_model_dir"]
 
-DEFAULT_MODEL_ID = "all-MiniLM-L6-v2-int8-dq"  # int8 products: see ._quantize
-DEFAULT_DIM = 384
 _MODEL_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
 _TOKENIZER_SHA256 = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
 _TOKENIZER_FILE = "data/all-MiniLM-L6-v2/tokenizer.json"  # memstrata.storage package data, NOTICE beside it
@@ -133,8 +132,11 @@ def default_model_dir() -> Path:
     stamp = target / "memstrata-model.json"
     try:
         expected = {
-            "model": str(onnx),
-            "tokenizer": str(tokenizer),
+            # real paths: a process importing memstrata from the source tree and one using the
+            # editable install's links name the same files (else each rewrites the stamp, and
+            # the other's next load hashes the weights again)
+            "model": str(onnx.resolve()),
+            "tokenizer": str(tokenizer.resolve()),
             "sha256": _MODEL_SHA256,
             "tokenizer_sha256": _TOKENIZER_SHA256,
             "fingerprints": [_fingerprint(onnx), _fingerprint(tokenizer)],

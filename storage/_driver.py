@@ -7,6 +7,8 @@ driver (``driver_info``) needs no connection logic, and the connection logic no 
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import sqlite3
 import threading
 from dataclasses import dataclass
@@ -61,6 +63,15 @@ _MODULE: ModuleType = _pick_module()
 _VEC_DISABLED = threading.Event()  # tests flip this to exercise the numpy fallback
 
 
+def _vec_library() -> str:
+    """The sqlite-vec library's path, found without importing the ``sqlite_vec`` package (whose
+    import pulls in numpy, which a process that only counts rows does not need)."""
+    spec = importlib.util.find_spec("sqlite_vec")
+    if spec is None or spec.origin is None:
+        raise ImportError("the sqlite_vec package is not installed")
+    return os.path.join(os.path.dirname(spec.origin), "vec0")
+
+
 def _load_vec(conn: Any) -> tuple[str | None, str | None]:
     """Load sqlite-vec into ``conn``; returns (version, reason it could not load)."""
     if _VEC_DISABLED.is_set():
@@ -68,11 +79,9 @@ def _load_vec(conn: Any) -> tuple[str | None, str | None]:
     if not hasattr(conn, "enable_load_extension"):
         return None, f"{_MODULE.__name__} cannot load extensions"
     try:
-        import sqlite_vec
-
         conn.enable_load_extension(True)
         try:
-            sqlite_vec.load(conn)
+            conn.load_extension(_vec_library())
         finally:
             conn.enable_load_extension(False)
         version = conn.execute("SELECT vec_version()").fetchone()[0]

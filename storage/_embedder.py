@@ -14,7 +14,9 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Embedder", "FloatArray", "text_hash"]
+from ._embedder_identity import ModelIdentity
+
+__all__ = ["Embedder", "FloatArray", "ModelIdentity", "text_hash"]
 
 FloatArray = npt.NDArray[np.float32]
 

@@ -20,12 +20,13 @@ from memstrata.core.errors import EmbedderUnavailableError
 
 from ._default_model import DEFAULT_DIM, DEFAULT_MODEL_ID, _DefaultModel, default_model_dir
 from ._embedder import Embedder, FloatArray, _normalise
+from ._embedder_identity import ModelIdentity
 from ._heap import trim_heap
 
 __all__ = ["FastEmbedEmbedder", "default_embedder", "load_embedder"]
 
 
-class FastEmbedEmbedder:
+class FastEmbedEmbedder(ModelIdentity):
     """fastembed ``TextEmbedding``: a named fastembed model, a local model directory or the default.
 
     ``model`` ``None`` means the packaged default (offline), run directly on ONNX Runtime (see
@@ -108,14 +109,6 @@ class FastEmbedEmbedder:
             raise EmbedderUnavailableError(f"cannot load embedding model {name!r}: {exc}") from exc
         self._dim = int(dim) if dim else int(self.embed_query("dimension probe").shape[0])
         trim_heap()
-
-    @property
-    def model_id(self) -> str:
-        return self._model_id
-
-    @property
-    def dim(self) -> int:
-        return self._dim
 
     def _run(self, batch: list[str]) -> FloatArray:
         """One model batch."""

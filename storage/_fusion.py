@@ -13,6 +13,17 @@ an exact word match is the stronger signal on every corpus measured (``benchmark
 bench_quality.py``, chosen leave-one-corpus-out). ``PLAIN_RRF_K`` with equal weights is the
 textbook fusion, still selectable through the search settings.
 
+Adaptive weight (:func:`fusion_weights` given the query): under the default settings a query
+that is not a question (no ``?``, no opening who/what/when/...) weighs its keyword list
+:data:`STATEMENT_KEYWORD_WEIGHT` (1.25) instead of 1.5. Questions about a conversation share
+few words with the answer but their rare words (names, places) are decisive, so keyword search
+leads there; on statement-like queries (a code search, a topic) where the vector list is the
+stronger one (JavaScript, Go), weight 1.5 pulled fused results below vector search alone. The
+pair was chosen as the best worst-case gain over the best single mode on all corpora; chosen
+on all but one corpus, it kept the held-out one above its best single mode every time, which no
+single fixed weight did (``docs/performance.md``). Weights set
+explicitly (anything but the defaults) are used as given.
+
 :func:`fuse` works on numpy int64 keys (the episodic store fuses deep lists in rounds);
 :func:`rrf` is the same fusion for any hashable keys.
 """
@@ -20,6 +31,7 @@ textbook fusion, still selectable through the search settings.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -34,12 +46,14 @@ __all__ = [
     "DEFAULT_RRF_K",
     "DEFAULT_VECTOR_WEIGHT",
     "PLAIN_RRF_K",
+    "STATEMENT_KEYWORD_WEIGHT",
     "Fused",
     "FusedArrays",
     "best_score",
     "check_fusion",
     "fuse",
     "fusion_weights",
+    "is_question",
     "match_type",
     "rrf",
 ]
@@ -48,6 +62,8 @@ DEFAULT_RRF_K = 5
 DEFAULT_VECTOR_WEIGHT = 1.0
 DEFAULT_KEYWORD_WEIGHT = 1.5
 PLAIN_RRF_K = 60  # textbook RRF; also fuses the keyword sub-lists (words, CJK) of one query
+STATEMENT_KEYWORD_WEIGHT = 1.25  # the keyword list's default weight for a query that is no question
+_QUESTION_WORD = re.compile(r"^\W*(?:who|what|when|where|why|how|which|whom|whose)\b", re.IGNORECASE)
 K = TypeVar("K", bound=Hashable)
 Int64Array = npt.NDArray[np.int64]
 
@@ -85,11 +101,34 @@ def check_fusion(k: object, weights: Sequence[float], count: int) -> list[float]
     return out
 
 
+def is_question(text: str) -> bool:
+    """Whether a query reads as a question: it ends with ``?`` or opens with who/what/when/..."""
+    return text.rstrip().endswith(("?", "？")) or _QUESTION_WORD.match(text) is not None
+
+
 def fusion_weights(
-    use_vectors: bool, use_keywords: bool, vector_weight: float, keyword_weight: float
+    use_vectors: bool,
+    use_keywords: bool,
+    vector_weight: float,
+    keyword_weight: float,
+    *,
+    query: str | None = None,
+    k: int = DEFAULT_RRF_K,
 ) -> list[float]:
-    """Weights of the lists taking part: vector first, then keyword; a lone list weighs 1."""
+    """Weights of the lists taking part: vector first, then keyword; a lone list weighs 1.
+
+    With ``query``, under the default fusion (``k``, both weights at their defaults) a query
+    that is no question weighs its keyword list :data:`STATEMENT_KEYWORD_WEIGHT` (see the
+    module docstring); any other setting is used as given.
+    """
     if use_vectors and use_keywords:
+        if (
+            query is not None
+            and (k, vector_weight, keyword_weight)
+            == (DEFAULT_RRF_K, DEFAULT_VECTOR_WEIGHT, DEFAULT_KEYWORD_WEIGHT)
+            and not is_question(query)
+        ):
+            keyword_weight = STATEMENT_KEYWORD_WEIGHT
         return [vector_weight, keyword_weight]
     return [1.0] if (use_vectors or use_keywords) else []
 

@@ -46,6 +46,7 @@ __all__ = [
     "SearchParams",
     "hybrid_search",
     "keyword_search",
+    "settle_unheld",
     "validate_mode",
 ]
 
@@ -223,7 +224,14 @@ def hybrid_search(
         ranked.append([h.rowid for h in vector_hits])
     if use_keywords:
         ranked.append(keyword_ids)
-    weights = fusion_weights(use_vectors, use_keywords, params.vector_weight, params.keyword_weight)
+    weights = fusion_weights(
+        use_vectors,
+        use_keywords,
+        params.vector_weight,
+        params.keyword_weight,
+        query=query_text,
+        k=params.rrf_k,
+    )
     if not ranked:
         return []
     fused = rrf(ranked, k=params.rrf_k, weights=weights)[: params.top_k]
@@ -251,13 +259,23 @@ def _mirror_keep(db: Database, vectors: VectorIndex, flt: Filter) -> Keep:
         state = vectors.allows(ids, flt.where)
         if state is None:
             state = np.full(len(ids), -1, dtype=np.int8)
-        out = state > 0
-        unknown = np.flatnonzero(state < 0)
-        if len(unknown) and flt.sql is not None:
-            asked = ids[unknown]
-            sql = f"SELECT value FROM json_each(?) WHERE value IN ({flt.sql})"
-            found = [int(r[0]) for r in db.query(sql, (json.dumps(asked.tolist()), *flt.params))]
-            out[unknown] = np.isin(asked, np.asarray(found, dtype=np.int64))
-        return out
+        return settle_unheld(db, flt, ids, state, unheld=False)
 
     return keep
+
+
+def settle_unheld(
+    db: Database, flt: Filter, ids: npt.NDArray[np.int64], state: npt.NDArray[np.int8], *, unheld: bool
+) -> npt.NDArray[np.bool_]:
+    """A mirror's verdict on ``ids`` (``state``: 1 allowed, 0 refused, -1 not held) as a mask:
+    the ids it does not hold are asked of ``flt.sql``; without SQL they are ``unheld``."""
+    out = state > 0
+    unknown = np.flatnonzero(state < 0)
+    if len(unknown) and flt.sql is not None:
+        asked = ids[unknown]
+        sql = f"SELECT value FROM json_each(?) WHERE value IN ({flt.sql})"
+        found = [int(r[0]) for r in db.query(sql, (json.dumps(asked.tolist()), *flt.params))]
+        out[unknown] = np.isin(asked, np.asarray(found, dtype=np.int64))
+    elif len(unknown):
+        out[unknown] = unheld
+    return out

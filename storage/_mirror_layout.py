@@ -1,4 +1,4 @@
-"""The order of a vector mirror's rows: grouped by a filter column, then by inverted list.
+"""The order of a vector mirror's rows: by inverted list, then by a filter column (the group).
 
 Compaction of dead rows, regrouping of the tail, and building, extending, adopting or dropping
 the partition (the inverted lists) as the mirror's size asks. Rows move in place: a 1M x 384
@@ -21,8 +21,8 @@ __all__ = ["GROUP_FROM", "GROUP_MAX", "MirrorLayout"]
 _TAIL_SHARE = 0.15  # rows added since the partition, as a share of it, that trigger a rebuild
 _SEED = 20_240_607
 _MOVE_BLOCK = 16_384  # rows moved per step when compacting in place
-GROUP_MAX = 16  # a group column with more values is not grouped (an unfiltered search through the
-# lists scans one slice per list and group: more groups, more and smaller slices)
+GROUP_MAX = 16  # a group column with more values is not grouped (a filtered search through the
+# lists scans one slice per list it probes: more groups, smaller slices)
 GROUP_FROM = 4096  # live rows from which a mirror keeps its rows grouped (below, masks are cheap)
 
 
@@ -72,21 +72,22 @@ class MirrorLayout(MirrorMatrix):
         self.sorted_end = int(self.blocks[-1])
 
     def _drop_partition(self) -> None:
-        """Forget the lists; the rows stay grouped (group-major order keeps each group whole)."""
-        part = self.partition
-        assert part is not None
+        """Forget the lists; a grouped mirror sorts its rows by group alone again (under the lists
+        each group was spread over every list)."""
         self.partition = None
-        self.blocks = self.blocks[:: part.lists].copy()
         self.lists[: self.size] = -1
+        if self.groups > 1:
+            self._regroup()
+        else:
+            self.blocks = np.array([0, self.sorted_end], dtype=np.int64)
 
     def _sync_partition_starts(self) -> None:
-        """``partition.starts`` as the list sizes summed over the groups (what :class:`Partition`
-        reports); the rows of one list lie in one block per group."""
+        """``partition.starts`` from the blocks: list ``l`` is the rows ``blocks[l * groups]`` to
+        ``blocks[(l + 1) * groups]``, its groups' blocks side by side."""
         part = self.partition
         if part is None:
             return
-        sizes = np.diff(self.blocks).reshape(self.groups, part.lists).sum(axis=0)
-        part.starts = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+        part.starts = self.blocks[:: self.groups].copy()
 
     def compact(self) -> None:
         """Drop dead rows in place (rows only move towards the front, so no second matrix)."""
@@ -97,12 +98,7 @@ class MirrorLayout(MirrorMatrix):
             picks = keep[a : a + _MOVE_BLOCK]
             if picks[0] != a or picks[-1] != a + len(picks) - 1:  # else already in place
                 self.matrix[a : a + len(picks)] = self.matrix[picks]
-        self.rowids[:kept] = self.rowids[keep]
-        self.lists[:kept] = self.lists[keep]
-        for c in self.columns:
-            self.codes[c][:kept] = self.codes[c][keep]
-        for c in self.ranges:
-            self.ints[c][:kept] = self.ints[c][keep]
+        self._take_rows(keep)
         self.alive[:kept] = True
         self.alive[kept : self.size] = False
         self.blocks = np.searchsorted(keep, self.blocks).astype(np.int64)
@@ -111,8 +107,18 @@ class MirrorLayout(MirrorMatrix):
         self.size, self.dead = kept, 0
         self.index.rebuild(self.rowids[:kept], self.alive[:kept])
 
+    def _take_rows(self, picks: npt.NDArray[np.int64]) -> None:
+        """The small per-row arrays (not the matrix) of rows ``picks``, moved to the front."""
+        n = len(picks)
+        self.rowids[:n] = self.rowids[picks]
+        self.lists[:n] = self.lists[picks]
+        for c in self.columns:
+            self.codes[c][:n] = self.codes[c][picks]
+        for c in self.ranges:
+            self.ints[c][:n] = self.ints[c][picks]
+
     def _regroup(self) -> None:
-        """Sort every row into its block (group code, then list): one in-place permutation."""
+        """Sort every row into its block (list, then group code): one in-place permutation."""
         if self.dead:
             self.compact()
         size = self.size
@@ -122,20 +128,15 @@ class MirrorLayout(MirrorMatrix):
         key = np.zeros(size, dtype=np.int64)
         if groups > 1:
             assert self.group is not None
-            key += self.codes[self.group][:size].astype(np.int64) * lists
+            key += self.codes[self.group][:size]
         if part is not None:
             labels = self.lists[:size]
-            key += labels
+            key += labels.astype(np.int64) * groups
             key[labels < 0] = groups * lists  # rows without a list yet stay in the tail
         order = np.argsort(key, kind="stable")
         if not (order == np.arange(size)).all():
             permute_rows(self.matrix, order)
-            self.rowids[:size] = self.rowids[order]
-            self.lists[:size] = self.lists[order]
-            for c in self.columns:
-                self.codes[c][:size] = self.codes[c][order]
-            for c in self.ranges:
-                self.ints[c][:size] = self.ints[c][order]
+            self._take_rows(order)
         self.groups = groups
         self.blocks = np.searchsorted(key[order], np.arange(groups * lists + 1)).astype(np.int64)
         self.sorted_end = int(self.blocks[-1])

@@ -112,13 +112,17 @@ class MirrorMatrix(MirrorSearch):
         return self.size - self.dead
 
     def _grow(self, need: int) -> None:
+        """Room for ``need`` rows: the per-row arrays grow to the matrix's spare rows (a mirror
+        mapped from a file has them only in its matrix), the matrix when those run out."""
         capacity = len(self.rowids)
         if need <= capacity:
             return
-        new_capacity = max(need, capacity * 2, 1024)
-        matrix = np.zeros((new_capacity, self.dim), dtype=np.float32)
-        matrix[: self.size] = self.matrix[: self.size]
-        self.matrix = matrix
+        spare = len(self.matrix)
+        new_capacity = spare if need <= spare else max(need, capacity * 2, 1024)
+        if new_capacity > spare:
+            matrix = np.zeros((new_capacity, self.dim), dtype=np.float32)
+            matrix[: self.size] = self.matrix[: self.size]
+            self.matrix = matrix
         self.rowids = np.resize(self.rowids, new_capacity)
         alive = np.zeros(new_capacity, dtype=bool)
         alive[: self.size] = self.alive[: self.size]

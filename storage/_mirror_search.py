@@ -1,15 +1,17 @@
 """Searching a vector mirror (:class:`._vector_mirror.Mirror`) with its filters inside it.
 
 A filter is equality on metadata columns (``where``, compared as integer codes) and half-open
-ranges on integer columns (``ranges``, e.g. a time). Filtering on the group column (the rows are
-kept sorted by it) scans one contiguous slice, or that group's slice of each inverted list a
-search probes: only the allowed rows. Other filters are masks; a mask whose allowed rows form
+ranges on integer columns (``ranges``, e.g. a time). The sorted rows are ordered by inverted list,
+then by the group column inside each list: an unfiltered search reads one slice per list it
+probes, and a filter on the group reads that group's block of each list (of every list when it
+scans exactly): only the allowed rows. Other filters are masks; a mask whose allowed rows form
 few runs (a time range over rows added in time order) is scanned run by run, in place, and only
 a scattered one gathers its rows. No id list crosses from SQL on this path.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._ivf import Partition
+from ._mirror_threads import TwoOrOne, one_blas_thread
 from ._vector_kernels import dot, dot_rows, in_two, unit_rows
 
 __all__ = ["MirrorSearch", "Ranges", "Ranked", "VectorHit"]
@@ -31,6 +34,8 @@ _EXACT_SHARE = 0.5  # a search that would scan more than this share of its rows 
 _CANDIDATE_LOOKUP_MAX = 2048  # up to this many candidate ids, look positions up one by one
 _RUNS_MAX = 512  # a mask of at most this many runs of allowed rows is scanned run by run
 _GAP_ROWS = 24  # rows between two slices to scan that cost less scanned than one more numpy call
+_SPLIT = TwoOrOne()  # per process: every mirror meets the same machine
+_SPLIT_SLICE_ROWS = 128  # rows per slice, on average, from which a scan may be split in two
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +68,26 @@ def _runs(mask: BoolArray) -> tuple[IntArray, IntArray]:
     """Starts and ends of the runs of True in ``mask``."""
     edges = np.diff(mask.view(np.int8), prepend=np.int8(0), append=np.int8(0))
     return np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+
+
+def _slice_rows(starts: IntArray, ends: IntArray) -> IntArray:
+    """The positions of the rows of the slices ``starts[i]:ends[i]``, in order."""
+    lengths = ends - starts
+    total = int(lengths.sum())
+    offsets = np.cumsum(lengths) - lengths
+    return np.repeat(starts - offsets, lengths) + np.arange(total, dtype=np.int64)
+
+
+def _merged(lo: IntArray, hi: IntArray, gap: int) -> tuple[list[int], list[int]]:
+    """Sorted, disjoint slices ``lo[i]:hi[i]`` with those at most ``gap`` rows apart merged."""
+    if not len(lo):
+        return [], []
+    breaks = np.flatnonzero(lo[1:] - hi[:-1] > gap)
+    first = np.concatenate(([0], breaks + 1))
+    last = np.concatenate((breaks, [len(lo) - 1]))
+    starts: list[int] = lo[first].tolist()
+    ends: list[int] = hi[last].tolist()
+    return starts, ends
 
 
 class MirrorSearch:
@@ -228,51 +253,84 @@ class MirrorSearch:
         ranges: Ranges,
         exact: bool,
     ) -> _Found:
-        """Filtered by the group column: only that group's block(s) and the tail are scanned."""
+        """Filtered by the group column: only that group's blocks (one per list) and the tail
+        are scanned."""
         size, end = self.size, self.sorted_end
         part = self.partition
-        lists = 1 if part is None else part.lists
-        if group < self.groups:
-            lo, hi = int(self.blocks[group * lists]), int(self.blocks[(group + 1) * lists])
-        else:  # a value first seen after the rows were grouped: only in the tail
-            lo = hi = end
+        lo, hi = self._group_blocks(group)
+        keep = hi > lo
+        lo, hi = lo[keep], hi[keep]
+        grouped_rows = int((hi - lo).sum())
         assert self.group is not None
         tail = self.codes[self.group][end:size] == group
         rest = self._match(codes, ranges, end, size)
         if rest is not None:
             tail &= rest
-        inner = self._match(codes, ranges, lo, hi)  # the group's sorted rows passing the rest
-        in_group = hi - lo if inner is None else int(np.count_nonzero(inner))
+        inner: BoolArray | None = None  # the group's sorted rows passing the rest, in block order
+        inside = np.zeros(0, dtype=np.int64)
+        if codes or ranges or self.dead:
+            inside = _slice_rows(lo, hi)
+            inner = self._match_at(codes, ranges, inside)
+        in_group = grouped_rows if inner is None else int(np.count_nonzero(inner))
         allowed = in_group + int(np.count_nonzero(tail))
         if allowed == 0:
             return _empty()
         k = min(k, allowed)
         if part is not None and not exact and in_group:
             # the allowed rows an unfiltered search scans (``_probe_rows``), found in
-            # the group's own slice of the lists nearest the query; 1/f more for the rest of
+            # the group's own block of the lists nearest the query; 1/f more for the rest of
             # the filter
-            rows = self._probe_rows(part, k) * ((hi - lo) / in_group)
-            if rows < _EXACT_SHARE * (hi - lo):
+            rows = self._probe_rows(part, k) * (grouped_rows / in_group)
+            if rows < _EXACT_SHARE * grouped_rows:
                 valid = None
                 if inner is not None or size > end:
                     valid = np.ones(size, dtype=bool)  # only the group's rows and the tail are read
                     if inner is not None:
-                        valid[lo:hi] = inner
+                        valid[inside] = inner
                     valid[end:size] = tail
                 found = self._search_lists(part, query, k, valid, rows, group=group)
                 if found is not None:
                     return found
-        # the group's rows in one slice, plus the tail's allowed rows
-        scores = dot(self.matrix[lo:hi], query)
-        positions = np.arange(lo, hi, dtype=np.int64)
+        # every block of the group (one slice without a partition), plus the tail's allowed rows
+        if len(lo) == 1:
+            a, b = int(lo[0]), int(hi[0])
+            scores, positions = dot(self.matrix[a:b], query), np.arange(a, b, dtype=np.int64)
+        else:
+            scores, positions = self._scan(query, lo.tolist(), hi.tolist())
         if inner is not None:
-            keep = np.flatnonzero(inner)
-            scores, positions = scores[keep], positions[keep]
+            chosen = np.flatnonzero(inner)
+            scores, positions = scores[chosen], positions[chosen]
         extra = np.flatnonzero(tail) + end
         if len(extra):
             scores = np.concatenate([scores, dot_rows(self.matrix, extra, query)])
             positions = np.concatenate([positions, extra])
         return self._top(scores, k, positions)
+
+    def _group_blocks(self, group: int) -> tuple[IntArray, IntArray]:
+        """Starts and ends of ``group``'s block in each list (one list without a partition);
+        empty for a value first seen after the rows were sorted (its rows are in the tail)."""
+        groups = self.groups
+        if group >= groups:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        blocks = self.blocks
+        return blocks[group:-1:groups], blocks[group + 1 :: groups]
+
+    def _match_at(self, codes: Mapping[str, int], ranges: Ranges, positions: IntArray) -> BoolArray | None:
+        """Which rows at ``positions`` are alive and pass ``codes`` and ``ranges``; ``None``: all."""
+        ok: BoolArray | None = None
+        for column, code in codes.items():
+            match = self.codes[column][positions] == code
+            ok = match if ok is None else ok & match
+        for column, (low, high) in ranges.items():
+            values = self.ints[column][positions]
+            if low is not None:
+                ok = values >= low if ok is None else ok & (values >= low)
+            if high is not None:
+                ok = values < high if ok is None else ok & (values < high)
+        if self.dead:
+            alive = self.alive[positions]
+            ok = alive if ok is None else ok & alive
+        return ok
 
     def _search_candidates(
         self, query: FloatArray, k: int, codes: Mapping[str, int], ranges: Ranges, candidates: IntArray
@@ -281,16 +339,9 @@ class MirrorSearch:
         if len(candidates) <= _CANDIDATE_LOOKUP_MAX:
             positions = self._lookup(np.unique(candidates))
             positions = positions[positions >= 0]
-            mask = np.ones(len(positions), dtype=bool)
-            for column, code in codes.items():
-                mask &= self.codes[column][positions] == code
-            for column, (low, high) in ranges.items():
-                values = self.ints[column][positions]
-                if low is not None:
-                    mask &= values >= low
-                if high is not None:
-                    mask &= values < high
-            positions = positions[mask]
+            mask = self._match_at(codes, ranges, positions)
+            if mask is not None:
+                positions = positions[mask]
         else:
             valid = self.alive[:size] & np.isin(self.rowids[:size], candidates)
             rest = self._match(codes, ranges, 0, size)
@@ -319,6 +370,8 @@ class MirrorSearch:
     def _scan(self, query: FloatArray, starts: list[int], ends: list[int]) -> tuple[FloatArray, IntArray]:
         """Similarities of the rows of the slices ``starts[i]:ends[i]``, into one reused buffer
         (a view, valid until the next scan), and their positions; on two cores when large."""
+        if not starts:
+            return np.zeros(0, dtype=np.float32), np.zeros(0, dtype=np.int64)
         lengths = np.subtract(ends, starts, dtype=np.int64)
         at = int(lengths.sum())
         if len(self._scores) < at:
@@ -331,40 +384,41 @@ class MirrorSearch:
             for a, b, o in zip(starts[first:last], ends[first:last], listed[first:last], strict=True):
                 np.matmul(matrix[a:b], query, out=scores[o : o + b - a])
 
-        in_two(scan, len(starts), listed, at)
+        # many short slices stay on one thread: numpy keeps the GIL for a short product, so two
+        # threads would take turns at it rather than scan side by side
+        split = at >= _SPLIT_SLICE_ROWS * len(starts) and _SPLIT.split(at)
+        started = time.perf_counter()
+        with one_blas_thread():  # each slice's product on its own core, not handed to BLAS threads
+            if split:
+                in_two(scan, len(starts), listed, at)
+            else:
+                scan(0, len(starts))
+        _SPLIT.timed(split, at, started)
         positions = np.repeat(np.asarray(starts, dtype=np.int64) - offsets, lengths) + np.arange(at)
         return scores[:at], positions
 
     def _spans(
         self, part: Partition, query: FloatArray, rows: float, group: int | None
     ) -> tuple[list[int], list[int]]:
-        """Slices to scan: the blocks of the lists nearest ``query`` until they hold ``rows``
-        rows (of ``group``, or of every group), in storage order, merged where they are adjacent
-        or only ``_GAP_ROWS`` apart (the rows between are scored too: fewer, longer scans), and
-        the tail."""
-        lists = part.lists
-        blocks = self.blocks
+        """Slices to scan: the lists nearest ``query`` until they hold ``rows`` rows (of
+        ``group``: its block of each list; else each list whole, one slice), in storage order,
+        and the tail. Whole lists are merged where adjacent or only ``_GAP_ROWS`` apart (the rows
+        between, of other lists, are scored too: fewer, longer scans); a group's blocks are
+        separated by the other groups' rows and are not merged."""
+        groups = self.groups
         if group is None:
-            sizes = np.diff(part.starts)
-            groups = range(self.groups)
+            lo_all, hi_all = self.blocks[:-1:groups], self.blocks[groups::groups]
+            gap = _GAP_ROWS
         else:
-            sizes = np.diff(blocks[group * lists : (group + 1) * lists + 1])
-            groups = range(group, group + 1)
+            lo_all, hi_all = self._group_blocks(group)
+            gap = 0
         scores = np.einsum("ij,j->i", part.centroids, query)
         ranked = np.argsort(-scores, kind="stable")
-        count = min(len(ranked), int(np.searchsorted(np.cumsum(sizes[ranked]), rows)) + 1)
+        count = min(len(ranked), int(np.searchsorted(np.cumsum((hi_all - lo_all)[ranked]), rows)) + 1)
         chosen = np.sort(ranked[:count])
-        firsts = np.concatenate([chosen + g * lists for g in groups])
-        lo, hi = blocks[firsts], blocks[firsts + 1]
+        lo, hi = lo_all[chosen], hi_all[chosen]
         keep = hi > lo
-        lo, hi = lo[keep], hi[keep]
-        starts: list[int] = []
-        ends: list[int] = []
-        if len(lo):
-            breaks = np.flatnonzero(lo[1:] - hi[:-1] > _GAP_ROWS)
-            first = np.concatenate(([0], breaks + 1))
-            last = np.concatenate((breaks, [len(lo) - 1]))
-            starts, ends = lo[first].tolist(), hi[last].tolist()
+        starts, ends = _merged(lo[keep], hi[keep], gap)
         if self.size > self.sorted_end:
             if ends and ends[-1] == self.sorted_end:
                 ends[-1] = self.size

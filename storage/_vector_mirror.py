@@ -7,6 +7,7 @@ This module saves and maps back a mirror and wires the search to it; the rows ar
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,10 +19,33 @@ from ._mirror_layout import MirrorLayout
 from ._mirror_rows import RowIndex
 from ._mirror_search import Ranges, VectorHit
 
-__all__ = ["PROBE_LISTS", "Mirror", "Ranges", "RowIndex", "VectorHit"]
+__all__ = ["PROBE_LISTS", "STATE_VERSION", "Mirror", "Ranges", "RowIndex", "VectorHit"]
 
 PROBE_LISTS = 112  # lists' worth of rows a k=10 search scans (measured: recall@10 >= 0.99)
-STATE_VERSION = 1  # of :meth:`Mirror.state`, for saved mirrors
+STATE_VERSION = 2  # of :meth:`Mirror.state` and the row order, for saved mirrors (1: group-major
+# blocks, read as a different layout: a saved mirror of another version is rebuilt, never read)
+
+
+def _privately_mapped(array: npt.NDArray[Any]) -> bool:
+    """True for a writeable array over a memory map (``read_index``'s copy-on-write maps)."""
+    base: Any = array
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    if isinstance(base, memoryview):
+        base = base.obj
+    return bool(array.flags.writeable) and isinstance(base, mmap.mmap)
+
+
+def _check_index(mirror: Mirror, keys: npt.NDArray[np.int64], values: npt.NDArray[np.int64]) -> None:
+    """A row index read from a file, checked whole (sorted distinct rowids, each at a position
+    that holds it) at its first use; rebuilt from the rowids when it fails."""
+    size = mirror.size
+    if not (
+        (len(values) == 0 or (int(values.min()) >= 0 and int(values.max()) < size))
+        and not (np.diff(keys) <= 0).any()
+        and np.array_equal(mirror.rowids[values], keys)
+    ):
+        mirror.index.rebuild(mirror.rowids[:size], mirror.alive[:size])
 
 
 class Mirror(MirrorLayout):
@@ -29,13 +53,14 @@ class Mirror(MirrorLayout):
     metadata codes and integer columns.
 
     Rows are appended; a replaced or deleted row is marked dead and dropped by :meth:`compact`.
-    The rows before ``sorted_end`` are kept in blocks ordered by (group, list): ``group`` is the
-    metadata column most filters use (the first one by default) and ``list`` the inverted list
-    under a :class:`Partition` (one list without). ``blocks[b]:blocks[b + 1]`` holds block
-    ``b = group_code * lists + list``, so a filter on the group scans one slice of the matrix
-    (or, under a partition, its slice of each list it probes) instead of gathering scattered
-    rows. Later rows form the tail, scanned with a mask. A group column with more than
-    ``GROUP_MAX`` values is not grouped (its filters are masks, as any other column's).
+    The rows before ``sorted_end`` are kept in blocks ordered by (list, group): ``list`` is the
+    inverted list under a :class:`Partition` (one list without) and ``group`` the metadata column
+    most filters use (the first one by default). ``blocks[b]:blocks[b + 1]`` holds block
+    ``b = list * groups + group_code``, so an unfiltered search scans one slice per list it
+    probes, and a filter on the group its block of each of those lists (without a partition: one
+    slice) instead of gathering scattered rows. Later rows form the tail, scanned with a mask.
+    A group column with more than ``GROUP_MAX`` values is not grouped (its filters are masks,
+    as any other column's).
 
     Every per-row array is listed by :meth:`arrays` and rebuilt by :meth:`from_arrays` (with the
     small JSON-able :meth:`state`), so a mirror can be saved and mapped back as it is.
@@ -50,6 +75,7 @@ class Mirror(MirrorLayout):
         rowid); under a partition ``centroids``. With :meth:`state`, all that
         :meth:`from_arrays` needs. Names and dtypes are stable (``STATE_VERSION``)."""
         n = self.size
+        self.index.settle()
         if self.index.recent or len(self.index.keys) != self.live:
             self.index.rebuild(self.rowids[:n], self.alive[:n])
         out: dict[str, npt.NDArray[Any]] = {
@@ -128,19 +154,19 @@ class Mirror(MirrorLayout):
         matrix = array("matrix", np.float32)
         if matrix.ndim != 2 or matrix.shape[1] != dim or len(matrix) < size:
             raise ValueError(f"mirror array 'matrix' has shape {matrix.shape}, not ({size}+, {dim})")
-        capacity = len(matrix)
 
-        def room(name: str, dtype: Any, fill: Any) -> npt.NDArray[Any]:
-            out = np.full(capacity, fill, dtype=dtype)
-            out[:size] = array(name, dtype, (size,))
-            return out
+        def rows(name: str, dtype: Any) -> npt.NDArray[Any]:
+            """A per-row array: a copy-on-write map as it is (the first append makes room,
+            :meth:`_grow`), anything else copied (the caller's arrays stay its own)."""
+            found = array(name, dtype, (size,))
+            return found if _privately_mapped(found) else found.copy()
 
         mirror.matrix = matrix if matrix.flags.writeable else matrix.copy()
-        mirror.rowids = room("rowids", np.int64, 0)
-        mirror.alive = room("alive", np.bool_, False)
-        mirror.lists = room("lists", np.int32, -1)
+        mirror.rowids = rows("rowids", np.int64)
+        mirror.alive = rows("alive", np.bool_)
+        mirror.lists = rows("lists", np.int32)
         for c in columns:
-            mirror.codes[c] = room(f"code:{c}", np.int32, 0)
+            mirror.codes[c] = rows(f"code:{c}", np.int32)
             mirror.vocab[c] = {v: i for i, v in enumerate(vocab_lists[c])}
             if len(mirror.vocab[c]) != len(vocab_lists[c]):
                 raise ValueError(f"mirror vocabulary of {c!r} repeats a value")
@@ -148,7 +174,7 @@ class Mirror(MirrorLayout):
             if size and (int(codes.min()) < 0 or int(codes.max()) >= len(vocab_lists[c])):
                 raise ValueError(f"mirror codes of {c!r} out of range")
         for c in ranges:
-            mirror.ints[c] = room(f"int:{c}", np.int64, 0)
+            mirror.ints[c] = rows(f"int:{c}", np.int64)
         mirror.size, mirror.dead = size, dead
         if dead != size - int(np.count_nonzero(mirror.alive[:size])):
             raise ValueError("mirror state: dead rows do not match the alive array")
@@ -177,11 +203,10 @@ class Mirror(MirrorLayout):
             and keys.dtype == np.int64
             and values.dtype == np.int64
             and len(keys) == len(values) == live
-            and (live == 0 or (int(values.min()) >= 0 and int(values.max()) < size))
-            and not (np.diff(keys) <= 0).any()
-            and np.array_equal(mirror.rowids[values], keys)
         ):
-            mirror.index.set(np.array(keys), np.array(values))
+            if not _privately_mapped(keys) or not _privately_mapped(values):
+                keys, values = keys.copy(), values.copy()
+            mirror.index.set(keys, values, check=lambda: _check_index(mirror, keys, values))
         else:
             mirror.index.rebuild(mirror.rowids[:size], mirror.alive[:size])
         return mirror

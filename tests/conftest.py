@@ -1,10 +1,14 @@
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+import memstrata.storage._connection as connection_module
+from memstrata.storage import disable_vec_for_tests
 from tests.fakes import FakeEmbedder
 
 
@@ -27,3 +31,32 @@ def real_embedder() -> Iterator[object]:
     from memstrata.storage import default_embedder
 
     yield default_embedder()
+
+
+@pytest.fixture
+def backoff_signal(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Set when a writer starts backing off from a locked database (the storage module's clock,
+    spied on)."""
+    waiting = threading.Event()
+    real_sleep = time.sleep
+
+    class _Time:
+        monotonic = staticmethod(time.monotonic)
+
+        @staticmethod
+        def sleep(seconds: float) -> None:
+            waiting.set()
+            real_sleep(seconds)
+
+    monkeypatch.setattr(connection_module, "time", _Time)
+    return waiting
+
+
+@pytest.fixture
+def no_vec() -> Iterator[None]:
+    """Stores opened inside this fixture cannot load sqlite-vec."""
+    disable_vec_for_tests(True)
+    try:
+        yield
+    finally:
+        disable_vec_for_tests(False)

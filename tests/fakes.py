@@ -10,10 +10,12 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from memstrata.storage._embedder_identity import ModelIdentity
+
 _WORDS = re.compile(r"\w+")
 
 
-class FakeEmbedder:
+class FakeEmbedder(ModelIdentity):
     """Deterministic bag-of-words embedder: texts sharing words have similar vectors.
 
     Counts calls and texts so tests can prove what was (not) embedded.
@@ -25,14 +27,6 @@ class FakeEmbedder:
         self.calls = 0
         self.texts_embedded = 0
         self._lock = threading.Lock()
-
-    @property
-    def model_id(self) -> str:
-        return self._model_id
-
-    @property
-    def dim(self) -> int:
-        return self._dim
 
     def _vector(self, text: str) -> npt.NDArray[np.float32]:
         vec = np.zeros(self._dim, dtype=np.float32)
@@ -57,3 +51,23 @@ class FakeEmbedder:
         with self._lock:
             self.calls += 1
         return self._vector(text)
+
+
+class BreakableEmbedder(FakeEmbedder):
+    """A fake model that fails with "model crashed" while ``broken``: its document calls, and its
+    query calls too with ``queries``."""
+
+    def __init__(self, *, broken: bool = False, queries: bool = False) -> None:
+        super().__init__()
+        self.broken = broken
+        self._queries = queries
+
+    def embed_documents(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        if self.broken:
+            raise RuntimeError("model crashed")
+        return super().embed_documents(texts)
+
+    def embed_query(self, text: str) -> npt.NDArray[np.float32]:
+        if self.broken and self._queries:
+            raise RuntimeError("model crashed")
+        return super().embed_query(text)

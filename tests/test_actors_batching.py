@@ -21,19 +21,10 @@ from memstrata.errors import InvalidInputError, StorageError
 from memstrata.layers import EpisodicMemory, KnowledgeStore
 from memstrata.messages import StoreKnowledge, TaskCompleted, TaskFailed
 from memstrata.storage import Embedder
+from tests._support import FirstBatchHeld, wait_until
 from tests.fakes import FakeEmbedder
 
 FloatArray = npt.NDArray[np.float32]
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    """Poll a condition (bounded) — for a mailbox filling up, which has no event to wait on."""
-    tick = threading.Event()
-    for _ in range(int(timeout * 1000)):
-        if predicate():
-            return
-        tick.wait(0.001)
-    raise AssertionError("condition not reached in time")
 
 
 def in_threads(calls: Sequence[Callable[[], Any]]) -> tuple[list[threading.Thread], list[Any]]:
@@ -71,26 +62,8 @@ def mailbox(system: MemorySystem, kind: str, key: str, *types: type) -> int:
 # -- the embedding service -------------------------------------------------------------------------
 
 
-class GatedEmbedder(FakeEmbedder):
-    """Holds its first document call until released; records every batch."""
-
-    def __init__(self, *, thread_safe: bool = False) -> None:
-        super().__init__()
-        self.thread_safe = thread_safe
-        self.entered = threading.Event()
-        self.release = threading.Event()
-        self.batches: list[list[str]] = []
-
-    def embed_documents(self, texts: Sequence[str]) -> FloatArray:
-        self.batches.append(list(texts))
-        if len(self.batches) == 1:
-            self.entered.set()
-            assert self.release.wait(10)
-        return super().embed_documents(texts)
-
-
 def test_a_text_already_in_the_model_is_not_embedded_again() -> None:
-    inner = GatedEmbedder()
+    inner = FirstBatchHeld()
     service = BatchingEmbedder(inner, max_batch_wait_ms=0)
     try:
         threads, results = in_threads([lambda: service.embed_documents(["alpha", "beta"])])
@@ -110,7 +83,7 @@ def test_a_text_already_in_the_model_is_not_embedded_again() -> None:
 
 
 def test_a_query_does_not_wait_for_a_document_batch() -> None:
-    inner = GatedEmbedder(thread_safe=True)
+    inner = FirstBatchHeld(thread_safe=True)
     service = BatchingEmbedder(inner)
     try:
         threads, _ = in_threads([lambda: service.embed_documents(["a long document batch"])])
@@ -193,14 +166,14 @@ class GatedStores(LayerStores):
                 stores._hold("knowledge")
                 return super().add(content, **kwargs)
 
-            def add_many(self, items: Any) -> list[int]:
+            def add_many(self, items: Any, **kwargs: Any) -> list[int]:
                 items = list(items)
                 stores.batches.append(("knowledge", len(items)))
                 stores._hold("knowledge")
                 if stores.failing_batches:
                     stores.failing_batches -= 1
                     raise StorageError("the disk hiccupped")
-                return super().add_many(items)
+                return super().add_many(items, **kwargs)
 
         return Knowledge.open(path, embedder, config=config)
 

@@ -11,37 +11,8 @@ import pytest
 
 from memstrata.actors import BatchingEmbedder
 from memstrata.errors import EmbeddingError
+from tests._support import FirstBatchHeld, wait_until
 from tests.fakes import FakeEmbedder
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Poll a condition (bounded) — for a queue filling up, which has no event to wait on."""
-    done = threading.Event()
-    for _ in range(int(timeout * 1000)):
-        if predicate():
-            return
-        done.wait(0.001)
-    raise AssertionError("condition not reached in time")
-
-
-class GatedEmbedder(FakeEmbedder):
-    """Blocks its first document call until released, so other requests queue up meanwhile."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.entered = threading.Event()
-        self.release = threading.Event()
-        self.batches: list[list[str]] = []
-        self.fail_on: str | None = None
-
-    def embed_documents(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
-        self.batches.append(list(texts))
-        if len(self.batches) == 1:
-            self.entered.set()
-            assert self.release.wait(10)
-        if self.fail_on is not None and self.fail_on in texts:
-            raise RuntimeError(f"model choked on {self.fail_on}")
-        return super().embed_documents(texts)
 
 
 def run_threads(target: Callable[[int], object], n: int) -> list[object]:
@@ -62,25 +33,33 @@ def run_threads(target: Callable[[int], object], n: int) -> list[object]:
     return results
 
 
+def queued_behind_a_held_batch(
+    service: BatchingEmbedder, inner: FirstBatchHeld, calls: list[Callable[[], object]]
+) -> None:
+    """Run ``calls`` on threads while the model holds a first batch; release it once every call
+    is queued behind it, and wait for them all."""
+    first = threading.Thread(target=service.embed_documents, args=(["warm up"],))
+    first.start()
+    assert inner.entered.wait(5)
+    threads = [threading.Thread(target=call) for call in calls]
+    for t in threads:
+        t.start()
+    wait_until(lambda: service.stats().document_requests == len(calls) + 1)
+    inner.release.set()
+    for t in [*threads, first]:
+        t.join(10)
+
+
 def test_concurrent_requests_coalesce_and_results_are_routed_back() -> None:
-    inner = GatedEmbedder()
+    inner = FirstBatchHeld()
     service = BatchingEmbedder(inner, batch_size=64, max_batch_wait_ms=1)
     try:
-        first = threading.Thread(target=service.embed_documents, args=(["warm up"],))
-        first.start()
-        assert inner.entered.wait(5)
         out: dict[int, npt.NDArray[np.float32]] = {}
 
         def embed(i: int) -> None:
             out[i] = service.embed_documents([f"text number {i}", f"other {i}"])
 
-        threads = [threading.Thread(target=embed, args=(i,)) for i in range(8)]
-        for t in threads:
-            t.start()
-        wait_until(lambda: service.stats().document_requests == 9)
-        inner.release.set()
-        for t in [*threads, first]:
-            t.join(10)
+        queued_behind_a_held_batch(service, inner, [lambda i=i: embed(i) for i in range(8)])
         assert len(inner.batches) <= 3  # 1 + the 8 requests coalesced (at most split once)
         for i in range(8):
             expected = FakeEmbedder().embed_documents([f"text number {i}", f"other {i}"])
@@ -93,25 +72,14 @@ def test_concurrent_requests_coalesce_and_results_are_routed_back() -> None:
 
 
 def test_a_failing_request_does_not_fail_its_batch_neighbours() -> None:
-    inner = GatedEmbedder()
+    inner = FirstBatchHeld()
     inner.fail_on = "poison"
     service = BatchingEmbedder(inner, max_batch_wait_ms=1)
     try:
-        first = threading.Thread(target=service.embed_documents, args=(["warm up"],))
-        first.start()
-        assert inner.entered.wait(5)
         texts = ["fine a", "poison", "fine b"]
         results: list[object] = []
-        threads = [
-            threading.Thread(target=lambda t=t: results.append(_try(service.embed_documents, [t])))
-            for t in texts
-        ]
-        for t in threads:
-            t.start()
-        wait_until(lambda: service.stats().document_requests == 4)
-        inner.release.set()
-        for t in [*threads, first]:
-            t.join(10)
+        calls = [lambda t=t: results.append(_try(service.embed_documents, [t])) for t in texts]
+        queued_behind_a_held_batch(service, inner, calls)
         errors = [r for r in results if isinstance(r, Exception)]
         assert len(errors) == 1
         assert isinstance(errors[0], EmbeddingError)
@@ -225,7 +193,7 @@ def test_a_stuck_model_fails_later_requests_at_once_and_says_since_when() -> Non
     from memstrata.errors import ModelFaultError
     from memstrata.storage._embedding import embed_deadline
 
-    inner = GatedEmbedder()  # its first document call waits inside the model until released
+    inner = FirstBatchHeld()  # its first document call waits inside the model until released
     service = BatchingEmbedder(inner, call_timeout_s=30.0)
     try:
         assert service.model_status()["state"] == "ok"

@@ -12,6 +12,7 @@ from click.testing import CliRunner, Result
 
 from memstrata.bridges._app import CliState
 from memstrata.bridges.cli import cli
+from tests._support import cli_fails, cli_ok
 from tests.fakes import FakeEmbedder
 
 
@@ -41,23 +42,8 @@ def workspace(tmp_path: Path) -> Path:
     return root
 
 
-def _ok(result: Result) -> Result:
-    assert result.exit_code == 0, (result.exit_code, result.stdout, result.stderr, result.exception)
-    return result
-
-
-def _fails(result: Result, code: int, needle: str) -> None:
-    """Exit ``code`` with exactly one ``memstrata: error:`` line on stderr, no traceback."""
-    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("memstrata: error: ")
-    assert needle in lines[0], lines[0]
-    assert "Traceback" not in result.stderr
-
-
 def _json(result: Result) -> Any:
-    return orjson.loads(_ok(result).stdout)
+    return orjson.loads(cli_ok(result).stdout)
 
 
 # -- store / query -------------------------------------------------------------------------------
@@ -72,27 +58,29 @@ def test_store_then_query(run: Any) -> None:
     assert hits[0]["id"] == stored["id"]
     assert hits[0]["tags"] == {"module": "payment", "legacy": ""}
     assert {"score", "match_type", "category", "content"} <= set(hits[0])
-    text = _ok(run("query", "payment strategy", "--agent", "architect")).stdout
+    text = cli_ok(run("query", "payment strategy", "--agent", "architect")).stdout
     assert "pitfall" in text and "Avoid the Strategy pattern" in text
 
 
 def test_store_text_output_and_stdin(run: Any) -> None:
-    out = _ok(run("store", "-", "--agent", "a1", "--category", "pattern", input="Use retries for flaky IO\n"))
+    out = cli_ok(
+        run("store", "-", "--agent", "a1", "--category", "pattern", input="Use retries for flaky IO\n")
+    )
     assert out.stdout.startswith("stored ")
     hits = _json(run("query", "flaky", "--agent", "a1", "--category", "pattern", "--json"))
     assert hits[0]["content"] == "Use retries for flaky IO\n"
 
 
 def test_query_filters_and_modes(run: Any) -> None:
-    _ok(run("store", "alpha note on caching", "--agent", "a1", "-c", "pattern", "--tag", "team=web"))
-    _ok(run("store", "beta note on caching", "--agent", "a1", "-c", "pitfall", "--scope", "/svc/api"))
+    cli_ok(run("store", "alpha note on caching", "--agent", "a1", "-c", "pattern", "--tag", "team=web"))
+    cli_ok(run("store", "beta note on caching", "--agent", "a1", "-c", "pitfall", "--scope", "/svc/api"))
     only_web = _json(run("query", "caching", "--agent", "a1", "--tag", "team=web", "--json"))
     assert [h["content"] for h in only_web] == ["alpha note on caching"]
     pitfalls = _json(run("query", "caching", "--agent", "a1", "-c", "pitfall", "--mode", "keyword", "--json"))
     assert [h["content"] for h in pitfalls] == ["beta note on caching"]
     top1 = _json(run("query", "caching", "--agent", "a1", "--top-k", "1", "--json"))
     assert len(top1) == 1
-    nothing = _ok(run("query", "nothing matches zzz", "--agent", "nobody", "--mode", "keyword"))
+    nothing = cli_ok(run("query", "nothing matches zzz", "--agent", "nobody", "--mode", "keyword"))
     assert nothing.stdout.startswith("no matching knowledge")
 
 
@@ -115,7 +103,7 @@ def test_query_filters_and_modes(run: Any) -> None:
     ],
 )
 def test_usage_errors_exit_2_with_one_line(run: Any, args: list[str], needle: str) -> None:
-    _fails(run(*args), 2, needle)
+    cli_fails(run(*args), 2, needle)
 
 
 @pytest.mark.parametrize(
@@ -130,7 +118,7 @@ def test_usage_errors_exit_2_with_one_line(run: Any, args: list[str], needle: st
     ],
 )
 def test_invalid_values_exit_2_with_one_line(run: Any, args: list[str], needle: str) -> None:
-    _fails(run(*args), 2, needle)
+    cli_fails(run(*args), 2, needle)
 
 
 @pytest.mark.parametrize(
@@ -152,7 +140,7 @@ def test_hostile_content_is_stored_or_refused_in_one_line(run: Any, content: str
         assert query.exit_code == 0, query.stderr
         assert ident in [h["id"] for h in orjson.loads(query.stdout)]
     else:
-        _fails(result, 2, "")
+        cli_fails(result, 2, "")
 
 
 # -- episodes ------------------------------------------------------------------------------------
@@ -162,7 +150,7 @@ def test_remember_and_recall(run: Any) -> None:
     remembered = _json(run("remember", "Deployed build 42 to staging", "--agent", "ops", "--title", "deploy",
                            "--task-run", "run-7", "--tag", "env=staging", "--json"))  # fmt: skip
     assert set(remembered) == {"id", "agent"}
-    _ok(run("remember", "Rolled back build 41", "--agent", "ops"))
+    cli_ok(run("remember", "Rolled back build 41", "--agent", "ops"))
     hits = _json(run("recall", "deployed staging", "--agent", "ops", "--task-run", "run-7", "--json"))
     assert [h["id"] for h in hits] == [remembered["id"]]
     assert hits[0]["title"] == "deploy"
@@ -170,7 +158,7 @@ def test_remember_and_recall(run: Any) -> None:
     assert len(since) == 2
     none = _json(run("recall", "build", "--agent", "ops", "--until", "2000-01-01T00:00:00+00:00", "--json"))
     assert none == []
-    text = _ok(run("recall", "rolled back", "--agent", "ops")).stdout
+    text = cli_ok(run("recall", "rolled back", "--agent", "ops")).stdout
     assert "Rolled back build 41" in text
 
 
@@ -181,46 +169,46 @@ def test_index_search_get(run: Any, workspace: Path) -> None:
     indexed = _json(run("index", str(workspace), "--json"))
     assert indexed["root"] == str(workspace.resolve()) and indexed["kind"] == "memory"
     assert indexed["stats"]["files_processed"] == 2
-    again = _ok(run("index", str(workspace))).stdout
+    again = cli_ok(run("index", str(workspace))).stdout
     assert "0 files indexed, 2 unchanged" in again
     hits = _json(run("search", "database password rotation", "--json"))
     assert hits[0]["path"] == "MEMORY.md"
     assert set(hits[0]) >= {"path", "start_line", "end_line", "score", "snippet", "root"}
-    text = _ok(run("search", "payment refactor")).stdout
+    text = cli_ok(run("search", "payment refactor")).stdout
     assert "2025-01-02.md" in text
     got = _json(run("get", str(workspace / "MEMORY.md"), "--from", "3", "--lines", "1", "--json"))
     assert got["text"] == "The staging database password rotates every Monday."
     assert got["from_line"] == 3 and got["lines"] == 1
-    assert _ok(run("get", "memory/2025-01-02.md", "--lines", "1")).stdout == "# 2025-01-02\n"
+    assert cli_ok(run("get", "memory/2025-01-02.md", "--lines", "1")).stdout == "# 2025-01-02\n"
 
 
 def test_get_relative_to_the_current_folder(
     run: Any, workspace: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _ok(run("index", str(workspace)))
+    cli_ok(run("index", str(workspace)))
     monkeypatch.chdir(workspace / "memory")
-    assert _ok(run("get", "2025-01-02.md", "--lines", "1")).stdout == "# 2025-01-02\n"
+    assert cli_ok(run("get", "2025-01-02.md", "--lines", "1")).stdout == "# 2025-01-02\n"
     elsewhere = workspace.parent / "elsewhere"
     elsewhere.mkdir()
     (elsewhere / "MEMORY.md").write_text("not indexed\n", encoding="utf-8")
     monkeypatch.chdir(elsewhere)  # a local file no root holds: the roots' MEMORY.md is read
-    assert _ok(run("get", "MEMORY.md", "--lines", "1")).stdout == "# Notes\n"
+    assert cli_ok(run("get", "MEMORY.md", "--lines", "1")).stdout == "# Notes\n"
 
 
 def test_get_refuses_paths_outside_the_roots(run: Any, workspace: Path, tmp_path: Path) -> None:
-    _ok(run("index", str(workspace)))
+    cli_ok(run("index", str(workspace)))
     secret = tmp_path / "secret.md"
     secret.write_text("top secret", encoding="utf-8")
-    _fails(run("get", "../secret.md", "--root", str(workspace)), 2, "..")
-    _fails(run("get", str(secret)), 2, "not inside an indexed root")
+    cli_fails(run("get", "../secret.md", "--root", str(workspace)), 2, "..")
+    cli_fails(run("get", str(secret)), 2, "not inside an indexed root")
     (workspace / "memory" / "link.md").symlink_to(secret)
-    _fails(run("get", "memory/link.md"), 2, "link.md")
-    _fails(run("get", "memory/missing.md"), 2, "missing.md")
+    cli_fails(run("get", "memory/link.md"), 2, "link.md")
+    cli_fails(run("get", "memory/missing.md"), 2, "missing.md")
 
 
 def test_search_and_get_before_anything_is_indexed(run: Any) -> None:
-    _fails(run("search", "anything"), 1, "no memories indexed yet")
-    _fails(run("get", "MEMORY.md"), 1, "no memories indexed yet")
+    cli_fails(run("search", "anything"), 1, "no memories indexed yet")
+    cli_fails(run("get", "MEMORY.md"), 1, "no memories indexed yet")
 
 
 def test_code_index_and_root_filter(run: Any, workspace: Path, tmp_path: Path) -> None:
@@ -233,21 +221,21 @@ def test_code_index_and_root_filter(run: Any, workspace: Path, tmp_path: Path) -
         encoding="utf-8",
     )
     assert _json(run("index", str(code), "--kind", "auto", "--json"))["kind"] == "code"
-    _ok(run("index", str(workspace)))
+    cli_ok(run("index", str(workspace)))
     both = _json(run("search", "request headers", "--top-k", "10", "--min-score", "0", "--json"))
     assert {h["kind"] for h in both} == {"code", "memory"}
     only_code = _json(run("search", "request headers", "--root", str(code), "--json"))
     assert only_code and {h["root"] for h in only_code} == {str(code.resolve())}
-    _fails(run("search", "x", "--root", str(tmp_path)), 2, "is not indexed")
+    cli_fails(run("search", "x", "--root", str(tmp_path)), 2, "is not indexed")
 
 
 # -- status --------------------------------------------------------------------------------------
 
 
 def test_status(run: Any, workspace: Path) -> None:
-    _ok(run("store", "a fact", "--agent", "a1", "-c", "pattern"))
-    _ok(run("remember", "an episode", "--agent", "a1"))
-    _ok(run("index", str(workspace)))
+    cli_ok(run("store", "a fact", "--agent", "a1", "-c", "pattern"))
+    cli_ok(run("remember", "an episode", "--agent", "a1"))
+    cli_ok(run("index", str(workspace)))
     report = _json(run("status", "--json"))
     assert report["storage"]["driver"]
     assert report["system"]["embedding"]["model"] == "fake-bow"
@@ -256,12 +244,12 @@ def test_status(run: Any, workspace: Path) -> None:
     assert report["stores"]["episodic"]["a1"]["count"] == 1
     (ws,) = report["workspaces"]
     assert ws["kind"] == "memory" and ws["index"]["files"] == 2 and ws["last_sync_at"]
-    text = _ok(run("status")).stdout
+    text = cli_ok(run("status")).stdout
     assert "model: fake-bow, dimension 64" in text
     assert "knowledge stores: a1: 1" in text
     assert "degraded agents: none" in text
     assert f"indexed memory root {workspace.resolve()}: 2 files" in text
-    assert "system:" in _ok(run("status", "--verbose")).stdout
+    assert "system:" in cli_ok(run("status", "--verbose")).stdout
 
 
 # -- runtime errors, config, debug ---------------------------------------------------------------
@@ -269,7 +257,7 @@ def test_status(run: Any, workspace: Path) -> None:
 
 def test_corrupt_database_is_a_runtime_error_in_one_line(run: Any, data_dir: Path) -> None:
     (data_dir / "workspaces.sqlite").write_bytes(b"this is not a database" * 100)
-    _fails(run("search", "x"), 1, "workspaces.sqlite")
+    cli_fails(run("search", "x"), 1, "workspaces.sqlite")
     debug = run("--debug", "search", "x")
     assert debug.exit_code == 1
     assert "Traceback" in debug.stderr
@@ -279,9 +267,9 @@ def test_corrupt_database_is_a_runtime_error_in_one_line(run: Any, data_dir: Pat
 def test_bad_config_file_is_a_usage_error(run: Any, tmp_path: Path) -> None:
     config = tmp_path / "memstrata.toml"
     config.write_text("[search]\nmax_resultz = 3\n", encoding="utf-8")
-    _fails(run("--config", str(config), "status"), 2, "max_resultz")
+    cli_fails(run("--config", str(config), "status"), 2, "max_resultz")
     config.write_text("not = [valid toml", encoding="utf-8")
-    _fails(run("--config", str(config), "status"), 2, "not valid TOML")
+    cli_fails(run("--config", str(config), "status"), 2, "not valid TOML")
 
 
 def test_data_dir_from_the_environment(tmp_path: Path, fake_embedder: FakeEmbedder) -> None:
@@ -292,14 +280,14 @@ def test_data_dir_from_the_environment(tmp_path: Path, fake_embedder: FakeEmbedd
         obj=CliState(embedder=fake_embedder),
         env={"MEMSTRATA_DATA_DIR": str(target)},
     )
-    _ok(result)
+    cli_ok(result)
     assert (target / "knowledge" / "a1.sqlite").is_file()
 
 
 def test_help_and_version(run: Any) -> None:
-    assert "Commands:" in _ok(run(data=False)).stdout
-    assert "index" in _ok(run("--help", data=False)).stdout
-    assert "0.1.0" in _ok(run("--version", data=False)).stdout
+    assert "Commands:" in cli_ok(run(data=False)).stdout
+    assert "index" in cli_ok(run("--help", data=False)).stdout
+    assert "0.1.0" in cli_ok(run("--version", data=False)).stdout
 
 
 # -- serve and mcp in-process (the subprocess tests live in test_serve.py / test_mcp.py) -----------
@@ -311,7 +299,7 @@ def test_serve_answers_stdin_lines(run: Any) -> None:
         {"id": 2, "method": "nope"},
     ]
     payload = b"".join(orjson.dumps(line) + b"\n" for line in lines) + b"{broken\n"
-    result = _ok(run("serve", input=payload))
+    result = cli_ok(run("serve", input=payload))
     responses = [orjson.loads(line) for line in result.stdout.splitlines()]
     by_id = {r["id"]: r for r in responses}
     assert by_id[1]["result"]["id"] >= 1
@@ -323,10 +311,10 @@ def test_mcp_without_the_sdk_names_the_extra(run: Any, monkeypatch: pytest.Monke
     for name in [m for m in sys.modules if m == "mcp" or m.startswith("mcp.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "mcp", None)
-    _fails(run("mcp"), 1, "pip install 'memstrata[mcp]'")
+    cli_fails(run("mcp"), 1, "pip install 'memstrata[mcp]'")
 
 
 def test_demo_runs_and_reports(run: Any, data_dir: Path) -> None:
-    result = _ok(run("demo"))
+    result = cli_ok(run("demo"))
     assert "memstrata demo" in result.stdout
     assert (data_dir / "demo").is_dir()

@@ -6,9 +6,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import io
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,28 +14,11 @@ import orjson
 import pytest
 
 from memstrata.actors._outbox import Outbox
-
-REPO = Path(__file__).resolve().parent.parent
-TIMEOUT = 120
-
-
-def _env() -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    for key in ("MEMSTRATA_CONFIG", "MEMSTRATA_DATA_DIR", "MEMSTRATA_DEBUG"):
-        env.pop(key, None)
-    return env
+from tests._support import REPO, run_memstrata
 
 
 def _memstrata(data_dir: Path, *args: str, input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(
-        [sys.executable, "-m", "memstrata", "--data-dir", str(data_dir), *args],
-        input=input,
-        capture_output=True,
-        cwd=REPO,
-        env=_env(),
-        timeout=TIMEOUT,
-        check=False,
-    )
+    return run_memstrata(data_dir, *args, cwd=REPO, input=input)
 
 
 def _files(root: Path) -> set[str]:

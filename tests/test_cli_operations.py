@@ -22,6 +22,7 @@ from memstrata.bridges._cli_generated import command_path
 from memstrata.bridges._cli_output import IndexProgress, heartbeat
 from memstrata.bridges._operations import OPERATIONS, find
 from memstrata.bridges.cli import cli, command_for, command_table
+from tests._support import cli_fails, cli_ok
 from tests.fakes import FakeEmbedder
 
 A = ["-a", "a1"]
@@ -351,18 +352,6 @@ def run(tmp_path: Path, fake_embedder: FakeEmbedder) -> Callable[..., Result]:
     return invoke
 
 
-def _ok(result: Result) -> Result:
-    assert result.exit_code == 0, (result.exit_code, result.stdout, result.stderr, result.exception)
-    return result
-
-
-def _one_error(result: Result, code: int, needle: str) -> None:
-    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("memstrata: error: "), result.stderr
-    assert needle in lines[0], lines[0]
-
-
 def test_every_operation_has_a_command_and_a_sample() -> None:
     for op in OPERATIONS:
         command = command_for(op.name)
@@ -379,14 +368,14 @@ def test_every_operation_has_a_command_and_a_sample() -> None:
 def test_every_operation_runs_and_refuses_bad_input(run: Callable[..., Result], name: str) -> None:
     sample = SAMPLES[name]
     for setup in sample.setup:
-        _ok(run(*setup))
-    result = _ok(run(*sample.args))
+        cli_ok(run(*setup))
+    result = cli_ok(run(*sample.args))
     out = result.stdout
     document = orjson.loads(out.splitlines()[0] if find(name).push else out)
     assert sample.ok(document), (name, document)
     if not find(name).destructive:
-        assert _ok(run(*sample.args, json=False)).stdout.strip(), name  # the human form too
-    _one_error(run(*sample.bad, json=False), sample.code, sample.needle)
+        assert cli_ok(run(*sample.args, json=False)).stdout.strip(), name  # the human form too
+    cli_fails(run(*sample.bad, json=False), sample.code, sample.needle)
 
 
 @pytest.mark.parametrize(
@@ -397,40 +386,40 @@ def test_every_operation_runs_and_refuses_bad_input(run: Callable[..., Result], 
     ],
 )
 def test_a_get_of_a_missing_id_exits_1_naming_it(run: Callable[..., Result], args: list[str]) -> None:
-    _ok(run(*STORE))
-    _ok(run(*REMEMBER))
+    cli_ok(run(*STORE))
+    cli_ok(run(*REMEMBER))
     result = run(*args)
-    _one_error(result, 1, f"{args[-2][2:].replace('-', '_')} 7")
+    cli_fails(result, 1, f"{args[-2][2:].replace('-', '_')} 7")
     assert orjson.loads(result.stdout) is None
 
 
 def test_an_unset_key_answers_found_false_with_exit_0(run: Callable[..., Result]) -> None:
-    unset = orjson.loads(_ok(run("board", "get", "-s", "s1", "--key", "nope")).stdout)
+    unset = orjson.loads(cli_ok(run("board", "get", "-s", "s1", "--key", "nope")).stdout)
     assert unset["found"] is False and unset["value"] is None
-    assert "found: false" in _ok(run("board", "get", "-s", "s1", "--key", "nope", json=False)).stdout
+    assert "found: false" in cli_ok(run("board", "get", "-s", "s1", "--key", "nope", json=False)).stdout
 
 
 def test_reads_of_an_unknown_agent_create_nothing(run: Callable[..., Result], tmp_path: Path) -> None:
-    assert orjson.loads(_ok(run("knowledge", "list", "-a", "nobody")).stdout) == []
-    assert orjson.loads(_ok(run("episodes", "list", "-a", "nobody")).stdout) == []
-    found = orjson.loads(_ok(run("knowledge", "query", "-a", "nobody", "x", "--include-shared")).stdout)
+    assert orjson.loads(cli_ok(run("knowledge", "list", "-a", "nobody")).stdout) == []
+    assert orjson.loads(cli_ok(run("episodes", "list", "-a", "nobody")).stdout) == []
+    found = orjson.loads(cli_ok(run("knowledge", "query", "-a", "nobody", "x", "--include-shared")).stdout)
     assert found == {"hits": [], "complete": True, "degraded": None, "warnings": []}
-    _one_error(run("knowledge", "get", "-a", "nobody", "--entry-id", "1"), 1, "entry_id 1")
-    assert _ok(run("roots", "list")).stdout.strip() == "[]"
+    cli_fails(run("knowledge", "get", "-a", "nobody", "--entry-id", "1"), 1, "entry_id 1")
+    assert cli_ok(run("roots", "list")).stdout.strip() == "[]"
     assert not (tmp_path / "data").exists()
 
 
 def test_shared_store_round_trip(run: Callable[..., Result]) -> None:
-    stored = orjson.loads(_ok(run("knowledge", "store", *A, "Team rule: review twice", "--shared")).stdout)
+    stored = orjson.loads(cli_ok(run("knowledge", "store", *A, "Team rule: review twice", "--shared")).stdout)
     assert stored["store"] == "shared"
-    listed = orjson.loads(_ok(run("knowledge", "list", *A, "--store", "shared")).stdout)
+    listed = orjson.loads(cli_ok(run("knowledge", "list", *A, "--store", "shared")).stdout)
     assert [e["store"] for e in listed] == ["shared"]
-    text = _ok(run("knowledge", "list", *A, "--store", "shared", json=False)).stdout
+    text = cli_ok(run("knowledge", "list", *A, "--store", "shared", json=False)).stdout
     assert "shared" in text and "Team rule: review twice" in text
 
 
 def test_index_prints_progress_lines_and_a_summary_when_piped(run: Callable[..., Result]) -> None:
-    result = _ok(run("index", "{ws}", "--progress-every", "1"))
+    result = cli_ok(run("index", "{ws}", "--progress-every", "1"))
     lines = result.stderr.splitlines()
     assert lines[0].startswith("memstrata: indexing: 1/1 files"), lines
     assert lines[-1].startswith("memstrata: indexed ") and "1 files indexed" in lines[-1], lines
@@ -458,9 +447,9 @@ def test_cli_table_in_docs_is_generated_from_the_registry() -> None:
 
 
 def test_board_watch_connect_names_a_bad_address(run: Callable[..., Result], tmp_path: Path) -> None:
-    _one_error(run("board", "watch", "-s", "s1", "k", "--connect", "nonsense", json=False), 2, "'--connect'")
+    cli_fails(run("board", "watch", "-s", "s1", "k", "--connect", "nonsense", json=False), 2, "'--connect'")
     missing = f"unix:{tmp_path}/none.sock"
-    _one_error(run("board", "watch", "-s", "s1", "k", "--connect", missing, json=False), 1, "cannot connect")
+    cli_fails(run("board", "watch", "-s", "s1", "k", "--connect", missing, json=False), 1, "cannot connect")
 
 
 def test_long_work_prints_still_working_lines_until_it_ends() -> None:

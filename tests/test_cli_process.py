@@ -18,29 +18,15 @@ from typing import Any
 import orjson
 import pytest
 
+from tests._support import CLI_TIMEOUT as TIMEOUT
+from tests._support import cli_env as _env
+from tests._support import run_memstrata
+
 pytestmark = pytest.mark.model
-
-REPO = Path(__file__).resolve().parent.parent
-TIMEOUT = 120
-
-
-def _env() -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    for key in ("MEMSTRATA_CONFIG", "MEMSTRATA_DATA_DIR", "MEMSTRATA_DEBUG"):
-        env.pop(key, None)
-    return env
 
 
 def _memstrata(data_dir: Path, *args: str, input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(
-        [sys.executable, "-m", "memstrata", "--data-dir", str(data_dir), *args],
-        input=input,
-        capture_output=True,
-        cwd=data_dir,
-        env=_env(),
-        timeout=TIMEOUT,
-        check=False,
-    )
+    return run_memstrata(data_dir, *args, cwd=data_dir, input=input)
 
 
 def test_store_query_in_separate_processes(data_dir: Path) -> None:

@@ -18,13 +18,13 @@ from memstrata.config import EpisodicConfig, SearchConfig
 from memstrata.core.constants import MAX_TOP_K
 from memstrata.errors import (
     ArchiveError,
-    EmbedderUnavailableError,
     InvalidInputError,
     SchemaMismatchError,
     StorageError,
 )
 from memstrata.layers import Episode, EpisodeHit, EpisodicMemory
 from memstrata.storage import open_database
+from tests._support import without_default_model
 from tests.fakes import FakeEmbedder
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
@@ -725,10 +725,7 @@ def test_an_archive_from_the_keyword_only_store_restores_with_vectors_later(
 ) -> None:
     import memstrata.layers._episodic as module
 
-    def unavailable() -> Any:
-        raise EmbedderUnavailableError("no model in this test")
-
-    monkeypatch.setattr(module, "default_embedder", unavailable)
+    without_default_model(monkeypatch, module, "no model in this test")
     with EpisodicMemory.open(data_dir / "kw.sqlite") as kw:
         kw.record("keyword only episode about kafka lag", at=T0)
         kw.archive(data_dir / "kw-archive.sqlite")
@@ -835,10 +832,7 @@ def test_keyword_only_mode_then_vectors_are_repaired(
 ) -> None:
     import memstrata.layers._episodic as module
 
-    def unavailable() -> Any:
-        raise EmbedderUnavailableError("the model files are missing")
-
-    monkeypatch.setattr(module, "default_embedder", unavailable)
+    without_default_model(monkeypatch, module, "the model files are missing")
     path = data_dir / "e.sqlite"
     with EpisodicMemory.open(path) as ep:
         status = ep.status()

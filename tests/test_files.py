@@ -28,7 +28,7 @@ from memstrata.errors import (
 )
 from memstrata.layers import FileHit, SyncStats, _files, _index_db, _snippet
 from memstrata.layers._paths import SourceRules
-from tests.fakes import FakeEmbedder
+from tests.fakes import BreakableEmbedder, FakeEmbedder
 
 HOUR_NS = 3600 * 10**9
 
@@ -448,15 +448,7 @@ def test_closed_index_raises_a_clear_error(workspace: Path, data_dir: Path):
 
 
 def test_embedding_failure_surfaces_and_leaves_files_dirty(workspace: Path, data_dir: Path):
-    class Failing(FakeEmbedder):
-        broken = True
-
-        def embed_documents(self, texts: Sequence[str]) -> np.ndarray:
-            if self.broken:
-                raise RuntimeError("model crashed")
-            return super().embed_documents(texts)
-
-    emb = Failing()
+    emb = BreakableEmbedder(broken=True)
     with MemoryFiles.open(workspace, embedder=emb, config=config(data_dir)) as index:
         with pytest.raises(EmbeddingError, match="model crashed"):
             index.sync()
@@ -466,20 +458,7 @@ def test_embedding_failure_surfaces_and_leaves_files_dirty(workspace: Path, data
 
 
 def test_search_answers_from_the_index_when_the_model_fails(workspace: Path, data_dir: Path):
-    class Failing(FakeEmbedder):
-        broken = False
-
-        def embed_documents(self, texts: Sequence[str]) -> np.ndarray:
-            if self.broken:
-                raise RuntimeError("model crashed")
-            return super().embed_documents(texts)
-
-        def embed_query(self, text: str) -> np.ndarray:
-            if self.broken:
-                raise RuntimeError("model crashed")
-            return super().embed_query(text)
-
-    emb = Failing()
+    emb = BreakableEmbedder(queries=True)
     with MemoryFiles.open(workspace, embedder=emb, config=config(data_dir)) as index:
         index.sync()
         emb.broken = True
@@ -805,7 +784,7 @@ def test_real_model_finds_paraphrases(workspace: Path, data_dir: Path, real_embe
     with MemoryFiles.open(workspace, embedder=real_embedder, config=cfg) as index:  # type: ignore[arg-type]
         stats = index.sync()
         assert stats.files_processed == 5
-        assert index.status()["chunker"].startswith("v3/400/80/tokens:")
+        assert index.status()["chunker"].startswith("v4/400/80/tokens:")
         hits = index.search("which puppy lives at work", mode="vector")
         assert (
             hits[0].path == "memory/pets.md" and hits[0].similarity is not None and hits[0].similarity > 0.35

@@ -7,17 +7,16 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from memstrata import Config, MemoryFiles
 from memstrata.config import FilesConfig
 from memstrata.layers import SyncStats, _watch
-from tests.fakes import FakeEmbedder
+from tests.fakes import BreakableEmbedder, FakeEmbedder
 
 WAIT_S = 20.0  # upper bound for a background sync to arrive on a loaded machine
 
@@ -131,15 +130,7 @@ def test_a_watcher_that_cannot_start_never_crashes(
 def test_a_failing_background_sync_is_reported_and_recovers(workspace: Path, data_dir: Path, synced):
     errors: queue.Queue[BaseException] = queue.Queue()
 
-    class Flaky(FakeEmbedder):
-        broken = False
-
-        def embed_documents(self, texts: Sequence[str]) -> np.ndarray:
-            if self.broken:
-                raise RuntimeError("model crashed")
-            return super().embed_documents(texts)
-
-    flaky = Flaky()
+    flaky = BreakableEmbedder()
     with MemoryFiles.open(
         workspace, embedder=flaky, config=make_config(data_dir, watch_debounce_ms=200)
     ) as mf:

@@ -10,12 +10,13 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from memstrata.errors import EmbedderUnavailableError, InvalidInputError, StorageError
+from memstrata.errors import InvalidInputError, StorageError
 from memstrata.layers import KnowledgeStore
 from memstrata.layers._knowledge_schema import MIGRATIONS
-from memstrata.storage import apply_migrations, check_consistency, open_database
+from memstrata.storage import apply_migrations, open_database
 from memstrata.storage._migrations import NamedMigration, get_meta
 from memstrata.storage._vectors import bulk_cache
+from tests._support import check_knowledge, without_default_model
 from tests.fakes import FakeEmbedder
 
 DIM = 64
@@ -81,21 +82,21 @@ def test_vectors_of_the_wrong_shape_are_refused_before_anything_is_written(
         assert store.count() == 0
 
 
-@pytest.mark.parametrize(("bad", "what"), [(np.nan, "holds NaN or infinity"), (np.inf, "holds NaN")])
-def test_a_vector_that_is_not_finite_is_named_by_its_row(data_dir: Path, bad: float, what: str) -> None:
+@pytest.mark.parametrize(
+    ("row", "bad", "what"),
+    [(3, np.nan, "holds NaN or infinity"), (3, np.inf, "holds NaN"), (2, None, "is all zeros")],
+    ids=["nan", "infinity", "zeros"],
+)
+def test_a_bad_vector_is_named_by_its_row(data_dir: Path, row: int, bad: float | None, what: str) -> None:
+    """A vector that is not finite (one component) or is all zeros (``bad`` None) is refused,
+    named by its row, and nothing is written."""
     vectors = _vectors(5)
-    vectors[3, 10] = bad
+    if bad is None:
+        vectors[row] = 0
+    else:
+        vectors[row, 10] = bad
     with KnowledgeStore.open(data_dir / "k.sqlite", FakeEmbedder(dim=DIM)) as store:
-        with pytest.raises(InvalidInputError, match=rf"vectors\[3\] {what}"):
-            store.add_many(_items(5), vectors=vectors)
-        assert store.count() == 0
-
-
-def test_a_zero_vector_is_named_by_its_row(data_dir: Path) -> None:
-    vectors = _vectors(5)
-    vectors[2] = 0
-    with KnowledgeStore.open(data_dir / "k.sqlite", FakeEmbedder(dim=DIM)) as store:
-        with pytest.raises(InvalidInputError, match=r"vectors\[2\] is all zeros"):
+        with pytest.raises(InvalidInputError, match=rf"vectors\[{row}\] {what}"):
             store.add_many(_items(5), vectors=vectors)
         assert store.count() == 0
 
@@ -138,12 +139,7 @@ def test_bulk_rows_reach_both_full_text_indexes_exactly(data_dir: Path) -> None:
         assert [int(r[0]) for r in tri] == [ids[1]]
         assert store._db.scalar("SELECT count(*) FROM knowledge_tri_docsize") == 1
         assert [h.entry.id for h in store.search("支付", mode="keyword")] == [ids[1]]
-        report = check_consistency(
-            store._db,
-            table="knowledge",
-            fts={"knowledge_fts": None, "knowledge_tri": "cjk != ''"},
-            full=True,
-        )
+        report = check_knowledge(store._db, full=True)
         assert report.problems == [] and report.fts_rebuilt == []
         # later writes keep them exact: an update and a delete go through their triggers
         store.update(ids[2], content="other words now")
@@ -195,10 +191,7 @@ def test_a_store_that_cannot_write_vectors_keeps_the_rows_pending(
 ) -> None:
     import memstrata.layers._knowledge as knowledge_module
 
-    def unavailable() -> object:
-        raise EmbedderUnavailableError("no model here (injected)")
-
-    monkeypatch.setattr(knowledge_module, "default_embedder", unavailable)
+    without_default_model(monkeypatch, knowledge_module, "no model here (injected)")
     path = data_dir / "k.sqlite"
     with KnowledgeStore.open(path) as store:
         assert store.status()["mode"] == "keyword-only"

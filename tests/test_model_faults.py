@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,40 +22,14 @@ from memstrata.actors._outbox import Outbox
 from memstrata.config import ActorsConfig, AgentConfig, StorageConfig
 from memstrata.errors import ConfigError, InvalidInputError, ModelFaultError
 from memstrata.storage import open_database
-from tests.fakes import FakeEmbedder
+from tests._support import GatedModel, eventually, store_status
 
 FloatArray = npt.NDArray[np.float32]
 MARGIN_S = 2.0  # "within the timeout plus a small bound" on a shared 2-core machine
 
 
-class FaultyModel(FakeEmbedder):
-    """``mode``: "ok", "hang" (every call waits for ``release``), "zeros" or "nan"."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.mode = "ok"
-        self.release = threading.Event()
-        self.entered = threading.Event()  # a call is inside the model
-
-    def _bad(self, rows: FloatArray) -> FloatArray:
-        if self.mode == "hang":
-            self.entered.set()
-            self.release.wait(60)
-        if self.mode == "zeros":
-            return np.zeros_like(rows)
-        if self.mode == "nan":
-            return np.full_like(rows, np.nan)
-        return rows
-
-    def embed_documents(self, texts: Sequence[str]) -> FloatArray:
-        return self._bad(super().embed_documents(texts))
-
-    def embed_query(self, text: str) -> FloatArray:
-        return self._bad(super().embed_query(text))
-
-
 def start(
-    data_dir: Path, model: FaultyModel, *, retrieval_timeout_s: float = 5.0, **actors: Any
+    data_dir: Path, model: GatedModel, *, retrieval_timeout_s: float = 5.0, **actors: Any
 ) -> MemorySystem:
     actors_config = ActorsConfig(**actors)
     config = Config(
@@ -65,22 +39,6 @@ def start(
         storage=StorageConfig(lock_timeout_s=actors_config.ask_timeout_s / 2),
     )
     return MemorySystem.start(config, embedder=model)
-
-
-def store_status(system: MemorySystem, agent_id: str, kind: str) -> dict[str, Any]:
-    state: dict[str, Any] = system.status()["agents"][agent_id][kind].get("store", {})
-    return state
-
-
-def eventually(condition: Callable[[], bool], timeout_s: float = 20.0) -> bool:
-    """Whether ``condition`` holds within ``timeout_s`` (checked every 20 ms): for work a
-    background timer does, where the test has nothing to wait on."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def timed(call: Callable[[], Any]) -> tuple[Any, float]:
@@ -93,7 +51,7 @@ def timed(call: Callable[[], Any]) -> tuple[Any, float]:
 
 
 def test_list_store_remember_and_query_answer_while_the_model_hangs(data_dir: Path) -> None:
-    model = FaultyModel()
+    model = GatedModel()
     # the inner bound (embedding) is below the outer one (the request), as Config requires
     system = start(data_dir, model, ask_timeout_s=2.5, embed_timeout_s=1.0, query_embed_timeout_s=0.5)
     try:
@@ -152,7 +110,7 @@ def test_list_store_remember_and_query_answer_while_the_model_hangs(data_dir: Pa
 
 @pytest.mark.parametrize("mode", ["zeros", "nan"])
 def test_zero_or_nan_vectors_are_stored_pending_and_caught_up_in_process(data_dir: Path, mode: str) -> None:
-    model = FaultyModel()
+    model = GatedModel()
     with start(data_dir, model) as system:
         agent = system.agent("a1")
         model.mode = mode
@@ -178,7 +136,7 @@ def test_zero_or_nan_vectors_are_stored_pending_and_caught_up_in_process(data_di
 
 
 def test_a_completed_task_is_delivered_with_a_zero_vector_model_never_a_dead_letter(data_dir: Path) -> None:
-    model = FaultyModel()
+    model = GatedModel()
     with start(data_dir, model) as system:
         agent = system.agent("a1")
         model.mode = "zeros"
@@ -212,7 +170,7 @@ def test_a_write_back_parked_by_an_older_version_for_a_zero_vector_is_delivered(
     with db.transaction():  # as an older version left it: before the migration that revives it
         db.execute("UPDATE metadata SET value = '2' WHERE key = 'schema_version'")
     db.close()
-    with start(data_dir, FaultyModel()) as system:
+    with start(data_dir, GatedModel()) as system:
         assert system.wait_idle(20)
         agent = system.agent("a1")
         assert [e.content for e in agent.list_knowledge()] == ["sharded the ledger by month"]
@@ -224,7 +182,7 @@ def test_a_write_back_parked_by_an_older_version_for_a_zero_vector_is_delivered(
 def test_a_bad_vector_is_a_model_fault_not_invalid_input() -> None:
     from memstrata.storage import embed_documents
 
-    model = FaultyModel()
+    model = GatedModel()
     model.mode = "zeros"
     with pytest.raises(ModelFaultError, match="all-zero vector") as caught:
         embed_documents(model, ["any text"])
@@ -238,7 +196,7 @@ def test_a_bad_vector_is_a_model_fault_not_invalid_input() -> None:
 
 
 def test_pre_task_retrieval_with_a_hung_query_embedding_uses_the_keyword_hits(data_dir: Path) -> None:
-    model = FaultyModel()
+    model = GatedModel()
     system = start(data_dir, model, retrieval_timeout_s=1.0)
     try:
         agent = system.agent("a1")
@@ -264,7 +222,7 @@ def test_pre_task_retrieval_with_a_hung_query_embedding_uses_the_keyword_hits(da
 
 
 def test_stop_with_a_hung_model_is_bounded_and_the_next_start_delivers_what_was_left(data_dir: Path) -> None:
-    model = FaultyModel()
+    model = GatedModel()
     before = set(threading.enumerate())
     system = start(data_dir, model, ask_timeout_s=20.0, embed_timeout_s=10.0)
     agent = system.agent("a1")

@@ -10,8 +10,6 @@ or NaN vectors on demand; nothing sleeps to synchronise, and time is only bounde
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,44 +23,10 @@ from memstrata.config import ActorsConfig, AgentConfig, StorageConfig
 from memstrata.core.constants import EMBED_CHARS
 from memstrata.errors import EmbeddingError, InvalidInputError, ModelFaultError
 from memstrata.layers import EpisodicMemory, KnowledgeStore
+from tests._support import GatedModel, eventually, store_status
 from tests.fakes import FakeEmbedder
 
 FloatArray = npt.NDArray[np.float32]
-
-
-class GatedModel(FakeEmbedder):
-    """``mode``: "ok", "hang" (document calls wait for ``release``), "zeros" or "nan"; queries
-    hang too while ``mode`` is "hang". ``inside`` counts the calls in the model right now."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.mode = "ok"
-        self.release = threading.Event()
-        self.entered = threading.Event()
-        self.inside = 0
-        self._count = threading.Lock()
-
-    def _answer(self, rows: FloatArray) -> FloatArray:
-        if self.mode == "hang":
-            with self._count:
-                self.inside += 1
-            self.entered.set()
-            try:
-                self.release.wait(60)
-            finally:
-                with self._count:
-                    self.inside -= 1
-        if self.mode == "zeros":
-            return np.zeros_like(rows)
-        if self.mode == "nan":
-            return np.full_like(rows, np.nan)
-        return rows
-
-    def embed_documents(self, texts: Sequence[str]) -> FloatArray:
-        return self._answer(super().embed_documents(texts))
-
-    def embed_query(self, text: str) -> FloatArray:
-        return self._answer(super().embed_query(text))
 
 
 def start(data_dir: Path, model: GatedModel, **actors: Any) -> MemorySystem:
@@ -74,22 +38,6 @@ def start(data_dir: Path, model: GatedModel, **actors: Any) -> MemorySystem:
         storage=StorageConfig(lock_timeout_s=min(10.0, settings.ask_timeout_s / 2)),
     )
     return MemorySystem.start(config, embedder=model)
-
-
-def store_status(system: MemorySystem, agent_id: str, kind: str) -> dict[str, Any]:
-    state: dict[str, Any] = system.status()["agents"][agent_id][kind].get("store", {})
-    return state
-
-
-def eventually(condition: Callable[[], bool], timeout_s: float = 20.0) -> bool:
-    """Whether ``condition`` holds within ``timeout_s`` (checked every 20 ms): for the
-    pending-vector catch-up, which a timer runs and the test has nothing to wait on."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 # -- the actors ----------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from memstrata.config import FilesConfig
 from memstrata.errors import InvalidInputError
 from memstrata.layers import Codebase, MemoryFiles
 from memstrata.layers._archive import ArchiveFile
+from tests._support import write_tree
 from tests.fakes import FakeEmbedder
 
 T0 = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
@@ -270,17 +271,11 @@ def test_working_operations_take_a_task_id(ctx: Context) -> None:
 # -- files: a missing root is skipped and reported; a partial search says so ---------------------
 
 
-def _tree(root: Path, files: dict[str, str]) -> Path:
-    for rel, text in files.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-    return root
-
-
 def test_a_deleted_root_is_skipped_with_a_warning(ctx: Context, tmp_path: Path) -> None:
-    kept = _tree(tmp_path / "kept", {"MEMORY.md": "# Notes\nThe walrus deploy key lives in the vault.\n"})
-    gone = _tree(tmp_path / "gone", {"MEMORY.md": "# Old\nThe walrus runbook is outdated.\n"})
+    kept = write_tree(
+        tmp_path / "kept", {"MEMORY.md": "# Notes\nThe walrus deploy key lives in the vault.\n"}
+    )
+    gone = write_tree(tmp_path / "gone", {"MEMORY.md": "# Old\nThe walrus runbook is outdated.\n"})
     ctx.workspaces.index(kept, kind="memory")
     ctx.workspaces.index(gone, kind="memory")
     assert {h.root for h in ctx.workspaces.search("walrus")} == {kept.resolve(), gone.resolve()}
@@ -303,7 +298,7 @@ def test_a_deleted_root_is_skipped_with_a_warning(ctx: Context, tmp_path: Path) 
 
 
 def test_search_says_incomplete_while_the_sync_is_past_its_budget(data_dir: Path, tmp_path: Path) -> None:
-    tree = _tree(
+    tree = write_tree(
         tmp_path / "src", {f"mod{n:02d}.py": f"def handler_{n}():\n    return 'otter'\n" for n in range(12)}
     )
     hour_ago = time.time() - 3600  # older than the sync's racy-mtime window: read once is done
@@ -336,7 +331,7 @@ def test_python_entry_points_honour_config_load(monkeypatch: pytest.MonkeyPatch,
     elsewhere = tmp_path / "from-env"
     monkeypatch.setenv("MEMSTRATA_DATA_DIR", str(elsewhere))
     monkeypatch.chdir(tmp_path)  # no memstrata.toml here
-    notes = _tree(tmp_path / "notes", {"MEMORY.md": "# hello\n"})
+    notes = write_tree(tmp_path / "notes", {"MEMORY.md": "# hello\n"})
     with MemoryFiles.open(notes, embedder=FakeEmbedder()) as files:
         assert files.db_path.is_relative_to(elsewhere) and files.config.data_dir == elsewhere
     with Codebase.open(notes, embedder=FakeEmbedder()) as code:

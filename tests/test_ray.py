@@ -6,6 +6,7 @@ the nodes by custom resources, so where each actor runs is known, not left to ch
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -21,7 +22,8 @@ from memstrata import Config, ConfigError, MemorySystem
 from memstrata.testing import HashEmbedder
 
 ray = pytest.importorskip("ray", reason="the memstrata[ray] extra is not installed")
-cluster_utils = pytest.importorskip("ray.cluster_utils")
+
+from tests._ray_support import BOUND_S, ray_cluster, ray_config, where  # noqa: E402
 
 NAMESPACE = "memstrata-test"
 AGENTS = ("a0", "a1", "a2", "a3")
@@ -30,36 +32,24 @@ PINS = tuple(f"{a}=resource:node_{'ab'[i % 2]}" for i, a in enumerate(AGENTS))
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    made = cluster_utils.Cluster(
-        initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"node_a": 1}}
-    )
-    made.add_node(num_cpus=1, resources={"node_b": 1})
-    made.wait_for_nodes()
-    ray.init(address=made.address, namespace=NAMESPACE, log_to_driver=False)
-    try:
+    with ray_cluster(NAMESPACE) as made:
         yield made
-    finally:
-        ray.shutdown()
-        made.shutdown()
 
 
-def _config(data_dir: Path, address: str, **more: Any) -> Config:
-    return Config.load(
-        env={},
-        data_dir=data_dir,
-        cluster__engine="ray",
-        cluster__address=address,
-        cluster__namespace=NAMESPACE,
+def _config(data_dir: Path, address: str, namespace: str = NAMESPACE, **more: Any) -> Config:
+    return ray_config(
+        data_dir,
+        address,
+        namespace,
         cluster__pins=list(PINS),
         cluster__placement="resource:node_b",  # blackboards and the shared store: the second node
-        actors__ask_timeout_s=120,  # headroom: a loaded 2-core machine runs the whole cluster
+        actors__ask_timeout_s=BOUND_S,  # headroom: a loaded 2-core machine runs the whole cluster
         **more,
     )
 
 
 def _where(name: str) -> tuple[str, int]:
-    node, pid = ray.get(ray.get_actor(name, namespace=NAMESPACE).where.remote(), timeout=120)
-    return str(node), int(pid)
+    return where(name, NAMESPACE)
 
 
 def test_cluster_config_is_checked_and_read_from_the_environment() -> None:
@@ -241,3 +231,108 @@ def test_stop_cluster_on_the_local_engine_is_stop(data_dir: Path) -> None:
         assert [h.entry.content for h in again.agent("l1").query_knowledge("kept on disk")] == [
             "kept on disk"
         ]
+
+
+def _same_writes(system: MemorySystem) -> None:
+    """Knowledge (own and shared), episodes (direct and by write-back), working memory of both
+    spaces, a blackboard and items: one of everything an export holds."""
+    for agent_id in ("x0", "x1"):
+        agent = system.agent(agent_id)
+        agent.store_knowledge(f"{agent_id} keeps the runbook in the wiki", category="fact", tags=["ops"])
+        agent.remember(f"{agent_id} paged the on-call", title="page", task_run_id="r1")
+        agent.set_working("plan", {"step": 1, "who": agent_id})
+        agent.set_working("scratch", [1, 2], task_id="t9")
+        agent.complete_task("t1", f"{agent_id} rotated the signing keys")
+    system.agent("x0").store_knowledge("everyone deploys on fridays", category="fact", shared=True)
+    board = system.blackboard("xs")
+    board.publish("build.status", "green", "x0", wait=True)
+    board.publish("build.status", "red", "x1", wait=True)
+    board.publish("phase", {"n": 2}, wait=True)
+    system.items.put(("users", "u1"), "prefs", {"note": "dark theme"}, index=["note"])
+    system.items.put(("users",), "u2", {"note": "light"})
+
+
+def _exported(system: MemorySystem, path: Path) -> list[str]:
+    """The export's records without what legitimately differs between two runs (ids, uuids and
+    times), as sorted JSON."""
+    system.export(path)
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    drop = ("id", "uuid", "at", "created_at", "updated_at")
+    return sorted(json.dumps({k: v for k, v in r.items() if k not in drop}, sort_keys=True) for r in records)
+
+
+def _local_export(tmp_path: Path) -> list[str]:
+    """The export of :func:`_same_writes` on the local engine, at ``tmp_path / "local.jsonl"``."""
+    with MemorySystem.start(Config(data_dir=tmp_path / "local"), embedder=HashEmbedder()) as local:
+        _same_writes(local)
+        expected = _exported(local, tmp_path / "local.jsonl")
+    kinds = {json.loads(r)["kind"] for r in expected}
+    assert kinds == {"export", "knowledge", "episode", "working", "signal", "item"}
+    return expected
+
+
+def test_an_export_on_ray_holds_what_the_local_engine_s_holds(cluster: Any, tmp_path: Path) -> None:
+    expected = _local_export(tmp_path)
+    config = _config(tmp_path / "ray", cluster.address, f"{NAMESPACE}-export")
+    system = MemorySystem.start(config, embedder=HashEmbedder())
+    try:
+        _same_writes(system)
+        # the working memory and the board live in hosts, the write-backs finish there: all exported
+        assert _exported(system, tmp_path / "ray.jsonl") == expected
+    finally:
+        assert system.stop_cluster(60) == []
+
+
+@pytest.mark.slow  # a second set of hosts: seconds more on a loaded machine
+def test_an_import_into_ray_brings_an_export_back(cluster: Any, tmp_path: Path) -> None:
+    """An export imported into a Ray system comes back as it does into a local one."""
+    _local_export(tmp_path)
+    with MemorySystem.start(Config(data_dir=tmp_path / "local2"), embedder=HashEmbedder()) as local:
+        counts = local.import_(tmp_path / "local.jsonl")
+        restored = _exported(local, tmp_path / "local2.jsonl")
+    config = _config(tmp_path / "ray2", cluster.address, f"{NAMESPACE}-import")
+    system = MemorySystem.start(config, embedder=HashEmbedder())
+    try:
+        assert system.import_(tmp_path / "local.jsonl") == counts
+        assert _exported(system, tmp_path / "ray2.jsonl") == restored
+        hits = system.agent("x1").query_knowledge("runbook wiki", include_shared=False)
+        assert "x1 keeps the runbook in the wiki" in [h.entry.content for h in hits]
+        assert system.agent("x0").get_working("scratch", task_id="t9") == [1, 2]
+    finally:
+        assert system.stop_cluster(60) == []
+
+
+def test_async_stop_cluster_ends_the_hosts(cluster: Any, data_dir: Path) -> None:
+    from memstrata import AsyncMemorySystem
+    from memstrata.actors._ray_admin import memstrata_actors
+
+    namespace = f"{NAMESPACE}-async"
+
+    async def run() -> list[str]:
+        system = await AsyncMemorySystem.start(
+            _config(data_dir, cluster.address, namespace), embedder=HashEmbedder()
+        )
+        await system.agent("as0").store_knowledge("the pager rota is in the wiki", category="fact")
+        assert "agent:as0" in memstrata_actors(namespace)
+        problems = await system.stop_cluster(60)
+        assert system.stopped
+        return problems
+
+    assert asyncio.run(run()) == []
+    assert memstrata_actors(namespace) == []
+    with MemorySystem.start(Config(data_dir=data_dir), embedder=HashEmbedder()) as again:  # the data stays
+        hits = again.agent("as0").query_knowledge("pager rota", include_shared=False)
+        assert [h.entry.content for h in hits] == ["the pager rota is in the wiki"]
+
+
+def test_async_stop_cluster_on_the_local_engine_is_stop(data_dir: Path) -> None:
+    from memstrata import AsyncMemorySystem
+
+    async def run() -> list[str]:
+        system = await AsyncMemorySystem.start(Config(data_dir=data_dir), embedder=HashEmbedder())
+        await system.agent("l2").store_knowledge("kept on disk", category="fact")
+        problems = await system.stop_cluster(10)
+        assert system.stopped
+        return problems
+
+    assert asyncio.run(run()) == []

@@ -23,7 +23,8 @@ from memstrata.errors import MemstrataError
 from memstrata.testing import HashEmbedder
 
 ray = pytest.importorskip("ray", reason="the memstrata[ray] extra is not installed")
-cluster_utils = pytest.importorskip("ray.cluster_utils")
+
+from tests._ray_support import ray_cluster, ray_config, where  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -33,26 +34,15 @@ RETRIEVAL_S = 5.0
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    made = cluster_utils.Cluster(
-        initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"node_a": 1}}
-    )
-    made.add_node(num_cpus=1, resources={"node_b": 1}, labels={"zone": "b"})
-    made.wait_for_nodes()
-    ray.init(address=made.address, namespace=NAMESPACE, log_to_driver=False)
-    try:
+    with ray_cluster(NAMESPACE, labels={"zone": "b"}) as made:
         yield made
-    finally:
-        ray.shutdown()
-        made.shutdown()
 
 
 def _config(data_dir: Path, address: str, pins: list[str]) -> Config:
-    return Config.load(
-        env={},
-        data_dir=data_dir,
-        cluster__engine="ray",
-        cluster__address=address,
-        cluster__namespace=NAMESPACE,
+    return ray_config(
+        data_dir,
+        address,
+        NAMESPACE,
         cluster__pins=pins,
         cluster__placement="resource:node_a",
         agent__retrieval_timeout_s=RETRIEVAL_S,
@@ -60,19 +50,11 @@ def _config(data_dir: Path, address: str, pins: list[str]) -> Config:
 
 
 def _where(name: str) -> tuple[str, int]:
-    node, pid = ray.get(ray.get_actor(name, namespace=NAMESPACE).where.remote(), timeout=60)
-    return str(node), int(pid)
+    return where(name, NAMESPACE)
 
 
 def test_sixteen_agents_spread_over_the_nodes(cluster: Any, tmp_path: Path) -> None:
-    config = Config.load(
-        env={},
-        data_dir=tmp_path / "spread",
-        cluster__engine="ray",
-        cluster__address=cluster.address,
-        cluster__namespace=NAMESPACE,
-        cluster__placement="spread",
-    )
+    config = ray_config(tmp_path / "spread", cluster.address, NAMESPACE, cluster__placement="spread")
     names = [f"s{i:02d}" for i in range(16)]
     with MemorySystem.start(config, embedder=HashEmbedder()) as system:
         for name in names:
@@ -87,12 +69,10 @@ def test_sixteen_agents_spread_over_the_nodes(cluster: Any, tmp_path: Path) -> N
 def test_one_host_per_layer_pinned_by_label_serves_the_same_task_lifecycle(
     cluster: Any, tmp_path: Path
 ) -> None:
-    config = Config.load(
-        env={},
-        data_dir=tmp_path / "layers",
-        cluster__engine="ray",
-        cluster__address=cluster.address,
-        cluster__namespace=NAMESPACE,
+    config = ray_config(
+        tmp_path / "layers",
+        cluster.address,
+        NAMESPACE,
         cluster__group="layer",
         cluster__pins=["l0=label:zone=b"],
     )

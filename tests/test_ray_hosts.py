@@ -12,7 +12,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,33 +20,23 @@ import pytest
 
 from memstrata import Config, MemorySystem
 from memstrata.config import EmbeddingConfig
-from memstrata.errors import MemstrataError
 from memstrata.testing import HashEmbedder
 
 ray = pytest.importorskip("ray", reason="the memstrata[ray] extra is not installed")
-cluster_utils = pytest.importorskip("ray.cluster_utils")
+
+from tests._ray_support import BOUND_S, ray_cluster, until, where  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 NAMESPACE = "memstrata-hosts"
-BOUND_S = 120.0  # how long a loaded 2-core machine may take to restart a host
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    made = cluster_utils.Cluster(
-        initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"node_a": 1}}
-    )
-    made.add_node(num_cpus=1, resources={"node_b": 1})
-    made.wait_for_nodes()
-    ray.init(address=made.address, namespace=NAMESPACE, log_to_driver=False)
-    # the model loader below is defined here: Ray's workers get it by value, not by import
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    try:
+    with ray_cluster(NAMESPACE) as made:
+        # the model loader below is defined here: Ray's workers get it by value, not by import
+        ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
         yield made
-    finally:
-        ray.shutdown()
-        made.shutdown()
 
 
 def _config(data_dir: Path, address: str, namespace: str = NAMESPACE, **more: Any) -> Config:
@@ -73,24 +62,7 @@ def _config(data_dir: Path, address: str, namespace: str = NAMESPACE, **more: An
 
 
 def _where(name: str) -> tuple[str, int]:
-    node, pid = ray.get(ray.get_actor(name, namespace=NAMESPACE).where.remote(), timeout=BOUND_S)
-    return str(node), int(pid)
-
-
-def _until(check: Any, what: str) -> Any:
-    """Ask ``check`` again until it returns a true value (errors while a host restarts count as
-    not yet), within ``BOUND_S``."""
-    deadline = time.monotonic() + BOUND_S
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except MemstrataError as exc:
-            last = exc
-            continue
-        if last:
-            return last
-    raise AssertionError(f"{what}: still {last!r} after {BOUND_S:g} s")
+    return where(name, NAMESPACE)
 
 
 def hash_loader(settings: EmbeddingConfig) -> HashEmbedder:
@@ -127,7 +99,7 @@ def test_a_killed_board_host_comes_back_with_values_versions_and_subscriptions(
         os.kill(pid, signal.SIGKILL)
 
         # the board comes back from its file, in a new process
-        assert _until(lambda: board.get("plan.step") == "build", "the board's value after the restart")
+        assert until(lambda: board.get("plan.step") == "build", "the board's value after the restart")
         assert _where("blackboard:rs")[1] != pid
         assert board.list("plan.") == ["plan.step"]
         # a key deleted before the crash continues its version count
@@ -173,8 +145,8 @@ def test_one_embedder_per_node_per_model_shared_by_the_nodes_hosts(cluster: Any,
     assert sorted(names) == sorted(by_node[node_a] + by_node[node_b])
     for node, found in by_node.items():
         for name in found:  # each runs on its node, in a process of its own
-            where, pid = ray.get(ray.get_actor(name, namespace=NAMESPACE).where.remote(), timeout=BOUND_S)
-            assert where == node and pid not in (_where("agent:e0")[1], _where("agent:e1")[1])
+            on, pid = where(name, NAMESPACE)
+            assert on == node and pid not in (_where("agent:e0")[1], _where("agent:e1")[1])
 
 
 def test_stop_cluster_ends_every_host_and_keeps_the_data(cluster: Any, data_dir: Path) -> None:

@@ -19,6 +19,7 @@ from memstrata.storage import (
     fts_schema,
     open_database,
 )
+from tests._support import check_knowledge
 from tests.fakes import FakeEmbedder
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
@@ -264,14 +265,7 @@ def test_the_check_repairs_a_knowledge_store(data_dir: Path) -> None:
                 )
             return 0
 
-        report = check_consistency(
-            db,
-            table="knowledge",
-            fts={"knowledge_fts": None, "knowledge_tri": "cjk != ''"},
-            vectors=vectors,
-            vector_rows="vector_pending = 0",
-            repair_missing=mark_pending,
-        )
+        report = check_knowledge(db, vectors, repair_missing=mark_pending)
         assert report.fts_rebuilt == ["knowledge_fts"] and report.missing_vectors == 1
     with KnowledgeStore.open(path, embedder) as store:
         assert store.status()["pending_vectors"] == 0  # re-embedded by the store itself

@@ -20,7 +20,8 @@ from typing import Any
 from memstrata import Config, MemorySystem
 from memstrata.actors._outbox import Outbox
 from memstrata.layers import EpisodicMemory, KnowledgeStore
-from memstrata.storage import VectorIndex, check_consistency, open_database
+from memstrata.storage import VectorIndex, open_database
+from tests._support import check_knowledge
 from tests.fakes import FakeEmbedder
 
 REPO = Path(__file__).resolve().parent.parent
@@ -116,14 +117,7 @@ def knowledge_consistency(path: Path, dim: int) -> dict[str, Any]:
     """The shared check applied to a knowledge store (as its layer is to call it on open)."""
     with open_database(path) as db:
         vectors = VectorIndex(db, "knowledge", dim, metadata={"category": "text"})
-        report = check_consistency(
-            db,
-            table="knowledge",
-            fts={"knowledge_fts": None, "knowledge_tri": "cjk != ''"},
-            vectors=vectors,
-            vector_rows="vector_pending = 0",
-            full=True,
-        )
+        report = check_knowledge(db, vectors, full=True)
         return report.as_dict()
 
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from memstrata.config import ActorsConfig, AgentConfig
 from memstrata.errors import EmbeddingError, StorageError
 from memstrata.layers import EpisodicMemory, KnowledgeStore
 from memstrata.storage import Embedder, disable_vec_for_tests, open_database
+from tests._support import eventually
 from tests.fakes import FakeEmbedder
 
 FloatArray = npt.NDArray[np.float32]
@@ -69,17 +69,6 @@ def stores_of(system: MemorySystem, agent_id: str) -> dict[str, Any]:
     return {
         k: v.get("store", {}) for k, v in system.status()["agents"][agent_id].items() if isinstance(v, dict)
     }
-
-
-def eventually(condition: Callable[[], bool], timeout_s: float = 20.0) -> bool:
-    """Whether ``condition`` holds within ``timeout_s`` (checked again every 20 ms): for work a
-    background timer does, where the test has nothing to wait on."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 # -- the embedder ----------------------------------------------------------------------------------
@@ -319,15 +308,6 @@ def test_a_damaged_page_inside_a_file_is_a_clear_error(data_dir: Path) -> None:
 
 
 # -- no sqlite-vec ---------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def no_vec() -> Iterator[None]:
-    disable_vec_for_tests(True)
-    try:
-        yield
-    finally:
-        disable_vec_for_tests(False)
 
 
 def fill(system: MemorySystem) -> list[list[str]]:

@@ -17,7 +17,6 @@ from typing import IO, Any
 
 import pytest
 
-import memstrata.storage._connection as connection_module
 from memstrata import Config, MemorySystem
 from memstrata.actors._outbox import Outbox, _boot_id, _start_time
 from memstrata.config import StorageConfig
@@ -199,24 +198,6 @@ def test_a_lock_held_past_the_bound_is_a_clear_busy_error(
         contents = {e.content for e in agent.list_knowledge(limit=100)}
         assert "written after the lock" in contents and "completed after the lock" in contents
         assert "written while locked" not in contents and "completed while locked" not in contents
-
-
-@pytest.fixture
-def backoff_signal(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
-    """Set when a writer backs off from a locked database (the storage module's clock, spied on)."""
-    waiting = threading.Event()
-    real_sleep = time.sleep
-
-    class _Time:
-        monotonic = staticmethod(time.monotonic)
-
-        @staticmethod
-        def sleep(seconds: float) -> None:
-            waiting.set()
-            real_sleep(seconds)
-
-    monkeypatch.setattr(connection_module, "time", _Time)
-    return waiting
 
 
 def test_a_writer_waits_for_another_process_and_then_succeeds(

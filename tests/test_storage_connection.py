@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
-import memstrata.storage._connection as connection_module
 from memstrata.errors import DatabaseBusyError, InvalidInputError, StorageError
 from memstrata.storage import Database, disable_vec_for_tests, driver_info, open_database
 
@@ -178,54 +176,12 @@ def test_concurrent_writers_never_see_database_is_locked(tmp_path: Path) -> None
         assert db.scalar("SELECT value FROM counter") == workers * rows
 
 
-@pytest.fixture
-def backoff_signal(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
-    """Set when a writer starts backing off from a locked database (the module's clock, spied on)."""
-    waiting = threading.Event()
-    real_sleep = time.sleep
-
-    class _Time:
-        monotonic = staticmethod(time.monotonic)
-
-        @staticmethod
-        def sleep(seconds: float) -> None:
-            waiting.set()
-            real_sleep(seconds)
-
-    monkeypatch.setattr(connection_module, "time", _Time)
-    return waiting
-
-
+@pytest.mark.parametrize("in_transaction", [True, False], ids=["transaction", "autocommit"])
 def test_busy_writer_retries_until_the_lock_is_released(
-    tmp_path: Path, backoff_signal: threading.Event
+    tmp_path: Path, backoff_signal: threading.Event, in_transaction: bool
 ) -> None:
-    path = tmp_path / "b.sqlite"
-    holder = open_database(path)
-    holder.execute("CREATE TABLE t (x)")
-    errors: list[BaseException] = []
-
-    def write() -> None:
-        try:
-            db = open_database(path, busy_timeout_ms=10, lock_bound_s=30)
-            with db.transaction():
-                db.execute("INSERT INTO t VALUES (2)")
-            db.close()
-        except BaseException as exc:
-            errors.append(exc)
-
-    with holder.transaction():
-        holder.execute("INSERT INTO t VALUES (1)")
-        thread = threading.Thread(target=write)
-        thread.start()
-        assert backoff_signal.wait(timeout=30), "the second writer never backed off"
-    thread.join()
-    assert errors == []
-    assert sorted(r[0] for r in holder.query("SELECT x FROM t")) == [1, 2]
-    holder.close()
-
-
-def test_autocommit_write_waits_beyond_busy_timeout(tmp_path: Path, backoff_signal: threading.Event) -> None:
-    """A single statement outside a transaction is retried too, not failed after busy_timeout."""
+    """A writer, in a transaction or a single statement outside one, is retried beyond
+    busy_timeout, not failed after it."""
     path = tmp_path / "b.sqlite"
     holder = open_database(path)
     holder.execute("CREATE TABLE t (x)")
@@ -234,7 +190,11 @@ def test_autocommit_write_waits_beyond_busy_timeout(tmp_path: Path, backoff_sign
     def write() -> None:
         try:
             with open_database(path, busy_timeout_ms=10, lock_bound_s=30) as db:
-                db.execute("INSERT INTO t VALUES (2)")
+                if in_transaction:
+                    with db.transaction():
+                        db.execute("INSERT INTO t VALUES (2)")
+                else:
+                    db.execute("INSERT INTO t VALUES (2)")
         except BaseException as exc:
             errors.append(exc)
 
@@ -242,7 +202,8 @@ def test_autocommit_write_waits_beyond_busy_timeout(tmp_path: Path, backoff_sign
         holder.execute("INSERT INTO t VALUES (1)")
         thread = threading.Thread(target=write)
         thread.start()
-        assert backoff_signal.wait(timeout=30), "the autocommit writer never backed off"
+        kind = "second" if in_transaction else "autocommit"
+        assert backoff_signal.wait(timeout=30), f"the {kind} writer never backed off"
     thread.join()
     assert errors == []
     assert sorted(r[0] for r in holder.query("SELECT x FROM t")) == [1, 2]

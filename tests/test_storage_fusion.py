@@ -24,6 +24,7 @@ from memstrata.storage import (
     disable_vec_for_tests,
     fts_schema,
     fuse,
+    fusion_weights,
     hybrid_search,
     identifier_words,
     match_type,
@@ -361,7 +362,9 @@ def test_plain_rrf_is_selectable_in_hybrid_search(corpus: tuple[Database, Vector
     keyword = [h.id for h in _search(corpus, text, top_k=50, mode="keyword")]
     for k, w in ((PLAIN_RRF_K, 1.0), (DEFAULT_RRF_K, DEFAULT_KEYWORD_WEIGHT)):
         hits = _search(corpus, text, top_k=10, rrf_k=k, keyword_weight=w)
-        expected = rrf([vector, keyword], k=k, weights=[1.0, w])[:10]
+        # the default fusion adapts the keyword weight to the query (a statement here)
+        weights = fusion_weights(True, True, 1.0, w, query=text, k=k)
+        expected = rrf([vector, keyword], k=k, weights=weights)[:10]
         assert [(h.id, h.vector_rank, h.keyword_rank) for h in hits] == [(f.key, *f.ranks) for f in expected]
         assert [h.score for h in hits] == pytest.approx([f.score for f in expected])
     assert SearchParams().rrf_k == DEFAULT_RRF_K and SearchParams().keyword_weight == DEFAULT_KEYWORD_WEIGHT

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,16 +16,6 @@ from memstrata.storage import Database, VectorIndex, disable_vec_for_tests, open
 DIM = 16
 META = {"cat": "text", "n": "integer", "score": "float", "flag": "boolean"}
 CATS = ("alpha", "beta", "gamma")
-
-
-@pytest.fixture
-def no_vec() -> Iterator[None]:
-    """Stores opened inside this fixture cannot load sqlite-vec."""
-    disable_vec_for_tests(True)
-    try:
-        yield
-    finally:
-        disable_vec_for_tests(False)
 
 
 def _data(
@@ -71,9 +60,17 @@ def _reference(
     return [rowid for _, rowid in sorted(scored)[:k]]
 
 
-def _open(path: Path) -> tuple[Database, VectorIndex]:
-    db = open_database(path)
-    return db, VectorIndex(db, "items", DIM, metadata=META)
+def _open(path: Path, vec_enabled: bool | None = None) -> tuple[Database, VectorIndex]:
+    """A vector index at ``path``; ``vec_enabled`` False opens it as if sqlite-vec were missing,
+    True as if it were there (``None``: as this process is set)."""
+    if vec_enabled is None:
+        db = open_database(path)
+        return db, VectorIndex(db, "items", DIM, metadata=META)
+    disable_vec_for_tests(not vec_enabled)
+    try:
+        return _open(path)
+    finally:
+        disable_vec_for_tests(False)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -82,11 +79,7 @@ def test_engines_agree_with_exact_scan(tmp_path: Path, seed: int, scale: bool) -
     ids, vectors, metas = _data(seed, 300, scale)
     db, vec = _open(tmp_path / "vec0.sqlite")
     assert vec.backend == "vec0"
-    disable_vec_for_tests(True)
-    try:
-        blob_db, blob = _open(tmp_path / "blob.sqlite")
-    finally:
-        disable_vec_for_tests(False)
+    blob_db, blob = _open(tmp_path / "blob.sqlite", vec_enabled=False)
     assert blob.backend == "blob" and not blob_db.native_vectors
     for index in (vec, blob):
         with index.db.transaction():
@@ -168,11 +161,7 @@ def test_similarity_is_cosine(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("vec_enabled", [True, False])
 def test_upsert_twice_never_raises_unique(tmp_path: Path, vec_enabled: bool) -> None:
-    disable_vec_for_tests(not vec_enabled)
-    try:
-        db, vec = _open(tmp_path / "v.sqlite")
-    finally:
-        disable_vec_for_tests(False)
+    db, vec = _open(tmp_path / "v.sqlite", vec_enabled)
     ids, vectors, metas = _data(5, 20)
     with db.transaction():
         vec.upsert_many(ids, vectors, metas)
@@ -193,11 +182,7 @@ def test_upsert_twice_never_raises_unique(tmp_path: Path, vec_enabled: bool) -> 
 
 @pytest.mark.parametrize("vec_enabled", [True, False])
 def test_deletes(tmp_path: Path, vec_enabled: bool) -> None:
-    disable_vec_for_tests(not vec_enabled)
-    try:
-        db, vec = _open(tmp_path / "v.sqlite")
-    finally:
-        disable_vec_for_tests(False)
+    db, vec = _open(tmp_path / "v.sqlite", vec_enabled)
     ids, vectors, metas = _data(6, 50)
     vec.upsert_many(ids, vectors, metas)
     vec.search(vectors[0], 5)  # load the mirror before deleting
@@ -375,11 +360,7 @@ def test_vec0_store_opened_without_sqlite_vec_is_reported_unavailable(tmp_path: 
 
 def test_reset_changes_dimension_and_upgrades_a_blob_store(tmp_path: Path) -> None:
     path = tmp_path / "v.sqlite"
-    disable_vec_for_tests(True)
-    try:
-        db, vec = _open(path)
-    finally:
-        disable_vec_for_tests(False)
+    db, vec = _open(path, vec_enabled=False)
     ids, vectors, metas = _data(14, 5)
     vec.upsert_many(ids, vectors, metas)
     db.close()

@@ -17,13 +17,14 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from memstrata import Config, MemorySystem
+from memstrata import MemorySystem
 from memstrata._workspaces import Workspaces
 from memstrata.bridges import tools
 from memstrata.bridges._app import CliState
 from memstrata.bridges._methods import build_methods
 from memstrata.bridges._server import ErrorCode, JsonLinesServer
 from memstrata.bridges.cli import cli
+from tests._support import system_with_notes
 from tests.fakes import FakeEmbedder
 
 HOSTILE_STRINGS = [
@@ -109,17 +110,8 @@ _BASE = {
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[MemorySystem, Workspaces]]:
-    data_dir = tmp_path_factory.mktemp("hostile")
-    root = data_dir / "ws"
-    root.mkdir()
-    (root / "MEMORY.md").write_text("# Notes\n\nsome notes to search\n", encoding="utf-8")
-    embedder = FakeEmbedder()
-    with (
-        MemorySystem.start(Config(data_dir=data_dir / "data"), embedder=embedder) as system,
-        Workspaces(data_dir / "data", config=system.config, embedder=embedder) as registry,
-    ):
-        registry.index(root)
-        yield system, registry
+    with system_with_notes(tmp_path_factory.mktemp("hostile")) as env:
+        yield env
 
 
 def _check_tool_result(result: Any, where: str) -> None:

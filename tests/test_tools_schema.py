@@ -13,33 +13,14 @@ from memstrata.bridges import tools
 from memstrata.bridges._schema import check
 from memstrata.errors import InvalidInputError
 
+# the tool families and their verbs, written out apart from the definitions they check
 _EXPECTED = {
-    "memory_search",
-    "memory_get",
-    "memory_add",
-    "memory_save",
-    "memory_list",
-    "memory_delete",
-    "knowledge_query",
-    "knowledge_store",
-    "knowledge_get",
-    "knowledge_update",
-    "knowledge_delete",
-    "knowledge_list",
-    "episode_remember",
-    "episode_recall",
-    "episode_list",
-    "working_set",
-    "working_get",
-    "working_clear",
-    "blackboard_publish",
-    "blackboard_get",
-    "blackboard_list",
-    "item_put",
-    "item_get",
-    "item_search",
-    "item_delete",
-    "item_namespaces",
+    *(f"memory_{verb}" for verb in ("search", "get", "add", "save", "list", "delete")),
+    *(f"knowledge_{verb}" for verb in ("query", "store", "get", "update", "delete", "list")),
+    *(f"episode_{verb}" for verb in ("remember", "recall", "list")),
+    *(f"working_{verb}" for verb in ("set", "get", "clear")),
+    *(f"blackboard_{verb}" for verb in ("publish", "get", "list")),
+    *(f"item_{verb}" for verb in ("put", "get", "search", "delete", "namespaces")),
 }
 
 

@@ -14,11 +14,11 @@ from typing import Any
 import jsonschema
 import pytest
 
-from memstrata import Config, MemorySystem
+from memstrata import MemorySystem
 from memstrata._workspaces import Workspaces
 from memstrata.bridges import tools
 from memstrata.bridges.doc_tables import render
-from tests.fakes import FakeEmbedder
+from tests._support import system_with_notes
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -190,16 +190,7 @@ _GIVEN: dict[str, dict[str, Any]] = {
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[MemorySystem, Workspaces]]:
-    base = tmp_path_factory.mktemp("strict")
-    root = base / "ws"
-    root.mkdir()
-    (root / "MEMORY.md").write_text("# Notes\n\nsome notes to search\n", encoding="utf-8")
-    embedder = FakeEmbedder()
-    with (
-        MemorySystem.start(Config(data_dir=base / "data"), embedder=embedder) as system,
-        Workspaces(base / "data", config=system.config, embedder=embedder) as registry,
-    ):
-        registry.index(root)
+    with system_with_notes(tmp_path_factory.mktemp("strict")) as (system, registry):
         tools.dispatch(
             "memory_add", {"content": "first saved note"}, system, agent_id="s1", workspaces=registry
         )

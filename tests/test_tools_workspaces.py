@@ -13,6 +13,7 @@ import pytest
 
 from memstrata import Config, InvalidInputError, PathOutsideRootError
 from memstrata._workspaces import Workspaces, detect_kind
+from tests._support import write_tree
 from tests.fakes import FakeEmbedder
 
 
@@ -24,22 +25,14 @@ def registry(data_dir: Path) -> Iterator[Workspaces]:
         yield workspaces
 
 
-def _tree(root: Path, files: dict[str, str]) -> Path:
-    for rel, text in files.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-    return root
-
-
 def test_kind_detection(tmp_path: Path) -> None:
-    assert detect_kind(_tree(tmp_path / "a", {"MEMORY.md": "x"})) == "memory"
-    assert detect_kind(_tree(tmp_path / "b", {"memory/2025-01-01.md": "x"})) == "memory"
-    assert detect_kind(_tree(tmp_path / "c", {"src/app.py": "x = 1\n"})) == "code"
+    assert detect_kind(write_tree(tmp_path / "a", {"MEMORY.md": "x"})) == "memory"
+    assert detect_kind(write_tree(tmp_path / "b", {"memory/2025-01-01.md": "x"})) == "memory"
+    assert detect_kind(write_tree(tmp_path / "c", {"src/app.py": "x = 1\n"})) == "code"
 
 
 def test_index_registers_once_and_resyncs(registry: Workspaces, tmp_path: Path) -> None:
-    root = _tree(tmp_path / "ws", {"MEMORY.md": "# A\n\nalpha beta\n"})
+    root = write_tree(tmp_path / "ws", {"MEMORY.md": "# A\n\nalpha beta\n"})
     ws, stats = registry.index(root)
     assert ws.kind == "memory" and stats.files_processed == 1
     again, stats = registry.index(str(root) + "/")  # another spelling of the same folder
@@ -49,7 +42,7 @@ def test_index_registers_once_and_resyncs(registry: Workspaces, tmp_path: Path) 
 
 
 def test_one_root_can_be_indexed_as_both_kinds(registry: Workspaces, tmp_path: Path) -> None:
-    root = _tree(
+    root = write_tree(
         tmp_path / "repo", {"MEMORY.md": "# Notes\n\nuse the parser\n", "parser.py": "def parse(): ...\n"}
     )
     registry.index(root, kind="memory")
@@ -62,7 +55,7 @@ def test_one_root_can_be_indexed_as_both_kinds(registry: Workspaces, tmp_path: P
 
 
 def test_registry_persists(data_dir: Path, tmp_path: Path) -> None:
-    root = _tree(tmp_path / "ws", {"MEMORY.md": "# A\n\nalpha\n"})
+    root = write_tree(tmp_path / "ws", {"MEMORY.md": "# A\n\nalpha\n"})
     with Workspaces(data_dir, embedder=FakeEmbedder()) as first:
         first.index(root)
     with Workspaces(data_dir, embedder=FakeEmbedder()) as second:
@@ -71,8 +64,8 @@ def test_registry_persists(data_dir: Path, tmp_path: Path) -> None:
 
 
 def test_get_resolution(registry: Workspaces, tmp_path: Path) -> None:
-    outer = _tree(tmp_path / "outer", {"MEMORY.md": "outer line\n"})
-    inner = _tree(outer / "inner", {"MEMORY.md": "inner line\n"})
+    outer = write_tree(tmp_path / "outer", {"MEMORY.md": "outer line\n"})
+    inner = write_tree(outer / "inner", {"MEMORY.md": "inner line\n"})
     registry.index(outer)
     registry.index(inner)
     assert registry.get(str(inner / "MEMORY.md")).root == inner.resolve()  # the deepest root wins
@@ -104,7 +97,7 @@ def test_concurrent_searches_and_reads(registry: Workspaces, tmp_path: Path) -> 
     files = {
         f"memory/2025-01-{d:02d}.md": f"# Day {d}\n\nworked on feature {d} today\n" for d in range(1, 21)
     }
-    root = _tree(tmp_path / "ws", files)
+    root = write_tree(tmp_path / "ws", files)
     registry.index(root)
 
     def work(n: int) -> Any:
@@ -120,7 +113,7 @@ def test_concurrent_searches_and_reads(registry: Workspaces, tmp_path: Path) -> 
 
 
 def test_watch_keeps_the_index_in_sync(registry: Workspaces, tmp_path: Path) -> None:
-    root = _tree(tmp_path / "ws", {"MEMORY.md": "# Start\n\nnothing yet\n"})
+    root = write_tree(tmp_path / "ws", {"MEMORY.md": "# Start\n\nnothing yet\n"})
     synced = threading.Event()
     seen: list[Any] = []
 

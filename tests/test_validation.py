@@ -9,28 +9,6 @@ from typing import Any
 import pytest
 
 from memstrata.core import constants, validation
-from memstrata.core.validation import (
-    check_agent_id,
-    check_author,
-    check_aware,
-    check_category,
-    check_content,
-    check_datetime,
-    check_json_value,
-    check_key,
-    check_min_score,
-    check_mode,
-    check_number,
-    check_optional_text,
-    check_row_id,
-    check_scope,
-    check_session_id,
-    check_signal_key,
-    check_signal_pattern,
-    check_tags,
-    check_task_id,
-    check_top_k,
-)
 from memstrata.errors import InvalidInputError
 from memstrata.layers import BlackboardState, WorkingMemory
 
@@ -52,24 +30,24 @@ def _one_line(exc: pytest.ExceptionInfo[InvalidInputError], name: str) -> None:
 def test_the_two_surrogate_tag_keys_are_rejected_not_collapsed() -> None:
     for key in ("a\ud800", "a\udfff"):
         with pytest.raises(InvalidInputError, match="lone surrogates") as info:
-            check_tags({key: "v"})
+            validation.check_tags({key: "v"})
         _one_line(info, "tags key")
     with pytest.raises(InvalidInputError):
-        check_tags(dict([("a\ud800", "1"), ("a\udfff", "2")]))  # two keys in Python, one in UTF-8
+        validation.check_tags(dict([("a\ud800", "1"), ("a\udfff", "2")]))  # two keys in Python, one in UTF-8
 
 
 @pytest.mark.parametrize("value", ["a\ud800", "a\udfff", "\ud83d"])
 def test_every_kind_of_name_rejects_unpaired_surrogates(value: str) -> None:
     checks: list[tuple[Any, str]] = [
-        (lambda: check_agent_id(value), "agent_id"),
-        (lambda: check_session_id(value), "session_id"),
-        (lambda: check_task_id(value), "task_id"),
-        (lambda: check_key(value), "key"),
-        (lambda: check_signal_key(value), "key"),
-        (lambda: check_signal_pattern(value + "*"), "key_or_prefix"),
-        (lambda: check_category(value), "category"),
-        (lambda: check_scope("/src/" + value), "scope"),
-        (lambda: check_tags([value]), "tags"),
+        (lambda: validation.check_agent_id(value), "agent_id"),
+        (lambda: validation.check_session_id(value), "session_id"),
+        (lambda: validation.check_task_id(value), "task_id"),
+        (lambda: validation.check_key(value), "key"),
+        (lambda: validation.check_signal_key(value), "key"),
+        (lambda: validation.check_signal_pattern(value + "*"), "key_or_prefix"),
+        (lambda: validation.check_category(value), "category"),
+        (lambda: validation.check_scope("/src/" + value), "scope"),
+        (lambda: validation.check_tags([value]), "tags"),
     ]
     for call, name in checks:
         with pytest.raises(InvalidInputError) as info:
@@ -78,50 +56,50 @@ def test_every_kind_of_name_rejects_unpaired_surrogates(value: str) -> None:
 
 
 def test_a_paired_surrogate_emoji_is_a_fine_key_tag_and_task_id() -> None:
-    assert check_key(EMOJI) == EMOJI
-    assert check_tags({EMOJI: EMOJI}) == {EMOJI: EMOJI}
-    assert check_task_id(EMOJI) == EMOJI
-    assert check_scope(f"/{EMOJI}/x") == f"/{EMOJI}/x"
+    assert validation.check_key(EMOJI) == EMOJI
+    assert validation.check_tags({EMOJI: EMOJI}) == {EMOJI: EMOJI}
+    assert validation.check_task_id(EMOJI) == EMOJI
+    assert validation.check_scope(f"/{EMOJI}/x") == f"/{EMOJI}/x"
 
 
 def test_rtl_marks_are_kept_as_given_in_names_and_text() -> None:
-    assert check_key(RTL) == RTL
-    assert check_tags({RTL: RTL}) == {RTL: RTL}
-    assert check_content(RTL, max_bytes=100) == RTL
+    assert validation.check_key(RTL) == RTL
+    assert validation.check_tags({RTL: RTL}) == {RTL: RTL}
+    assert validation.check_content(RTL, max_bytes=100) == RTL
 
 
 def test_nul_is_rejected_in_keys_and_ids_and_control_characters_in_task_ids_and_tag_keys() -> None:
     with pytest.raises(InvalidInputError, match="NUL"):
-        check_key("a\x00b")
+        validation.check_key("a\x00b")
     with pytest.raises(InvalidInputError, match="control"):
-        check_task_id("t\x00")
+        validation.check_task_id("t\x00")
     with pytest.raises(InvalidInputError, match="control"):
-        check_tags({"a\tb": ""})
+        validation.check_tags({"a\tb": ""})
     with pytest.raises(InvalidInputError, match="agent_id"):
-        check_agent_id("a\x00")
+        validation.check_agent_id("a\x00")
 
 
 @pytest.mark.parametrize("bad", ["", ".", "a.", "-a", "x" * 65, "con", "LPT1.txt", "a b", "é", "a/b"])
 def test_agent_ids_are_portable_file_names(bad: str) -> None:
     with pytest.raises(InvalidInputError, match="agent_id"):
-        check_agent_id(bad)
+        validation.check_agent_id(bad)
 
 
 def test_shared_is_a_target_not_an_agent_and_any_session_id() -> None:
-    assert check_agent_id(constants.SHARED, allow_shared=True) == "shared"
+    assert validation.check_agent_id(constants.SHARED, allow_shared=True) == "shared"
     with pytest.raises(InvalidInputError, match="reserved"):
-        check_agent_id("Shared")
-    assert check_session_id("shared") == "shared"
+        validation.check_agent_id("Shared")
+    assert validation.check_session_id("shared") == "shared"
 
 
 def test_huge_names_are_rejected_with_a_short_message() -> None:
     huge = "k" * 1_000_000
     for call in (
-        lambda: check_key(huge),
-        lambda: check_task_id(huge),
-        lambda: check_tags({huge: ""}),
-        lambda: check_scope("/" + huge),
-        lambda: check_category(huge),
+        lambda: validation.check_key(huge),
+        lambda: validation.check_task_id(huge),
+        lambda: validation.check_tags({huge: ""}),
+        lambda: validation.check_scope("/" + huge),
+        lambda: validation.check_category(huge),
     ):
         with pytest.raises(InvalidInputError) as info:
             call()
@@ -129,23 +107,23 @@ def test_huge_names_are_rejected_with_a_short_message() -> None:
 
 
 def test_signal_keys_and_patterns() -> None:
-    assert check_signal_pattern("*") == "*"
-    assert check_signal_pattern("build.*") == "build.*"
+    assert validation.check_signal_pattern("*") == "*"
+    assert validation.check_signal_pattern("build.*") == "build.*"
     with pytest.raises(InvalidInputError, match="only at the end"):
-        check_signal_pattern("a*b*")
+        validation.check_signal_pattern("a*b*")
     with pytest.raises(InvalidInputError, match="reserved for prefix"):
-        check_signal_key("a*")
+        validation.check_signal_key("a*")
 
 
 # -- tags: one accepted shape --------------------------------------------------------------------
 
 
 def test_tags_have_one_shape_sorted_with_bare_tags_as_empty_values() -> None:
-    assert list(check_tags({"b": "2", "a": "1"})) == ["a", "b"]
-    assert check_tags(["urgent", "db"]) == {"db": "", "urgent": ""}
-    assert check_tags(("x",)) == {"x": ""}
-    assert check_tags(frozenset({"y"})) == {"y": ""}
-    assert check_tags(None) == {}
+    assert list(validation.check_tags({"b": "2", "a": "1"})) == ["a", "b"]
+    assert validation.check_tags(["urgent", "db"]) == {"db": "", "urgent": ""}
+    assert validation.check_tags(("x",)) == {"x": ""}
+    assert validation.check_tags(frozenset({"y"})) == {"y": ""}
+    assert validation.check_tags(None) == {}
     for bad, needle in [
         ("k=v", "must be a dict"),
         ({"k": 1}, r"tags\['k'\] must be a str"),
@@ -157,11 +135,11 @@ def test_tags_have_one_shape_sorted_with_bare_tags_as_empty_values() -> None:
         ([1], "keys must be str"),
     ]:
         with pytest.raises(InvalidInputError, match=needle):
-            check_tags(bad)
+            validation.check_tags(bad)
 
 
 def test_tag_values_are_free_text_repaired() -> None:
-    assert check_tags({"k": "v\ud800"}) == {"k": "v\ufffd"}
+    assert validation.check_tags({"k": "v\ud800"}) == {"k": "v\ufffd"}
 
 
 # -- scopes, categories, modes, numbers -----------------------------------------------------------
@@ -171,79 +149,79 @@ def test_tag_values_are_free_text_repaired() -> None:
     ("given", "normal"), [("/", "/"), ("", "/"), ("src/auth", "/src/auth"), ("/a//b/./c/", "/a/b/c")]
 )
 def test_scopes_are_normalised(given: str, normal: str) -> None:
-    assert check_scope(given) == normal
+    assert validation.check_scope(given) == normal
 
 
 @pytest.mark.parametrize("bad", ["/a/../b", "..", "/a\x00", "/x\ud800", 5, "/" + "a" * 1024])
 def test_bad_scopes(bad: object) -> None:
     with pytest.raises(InvalidInputError, match="scope"):
-        check_scope(bad)
+        validation.check_scope(bad)
 
 
 def test_categories_and_modes() -> None:
-    assert check_category("planning-pitfall") == "planning-pitfall"
+    assert validation.check_category("planning-pitfall") == "planning-pitfall"
     for bad in ("", "Bad", "a b", "-x", 3, None):
         with pytest.raises(InvalidInputError, match="category"):
-            check_category(bad)
-    assert [check_mode(m) for m in constants.MODES] == list(constants.MODES)
+            validation.check_category(bad)
+    assert [validation.check_mode(m) for m in constants.MODES] == list(constants.MODES)
     with pytest.raises(InvalidInputError, match="hybrid, vector, keyword"):
-        check_mode("fuzzy")
+        validation.check_mode("fuzzy")
 
 
 def test_top_k_bound_is_the_one_constant() -> None:
-    assert check_top_k(constants.MAX_TOP_K) == constants.MAX_TOP_K == 1_000
+    assert validation.check_top_k(constants.MAX_TOP_K) == constants.MAX_TOP_K == 1_000
     for bad in (0, constants.MAX_TOP_K + 1, True, 2.0, "3"):
         with pytest.raises(InvalidInputError, match="top_k"):
-            check_top_k(bad)
+            validation.check_top_k(bad)
 
 
 def test_numbers_are_finite() -> None:
-    assert check_number(None, "ttl_s") is None
-    assert check_number(2, "ttl_s") == 2.0
+    assert validation.check_number(None, "ttl_s") is None
+    assert validation.check_number(2, "ttl_s") == 2.0
     for bad in (math.nan, math.inf, -math.inf, -1, True, "1"):
         with pytest.raises(InvalidInputError, match="ttl_s"):
-            check_number(bad, "ttl_s")
-    assert check_min_score(-1) == -1.0
+            validation.check_number(bad, "ttl_s")
+    assert validation.check_min_score(-1) == -1.0
     for bad in (1.5, math.nan):
         with pytest.raises(InvalidInputError, match="min_score"):
-            check_min_score(bad)
+            validation.check_min_score(bad)
 
 
 def test_row_ids_fit_sqlite() -> None:
-    assert check_row_id(2**63 - 1) == 2**63 - 1
+    assert validation.check_row_id(2**63 - 1) == 2**63 - 1
     for bad in (2**63, -(2**63) - 1, True, "1"):
         with pytest.raises(InvalidInputError, match="id"):
-            check_row_id(bad)
+            validation.check_row_id(bad)
 
 
 # -- free text and sizes ----------------------------------------------------------------------------
 
 
 def test_content_size_is_counted_in_utf8_bytes_and_named() -> None:
-    assert check_content("é" * 5, max_bytes=10) == "é" * 5
+    assert validation.check_content("é" * 5, max_bytes=10) == "é" * 5
     with pytest.raises(InvalidInputError, match=r"content is 12 bytes of UTF-8.*max_content_bytes"):
-        check_content("é" * 6, max_bytes=10)
+        validation.check_content("é" * 6, max_bytes=10)
     with pytest.raises(InvalidInputError, match=r"StoreKnowledge\.content is 4000001 characters"):
-        check_content("x" * 4_000_001, "StoreKnowledge.content", max_bytes=1_000_000)
+        validation.check_content("x" * 4_000_001, "StoreKnowledge.content", max_bytes=1_000_000)
     for empty in ("", " \n\t"):
         with pytest.raises(InvalidInputError, match="empty"):
-            check_content(empty, max_bytes=10)
+            validation.check_content(empty, max_bytes=10)
 
 
 def test_free_text_is_repaired_not_rejected() -> None:
-    assert check_content("a\ud800b", max_bytes=10) == "a\ufffdb"
-    assert check_optional_text("t\udfff", "title", max_chars=5) == "t\ufffd"
-    assert check_optional_text("", "title", max_chars=5) is None
-    assert check_author("x\ud801") == "x\ufffd"
+    assert validation.check_content("a\ud800b", max_bytes=10) == "a\ufffdb"
+    assert validation.check_optional_text("t\udfff", "title", max_chars=5) == "t\ufffd"
+    assert validation.check_optional_text("", "title", max_chars=5) is None
+    assert validation.check_author("x\ud801") == "x\ufffd"
     with pytest.raises(InvalidInputError, match="title is 6 characters"):
-        check_optional_text("x" * 6, "title", max_chars=5)
+        validation.check_optional_text("x" * 6, "title", max_chars=5)
 
 
 def test_task_run_ids_may_be_absent_where_optional() -> None:
-    assert check_task_id(None, "task_run_id", optional=True) is None
-    assert check_task_id("", "task_run_id", optional=True) is None
+    assert validation.check_task_id(None, "task_run_id", optional=True) is None
+    assert validation.check_task_id("", "task_run_id", optional=True) is None
     with pytest.raises(InvalidInputError, match="task_id"):
-        check_task_id("")
+        validation.check_task_id("")
 
 
 # -- times --------------------------------------------------------------------------------------------
@@ -251,15 +229,15 @@ def test_task_run_ids_may_be_absent_where_optional() -> None:
 
 def test_times_must_be_aware() -> None:
     aware = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
-    assert check_aware(aware, "at") is aware
-    assert check_datetime("2025-01-01T00:00:00+00:00", "since") == aware
-    assert check_datetime(None, "since") is None
+    assert validation.check_aware(aware, "at") is aware
+    assert validation.check_datetime("2025-01-01T00:00:00+00:00", "since") == aware
+    assert validation.check_datetime(None, "since") is None
     with pytest.raises(InvalidInputError, match="at must be timezone-aware"):
-        check_aware(dt.datetime(2025, 1, 1), "at")
+        validation.check_aware(dt.datetime(2025, 1, 1), "at")
     with pytest.raises(InvalidInputError, match="since must be an ISO-8601"):
-        check_datetime("yesterday", "since")
+        validation.check_datetime("yesterday", "since")
     with pytest.raises(InvalidInputError, match="out of range"):
-        check_aware(dt.datetime.max.replace(tzinfo=dt.timezone(-dt.timedelta(hours=1))), "at")
+        validation.check_aware(dt.datetime.max.replace(tzinfo=dt.timezone(-dt.timedelta(hours=1))), "at")
 
 
 # -- JSON values ----------------------------------------------------------------------------------
@@ -268,16 +246,16 @@ def test_times_must_be_aware() -> None:
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, [1, {"x": math.nan}]])
 def test_json_values_reject_nan_and_infinity(bad: Any) -> None:
     with pytest.raises(InvalidInputError, match="NaN or infinity") as info:
-        check_json_value(bad, "value for key 'k'")
+        validation.check_json_value(bad, "value for key 'k'")
     _one_line(info, "'k'")
 
 
 def test_json_values_keep_null_and_name_the_spot() -> None:
-    assert check_json_value({"a": None, "b": [1.5, None]}, "v") == b'{"a":null,"b":[1.5,null]}'
+    assert validation.check_json_value({"a": None, "b": [1.5, None]}, "v") == b'{"a":null,"b":[1.5,null]}'
     with pytest.raises(InvalidInputError, match=r"value\['b'\]\[1\]"):
-        check_json_value({"a": None, "b": [1.5, math.inf]}, "v")
+        validation.check_json_value({"a": None, "b": [1.5, math.inf]}, "v")
     with pytest.raises(InvalidInputError, match="JSON-serialisable"):
-        check_json_value({1, 2}, "v")
+        validation.check_json_value({1, 2}, "v")
 
 
 def test_blackboard_and_working_memory_reject_nan_naming_the_key() -> None:

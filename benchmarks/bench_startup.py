@@ -1,0 +1,158 @@
+"""``memstrata status`` and ``memstrata query`` as processes, at 100k entries, and where the time goes.
+
+The store is :mod:`bench_peers`' 100k entries (10k quick) with their precomputed vectors, loaded
+with ``add_many``; a first ``memstrata query`` writes the index files beside it (as any first
+search does), then every figure is a fresh process:
+
+- wall time of ``memstrata status --json`` and ``memstrata query TEXT --agent bench --json``
+  (new text each run, so the real model embeds it), p50 of a few runs; baseline: ``python -c
+  pass`` in the same run;
+- the parts of a query process, measured one after the other in one fresh process (so they add
+  up; the command overlaps the model load with the imports and the store's open): importing
+  the command line, importing the layers, loading the model, opening the store (its
+  consistency check), the first search (mapping the index files), the query's embedding;
+- what ``status`` imports: it must not import numpy, onnxruntime or fastembed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from _harness import Context, Row, percentile
+from bench_peers import AGENT, build_memstrata, make_data
+
+GROUP = "startup"
+
+# Run in a fresh process: the parts of `memstrata query`, one after the other.
+_PARTS = r"""
+import json, sys, time
+marks = [("start", time.perf_counter())]
+def mark(name):
+    marks.append((name, time.perf_counter()))
+import memstrata.bridges.cli
+mark("import the command line")
+from memstrata.layers import KnowledgeStore
+mark("import the layers")
+from memstrata.storage import load_embedder
+model = load_embedder(None)
+mark("load the model")
+store = KnowledgeStore.open(sys.argv[1], model, defer_vectors=True)
+mark("open the store")
+vector = model.embed_query(sys.argv[2])
+mark("embed the query")
+store.search(sys.argv[2], query_vector=vector)
+mark("first search")
+store.search(sys.argv[2] + " again", query_vector=vector)
+mark("second search")
+print(json.dumps({"parts": [(b[0], (b[1] - a[1]) * 1000) for a, b in zip(marks, marks[1:])]}))
+"""
+
+_STATUS_IMPORTS = r"""
+import sys
+from memstrata.bridges.cli import main
+sys.argv = ["memstrata", "--data-dir", sys.argv[1], "status", "--json"]
+try:
+    main()
+except SystemExit:
+    pass
+heavy = [m for m in ("numpy", "onnxruntime", "fastembed", "tokenizers", "sqlite_vec") if m in sys.modules]
+print("HEAVY " + ",".join(heavy), file=sys.stderr)
+"""
+
+
+def _command() -> list[str]:
+    exe = Path(sys.executable).with_name("memstrata")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "memstrata"]
+
+
+def _wall(args: list[str], repeat: int) -> list[float]:
+    walls = []
+    for n in range(repeat):
+        run = [a.replace("{n}", str(n)) for a in args]
+        started = time.perf_counter()
+        done = subprocess.run(run, capture_output=True, text=True, timeout=300)
+        walls.append((time.perf_counter() - started) * 1000)
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"{' '.join(run[:4])} failed ({done.returncode}): {done.stderr.strip()[-300:]}"
+            )
+    return walls
+
+
+def _load() -> str:
+    return f"load average {os.getloadavg()[0]:.1f}"
+
+
+def run(ctx: Context) -> list[Row]:
+    n = ctx.size(100_000, 10_000)
+    data = make_data(n, 20)
+    work = ctx.workdir / "startup"
+    shutil.rmtree(work, ignore_errors=True)
+    build_memstrata(work, data)
+    store = work / "knowledge" / f"{AGENT}.sqlite"
+    base = [*_command(), "--data-dir", str(work)]
+    _wall([*base, "query", data.queries[0], "--agent", AGENT, "--json"], 1)  # writes the index files
+    repeat = 3
+    at = f"@{n // 1000}k"
+    load = _load()
+    bare = percentile(_wall([sys.executable, "-c", "pass"], repeat), 50)
+    status = _wall([*base, "status", "--json"], repeat)
+    query = _wall([*base, "query", f"{data.queries[1]} {{n}}", "--agent", AGENT, "--json"], repeat)
+    done = subprocess.run(
+        [sys.executable, "-c", _PARTS, str(store), data.queries[2]],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"the parts of a query failed: {done.stderr.strip()[-300:]}")
+    parts = dict(json.loads(done.stdout.strip().splitlines()[-1])["parts"])
+    probe = subprocess.run(
+        [sys.executable, "-c", _STATUS_IMPORTS, str(work)], capture_output=True, text=True, timeout=300
+    )
+    heavy = next((ln[6:] for ln in probe.stderr.splitlines() if ln.startswith("HEAVY ")), "?")
+    s50, q50 = percentile(status, 50), percentile(query, 50)
+    full = not ctx.quick
+    breakdown = ", ".join(f"{name} {ms:.0f}" for name, ms in parts.items())
+    rows = [
+        Row(
+            GROUP,
+            f"`memstrata status` process wall p50 {at}",
+            s50,
+            "ms",
+            "<= 300 ms",
+            baseline=bare,
+            baseline_name="python -c pass",
+            met=s50 <= 300 if full else None,
+            notes=f"{repeat} runs, max {max(status):.0f} ms; imported of numpy/onnxruntime/fastembed/"
+            f"tokenizers/sqlite_vec: {heavy or 'none'}; {load}",
+        ),
+        Row(
+            GROUP,
+            f"`memstrata query` process wall p50 {at}",
+            q50,
+            "ms",
+            "<= 300 ms",
+            baseline=bare,
+            baseline_name="python -c pass",
+            met=q50 <= 300 if full else None,
+            notes=f"{repeat} runs, max {max(query):.0f} ms; new text each run (the real model embeds it)",
+        ),
+        Row(
+            GROUP,
+            f"query process, parts one after the other {at}",
+            sum(v for k, v in parts.items() if k != "second search"),
+            "ms",
+            notes=f"ms: {breakdown} (the command overlaps the model load with the imports and the open)",
+        ),
+    ]
+    for name, ms in parts.items():
+        rows.append(Row(GROUP, f"query process part: {name} {at}", ms, "ms"))
+    shutil.rmtree(work, ignore_errors=True)
+    return rows

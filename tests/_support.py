@@ -1,0 +1,198 @@
+"""Helpers several test modules share: the command line run as a process, a model double whose
+calls the test gates or spoils, a store's status, and a bounded poll."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from click.testing import Result
+
+from memstrata import Config, MemorySystem
+from memstrata._workspaces import Workspaces
+from memstrata.errors import EmbedderUnavailableError
+from memstrata.storage import ConsistencyReport, Database, VectorIndex, check_consistency
+from tests.fakes import FakeEmbedder
+
+FloatArray = npt.NDArray[np.float32]
+REPO = Path(__file__).resolve().parent.parent
+CLI_TIMEOUT = 120
+
+
+def cli_env() -> dict[str, str]:
+    """This environment, with the checkout importable and none of the user's memstrata settings."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for key in ("MEMSTRATA_CONFIG", "MEMSTRATA_DATA_DIR", "MEMSTRATA_DEBUG"):
+        env.pop(key, None)
+    return env
+
+
+def cli_ok(result: Result) -> Result:
+    """``result`` of a command run in process, which must have succeeded."""
+    assert result.exit_code == 0, (result.exit_code, result.stdout, result.stderr, result.exception)
+    return result
+
+
+def cli_fails(result: Result, code: int, needle: str) -> None:
+    """Exit ``code`` with exactly one ``memstrata: error:`` line on stderr, no traceback."""
+    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("memstrata: error: ")
+    assert needle in lines[0], lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def run_memstrata(
+    data_dir: Path, *args: str, cwd: Path, input: bytes | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    """``python -m memstrata --data-dir data_dir *args`` in a process of its own, run in ``cwd``."""
+    return subprocess.run(
+        [sys.executable, "-m", "memstrata", "--data-dir", str(data_dir), *args],
+        input=input,
+        capture_output=True,
+        cwd=cwd,
+        env=cli_env(),
+        timeout=CLI_TIMEOUT,
+        check=False,
+    )
+
+
+class GatedModel(FakeEmbedder):
+    """``mode``: "ok", "hang" (every call waits for ``release``), "zeros" or "nan" (all-zero or
+    NaN vectors). ``entered`` is set once a call waits in the model; ``inside`` counts the calls
+    waiting there right now."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mode = "ok"
+        self.release = threading.Event()
+        self.entered = threading.Event()
+        self.inside = 0
+        self._count = threading.Lock()
+
+    def _answer(self, rows: FloatArray) -> FloatArray:
+        if self.mode == "hang":
+            with self._count:
+                self.inside += 1
+            self.entered.set()
+            try:
+                self.release.wait(60)
+            finally:
+                with self._count:
+                    self.inside -= 1
+        if self.mode == "zeros":
+            return np.zeros_like(rows)
+        if self.mode == "nan":
+            return np.full_like(rows, np.nan)
+        return rows
+
+    def embed_documents(self, texts: Sequence[str]) -> FloatArray:
+        return self._answer(super().embed_documents(texts))
+
+    def embed_query(self, text: str) -> FloatArray:
+        return self._answer(super().embed_query(text))
+
+
+def write_tree(root: Path, files: dict[str, str]) -> Path:
+    """``root`` with ``files`` (relative path: text) written below it."""
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    return root
+
+
+@contextlib.contextmanager
+def system_with_notes(base: Path) -> Iterator[tuple[MemorySystem, Workspaces]]:
+    """A running system (fake model) and the file-index registry of its data dir, with one
+    indexed memory file, all below ``base``."""
+    root = base / "ws"
+    root.mkdir()
+    (root / "MEMORY.md").write_text("# Notes\n\nsome notes to search\n", encoding="utf-8")
+    embedder = FakeEmbedder()
+    with (
+        MemorySystem.start(Config(data_dir=base / "data"), embedder=embedder) as system,
+        Workspaces(base / "data", config=system.config, embedder=embedder) as registry,
+    ):
+        registry.index(root)
+        yield system, registry
+
+
+def check_knowledge(db: Database, vectors: VectorIndex | None = None, **options: Any) -> ConsistencyReport:
+    """The shared consistency check with the knowledge layer's arguments: its table, its two
+    full-text indexes and, given ``vectors``, the vectors of the rows not pending."""
+    if vectors is not None:
+        options.update(vectors=vectors, vector_rows="vector_pending = 0")
+    fts = {"knowledge_fts": None, "knowledge_tri": "cjk != ''"}
+    return check_consistency(db, table="knowledge", fts=fts, **options)
+
+
+def without_default_model(monkeypatch: pytest.MonkeyPatch, module: ModuleType, reason: str) -> None:
+    """``module``'s ``default_embedder`` fails with ``reason``, as when no model can be loaded."""
+
+    def unavailable() -> Any:
+        raise EmbedderUnavailableError(reason)
+
+    monkeypatch.setattr(module, "default_embedder", unavailable)
+
+
+def store_status(system: MemorySystem, agent_id: str, kind: str) -> dict[str, Any]:
+    """The ``store`` section of one of an agent's stores in :meth:`MemorySystem.status`."""
+    state: dict[str, Any] = system.status()["agents"][agent_id][kind].get("store", {})
+    return state
+
+
+class FirstBatchHeld(FakeEmbedder):
+    """Holds its first document call until ``release`` is set (``entered`` says it is held), so
+    other requests queue up meanwhile; records every batch, and fails one holding ``fail_on``."""
+
+    def __init__(self, *, thread_safe: bool = False) -> None:
+        super().__init__()
+        self.thread_safe = thread_safe
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.batches: list[list[str]] = []
+        self.fail_on: str | None = None
+
+    def embed_documents(self, texts: Sequence[str]) -> FloatArray:
+        self.batches.append(list(texts))
+        if len(self.batches) == 1:
+            self.entered.set()
+            assert self.release.wait(10)
+        if self.fail_on is not None and self.fail_on in texts:
+            raise RuntimeError(f"model choked on {self.fail_on}")
+        return super().embed_documents(texts)
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Poll a condition (bounded): for a mailbox or a queue filling up, which has no event to
+    wait on."""
+    tick = threading.Event()
+    for _ in range(int(timeout * 1000)):
+        if predicate():
+            return
+        tick.wait(0.001)
+    raise AssertionError("condition not reached in time")
+
+
+def eventually(condition: Callable[[], bool], timeout_s: float = 20.0) -> bool:
+    """Whether ``condition`` holds within ``timeout_s`` (checked every 20 ms): for work a
+    background timer does, where the test has nothing to wait on."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True

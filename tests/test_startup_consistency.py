@@ -1,0 +1,142 @@
+"""The open-time consistency check reads checksums of ids, not the ids, and still catches a store
+changed behind its back (by another connection, bypassing the layer)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from memstrata.storage import (
+    Database,
+    VectorIndex,
+    apply_migrations,
+    check_consistency,
+    disable_vec_for_tests,
+    fts_schema,
+    open_database,
+)
+from memstrata.storage._consistency import _fingerprint
+from memstrata.storage._driver import _MODULE, _load_vec
+
+
+def vector(n: int) -> np.ndarray:
+    return np.random.default_rng(n).standard_normal(8).astype(np.float32)
+
+
+def make_store(path: Path) -> tuple[Database, VectorIndex]:
+    db = open_database(path)
+    schema = (
+        "CREATE TABLE docs (id INTEGER PRIMARY KEY, body TEXT NOT NULL, pending INTEGER NOT NULL DEFAULT 0);"
+    )
+    schema += fts_schema("docs", ["body"])
+    apply_migrations(db, "test", [schema])
+    vectors = VectorIndex(db, "docs", 8)
+    with db.transaction():
+        db.executemany("INSERT INTO docs(id, body) VALUES (?, ?)", [(n, f"doc {n}") for n in range(1, 41)])
+        vectors.upsert_many(list(range(1, 41)), np.stack([vector(n) for n in range(1, 41)]))
+    return db, vectors
+
+
+@pytest.fixture(params=["vec0", "blob"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Database, VectorIndex]]:
+    """The same small store on sqlite-vec and on the numpy fallback's blob table."""
+    disable_vec_for_tests(request.param == "blob")
+    try:
+        db, vectors = make_store(tmp_path / "s.sqlite")
+        assert vectors.backend == request.param
+        yield db, vectors
+        db.close()
+    finally:
+        disable_vec_for_tests(False)
+
+
+def check(db: Database, vectors: VectorIndex, **kwargs: object) -> dict[str, object]:
+    report = check_consistency(db, table="docs", fts={"docs_fts": None}, vectors=vectors, **kwargs)  # type: ignore[arg-type]
+    return report.as_dict()
+
+
+def other_connection(db: Database, vectors: VectorIndex) -> Any:
+    """A second connection to the same file, as another process (or a hand edit) would have."""
+    conn = _MODULE.connect(str(db.path), isolation_level=None)
+    if vectors.backend == "vec0":
+        _load_vec(conn)
+    return conn
+
+
+def test_a_consistent_store_is_not_read_row_by_row(
+    store: tuple[Database, VectorIndex], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db, vectors = store
+
+    def no_sets(self: VectorIndex) -> set[int]:
+        raise AssertionError("the checksums agree: the id sets must not be read")
+
+    monkeypatch.setattr(VectorIndex, "rowids", no_sets)
+    report = check(db, vectors)
+    assert report["consistent"] and report["vectors"] == 40
+    # rows that need no vector (pending): all-ids checksum differs, the wanted rows' one agrees
+    with db.transaction():
+        db.execute("UPDATE docs SET pending = 1 WHERE id IN (7, 8)")
+        vectors.delete_many([7, 8])
+    report = check(db, vectors, vector_rows="pending = 0")
+    assert report["consistent"] and report["vectors"] == 38
+
+
+def test_a_swap_behind_our_back_keeps_the_counts_and_is_still_caught(
+    store: tuple[Database, VectorIndex],
+) -> None:
+    """One vector lost and one vector without a row: the counts agree, the checksums do not."""
+    db, vectors = store
+    conn = other_connection(db, vectors)
+    conn.execute(f"DELETE FROM {vectors.table} WHERE rowid = 5")
+    conn.execute(f"INSERT INTO {vectors.table}(rowid, embedding) VALUES (?, ?)", (77, vector(77).tobytes()))
+    conn.close()
+    assert vectors.count() == 40  # the same count as before
+    repaired: list[list[int]] = []
+
+    def embed(ids: list[int]) -> int:
+        repaired.append(ids)
+        vectors.upsert_many(ids, np.stack([vector(n) for n in ids]))
+        return len(ids)
+
+    report = check(db, vectors, repair_missing=embed)
+    assert not report["consistent"]
+    assert report["orphan_vectors_removed"] == 1 and report["missing_vectors"] == 1
+    assert repaired == [[5]] and vectors.rowids() == set(range(1, 41))
+    assert check(db, vectors)["consistent"]
+
+
+def test_a_row_deleted_behind_our_back_leaves_an_orphan_vector_that_is_removed(
+    store: tuple[Database, VectorIndex],
+) -> None:
+    db, vectors = store
+    conn = other_connection(db, vectors)
+    conn.execute("DELETE FROM docs WHERE id = 12")
+    conn.close()
+    report = check(db, vectors)
+    assert report["orphan_vectors_removed"] == 1 and 12 not in vectors.rowids()
+    assert check(db, vectors)["consistent"]
+
+
+def test_fingerprints_of_large_ids_stay_in_range_and_tell_sets_apart(tmp_path: Path) -> None:
+    db = open_database(tmp_path / "f.sqlite")
+    try:
+        big = [2**62, 2**63 - 1, -(2**62)]
+        with db.transaction():
+            for table, ids in (
+                ("a", [*big, 10, 20, 30]),
+                ("b", [*big, 10, 15, 35]),
+                ("c", [30, 20, 10, *big]),
+            ):
+                db.execute(f"CREATE TABLE {table} (id INTEGER PRIMARY KEY)")
+                db.executemany(f"INSERT INTO {table}(id) VALUES (?)", [(i,) for i in ids])
+        a, b, c = (_fingerprint(db, "id", t) for t in ("a", "b", "c"))
+        assert a == c  # the same ids in another order
+        assert a[:2] == b[:2] and a != b  # same count and same sum of ids: the squares differ
+        assert _fingerprint(db, "id", "a WHERE 0") == (0, 0, 0)
+    finally:
+        db.close()

@@ -1,0 +1,81 @@
+"""`memstrata status` imports no numerical or model library, and `memstrata.storage` imports its
+parts on first use (each public name still resolves to the object its submodule defines)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import memstrata.storage as storage
+from memstrata.layers import KnowledgeStore
+from tests.fakes import FakeEmbedder
+
+HEAVY = ("numpy", "onnxruntime", "fastembed", "tokenizers", "sqlite_vec")
+
+_STATUS = """
+import json, sys
+from memstrata.bridges.cli import main
+data_dir = sys.argv[1]
+sys.argv = ["memstrata", "--data-dir", data_dir, "status", "--json"]
+try:
+    main()
+except SystemExit as exc:
+    code = exc.code
+else:
+    code = 0
+heavy = [m for m in {heavy!r} if m in sys.modules]
+print(json.dumps({{"code": code, "heavy": heavy}}), file=sys.stderr)
+"""
+
+
+def _run(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_status_imports_no_numerical_or_model_library(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with KnowledgeStore.open(data / "knowledge" / "alice.sqlite", FakeEmbedder()) as store:
+        store.add_many([{"content": f"entry number {i}", "category": "pattern"} for i in range(5)])
+    done = _run(_STATUS.format(heavy=HEAVY), str(data))
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["stores"]["knowledge"]["alice"]["count"] == 5
+    assert report["storage"]["native_vectors"] in (True, False)
+    probe = json.loads(done.stderr.strip().splitlines()[-1])
+    assert probe == {"code": 0, "heavy": []}
+
+
+def test_importing_storage_defers_its_parts() -> None:
+    done = _run(
+        "import sys, memstrata.storage as s\n"
+        f"before = [m for m in {HEAVY!r} if m in sys.modules]\n"
+        "from memstrata.storage import driver_info, DEFAULT_MODEL_ID\n"
+        "info = driver_info()\n"
+        f"after = [m for m in {HEAVY!r} if m in sys.modules]\n"
+        "s.VectorIndex\n"
+        "print(before, after, 'numpy' in sys.modules, DEFAULT_MODEL_ID)"
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["[]", "[]", "True", storage.DEFAULT_MODEL_ID]
+
+
+def test_every_public_name_resolves_to_its_definition() -> None:
+    import importlib
+
+    for name in storage.__all__:
+        value = getattr(storage, name)
+        home = importlib.import_module(storage._HOME[name], "memstrata.storage")
+        assert value is getattr(home, name), name
+    assert set(storage.__all__) <= set(dir(storage))
+    assert set(storage._HOME) == set(storage.__all__)
+
+
+def test_an_unknown_name_is_a_clear_attribute_error() -> None:
+    with pytest.raises(AttributeError, match=r"'memstrata\.storage' has no attribute 'NoSuchThing'"):
+        storage.NoSuchThing  # type: ignore[attr-defined]  # noqa: B018
+    with pytest.raises(ImportError):
+        from memstrata.storage import NoSuchThing  # type: ignore[attr-defined]  # noqa: F401
