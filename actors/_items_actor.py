@@ -31,7 +31,6 @@ from ._msg_items import (
     PopItem,
     PutItem,
     SearchItems,
-    StoredItem,
     SweepItems,
     TailItems,
     WriteItems,
@@ -55,18 +54,6 @@ def field_text(value: dict[str, Any], path: str) -> str | None:
     if found is None:
         return None
     return found if isinstance(found, str) else orjson.dumps(found).decode()
-
-
-def _stored(record: Any) -> StoredItem:
-    return StoredItem(
-        tuple(record.namespace),
-        record.key,
-        record.value,
-        float(record.created_at),
-        float(record.updated_at),
-        record.score,
-        record.expires_at,
-    )
 
 
 class ItemsActor(MemoryActor):
@@ -136,7 +123,7 @@ class ItemsActor(MemoryActor):
             return layer.import_rows(message.records)
         if isinstance(message, GetItem):
             record = layer.get(message.namespace, message.key, refresh_ttl=message.refresh_ttl)
-            return ItemValue(message.namespace, message.key, None if record is None else _stored(record))
+            return ItemValue(message.namespace, message.key, record)
         if isinstance(message, SearchItems):
             vector: Any = message.query_vector
             if message.query is not None:
@@ -149,7 +136,7 @@ class ItemsActor(MemoryActor):
                 offset=message.offset,
                 refresh_ttl=message.refresh_ttl,
             )
-            return ItemList(message.prefix, tuple(_stored(r) for r in records))
+            return ItemList(message.prefix, tuple(records))
         if isinstance(message, DeleteItem):
             gone = layer.delete_many([(message.namespace, message.key)])
             return ItemDeleted(message.namespace, message.key, gone > 0)
@@ -164,11 +151,11 @@ class ItemsActor(MemoryActor):
             return NamespaceList(tuple(tuple(n) for n in names))
         if isinstance(message, TailItems):
             records = layer.tail(message.namespace, message.limit)
-            return ItemList(message.namespace, tuple(_stored(r) for r in records))
+            return ItemList(message.namespace, tuple(records))
         if isinstance(message, PopItem):
             record = layer.pop_last(message.namespace)
             key = "" if record is None else record.key
-            return ItemValue(message.namespace, key, None if record is None else _stored(record))
+            return ItemValue(message.namespace, key, record)
         if isinstance(message, ClearNamespace):
             return NamespaceCleared(message.namespace, int(layer.delete_namespace(message.namespace)))
         if isinstance(message, SweepItems):

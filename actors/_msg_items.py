@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any
 
+from memstrata.core.item_record import ItemRecord as StoredItem
 from memstrata.core.validation import check_json_value, check_number, check_text, fail
 
 from ._codec import Message, Rule
@@ -142,19 +143,6 @@ OptVector = Annotated[tuple[float, ...] | None, Rule(check_vector, normalise=Tru
 Vectors = Annotated[dict[str, tuple[float, ...]] | None, Rule(check_vectors, normalise=True, optional=True)]
 Limit = Annotated[int, between(0, MAX_ITEM_LIMIT)]
 Offset = Annotated[int, between(0, 2**31)]
-
-
-@dataclass(frozen=True, slots=True)
-class StoredItem:
-    """One item; ``score`` is the best indexed field's cosine similarity when a query ranked it."""
-
-    namespace: tuple[str, ...]
-    key: str
-    value: dict[str, Any]
-    created_at: float
-    updated_at: float
-    score: float | None = None
-    expires_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ import re
 import sys
 import tarfile
 import zipfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,6 +89,42 @@ def _first_sentence(doc: str) -> str | None:
     return text[:300]
 
 
+def _first_paragraph(doc: list[str]) -> str:
+    """The comment's first paragraph: its lines up to the first empty one after some text."""
+    paragraph: list[str] = []
+    for d in doc:
+        if not d.strip():
+            if paragraph:
+                break
+            continue
+        paragraph.append(d.strip())
+    return " ".join(paragraph)
+
+
+def _comment_blocks(
+    lines: list[str],
+    doc: re.Pattern[str],
+    is_item: Callable[[str], bool],
+    ignored: Callable[[str], bool] = lambda line: False,
+) -> Iterator[tuple[int, list[str]]]:
+    """The line-comment blocks (lines ``doc`` matches, its group 1 the text; ``ignored`` lines
+    end a block) directly above a non-empty line ``is_item`` accepts: that line's index and the
+    block's text. The block's lines are blanked in ``lines`` before it is given."""
+    i = 0
+    while i < len(lines):
+        start, text = i, []
+        while i < len(lines) and (m := doc.match(lines[i])) and not ignored(lines[i]):
+            text.append(m.group(1))
+            i += 1
+        if not text:
+            i += 1
+            continue
+        if i < len(lines) and lines[i].strip() and is_item(lines[i]):
+            for n in range(start, i):
+                lines[n] = ""
+            yield i, text
+
+
 # -- Python: docstrings -------------------------------------------------------------------------
 
 
@@ -150,14 +187,7 @@ def _rust(rel: str, source: str) -> tuple[str, list[CodeQuery]]:
             continue
         for n in range(start, i):
             lines[n] = ""
-        paragraph = []
-        for d in doc:  # the first paragraph: up to an empty doc line
-            if not d.strip():
-                if paragraph:
-                    break
-                continue
-            paragraph.append(d.strip())
-        summary = _first_sentence(" ".join(paragraph))
+        summary = _first_sentence(_first_paragraph(doc))
         if summary is not None and _RUST_ITEM.match(lines[j]):
             queries.append(CodeQuery(summary, rel, j + 1))
     return "\n".join(lines), queries
@@ -206,28 +236,13 @@ def _go(rel: str, source: str) -> tuple[str, list[CodeQuery]]:
     directive is kept). The declaration may be inside a ``var (`` / ``const (`` group."""
     lines = source.split("\n")
     queries = []
-    i = 0
-    while i < len(lines):
-        m = _GO_DOC.match(lines[i])
-        if not m or lines[i].lstrip().startswith("//go:"):
-            i += 1
-            continue
-        start, doc = i, []
-        while i < len(lines) and (m := _GO_DOC.match(lines[i])) and not lines[i].lstrip().startswith("//go:"):
-            doc.append(m.group(1))
-            i += 1
-        if i >= len(lines) or not lines[i].strip() or not _GO_ITEM.match(lines[i]):
-            continue
-        for n in range(start, i):
-            lines[n] = ""
-        paragraph = []
-        for d in doc:
-            if not d.strip():
-                if paragraph:
-                    break
-                continue
-            paragraph.append(d.strip())
-        summary = _first_sentence(" ".join(paragraph))
+    for i, doc in _comment_blocks(
+        lines,
+        _GO_DOC,
+        lambda line: bool(_GO_ITEM.match(line)),
+        lambda line: line.lstrip().startswith("//go:"),
+    ):
+        summary = _first_sentence(_first_paragraph(doc))
         name = _GO_NAME.match(lines[i])
         if summary is not None and name is not None:
             # Go docs open with the declared name ("Diff returns ..."): a query without it
@@ -248,27 +263,8 @@ def _cpp(rel: str, source: str) -> tuple[str, list[CodeQuery]]:
     ``\\brief`` is dropped from the query."""
     lines = source.split("\n")
     queries = []
-    i = 0
-    while i < len(lines):
-        if not _CPP_DOC.match(lines[i]):
-            i += 1
-            continue
-        start, doc = i, []
-        while i < len(lines) and (m := _CPP_DOC.match(lines[i])):
-            doc.append(m.group(1))
-            i += 1
-        if i >= len(lines) or not lines[i].strip() or _CPP_NOT_ITEM.match(lines[i]):
-            continue
-        for n in range(start, i):
-            lines[n] = ""
-        paragraph = []
-        for d in doc:
-            if not d.strip():
-                if paragraph:
-                    break
-                continue
-            paragraph.append(d.strip())
-        summary = _first_sentence(_DOXYGEN_BRIEF.sub("", " ".join(paragraph)))
+    for i, doc in _comment_blocks(lines, _CPP_DOC, lambda line: not _CPP_NOT_ITEM.match(line)):
+        summary = _first_sentence(_DOXYGEN_BRIEF.sub("", _first_paragraph(doc)))
         if summary is not None:
             queries.append(CodeQuery(summary, rel, i + 1))
     return "\n".join(lines), queries

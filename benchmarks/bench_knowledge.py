@@ -87,6 +87,19 @@ class CachedEmbedder(ModelIdentity):
         self.db.close()
 
 
+def with_cached_model(group: str, measure: Callable[[CachedEmbedder], list[Row]]) -> list[Row]:
+    """``measure``'s rows with the default model behind the cache (closed after), or one
+    "skipped" row of ``group`` that says why when there is no model."""
+    try:
+        embedder = CachedEmbedder(default_embedder())
+    except EmbedderUnavailableError as exc:
+        return [Row(group, "skipped", 0, "", notes=f"no embedding model: {exc}")]
+    try:
+        return measure(embedder)
+    finally:
+        embedder.close()
+
+
 class HashEmbedder:
     """Cheap and deterministic: a pseudo-random unit vector per text (384-d like the real model)."""
 
@@ -131,42 +144,39 @@ def _evaluate(store: KnowledgeStore, corpus: Corpus, ids: list[int], vectors: Fl
 
 
 def quality(ctx: Context) -> list[Row]:
-    try:
-        embedder = CachedEmbedder(default_embedder())
-    except EmbedderUnavailableError as exc:
-        return [Row(QUALITY, "skipped", 0, "", notes=f"no embedding model: {exc}")]
+    return with_cached_model(QUALITY, lambda embedder: _quality(ctx, embedder))
+
+
+def _quality(ctx: Context, embedder: CachedEmbedder) -> list[Row]:
     rows: list[Row] = []
-    try:
-        for corpus in _corpora(ctx):
-            path = ctx.workdir / f"quality-{corpus.name}.sqlite"
-            with KnowledgeStore.open(path, embedder) as store:
-                ids = store.add_many({"content": d, "category": "pattern"} for d in corpus.docs)
-                vectors = np.stack([embedder.embed_query(q) for q in corpus.queries])
-                scores = _evaluate(store, corpus, ids, vectors)
-            size = f"{len(corpus.docs)} docs, {len(corpus.queries)} queries"
-            for index, metric in enumerate((f"MRR@{TOP}", f"recall@{TOP}")):
-                best_mode = max(("vector", "keyword"), key=lambda m: scores[m][index])
-                best = scores[best_mode][index]
-                hybrid = scores["hybrid"][index]
-                for mode in ("vector", "keyword"):
-                    rows.append(
-                        Row(QUALITY, f"{corpus.name} {metric} {mode}", scores[mode][index], "", notes=size)
-                    )
+    for corpus in _corpora(ctx):
+        path = ctx.workdir / f"quality-{corpus.name}.sqlite"
+        with KnowledgeStore.open(path, embedder) as store:
+            ids = store.add_many({"content": d, "category": "pattern"} for d in corpus.docs)
+            vectors = np.stack([embedder.embed_query(q) for q in corpus.queries])
+            scores = _evaluate(store, corpus, ids, vectors)
+        size = f"{len(corpus.docs)} docs, {len(corpus.queries)} queries"
+        for index, metric in enumerate((f"MRR@{TOP}", f"recall@{TOP}")):
+            best_mode = max(("vector", "keyword"), key=lambda m: scores[m][index])
+            best = scores[best_mode][index]
+            hybrid = scores["hybrid"][index]
+            for mode in ("vector", "keyword"):
                 rows.append(
-                    Row(
-                        QUALITY,
-                        f"{corpus.name} {metric} hybrid",
-                        hybrid,
-                        "",
-                        target="> vector and keyword",
-                        baseline=best,
-                        baseline_name=f"{best_mode}",
-                        met=hybrid > scores["vector"][index] and hybrid > scores["keyword"][index],
-                        notes=size,
-                    )
+                    Row(QUALITY, f"{corpus.name} {metric} {mode}", scores[mode][index], "", notes=size)
                 )
-    finally:
-        embedder.close()
+            rows.append(
+                Row(
+                    QUALITY,
+                    f"{corpus.name} {metric} hybrid",
+                    hybrid,
+                    "",
+                    target="> vector and keyword",
+                    baseline=best,
+                    baseline_name=f"{best_mode}",
+                    met=hybrid > scores["vector"][index] and hybrid > scores["keyword"][index],
+                    notes=size,
+                )
+            )
     return rows
 
 

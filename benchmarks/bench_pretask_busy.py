@@ -26,10 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from _harness import Context, Row, percentile
-from bench_system import AGENT, BASES, BaseSentenceVectors, _base_vectors, _entries, _queries
+from bench_system import AGENT, BASES, BaseSentenceVectors, _base_vectors, _fill, _queries
 
 from memstrata import Config, MemorySystem
-from memstrata.layers import EpisodicMemory, KnowledgeStore
 from memstrata.storage import Embedder, default_embedder
 
 GROUP = "pretask busy"
@@ -172,29 +171,11 @@ def _busy_note(counts: list[int], before: dict[str, Any], after: dict[str, Any],
     )
 
 
-def _fill(data: Path, entries: int, model: Embedder, loader: BaseSentenceVectors) -> float:
-    """The knowledge stores through ``add_many`` with the loader's vectors; the episodes through
-    the real model (500 texts), so no vector is left for the system to catch up while timed."""
-    started = time.perf_counter()
-    for name, items in ((AGENT, _entries(entries, 1)), ("shared", _entries(1_000, 2))):
-        with KnowledgeStore.open(data / "knowledge" / f"{name}.sqlite", loader) as store:  # type: ignore[arg-type]
-            store.add_many(items, vectors=loader.embed_documents([str(i["content"]) for i in items]))
-    episodic = EpisodicMemory.open(data / "episodic" / f"{AGENT}.sqlite", model)
-    try:
-        episodic.record_many(
-            {"content": e["content"], "task_run_id": f"r{i}", "kind": "task"}
-            for i, e in enumerate(_entries(500, 3))
-        )
-    finally:
-        episodic.close()
-    return time.perf_counter() - started
-
-
 def run(ctx: Context) -> list[Row]:
     model = default_embedder()
     vectors, how = _base_vectors(model)
     entries = ctx.size(100_000, 10_000)
     data = ctx.workdir / "pretask"
-    fill_s = _fill(data, entries, model, BaseSentenceVectors(model, vectors))
+    fill_s = _fill(data, entries, BaseSentenceVectors(model, vectors), model)
     note = f"loaded in {fill_s:.0f} s with the real model's vectors of {len(BASES):,} base sentences ({how})"
     return pretask_busy(ctx, model, data, entries, note)

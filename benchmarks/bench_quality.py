@@ -31,12 +31,11 @@ from _corpus_docstrings import packages_corpus, stdlib_corpus
 from _corpus_sections import sections_corpus
 from _harness import Context, Row
 from _stats import paired_bootstrap
-from bench_knowledge import CachedEmbedder
+from bench_knowledge import CachedEmbedder, with_cached_model
 
 from memstrata import Codebase, Config
-from memstrata.errors import EmbedderUnavailableError
 from memstrata.layers import EpisodicMemory, KnowledgeStore
-from memstrata.storage import default_embedder, rrf
+from memstrata.storage import rrf
 
 GROUP = "retrieval quality"
 DEPTH = 50
@@ -343,20 +342,17 @@ def rows_for(m: Measured) -> list[Row]:
 
 
 def run(ctx: Context) -> list[Row]:
-    try:
-        embedder = CachedEmbedder(default_embedder())
-    except EmbedderUnavailableError as exc:
-        return [Row(GROUP, "skipped", 0, "", notes=f"no embedding model: {exc}")]
+    return with_cached_model(GROUP, lambda embedder: _run(ctx, embedder))
+
+
+def _run(ctx: Context, embedder: CachedEmbedder) -> list[Row]:
     measured: list[Measured] = []
-    try:
-        for build in (conversations, prose, code):
-            try:
-                measured.extend(build(ctx, embedder))
-            except Exception as exc:  # one corpus failing must not hide the others
-                print(f"bench_quality: {build.__name__} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-                raise
-    finally:
-        embedder.close()
+    for build in (conversations, prose, code):
+        try:
+            measured.extend(build(ctx, embedder))
+        except Exception as exc:  # one corpus failing must not hide the others
+            print(f"bench_quality: {build.__name__} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            raise
     rows: list[Row] = []
     for m in measured:
         rows.extend(rows_for(m))

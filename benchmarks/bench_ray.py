@@ -91,15 +91,24 @@ def _work(system: MemorySystem, tasks: int, asks: int) -> dict[str, Any]:
     }
 
 
-def _config(data_dir: Path, engine: str, address: str = "auto") -> Config:
+def _config(data_dir: Path, engine: str, address: str = "auto", *, scale: bool = False) -> Config:
+    """The cluster settings of a run: the agents pinned to the two nodes in turn and the rest
+    placed on node b, or (``scale``) nothing pinned, in a namespace of its own."""
+    placed: dict[str, Any] = (
+        {}
+        if scale
+        else {
+            "cluster__pins": [f"{a}=resource:node_{'ab'[i % 2]}" for i, a in enumerate(AGENTS)],
+            "cluster__placement": "resource:node_b",
+        }
+    )
     return Config.load(
         env={},
         data_dir=data_dir,
         cluster__engine=engine,
         cluster__address=address,
-        cluster__namespace=NAMESPACE,
-        cluster__pins=[f"{a}=resource:node_{'ab'[i % 2]}" for i, a in enumerate(AGENTS)],
-        cluster__placement="resource:node_b",
+        cluster__namespace=f"{NAMESPACE}-scale" if scale else NAMESPACE,
+        **placed,
     )
 
 
@@ -229,22 +238,15 @@ def run_scale(ctx: Context) -> list[Row]:
     agent = AGENTS[0]
     query = "which host runs the deploy service"
 
-    def config(data_dir: Path, engine: str, address: str = "auto") -> Config:
-        return Config.load(
-            env={},
-            data_dir=data_dir,
-            cluster__engine=engine,
-            cluster__address=address,
-            cluster__namespace=f"{NAMESPACE}-scale",
-        )
-
     def use(system: MemorySystem) -> None:  # what an agent's first tasks load: index, caches
         for i in range(20):
             system.agent(agent).begin_task(f"s{i}", f"which host runs the {TOPICS[i % len(TOPICS)]} service")
         system.agent(agent).query_knowledge(query)
 
     t0 = time.perf_counter()
-    with MemorySystem.start(config(ctx.workdir / "local", "local"), embedder=HashEmbedder(dim=384)) as system:
+    with MemorySystem.start(
+        _config(ctx.workdir / "local", "local", scale=True), embedder=HashEmbedder(dim=384)
+    ) as system:
         for i in range(entries):
             topic = TOPICS[i % len(TOPICS)]
             text = f"note {i} of {agent}: the {topic} service runs on host {i % 97} in rack {i % 13}"
@@ -257,7 +259,7 @@ def run_scale(ctx: Context) -> list[Row]:
     ray.init(address=cluster.address, namespace=f"{NAMESPACE}-scale", log_to_driver=False)
     try:
         system = MemorySystem.start(
-            config(ctx.workdir / "local", "ray", cluster.address), embedder=HashEmbedder(dim=384)
+            _config(ctx.workdir / "local", "ray", cluster.address, scale=True), embedder=HashEmbedder(dim=384)
         )
         try:
             use(system)

@@ -137,13 +137,18 @@ def _queries(n: int, seed: int) -> list[str]:
     ]
 
 
-def _fill(data: Path, entries: int, loader: BaseSentenceVectors) -> float:
-    """The stores, loaded through the bulk path (``add_many`` with precomputed vectors)."""
+def _fill(
+    data: Path, entries: int, loader: BaseSentenceVectors, episode_model: Embedder | None = None
+) -> float:
+    """The stores, loaded through the bulk path (``add_many`` with precomputed vectors); the
+    episodes through ``episode_model`` when given (the real model, so no vector is left for the
+    system to catch up while timed), else through the loader."""
     started = time.perf_counter()
     for name, items in ((AGENT, _entries(entries, 1)), ("shared", _entries(1_000, 2))):
         with KnowledgeStore.open(data / "knowledge" / f"{name}.sqlite", loader) as store:  # type: ignore[arg-type]
             store.add_many(items, vectors=loader.embed_documents([str(i["content"]) for i in items]))
-    episodic = EpisodicMemory.open(data / "episodic" / f"{AGENT}.sqlite", loader)  # type: ignore[arg-type]
+    model: Any = loader if episode_model is None else episode_model
+    episodic = EpisodicMemory.open(data / "episodic" / f"{AGENT}.sqlite", model)
     try:
         episodic.record_many(
             {"content": e["content"], "task_run_id": f"r{i}", "kind": "task"}

@@ -48,10 +48,11 @@ def store(
     options = sh.given(category=category, tags=sh.parse_tags(tags), scope=scope)
     with sh.state(ctx).system() as system:
         ident = system.agent(agent_id).store_knowledge(sh.content(content), **options)
-    if as_json:
-        sh.echo_json({"id": ident, "agent": agent_id, "category": category})
-    else:
-        click.echo(f"stored {ident} (agent {agent_id}, category {category})")
+    sh.echo_result(
+        as_json,
+        {"id": ident, "agent": agent_id, "category": category},
+        f"stored {ident} (agent {agent_id}, category {category})",
+    )
 
 
 @click.command()
@@ -132,10 +133,7 @@ def remember(
     }
     with sh.state(ctx).system() as system:
         ident = system.agent(agent_id).remember(sh.content(content), **options)
-    if as_json:
-        sh.echo_json({"id": ident, "agent": agent_id})
-    else:
-        click.echo(f"remembered {ident} (agent {agent_id})")
+    sh.echo_result(as_json, {"id": ident, "agent": agent_id}, f"remembered {ident} (agent {agent_id})")
 
 
 @click.command()
@@ -330,10 +328,9 @@ def status(ctx: click.Context, verbose: bool, as_json: bool) -> None:
     state = sh.state(ctx)
     data_dir = Path(state.config.data_dir)
     if not data_dir.exists():  # a read: report the empty state, create nothing
-        if as_json:
-            sh.echo_json(_status.empty(data_dir))
-        else:
-            click.echo(f"no memory stored yet: the data dir {data_dir} does not exist")
+        sh.echo_result(
+            as_json, _status.empty(data_dir), f"no memory stored yet: the data dir {data_dir} does not exist"
+        )
         return
     # nothing is started and no model loaded to count: read-only queries per store
     report = _status.collect_offline(state.config, state.embedder)
@@ -354,10 +351,7 @@ def export_cmd(ctx: click.Context, path: Path, as_json: bool) -> None:
     """Write every memory (knowledge, episodes, working memory, blackboards) to PATH as sorted JSON lines."""
     with sh.state(ctx).system() as system, heartbeat("export", sys.stderr):
         lines = system.export(path)
-    if as_json:
-        sh.echo_json({"path": str(path), "lines": lines})
-    else:
-        click.echo(f"exported {lines} lines to {path}")
+    sh.echo_result(as_json, {"path": str(path), "lines": lines}, f"exported {lines} lines to {path}")
 
 
 @click.command("import")
@@ -368,10 +362,7 @@ def import_cmd(ctx: click.Context, path: Path, as_json: bool) -> None:
     """Restore a file written by 'memstrata export' into the data dir."""
     with sh.state(ctx).system() as system, heartbeat("import", sys.stderr):
         counts = system.import_(path)
-    if as_json:
-        sh.echo_json(counts)
-    else:
-        click.echo("imported " + ", ".join(f"{n} {kind}" for kind, n in counts.items()))
+    sh.echo_result(as_json, counts, "imported " + ", ".join(f"{n} {kind}" for kind, n in counts.items()))
 
 
 @click.command()

@@ -24,6 +24,7 @@ __all__ = [
     "agent_option",
     "content",
     "echo_json",
+    "echo_result",
     "fail_line",
     "given",
     "json_option",
@@ -52,6 +53,14 @@ def state(ctx: click.Context) -> CliState:
 def echo_json(value: Any) -> None:
     """One JSON document on stdout."""
     click.echo(dumps(value).decode("utf-8"))
+
+
+def echo_result(as_json: bool, value: Any, line: str) -> None:
+    """A command's result: ``value`` as one JSON document with ``--json``, else ``line`` for people."""
+    if as_json:
+        echo_json(value)
+    else:
+        click.echo(line)
 
 
 def one_line(text: str, width: int = 160) -> str:

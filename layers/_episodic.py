@@ -27,7 +27,6 @@ from memstrata.core.validation import (
 from memstrata.storage import (
     Embedder,
     apply_migrations,
-    default_embedder,
     get_meta,
     load_embedder,
     open_database,
@@ -121,12 +120,8 @@ class EpisodicMemory(EpisodicArchives):
         problem = None
         if embedder is None:
             try:
-                if config.embedding.model in ("", "default"):
-                    embedder = default_embedder()
-                else:
-                    embedder = load_embedder(
-                        config.embedding.model, dim=config.embedding.dim, threads=config.embedding.threads
-                    )
+                settings = config.embedding  # "" or "default": the shared default model
+                embedder = load_embedder(settings.model, dim=settings.dim, threads=settings.threads)
             except EmbedderUnavailableError as exc:
                 embedder, problem = None, str(exc)
         elif not isinstance(embedder, Embedder):

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from memstrata.core.errors import InvalidInputError
+from memstrata.core.item_record import ItemRecord
 from memstrata.storage import Database
 
 __all__ = ["SEP", "ItemRecord", "ItemRow", "ItemStoreState", "namespace_key"]
@@ -45,19 +45,6 @@ class ItemStoreState:
 
 ItemRow = tuple[Sequence[str], str, dict[str, Any], Mapping[str, Sequence[float]] | None, float | None]
 """(namespace, key, value, vectors per field or None, ttl in minutes or None)"""
-
-
-@dataclass(frozen=True, slots=True)
-class ItemRecord:
-    """One stored item; ``score`` is the best field's cosine similarity when a query ranked it."""
-
-    namespace: tuple[str, ...]
-    key: str
-    value: dict[str, Any]
-    created_at: float
-    updated_at: float
-    score: float | None = None
-    expires_at: float | None = None
 
 
 def _record(row: Any, score: float | None = None) -> ItemRecord:

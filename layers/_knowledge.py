@@ -29,7 +29,6 @@ from memstrata.core.constants import SHARED
 from memstrata.core.errors import EmbedderUnavailableError, InvalidInputError
 from memstrata.storage import (
     Embedder,
-    default_embedder,
     get_meta,
     load_embedder,
     open_database,
@@ -82,12 +81,8 @@ class KnowledgeStore(KnowledgeSearch):
         reason: str | None = None
         if embedder is None:
             try:
-                if config.embedding.model in ("", "default"):
-                    embedder = default_embedder()
-                else:
-                    embedder = load_embedder(
-                        config.embedding.model, dim=config.embedding.dim, threads=config.embedding.threads
-                    )
+                settings = config.embedding  # "" or "default": the shared default model
+                embedder = load_embedder(settings.model, dim=settings.dim, threads=settings.threads)
             except EmbedderUnavailableError as exc:
                 reason = f"no embedding model: {exc}"
         search = config.search

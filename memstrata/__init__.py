@@ -6,10 +6,10 @@ JSON-lines server start fast) and the embedding model loads only when first need
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .config import Config
+from .core.lazy import lazy_attributes
 from .errors import (
     ActorCrashedError,
     AgentDegradedError,
@@ -74,6 +74,9 @@ _LAZY = {
     "Subscription": "memstrata._board_handle",
 }
 
+if not TYPE_CHECKING:  # at run time only: type checkers see the imports above
+    __getattr__ = lazy_attributes(__name__, _LAZY, globals())
+
 __all__ = [
     "ActorCrashedError",
     "Agent",
@@ -113,12 +116,3 @@ __all__ = [
     "SystemStoppedError",
     "default_embedder",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'memstrata' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value

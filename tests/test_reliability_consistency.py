@@ -19,16 +19,11 @@ from memstrata.storage import (
     fts_schema,
     open_database,
 )
-from tests._support import check_knowledge
+from tests._support import VectorRepair, check_knowledge, seeded_vector, without_default_model
 from tests.fakes import FakeEmbedder
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet"]
-
-
-def vector(n: int) -> np.ndarray:
-    rng = np.random.default_rng(n)
-    return rng.standard_normal(8).astype(np.float32)
 
 
 @pytest.fixture
@@ -44,7 +39,7 @@ def store(tmp_path: Path) -> Iterator[tuple[Database, VectorIndex]]:
             "INSERT INTO docs(id, body) VALUES (?, ?)",
             [(n, f"{WORDS[n % 10]} document {n}") for n in range(1, 31)],
         )
-        vectors.upsert_many(list(range(1, 31)), np.stack([vector(n) for n in range(1, 31)]))
+        vectors.upsert_many(list(range(1, 31)), np.stack([seeded_vector(n) for n in range(1, 31)]))
     yield db, vectors
     db.close()
 
@@ -83,7 +78,7 @@ def test_a_consistent_store_is_left_alone(store: tuple[Database, VectorIndex]) -
 def test_missing_full_text_rows_are_rebuilt(store: tuple[Database, VectorIndex]) -> None:
     db, vectors = store
     bypass(db, "docs_ai", "INSERT INTO docs(id, body) VALUES (?, ?)", (31, "kilo document 31"))
-    vectors.upsert(31, vector(31))
+    vectors.upsert(31, seeded_vector(31))
     assert keyword_ids(db, "kilo") == []
     report = check(db, vectors)
     assert report["fts_rebuilt"] == ["docs_fts", "docs_tri"]
@@ -113,25 +108,19 @@ def test_stale_full_text_rows_need_the_full_check(store: tuple[Database, VectorI
 
 def test_orphan_vectors_are_deleted_and_missing_ones_repaired(store: tuple[Database, VectorIndex]) -> None:
     db, vectors = store
-    vectors.upsert_many([40, 41], np.stack([vector(40), vector(41)]))  # no rows 40 and 41
+    vectors.upsert_many([40, 41], np.stack([seeded_vector(40), seeded_vector(41)]))  # no rows 40 and 41
     vectors.delete_many([3, 9])
-    asked: list[list[int]] = []
-
-    def embed(ids: list[int]) -> int:
-        asked.append(ids)
-        vectors.upsert_many(ids, np.stack([vector(n) for n in ids]))
-        return len(ids)
-
+    embed = VectorRepair(vectors)
     report = check(db, vectors, repair_missing=embed)
-    assert asked == [[3, 9]]
+    assert embed.asked == [[3, 9]]
     assert (report["orphan_vectors_removed"], report["missing_vectors"], report["vectors_repaired"]) == (
         2,
         2,
         2,
     )
     assert report["vectors"] == 30 and vectors.rowids() == set(range(1, 31))
-    assert [h.rowid for h in vectors.search(vector(9), 1)] == [9]
-    assert check(db, vectors, repair_missing=embed)["consistent"] and len(asked) == 1
+    assert [h.rowid for h in vectors.search(seeded_vector(9), 1)] == [9]
+    assert check(db, vectors, repair_missing=embed)["consistent"] and len(embed.asked) == 1
 
 
 def test_rows_that_need_no_vector_are_not_missing(store: tuple[Database, VectorIndex]) -> None:
@@ -223,13 +212,7 @@ def test_keyword_only_episodic_keeps_its_gaps_for_the_model(
     path = data_dir / "e.sqlite"
     with EpisodicMemory.open(path, FakeEmbedder()) as episodic:
         episodic.record("first note", at=T0)
-    import memstrata.layers._episodic as module
-    from memstrata.errors import EmbedderUnavailableError
-
-    def unavailable() -> object:
-        raise EmbedderUnavailableError("no model here")
-
-    monkeypatch.setattr(module, "default_embedder", unavailable)
+    without_default_model(monkeypatch, "no model here")
     with EpisodicMemory.open(path) as episodic:
         episodic.record("second note", at=T0)
         status = episodic.status()

@@ -21,10 +21,7 @@ from memstrata.storage import (
 )
 from memstrata.storage._consistency import _fingerprint
 from memstrata.storage._driver import _MODULE, _load_vec
-
-
-def vector(n: int) -> np.ndarray:
-    return np.random.default_rng(n).standard_normal(8).astype(np.float32)
+from tests._support import VectorRepair, seeded_vector
 
 
 def make_store(path: Path) -> tuple[Database, VectorIndex]:
@@ -37,7 +34,7 @@ def make_store(path: Path) -> tuple[Database, VectorIndex]:
     vectors = VectorIndex(db, "docs", 8)
     with db.transaction():
         db.executemany("INSERT INTO docs(id, body) VALUES (?, ?)", [(n, f"doc {n}") for n in range(1, 41)])
-        vectors.upsert_many(list(range(1, 41)), np.stack([vector(n) for n in range(1, 41)]))
+        vectors.upsert_many(list(range(1, 41)), np.stack([seeded_vector(n) for n in range(1, 41)]))
     return db, vectors
 
 
@@ -93,20 +90,16 @@ def test_a_swap_behind_our_back_keeps_the_counts_and_is_still_caught(
     db, vectors = store
     conn = other_connection(db, vectors)
     conn.execute(f"DELETE FROM {vectors.table} WHERE rowid = 5")
-    conn.execute(f"INSERT INTO {vectors.table}(rowid, embedding) VALUES (?, ?)", (77, vector(77).tobytes()))
+    conn.execute(
+        f"INSERT INTO {vectors.table}(rowid, embedding) VALUES (?, ?)", (77, seeded_vector(77).tobytes())
+    )
     conn.close()
     assert vectors.count() == 40  # the same count as before
-    repaired: list[list[int]] = []
-
-    def embed(ids: list[int]) -> int:
-        repaired.append(ids)
-        vectors.upsert_many(ids, np.stack([vector(n) for n in ids]))
-        return len(ids)
-
+    embed = VectorRepair(vectors)
     report = check(db, vectors, repair_missing=embed)
     assert not report["consistent"]
     assert report["orphan_vectors_removed"] == 1 and report["missing_vectors"] == 1
-    assert repaired == [[5]] and vectors.rowids() == set(range(1, 41))
+    assert embed.asked == [[5]] and vectors.rowids() == set(range(1, 41))
     assert check(db, vectors)["consistent"]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -87,9 +88,16 @@ def test_lone_surrogate_parameter_is_invalid_input(tmp_path: Path) -> None:
         assert db.scalar("SELECT x FROM t WHERE x LIKE ?", ("nul%",)) == "nul \x00 and 🎉 survive"
 
 
-def test_transaction_commits_and_rolls_back(tmp_path: Path) -> None:
-    db = open_database(tmp_path / "p.sqlite")
-    db.execute("CREATE TABLE t (x)")
+@pytest.fixture
+def table_t(tmp_path: Path) -> Iterator[Database]:
+    """A database with one table ``t (x)``, closed after the test."""
+    with open_database(tmp_path / "p.sqlite") as db:
+        db.execute("CREATE TABLE t (x)")
+        yield db
+
+
+def test_transaction_commits_and_rolls_back(table_t: Database) -> None:
+    db = table_t
     hooks: list[str] = []
     with db.transaction():
         db.execute("INSERT INTO t VALUES (1)")
@@ -101,12 +109,10 @@ def test_transaction_commits_and_rolls_back(tmp_path: Path) -> None:
     assert [r[0] for r in db.query("SELECT x FROM t")] == [1]
     assert hooks == ["rolled back"]
     assert not db.in_transaction
-    db.close()
 
 
-def test_nested_transaction_is_a_savepoint(tmp_path: Path) -> None:
-    db = open_database(tmp_path / "p.sqlite")
-    db.execute("CREATE TABLE t (x)")
+def test_nested_transaction_is_a_savepoint(table_t: Database) -> None:
+    db = table_t
     hooks: list[str] = []
     with db.transaction():
         db.execute("INSERT INTO t VALUES (1)")
@@ -123,7 +129,6 @@ def test_nested_transaction_is_a_savepoint(tmp_path: Path) -> None:
             db.execute("INSERT INTO t VALUES (4)")
         raise KeyError("outer")
     assert [r[0] for r in db.query("SELECT x FROM t ORDER BY x")] == [1, 3]
-    db.close()
 
 
 def test_executescript_inside_a_transaction_does_not_commit_early(tmp_path: Path) -> None:

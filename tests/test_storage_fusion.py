@@ -32,6 +32,7 @@ from memstrata.storage import (
     rrf,
     validate_mode,
 )
+from tests._support import hybrid_docs
 from tests.fakes import FakeEmbedder
 
 # -- rrf --------------------------------------------------------------------------------------
@@ -204,22 +205,6 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Database,
     db.close()
 
 
-def _search(
-    corpus: tuple[Database, VectorIndex], text: str, flt: Filter | None = None, **params: object
-) -> list:  # type: ignore[type-arg]
-    db, vectors = corpus
-    return hybrid_search(
-        db,
-        table="docs",
-        columns=["body", "idwords"],
-        vectors=vectors,
-        query_vector=EMBEDDER.embed_query(text),
-        query_text=text,
-        params=SearchParams(**params),  # type: ignore[arg-type]
-        flt=flt or Filter(),
-    )
-
-
 query_texts = st.lists(
     st.sampled_from([*WORDS, "zzz", "the", "🎉", "NEAR(", '"']), min_size=1, max_size=5
 ).map(" ".join)
@@ -240,16 +225,16 @@ def test_top_k_one_is_the_top_of_top_k_five(
     corpus: tuple[Database, VectorIndex], text: str, mode: str, depth: int, vw: float, kw: float
 ) -> None:
     params: dict[str, Any] = {"mode": mode, "depth": depth, "vector_weight": vw, "keyword_weight": kw}
-    one = _search(corpus, text, top_k=1, **params)
-    five = _search(corpus, text, top_k=5, **params)
+    one = hybrid_docs(EMBEDDER, corpus, text, top_k=1, **params)
+    five = hybrid_docs(EMBEDDER, corpus, text, top_k=5, **params)
     assert [h.id for h in one] == [h.id for h in five[:1]]
-    assert [h.id for h in _search(corpus, text, top_k=3, **params)] == [h.id for h in five[:3]]
+    assert [h.id for h in hybrid_docs(EMBEDDER, corpus, text, top_k=3, **params)] == [h.id for h in five[:3]]
 
 
 @SETTINGS
 @given(query_texts, st.sampled_from(["hybrid", "vector", "keyword"]))
 def test_hits_are_consistent(corpus: tuple[Database, VectorIndex], text: str, mode: str) -> None:
-    hits = _search(corpus, text, top_k=20, mode=mode)
+    hits = hybrid_docs(EMBEDDER, corpus, text, top_k=20, mode=mode)
     scores = [h.score for h in hits]
     assert scores == sorted(scores, reverse=True)
     assert len({h.id for h in hits}) == len(hits)
@@ -268,12 +253,12 @@ def test_hits_are_consistent(corpus: tuple[Database, VectorIndex], text: str, mo
 def test_filter_is_exact(corpus: tuple[Database, VectorIndex], text: str, mode: str) -> None:
     """Filtered lists are the unfiltered ranking restricted to allowed ids: nothing lost to over-fetch."""
     flt = Filter(sql="SELECT id FROM docs WHERE cat = ?", params=("b",), where={"cat": "b"})
-    hits = _search(corpus, text, flt=flt, top_k=20, mode=mode)
+    hits = hybrid_docs(EMBEDDER, corpus, text, flt=flt, top_k=20, mode=mode)
     db, _ = corpus
     allowed = {r[0] for r in db.query("SELECT id FROM docs WHERE cat = 'b'")}
     assert {h.id for h in hits} <= allowed
     if mode != "hybrid":
-        everything = _search(corpus, text, top_k=150, depth=150, mode=mode)
+        everything = hybrid_docs(EMBEDDER, corpus, text, top_k=150, depth=150, mode=mode)
         assert [h.id for h in hits] == [h.id for h in everything if h.id in allowed][:20]
 
 
@@ -285,22 +270,22 @@ def test_best_in_both_lists_scores_one(tmp_path: Path) -> None:
     for i, body in enumerate(bodies, start=1):
         db.execute("INSERT INTO docs(id, body, idwords, cat) VALUES (?, ?, '', 'a')", (i, body))
     vectors.upsert_many([1, 2, 3], EMBEDDER.embed_documents(bodies), [{"cat": "a"}] * 3)
-    hits = _search((db, vectors), "payment module refactor", top_k=3)
+    hits = hybrid_docs(EMBEDDER, (db, vectors), "payment module refactor", top_k=3)
     assert hits[0].id == 1 and hits[0].score == pytest.approx(1.0) and hits[0].match_type == "hybrid"
     assert hits[0].vector_rank == 1 and hits[0].keyword_rank == 1
     assert hits[0].similarity == pytest.approx(1.0, abs=1e-5)
     # no keyword term in the query: the vector list alone is the best possible
-    only_vector = _search((db, vectors), "🎉", top_k=1)
+    only_vector = hybrid_docs(EMBEDDER, (db, vectors), "🎉", top_k=1)
     assert only_vector[0].score == pytest.approx(1.0) and only_vector[0].match_type == "semantic"
     db.close()
 
 
 def test_min_similarity_never_drops_keyword_hits(corpus: tuple[Database, VectorIndex]) -> None:
-    hits = _search(corpus, "payment", top_k=50, min_similarity=0.99)
+    hits = hybrid_docs(EMBEDDER, corpus, "payment", top_k=50, min_similarity=0.99)
     assert hits and all(h.keyword_rank is not None for h in hits)
     assert all(h.vector_rank is None or (h.similarity or 0) >= 0.99 for h in hits)
-    keyword_hits = _search(corpus, "payment", top_k=200, mode="keyword")
-    everything = _search(corpus, "payment", top_k=200, min_similarity=0.99)
+    keyword_hits = hybrid_docs(EMBEDDER, corpus, "payment", top_k=200, mode="keyword")
+    everything = hybrid_docs(EMBEDDER, corpus, "payment", top_k=200, min_similarity=0.99)
     assert {h.id for h in keyword_hits} <= {h.id for h in everything}
 
 
@@ -333,7 +318,7 @@ def test_unavailable_vector_index_falls_back_to_keywords(tmp_path: Path) -> None
         db = open_database(path)
         vectors = VectorIndex(db, "docs", EMBEDDER.dim, metadata={"cat": "text"})
         assert not vectors.available
-        hits = _search((db, vectors), "payment", top_k=5)
+        hits = hybrid_docs(EMBEDDER, (db, vectors), "payment", top_k=5)
         assert [(h.id, h.match_type, h.similarity) for h in hits] == [(1, "keyword", None)]
         db.close()
     finally:
@@ -342,26 +327,26 @@ def test_unavailable_vector_index_falls_back_to_keywords(tmp_path: Path) -> None
 
 def test_weights_shift_the_balance(corpus: tuple[Database, VectorIndex]) -> None:
     text = "payment cache"
-    keyword_heavy = _search(corpus, text, top_k=1, vector_weight=0.01, keyword_weight=1.0)
-    vector_heavy = _search(corpus, text, top_k=1, vector_weight=1.0, keyword_weight=0.01)
+    keyword_heavy = hybrid_docs(EMBEDDER, corpus, text, top_k=1, vector_weight=0.01, keyword_weight=1.0)
+    vector_heavy = hybrid_docs(EMBEDDER, corpus, text, top_k=1, vector_weight=1.0, keyword_weight=0.01)
     assert keyword_heavy[0].keyword_rank == 1
     assert vector_heavy[0].vector_rank == 1
 
 
 def test_bad_mode_and_zero_top_k(corpus: tuple[Database, VectorIndex]) -> None:
-    assert _search(corpus, "payment", top_k=0) == []
+    assert hybrid_docs(EMBEDDER, corpus, "payment", top_k=0) == []
     with pytest.raises(InvalidInputError, match="mode"):
-        _search(corpus, "payment", mode="fuzzy")
+        hybrid_docs(EMBEDDER, corpus, "payment", mode="fuzzy")
 
 
 def test_plain_rrf_is_selectable_in_hybrid_search(corpus: tuple[Database, VectorIndex]) -> None:
     """The search parameters pick the fusion: textbook RRF (k=60, equal weights) and the
     default give the scores of :func:`rrf` on the same two lists."""
     text = "payment cache retry"
-    vector = [h.id for h in _search(corpus, text, top_k=50, mode="vector")]
-    keyword = [h.id for h in _search(corpus, text, top_k=50, mode="keyword")]
+    vector = [h.id for h in hybrid_docs(EMBEDDER, corpus, text, top_k=50, mode="vector")]
+    keyword = [h.id for h in hybrid_docs(EMBEDDER, corpus, text, top_k=50, mode="keyword")]
     for k, w in ((PLAIN_RRF_K, 1.0), (DEFAULT_RRF_K, DEFAULT_KEYWORD_WEIGHT)):
-        hits = _search(corpus, text, top_k=10, rrf_k=k, keyword_weight=w)
+        hits = hybrid_docs(EMBEDDER, corpus, text, top_k=10, rrf_k=k, keyword_weight=w)
         # the default fusion adapts the keyword weight to the query (a statement here)
         weights = fusion_weights(True, True, 1.0, w, query=text, k=k)
         expected = rrf([vector, keyword], k=k, weights=weights)[:10]

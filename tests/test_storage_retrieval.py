@@ -26,6 +26,7 @@ from memstrata.storage import (
     open_database,
     query_terms,
 )
+from tests._support import hybrid_docs
 from tests.fakes import FakeEmbedder
 
 WORDS = [
@@ -131,25 +132,10 @@ def test_cjk_lists(corpus: tuple[Database, VectorIndex]) -> None:
     assert index.ranking("東京", 5, Filter()) == [9, 8]  # substring matches, newest id first
 
 
-def _hybrid(
-    corpus: tuple[Database, VectorIndex], text: str, flt: Filter | None = None, **params: object
-) -> list:  # type: ignore[type-arg]
-    db, vectors = corpus
-    return hybrid_search(
-        db,
-        keywords=keyword_index(db, "docs", ["body", "idwords"]),
-        vectors=vectors,
-        query_vector=EMBEDDER.embed_query(text),
-        query_text=text,
-        params=SearchParams(**params),  # type: ignore[arg-type]
-        flt=flt or Filter(),
-    )
-
-
 def test_ranks_match_type_and_score(corpus: tuple[Database, VectorIndex]) -> None:
     db, vectors = corpus
     text = "payment retry queue"
-    hits = _hybrid(corpus, text, top_k=40, depth=40)
+    hits = hybrid_docs(EMBEDDER, corpus, text, top_k=40, depth=40)
     vector_ids = [h.rowid for h in vectors.search(EMBEDDER.embed_query(text), 40)]
     keyword_ids = keyword_index(db, "docs", ["body", "idwords"]).ranking(text, 40, Filter())
     k, wv, wk = 5, 1.0, 1.25  # the default keyword weight of a query that is no question
@@ -173,8 +159,8 @@ def test_an_exact_vector_filter_needs_no_id_list(corpus: tuple[Database, VectorI
     sql = Filter("SELECT id FROM docs WHERE cat = ?", ("b",), where={"cat": "b"})
     exact = Filter("SELECT id FROM docs WHERE cat = ?", ("b",), where={"cat": "b"}, where_is_exact=True)
     for mode in ("hybrid", "vector", "keyword"):
-        assert _hybrid(corpus, "cache index", sql, mode=mode) == _hybrid(
-            corpus, "cache index", exact, mode=mode
+        assert hybrid_docs(EMBEDDER, corpus, "cache index", sql, mode=mode) == hybrid_docs(
+            EMBEDDER, corpus, "cache index", exact, mode=mode
         )
 
 
@@ -199,7 +185,7 @@ def test_a_lazy_query_vector_is_asked_for_after_the_keywords(corpus: tuple[Datab
             params=SearchParams(top_k=5), flt=Filter(),
         )  # fmt: skip
         assert events == ["keywords", "vector"]
-        assert [h.id for h in hits] == [h.id for h in _hybrid(corpus, "payment", top_k=5)]
+        assert [h.id for h in hits] == [h.id for h in hybrid_docs(EMBEDDER, corpus, "payment", top_k=5)]
         # the model failed (None): a vector search answers by keywords rather than not at all
         failed = hybrid_search(
             db, keywords=index, vectors=vectors, query_vector=lambda: None, query_text="payment",

@@ -70,12 +70,17 @@ class Unstarted:
         return False
 
 
-def opened(actor_class: Any, system: MemorySystem) -> Any:
-    """An actor of ``actor_class`` for agent ``unit``, not started, with its layer open."""
+@contextlib.contextmanager
+def opened(actor_class: Any, system: MemorySystem) -> Iterator[Any]:
+    """An actor of ``actor_class`` for agent ``unit``, not started, with its layer open (and
+    closed again on the way out, whatever the test raised)."""
     actor = actor_class(Unstarted(system._runtime), "unit")
     actor.on_start()
-    assert actor.layer is not None and actor._service is not None
-    return actor
+    try:
+        assert actor.layer is not None and actor._service is not None
+        yield actor
+    finally:
+        actor.on_stop()
 
 
 def request(ids: list[int], texts: list[str], answer: Any) -> _VectorRequest:
@@ -103,9 +108,8 @@ def answer_pending(actor: Any, token: int) -> list[int]:
 def test_answered_requests_are_stored_in_one_transaction_and_a_failed_one_stays_pending(
     system: MemorySystem, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    actor = opened(KnowledgeStoreActor, system)
-    layer, model = actor.layer, FakeEmbedder()
-    try:
+    with opened(KnowledgeStoreActor, system) as actor:
+        layer, model = actor.layer, FakeEmbedder()
         ids = [layer.add(f"entry {n} about the {word} queue", category="pattern") for n, word in
                enumerate(["billing", "shipping", "refund", "audit"])]  # fmt: skip
         texts = dict(layer.pending_texts(10))
@@ -126,16 +130,13 @@ def test_answered_requests_are_stored_in_one_transaction_and_a_failed_one_stays_
         assert actor._catch_up_due  # the failed row is asked for again, with backoff
         hit = layer.search("entry 3 about the audit queue", mode="vector", top_k=1)
         assert hit[0].entry.id == d
-    finally:
-        actor.on_stop()
 
 
 def test_a_batch_of_writes_carries_the_answered_vectors_in_its_transaction(
     system: MemorySystem, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    actor = opened(KnowledgeStoreActor, system)
-    layer = actor.layer
-    try:
+    with opened(KnowledgeStoreActor, system) as actor:
+        layer = actor.layer
         first = layer.add("the first entry, its vector answered", category="pattern")
         assert answer_pending(actor, 7) == [first]
         commits = Commits(layer._db, monkeypatch)
@@ -150,16 +151,13 @@ def test_a_batch_of_writes_carries_the_answered_vectors_in_its_transaction(
         pending = {i for i, _ in layer.pending_texts(10)}
         assert first not in pending and pending == {results[0].entry_id, results[1].entry_id}
         assert actor._requests and actor._in_flight == pending  # their vectors are asked for at once
-    finally:
-        actor.on_stop()
 
 
 def test_a_failed_write_rolls_back_the_vectors_it_carried_and_they_stay_pending(
     system: MemorySystem, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    actor = opened(EpisodicActor, system)
-    layer = actor.layer
-    try:
+    with opened(EpisodicActor, system) as actor:
+        layer = actor.layer
         first = layer.record("the deploy of build 9 failed", title="deploy")
         assert answer_pending(actor, 3) == [first]
         record_many = layer.record_many
@@ -178,8 +176,6 @@ def test_a_failed_write_rolls_back_the_vectors_it_carried_and_they_stay_pending(
         assert actor._store_answered() == 0
         actor._request_vectors()  # what the catch-up does: the row is asked for again
         assert actor._in_flight == {first}
-    finally:
-        actor.on_stop()
 
 
 # -- write-backs held for the vectors in flight ----------------------------------------------------
