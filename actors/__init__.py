@@ -16,7 +16,7 @@ from ._episodic_actor import EpisodicActor
 from ._knowledge_actor import KnowledgeStoreActor
 from ._prompt import build_prompt, fallback_prompt, merge_hits, xml_attr, xml_name, xml_text
 from ._runtime import Runtime, StopReport, route
-from ._store_base import LayerStores, StoreFactory
+from ._store_factory import LayerStores, StoreFactory
 from ._supervisors import (
     AgentSupervisor,
     BlackboardSupervisor,

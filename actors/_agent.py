@@ -37,7 +37,7 @@ from ._base import DEFERRED, set_result
 from ._concurrency import TimerHandle
 from ._outbox import Outbox
 from ._prompt import build_prompt, fallback_prompt, merge_hits
-from ._store_base import BoundedSearch, Searched
+from ._store_messages import BoundedSearch, Searched
 from ._workspace import SearchFiles
 from .messages import (
     SHARED,

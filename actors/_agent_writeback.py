@@ -14,7 +14,7 @@ from memstrata.core.validation import check_content
 
 from ._base import MemoryActor
 from ._outbox import Outbox, OutboxRow
-from ._store_base import WriteBackEpisode, WriteBackKnowledge
+from ._store_messages import WriteBackEpisode, WriteBackKnowledge
 from ._workspace import NoteOutcome
 from .messages import (
     ClearWorkingMemory,

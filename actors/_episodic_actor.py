@@ -12,13 +12,12 @@ from memstrata.core.errors import EmbeddingError
 from memstrata.storage import Embedder, embed_documents
 
 from ._store_base import (
-    FloatArray,
-    WriteBackEpisode,
     _fields,
     _iso,
     _layer_config,
     _PersistentActor,
 )
+from ._store_messages import FloatArray, WriteBackEpisode
 from .messages import (
     ArchiveEpisodes,
     CommitMemory,

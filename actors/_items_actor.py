@@ -35,7 +35,7 @@ from ._msg_items import (
     TailItems,
     WriteItems,
 )
-from ._store_base import ExportRecords, ImportRecords
+from ._store_messages import ExportRecords, ImportRecords
 
 __all__ = ["ITEMS_FILE", "ITEMS_KEY", "ItemsActor"]
 

@@ -7,11 +7,11 @@ from typing import Any
 
 from ._store_base import (
     _EXPORT_PAGE,
-    WriteBackKnowledge,
     _fields,
     _layer_config,
     _PersistentActor,
 )
+from ._store_messages import WriteBackKnowledge
 from .messages import (
     DeleteKnowledge,
     GetKnowledge,

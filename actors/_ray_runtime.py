@@ -65,7 +65,7 @@ from ._ray_board import JournaledBoardSupervisor
 from ._ray_embedding import node_embedder
 from ._ray_relays import RelayEndpoint, run_relay
 from ._runtime import Runtime, StopReport
-from ._store_base import LayerStores
+from ._store_factory import LayerStores
 
 __all__ = ["RayRuntime", "cluster_report", "connect", "end_cluster", "host_name", "joined"]
 

@@ -41,7 +41,8 @@ from ._embedding_services import EmbeddingServices, ModelLoader, load_model
 from ._outbox import has_pending, new_owner, pending_count, release_owner
 from ._prompt import fallback_prompt, merge_hits
 from ._routing import _FOLDER, _SUPERVISOR_OF, _owner, route
-from ._store_base import BoundedSearch, Searched, StoreFactory
+from ._store_factory import StoreFactory
+from ._store_messages import BoundedSearch, Searched
 from ._supervisors import (
     AgentSupervisor,
     BlackboardSupervisor,

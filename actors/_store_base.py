@@ -1,4 +1,6 @@
-"""What the store actors share (factory, internal messages, persistent base), so each actor has a module.
+"""What the store actors share: the persistent base (vectors apart from writes, held write-backs).
+
+The factory is in :mod:`._store_factory`, the internal messages in :mod:`._store_messages`.
 
 The per-agent store actors: long-term knowledge, episodic memory and working memory.
 
@@ -27,135 +29,43 @@ import itertools
 import queue
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import datetime
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from memstrata.core.config import Config
 from memstrata.core.constants import EMBED_CHARS  # what a write-back's vector is made of
 from memstrata.core.errors import InvalidInputError, StorageError
 from memstrata.core.validation import check_content
-from memstrata.storage import Embedder
 from memstrata.storage._embedding import EmbedWatch, embed_deadline, embed_time_left
 
 from ._base import ActorRuntime, Envelope, MemoryActor, Status
 from ._concurrency import TimerHandle
 from ._embedding import BatchingEmbedder
+from ._store_messages import (
+    BoundedSearch,
+    CatchUp,
+    ExportRecords,
+    FloatArray,
+    ImportRecords,
+    Searched,
+    VectorsReady,
+    WriteBackEpisode,
+    WriteBackKnowledge,
+    _Answered,
+    _AskVectors,
+    _FlushHeld,
+    _Held,
+    _VectorRequest,
+)
 from .messages import (
     QueryKnowledge,
     SearchMemory,
-    StoreKnowledge,
-    StoreMemory,
 )
 
-FloatArray = npt.NDArray[np.float32]
-
-__all__ = [
-    "BoundedSearch",
-    "CatchUp",
-    "ExportRecords",
-    "ImportRecords",
-    "LayerStores",
-    "Searched",
-    "StoreFactory",
-    "VectorsReady",
-    "WriteBackEpisode",
-    "WriteBackKnowledge",
-]
-
-
-class StoreFactory(Protocol):
-    """Opens the persistent layers; tests pass their own to inject faults.
-
-    ``embedder`` is the agent's embedding service (the shared one unless its
-    ``[agents.<id>.embedding]`` names another), or ``None`` when no model could be loaded (the
-    layers then run keyword-only and say so in their status).
-    """
-
-    def open_knowledge(self, path: Path, embedder: Embedder | None, config: Config) -> Any: ...
-
-    def open_episodic(
-        self, path: Path, embedder: Embedder | None, config: Config, clock: Callable[[], datetime]
-    ) -> Any: ...
-
-
-class LayerStores:
-    """The real layers: :class:`KnowledgeStore` and :class:`EpisodicMemory`, opened with their
-    vectors deferred when the embedder is the shared service (the actor computes them apart,
-    so neither a write nor the open waits for the model)."""
-
-    def open_knowledge(self, path: Path, embedder: Embedder | None, config: Config) -> Any:
-        from memstrata.layers import KnowledgeStore
-
-        defer = isinstance(embedder, BatchingEmbedder)
-        return KnowledgeStore.open(path, embedder, config=config, defer_vectors=defer)
-
-    def open_episodic(
-        self, path: Path, embedder: Embedder | None, config: Config, clock: Callable[[], datetime]
-    ) -> Any:
-        from memstrata.layers import EpisodicMemory
-
-        defer = isinstance(embedder, BatchingEmbedder)
-        return EpisodicMemory.open(path, embedder, config=config, clock=clock, defer_vectors=defer)
-
-
-@dataclass(frozen=True, slots=True)
-class WriteBackEpisode:
-    """Internal: the episode of a write-back.
-
-    It is embedded by its content alone, the text its knowledge entry is embedded by, so the
-    embedding service computes one vector for both (see :class:`EpisodicActor`). ``once``:
-    record it unless the same episode of the same task run already exists (a replay after a
-    crash, so a write-back committed just before the crash is not recorded twice).
-    """
-
-    message: StoreMemory
-    once: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class WriteBackKnowledge:
-    """Internal: the knowledge entry of a write-back (its text passed the content rule before its
-    outbox acknowledged it). Like :class:`WriteBackEpisode`, it may wait for the store's vectors
-    in flight to be written in their transaction (see :class:`_PersistentActor`)."""
-
-    message: StoreKnowledge
-
-
-@dataclass(frozen=True, slots=True)
-class BoundedSearch:
-    """Internal: a ``QueryKnowledge`` or ``SearchMemory`` whose query embedding must answer within
-    ``embed_s`` seconds (``None``: ``actors.query_embed_timeout_s``); answered with :class:`Searched`."""
-
-    message: Any
-    embed_s: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Searched:
-    """Internal: a search's result and, when it ranked by keywords only because the model was
-    late or faulty, why (``"keyword-only: model ... did not answer within 2 s"``)."""
-
-    result: Any
-    degraded: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ExportRecords:
-    """Internal: every record the actor's store holds, as plain JSON-ready dicts (see
-    ``memstrata export``), answered as a list."""
-
-
-@dataclass(frozen=True, slots=True)
-class ImportRecords:
-    """Internal: restore records made by :class:`ExportRecords` (of this actor's kind) with
-    their times and ids; answered with how many were added."""
-
-    records: tuple[dict[str, Any], ...]
+__all__: list[str] = []  # the base of the store actors (their modules import its names)
 
 
 _EXPORT_PAGE = 1000
@@ -163,68 +73,6 @@ _EXPORT_PAGE = 1000
 
 def _iso(value: datetime) -> str:
     return value.isoformat()
-
-
-@dataclass(frozen=True, slots=True)
-class CatchUp:
-    """Internal: compute pending vectors now (posted by a timer, with backoff, while some wait)."""
-
-
-@dataclass(frozen=True, slots=True)
-class VectorsReady:
-    """Internal: the embedding service answered (or failed) the vector request ``token``."""
-
-    token: int
-
-
-@dataclass(frozen=True, slots=True)
-class _AskVectors:
-    """Internal: ask for the pending vectors once the messages queued before this one are handled
-    (writes arriving together share one request, one model batch and one vector transaction)."""
-
-
-@dataclass(frozen=True, slots=True)
-class _FlushHeld:
-    """Internal: write the held write-backs whose vectors are answered, or (``bound``: their
-    wait is up) all of them."""
-
-    bound: bool = False
-
-
-@dataclass(slots=True)
-class _Held:
-    """Write-backs waiting for their vectors: rows ``offset`` on of ``future``'s answer, once
-    asked for."""
-
-    envelopes: list[Envelope]
-    future: Future[FloatArray] | None = field(default=None, repr=False)
-    offset: int = 0
-
-    def answered(self) -> bool:
-        return self.future is not None and self.future.done()
-
-
-@dataclass(slots=True)
-class _Answered:
-    """Answered vector requests taken together: their rows, and the last failure among them."""
-
-    ids: list[int] = field(default_factory=list)
-    texts: list[str] = field(default_factory=list)
-    rows: list[FloatArray] = field(default_factory=list)
-    failed: BaseException | None = None
-    requests: int = 0
-
-    def vectors(self) -> FloatArray:
-        return self.rows[0] if len(self.rows) == 1 else np.concatenate(self.rows)
-
-
-@dataclass(slots=True)
-class _VectorRequest:
-    """Pending rows whose vectors the embedding service computes now."""
-
-    ids: list[int]
-    texts: list[str]
-    future: Future[FloatArray] = field(repr=False)
 
 
 _CATCH_UP_FIRST_S = 0.25  # first retry of pending vectors after a write left some

@@ -5,10 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._base import MemoryActor
-from ._store_base import (
-    ExportRecords,
-    ImportRecords,
-)
+from ._store_messages import ExportRecords, ImportRecords
 from .messages import (
     ClearWorkingMemory,
     GetWorkingMemory,

@@ -31,7 +31,7 @@ from memstrata.storage import Embedder
 from memstrata.storage._embedding import embed_deadline
 
 from ._base import MemoryActor
-from ._store_base import BoundedSearch, Searched
+from ._store_messages import BoundedSearch, Searched
 from .messages import SHARED, FileContext
 
 __all__ = [

@@ -76,7 +76,7 @@ def _owners(runtime: Runtime, kind: str, running: list[tuple[str, str]]) -> set[
 def export_records(runtime: Runtime, *, timeout: float) -> list[dict[str, Any]]:
     """Every record of every store, sorted (waits until the system is idle first)."""
     from memstrata.actors._items_actor import ITEMS_FILE, ITEMS_KEY
-    from memstrata.actors._store_base import ExportRecords
+    from memstrata.actors._store_messages import ExportRecords
 
     runtime.check_open()
     runtime.wait_idle(timeout)
@@ -198,7 +198,7 @@ def import_records(runtime: Runtime, records: Iterable[dict[str, Any]], *, timeo
     items are upserted with their times, expiry and vectors.
     """
     from memstrata.actors._items_actor import ITEMS_KEY
-    from memstrata.actors._store_base import ImportRecords
+    from memstrata.actors._store_messages import ImportRecords
 
     runtime.check_open()
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}

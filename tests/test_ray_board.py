@@ -17,7 +17,7 @@ import pytest
 from memstrata.actors._clock import SystemClock
 from memstrata.actors._ray_board import JournaledBoardSupervisor, RelaySubscribe, SavedRelays
 from memstrata.actors._runtime import Runtime
-from memstrata.actors._store_base import LayerStores
+from memstrata.actors._store_factory import LayerStores
 from memstrata.config import ActorsConfig, Config
 from memstrata.messages import (
     DeleteSignal,

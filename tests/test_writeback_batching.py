@@ -23,7 +23,7 @@ from memstrata import Config, MemorySystem
 from memstrata.actors import _store_base
 from memstrata.actors._episodic_actor import EpisodicActor
 from memstrata.actors._knowledge_actor import KnowledgeStoreActor
-from memstrata.actors._store_base import WriteBackKnowledge, _VectorRequest
+from memstrata.actors._store_messages import WriteBackKnowledge, _VectorRequest
 from memstrata.config import ActorsConfig, AgentConfig
 from memstrata.errors import ModelFaultError, StorageError
 from memstrata.layers import EpisodicMemory, KnowledgeStore
