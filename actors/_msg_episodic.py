@@ -17,6 +17,8 @@ from ._msg_fields import (
     Flag,
     Many,
     OptTaskId,
+    PageSize,
+    PageStart,
     Query,
     RowId,
     Tags,
@@ -24,7 +26,6 @@ from ._msg_fields import (
     Time,
     Title,
     TopK,
-    between,
 )
 
 if typing.TYPE_CHECKING:
@@ -121,8 +122,8 @@ class ListEpisodes(Message):
     task_run_id: OptTaskId = None
     since: Time = None
     until: Time = None
-    limit: Annotated[int, between(0, 10_000)] = 100
-    offset: Annotated[int, between(0, 2**62)] = 0
+    limit: PageSize = 100
+    offset: PageStart = 0
     newest_first: Flag = True
 
 

@@ -57,6 +57,8 @@ __all__ = [
     "OptTaskId",
     "OptText",
     "OptTopK",
+    "PageSize",
+    "PageStart",
     "Query",
     "RowId",
     "Scope",
@@ -134,6 +136,8 @@ Many = Annotated[tuple[T, ...], Rule(_as_tuple, normalise=True)]  # any iterable
 TopK = Annotated[int, Rule(check_top_k)]
 OptTopK = Annotated[int | None, Rule(check_top_k, optional=True)]
 RowId = Annotated[int, between(1, 2**62)]
+PageSize = Annotated[int, between(0, 10_000)]  # a page of a listing (episodes, knowledge)
+PageStart = Annotated[int, between(0, 2**62)]  # how many rows of the listing come before the page
 MinScore = Annotated[float | None, Rule(check_min_score)]
 Ttl = Annotated[float | None, Rule(check_number)]  # seconds or minutes to live, None: no expiry
 Flag = Annotated[bool, Rule(check_bool)]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import typing
 from dataclasses import dataclass
-from typing import Annotated
 
 from ._codec import Message
 from ._msg_fields import (
@@ -17,6 +16,8 @@ from ._msg_fields import (
     OptCategory,
     OptScope,
     OptText,
+    PageSize,
+    PageStart,
     Query,
     RowId,
     Scope,
@@ -24,7 +25,6 @@ from ._msg_fields import (
     TargetId,
     Text,
     TopK,
-    between,
 )
 
 if typing.TYPE_CHECKING:
@@ -96,8 +96,8 @@ class ListKnowledge(Message):
     category: OptCategory = None
     tags: Tags = None
     scope: OptScope = None
-    limit: Annotated[int, between(0, 10_000)] = 50
-    offset: Annotated[int, between(0, 2**62)] = 0
+    limit: PageSize = 50
+    offset: PageStart = 0
 
 
 @dataclass(frozen=True, slots=True)

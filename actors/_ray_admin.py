@@ -18,6 +18,8 @@ from typing import Any
 
 import ray
 
+from memstrata.core.config import Config
+
 from ._base import Supervision
 
 __all__ = [
@@ -26,12 +28,15 @@ __all__ = [
     "actor_states",
     "ask_hosts",
     "cluster_down",
+    "cluster_report",
     "cluster_summary",
+    "end_cluster",
     "host_kind",
     "host_names",
     "host_reports",
     "memstrata_actors",
     "nodes",
+    "round_trip_s",
     "take_down",
 ]
 
@@ -197,6 +202,26 @@ def take_down(namespace: str, timeout: float) -> tuple[list[str], list[str]]:
         else:
             ended.append(name)
     return ended, problems
+
+
+def cluster_report(config: Config, timeout: float) -> dict[str, Any]:
+    """What ``status()["cluster"]`` says, asked by a process that holds no memory actor (see
+    ``memstrata cluster status``); call it within :func:`._ray_connect.joined`."""
+    namespace = config.cluster.namespace
+    reports = host_reports(namespace, timeout, round_trip_s(config))
+    return {"engine": "ray", "address": config.cluster.address, **cluster_summary(namespace, reports)}
+
+
+def end_cluster(config: Config, timeout: float) -> tuple[list[str], list[str]]:
+    """Every host and node embedder of the configured namespace ended for good (see
+    :func:`cluster_down`): the names ended, and what did not stop cleanly."""
+    return take_down(config.cluster.namespace, timeout)
+
+
+def round_trip_s(config: Config) -> float:
+    """How much longer than a status timeout a driver waits for the hosts' reports (a loaded
+    machine delays Ray's hops, not the hosts' own bound)."""
+    return min(float(config.actors.ask_timeout_s), 30.0)
 
 
 class ClusterSupervision(Supervision):

@@ -14,6 +14,10 @@ its agent's outbox when it starts. A call in flight when its host dies fails at 
 (``max_task_retries = 0``) with :class:`ActorCrashedError`; a host that does not answer is bounded
 by the caller's timeout like any actor (a task's prompt then falls back). Files and code-base
 actors stay local to the process that uses them.
+
+Joining the cluster is :mod:`._ray_connect`'s, the whole deployment's status and teardown
+:mod:`._ray_admin`'s; their ``connect``, ``joined``, ``cluster_report`` and ``end_cluster`` are
+named here too, the engine's entry points for the facade and the command line.
 """
 
 from __future__ import annotations
@@ -23,11 +27,9 @@ import contextlib
 import dataclasses
 import logging
 import os
-import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -56,13 +58,17 @@ from ._ray_admin import (
     actor_states,
     ask_hosts,
     cluster_down,
+    cluster_report,
     cluster_summary,
+    end_cluster,
     host_names,
     host_reports,
-    take_down,
+    round_trip_s,
 )
 from ._ray_board import JournaledBoardSupervisor
+from ._ray_connect import connect, joined
 from ._ray_embedding import node_embedder
+from ._ray_order import SenderOrder
 from ._ray_relays import RelayEndpoint, run_relay
 from ._runtime import Runtime, StopReport
 from ._store_factory import LayerStores
@@ -74,76 +80,6 @@ log = logging.getLogger("memstrata.actors")
 _AGENT_KINDS = ("knowledge", "episodic", "working", "agent")
 _HOSTED = (*_AGENT_KINDS, "blackboard", "items")  # every kind but the files' (local to their user)
 _HOST_CONCURRENCY = 1000  # calls a host serves at once (its pykka actors still take one at a time)
-# Ray runs a threaded actor's calls in any order: a host puts each caller's messages into its
-# mailboxes in the caller's order. A predecessor that was submitted arrives (a busy machine can
-# delay it by seconds); this bound only keeps a host from waiting forever on one that never will.
-_ORDER_WAIT_S = 60.0
-_PROBE_S = 5.0  # how long a head's address may take to accept a connection
-
-
-def connect(config: Config) -> None:
-    """Join the cluster ``[cluster] address`` names, unless this process is connected already."""
-    if ray.is_initialized():
-        return
-    address = config.cluster.address
-    _probe(address)
-    try:
-        ray.init(
-            address=None if address == "local" else address,
-            namespace=config.cluster.namespace,
-            logging_level=logging.WARNING,
-            log_to_driver=False,
-        )
-    except Exception as exc:
-        raise SystemStoppedError(f"cannot join the Ray cluster at {address!r}: {exc}") from exc
-
-
-def _probe(address: str) -> None:
-    """A head that does not answer is a clear error at once (Ray itself retries for minutes)."""
-    if address in ("auto", "local"):
-        return
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=_PROBE_S):
-            pass
-    except OSError as exc:
-        raise SystemStoppedError(
-            f"cannot join the Ray cluster at {address!r}: nothing answers at {host}:{port} "
-            f"within {_PROBE_S:g} s ({exc})"
-        ) from exc
-
-
-@contextlib.contextmanager
-def joined(config: Config) -> Iterator[None]:
-    """This process connected to the configured cluster for the block; a connection it made
-    is closed after it (one it had before is kept)."""
-    made = not ray.is_initialized()
-    connect(config)
-    try:
-        yield
-    finally:
-        if made:
-            ray.shutdown()
-
-
-def cluster_report(config: Config, timeout: float) -> dict[str, Any]:
-    """What ``status()["cluster"]`` says, asked by a process that holds no memory actor (see
-    ``memstrata cluster status``); call it within :func:`joined`."""
-    namespace = config.cluster.namespace
-    reports = host_reports(namespace, timeout, _round_trip_s(config))
-    return {"engine": "ray", "address": config.cluster.address, **cluster_summary(namespace, reports)}
-
-
-def end_cluster(config: Config, timeout: float) -> tuple[list[str], list[str]]:
-    """Every host and node embedder of the configured namespace ended for good (see
-    ``_ray_admin.cluster_down``): the names ended, and what did not stop cleanly."""
-    return take_down(config.cluster.namespace, timeout)
-
-
-def _round_trip_s(config: Config) -> float:
-    """How much longer than a status timeout a driver waits for the hosts' reports (a loaded
-    machine delays Ray's hops, not the hosts' own bound)."""
-    return min(float(config.actors.ask_timeout_s), 30.0)
 
 
 def host_name(config: Config, kind: str, key: str) -> str:
@@ -396,7 +332,7 @@ class RayRuntime(Runtime):
         return sorted({host_name(self.config, kind, owner) for kind in _AGENT_KINDS})
 
     def _round_trip_s(self) -> float:
-        return _round_trip_s(self.config)
+        return round_trip_s(self.config)
 
     def cluster_status(self, timeout: float = 2.0) -> dict[str, Any]:
         """The nodes, each host (where it runs, what it holds, its restarts and degraded agents,
@@ -461,11 +397,12 @@ class RayRuntime(Runtime):
 
 
 @ray.remote
-class Host(RelayEndpoint, HostLifecycle):
+class Host(SenderOrder, RelayEndpoint, HostLifecycle):
     """One agent's (or one session's, or the item store's) pykka actors in a Ray worker process.
 
     An asyncio actor: a call waiting for its answer, or for a sender's earlier message, holds no
-    thread, so however many calls wait, the one they wait for still runs.
+    thread, so however many calls wait, the one they wait for still runs. :class:`SenderOrder`
+    comes first among the bases: its ``_enqueue`` is the one the relay calls use too.
     """
 
     def __init__(
@@ -501,11 +438,7 @@ class Host(RelayEndpoint, HostLifecycle):
             **more,
         )
         self._relays_init()
-        self._turn: asyncio.Condition | None = None  # made in the actor's event loop
-        self._next: dict[str, int] = {}  # caller -> the number of its next message
-        # a restarted host does not know how far each caller had counted: it takes the number of
-        # the first message it gets from a caller as that caller's start
-        self._restarted = bool(ray.get_runtime_context().was_current_actor_reconstructed)
+        self._order_init(bool(ray.get_runtime_context().was_current_actor_reconstructed))
         if "agent" in kinds and has_pending(self.runtime.path("outbox", key)):
             self.runtime.ref("agent", key)  # the task actor replays what a crash left in the outbox
 
@@ -514,23 +447,6 @@ class Host(RelayEndpoint, HostLifecycle):
         when the actor has answered."""
         await self._ready()
         return await self._answer(message, await self._enqueue(kind, key, message, caller, seq))
-
-    async def _enqueue(self, kind: str, key: str, message: Any, caller: str, seq: int) -> Future[Any]:
-        """Put ``message`` in its actor's mailbox once the caller's message ``seq - 1`` is there."""
-        if self._turn is None:
-            self._turn = asyncio.Condition()
-        turn = self._turn
-        async with turn:
-            if seq > self._next.setdefault(caller, seq if self._restarted else 0):  # one is on its way
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(
-                        turn.wait_for(lambda: self._next[caller] >= seq), timeout=_ORDER_WAIT_S
-                    )
-            try:
-                return self.runtime.request(kind, key, message)
-            finally:
-                self._next[caller] = max(self._next[caller], seq + 1)
-                turn.notify_all()
 
     async def _answer(self, message: Any, future: Future[Any]) -> Any:
         bound = self.runtime.config.actors.ask_timeout_s * 2

@@ -53,6 +53,9 @@ class CliState:
     config_path: Path | None = None
     debug: bool = False
     embedder: Any = None
+    # set by a command that has written its answer and left nothing open (no system started, its
+    # stores closed): the console script then ends the process without the interpreter's teardown
+    answered_in_process: bool = False
     _config: Config | None = field(default=None, repr=False)
 
     @property

@@ -106,6 +106,7 @@ def query(
         "no matching knowledge",
         lambda hit: f"{hit.get('category')}  {hit.get('match_type')}",
     )
+    state.answered_in_process = found is not None
 
 
 @click.command()

@@ -167,7 +167,7 @@ class Bm25Files(Bm25Postings):
             if token is None:
                 return
             stems, chunks, tf_chunks, total = [], [], [], 0
-            for stem, (pos, tf) in self._postings.items():
+            for stem, (pos, tf) in reversed(self._postings.items()):  # the most recently used first
                 if total + len(pos) > _SAVED_POSTINGS:
                     break
                 stems.append(stem)

@@ -92,7 +92,7 @@ def _write_atomic(path: Path, data: str | bytes) -> None:
     os.replace(tmp, path)
 
 
-_INT8_MODEL = "model.int8-products-v1.onnx"  # a new rewrite gets a new name (and model id)
+_INT8_MODEL = "model.int8-products-v2.onnx"  # a new rewrite gets a new name (and new vectors a new model id)
 
 
 def _int8_model(model_dir: Path, *, rebuild: bool = False) -> Path:
@@ -107,6 +107,10 @@ def _int8_model(model_dir: Path, *, rebuild: bool = False) -> Path:
             _write_atomic(path, model)
         except OSError as exc:
             raise EmbedderUnavailableError(f"cannot write {path}: {exc} (set MEMSTRATA_MODEL_DIR)") from exc
+        for earlier in model_dir.glob("model.int8-products-*.onnx"):  # an earlier rewrite's file
+            if earlier.name != _INT8_MODEL:
+                with contextlib.suppress(OSError):
+                    earlier.unlink()
     return path
 
 

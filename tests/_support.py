@@ -19,7 +19,7 @@ import numpy.typing as npt
 import pytest
 from click.testing import Result
 
-from memstrata import Config, MemorySystem
+from memstrata import Agent, Config, MemorySystem
 from memstrata._workspaces import Workspaces
 from memstrata.config import ActorsConfig, AgentConfig, StorageConfig
 from memstrata.errors import EmbedderUnavailableError
@@ -148,6 +148,19 @@ def gated_system(
     finally:
         model.release.set()
         system.stop()
+
+
+def hung_agent(system: MemorySystem, model: GatedModel, *, episode: bool = False) -> Agent:
+    """Agent ``a1`` with its knowledge store (and, with ``episode``, its episodic store) open and
+    their first vectors computed, then ``model`` hung: where a hung-model test starts, so that
+    what it measures is the hang alone, not a store's opening."""
+    agent = system.agent("a1")
+    agent.store_knowledge("warm-up entry", category="pattern")
+    if episode:
+        agent.remember("warm-up episode")
+    assert system.wait_idle(20)
+    model.mode = "hang"
+    return agent
 
 
 def vector_blob(path: Path, episode_id: int) -> bytes:
@@ -288,6 +301,17 @@ class FirstBatchHeld(FakeEmbedder):
         if self.fail_on is not None and self.fail_on in texts:
             raise RuntimeError(f"model choked on {self.fail_on}")
         return super().embed_documents(texts)
+
+
+class HandClock:
+    """Seconds that move only when the test moves them (``now += ...``): the clock of a store
+    with expiring entries."""
+
+    def __init__(self, now: float = 1_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:

@@ -186,3 +186,24 @@ def test_board_watch_follows_a_running_server(data_dir: Path) -> None:
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(folder, "serve.sock"))
         os.rmdir(folder)
+
+
+def test_an_in_process_query_writes_its_whole_answer_before_the_process_ends(data_dir: Path) -> None:
+    """``memstrata query`` answered without the system ends its process at once after the
+    answer: an answer larger than a pipe's buffer still arrives whole, and the exit is 0."""
+    from memstrata.layers import KnowledgeStore
+    from memstrata.storage import load_embedder
+
+    path = KnowledgeStore.path_for(data_dir, "dev")
+    store = KnowledgeStore.open(path, load_embedder(None))
+    try:
+        texts = [f"cache note {i}: version stamps expire " + "and are renewed " * 25 for i in range(300)]
+        store.add_many([{"content": t, "category": "pattern"} for t in texts])
+    finally:
+        store.close()
+    found = _memstrata(data_dir, "query", "cache version stamps", "-a", "dev", "--top-k", "300", "--json")
+    assert found.returncode == 0, found.stderr
+    assert len(found.stdout) > 1 << 17  # beyond any pipe buffer
+    hits = orjson.loads(found.stdout)
+    assert sorted(h["content"] for h in hits) == sorted(texts)
+    assert found.stderr == b""

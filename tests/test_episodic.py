@@ -166,16 +166,22 @@ def test_any_well_formed_kind_is_accepted(store: EpisodicMemory) -> None:
         assert store.get(store.record("x", kind=kind)).kind == kind  # type: ignore[union-attr]
 
 
-def test_record_many_checks_everything_first(store: EpisodicMemory) -> None:
-    items = [{"content": "fine", "at": T0}, {"content": "naive", "at": datetime(2025, 1, 1)}]
-    with pytest.raises(InvalidInputError, match=r"items\[1\]\.at"):
+@pytest.mark.parametrize(
+    ("items", "error"),
+    [
+        pytest.param(
+            [{"content": "fine", "at": T0}, {"content": "naive", "at": datetime(2025, 1, 1)}],
+            r"items\[1\]\.at",
+            id="naive-time-after-a-good-item",
+        ),
+        pytest.param([{"content": "x", "when": T0}], r"items\[0\] has unknown key", id="unknown-key"),
+        pytest.param([{"title": "x"}], r"items\[0\] lacks 'content'", id="no-content"),
+        pytest.param("not items", "items", id="not-a-list"),
+    ],
+)
+def test_record_many_checks_everything_first(store: EpisodicMemory, items: Any, error: str) -> None:
+    with pytest.raises(InvalidInputError, match=error):
         store.record_many(items)
-    with pytest.raises(InvalidInputError, match=r"items\[0\] has unknown key"):
-        store.record_many([{"content": "x", "when": T0}])
-    with pytest.raises(InvalidInputError, match=r"items\[0\] lacks 'content'"):
-        store.record_many([{"title": "x"}])
-    with pytest.raises(InvalidInputError, match="items"):
-        store.record_many("not items")  # type: ignore[arg-type]
     assert store.count() == 0
 
 

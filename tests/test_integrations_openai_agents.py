@@ -12,23 +12,12 @@ pytest.importorskip("agents", reason="the openai-agents extra is not installed")
 
 from agents import Agent, Runner, set_tracing_disabled
 from agents.memory import SessionSettings
-from agents.testing import ScriptedModel
-from openai.types.responses import ResponseOutputMessage, ResponseOutputText
+from agents.testing import ScriptedModel, assistant_message
 
 from memstrata.errors import InvalidInputError, SystemStoppedError
 from memstrata.integrations.openai_agents import MemstrataSession
 
 set_tracing_disabled(True)  # no network: nothing is exported
-
-
-def reply(text: str) -> ResponseOutputMessage:
-    return ResponseOutputMessage(
-        id="m",
-        type="message",
-        role="assistant",
-        content=[ResponseOutputText(text=text, type="output_text", annotations=[], logprobs=[])],
-        status="completed",
-    )
 
 
 def test_history_order_limit_pop_clear(tmp_path: Path) -> None:
@@ -72,10 +61,10 @@ def test_runner_with_a_scripted_model_keeps_the_conversation(tmp_path: Path) -> 
         model = ScriptedModel()
         agent = Agent(name="helper", model=model)
         session = MemstrataSession("chat", tmp_path / "chat.sqlite")
-        model.enqueue([reply("Paris")])
+        model.enqueue([assistant_message("Paris")])
         first = await Runner.run(agent, "Capital of France?", session=session)
         assert first.final_output == "Paris"
-        model.enqueue([reply("About 2 million")])
+        model.enqueue([assistant_message("About 2 million")])
         await Runner.run(agent, "Its population?", session=session)
         history = await session.get_items()
         assert len(history) == 4

@@ -9,16 +9,7 @@ import pytest
 
 from memstrata.errors import InvalidInputError
 from memstrata.layers._items import ItemStore
-
-
-class Clock:
-    """Seconds that move only when the test moves them."""
-
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests._support import HandClock
 
 
 @pytest.fixture
@@ -27,7 +18,7 @@ def items(tmp_path: Path) -> ItemStore:
 
 
 def test_upsert_by_key_keeps_created_and_replaces_value(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = HandClock()
     store = ItemStore(tmp_path / "i.sqlite", clock=clock)
     store.put_many([(("a",), "k", {"v": 1}, None, None)])
     clock.now += 5
@@ -111,7 +102,7 @@ def test_tail_pop_and_delete_are_real(items: ItemStore) -> None:
 
 
 def test_ttl_expiry_refresh_and_sweep(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = HandClock()
     store = ItemStore(tmp_path / "t.sqlite", clock=clock)
     store.put_many([(("t",), "short", {}, None, 1.0), (("t",), "kept", {}, None, None)])
     clock.now += 50
@@ -174,7 +165,7 @@ def test_labels_with_control_characters_are_not_confused_with_children(items: It
 def test_list_namespaces_walk_agrees_with_a_brute_force_listing(tmp_path: Path) -> None:
     import random
 
-    clock = Clock()
+    clock = HandClock()
     store = ItemStore(tmp_path / "walk.sqlite", clock=clock)
     rng = random.Random(7)
     labels = ["a", "b", "a\n", "ab", "*x"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -241,18 +242,30 @@ def test_add_many_orders_ids_and_dedups_within_a_batch(store: KnowledgeStore) ->
     assert store.add_many(iter([{"content": "from a generator"}])) != []
 
 
-def test_add_many_checks_every_item_before_writing(store: KnowledgeStore) -> None:
-    good = [{"content": f"note {i}"} for i in range(5)]
-    with pytest.raises(ValueError, match=r"items\[5\]\.category"):
-        store.add_many([*good, {"content": "bad", "category": "Bad Category"}])
-    with pytest.raises(ValueError, match=r"items\[1\] has unknown key\(s\) \['colour'\]"):
-        store.add_many([good[0], {"content": "x", "colour": "red"}])
-    with pytest.raises(ValueError, match=r"items\[0\] must be a mapping"):
-        store.add_many(["just a string"])  # type: ignore[list-item]
-    with pytest.raises(ValueError, match=r"items\[0\] has no 'content'"):
-        store.add_many([{"category": "pattern"}])
-    with pytest.raises(ValueError, match="iterable"):
-        store.add_many("not items")  # type: ignore[arg-type]
+_GOOD_ITEMS = [{"content": f"note {i}"} for i in range(5)]
+
+
+@pytest.mark.parametrize(
+    ("items", "error"),
+    [
+        pytest.param(
+            [*_GOOD_ITEMS, {"content": "bad", "category": "Bad Category"}],
+            r"items\[5\]\.category",
+            id="bad-category-after-good-items",
+        ),
+        pytest.param(
+            [_GOOD_ITEMS[0], {"content": "x", "colour": "red"}],
+            r"items\[1\] has unknown key\(s\) \['colour'\]",
+            id="unknown-key",
+        ),
+        pytest.param(["just a string"], r"items\[0\] must be a mapping", id="not-a-mapping"),
+        pytest.param([{"category": "pattern"}], r"items\[0\] has no 'content'", id="no-content"),
+        pytest.param("not items", "iterable", id="not-a-list"),
+    ],
+)
+def test_add_many_checks_every_item_before_writing(store: KnowledgeStore, items: Any, error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        store.add_many(items)
     assert store.count() == 0
 
 

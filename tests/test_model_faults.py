@@ -13,8 +13,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
 import pytest
 
 from memstrata import Config
@@ -22,9 +20,8 @@ from memstrata.actors._outbox import Outbox
 from memstrata.config import ActorsConfig, StorageConfig
 from memstrata.errors import ConfigError, InvalidInputError, ModelFaultError
 from memstrata.storage import open_database
-from tests._support import GatedModel, eventually, gated_system, start_with_model, store_status
+from tests._support import GatedModel, eventually, gated_system, hung_agent, start_with_model, store_status
 
-FloatArray = npt.NDArray[np.float32]
 MARGIN_S = 2.0  # "within the timeout plus a small bound" on a shared 2-core machine
 
 
@@ -43,10 +40,7 @@ def test_list_store_remember_and_query_answer_while_the_model_hangs(data_dir: Pa
     with gated_system(
         data_dir, model, ask_timeout_s=2.5, embed_timeout_s=1.0, query_embed_timeout_s=0.5
     ) as system:
-        agent = system.agent("a1")
-        agent.store_knowledge("deploys are frozen on fridays", category="pattern")
-        assert system.wait_idle(10)  # its vector too is computed before the model hangs
-        model.mode = "hang"
+        agent = hung_agent(system, model)
         entry, took = timed(lambda: agent.store_knowledge("the cache warms up after deploys"))
         assert took < 1.0 + MARGIN_S
         assert model.entered.wait(10)  # its vector is computed apart: the store did not wait for it
@@ -206,11 +200,7 @@ def test_stop_with_a_hung_model_is_bounded_and_the_next_start_delivers_what_was_
     model = GatedModel()
     before = set(threading.enumerate())
     system = start_with_model(data_dir, model, ask_timeout_s=20.0, embed_timeout_s=10.0)
-    agent = system.agent("a1")
-    agent.remember("warm-up")  # the stores are open before the model hangs
-    agent.store_knowledge("warm-up entry")
-    assert system.wait_idle(10)
-    model.mode = "hang"
+    agent = hung_agent(system, model, episode=True)
     agent.complete_task("t1", "split the billing job into shards")  # acknowledged: in the outbox
     assert model.entered.wait(10)  # its vectors wait inside the model now; its stores did not
     report, took = timed(lambda: system.stop(timeout=2))

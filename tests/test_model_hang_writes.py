@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import pytest
 
 from memstrata import Config
@@ -22,11 +21,8 @@ from memstrata.actors import BatchingEmbedder
 from memstrata.core.constants import EMBED_CHARS
 from memstrata.errors import EmbeddingError, InvalidInputError, ModelFaultError
 from memstrata.layers import EpisodicMemory, KnowledgeStore
-from tests._support import GatedModel, eventually, gated_system, start_with_model, store_status
+from tests._support import GatedModel, eventually, gated_system, hung_agent, start_with_model, store_status
 from tests.fakes import FakeEmbedder
-
-FloatArray = npt.NDArray[np.float32]
-
 
 # -- the actors ----------------------------------------------------------------------------------
 
@@ -37,11 +33,7 @@ def test_the_first_store_after_a_hang_returns_while_the_model_call_is_still_bloc
     with gated_system(
         data_dir, model, ask_timeout_s=30.0, embed_timeout_s=25.0, query_embed_timeout_s=0.5
     ) as system:
-        agent = system.agent("a1")
-        agent.store_knowledge("deploys are frozen on fridays", category="pattern")
-        agent.remember("warm-up")
-        assert system.wait_idle(10)  # both stores open, their vectors computed
-        model.mode = "hang"
+        agent = hung_agent(system, model, episode=True)
         entry = agent.store_knowledge("the cache warms up after deploys", category="pattern")
         episode = agent.remember("the cache was cold after the deploy of build 7")
         # the stores returned with the model call still blocked and not yet given up on
@@ -138,10 +130,7 @@ def test_a_search_waits_for_the_vectors_in_flight_within_its_deadline(data_dir: 
     with start_with_model(
         data_dir, model, ask_timeout_s=30.0, embed_timeout_s=20.0, query_embed_timeout_s=15.0
     ) as system:
-        agent = system.agent("a1")
-        agent.store_knowledge("warm-up entry")
-        assert system.wait_idle(10)
-        model.mode = "hang"
+        agent = hung_agent(system, model)
         entry = agent.store_knowledge("rollbacks need the previous image tag", category="pitfall")
         assert model.entered.wait(10)  # its vector is inside the model now
         answer: list[Any] = []

@@ -148,3 +148,73 @@ def test_scores_equal_fts5_bm25_with_long_columns(store: KnowledgeStore) -> None
         for rowid in ids:
             assert got[rowid] == pytest.approx(expected.get(rowid, 0.0), rel=1e-9, abs=1e-12), (terms, rowid)
         assert numpy_ranking(store, terms, 10) == fts5_ranking(store, terms, 10)
+
+
+def test_weighted_columns_and_phrases_score_as_fts5(store: KnowledgeStore) -> None:
+    """Column weights apply per occurrence, and a word FTS5 reads as a phrase ("don't") counts
+    only its runs in order: the scores are FTS5's own ``bm25()`` with the same weights."""
+    rng = random.Random(23)
+    texts = [
+        sentence(rng) + rng.choice(["", " don't panic", " do not panic", " panic don't"]) for _ in range(80)
+    ]
+    ids = store.add_many({"content": t, "tags": {rng.choice(WORDS): rng.choice(WORDS)}} for t in texts)
+    weights = [1.0, 0.5, 2.0]
+    index = Bm25Index(store._db, "knowledge_fts", ["content", "tag_text", "ident"], weights)
+    for terms in (["queue", "retry"], ["don't", "panic"], ["kafka", "don't"], ["lock"]):
+        match = " OR ".join(f'"{t}"' for t in terms)
+        rows = store._db.query(
+            "SELECT rowid, -bm25(knowledge_fts, 1.0, 0.5, 2.0) FROM knowledge_fts "
+            "WHERE knowledge_fts MATCH ?",
+            (match,),
+        )
+        expected = {int(r[0]): float(r[1]) for r in rows}
+        assert expected, terms
+        got = dict(zip(ids, index.scores(terms, ids), strict=True))
+        for rowid in ids:
+            assert got[rowid] == pytest.approx(expected.get(rowid, 0.0), rel=1e-9, abs=1e-12), (terms, rowid)
+
+
+def test_a_full_postings_cache_drops_the_least_recently_used(
+    store: KnowledgeStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from memstrata.storage import _bm25_postings
+
+    rng = random.Random(29)
+    store.add_many({"content": sentence(rng)} for _ in range(200))
+    index = Bm25Index(store._db, "knowledge_fts", ["content", "tag_text", "ident"], [1.0, 1.0, 1.0])
+    index.search(["queue", "retry", "cache"], 10)
+    sizes = {w: len(index._postings[index.stems([w])[0]][0]) for w in ("queue", "retry", "cache")}
+    index.reset()
+    # room for "queue" and either other word, not for all three
+    monkeypatch.setattr(
+        _bm25_postings, "_MAX_CACHED_POSTINGS", sizes["queue"] + max(sizes["retry"], sizes["cache"])
+    )
+    for terms in (["queue"], ["retry"], ["queue"], ["cache"]):  # "queue" used again: "retry" goes
+        assert index.search(terms, 10) == fts5_ranking(store, terms, 10)
+    cached = set(index._postings)
+    assert index.stems(["queue"])[0] in cached and index.stems(["retry"])[0] not in cached
+    assert index._cached == sum(len(p) for p, _ in index._postings.values())
+
+
+def _varint(value: int) -> bytes:
+    """SQLite's varint of ``value`` (below 2**56: seven bits a byte, big-endian)."""
+    groups = [value & 0x7F]
+    value >>= 7
+    while value:
+        groups.append(0x80 | (value & 0x7F))
+        value >>= 7
+    return bytes(reversed(groups))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(min_value=0, max_value=2**49), max_size=4), max_size=30))
+def test_document_lengths_are_decoded_in_bulk_as_one_by_one(records: list[list[int]]) -> None:
+    import numpy as np
+
+    from memstrata.storage._bm25_postings import _varint_sum, _varint_sums
+
+    blobs = [b"".join(_varint(v) for v in record) for record in records]
+    assert all(_varint_sum(b) == sum(r) for b, r in zip(blobs, records, strict=True))
+    lengths = np.asarray([len(b) for b in blobs], dtype=np.int64)
+    got = _varint_sums(b"".join(blobs), lengths)
+    assert got.tolist() == [float(sum(r)) for r in records]

@@ -266,6 +266,38 @@ def test_every_weight_product_of_the_packaged_model_runs_in_int8() -> None:
     assert b"DynamicQuantizeMatMul" in model
 
 
+@pytest.mark.model
+def test_token_tables_are_dequantised_after_the_lookup_with_the_same_numbers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The rewrite looks rows up before turning them into float32 and drops what no output
+    reads: the session has no table to fold at load, and every output is bitwise the one of the
+    graph with only the products rewritten."""
+    import onnx
+    import onnxruntime as ort
+    from tokenizers import Tokenizer
+
+    from memstrata.storage import _quantize
+
+    source = default_model_dir() / "model.onnx"
+    model, _ = _quantize.int8_products(source)
+    with monkeypatch.context() as patch:
+        patch.setattr(_quantize, "_rows_before_dequantising", lambda nodes, producer, initializers: nodes)
+        patch.setattr(_quantize, "_prune", lambda graph: None)
+        products_only, _ = _quantize.int8_products(source)
+    graph = onnx.load_from_string(model).graph
+    weights = {init.name for init in graph.initializer}
+    assert not [n.name for n in graph.node if n.op_type == "Cast" and n.input[0] in weights]
+    assert len(model) < len(products_only)
+    tokenizer = Tokenizer.from_file(str(default_model_dir() / "tokenizer.json"))
+    sessions = [ort.InferenceSession(m, providers=["CPUExecutionProvider"]) for m in (model, products_only)]
+    for text in ("hello world", "東京の天気 🎉", "def parse(x): return x " * 20):
+        ids = np.array([tokenizer.encode(text).ids[:256]], dtype=np.int64)
+        feed = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+        ours, reference = (s.run(None, feed)[0] for s in sessions)
+        assert np.array_equal(ours, reference), text
+
+
 def test_a_graph_without_int8_products_is_left_alone(tmp_path: Path) -> None:
     import onnx
     from onnx import TensorProto, helper, numpy_helper

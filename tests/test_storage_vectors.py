@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from memstrata.storage import Database, VectorIndex, disable_vec_for_tests, open
 DIM = 16
 META = {"cat": "text", "n": "integer", "score": "float", "flag": "boolean"}
 CATS = ("alpha", "beta", "gamma")
+Opened = tuple[Database, VectorIndex]  # a connection and the vector index on it
 
 
 def _data(
@@ -60,7 +62,7 @@ def _reference(
     return [rowid for _, rowid in sorted(scored)[:k]]
 
 
-def _open(path: Path, vec_enabled: bool | None = None) -> tuple[Database, VectorIndex]:
+def _open(path: Path, vec_enabled: bool | None = None) -> Opened:
     """A vector index at ``path``; ``vec_enabled`` False opens it as if sqlite-vec were missing,
     True as if it were there (``None``: as this process is set)."""
     if vec_enabled is None:
@@ -71,6 +73,25 @@ def _open(path: Path, vec_enabled: bool | None = None) -> tuple[Database, Vector
         return _open(path)
     finally:
         disable_vec_for_tests(False)
+
+
+def _fill(
+    vec: VectorIndex, seed: int, n: int
+) -> tuple[list[int], npt.NDArray[np.float32], list[dict[str, Any]]]:
+    """:func:`_data` ``(seed, n)``, upserted into ``vec``: the rows a test then works on."""
+    ids, vectors, metas = _data(seed, n)
+    vec.upsert_many(ids, vectors, metas)
+    return ids, vectors, metas
+
+
+@pytest.fixture
+def index(tmp_path: Path) -> Iterator[Opened]:
+    """A vector index at ``v.sqlite`` in the test's folder, closed after the test."""
+    db, vec = _open(tmp_path / "v.sqlite")
+    try:
+        yield db, vec
+    finally:
+        db.close()
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -113,11 +134,10 @@ def test_engines_agree_with_exact_scan(tmp_path: Path, seed: int, scale: bool) -
     blob_db.close()
 
 
-def test_large_candidate_sets_and_dead_rows(tmp_path: Path) -> None:
+def test_large_candidate_sets_and_dead_rows(index: Opened) -> None:
     """Many candidates and many deleted rows take the vectorised paths; answers stay exact."""
-    db, vec = _open(tmp_path / "v.sqlite")
-    ids, vectors, metas = _data(21, 3000)
-    vec.upsert_many(ids, vectors, metas)
+    _, vec = index
+    ids, vectors, metas = _fill(vec, 21, 3000)
     vec.search(vectors[0], 1)
     gone = set(ids[:900])
     vec.delete_many(gone)
@@ -139,11 +159,10 @@ def test_large_candidate_sets_and_dead_rows(tmp_path: Path) -> None:
             for engine in ("memory", "vec0"):
                 hits = vec.search(query, 25, where=where, candidates=candidates, engine=engine)
                 assert [h.rowid for h in hits] == expected, engine
-    db.close()
 
 
-def test_similarity_is_cosine(tmp_path: Path) -> None:
-    db, vec = _open(tmp_path / "v.sqlite")
+def test_similarity_is_cosine(index: Opened) -> None:
+    db, vec = index
     meta = {"cat": "alpha", "n": 1, "score": 0.0, "flag": False}
     base = np.zeros(DIM, dtype=np.float32)
     base[0] = 3.0
@@ -156,7 +175,6 @@ def test_similarity_is_cosine(tmp_path: Path) -> None:
         assert [h.rowid for h in hits] == [1, 2]
         assert hits[0].similarity == pytest.approx(1.0, abs=1e-6)
         assert hits[1].similarity == pytest.approx(np.sqrt(0.5), abs=1e-6)
-    db.close()
 
 
 @pytest.mark.parametrize("vec_enabled", [True, False])
@@ -183,8 +201,7 @@ def test_upsert_twice_never_raises_unique(tmp_path: Path, vec_enabled: bool) -> 
 @pytest.mark.parametrize("vec_enabled", [True, False])
 def test_deletes(tmp_path: Path, vec_enabled: bool) -> None:
     db, vec = _open(tmp_path / "v.sqlite", vec_enabled)
-    ids, vectors, metas = _data(6, 50)
-    vec.upsert_many(ids, vectors, metas)
+    ids, vectors, _ = _fill(vec, 6, 50)
     vec.search(vectors[0], 5)  # load the mirror before deleting
     vec.delete_many(ids[:10])
     vec.delete(ids[10])
@@ -213,11 +230,10 @@ def test_mirror_survives_many_deletes_and_compaction(tmp_path: Path) -> None:
     db.close()
 
 
-def test_chunk_reader_matches_the_virtual_table(tmp_path: Path) -> None:
+def test_chunk_reader_matches_the_virtual_table(tmp_path: Path, index: Opened) -> None:
     """The mirror's fast load from vec0's chunk tables returns exactly what vec0 holds."""
-    db, vec = _open(tmp_path / "v.sqlite")
-    ids, vectors, metas = _data(15, 2500)  # several 1024-row chunks
-    vec.upsert_many(ids, vectors, metas)
+    db, vec = index
+    ids, vectors, metas = _fill(vec, 15, 2500)  # several 1024-row chunks
     vec.delete_many(ids[100:1300:3])
     vec.upsert_many(ids[:50], vectors[50:100], metas[50:100])  # moved to new slots
     fast = vec._read_vec0_chunks()
@@ -235,14 +251,12 @@ def test_chunk_reader_matches_the_virtual_table(tmp_path: Path) -> None:
     assert [h.rowid for h in fresh.search(query, 20)] == [
         h.rowid for h in fresh.search(query, 20, engine="vec0")
     ]
-    db.close()
     fresh_db.close()
 
 
-def test_rollback_restores_the_mirror(tmp_path: Path) -> None:
-    db, vec = _open(tmp_path / "v.sqlite")
-    ids, vectors, metas = _data(7, 30)
-    vec.upsert_many(ids, vectors, metas)
+def test_rollback_restores_the_mirror(index: Opened) -> None:
+    db, vec = index
+    ids, vectors, metas = _fill(vec, 7, 30)
     query = vectors[0]
     before = [h.rowid for h in vec.search(query, 5)]
     with pytest.raises(RuntimeError), db.transaction():
@@ -253,11 +267,10 @@ def test_rollback_restores_the_mirror(tmp_path: Path) -> None:
     assert [h.rowid for h in vec.search(query, 5)] == before
     assert [h.rowid for h in vec.search(query, 5, engine="vec0")] == before
     assert vec.count() == 30
-    db.close()
 
 
-def test_nested_rollback_undoes_only_the_inner_block(tmp_path: Path) -> None:
-    db, vec = _open(tmp_path / "v.sqlite")
+def test_nested_rollback_undoes_only_the_inner_block(index: Opened) -> None:
+    db, vec = index
     ids, vectors, metas = _data(8, 10)
     with db.transaction():
         vec.upsert_many(ids[:5], vectors[:5], metas[:5])
@@ -267,7 +280,6 @@ def test_nested_rollback_undoes_only_the_inner_block(tmp_path: Path) -> None:
             raise RuntimeError("inner")
     assert vec.rowids() == set(ids[:5])
     assert {h.rowid for h in vec.search(vectors[0], 20)} == set(ids[:5])
-    db.close()
 
 
 def test_another_connections_commit_refreshes_the_mirror(tmp_path: Path) -> None:
@@ -334,8 +346,7 @@ def test_vec0_store_opened_without_sqlite_vec_is_reported_unavailable(tmp_path: 
     path = tmp_path / "v.sqlite"
     disable_vec_for_tests(False)
     db, vec = _open(path)
-    ids, vectors, metas = _data(13, 10)
-    vec.upsert_many(ids, vectors, metas)
+    ids, vectors, metas = _fill(vec, 13, 10)
     db.close()
 
     disable_vec_for_tests(True)
@@ -361,8 +372,7 @@ def test_vec0_store_opened_without_sqlite_vec_is_reported_unavailable(tmp_path: 
 def test_reset_changes_dimension_and_upgrades_a_blob_store(tmp_path: Path) -> None:
     path = tmp_path / "v.sqlite"
     db, vec = _open(path, vec_enabled=False)
-    ids, vectors, metas = _data(14, 5)
-    vec.upsert_many(ids, vectors, metas)
+    _, _, metas = _fill(vec, 14, 5)
     db.close()
     db = open_database(path)
     with pytest.raises(StorageError, match="reset"):
@@ -381,8 +391,8 @@ def test_reset_changes_dimension_and_upgrades_a_blob_store(tmp_path: Path) -> No
     db.close()
 
 
-def test_bad_input_is_named(tmp_path: Path) -> None:
-    db, vec = _open(tmp_path / "v.sqlite")
+def test_bad_input_is_named(index: Opened) -> None:
+    db, vec = index
     meta = {"cat": "alpha", "n": 1, "score": 0.5, "flag": True}
     good = np.ones(DIM, dtype=np.float32)
     cases: list[tuple[Any, str]] = [
@@ -407,11 +417,10 @@ def test_bad_input_is_named(tmp_path: Path) -> None:
             call()
     vec.upsert(1, good, {**meta, "score": 1})  # an int for a float column is accepted
     assert vec.count() == 1
-    db.close()
 
 
-def test_metadata_update_and_empty_cases(tmp_path: Path) -> None:
-    db, vec = _open(tmp_path / "v.sqlite")
+def test_metadata_update_and_empty_cases(index: Opened) -> None:
+    _, vec = index
     good = np.ones(DIM, dtype=np.float32)
     assert vec.search(good, 5) == [] and vec.search(good, 5, engine="vec0") == []
     vec.upsert(1, good, {"cat": "alpha", "n": 1, "score": 0.5, "flag": True})
@@ -426,14 +435,12 @@ def test_metadata_update_and_empty_cases(tmp_path: Path) -> None:
     for engine in ("memory", "vec0"):
         assert vec.search(good, 5, where={"cat": "alpha"}, engine=engine) == []  # type: ignore[arg-type]
         assert len(vec.search(good, 5, where={"cat": "beta"}, engine=engine)) == 1  # type: ignore[arg-type]
-    db.close()
 
 
-def test_status_reports_backend(tmp_path: Path) -> None:
-    db, vec = _open(tmp_path / "v.sqlite")
+def test_status_reports_backend(index: Opened) -> None:
+    db, vec = index
     status = vec.status()
     assert status["backend"] == "vec0" and status["available"] and status["native_vectors"]
     assert status["search_engine"] == "memory" and status["count"] == 0 and status["dim"] == DIM
     no_mirror = VectorIndex(db, "other", DIM, mirror=False)
     assert no_mirror.status()["search_engine"] == "vec0"
-    db.close()

@@ -6,14 +6,18 @@ import pytest
 
 from memstrata.errors import InvalidInputError
 from memstrata.layers import WorkingMemory
+from tests._support import HandClock
 
 
-class Tick:
-    def __init__(self) -> None:
-        self.now = 100.0
+@pytest.fixture
+def tick() -> HandClock:
+    return HandClock()
 
-    def __call__(self) -> float:
-        return self.now
+
+@pytest.fixture
+def wm(tick: HandClock) -> WorkingMemory:
+    """A working memory on ``tick``'s clock: a test moves time on by hand."""
+    return WorkingMemory(clock=tick)
 
 
 def test_set_get_delete_clear() -> None:
@@ -41,9 +45,7 @@ def test_values_are_copies() -> None:
     assert wm.get("k") == {"steps": [1]}
 
 
-def test_ttl_follows_the_injected_clock() -> None:
-    tick = Tick()
-    wm = WorkingMemory(clock=tick)
+def test_ttl_follows_the_injected_clock(tick: HandClock, wm: WorkingMemory) -> None:
     wm.set("short", 1, ttl_s=5)
     wm.set("long", 2)
     tick.now += 4.9
@@ -54,9 +56,7 @@ def test_ttl_follows_the_injected_clock() -> None:
     assert wm.items() == {"long": 2}
 
 
-def test_overwriting_resets_ttl() -> None:
-    tick = Tick()
-    wm = WorkingMemory(clock=tick)
+def test_overwriting_resets_ttl(tick: HandClock, wm: WorkingMemory) -> None:
     wm.set("k", 1, ttl_s=1)
     wm.set("k", 2)
     tick.now += 10
@@ -90,9 +90,7 @@ def test_limits() -> None:
     assert wm.get("a") == 5
 
 
-def test_each_task_has_its_own_space_beside_the_agent_wide_one() -> None:
-    tick = Tick()
-    wm = WorkingMemory(clock=tick)
+def test_each_task_has_its_own_space_beside_the_agent_wide_one(wm: WorkingMemory) -> None:
     wm.set("cursor", "wide")
     wm.set("cursor", 3, task_id="t3")
     wm.set("cursor", 4, task_id="t4", ttl_s=10)

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from memstrata import Config, MemorySystem
-from memstrata.actors import _store_base
+from memstrata.actors import _store_held_writebacks
 from memstrata.actors._episodic_actor import EpisodicActor
 from memstrata.actors._knowledge_actor import KnowledgeStoreActor
 from memstrata.actors._store_messages import WriteBackKnowledge, _VectorRequest
@@ -29,7 +29,7 @@ from memstrata.errors import ModelFaultError, StorageError
 from memstrata.layers import EpisodicMemory, KnowledgeStore
 from memstrata.messages import StoreKnowledge, StoreMemory
 from memstrata.storage import Database, open_database
-from tests._support import GatedModel, eventually, store_status, wait_until
+from tests._support import GatedModel, eventually, hung_agent, store_status, wait_until
 from tests.fakes import FakeEmbedder
 
 
@@ -199,7 +199,7 @@ def knowledge_rows(data_dir: Path) -> list[str]:
 def test_write_backs_wait_for_their_vectors_and_are_written_with_them(
     data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_store_base, "_HOLD_S", 60.0)  # only the model's answers write them here
+    monkeypatch.setattr(_store_held_writebacks, "_HOLD_S", 60.0)  # only the model's answers write them here
     commits: dict[str, int] = {}
     transaction = Database.transaction
 
@@ -218,11 +218,7 @@ def test_write_backs_wait_for_their_vectors_and_are_written_with_them(
 
     model = GatedModel()
     with start_gated(data_dir, model) as system:
-        agent = system.agent("a1")
-        agent.store_knowledge("warm-up entry", category="pattern")
-        agent.remember("warm-up episode")
-        assert system.wait_idle(20)
-        model.mode = "hang"
+        agent = hung_agent(system, model, episode=True)
         first = agent.store_knowledge("deploys are frozen on fridays", category="pattern")
         assert model.entered.wait(10)  # its vector is inside the model now
         monkeypatch.setattr(Database, "transaction", counted)
@@ -256,14 +252,11 @@ def test_write_backs_wait_for_their_vectors_and_are_written_with_them(
 
 
 def test_a_search_writes_the_held_write_backs_first(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_store_base, "_HOLD_S", 60.0)
+    monkeypatch.setattr(_store_held_writebacks, "_HOLD_S", 60.0)
     model = GatedModel()
     system = start_gated(data_dir, model)
     try:
-        agent = system.agent("a1")
-        agent.store_knowledge("warm-up entry", category="pattern")
-        assert system.wait_idle(20)
-        model.mode = "hang"
+        agent = hung_agent(system, model)
         agent.store_knowledge("deploys are frozen on fridays", category="pattern")
         assert model.entered.wait(10)
         agent.complete_task("t1", "the payment retries now back off exponentially")
@@ -280,15 +273,11 @@ def test_a_search_writes_the_held_write_backs_first(data_dir: Path, monkeypatch:
 def test_a_hung_model_holds_a_write_back_no_longer_than_the_bound(
     data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_store_base, "_HOLD_S", 0.05)
+    monkeypatch.setattr(_store_held_writebacks, "_HOLD_S", 0.05)
     model = GatedModel()
     system = start_gated(data_dir, model)
     try:
-        agent = system.agent("a1")
-        agent.store_knowledge("warm-up entry", category="pattern")
-        agent.remember("warm-up episode")
-        assert system.wait_idle(20)
-        model.mode = "hang"
+        agent = hung_agent(system, model, episode=True)
         agent.store_knowledge("deploys are frozen on fridays", category="pattern")
         assert model.entered.wait(10)
         agent.complete_task("t1", "the cache is warmed before the deploy")
