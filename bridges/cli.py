@@ -211,9 +211,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def _end_process() -> NoReturn:
-    """End at once once the answer is flushed: a one-off ``memstrata query`` left nothing open,
-    and the interpreter's teardown (freeing the model, the mapped index, every module) cost it
-    60-110 ms of its ~0.5 s."""
+    """End the process as soon as the answer is flushed: a ``memstrata query`` answered in the
+    process left nothing open, and the interpreter's teardown (freeing the model, the mapped
+    index, every module) cost it 60-110 ms after its answer."""
     try:
         sys.stdout.flush()
         sys.stderr.flush()

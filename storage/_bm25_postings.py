@@ -24,9 +24,8 @@ from ._vec0_chunks import snapshot
 
 __all__ = ["Bm25Postings"]
 
-_MAX_CACHED_POSTINGS = (
-    8_000_000  # postings held in memory (12 bytes each); beyond, the least recently used go
-)
+# postings held in memory (12 bytes each); when full, the least recently used words' postings go
+_MAX_CACHED_POSTINGS = 8_000_000
 _PHRASE = "\x00"  # joins the stems of a query word FTS5 reads as a phrase
 
 # changes made by the scratch tokenizer tables of every index on a connection: not store changes
@@ -48,9 +47,11 @@ def _varint_sums(records: bytes, lengths: IntArray) -> FloatArray:
     record at a time)."""
     data = np.frombuffer(records, dtype=np.uint8)
     out = np.zeros(len(lengths), dtype=np.float64)
+    if len(data) != int(lengths.sum()):
+        raise StorageError(f"document length records of {len(data)} bytes, expected {int(lengths.sum())}")
     filled = lengths > 0
-    if len(data) != int(lengths.sum()) or not filled.any():
-        return np.asarray([_varint_sum(records[a:b]) for a, b in _spans(lengths)], dtype=np.float64)
+    if not filled.any():
+        return out
     starts = (np.cumsum(lengths) - lengths)[filled]
     if not np.any(data & 0x80):  # every count below 128, one byte each: the usual case
         out[filled] = np.add.reduceat(data, starts, dtype=np.int64)
