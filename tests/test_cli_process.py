@@ -207,3 +207,18 @@ def test_an_in_process_query_writes_its_whole_answer_before_the_process_ends(dat
     hits = orjson.loads(found.stdout)
     assert sorted(h["content"] for h in hits) == sorted(texts)
     assert found.stderr == b""
+    # a reader that goes away after a few bytes (`| head -c 100`) is no error
+    args = ["query", "cache version stamps", "-a", "dev", "--top-k", "300", "--json"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "memstrata", "--data-dir", str(data_dir), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=data_dir,
+        env=_env(),
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert len(proc.stdout.read(100)) == 100
+    proc.stdout.close()
+    assert proc.wait(timeout=TIMEOUT) == 0
+    assert proc.stderr.read() == b""
+    proc.stderr.close()
