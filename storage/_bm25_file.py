@@ -124,9 +124,9 @@ class Bm25Files(Bm25Postings):
         self._live = n
         self._total = float(sizes.sum())
         bounds = offsets.tolist()
-        self._postings = {
-            stem: (positions[bounds[i] : bounds[i + 1]], tfs[bounds[i] : bounds[i + 1]])
-            for i, stem in enumerate(stems)
+        self._postings = {  # the file lists the most recently used first; the cache keeps them last
+            stems[i]: (positions[bounds[i] : bounds[i + 1]], tfs[bounds[i] : bounds[i + 1]])
+            for i in reversed(range(len(stems)))
         }
         self._cached = len(positions)
         self._loaded = True

@@ -348,6 +348,26 @@ def test_bm25_file_is_written_at_close_and_reused(tmp_path: Path) -> None:
         store.close()
 
 
+def test_bm25_file_keeps_the_postings_cache_in_its_order_of_use(tmp_path: Path) -> None:
+    """The cache drops its least recently used words first; a new process that maps the file
+    continues with the same order, so the words the last one used most recently stay longest."""
+    path = tmp_path / "k.sqlite"
+    _knowledge(path)
+    store = KnowledgeStore.open(path, FakeEmbedder())
+    _rankings(store)
+    store._bm25.search(["retry"], 5)  # used again: now the most recent
+    used = list(store._bm25._postings)
+    assert used[-1] == store._bm25.stems(["retry"])[0] and len(used) == 5
+    store.close()
+    store = KnowledgeStore.open(path, FakeEmbedder())
+    try:
+        store._bm25.search(["retry"], 5)  # maps the file; "retry" is already the last
+        assert store._bm25.files_loaded == 1
+        assert list(store._bm25._postings) == used
+    finally:
+        store.close()
+
+
 def test_bm25_file_is_dropped_after_writes_and_rankings_stay_exact(tmp_path: Path) -> None:
     path = tmp_path / "k.sqlite"
     _knowledge(path)
