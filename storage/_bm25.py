@@ -4,7 +4,9 @@ FTS5 ranks an ``OR`` query by visiting every document that holds any query word;
 of ordinary words ("return the list of ...") that is a third of a large store, about 100 ms at
 100k entries. This module scores the postings of each query word, read once from FTS5's own index
 and kept in memory (:mod:`._bm25_postings`), with the same formula as FTS5's ``bm25()``
-(k1 = 1.2, b = 0.75, column weights) in a few vectorised numpy operations.
+(k1 = 1.2, b = 0.75, column weights; :mod:`._bm25_formula`) in a few vectorised numpy
+operations, and leaves out the commonest words' postings when they cannot change the best few
+(:mod:`._bm25_top`).
 
 Writes made through this connection update the caches incrementally (:mod:`._bm25_writes`); a
 commit by another connection (seen through ``PRAGMA data_version``) drops them. An owner that does
@@ -15,23 +17,22 @@ connection then drops them too. The caches are kept in an index file beside the 
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from ._bm25_file import Bm25Files
 from ._bm25_postings import _PHRASE, _SCRATCH_CHANGES, FloatArray, IntArray
+from ._bm25_top import Bm25Top, PositionMask
 from ._bm25_writes import Bm25Writes
 
-__all__ = ["Bm25Index", "top_scored"]
+__all__ = ["Bm25Index"]
 
-K1 = 1.2
-B = 0.75
 _MAX_CACHED_STEMS = 50_000
 
 
-class Bm25Index(Bm25Files, Bm25Writes):
+class Bm25Index(Bm25Files, Bm25Writes, Bm25Top):
     """Top-k BM25 for the FTS5 table ``fts`` (external content, integer rowids)."""
 
     def stems(self, terms: Sequence[str]) -> list[str]:
@@ -67,80 +68,52 @@ class Bm25Index(Bm25Files, Bm25Writes):
         for doc, term in rows:
             tokens.setdefault(int(doc), []).append(str(term))
         out: list[tuple[str, ...]] = []
-        for i in range(1, len(terms) + 1):
+        for i, term in enumerate(terms, 1):
             parts = tokens.get(i, [])
+            if len(parts) > 1:
+                self._phrase_words[_PHRASE.join(parts)] = term
             out.append(tuple(parts) if len(parts) <= 1 else (_PHRASE.join(parts),))
         return out
 
     def scores(self, terms: Sequence[str], ids: Sequence[int]) -> list[float]:
         """BM25 of the documents ``ids`` for ``terms``, as FTS5's ``bm25()`` but positive
         (0.0 for a document that matches no word or does not exist)."""
-        stems = self.stems(terms)
-        self._sync()
-        scores = self._score_all(stems)
-        if scores is None:
-            return [0.0] * len(ids)
-        pos = self._positions(np.asarray(ids, dtype=np.int64))
-        return [float(scores[p]) if p >= 0 else 0.0 for p in pos]
+        found, scores = self.top(terms, len(ids), ids)  # a limit no match can exceed: every word read
+        by_id = dict(zip(found.tolist(), scores.tolist(), strict=True))
+        return [by_id.get(int(i), 0.0) for i in ids]
 
-    def _score_all(self, stems: Sequence[str]) -> FloatArray | None:
-        """Scores of every known document (dead ones 0), or ``None`` when nothing can match."""
-        if not stems:
-            return None
-        self._load_sizes()
-        if self._live == 0:
-            return None
-        n = float(self._live)
-        avg = self._total / n if self._total > 0 else 1.0
-        scores = np.zeros(len(self._ids), dtype=np.float64)
-        for stem in stems:
-            pos, tf = self._postings_of(stem)
-            if len(pos) == 0:
-                continue
-            df = float(len(pos)) if self._live == len(self._ids) else float(self._alive[pos].sum())
-            idf = math.log((n - df + 0.5) / (df + 0.5))
-            if idf <= 0:
-                idf = 1e-6  # as FTS5: a word in most documents still counts a little
-            norm = K1 * (1.0 - B + B * self._sizes[pos] / avg)
-            scores[pos] += idf * tf * (K1 + 1.0) / (tf + norm)
-        if self._live != len(self._ids):
-            scores[~self._alive] = 0.0
-        return scores
-
-    def matches(
-        self, terms: Sequence[str], allowed: Sequence[int] | IntArray | None = None
+    def top(
+        self,
+        terms: Sequence[str],
+        limit: int,
+        allowed: Sequence[int] | IntArray | None = None,
+        keep: Callable[[IntArray], npt.NDArray[np.bool_]] | None = None,
     ) -> tuple[IntArray, FloatArray]:
-        """Every document matching one of ``terms`` (restricted to ``allowed``) with its score,
-        in rowid order: ``(rowids, scores)``."""
+        """The ``limit`` best documents for ``terms`` (OR semantics) with their scores, best
+        first, equal scores by lower id (as FTS5 ranks them), without reading the commonest
+        words' postings when they cannot change the result (:mod:`._bm25_top`). ``allowed``
+        (ids) and ``keep`` (a mask over ids) restrict the candidates."""
         stems = self.stems(terms)
         self._sync()
-        scores = self._score_all(stems) if stems else None
-        if scores is None:
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
-        if allowed is not None:
-            keep = np.zeros(len(scores), dtype=bool)
-            apos = self._positions(np.asarray(allowed, dtype=np.int64))
-            keep[apos[apos >= 0]] = True
-            scores[~keep] = 0.0
-        matched = np.flatnonzero(scores > 0.0)  # usually a small share of the documents
-        return self._ids[matched], scores[matched]
+        allow: PositionMask | None = None
+        if allowed is not None or keep is not None:
+            self._load_sizes()
+            ok: npt.NDArray[np.bool_] | None = None
+            if allowed is not None:
+                ok = np.zeros(len(self._ids), dtype=bool)
+                apos = self._positions(np.asarray(allowed, dtype=np.int64))
+                ok[apos[apos >= 0]] = True
+
+            def mask_of(pos: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+                mask = ok[pos] if ok is not None else np.ones(len(pos), dtype=bool)
+                if keep is not None and mask.any():
+                    mask[mask] = keep(self._ids[pos[mask]])
+                return mask
+
+            allow = mask_of
+        return self._top(stems, limit, allow)
 
     def search(self, terms: Sequence[str], limit: int, allowed: Sequence[int] | None = None) -> list[int]:
         """Rowids of the ``limit`` best documents for the query words ``terms`` (OR semantics:
         a document needs one of them), best first; ``allowed`` restricts the candidates."""
-        if limit <= 0:
-            return []
-        ids, scores = self.matches(terms, allowed)
-        return [int(i) for i in top_scored(ids, scores, limit)[0]]
-
-
-def top_scored(ids: IntArray, scores: FloatArray, limit: int) -> tuple[IntArray, FloatArray]:
-    """The ``limit`` best ``(ids, scores)``, best first; equal scores go to the lower id."""
-    if limit <= 0 or len(ids) == 0:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
-    k = min(limit, len(ids))
-    cut = scores[np.argpartition(-scores, k - 1)[k - 1]]
-    # every document tied with the last one taken competes, so ties go to the lower id
-    top = np.flatnonzero(scores >= cut)
-    order = top[np.lexsort((ids[top], -scores[top]))][:limit]
-    return ids[order], scores[order]
+        return [int(i) for i in self.top(terms, limit, allowed)[0]]

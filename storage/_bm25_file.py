@@ -117,6 +117,7 @@ class Bm25Files(Bm25Postings):
             or bool(np.any(np.diff(offsets) < 0))
             or bool(np.any(np.diff(ids) <= 0))
             or (len(positions) and (int(positions.min()) < 0 or int(positions.max()) >= n))
+            or not _ascending_within(positions, offsets)
         ):
             return self._refuse(f"index file {path} is damaged (arrays do not fit); rebuilding it", True)
         self._ids, self._sizes = ids, sizes
@@ -197,3 +198,9 @@ class Bm25Files(Bm25Postings):
                 self._file_mark, self._file_stems = mark, len(stems)
         except Exception as exc:  # a cache: the next process reads the database
             log.debug("index file %s not written: %s", path, exc)
+
+
+def _ascending_within(positions: npt.NDArray[np.int32], offsets: npt.NDArray[np.int64]) -> bool:
+    """Each stem's positions rise strictly (the top-k search looks documents up in them)."""
+    falls = np.flatnonzero(np.diff(positions) <= 0) + 1
+    return bool(np.isin(falls, offsets[1:-1]).all())

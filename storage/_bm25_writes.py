@@ -26,6 +26,7 @@ class Bm25Writes(Bm25Postings):
         """New documents ``(rowid, text per column...)`` with rowids above every known one."""
         if not rows:
             return
+        self._df.clear()
         version = self._current_version()
         if version != self._version or not self._loaded:
             self._reset()
@@ -54,7 +55,7 @@ class Bm25Writes(Bm25Postings):
         for phrase in [p for p in self._postings if _PHRASE in p]:  # not patched: recomputed
             self._cached -= len(self._postings.pop(phrase)[0])
         position = {int(i): start + n for n, i in enumerate(ids)}
-        for doc, counts in self._tokenize(rows).items():
+        for doc, counts in sorted(self._tokenize(rows).items()):  # postings stay in position order
             for stem, tf in counts.items():
                 cached = self._postings.get(stem)
                 if cached is not None:
@@ -64,6 +65,7 @@ class Bm25Writes(Bm25Postings):
                     )
 
     def removed(self, ids: Sequence[int]) -> None:
+        self._df.clear()
         if not self._loaded or not ids:
             return
         self._mark = None
@@ -76,6 +78,7 @@ class Bm25Writes(Bm25Postings):
 
     def changed(self, ids: Sequence[int]) -> None:
         """Documents whose text changed: new lengths; cached postings are dropped."""
+        self._df.clear()
         if not self._loaded or not ids:
             return
         self._mark = None

@@ -409,6 +409,34 @@ def test_damaged_bm25_file_is_rebuilt_with_a_warning(
     assert any("damaged" in r.getMessage() for r in caplog.records)
 
 
+def test_bm25_file_with_postings_out_of_order_is_rebuilt_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The top-k search looks documents up in a word's postings by bisection, so a file whose
+    postings are not in document order within a word is refused, not trusted."""
+    path = tmp_path / "k.sqlite"
+    _knowledge(path)
+    store = KnowledgeStore.open(path, FakeEmbedder())
+    expected = _rankings(store)
+    store.close()
+    bm25_file = _file(path, "bm25-knowledge_fts")
+    found = _index_files.read_index(bm25_file)
+    assert found is not None
+    arrays = {name: np.array(array) for name, array in found.arrays.items()}
+    first = arrays["positions"][: int(arrays["offsets"][1])]
+    assert len(first) >= 2
+    first[[0, 1]] = first[[1, 0]]  # one word's first two documents swapped
+    assert _index_files.write_index(bm25_file, found.meta, arrays)
+    with caplog.at_level(logging.WARNING, logger="memstrata.storage"):
+        store = KnowledgeStore.open(path, FakeEmbedder())
+        try:
+            assert _rankings(store) == expected
+            assert store._bm25.files_loaded == 0 and store._bm25.files_rejected == 1
+        finally:
+            store.close()
+    assert any("damaged" in r.getMessage() for r in caplog.records)
+
+
 # -- status ----------------------------------------------------------------------------------------
 
 

@@ -861,13 +861,13 @@ def test_hybrid_search_ranks_keywords_while_the_query_is_embedded(
         for text in texts:
             store.add(text, category="pattern")
             plain.add(text, category="pattern")
-        ranking = store._bm25.matches
+        ranking = store._bm25.top
 
         def keywords(*args: object, **kwargs: object) -> object:
             embedder.events.append(("keywords", ""))
             return ranking(*args, **kwargs)  # type: ignore[arg-type]
 
-        monkeypatch.setattr(store._bm25, "matches", keywords)
+        monkeypatch.setattr(store._bm25, "top", keywords)
         query = "webhook retry \ud800" + "x" * 9000  # a lone surrogate, longer than EMBED_CHARS
         hits = store.search(query, top_k=3)
         safe = query[:8192].encode("utf-8", "replace").decode("utf-8")

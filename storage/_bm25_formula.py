@@ -1,0 +1,33 @@
+"""FTS5's BM25 formula (k1 = 1.2, b = 0.75), shared by the scoring and the postings reads."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["K1", "B", "contribution", "idf_of", "weighted_tf"]
+
+K1 = 1.2
+B = 0.75
+
+FloatArray = npt.NDArray[np.float64]
+
+
+def idf_of(n: float, df: float) -> float:
+    """FTS5's idf: ``log((N - df + 0.5) / (df + 0.5))``, never below 1e-6 (a word in most
+    documents still counts a little)."""
+    idf = math.log((n - df + 0.5) / (df + 0.5))
+    return idf if idf > 0 else 1e-6
+
+
+def contribution(idf: float, tf: FloatArray, sizes: FloatArray, avg: float) -> FloatArray:
+    """What a word adds to the scores of documents of lengths ``sizes`` holding it ``tf`` times
+    (column weighted)."""
+    return idf * tf * (K1 + 1.0) / (tf + K1 * (1.0 - B + B * sizes / avg))
+
+
+def weighted_tf(idf: float, scores: FloatArray, sizes: FloatArray, avg: float) -> FloatArray:
+    """The ``tf`` whose :func:`contribution` is ``scores`` (a word scored alone by FTS5)."""
+    return scores * K1 * (1.0 - B + B * sizes / avg) / (idf * (K1 + 1.0) - scores)

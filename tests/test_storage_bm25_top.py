@@ -1,0 +1,197 @@
+"""The top-k BM25 search leaves out the commonest words' postings when they cannot change the
+result, and still returns exactly FTS5's best documents with FTS5's scores."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from memstrata.layers import KnowledgeStore
+from memstrata.storage import Bm25Index, _bm25_top
+from memstrata.storage._bm25_top import top_scored
+from tests.fakes import FakeEmbedder
+
+COMMON = ["queue", "retry", "cache"]  # in most documents
+RARE = ["kafka", "vector", "lock", "deploy", "token", "schema", "ranking", "offset"]
+COLUMNS = ["content", "tag_text", "ident"]
+
+
+def fts5_top(
+    store: KnowledgeStore, terms: list[str], limit: int, weights: tuple[float, ...], allowed: set[int] | None
+) -> list[tuple[int, float]]:
+    """FTS5's own ``bm25()`` ranking (scores rounded to 1e-9, ties by id), restricted to ``allowed``."""
+    match = " OR ".join('"' + t.replace('"', '""') + '"' for t in terms)
+    marks = ", ".join(str(w) for w in weights)
+    rows = store._db.query(
+        f"SELECT rowid, -bm25(knowledge_fts, {marks}) FROM knowledge_fts WHERE knowledge_fts MATCH ?",
+        (match,),
+    )
+    kept = [(int(r[0]), float(r[1])) for r in rows if allowed is None or int(r[0]) in allowed]
+    return sorted(kept, key=lambda r: (-round(r[1], 9), r[0]))[:limit]
+
+
+def document(rng: random.Random) -> dict[str, object]:
+    words = [w for w in COMMON if rng.random() < 0.8]
+    words += rng.sample(RARE, rng.randint(0, 2)) * rng.randint(1, 3)
+    words += ["filler"] * rng.randint(0, 12)
+    rng.shuffle(words)
+    tags = {rng.choice(RARE + COMMON): rng.choice(COMMON)} if rng.random() < 0.3 else {}
+    return {"content": " ".join(words) or "empty", "tags": tags}
+
+
+@pytest.fixture
+def store(data_dir: Path) -> Iterator[KnowledgeStore]:
+    with KnowledgeStore.open(data_dir / "top.sqlite", FakeEmbedder()) as ks:
+        yield ks
+
+
+def check(
+    index: Bm25Index,
+    store: KnowledgeStore,
+    terms: list[str],
+    limit: int,
+    weights: tuple[float, ...],
+    allowed: set[int] | None = None,
+) -> None:
+    ids, scores = index.top(terms, limit, sorted(allowed) if allowed is not None else None)
+    expected = fts5_top(store, terms, limit, weights, allowed)
+    assert ids.tolist() == [i for i, _ in expected], terms
+    assert scores.tolist() == pytest.approx([s for _, s in expected], rel=1e-9)
+
+
+def skip_whenever_allowed() -> Any:
+    """Leave words out whenever the bounds allow it (on a small store, reading them is cheaper)."""
+    return mock.patch.object(_bm25_top, "_TOKENIZE_COST", 0)
+
+
+def test_the_commonest_words_are_not_read_when_they_cannot_change_the_result(store: KnowledgeStore) -> None:
+    rng = random.Random(3)
+    store.add_many(document(rng) for _ in range(400))
+    index = Bm25Index(store._db, "knowledge_fts", COLUMNS, [1.0, 1.0, 1.0])
+    query = ["queue", "kafka", "lock"]
+    with skip_whenever_allowed():
+        check(index, store, query, 5, (1.0, 1.0, 1.0))
+        assert "kafka" in index._postings and "lock" in index._postings
+        assert "queue" not in index._postings  # scored for the few candidates from their text
+        assert index._df["queue"] == store._db.scalar(
+            "SELECT count(*) FROM knowledge_fts WHERE knowledge_fts MATCH 'queue'"
+        )
+        check(index, store, ["queue"], 5, (1.0, 1.0, 1.0))  # alone, it is read
+        assert "queue" in index._postings
+        check(index, store, query, 5, (1.0, 1.0, 1.0))  # now from its postings
+    index.reset()
+    check(index, store, query, 5, (1.0, 1.0, 1.0))
+    assert "queue" in index._postings  # with the real costs, reading 300 postings is cheaper
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    seed=st.integers(min_value=0, max_value=2**32 - 1),
+    size=st.integers(min_value=1, max_value=120),
+    query=st.lists(st.sampled_from(COMMON + RARE + ["don't"]), min_size=1, max_size=5, unique=True),
+    limit=st.integers(min_value=1, max_value=20),
+    weights=st.sampled_from([(1.0, 1.0, 1.0), (1.0, 0.5, 2.0)]),
+    share=st.sampled_from([None, 0.1, 0.5]),
+    deletes=st.integers(min_value=0, max_value=5),
+    adds=st.integers(min_value=0, max_value=6),
+    warm=st.booleans(),
+    eager=st.booleans(),
+)
+def test_top_equals_fts5_property(
+    data_dir: Path,
+    seed: int,
+    size: int,
+    query: list[str],
+    limit: int,
+    weights: tuple[float, ...],
+    share: float | None,
+    deletes: int,
+    adds: int,
+    warm: bool,
+    eager: bool,
+) -> None:
+    rng = random.Random(seed)
+    path = data_dir / f"top-{rng.getrandbits(64)}.sqlite"
+    with KnowledgeStore.open(path, FakeEmbedder()) as ks:
+        docs = [document(rng) for _ in range(size)]
+        for doc in docs[: size // 7]:
+            doc["content"] = f"{doc['content']} don't panic"
+        ids = ks.add_many(docs)
+        index = Bm25Index(ks._db, "knowledge_fts", COLUMNS, list(weights), track_writes=True)
+        if warm:
+            index.top(query, limit)
+            ks._bm25.top(query, limit)  # the store's own index: its cache is patched by writes
+        ids += ks.add_many(document(rng) for _ in range(adds))
+        for victim in rng.sample(ids, min(deletes, len(ids))):
+            ks.delete(victim)
+        allowed = None if share is None else {i for i in ids if rng.random() < share}
+        with mock.patch.object(_bm25_top, "_TOKENIZE_COST", 0 if eager else _bm25_top._TOKENIZE_COST):
+            check(index, ks, query, limit, weights, allowed)
+            check(ks._bm25, ks, query, limit, (1.0, 1.0, 1.0), allowed)
+
+
+@skip_whenever_allowed()
+def test_a_mask_filter_and_an_id_filter_agree(store: KnowledgeStore) -> None:
+    rng = random.Random(11)
+    ids = store.add_many(document(rng) for _ in range(300))
+    index = Bm25Index(store._db, "knowledge_fts", COLUMNS, [1.0, 1.0, 1.0])
+    even = {i for i in ids if i % 2 == 0}
+    by_ids = index.top(["queue", "retry", "deploy"], 10, sorted(even))
+    by_mask = index.top(["queue", "retry", "deploy"], 10, keep=lambda found: found % 2 == 0)
+    assert (
+        by_ids[0].tolist()
+        == by_mask[0].tolist()
+        == [i for i, _ in fts5_top(store, ["queue", "retry", "deploy"], 10, (1.0, 1.0, 1.0), even)]
+    )
+
+
+def test_top_scored_breaks_ties_by_lower_id() -> None:
+    ids = np.array([9, 3, 5, 1], dtype=np.int64)
+    scores = np.array([1.0, 2.0, 2.0, 0.5])
+    assert top_scored(ids, scores, 2)[0].tolist() == [3, 5]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(min_value=1, max_value=30), st.sampled_from([0.5, 1.0, 2.0])), max_size=60
+    ),
+    st.booleans(),
+)
+def test_counts_by_document_equal_a_sorted_grouping(
+    instances: list[tuple[int, float]], ordered: bool
+) -> None:
+    from memstrata.storage._bm25_postings import _sum_by_doc
+
+    if ordered:
+        instances = sorted(instances, key=lambda i: i[0])
+    docs = np.asarray([d for d, _ in instances], dtype=np.int64)
+    weights = np.asarray([w for _, w in instances], dtype=np.float64)
+    ids, tf = _sum_by_doc(docs, weights)
+    expected: dict[int, float] = {}
+    for doc, weight in instances:
+        expected[doc] = expected.get(doc, 0.0) + weight
+    assert ids.tolist() == sorted(expected)
+    assert tf.tolist() == pytest.approx([expected[d] for d in sorted(expected)])
+
+
+@pytest.mark.parametrize("word", ["don't", 'it"s', "l'état", "a'b'c"])
+def test_a_word_read_as_a_phrase_scores_as_fts5(store: KnowledgeStore, word: str) -> None:
+    """A query word of several tokens is matched and scored by FTS5 as a phrase, quotes and
+    accents included; only documents holding its tokens in order count."""
+    rng = random.Random(41)
+    tokens = word.replace('"', "'").split("'")
+    texts = [" ".join(tokens), " ".join(reversed(tokens)), f"{word} {word} filler", "filler only"]
+    store.add_many({"content": rng.choice(texts) + f" doc{i}"} for i in range(60))
+    index = Bm25Index(store._db, "knowledge_fts", COLUMNS, [1.0, 0.5, 2.0])
+    assert any("\x00" in stem for stem in index.stems([word]))
+    check(index, store, [word, "filler"], 10, (1.0, 0.5, 2.0))
+    check(index, store, [word], 10, (1.0, 0.5, 2.0))
