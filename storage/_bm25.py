@@ -61,7 +61,7 @@ class Bm25Index(Bm25Files, Bm25Writes, Bm25Top):
             )
             rows = self._db.query(f"SELECT doc, term FROM {self._tok_vocab} ORDER BY doc, col, offset")
         finally:
-            self._db.execute(f"DELETE FROM temp.{self._tok}")
+            self._clear_scratch()
             scratch = int(self._db.conn.total_changes) - before
             _SCRATCH_CHANGES[self._db] = _SCRATCH_CHANGES.get(self._db, 0) + scratch
         tokens: dict[int, list[str]] = {}

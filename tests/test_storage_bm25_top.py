@@ -195,3 +195,22 @@ def test_a_word_read_as_a_phrase_scores_as_fts5(store: KnowledgeStore, word: str
     assert any("\x00" in stem for stem in index.stems([word]))
     check(index, store, [word, "filler"], 10, (1.0, 0.5, 2.0))
     check(index, store, [word], 10, (1.0, 0.5, 2.0))
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    start=st.integers(min_value=1, max_value=1000),
+    size=st.integers(min_value=1, max_value=50),
+    gaps=st.lists(st.integers(min_value=0, max_value=49), max_size=5),
+    asked=st.lists(st.integers(min_value=-5, max_value=1100), max_size=30),
+)
+def test_positions_of_ids_with_and_without_gaps(
+    store: KnowledgeStore, start: int, size: int, gaps: list[int], asked: list[int]
+) -> None:
+    """Ids without a gap are placed by arithmetic, others by bisection: both give each id's
+    index among the known ids, -1 for an unknown one."""
+    index = Bm25Index(store._db, "knowledge_fts", COLUMNS, [1.0, 1.0, 1.0])
+    known = [start + i for i in range(size) if i not in set(gaps) or i == 0]
+    index._ids = np.asarray(known, dtype=np.int64)
+    got = index._positions(np.asarray(asked, dtype=np.int64)).tolist()
+    assert got == [known.index(i) if i in known else -1 for i in asked]
