@@ -130,6 +130,10 @@ def test_fingerprints_of_large_ids_stay_in_range_and_tell_sets_apart(tmp_path: P
         a, b, c = (_fingerprint(db, "id", t) for t in ("a", "b", "c"))
         assert a == c  # the same ids in another order
         assert a[:2] == b[:2] and a != b  # same count and same sum of ids: the squares differ
-        assert _fingerprint(db, "id", "a WHERE 0") == (0, 0, 0)
+        assert a[3] and b[3]  # squares past 64 bits: residues modulo a prime
+        assert _fingerprint(db, "id", "a WHERE 0") == (0, 0, 0, False)
+        small = _fingerprint(db, "id", "b WHERE id BETWEEN 0 AND 100")
+        assert small == (3, 60, 10**2 + 15**2 + 35**2, False)  # plain sums while they fit
+        assert small != _fingerprint(db, "id", "a WHERE id BETWEEN 0 AND 100")
     finally:
         db.close()
