@@ -89,11 +89,7 @@ class _Delivery:
         self._queue.put((sub_id, signal))
 
     def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            sub_id, signal = item
+        for sub_id, signal in iter(self._queue.get, None):  # None: the board stops
             try:
                 with self._lock:
                     callback = self._callbacks.get(sub_id)

@@ -322,11 +322,7 @@ class BatchingEmbedder(ModelIdentity, FutureWatchdog):
     def _run_queries(self) -> None:
         """Queries have a thread of their own: never queued behind a document batch, and with a
         thread-safe model computed while a batch is."""
-        while True:
-            item = self._query_queue.get()
-            if item is None:
-                return
-            text, future = item
+        for text, future in iter(self._query_queue.get, None):  # None: the service stops
             try:
                 raw = self._model_call(functools.partial(self.inner.embed_query, text), 1, "query")
                 vector = check_model_rows(self._model_id, self._dim, np.asarray(raw).reshape(1, -1), 1)[0]
@@ -347,10 +343,7 @@ class BatchingEmbedder(ModelIdentity, FutureWatchdog):
                 future.set_result(vector)
 
     def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
+        for item in iter(self._queue.get, None):  # None: the service stops
             batch = [item]
             size = len(item.texts)
             deadline = time.monotonic() + self.max_wait_s

@@ -221,8 +221,7 @@ class _FileIndexActor(MemoryActor):
 class WorkspaceActor(_FileIndexActor):
     """An agent's memory workspace (``MEMORY.md``, ``memory/*.md``); key: the agent id."""
 
-    kind = "workspace"
-    source = "file"
+    kind = "workspace"  # its hits' source: "file", as the base says
 
     def __init__(self, runtime: Any, key: str, owner: str | None = None) -> None:
         super().__init__(runtime, key, owner)

@@ -115,6 +115,14 @@ def pretask_busy(ctx: Context, model: Embedder, data: Path, entries: int, fill_n
     busy_note = _busy_note(counts, before, after, elapsed)
     at = f"@{entries // 1000}k"
     base = "query embedding alone, same run, interleaved"
+
+    def against_embedding(what: str, sample: str, notes: str) -> Row:
+        """The p50 of ``sample``, beside the query embedding's own p50."""
+        p50 = percentile(samples[sample], 50)
+        return Row(
+            GROUP, f"{what} p50 {at}, agents busy", p50, "ms", baseline=e50, baseline_name=base, notes=notes
+        )
+
     return [
         Row(
             GROUP,
@@ -139,23 +147,15 @@ def pretask_busy(ctx: Context, model: Embedder, data: Path, entries: int, fill_n
             baseline=percentile(embedding, 99),
             baseline_name=f"{base} (p99)",
         ),
-        Row(
-            GROUP,
-            f"query embedding through the system's service p50 {at}, agents busy",
-            percentile(samples["service"], 50),
-            "ms",
-            baseline=e50,
-            baseline_name=base,
-            notes="queued with the busy agents' document batches: a ratio near 1 means queries go first",
+        against_embedding(
+            "query embedding through the system's service",
+            "service",
+            "queued with the busy agents' document batches: a ratio near 1 means queries go first",
         ),
-        Row(
-            GROUP,
-            f"query_knowledge p50 {at}, agents busy",
-            percentile(samples["search"], 50),
-            "ms",
-            baseline=e50,
-            baseline_name=base,
-            notes="the agent's own store alone (embedding + hybrid search of its entries): what begin_task "
+        against_embedding(
+            "query_knowledge",
+            "search",
+            "the agent's own store alone (embedding + hybrid search of its entries): what begin_task "
             "adds to the embedding is mostly this search",
         ),
         Row(GROUP, f"begin_task fallbacks {at}, agents busy", fallbacks, "prompts", "0", met=fallbacks == 0),

@@ -49,6 +49,7 @@ __all__ = [
     "object_schema",
     "parse_time",
     "pick",
+    "returns",
     "search_result",
     "session_lane",
     "string",
@@ -252,10 +253,13 @@ def search_result(found: Any, hits: list[Any]) -> dict[str, Any]:
     }
 
 
-QUEUED = {
-    "type": "object",
-    "properties": {"task_id": {"type": "string"}, "queued": {"type": "boolean"}, "outbox_id": {}},
-}
+def returns(**fields: str) -> dict[str, Any]:
+    """The schema of a result object: each field's JSON type (``"any"``: any value)."""
+    properties = {name: {} if kind == "any" else {"type": kind} for name, kind in fields.items()}
+    return {"type": "object", "properties": properties}
+
+
+QUEUED = returns(task_id="string", queued="boolean", outbox_id="any")
 
 
 def parse_time(value: str, name: str) -> dt.datetime:

@@ -23,12 +23,14 @@ from ._operation import (
     Param,
     agent_lane,
     pick,
+    returns,
     search_result,
     string,
     times,
 )
 
 _OPS = OperationList()
+_KEY = Param("key", string("The key.", max_length=ID_LIMIT), True)
 _MISSING = object()
 _TASK_ID = Param("task_id", string("The task's id.", max_length=ID_LIMIT), True)
 _TASK_SPACE = Param(
@@ -54,7 +56,7 @@ _TASK_SPACE = Param(
         Param("kind", string("What kind of episode (note, turn, outcome, ...).", max_length=64)),
         Param("at", {**TIME, "description": "When it happened (default: now)."}),
     ),
-    {"type": "object", "properties": {"id": {}}},
+    returns(id="any"),
     read_only=False,
     lane=agent_lane,
 )
@@ -140,7 +142,7 @@ def _get_episode(ctx: Context, p: dict[str, Any]) -> Any:
     "Delete one live episode for good (no search or later archive returns it); {deleted} says "
     "whether it existed.",
     (AGENT_ID, Param("episode_id", _EPISODE_ID, True)),
-    {"type": "object", "properties": {"deleted": {"type": "boolean"}}},
+    returns(deleted="boolean"),
     read_only=False,
     destructive=True,
     idempotent=True,
@@ -164,7 +166,7 @@ def _delete_episode(ctx: Context, p: dict[str, Any]) -> Any:
             "path", {**_PATH, "description": "The archive file to write (default: one under the data dir)."}
         ),
     ),
-    {"type": "object", "properties": {"path": {"type": "string"}, "archived": {"type": "integer"}}},
+    returns(path="string", archived="integer"),
     read_only=False,
     lane=agent_lane,
 )
@@ -179,7 +181,7 @@ def _archive_episodes(ctx: Context, p: dict[str, Any]) -> Any:
     "Bring the episodes of an archive file back into the agent's memory; {restored} counts the "
     "new ones (restoring twice adds nothing).",
     (AGENT_ID, Param("path", {**_PATH, "description": "The archive file to restore."}, True)),
-    {"type": "object", "properties": {"restored": {"type": "integer"}}},
+    returns(restored="integer"),
     read_only=False,
     idempotent=True,
     lane=agent_lane,
@@ -215,7 +217,7 @@ def _promote_episode(ctx: Context, p: dict[str, Any]) -> Any:
     "tasks",
     "Pre-task retrieval: the prompt {text, fallback, reason, hits} within the retrieval budget.",
     (AGENT_ID, _TASK_ID, Param("description", string("What the task is."), True)),
-    {"type": "object", "properties": {"text": {"type": "string"}, "fallback": {"type": "boolean"}}},
+    returns(text="string", fallback="boolean"),
     read_only=True,
     lane=agent_lane,
 )
@@ -254,12 +256,12 @@ _write_back(
     "optionally expiring.",
     (
         AGENT_ID,
-        Param("key", string("The key.", max_length=ID_LIMIT), True),
+        _KEY,
         Param("value", {"description": "Any JSON value."}, True),
         Param("ttl_s", {"type": "number", "exclusiveMinimum": 0, "description": "Expire after seconds."}),
         _TASK_SPACE,
     ),
-    {"type": "object", "properties": {"key": {"type": "string"}, "stored": {"type": "boolean"}}},
+    returns(key="string", stored="boolean"),
     read_only=False,
     idempotent=True,
     lane=agent_lane,
@@ -273,8 +275,8 @@ def _set_working(ctx: Context, p: dict[str, Any]) -> Any:
     "get_working",
     "working",
     "Read a working-memory key: {key, found, value}.",
-    (AGENT_ID, Param("key", string("The key.", max_length=ID_LIMIT), True), _TASK_SPACE),
-    {"type": "object", "properties": {"found": {"type": "boolean"}, "value": {}}},
+    (AGENT_ID, _KEY, _TASK_SPACE),
+    returns(found="boolean", value="any"),
     read_only=True,
     lane=agent_lane,
 )
@@ -294,7 +296,7 @@ def _get_working(ctx: Context, p: dict[str, Any]) -> Any:
         Param("key", string("The key (omit to clear every key of the space).", max_length=ID_LIMIT)),
         _TASK_SPACE,
     ),
-    {"type": "object", "properties": {"removed": {"type": "integer"}}},
+    returns(removed="integer"),
     read_only=False,
     destructive=True,
     idempotent=True,

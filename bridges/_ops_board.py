@@ -17,17 +17,10 @@ from typing import Any
 from memstrata.core.errors import InvalidInputError
 
 from . import _convert
-from ._operation import (
-    ID_LIMIT,
-    SESSION_ID,
-    Context,
-    OperationList,
-    Param,
-    session_lane,
-    string,
-)
+from ._operation import ID_LIMIT, SESSION_ID, Context, OperationList, Param, returns, session_lane, string
 
 _OPS = OperationList()
+_KEY = Param("key", string("The signal's key.", max_length=1024), True)
 
 
 @_OPS.add(
@@ -36,11 +29,11 @@ _OPS = OperationList()
     "Publish a blackboard signal (any JSON value); subscribers are notified.",
     (
         SESSION_ID,
-        Param("key", string("The signal's key.", max_length=1024), True),
+        _KEY,
         Param("value", {"description": "Any JSON value."}, True),
         Param("publisher", string("Who publishes it.", max_length=ID_LIMIT)),
     ),
-    {"type": "object", "properties": {"key": {"type": "string"}, "version": {"type": "integer"}}},
+    returns(key="string", version="integer"),
     read_only=False,
     lane=session_lane,
 )
@@ -53,8 +46,8 @@ def _publish(ctx: Context, p: dict[str, Any]) -> Any:
     "get_signal",
     "board",
     "Read a blackboard signal; value is null and found false when unset.",
-    (SESSION_ID, Param("key", string("The signal's key.", max_length=1024), True)),
-    {"type": "object", "properties": {"found": {"type": "boolean"}, "value": {}}},
+    (SESSION_ID, _KEY),
+    returns(found="boolean", value="any"),
     read_only=True,
     lane=session_lane,
 )
@@ -87,8 +80,8 @@ def _list_signals(ctx: Context, p: dict[str, Any]) -> Any:
     "delete_signal",
     "board",
     "Remove a blackboard key; subscribers get a signal with deleted true and value null.",
-    (SESSION_ID, Param("key", string("The signal's key.", max_length=1024), True)),
-    {"type": "object", "properties": {"key": {"type": "string"}, "deleted": {"type": "boolean"}}},
+    (SESSION_ID, _KEY),
+    returns(key="string", deleted="boolean"),
     read_only=False,
     destructive=True,
     idempotent=True,
@@ -209,7 +202,7 @@ def _subscribe(ctx: Context, p: dict[str, Any]) -> Any:
         SESSION_ID,
         Param("subscription_id", {"type": "integer", "minimum": 1, "description": "From subscribe."}, True),
     ),
-    {"type": "object", "properties": {"removed": {"type": "boolean"}}},
+    returns(removed="boolean"),
     read_only=True,
     idempotent=True,
     lane=session_lane,

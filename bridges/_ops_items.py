@@ -10,7 +10,7 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-from ._operation import ID_LIMIT, Context, OperationList, Param, pick, string
+from ._operation import ID_LIMIT, Context, OperationList, Param, pick, returns, string
 
 _OPS = OperationList()
 
@@ -87,7 +87,7 @@ def _item(item: Any) -> dict[str, Any]:
             },
         ),
     ),
-    {"type": "object", "properties": {"namespace": {"type": "array"}, "key": {"type": "string"}}},
+    returns(namespace="array", key="string"),
     read_only=False,
     idempotent=True,
     lane=items_lane,

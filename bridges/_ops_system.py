@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._operation import Context, OperationList, Param, string
+from ._operation import Context, OperationList, Param, returns, string
 
 _OPS = OperationList()
 
@@ -21,7 +21,7 @@ _PATH = Param(
     "Write every agent's knowledge, the shared store, episodes (archives too), working memory, "
     "blackboards and items to a file as sorted JSON lines, for diffs, backups and moves.",
     (_PATH,),
-    {"type": "object", "properties": {"path": {"type": "string"}, "lines": {"type": "integer"}}},
+    returns(path="string", lines="integer"),
     read_only=True,
     idempotent=True,
 )

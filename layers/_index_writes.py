@@ -38,22 +38,15 @@ class _Pending:
     purged: bool  # same content, new signature
 
 
+@dataclass(slots=True, eq=False)  # a writer, not a value: compared by identity
 class ChunkWriter:
     """Writes chunks, vectors and file rows into one index database (the caller's connection)."""
 
-    def __init__(
-        self,
-        db: Database,
-        vectors: VectorIndex | None,
-        cache: EmbeddingCache,
-        embedder: Embedder | None,
-        signature: str,
-    ) -> None:
-        self.db = db
-        self.vectors = vectors
-        self.cache = cache
-        self.embedder = embedder
-        self.signature = signature
+    db: Database
+    vectors: VectorIndex | None
+    cache: EmbeddingCache
+    embedder: Embedder | None
+    signature: str
 
     @property
     def semantic(self) -> bool:

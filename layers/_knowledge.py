@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Final
 
 import numpy as np
@@ -162,12 +161,7 @@ class KnowledgeStore(KnowledgeSearch):
         self._check_open()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:

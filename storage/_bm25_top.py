@@ -202,10 +202,11 @@ class Bm25Top(Bm25Postings):
         for idf, stem, _ in rest:
             cached = self._postings.get(stem)
             if cached is not None:
-                at = np.searchsorted(cached[0], pos)
-                at = np.minimum(at, max(len(cached[0]) - 1, 0))
-                hit = cached[0][at] == pos if len(cached[0]) else np.zeros(len(pos), dtype=bool)
-                tf = np.where(hit, cached[1][at] if len(cached[0]) else 0.0, 0.0)
+                holders, counted = cached  # positions in ascending order
+                if len(holders) == 0:
+                    continue
+                at = np.minimum(np.searchsorted(holders, pos), len(holders) - 1)
+                tf = np.where(holders[at] == pos, counted[at], 0.0)
             else:
                 if counts is None:
                     wanted = [s for _, s, _ in rest if s not in self._postings]
