@@ -97,23 +97,51 @@ class Bm25Top(Bm25Postings):
         done = len(plan)
         for i, (idf, stem, df) in enumerate(plan):
             if i and df >= check_from and left[i] < left[0] - left[i]:
-                cut, partial = self._kth(scores, allowed, limit)
-                if cut > left[i] and self._skipping_pays(
-                    int(np.count_nonzero(partial >= cut - left[i])), plan[i:]
-                ):
-                    done = i
-                    break
+                found = self._found(scores)
+                best, share = self._allowed_best(found, scores[found], limit, allowed)
+                if len(best) >= limit:
+                    cut = float(np.partition(scores[found[best]], len(best) - limit)[len(best) - limit])
+                    # allowed documents that could still reach the cut, estimated from the share
+                    # of the best ones the filter allowed
+                    contenders = int(np.count_nonzero(scores[found] >= cut - left[i]) * share)
+                    if cut > left[i] and self._skipping_pays(contenders, plan[i:]):
+                        done = i
+                        break
             pos, tf = self._postings_of(stem)
             if len(pos):
                 scores[pos] += self._contribution(idf, pos, tf, avg)
+        found = self._found(scores)
+        if done < len(plan):
+            return self._finish(found, scores[found], plan[done:], left[done], limit, avg, allowed)
+        best, _ = self._allowed_best(found, scores[found], limit, allowed)
+        return top_scored(self._ids[found[best]], scores[found[best]], limit)
+
+    def _found(self, scores: FloatArray) -> npt.NDArray[np.int64]:
+        """Positions of the live documents with a score."""
         found = np.flatnonzero(scores > 0.0)
-        if self._live != len(self._ids):
-            found = found[self._alive[found]]
-        if allowed is not None:
-            found = found[allowed(found)]
-        if done == len(plan):
-            return top_scored(self._ids[found], scores[found], limit)
-        return self._finish(found, scores[found], plan[done:], left[done], limit, avg)
+        return found if self._live == len(self._ids) else found[self._alive[found]]
+
+    def _allowed_best(
+        self, found: npt.NDArray[np.int64], values: FloatArray, limit: int, allowed: PositionMask | None
+    ) -> tuple[npt.NDArray[np.int64], float]:
+        """Indexes into ``found`` (scored ``values``) of the allowed documents among the best
+        ones, enough that no other allowed one can be among the ``limit`` best: at least
+        ``limit`` of them, each scoring above every candidate left unchecked (or every allowed
+        candidate). The filter is asked about the best candidates only, four times as many at
+        each step; also the share of those it allowed."""
+        if allowed is None:
+            return np.arange(len(found)), 1.0
+        m = max(4 * limit, 256)
+        while True:
+            if m >= len(found):
+                checked = np.arange(len(found))
+            else:
+                floor = np.partition(values, len(values) - m)[len(values) - m]
+                checked = np.flatnonzero(values >= floor)  # ties with the floor included
+            best = checked[allowed(found[checked])]
+            if len(best) >= limit or len(checked) == len(found):
+                return best, len(best) / max(len(checked), 1)
+            m *= 4
 
     def _allowed_mask(self, allow: PositionMask | None) -> PositionMask | None:
         """``allow`` evaluated at most once per position (the checks ask again as words are added)."""
@@ -130,19 +158,6 @@ class Bm25Top(Bm25Postings):
             return ok[pos]
 
         return mask
-
-    def _kth(self, scores: FloatArray, allowed: PositionMask | None, limit: int) -> tuple[float, FloatArray]:
-        """The ``limit``-th best score so far among live allowed documents (0.0 when fewer),
-        and the scores of all of them."""
-        found = np.flatnonzero(scores > 0.0)
-        if self._live != len(self._ids):
-            found = found[self._alive[found]]
-        if allowed is not None and len(found) >= limit:
-            found = found[allowed(found)]
-        partial = scores[found]
-        if len(found) < limit:
-            return 0.0, partial
-        return float(np.partition(partial, len(found) - limit)[len(found) - limit]), partial
 
     def _skipping_pays(self, contenders: int, rest: list[tuple[float, str, int]]) -> bool:
         """Whether scoring ``contenders`` documents exactly costs less than reading the words
@@ -166,13 +181,19 @@ class Bm25Top(Bm25Postings):
         rest_bound: float,
         limit: int,
         avg: float,
+        allowed: PositionMask | None,
     ) -> tuple[IntArray, FloatArray]:
-        """Add the words left (``rest``) to the documents found, best partial score first,
-        until the next one cannot reach the ``limit``-th exact score."""
-        if len(found) > limit:  # the final cut is at least the limit-th partial score
-            floor = np.partition(partial, len(found) - limit)[len(found) - limit] - rest_bound
-            contenders = partial >= floor
-            found, partial = found[contenders], partial[contenders]
+        """Add the words left (``rest``) to the allowed documents found, best partial score
+        first, until the next one cannot reach the ``limit``-th exact score."""
+        best, _ = self._allowed_best(found, partial, limit, allowed)
+        if len(best) >= limit:  # the final cut is at least the limit-th allowed partial score
+            floor = np.partition(partial[best], len(best) - limit)[len(best) - limit] - rest_bound
+            contenders = np.flatnonzero(partial >= floor)
+        else:  # every allowed document found is in ``best``
+            contenders = best
+        if allowed is not None and len(best) >= limit:
+            contenders = contenders[allowed(found[contenders])]
+        found, partial = found[contenders], partial[contenders]
         order = np.lexsort((self._ids[found], -partial))
         taken: list[npt.NDArray[np.int64]] = []
         exact: list[FloatArray] = []

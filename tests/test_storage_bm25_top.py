@@ -138,19 +138,32 @@ def test_top_equals_fts5_property(
             check(ks._bm25, ks, query, limit, (1.0, 1.0, 1.0), allowed)
 
 
-@skip_whenever_allowed()
-def test_a_mask_filter_and_an_id_filter_agree(store: KnowledgeStore) -> None:
+@pytest.mark.parametrize("every", [2, 40, 700])
+def test_a_mask_filter_and_an_id_filter_agree(store: KnowledgeStore, every: int) -> None:
+    """A filter is asked about the best candidates first and about more only while fewer than
+    ``limit`` of them pass (one id in 40: a second round; one in 700: none pass)."""
     rng = random.Random(11)
-    ids = store.add_many(document(rng) for _ in range(300))
+    ids = store.add_many(document(rng) for _ in range(700))
     index = Bm25Index(store._db, "knowledge_fts", COLUMNS, [1.0, 1.0, 1.0])
-    even = {i for i in ids if i % 2 == 0}
-    by_ids = index.top(["queue", "retry", "deploy"], 10, sorted(even))
-    by_mask = index.top(["queue", "retry", "deploy"], 10, keep=lambda found: found % 2 == 0)
-    assert (
-        by_ids[0].tolist()
-        == by_mask[0].tolist()
-        == [i for i, _ in fts5_top(store, ["queue", "retry", "deploy"], 10, (1.0, 1.0, 1.0), even)]
-    )
+    kept = {i for i in ids if i % every == 0}
+    asked: list[int] = []
+
+    def keep(found: np.ndarray) -> np.ndarray:
+        asked.append(len(found))
+        return np.asarray(found % every == 0)
+
+    query = ["queue", "retry", "deploy"]
+    expected = [i for i, _ in fts5_top(store, query, 10, (1.0, 1.0, 1.0), kept)]
+    for eager in (True, False):
+        with mock.patch.object(_bm25_top, "_TOKENIZE_COST", 0 if eager else _bm25_top._TOKENIZE_COST):
+            index.reset()
+            asked.clear()
+            assert index.top(query, 10, sorted(kept))[0].tolist() == expected
+            assert index.top(query, 10, keep=keep)[0].tolist() == expected
+            matched = len(fts5_top(store, query, 10_000, (1.0, 1.0, 1.0), None))
+            assert sum(asked) <= matched  # each candidate asked about once at most
+            if every == 2:
+                assert sum(asked) < matched  # the best ones sufficed
 
 
 def test_top_scored_breaks_ties_by_lower_id() -> None:
