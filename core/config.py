@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from memstrata.core.constants import APPROXIMATE_FROM
 from memstrata.core.errors import ConfigError
 
 __all__ = [
@@ -71,8 +72,8 @@ class SearchConfig:
     keyword_weight: float = 1.5
     depth: int = 50  # candidates per list before fusion
     # live vectors from which a store's vector search scans only the inverted lists nearest the
-    # query (measured recall, see the README); None: always exact
-    approximate_from: int | None = 100_000
+    # query (measured recall: docs/storage.md); None: always exact
+    approximate_from: int | None = APPROXIMATE_FROM
 
     def __post_init__(self) -> None:
         if self.approximate_from is not None and self.approximate_from < 1:

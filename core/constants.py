@@ -12,6 +12,7 @@ from typing import Final
 
 __all__ = [
     "AGENT_ID_PATTERN",
+    "APPROXIMATE_FROM",
     "CATEGORY_PATTERN",
     "DEFAULT_SESSION",
     "EMBED_CHARS",
@@ -46,6 +47,11 @@ MAX_TOP_K: Final = 1_000
 
 MAX_LIST_LIMIT: Final = 10_000
 """Most entries one listing page returns."""
+
+APPROXIMATE_FROM: Final = 200_000
+"""Live vectors from which a store's vector search scans only the inverted lists nearest the
+query; below, it scans every row (exact, ~1 ms more at 100k than probing, which measured
+recall@10 0.94 there)."""
 
 MODES: Final = ("hybrid", "vector", "keyword")
 """Search modes: both rankings fused, the vector ranking alone, the keyword ranking alone."""

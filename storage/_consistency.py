@@ -17,10 +17,10 @@ What it compares and repairs:
   are compared by an order-free checksum of each set (count, sum and sum of squares of the ids,
   over residues modulo a prime when the sums would not fit 64 bits), computed in SQL from
   integer keys at every open: no stored mark is trusted, so a store changed behind our back is
-  still caught, and a consistent store costs ~15 ms per 100k rows. Only when the checksums differ are both sets read: a vector whose content row
-  is gone is deleted; a row that should have a vector but has none is handed to the layer's
-  ``repair_missing`` callback (which embeds it, or marks it pending), or counted if there is
-  none.
+  still caught, and a consistent store costs ~15 ms per 100k rows. Only when the checksums
+  differ are both sets read: a vector whose content row is gone is deleted; a row that should
+  have a vector but has none is handed to the layer's ``repair_missing`` callback (which embeds
+  it, or marks it pending), or counted if there is none.
 
 Detection and the cheap repairs run in one write transaction, so another process writing at the
 same time is never mistaken for an inconsistency.

@@ -16,7 +16,7 @@ log entry it reflects; when another connection commits (``PRAGMA data_version`` 
 only the newer entries and re-reads those rows, so a refresh costs what changed, not the table.
 It reloads everything only when the log cannot explain the gap (pruned past it, a ``reset``).
 
-At scale (``approximate_from`` live vectors, 100k by default) unfiltered and ``where``-filtered
+At scale (``approximate_from`` live vectors, 200k by default) unfiltered and ``where``-filtered
 searches scan only the inverted lists nearest the query (:mod:`._ivf`) and rank what they scan by
 exact similarity: measured recall@10 >= 0.99, see ``benchmarks/bench_vectors.py``. Searches with
 ``candidates``, ``exact=True`` and smaller mirrors stay exact. The lists are stored once built
@@ -35,6 +35,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from memstrata.core.constants import APPROXIMATE_FROM
 from memstrata.core.errors import InvalidInputError, StorageError
 
 from ._connection import Database
@@ -53,7 +54,6 @@ VEC0_MAX_K = 4096  # sqlite-vec refuses larger k in one KNN query
 METADATA_TYPES = ("text", "integer", "float", "boolean")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
-APPROXIMATE_FROM = 100_000  # live vectors from which searches use the inverted lists
 
 _BULK_DELETE = 64  # from this many vec0 deletes, sort them by chunk and raise the page cache
 _BULK_CACHE_KIB = 65_536
