@@ -19,6 +19,7 @@ from memstrata.storage import (
     FTS_TOKENIZER,
     KeywordTable,
     cjk_runs,
+    identifier_words,
     text_hash,
 )
 from memstrata.storage._migrations import Migration, NamedMigration
@@ -200,12 +201,29 @@ class _Item:
     author: str | None
     hash: bytes = b""
     key: tuple[bytes, str, str] = (b"", "", "")  # (hash, category, scope), set with the hash
+    # the indexed texts of a new row (set by ``prepare``; ``tag_text`` and ``cjk`` again when
+    # a duplicate later in the same batch merges its tags into this item)
+    tag_text: str = ""
+    ident: str = ""
+    cjk: str = ""
 
     def seal(self) -> _Item:
         """Compute the content hash and the dedup key (once: a bulk load asks for it often)."""
         self.hash = text_hash(self.content)
         self.key = (self.hash, self.category, self.scope)
         return self
+
+    def prepare(self) -> None:
+        """Everything a write needs that depends on this item alone: the dedup key and the
+        indexed texts. Pure (no database): a bulk load runs it on a worker thread."""
+        self.seal()
+        self.ident = identifier_words(self.content)
+        self.retag()
+
+    def retag(self) -> None:
+        """The tag text and the CJK runs from the current tags."""
+        self.tag_text = _tag_text(self.tags) if self.tags else ""
+        self.cjk = _cjk_text(self.content, self.tag_text)
 
 
 def _merge_into(refresh: dict[int, _Item], row_id: int, item: _Item) -> None:

@@ -7,6 +7,8 @@ import math
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from memstrata.core import constants, validation
 from memstrata.errors import InvalidInputError
@@ -344,3 +346,14 @@ def test_to_jsonable_is_the_one_json_helper() -> None:
         "vector": [0.0, 1.0],
         "7": 5,
     }
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.text(max_size=40), st.text(alphabet=" \t\n\r\x0b\x0c", max_size=5), st.integers()))
+def test_plain_content_is_content_the_full_check_returns_unchanged(value: object) -> None:
+    """The bulk load's shortcut accepts only what ``check_content`` accepts, unchanged."""
+    if validation.is_plain_content(value, max_bytes=30):
+        assert validation.check_content(value, max_bytes=30) == value
+    elif isinstance(value, str) and value.isascii() and len(value) <= 30:
+        with pytest.raises(InvalidInputError):  # ASCII it turns down is refused by the full check
+            validation.check_content(value, max_bytes=30)
