@@ -1,15 +1,23 @@
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 import memstrata.storage._connection as connection_module
 from memstrata.storage import disable_vec_for_tests
 from tests.fakes import FakeEmbedder
+
+# Property tests draw the same examples on every run (a suite that passes passes again);
+# HYPOTHESIS_PROFILE=explore draws new ones, to look for what the fixed ones miss.
+settings.register_profile("repeatable", derandomize=True, database=None)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 
 @pytest.fixture

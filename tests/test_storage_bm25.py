@@ -30,7 +30,7 @@ def fts5_ranking(store: KnowledgeStore, terms: list[str], limit: int) -> list[in
         "SELECT rowid, bm25(knowledge_fts, 1.0, 1.0, 1.0) FROM knowledge_fts WHERE knowledge_fts MATCH ?",
         (match,),
     )
-    ordered = sorted(rows, key=lambda r: (round(r[1], 9), r[0]))
+    ordered = sorted(rows, key=lambda r: (float(f"{r[1]:.9g}"), r[0]))  # 9 significant digits
     return [int(r[0]) for r in ordered[:limit]]
 
 

@@ -4,6 +4,7 @@ result, and still returns exactly FTS5's best documents with FTS5's scores."""
 from __future__ import annotations
 
 import random
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ def fts5_top(
         (match,),
     )
     kept = [(int(r[0]), float(r[1])) for r in rows if allowed is None or int(r[0]) in allowed]
-    return sorted(kept, key=lambda r: (-round(r[1], 9), r[0]))[:limit]
+    return sorted(kept, key=lambda r: (-float(f"{r[1]:.9g}"), r[0]))[:limit]  # 9 significant digits
 
 
 def document(rng: random.Random) -> dict[str, object]:
@@ -119,7 +120,7 @@ def test_top_equals_fts5_property(
     eager: bool,
 ) -> None:
     rng = random.Random(seed)
-    path = data_dir / f"top-{rng.getrandbits(64)}.sqlite"
+    path = data_dir / f"top-{uuid.uuid4().hex}.sqlite"  # a new store for every example
     with KnowledgeStore.open(path, FakeEmbedder()) as ks:
         docs = [document(rng) for _ in range(size)]
         for doc in docs[: size // 7]:
