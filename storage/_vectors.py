@@ -16,7 +16,7 @@ log entry it reflects; when another connection commits (``PRAGMA data_version`` 
 only the newer entries and re-reads those rows, so a refresh costs what changed, not the table.
 It reloads everything only when the log cannot explain the gap (pruned past it, a ``reset``).
 
-At scale (``approximate_from`` live vectors, 200k by default) unfiltered and ``where``-filtered
+At scale (``approximate_from`` live vectors, 100k by default) unfiltered and ``where``-filtered
 searches scan only the inverted lists nearest the query (:mod:`._ivf`) and rank what they scan by
 exact similarity: measured recall@10 >= 0.99, see ``benchmarks/bench_vectors.py``. Searches with
 ``candidates``, ``exact=True`` and smaller mirrors stay exact. The lists are stored once built

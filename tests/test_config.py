@@ -212,7 +212,7 @@ def test_docs_document_every_config_key_with_its_default() -> None:
 
 
 def test_approximate_search_threshold(isolated: Path) -> None:
-    assert Config().search.approximate_from == 200_000
+    assert Config().search.approximate_from == 100_000
     assert Config.load(env={"MEMSTRATA_SEARCH__APPROXIMATE_FROM": "none"}).search.approximate_from is None
     assert Config.load(env={"MEMSTRATA_SEARCH__APPROXIMATE_FROM": "5000"}).search.approximate_from == 5000
     path = _write(isolated / "cfg.toml", "[search]\napproximate_from = 0\n")

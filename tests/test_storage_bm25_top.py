@@ -70,7 +70,7 @@ def check(
 
 def skip_whenever_allowed() -> Any:
     """Leave words out whenever the bounds allow it (on a small store, reading them is cheaper)."""
-    return mock.patch.object(_bm25_top, "_TOKENIZE_COST", 0)
+    return mock.patch.multiple(_bm25_top, _TOKENIZE_COST=0, _COUNT_FROM=0)
 
 
 def test_the_commonest_words_are_not_read_when_they_cannot_change_the_result(store: KnowledgeStore) -> None:
@@ -91,6 +91,7 @@ def test_the_commonest_words_are_not_read_when_they_cannot_change_the_result(sto
     index.reset()
     check(index, store, query, 5, (1.0, 1.0, 1.0))
     assert "queue" in index._postings  # with the real costs, reading 300 postings is cheaper
+    assert index._df == {}  # and in a small store every word is read, none counted apart
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -134,7 +135,11 @@ def test_top_equals_fts5_property(
         for victim in rng.sample(ids, min(deletes, len(ids))):
             ks.delete(victim)
         allowed = None if share is None else {i for i in ids if rng.random() < share}
-        with mock.patch.object(_bm25_top, "_TOKENIZE_COST", 0 if eager else _bm25_top._TOKENIZE_COST):
+        with mock.patch.multiple(
+            _bm25_top,
+            _TOKENIZE_COST=0 if eager else _bm25_top._TOKENIZE_COST,
+            _COUNT_FROM=0 if eager else _bm25_top._COUNT_FROM,
+        ):
             check(index, ks, query, limit, weights, allowed)
             check(ks._bm25, ks, query, limit, (1.0, 1.0, 1.0), allowed)
 
@@ -156,7 +161,11 @@ def test_a_mask_filter_and_an_id_filter_agree(store: KnowledgeStore, every: int)
     query = ["queue", "retry", "deploy"]
     expected = [i for i, _ in fts5_top(store, query, 10, (1.0, 1.0, 1.0), kept)]
     for eager in (True, False):
-        with mock.patch.object(_bm25_top, "_TOKENIZE_COST", 0 if eager else _bm25_top._TOKENIZE_COST):
+        with mock.patch.multiple(
+            _bm25_top,
+            _TOKENIZE_COST=0 if eager else _bm25_top._TOKENIZE_COST,
+            _COUNT_FROM=0 if eager else _bm25_top._COUNT_FROM,
+        ):
             index.reset()
             asked.clear()
             assert index.top(query, 10, sorted(kept))[0].tolist() == expected
