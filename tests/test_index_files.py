@@ -8,7 +8,7 @@ import logging
 import os
 import shutil
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -387,46 +387,34 @@ def test_bm25_file_is_dropped_after_writes_and_rankings_stay_exact(tmp_path: Pat
         store.close()
 
 
-def test_damaged_bm25_file_is_rebuilt_with_a_warning(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    path = tmp_path / "k.sqlite"
-    _knowledge(path)
-    store = KnowledgeStore.open(path, FakeEmbedder())
-    expected = _rankings(store)
-    store.close()
-    bm25_file = _file(path, "bm25-knowledge_fts")
+def _garble_scores(bm25_file: Path) -> None:
     data = bytearray(bm25_file.read_bytes())
     data[-8:] = b"\xff" * 8  # the last postings' scores
     bm25_file.write_bytes(bytes(data))
-    with caplog.at_level(logging.WARNING, logger="memstrata.storage"):
-        store = KnowledgeStore.open(path, FakeEmbedder())
-        try:
-            assert _rankings(store) == expected
-            assert store._bm25.files_loaded == 0 and store._bm25.files_rejected == 1
-        finally:
-            store.close()
-    assert any("damaged" in r.getMessage() for r in caplog.records)
 
 
-def test_bm25_file_with_postings_out_of_order_is_rebuilt_with_a_warning(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    """The top-k search looks documents up in a word's postings by bisection, so a file whose
-    postings are not in document order within a word is refused, not trusted."""
-    path = tmp_path / "k.sqlite"
-    _knowledge(path)
-    store = KnowledgeStore.open(path, FakeEmbedder())
-    expected = _rankings(store)
-    store.close()
-    bm25_file = _file(path, "bm25-knowledge_fts")
+def _swap_postings(bm25_file: Path) -> None:
+    """One word's first two documents swapped, the file otherwise intact: the top-k search
+    bisects a word's postings, so a file out of document order is refused, not trusted."""
     found = _index_files.read_index(bm25_file)
     assert found is not None
     arrays = {name: np.array(array) for name, array in found.arrays.items()}
     first = arrays["positions"][: int(arrays["offsets"][1])]
     assert len(first) >= 2
-    first[[0, 1]] = first[[1, 0]]  # one word's first two documents swapped
+    first[[0, 1]] = first[[1, 0]]
     assert _index_files.write_index(bm25_file, found.meta, arrays)
+
+
+@pytest.mark.parametrize("damage", [_garble_scores, _swap_postings])
+def test_damaged_bm25_file_is_rebuilt_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: Callable[[Path], None]
+) -> None:
+    path = tmp_path / "k.sqlite"
+    _knowledge(path)
+    store = KnowledgeStore.open(path, FakeEmbedder())
+    expected = _rankings(store)
+    store.close()
+    damage(_file(path, "bm25-knowledge_fts"))
     with caplog.at_level(logging.WARNING, logger="memstrata.storage"):
         store = KnowledgeStore.open(path, FakeEmbedder())
         try:
