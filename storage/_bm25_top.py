@@ -99,9 +99,12 @@ class Bm25Top(Bm25Postings):
         scores = np.zeros(len(self._ids), dtype=np.float64)
         allowed = self._allowed_mask(allow)
         check_from = max(len(self._ids) // _CHECK_SHARE, 1)
-        done = len(plan)
+        costs = [df if stem not in self._postings else df / _CACHED_COST for _, stem, df in plan]
+        done, scored = len(plan), 0
         for i, (idf, stem, df) in enumerate(plan):
-            if i and df >= check_from and left[i] < left[0] - left[i]:
+            # a check costs about a pass over the documents found so far (at most ``scored``):
+            # worth it only before words that cost more than that to score
+            if i and df >= check_from and left[i] < left[0] - left[i] and sum(costs[i:]) > scored:
                 found = self._found(scores)
                 best, share = self._allowed_best(found, scores[found], limit, allowed)
                 if len(best) >= limit:
@@ -115,11 +118,13 @@ class Bm25Top(Bm25Postings):
             pos, tf = self._postings_of(stem)
             if len(pos):
                 scores[pos] += self._contribution(idf, pos, tf, avg)
+            scored += len(pos)
         found = self._found(scores)
         if done < len(plan):
             return self._finish(found, scores[found], plan[done:], left[done], limit, avg, allowed)
-        best, _ = self._allowed_best(found, scores[found], limit, allowed)
-        return top_scored(self._ids[found[best]], scores[found[best]], limit)
+        if allowed is not None:
+            found = found[self._allowed_best(found, scores[found], limit, allowed)[0]]
+        return top_scored(self._ids[found], scores[found], limit)
 
     def _found(self, scores: FloatArray) -> npt.NDArray[np.int64]:
         """Positions of the live documents with a score."""
