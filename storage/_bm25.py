@@ -42,6 +42,7 @@ class Bm25Index(Bm25Files, Bm25Writes, Bm25Top):
         if unknown:
             if len(self._stems) + len(unknown) > _MAX_CACHED_STEMS:
                 self._stems.clear()
+                self._phrase_words.clear()
             self._stems.update(zip(unknown, self._query_units(unknown), strict=True))
         stems: dict[str, None] = {}
         for term in terms:
