@@ -19,13 +19,13 @@ import numpy.typing as npt
 from ._knowledge_rows import RowPlan, row_plan
 from ._knowledge_schema import _Item
 
-__all__ = ["Ahead", "OwnRows", "Prepared", "cycles_paused", "prepare", "unit_rows"]
+__all__ = ["Ahead", "OwnRows", "Prepared", "cycles_paused", "prepare"]
 
 FloatArray = npt.NDArray[np.float32]
 Prepare = Callable[[int], "Prepared"]
 
 
-def unit_rows(rows: FloatArray, lengths: npt.NDArray[np.float64], start: int, end: int) -> FloatArray:
+def _unit_rows(rows: FloatArray, lengths: npt.NDArray[np.float64], start: int, end: int) -> FloatArray:
     """``rows[start:end]`` divided by their lengths, in float32 unless a length is too large
     for it (a finite row of huge values: float64 then)."""
     part = lengths[start:end, None]
@@ -52,7 +52,7 @@ def prepare(
     for item in batch:
         item.prepare()
     keys = [item.key for item in batch]
-    part = None if given is None else unit_rows(*given, start, end)  # no copy of the whole input
+    part = None if given is None else _unit_rows(*given, start, end)  # no copy of the whole input
     return Prepared(part, keys, len(set(keys)) == len(keys), row_plan(batch))
 
 

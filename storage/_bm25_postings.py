@@ -249,10 +249,8 @@ class Bm25Postings:
         if _PHRASE in stem:
             ids, tf = self._phrase_postings(stem)
         elif all(w == 1.0 for w in self._weights):  # every instance counts 1: no column needed
-            (docs,) = self._db.query(f"SELECT group_concat(doc) FROM {self._vocab} WHERE term = ?", (stem,))[
-                0
-            ]
-            found = _ints(docs)
+            sql = f"SELECT group_concat(doc) FROM {self._vocab} WHERE term = ?"
+            found = _ints(self._db.query(sql, (stem,))[0][0])
             ids, tf = _sum_by_doc(found, np.ones(len(found), dtype=np.float64))
         else:
             docs, cols = self._db.query(
@@ -306,13 +304,15 @@ class Bm25Postings:
         found, score = _ints(ids), _floats(scores)
         if len(found) != len(score):
             raise StorageError(f"{self._fts}: {len(found)} documents but {len(score)} scores for {word!r}")
+        df = float(len(found))  # as FTS5 counted it for the idf it scored with
         order = np.argsort(found, kind="stable")
-        found, score = found[order], score[order]
-        pos = self._positions(found)
-        if len(found) == 0 or bool(np.any(pos < 0)) or self._live == 0:
+        pos = self._positions(found[order])
+        known = order[pos >= 0]  # a document FTS5 holds and the lengths do not is left out
+        found, score, pos = found[known], score[known], pos[pos >= 0]
+        if len(found) == 0 or self._live == 0:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
         avg = self._total / self._live if self._total > 0 else 1.0
-        idf = idf_of(float(self._live), float(len(found)))
+        idf = idf_of(float(self._live), df)
         return found, weighted_tf(idf, score, self._sizes[pos], avg)
 
     def _tokenize(

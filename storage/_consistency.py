@@ -147,10 +147,9 @@ def _fingerprint(db: Database, column: str, source: str) -> tuple[int, int, int,
     leave SQLite's 64-bit integers (ids past ~3 million) are taken over residues modulo a prime,
     which costs half as much again (the last field says which)."""
     k = column
+    plain = f"SELECT count(*), coalesce(sum({k}), 0), coalesce(sum({k} * {k}), 0) FROM {source}"
     try:
-        row = db.query(f"SELECT count(*), coalesce(sum({k}), 0), coalesce(sum({k} * {k}), 0) FROM {source}")[
-            0
-        ]
+        row = db.query(plain)[0]
     except StorageError as exc:
         if "overflow" not in str(exc):
             raise
