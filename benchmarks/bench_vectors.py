@@ -2,8 +2,9 @@
 
 Sizes: 100k vectors of 384 dimensions in ``make bench``, 1M in ``make bench-scale``
 (``--quick``: 20k and 200k). From 100k live
-vectors (``approximate_from``) the index scans inverted lists and reports measured recall@10
-against exact search; below that it is exact.
+vectors (``approximate_from``) the index sieves the rows by their sign codes and rescores the
+nearest few hundred exactly (``storage/_mirror_search.py``), and reports measured recall@10 against
+exact search; below that it is exact.
 
 Data: real all-MiniLM-L6-v2 embeddings of real text (``/tmp/real_emb.npy`` when present, else
 ~3k docstrings of the Python standard library embedded with the default model and cached in the
@@ -198,7 +199,11 @@ def _size(
     p50, p99 = _p50(samples["index"]), percentile(samples["index"], 99)
     large = index.approximate_from is not None and n >= index.approximate_from
     engine = (
-        f"inverted lists ({approx['lists']} lists, ~{approx['probe_lists']} scanned)"
+        (
+            "sign codes, a few hundred rows rescored"
+            if approx.get("sign_codes")
+            else f"inverted lists ({approx['lists']} lists, ~{approx['probe_lists']} scanned)"
+        )
         if approx
         else "exact scan"
     )

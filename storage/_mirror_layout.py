@@ -99,6 +99,8 @@ class MirrorLayout(MirrorMatrix):
             if picks[0] != a or picks[-1] != a + len(picks) - 1:  # else already in place
                 self.matrix[a : a + len(picks)] = self.matrix[picks]
         self._take_rows(keep)
+        if self._signs is not None:
+            self._signs.take(keep)
         self.alive[:kept] = True
         self.alive[kept : self.size] = False
         self.blocks = np.searchsorted(keep, self.blocks).astype(np.int64)
@@ -137,6 +139,8 @@ class MirrorLayout(MirrorMatrix):
         if not (order == np.arange(size)).all():
             permute_rows(self.matrix, order)
             self._take_rows(order)
+            if self._signs is not None:
+                self._signs.take(order)
         self.groups = groups
         self.blocks = np.searchsorted(key[order], np.arange(groups * lists + 1)).astype(np.int64)
         self.sorted_end = int(self.blocks[-1])

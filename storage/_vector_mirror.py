@@ -17,7 +17,7 @@ import numpy.typing as npt
 from ._ivf import Partition
 from ._mirror_layout import MirrorLayout
 from ._mirror_rows import RowIndex
-from ._mirror_search import Ranges, VectorHit
+from ._mirror_search import Ranges, SignCodes, VectorHit, sign_codes
 
 __all__ = ["PROBE_LISTS", "STATE_VERSION", "Mirror", "Ranges", "RowIndex", "VectorHit"]
 
@@ -48,6 +48,15 @@ def _check_index(mirror: Mirror, keys: npt.NDArray[np.int64], values: npt.NDArra
         mirror.index.rebuild(mirror.rowids[:size], mirror.alive[:size])
 
 
+def _signs_fit(mirror: Mirror, signs: npt.NDArray[np.uint64]) -> bool:
+    """Saved sign codes that agree with the matrix on a few rows spread over it (else the
+    mirror codes its rows again at first use)."""
+    size = mirror.size
+    probes = np.linspace(0, size - 1, num=min(16, size), dtype=np.int64)
+    words = signs.shape[0]
+    return bool(np.array_equal(signs[:, probes].T, sign_codes(mirror.matrix[probes], words)))
+
+
 class Mirror(MirrorLayout):
     """The live vectors (unit length, unless ``unit=False``) as one float32 matrix, plus their
     metadata codes and integer columns.
@@ -72,8 +81,10 @@ class Mirror(MirrorLayout):
         """Every array of the mirror, trimmed to its rows (views, not copies): per row
         ``matrix``, ``rowids``, ``alive``, ``lists`` and ``code:<column>``; ``blocks`` (the
         sorted blocks' starts); ``index_keys``/``index_values`` (rowid -> position, sorted by
-        rowid); under a partition ``centroids``. With :meth:`state`, all that
-        :meth:`from_arrays` needs. Names and dtypes are stable (``STATE_VERSION``)."""
+        rowid); under a partition ``centroids``; when :attr:`sieved` ``signs`` (the sign codes,
+        word-major; optional: a mirror read without them codes its rows at first use). With
+        :meth:`state`, all that :meth:`from_arrays` needs. Names and dtypes are stable
+        (``STATE_VERSION``)."""
         n = self.size
         self.index.settle()
         if self.index.recent or len(self.index.keys) != self.live:
@@ -93,6 +104,9 @@ class Mirror(MirrorLayout):
             out[f"int:{c}"] = self.ints[c][:n]
         if self.partition is not None:
             out["centroids"] = self.partition.centroids
+        signs = self.sign_codes()
+        if signs is not None:
+            out["signs"] = signs.saved()
         return out
 
     def state(self) -> dict[str, Any]:
@@ -209,6 +223,15 @@ class Mirror(MirrorLayout):
             mirror.index.set(keys, values, check=lambda: _check_index(mirror, keys, values))
         else:
             mirror.index.rebuild(mirror.rowids[:size], mirror.alive[:size])
+        signs = arrays.get("signs")
+        if (
+            mirror.sieved
+            and signs is not None
+            and signs.dtype == np.uint64
+            and signs.shape == ((dim + 63) // 64, size)
+            and _signs_fit(mirror, signs)
+        ):
+            mirror._signs = SignCodes(dim, signs if _privately_mapped(signs) else signs.copy())
         return mirror
 
     # -- search (:class:`._mirror_search.MirrorSearch`) ---------------------------------------
@@ -228,6 +251,7 @@ class Mirror(MirrorLayout):
         return {
             "lists": part.lists,
             "probe_lists": PROBE_LISTS,
+            "sign_codes": self.sieved,
             "partitioned_rows": self.sorted_end,
             "tail_rows": self.size - self.sorted_end,
             "trained_rows": part.trained_rows,
