@@ -40,7 +40,12 @@ class MirrorLayout(MirrorMatrix):
             self.compact()
         part = self.partition
         live = self.live
-        if approximate_from is None or (part is not None and live < approximate_from // 2):
+        if self.can_sieve:  # large mirrors sieve by sign codes and need no inverted lists
+            floor = approximate_from // 2 if self.sieving and approximate_from else approximate_from
+            self.sieving = floor is not None and live >= floor
+            if part is not None:
+                self._drop_partition()
+        elif approximate_from is None or (part is not None and live < approximate_from // 2):
             if part is not None:
                 self._drop_partition()
         elif part is None:

@@ -60,6 +60,7 @@ class MirrorMatrix(MirrorSearch):
         self.size = 0
         self.dead = 0
         self.partition: Partition | None = None
+        self.sieving = False  # large enough to sieve by sign codes (see ``maintain``)
         self.partitions_built = 0
         self.partitions_restored = 0
         self.regroups = 0

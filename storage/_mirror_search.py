@@ -1,19 +1,15 @@
 """Searching a vector mirror (:class:`._vector_mirror.Mirror`) with its filters inside it.
 
-Large mirrors (once partitioned, see :mod:`._ivf`) answer a search that allows a good share of
-their rows from sign codes: one bit per coordinate, the sign, packed in 64-bit words (48 bytes a
-row at 384 dimensions). The Hamming distance between two codes tracks the angle between their
-rows, so the rows nearest the query in Hamming distance hold its nearest neighbours by cosine; a
-few hundred of them are rescored exactly. Measured at 100k x 384 on the corpora of ``bench_vectors`` and
-``bench_peers``: recall@10 1.0 on both, where scanning inverted lists gave 0.997 and 0.89 (the
-topic-mixed one), in under half the time. Selective filters (under ``_SIGN_SHARE`` of the rows),
-fewer than 256 dimensions and non-unit rows keep the inverted lists or scan exactly.
+From ``approximate_from`` rows, a mirror of unit rows with enough dimensions *sieves*: a search
+whose filter allows a good share of the rows (``_SIGN_SHARE``) reads their sign codes
+(:mod:`._sign_codes`) and scores only the nearest few hundred exactly; a more selective filter
+scans its rows exactly. Other mirrors (fewer dimensions, rows not of unit length) scan inverted
+lists instead (:mod:`._ivf`).
 
 A filter is equality on metadata columns (``where``, compared as integer codes) and half-open
-ranges on integer columns (``ranges``, e.g. a time). The sorted rows are ordered by inverted list,
-then by the group column inside each list: an unfiltered search reads one slice per list it
-probes, and a filter on the group reads that group's block of each list (of every list when it
-scans exactly): only the allowed rows. Other filters are masks; a mask whose allowed rows form
+ranges on integer columns (``ranges``, e.g. a time). The sorted rows are ordered by the group
+column (under inverted lists: by list, then by group), so a filter on the group reads that group's
+block (its block of each list): only the allowed rows. Other filters are masks; a mask whose allowed rows form
 few runs (a time range over rows added in time order) is scanned run by run, in place, and only
 a scattered one gathers its rows. No id list crosses from SQL on this path.
 """
@@ -30,9 +26,10 @@ import numpy.typing as npt
 
 from ._ivf import Partition
 from ._mirror_threads import TwoOrOne, one_blas_thread
+from ._sign_codes import MIN_DIM, SignCodes, candidates
 from ._vector_kernels import dot, dot_rows, in_two, unit_rows
 
-__all__ = ["MirrorSearch", "Ranges", "Ranked", "SignCodes", "VectorHit", "sign_codes"]
+__all__ = ["MirrorSearch", "Ranges", "Ranked", "VectorHit"]
 
 FloatArray = npt.NDArray[np.float32]
 IntArray = npt.NDArray[np.int64]
@@ -45,13 +42,8 @@ _RUNS_MAX = 512  # a mask of at most this many runs of allowed rows is scanned r
 _GAP_ROWS = 24  # rows between two slices to scan that cost less scanned than one more numpy call
 _SPLIT = TwoOrOne()  # per process: every mirror meets the same machine
 _SPLIT_SLICE_ROWS = 128  # rows per slice, on average, from which a scan may be split in two
-_SIGN_CANDIDATES = 512  # rows rescored after a sign-code scan of 100k rows, at least (sqrt(n)
-# times more for n rows: at 1M, 512 gave recall@10 0.996, 1024 1.0) ...
-_SIGN_PER_K = 40  # ... and this many per hit asked for (recall@50 at 1M: 0.9997 with 2048)
-_SIGN_SHARE = 0.15  # a filter allowing at least this share of the rows still uses the sign codes
-# (measured at 100k, a group of 20%: 1.9 -> 1.1 ms, recall@10 0.9995; of 10%: no faster)
-_SIGN_MIN_DIM = 256  # fewer bits are too coarse a sieve (at 32 dimensions: recall@10 0.97)
-_SIGN_BLOCK = 65_536  # rows per step of a sign-code scan (its temporaries stay small)
+_SIGN_SHARE = 0.15  # a filter allowing at least this share of the rows reads the sign codes
+# (measured at 100k, a category of 20%: 1.9 -> 1.1 ms, recall@10 0.9995; of 10%: no faster)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,88 +66,6 @@ class Ranked:
 
 
 _Found = tuple[IntArray, FloatArray]  # positions and scores, best first
-
-
-def sign_codes(rows: FloatArray, words: int) -> npt.NDArray[np.uint64]:
-    """The sign bit of each coordinate of ``rows``, packed into ``words`` 64-bit words a row."""
-    packed = np.packbits(rows > 0, axis=1)
-    padded = np.zeros((len(rows), words * 8), dtype=np.uint8)
-    padded[:, : packed.shape[1]] = packed
-    return padded.view(np.uint64)
-
-
-class SignCodes:
-    """The sign codes of a mirror's rows, word-major (``codes[w]`` is word ``w`` of every row:
-    each step of a scan reads one contiguous array). Kept for the rows ``[0, rows)``; rows are
-    only appended between two moves, and a move (compaction, regrouping) permutes or drops them."""
-
-    def __init__(self, dim: int, codes: npt.NDArray[np.uint64] | None = None) -> None:
-        """Codes for no rows yet, or ``codes`` (word-major, as :meth:`saved`) for their rows."""
-        self.words = (dim + 63) // 64
-        self.bits = self.words * 64
-        self.codes = np.zeros((self.words, 0), dtype=np.uint64) if codes is None else codes
-        self.rows = self.codes.shape[1]
-
-    def saved(self) -> npt.NDArray[np.uint64]:
-        """The codes of the coded rows (a view), to save with the mirror."""
-        return self.codes[:, : self.rows]
-
-    def update(self, matrix: FloatArray, size: int) -> None:
-        """Codes for the rows appended since the last call."""
-        if size < self.rows:
-            self.rows = 0
-        if size > self.codes.shape[1]:
-            grown = np.zeros((self.words, max(size, 2 * self.codes.shape[1])), dtype=np.uint64)
-            grown[:, : self.rows] = self.codes[:, : self.rows]
-            self.codes = grown
-        for a in range(self.rows, size, _SIGN_BLOCK):
-            b = min(size, a + _SIGN_BLOCK)
-            self.codes[:, a:b] = sign_codes(matrix[a:b], self.words).T
-        self.rows = size
-
-    def take(self, order: npt.NDArray[np.int64]) -> None:
-        """The rows moved: row ``i`` is now the one that was at ``order[i]`` (kept only when every
-        row moved has its code)."""
-        if len(order) and int(order.max()) < self.rows:
-            self.codes[:, : len(order)] = self.codes[:, order]
-            self.rows = len(order)
-        else:
-            self.rows = 0
-
-    def distances(self, query: FloatArray, size: int, valid: BoolArray | None) -> npt.NDArray[np.uint16]:
-        """Hamming distance from the query's code to each row's; ``bits + 1`` for rows ``valid``
-        rejects. On two cores for a large mirror (numpy releases the GIL on each step)."""
-        q = sign_codes(query.reshape(1, -1), self.words)[0]
-        out = np.empty(size, dtype=np.uint16)
-        codes = self.codes
-        offsets = list(range(0, size, _SIGN_BLOCK))
-
-        def scan(first: int, last: int) -> None:
-            step = np.empty(_SIGN_BLOCK, dtype=np.uint64)
-            counts = np.empty(_SIGN_BLOCK, dtype=np.uint8)
-            for a in offsets[first:last]:
-                b = min(size, a + _SIGN_BLOCK)
-                x, c, d = step[: b - a], counts[: b - a], out[a:b]
-                for w in range(self.words):
-                    np.bitwise_xor(codes[w, a:b], q[w], out=x)
-                    np.bitwise_count(x, out=c)
-                    if w:
-                        np.add(d, c, out=d)
-                    else:
-                        d[:] = c
-                if valid is not None:
-                    d[~valid[a:b]] = self.bits + 1
-
-        in_two(scan, len(offsets), offsets, size)
-        return out
-
-    def nearest(self, query: FloatArray, size: int, valid: BoolArray | None, count: int) -> IntArray:
-        """Positions of at least ``count`` allowed rows nearest ``query`` by Hamming distance (all
-        those at the cut-off distance: no arbitrary tie-break)."""
-        distances = self.distances(query, size, valid)
-        within = np.cumsum(np.bincount(distances, minlength=self.bits + 2)[: self.bits + 1])
-        cut = min(int(np.searchsorted(within, count)), self.bits)
-        return np.flatnonzero(distances <= cut).astype(np.int64)
 
 
 def _empty() -> _Found:
@@ -207,6 +117,7 @@ class MirrorSearch:
     dead: int
     partition: Partition | None
     _scores: FloatArray
+    sieving: bool
     _signs: SignCodes | None = None  # made by the first search that uses them
 
     def _check_blocks(self) -> None:
@@ -323,7 +234,7 @@ class MirrorSearch:
         k = min(k, allowed)
         part = self.partition
         if not exact and self.sieved and allowed >= _SIGN_SHARE * size:
-            return self._search_signs(query, k, valid)
+            return self._search_signs(query, k, [0], [size], valid)
         if part is not None and not exact:
             # 1/f times more rows for a filter passing a share f of them: scaling less loses
             # recall on filters that follow topics (measured at 1M, f = 10%: recall@10 0.92 with
@@ -346,10 +257,16 @@ class MirrorSearch:
         return self._top(dot(self.matrix[:size], query)[positions], k, positions)
 
     @property
+    def can_sieve(self) -> bool:
+        """Whether this mirror, once large, sieves by sign codes (unit rows, enough dimensions)
+        rather than scanning inverted lists."""
+        return self.unit and self.dim >= MIN_DIM
+
+    @property
     def sieved(self) -> bool:
-        """True when searches that allow most rows go through sign codes (a partitioned mirror
-        of unit rows with enough dimensions)."""
-        return self.partition is not None and self.unit and self.dim >= _SIGN_MIN_DIM
+        """True when searches that allow most rows go through sign codes (set by
+        :meth:`~._mirror_layout.MirrorLayout.maintain` from ``approximate_from`` rows)."""
+        return self.sieving and self.can_sieve
 
     def sign_codes(self) -> SignCodes | None:
         """The sign codes, up to date with the rows, when :attr:`sieved` (made at first use)."""
@@ -360,13 +277,15 @@ class MirrorSearch:
         self._signs.update(self.matrix, self.size)
         return self._signs
 
-    def _search_signs(self, query: FloatArray, k: int, valid: BoolArray | None) -> _Found:
-        """Top ``k`` of the allowed rows nearest the query by sign code, rescored exactly."""
-        size = self.size
+    def _search_signs(
+        self, query: FloatArray, k: int, starts: list[int], ends: list[int], valid: BoolArray | None
+    ) -> _Found:
+        """Top ``k`` of the allowed rows of the slices ``starts[i]:ends[i]``: the nearest to the
+        query by sign code, rescored exactly."""
         signs = self.sign_codes()
         assert signs is not None
-        count = max(_SIGN_CANDIDATES * max(1.0, (size / 100_000) ** 0.5), _SIGN_PER_K * k)
-        positions = signs.nearest(query, size, valid, int(count))
+        count = candidates(sum(ends) - sum(starts), k)
+        positions = signs.nearest(query, starts, ends, valid, count)
         return self._top(dot_rows(self.matrix, positions, query), k, positions)
 
     def _search_group(
@@ -402,11 +321,18 @@ class MirrorSearch:
             return _empty()
         k = min(k, allowed)
         if not exact and self.sieved and allowed >= _SIGN_SHARE * size:
-            valid = self.codes[self.group][:size] == group
-            rest = self._match(codes, ranges, 0, size)
-            if rest is not None:
-                valid &= rest
-            return self._search_signs(query, k, valid)
+            # the group's blocks and the tail, rows the rest of the filter rejects masked
+            starts, ends = lo.tolist(), hi.tolist()
+            valid = None
+            if size > end:
+                starts.append(end)
+                ends.append(size)
+            if inner is not None or size > end:
+                valid = np.ones(size, dtype=bool)
+                if inner is not None:
+                    valid[inside] = inner
+                valid[end:size] = tail
+            return self._search_signs(query, k, starts, ends, valid)
         if part is not None and not exact and in_group:
             # the allowed rows an unfiltered search scans (``_probe_rows``), found in
             # the group's own block of the lists nearest the query; 1/f more for the rest of

@@ -17,7 +17,8 @@ import numpy.typing as npt
 from ._ivf import Partition
 from ._mirror_layout import MirrorLayout
 from ._mirror_rows import RowIndex
-from ._mirror_search import Ranges, SignCodes, VectorHit, sign_codes
+from ._mirror_search import Ranges, VectorHit
+from ._sign_codes import SignCodes, sign_codes
 
 __all__ = ["PROBE_LISTS", "STATE_VERSION", "Mirror", "Ranges", "RowIndex", "VectorHit"]
 
@@ -125,6 +126,7 @@ class Mirror(MirrorLayout):
             "sorted_end": self.sorted_end,
             "vocab": {c: list(self.vocab[c]) for c in self.columns},  # values in code order
             "trained_rows": None if part is None else part.trained_rows,
+            "sieving": self.sieving,
         }
 
     @classmethod
@@ -152,6 +154,7 @@ class Mirror(MirrorLayout):
             vocab_lists = {c: list(state["vocab"][c]) for c in columns}
             groups, sorted_end, dead = int(state["groups"]), int(state["sorted_end"]), int(state["dead"])
             trained = state.get("trained_rows")
+            sieving = bool(state.get("sieving", False))
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"mirror state is incomplete: {exc!r}") from exc
 
@@ -223,6 +226,7 @@ class Mirror(MirrorLayout):
             mirror.index.set(keys, values, check=lambda: _check_index(mirror, keys, values))
         else:
             mirror.index.rebuild(mirror.rowids[:size], mirror.alive[:size])
+        mirror.sieving = sieving
         signs = arrays.get("signs")
         if (
             mirror.sieved
@@ -245,13 +249,17 @@ class Mirror(MirrorLayout):
         return float(PROBE_LISTS * part.end / part.lists * max(1.0, (k / 10) ** 0.25))
 
     def describe(self) -> dict[str, Any] | None:
+        """How the mirror searches approximately: sign codes, inverted lists, or ``None`` (exact)."""
+        if self.sieved:
+            tail = self.size - self.sorted_end
+            return {"sign_codes": True, "grouped_rows": self.sorted_end, "tail_rows": tail}
         part = self.partition
         if part is None:
             return None
         return {
+            "sign_codes": False,
             "lists": part.lists,
             "probe_lists": PROBE_LISTS,
-            "sign_codes": self.sieved,
             "partitioned_rows": self.sorted_end,
             "tail_rows": self.size - self.sorted_end,
             "trained_rows": part.trained_rows,

@@ -59,7 +59,10 @@ class StoredLists(MirrorState):
             conn.execute(f"PRAGMA busy_timeout = {int(timeout)}")
 
     def _restore_partition(self, mirror: Mirror) -> None:
-        """Adopt the stored lists if the change log explains every change since they were built."""
+        """Adopt the stored lists if the change log explains every change since they were built
+        (a mirror that sieves by sign codes has no lists)."""
+        if mirror.can_sieve:
+            return
         row = self.db.query(
             f"SELECT seq, dim, trained_rows, centroids, rowids, sizes FROM {self.partition_table} "
             "WHERE id = 1"

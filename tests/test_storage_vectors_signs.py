@@ -1,8 +1,9 @@
 """Sign codes: the sieve of a large mirror's searches that allow a good share of the rows.
 On a corpus whose entries mix several topics (where inverted lists lose recall), the sieve keeps
 recall@10 >= 0.98; its codes follow the rows through appends, deletes, compaction and regrouping
-and are saved with the mirror; a filter's rejected rows and dead rows never come back; selective
-filters and low-dimensional mirrors keep the inverted lists."""
+and are saved with the mirror; a filter's rejected rows and dead rows never come back; a sieving
+mirror builds no inverted lists, selective filters scan their rows exactly, and low-dimensional
+mirrors keep the inverted lists."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import pytest
 
 from memstrata.storage import VectorIndex, _index_files, open_database
 from memstrata.storage import _mirror_search as search_module
-from memstrata.storage._mirror_search import SignCodes, sign_codes
+from memstrata.storage import _sign_codes as sign_module
+from memstrata.storage._sign_codes import SignCodes, sign_codes
 from memstrata.storage._vector_mirror import Mirror
 
 FloatArray = npt.NDArray[np.float32]
@@ -54,7 +56,10 @@ def _mirror(
         {"cat": [str(c) for c in rng.choice(cats, n)], "agent": [str(a) for a in rng.choice(["x", "y"], n)]},
     )
     mirror.maintain(approximate_from)
-    assert mirror.partition is not None
+    if mirror.can_sieve:
+        assert mirror.sieved and mirror.partition is None
+    else:
+        assert mirror.partition is not None
     return mirror
 
 
@@ -97,8 +102,9 @@ def test_sign_codes_reach_the_recall_target_where_lists_fall_short(monkeypatch: 
     calls = _spy_on_signs(monkeypatch)
     signs = _recall(mirror, queries, truth)
     assert len(calls) == len(queries)
-    monkeypatch.setattr(search_module, "_SIGN_SHARE", 2.0)  # the inverted lists alone
-    lists = _recall(mirror, queries, truth)
+    monkeypatch.setattr(search_module, "MIN_DIM", 10**6)  # the same rows under inverted lists
+    listed = _mirror(vectors, np.random.default_rng(7), 10_000)
+    lists = _recall(listed, queries, truth)
     assert len(calls) == len(queries)
     assert signs >= 0.98
     assert signs > lists, (signs, lists)
@@ -119,7 +125,7 @@ def test_codes_follow_the_rows_and_every_candidate_gives_the_exact_answer(
     rng = np.random.default_rng(3)
     vectors, queries = _mixed(rng, 6000, 8)
     mirror = _mirror(vectors, rng, 4000)
-    monkeypatch.setattr(search_module, "_SIGN_CANDIDATES", 10**9)  # every allowed row rescored
+    monkeypatch.setattr(sign_module, "_CANDIDATES", 10**9)  # every allowed row rescored
     calls = _spy_on_signs(monkeypatch)
 
     def same_as_exact() -> None:
@@ -139,14 +145,11 @@ def test_codes_follow_the_rows_and_every_candidate_gives_the_exact_answer(
     assert mirror.dead == 0  # compacted
     _check_codes(mirror)
     same_as_exact()
-    mirror.repartition(retrain=False)  # the tail folded into the lists: rows regrouped
-    assert mirror.sorted_end == mirror.size
+    mirror._regroup()  # the tail folded into the groups: rows permuted
+    assert mirror.sorted_end == mirror.size and mirror.grouped
     _check_codes(mirror)
     same_as_exact()
-    mirror.repartition(retrain=True)
-    _check_codes(mirror)
-    same_as_exact()
-    assert calls
+    assert calls and mirror.partition is None
 
 
 def test_a_selective_filter_and_a_low_dimension_keep_the_lists(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -154,7 +157,7 @@ def test_a_selective_filter_and_a_low_dimension_keep_the_lists(monkeypatch: pyte
     vectors, queries = _mixed(rng, 6000, 3)
     mirror = _mirror(vectors, rng, 4000, cats=tuple("abcdefghijkl"))  # a value: ~8% of the rows
     calls = _spy_on_signs(monkeypatch)
-    mirror.search(queries[0], 10, {"cat": "a"}, None)  # the group's blocks of the lists
+    mirror.search(queries[0], 10, {"cat": "a"}, None)  # the group's block, exactly
     mirror.search(queries[0], 10, {"cat": "a", "agent": "x"}, None)
     mirror.search(queries[0], 10, {}, None, exact=True)
     assert not calls
@@ -162,7 +165,7 @@ def test_a_selective_filter_and_a_low_dimension_keep_the_lists(monkeypatch: pyte
     low = _mirror(small, rng, 4000)
     for q in small_q:
         assert len(low.search(q, 10, {}, None)) == 10
-    assert not calls and low._signs is None
+    assert not calls and low._signs is None and low.partition is not None
     mirror.search(queries[0], 10, {"agent": "x"}, None)  # half the rows: the sieve, with a mask
     assert len(calls) == 1
     wide = _mirror(vectors, rng, 4000)  # a group value of ~25% of the rows: the sieve too
@@ -228,3 +231,22 @@ def test_the_next_connection_maps_the_codes_from_the_index_file(
     assert later.status()["index_file"]["loaded"] == 1
     assert coded and not any(coded)  # no row coded again: all read from the file
     later_db.close()
+
+
+def test_nearest_over_several_slices_names_the_rows_by_position() -> None:
+    rng = np.random.default_rng(17)
+    rows = _unit(rng.standard_normal((3000, DIM)).astype(np.float32))
+    signs = SignCodes(DIM)
+    signs.update(rows, len(rows))
+    query = rows[1234] + 0.01 * _unit(rng.standard_normal(DIM).astype(np.float32))
+    starts, ends = [0, 700, 1200, 2999], [300, 700, 2000, 3000]  # one slice empty, one a single row
+    valid = rng.random(len(rows)) > 0.3
+    picked = signs.nearest(query, starts, ends, valid, 50)
+    inside = np.concatenate([np.arange(a, b) for a, b in zip(starts, ends, strict=True)])
+    allowed = inside[valid[inside]]
+    bits = np.unpackbits(sign_codes(rows, signs.words).view(np.uint8), axis=1)
+    qbits = np.unpackbits(sign_codes(query.reshape(1, -1), signs.words).view(np.uint8), axis=1)[0]
+    distance = (bits != qbits).sum(axis=1)
+    cut = np.sort(distance[allowed])[49]  # every allowed row at most as far as the 50th nearest
+    assert sorted(picked.tolist()) == sorted(allowed[distance[allowed] <= cut].tolist())
+    assert 1234 in picked.tolist() or not valid[1234]
