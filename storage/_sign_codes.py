@@ -45,41 +45,59 @@ def candidates(rows: int, k: int) -> int:
 
 class SignCodes:
     """The sign codes of a mirror's rows, word-major (``codes[w]`` is word ``w`` of every row:
-    each step of a scan reads one contiguous array). Kept for the rows ``[0, rows)``; rows are
-    only appended between two moves, and a move (compaction, regrouping) permutes or drops them."""
+    each step of a scan reads one contiguous array). Kept for the rows ``[0, rows)``: the first
+    ``len(base)`` in ``base`` (as made at first use or mapped from the index file, never grown in
+    place), the rows appended since in ``extra``, so that an append never copies every code. A
+    move of the rows (compaction, regrouping) permutes or drops them into one ``base`` again."""
 
     def __init__(self, dim: int, codes: npt.NDArray[np.uint64] | None = None) -> None:
         """Codes for no rows yet, or ``codes`` (word-major, as :meth:`saved`) for their rows."""
         self.words = (dim + 63) // 64
         self.bits = self.words * 64
-        self.codes = np.zeros((self.words, 0), dtype=np.uint64) if codes is None else codes
-        self.rows = self.codes.shape[1]
+        self.base = np.zeros((self.words, 0), dtype=np.uint64) if codes is None else codes
+        self.extra = np.zeros((self.words, 0), dtype=np.uint64)
+        self.rows = self.base.shape[1]
+
+    @property
+    def _split(self) -> int:
+        return int(self.base.shape[1])
 
     def saved(self) -> npt.NDArray[np.uint64]:
-        """The codes of the coded rows (a view), to save with the mirror."""
-        return self.codes[:, : self.rows]
+        """The codes of the coded rows, to save with the mirror (a view when all are in one part)."""
+        split = self._split
+        if self.rows <= split:
+            return self.base[:, : self.rows]
+        if split == 0:
+            return self.extra[:, : self.rows]
+        return np.concatenate([self.base, self.extra[:, : self.rows - split]], axis=1)
 
     def update(self, matrix: FloatArray, size: int) -> None:
         """Codes for the rows appended since the last call."""
         if size < self.rows:
-            self.rows = 0
-        if size > self.codes.shape[1]:
-            grown = np.zeros((self.words, max(size, 2 * self.codes.shape[1])), dtype=np.uint64)
-            grown[:, : self.rows] = self.codes[:, : self.rows]
-            self.codes = grown
+            self.base, self.extra, self.rows = self.base[:, :0], self.extra[:, :0], 0
+        split = self._split
+        if size - split > self.extra.shape[1]:
+            if split == 0 and self.rows:  # the codes made at first use become ``base``, uncopied
+                self.base, split = self.extra[:, : self.rows], self.rows
+                self.extra = self.extra[:, :0]
+            kept = self.rows - split
+            grown = np.empty((self.words, max(size - split, 2 * self.extra.shape[1], 1024)), dtype=np.uint64)
+            grown[:, :kept] = self.extra[:, :kept]
+            self.extra = grown
         for a in range(self.rows, size, _BLOCK):
             b = min(size, a + _BLOCK)
-            self.codes[:, a:b] = sign_codes(matrix[a:b], self.words).T
+            self.extra[:, a - split : b - split] = sign_codes(matrix[a:b], self.words).T
         self.rows = size
 
     def take(self, order: IntArray) -> None:
         """The rows moved: row ``i`` is now the one that was at ``order[i]`` (kept only when every
         row moved has its code)."""
         if len(order) and int(order.max()) < self.rows:
-            self.codes[:, : len(order)] = self.codes[:, order]
+            self.base = self.saved()[:, order]
+            self.extra = self.extra[:, :0]
             self.rows = len(order)
         else:
-            self.rows = 0
+            self.base, self.extra, self.rows = self.base[:, :0], self.extra[:, :0], 0
 
     def distances(
         self, query: FloatArray, starts: list[int], ends: list[int], valid: BoolArray | None
@@ -88,23 +106,27 @@ class SignCodes:
         (in order); ``bits + 1`` for rows ``valid`` (by position) rejects. On two cores for many
         rows (numpy releases the GIL on each step)."""
         q = sign_codes(query.reshape(1, -1), self.words)[0]
-        pieces: list[tuple[int, int, int]] = []  # rows a:b, at offset o of the result
+        split = self._split
+        pieces: list[tuple[npt.NDArray[np.uint64], int, int, int]] = []  # codes, rows a:b, offset
         offset = 0
         for start, end in zip(starts, ends, strict=True):
             for a in range(start, end, _BLOCK):
                 b = min(end, a + _BLOCK)
-                pieces.append((a, b, offset))
-                offset += b - a
+                for lo, hi in ((a, min(b, split)), (max(a, split), b)):
+                    if lo < hi:
+                        pieces.append((self.base if lo < split else self.extra, lo, hi, offset))
+                        offset += hi - lo
         out = np.empty(offset, dtype=np.uint16)
-        codes, bits = self.codes, self.bits
+        bits = self.bits
 
         def scan(first: int, last: int) -> None:
             step = np.empty(_BLOCK, dtype=np.uint64)
             counts = np.empty(_BLOCK, dtype=np.uint8)
-            for a, b, o in pieces[first:last]:
+            for codes, a, b, o in pieces[first:last]:
+                shift = 0 if codes is self.base else split
                 x, c, d = step[: b - a], counts[: b - a], out[o : o + b - a]
                 for w in range(self.words):
-                    np.bitwise_xor(codes[w, a:b], q[w], out=x)
+                    np.bitwise_xor(codes[w, a - shift : b - shift], q[w], out=x)
                     np.bitwise_count(x, out=c)
                     if w:
                         np.add(d, c, out=d)
@@ -113,7 +135,7 @@ class SignCodes:
                 if valid is not None:
                     d[~valid[a:b]] = bits + 1
 
-        in_two(scan, len(pieces), [o for _, _, o in pieces], offset)
+        in_two(scan, len(pieces), [o for _, _, _, o in pieces], offset)
         return out
 
     def nearest(

@@ -116,7 +116,7 @@ def _check_codes(mirror: Mirror) -> None:
     mirror.search(mirror.matrix[0], 5, {}, None)  # brings the codes up to date
     assert signs.rows == mirror.size
     expected = sign_codes(mirror.matrix[: mirror.size], signs.words).T
-    assert np.array_equal(signs.codes[:, : mirror.size], expected)
+    assert np.array_equal(signs.saved(), expected)
 
 
 def test_codes_follow_the_rows_and_every_candidate_gives_the_exact_answer(
@@ -189,7 +189,7 @@ def test_saved_codes_are_read_back_and_wrong_ones_ignored() -> None:
     assert mirror.sieved and arrays["signs"].shape == (6, mirror.size)
     back = Mirror.from_arrays(arrays, state)
     assert back._signs is not None and back._signs.rows == back.size
-    assert np.array_equal(back._signs.codes, mirror._signs.codes[:, : mirror.size])  # type: ignore[union-attr]
+    assert np.array_equal(back._signs.saved(), mirror._signs.saved())  # type: ignore[union-attr]
     for q in queries:
         assert back.search(q, 10, {}, None) == mirror.search(q, 10, {}, None)
     damaged = dict(arrays, signs=arrays["signs"][:, :-1])
@@ -250,3 +250,20 @@ def test_nearest_over_several_slices_names_the_rows_by_position() -> None:
     cut = np.sort(distance[allowed])[49]  # every allowed row at most as far as the 50th nearest
     assert sorted(picked.tolist()) == sorted(allowed[distance[allowed] <= cut].tolist())
     assert 1234 in picked.tolist() or not valid[1234]
+
+
+def test_appended_rows_leave_the_existing_codes_in_place() -> None:
+    rng = np.random.default_rng(19)
+    rows = _unit(rng.standard_normal((4000, DIM)).astype(np.float32))
+    signs = SignCodes(DIM)
+    signs.update(rows, 3000)  # the codes made at first use
+    first = signs.saved()
+    signs.update(rows, 3500)
+    signs.update(rows, 4000)
+    assert np.shares_memory(signs.base, first) and signs.base.shape[1] == 3000  # never copied
+    assert np.array_equal(signs.saved(), sign_codes(rows, signs.words).T)
+    query = rows[3999]
+    near = signs.nearest(query, [2500], [4000], None, 1)  # one slice across both parts
+    assert near.tolist() == [3999]
+    signs.take(np.arange(3999, -1, -1))  # a move folds both parts into one, in the new order
+    assert signs.extra.shape[1] == 0 and np.array_equal(signs.saved(), sign_codes(rows[::-1], signs.words).T)
