@@ -448,13 +448,14 @@ class Lance:
 # -- fresh processes -----------------------------------------------------------------------------
 
 
-def _rss_mb() -> tuple[float, float]:
+def _rss_mb(key: str = "VmRSS") -> tuple[float, float]:
+    """Resident MB (``key``: ``VmRSS``, or ``RssFile`` for the pages of mapped files) and the peak."""
     fields = {}
     for line in Path("/proc/self/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            fields[key] = int(value.split()[0]) / 1024
-    return fields.get("VmRSS", float("nan")), fields.get("VmHWM", float("nan"))
+        name, _, value = line.partition(":")
+        if name in (key, "VmHWM"):
+            fields[name] = int(value.split()[0]) / 1024
+    return fields.get(key, float("nan")), fields.get("VmHWM", float("nan"))
 
 
 def _child_first(system: str, path: str, query: str, qv_path: str) -> dict[str, Any]:
@@ -508,7 +509,8 @@ def _child_rss(path: str, query: str) -> dict[str, Any]:
         store.search(query)
         store.search(query, category=FILTER)
         rss, peak = _rss_mb()
-    return {"imports": imports, "model": with_model, "store": rss, "peak": peak}
+        mapped = _rss_mb("RssFile")[0]
+    return {"imports": imports, "model": with_model, "store": rss, "peak": peak, "file": mapped}
 
 
 def _child(argv: list[str]) -> int:
@@ -891,7 +893,8 @@ def side_by_side(ctx: Context, n: int, *, scale: bool) -> list[Row]:
             met=(rss["store"] <= 1200 if full else None) if scale else None,
             notes=(
                 f"{per_100k:.0f} MB per 100k entries; imports {rss['imports']:.0f} MB; "
-                f"peak {rss['peak']:.0f} MB"
+                f"peak {rss['peak']:.0f} MB; of it pages of mapped files {rss['file']:.0f} MB (clean, "
+                "reclaimable: the index files and the model)"
             ),
         )
     )
