@@ -457,7 +457,7 @@ def run(ctx: Context) -> list[Row]:
     vectors, how = _base_vectors(model)
     entries = ctx.size(100_000, 10_000)
     data = ctx.workdir / "retrieval"
-    fill_s = _fill(data, entries, BaseSentenceVectors(model, vectors))
+    fill_s = _fill(data, entries, BaseSentenceVectors(model, vectors), model)
     note = (
         f"stores loaded in {fill_s:.0f} s with the real model's vectors of {len(BASES):,} base sentences "
         f"({how}) + noise"
@@ -465,7 +465,7 @@ def run(ctx: Context) -> list[Row]:
     rows = _retrieval(ctx, data, entries, note)
     if not ctx.quick:  # the actor system's own figure (at 10k entries per agent) beside the 100k target
         small = ctx.workdir / "retrieval-10k"
-        small_s = _fill(small, 10_000, BaseSentenceVectors(model, vectors))
+        small_s = _fill(small, 10_000, BaseSentenceVectors(model, vectors), model)
         rows += _retrieval(ctx, small, 10_000, note.replace(f"{fill_s:.0f} s", f"{small_s:.0f} s"))
     rows += _memory(data, entries)
     rows += _write_back(ctx)
