@@ -3,7 +3,7 @@
 Sizes: 100k vectors of 384 dimensions in ``make bench``, 1M in ``make bench-scale``
 (``--quick``: 20k and 200k). From 100k live
 vectors (``approximate_from``) the index sieves the rows by their sign codes and rescores the
-nearest few hundred exactly (``storage/_sign_codes.py``), and reports measured recall@10 against
+nearest ~2,000 exactly (``storage/_sign_codes.py``), and reports measured recall@10 against
 exact search; below that it is exact.
 
 Data: real all-MiniLM-L6-v2 embeddings of real text (``/tmp/real_emb.npy`` when present, else
@@ -201,7 +201,7 @@ def _size(
     large = index.approximate_from is not None and n >= index.approximate_from
     engine = (
         (
-            "sign codes, a few hundred rows rescored"
+            "sign codes, ~2,000 rows rescored"
             if sieved
             else f"inverted lists ({approx['lists']} lists, ~{approx['probe_lists']} scanned)"
         )
