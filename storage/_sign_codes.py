@@ -6,7 +6,7 @@ rows, so the rows nearest the query in Hamming distance hold its nearest neighbo
 a few thousand of them (:func:`candidates`) are then scored exactly by the caller. Measured at
 100k x 384 on the corpora of ``benchmarks/bench_vectors.py`` and ``bench_peers.py``: recall@10
 1.0 on both, where scanning inverted lists gave 0.997 and 0.89 (entries that mix three topics
-spread their neighbours over many lists), in 0.6-0.75x the time. Its weak spot: rows told apart
+spread their neighbours over many lists), in 0.45-0.8x the time. Its weak spot: rows told apart
 only by small differences, as real embeddings copied many times with noise (recall@10 0.91 on
 such code embeddings, where the lists keep 0.99). Fewer bits are too coarse a
 sieve (at 32 dimensions recall@10 fell to 0.97), hence :data:`MIN_DIM`.
