@@ -24,7 +24,7 @@ from memstrata.testing import HashEmbedder
 
 ray = pytest.importorskip("ray", reason="the memstrata[ray] extra is not installed")
 
-from tests._ray_support import ray_cluster, ray_config, where  # noqa: E402
+from tests._ray_support import BOUND_S, ray_cluster, ray_config, where  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -75,6 +75,10 @@ def test_one_host_per_layer_pinned_by_label_serves_the_same_task_lifecycle(
         NAMESPACE,
         cluster__group="layer",
         cluster__pins=["l0=label:zone=b"],
+        # the first prompt starts the agent's hosts on the pinned node, which a busy machine
+        # may take longer than the default budget to do: the lifecycle is checked here, not the
+        # budget (test_a_removed_node_makes_its_agents_fall_back_within_the_budget checks that)
+        agent__retrieval_timeout_s=BOUND_S,
     )
     with MemorySystem.start(config, embedder=HashEmbedder()) as system:
         agent = system.agent("l0")
