@@ -1,5 +1,5 @@
-"""Inverted lists (IVF): the approximate stage of a large in-memory vector mirror under a
-selective filter (searches that allow most rows sieve them by sign codes, :mod:`._mirror_search`).
+"""Inverted lists (IVF): the approximate stage of a large in-memory vector mirror that cannot
+sieve by sign codes (fewer than 256 dimensions, or rows not of unit length; see :mod:`._sign_codes`).
 
 Spherical k-means splits the unit vectors into lists around centroids. The mirror keeps its rows
 physically grouped by list, so scanning a list means reading one contiguous slice of the matrix. A
