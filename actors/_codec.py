@@ -45,8 +45,23 @@ class Rule:
     optional: bool = False
 
 
-class Message:
-    """Base of every message: ``to_dict``/``from_dict`` and a type tag for the wire."""
+@typing.dataclass_transform(frozen_default=True)
+class _MessageType(type):
+    """Makes each class built on :class:`Message` a frozen, slotted dataclass, so that no
+    message can be declared mutable or without slots by forgetting a decorator."""
+
+    def __new__(
+        mcls, name: str, bases: tuple[type, ...], namespace: dict[str, Any], **kwargs: Any
+    ) -> _MessageType:
+        cls = super().__new__(mcls, name, bases, namespace, **kwargs)
+        if not bases or "__dataclass_fields__" in namespace:
+            return cls  # the base itself, or the slotted class ``dataclass`` makes of a message
+        return typing.cast(_MessageType, dataclasses.dataclass(frozen=True, slots=True)(cls))
+
+
+class Message(metaclass=_MessageType):
+    """Base of every message: ``to_dict``/``from_dict`` and a type tag for the wire. A subclass
+    is a frozen, slotted dataclass without a decorator (see :class:`_MessageType`)."""
 
     __slots__ = ()
     type_name: ClassVar[str]
@@ -71,7 +86,7 @@ class Message:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict with a ``"type"`` tag (datetimes as ISO strings)."""
         data: dict[str, Any] = {"type": self.type_name}
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+        for f in dataclasses.fields(self):
             data[f.name] = to_jsonable(getattr(self, f.name))
         return data
 
@@ -151,7 +166,7 @@ def field_rules(cls: type[Message]) -> dict[str, Rule]:
     """The :class:`Rule` of each checked field of a message class, in field order."""
     hints = _resolve_hints(cls, extras=True)
     rules: dict[str, Rule] = {}
-    for field in dataclasses.fields(cls):  # type: ignore[arg-type]
+    for field in dataclasses.fields(cls):
         found = [m for m in getattr(hints.get(field.name), "__metadata__", ()) if isinstance(m, Rule)]
         if len(found) > 1:
             raise TypeError(f"{cls.__name__}.{field.name} has more than one Rule")

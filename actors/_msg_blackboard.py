@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as _dt
-from dataclasses import dataclass
 from typing import Any
 
 from memstrata.core.constants import DEFAULT_SESSION
@@ -29,7 +28,6 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
 class PublishSignal(Message):
     """Set ``key`` on a session's blackboard and notify its subscribers."""
 
@@ -42,20 +40,17 @@ class PublishSignal(Message):
         check_json_value(self.value, f"PublishSignal.value for key {self.key!r}")
 
 
-@dataclass(frozen=True, slots=True)
 class SignalPublished(Message):
     session_id: str
     key: str
     version: int
 
 
-@dataclass(frozen=True, slots=True)
 class QuerySignal(Message):
     key: SignalKey
     session_id: SessionId = DEFAULT_SESSION
 
 
-@dataclass(frozen=True, slots=True)
 class SignalValue(Message):
     session_id: str
     key: str
@@ -66,7 +61,6 @@ class SignalValue(Message):
     updated_at: _dt.datetime | None = None
 
 
-@dataclass(frozen=True, slots=True)
 class Signal(Message):
     """What a subscriber receives: one value of one key (``version`` grows per key);
     ``deleted`` marks the key's removal (``value`` is then null)."""
@@ -80,7 +74,6 @@ class Signal(Message):
     deleted: bool = False
 
 
-@dataclass(frozen=True, slots=True)
 class DeleteSignal(Message):
     """Remove ``key`` from a session's blackboard and tell its subscribers."""
 
@@ -88,7 +81,6 @@ class DeleteSignal(Message):
     session_id: SessionId = DEFAULT_SESSION
 
 
-@dataclass(frozen=True, slots=True)
 class SignalDeleted(Message):
     session_id: str
     key: str
@@ -96,7 +88,6 @@ class SignalDeleted(Message):
     version: int = 0
 
 
-@dataclass(frozen=True, slots=True)
 class SubscribeSignal(Message):
     """Subscribe to a key, or to a prefix ending in ``*``; the callback is given separately."""
 
@@ -104,33 +95,28 @@ class SubscribeSignal(Message):
     session_id: SessionId = DEFAULT_SESSION
 
 
-@dataclass(frozen=True, slots=True)
 class SignalSubscribed(Message):
     session_id: str
     subscription_id: int
     key_or_prefix: str
 
 
-@dataclass(frozen=True, slots=True)
 class UnsubscribeSignal(Message):
     subscription_id: RowId
     session_id: SessionId = DEFAULT_SESSION
 
 
-@dataclass(frozen=True, slots=True)
 class SignalUnsubscribed(Message):
     session_id: str
     subscription_id: int
     removed: bool
 
 
-@dataclass(frozen=True, slots=True)
 class ListSignals(Message):
     prefix: OptKeyPrefix = None
     session_id: SessionId = DEFAULT_SESSION
 
 
-@dataclass(frozen=True, slots=True)
 class SignalList(Message):
     """The keys on the blackboard (sorted), optionally only those starting with ``prefix``."""
 

@@ -4,7 +4,6 @@ restore them, commit the store."""
 from __future__ import annotations
 
 import typing
-from dataclasses import dataclass
 from typing import Annotated
 
 from memstrata.core.errors import InvalidInputError
@@ -63,7 +62,6 @@ def _check_path(value: object, name: str) -> str:
 FilePath = Annotated[str, Rule(_check_path)]
 
 
-@dataclass(frozen=True, slots=True)
 class StoreMemory(Message):
     """Record an episode in ``agent_id``'s episodic memory (``at`` defaults to the system clock)."""
 
@@ -76,13 +74,11 @@ class StoreMemory(Message):
     at: Time = None
 
 
-@dataclass(frozen=True, slots=True)
 class MemoryStored(Message):
     agent_id: str
     episode_id: int
 
 
-@dataclass(frozen=True, slots=True)
 class SearchMemory(Message):
     """Hybrid search of ``agent_id``'s episodes, optionally within a task run or a time range."""
 
@@ -94,26 +90,22 @@ class SearchMemory(Message):
     until: Time = None
 
 
-@dataclass(frozen=True, slots=True)
 class MemorySearchResult(Message):
     agent_id: str
     task_run_id: str | None
     hits: Many[EpisodeHit] = ()
 
 
-@dataclass(frozen=True, slots=True)
 class CommitMemory(Message):
     """Flush ``agent_id``'s episodic memory (and apply its retention policy)."""
 
     agent_id: AgentId
 
 
-@dataclass(frozen=True, slots=True)
 class MemoryCommitted(Message):
     agent_id: str
 
 
-@dataclass(frozen=True, slots=True)
 class ListEpisodes(Message):
     """The timeline of ``agent_id``'s live episodes (``since`` inclusive, ``until`` exclusive),
     newest first unless ``newest_first`` is false, a page of ``limit`` after ``offset``."""
@@ -127,19 +119,16 @@ class ListEpisodes(Message):
     newest_first: Flag = True
 
 
-@dataclass(frozen=True, slots=True)
 class EpisodeList(Message):
     agent_id: str
     episodes: Many[Episode] = ()
 
 
-@dataclass(frozen=True, slots=True)
 class GetEpisode(Message):
     agent_id: AgentId
     episode_id: RowId
 
 
-@dataclass(frozen=True, slots=True)
 class EpisodeItem(Message):
     """The answer to :class:`GetEpisode`: the live episode, or ``None``."""
 
@@ -147,7 +136,6 @@ class EpisodeItem(Message):
     episode: Episode | None = None
 
 
-@dataclass(frozen=True, slots=True)
 class DeleteEpisode(Message):
     """Delete a live episode for good (its vector, text index and neighbours' context too)."""
 
@@ -155,14 +143,12 @@ class DeleteEpisode(Message):
     episode_id: RowId
 
 
-@dataclass(frozen=True, slots=True)
 class EpisodeDeleted(Message):
     agent_id: str
     episode_id: int
     deleted: bool
 
 
-@dataclass(frozen=True, slots=True)
 class ArchiveEpisodes(Message):
     """Move ``agent_id``'s episodes older than ``before`` (and/or of ``task_run_id``; all when
     neither is given) into one new archive file at ``path`` (:class:`RestoreEpisodes` brings
@@ -174,14 +160,12 @@ class ArchiveEpisodes(Message):
     task_run_id: OptTaskId = None
 
 
-@dataclass(frozen=True, slots=True)
 class EpisodesArchived(Message):
     agent_id: str
     path: str
     archived: int
 
 
-@dataclass(frozen=True, slots=True)
 class RestoreEpisodes(Message):
     """Bring the episodes of the archive file at ``path`` back (idempotent: matched by uuid)."""
 
@@ -189,7 +173,6 @@ class RestoreEpisodes(Message):
     path: FilePath
 
 
-@dataclass(frozen=True, slots=True)
 class EpisodesRestored(Message):
     agent_id: str
     path: str

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Annotated, Any
 
 from memstrata.core.item_record import ItemRecord as StoredItem
@@ -145,7 +144,6 @@ Limit = Annotated[int, between(0, MAX_ITEM_LIMIT)]
 Offset = Annotated[int, between(0, 2**31)]
 
 
-@dataclass(frozen=True, slots=True)
 class PutItem(Message):
     """Upsert ``value`` (a JSON object) at ``(namespace, key)``.
 
@@ -167,13 +165,11 @@ class PutItem(Message):
             raise fail("PutItem.vectors", "cannot come with index (give one or the other)", self.index)
 
 
-@dataclass(frozen=True, slots=True)
 class ItemStored(Message):
     namespace: tuple[str, ...]
     key: str
 
 
-@dataclass(frozen=True, slots=True)
 class GetItem(Message):
     """Read one live item; ``refresh_ttl`` restarts its lifetime."""
 
@@ -182,14 +178,12 @@ class GetItem(Message):
     refresh_ttl: Flag = False
 
 
-@dataclass(frozen=True, slots=True)
 class ItemValue(Message):
     namespace: tuple[str, ...]
     key: str
     item: StoredItem | None = None
 
 
-@dataclass(frozen=True, slots=True)
 class SearchItems(Message):
     """Items under a namespace prefix (empty: all), ranked by meaning when ``query`` is given
     (else most recently updated first); ``filter`` compares value fields inside SQLite
@@ -210,13 +204,11 @@ class SearchItems(Message):
             raise fail("SearchItems.query_vector", "cannot come with query (give one or the other)", "")
 
 
-@dataclass(frozen=True, slots=True)
 class ItemList(Message):
     prefix: tuple[str, ...]
     items: tuple[StoredItem, ...]
 
 
-@dataclass(frozen=True, slots=True)
 class DeleteItem(Message):
     """Really delete one item (its vectors go with it)."""
 
@@ -224,14 +216,12 @@ class DeleteItem(Message):
     key: Text
 
 
-@dataclass(frozen=True, slots=True)
 class ItemDeleted(Message):
     namespace: tuple[str, ...]
     key: str
     deleted: bool
 
 
-@dataclass(frozen=True, slots=True)
 class WriteItems(Message):
     """Deletes, then puts, applied in one transaction (a LangGraph batch, an import): the puts
     with ``index`` share one embedding request."""
@@ -240,13 +230,11 @@ class WriteItems(Message):
     deletes: Annotated[tuple[DeleteItem, ...], Rule(_messages(DeleteItem), normalise=True)] = ()
 
 
-@dataclass(frozen=True, slots=True)
 class ItemsWritten(Message):
     stored: int
     deleted: int
 
 
-@dataclass(frozen=True, slots=True)
 class TailItems(Message):
     """The last ``limit`` live items of one namespace in insertion order (all when ``None``): a
     conversation's history read from its end."""
@@ -255,27 +243,23 @@ class TailItems(Message):
     limit: Annotated[int | None, between(0, 2**31, optional=True)] = None
 
 
-@dataclass(frozen=True, slots=True)
 class PopItem(Message):
     """Remove and return the most recently inserted live item of a namespace."""
 
     namespace: Namespace
 
 
-@dataclass(frozen=True, slots=True)
 class ClearNamespace(Message):
     """Delete every item of exactly this namespace (its descendants keep theirs)."""
 
     namespace: Namespace
 
 
-@dataclass(frozen=True, slots=True)
 class NamespaceCleared(Message):
     namespace: tuple[str, ...]
     removed: int
 
 
-@dataclass(frozen=True, slots=True)
 class ListNamespaces(Message):
     """The distinct namespaces holding live items, sorted; ``prefix``/``suffix`` labels ``"*"``
     match any label; ``max_depth`` cuts longer namespaces to that depth."""
@@ -287,19 +271,16 @@ class ListNamespaces(Message):
     offset: Offset = 0
 
 
-@dataclass(frozen=True, slots=True)
 class NamespaceList(Message):
     namespaces: tuple[tuple[str, ...], ...]
 
 
-@dataclass(frozen=True, slots=True)
 class SweepItems(Message):
     """Delete the expired items now, only those under the namespace ``prefix`` when given."""
 
     prefix: Prefix = ()
 
 
-@dataclass(frozen=True, slots=True)
 class ItemsSwept(Message):
     removed: int
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import typing
-from dataclasses import dataclass
 
 from ._codec import Message
 from ._msg_fields import (
@@ -47,7 +46,6 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
 class StoreKnowledge(Message):
     """Add an entry to ``agent_id``'s knowledge store (``"shared"`` targets the shared store)."""
 
@@ -59,13 +57,11 @@ class StoreKnowledge(Message):
     author: Author = None
 
 
-@dataclass(frozen=True, slots=True)
 class KnowledgeStored(Message):
     agent_id: str
     entry_id: int
 
 
-@dataclass(frozen=True, slots=True)
 class QueryKnowledge(Message):
     """Hybrid search of ``agent_id``'s store; ``include_shared`` adds the shared store's hits."""
 
@@ -80,7 +76,6 @@ class QueryKnowledge(Message):
     min_score: MinScore = None
 
 
-@dataclass(frozen=True, slots=True)
 class KnowledgeResult(Message):
     """The hits of a :class:`QueryKnowledge`, best first (``KnowledgeStore.search`` objects)."""
 
@@ -88,7 +83,6 @@ class KnowledgeResult(Message):
     hits: Many[KnowledgeHit] = ()
 
 
-@dataclass(frozen=True, slots=True)
 class ListKnowledge(Message):
     """Entries of ``agent_id``'s store, newest first; ``scope`` selects that scope and below."""
 
@@ -100,19 +94,16 @@ class ListKnowledge(Message):
     offset: PageStart = 0
 
 
-@dataclass(frozen=True, slots=True)
 class KnowledgeList(Message):
     agent_id: str
     entries: Many[KnowledgeEntry] = ()
 
 
-@dataclass(frozen=True, slots=True)
 class GetKnowledge(Message):
     agent_id: TargetId
     entry_id: RowId
 
 
-@dataclass(frozen=True, slots=True)
 class KnowledgeItem(Message):
     """The answer to :class:`GetKnowledge`: the entry, or ``None`` when there is no such id."""
 
@@ -120,20 +111,17 @@ class KnowledgeItem(Message):
     entry: KnowledgeEntry | None = None
 
 
-@dataclass(frozen=True, slots=True)
 class DeleteKnowledge(Message):
     agent_id: TargetId
     entry_id: RowId
 
 
-@dataclass(frozen=True, slots=True)
 class KnowledgeDeleted(Message):
     agent_id: str
     entry_id: int
     deleted: bool
 
 
-@dataclass(frozen=True, slots=True)
 class UpdateKnowledge(Message):
     """Change fields of one entry of ``agent_id``'s store (``"shared"``: the shared store), keeping
     its id. ``None`` leaves a field as it is; ``tags`` replaces every tag (``{}`` clears them). A
@@ -148,7 +136,6 @@ class UpdateKnowledge(Message):
     scope: OptScope = None
 
 
-@dataclass(frozen=True, slots=True)
 class KnowledgeUpdated(Message):
     """The answer to :class:`UpdateKnowledge`: the entry as it now is, ``None`` when there is no
     such id."""

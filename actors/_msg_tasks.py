@@ -22,7 +22,6 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
 class TaskAssigned(Message):
     """A task for an agent: answered with a :class:`TaskPrompt` built from its knowledge.
 
@@ -56,7 +55,6 @@ class FileContext:
     origin: str = ""
 
 
-@dataclass(frozen=True, slots=True)
 class TaskPrompt(Message):
     """The prompt for a task: knowledge context + task, or the fallback (task only) and why."""
 
@@ -70,7 +68,6 @@ class TaskPrompt(Message):
     files: Many[FileContext] = ()  # memory-file and code chunks, in prompt order
 
 
-@dataclass(frozen=True, slots=True)
 class TaskCompleted(Message):
     """Write-back: the summary becomes an ``outcome`` entry and an episode (durable when acked)."""
 
@@ -79,7 +76,6 @@ class TaskCompleted(Message):
     agent_id: OptAgentId = None
 
 
-@dataclass(frozen=True, slots=True)
 class TaskFailed(Message):
     """Write-back: the reason becomes a ``pitfall`` entry and an episode (durable when acked)."""
 
@@ -88,7 +84,6 @@ class TaskFailed(Message):
     agent_id: OptAgentId = None
 
 
-@dataclass(frozen=True, slots=True)
 class WriteBackQueued(Message):
     """The write-back is in the agent's outbox (committed): it survives a crash from here on."""
 

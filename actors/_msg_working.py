@@ -3,7 +3,6 @@ the agent-wide one (``task_id=None``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from ._codec import Message
@@ -18,7 +17,6 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
 class SetWorkingMemory(Message):
     """Set a key in ``agent_id``'s working memory, in the space of ``task_id`` (``None``: the
     agent-wide space); ``ttl_s`` makes it expire."""
@@ -30,7 +28,6 @@ class SetWorkingMemory(Message):
     task_id: WorkingTaskId = None
 
 
-@dataclass(frozen=True, slots=True)
 class GetWorkingMemory(Message):
     """Read a key of the space of ``task_id`` (``None``: the agent-wide space)."""
 
@@ -39,7 +36,6 @@ class GetWorkingMemory(Message):
     task_id: WorkingTaskId = None
 
 
-@dataclass(frozen=True, slots=True)
 class WorkingMemoryValue(Message):
     agent_id: str
     key: str
@@ -48,7 +44,6 @@ class WorkingMemoryValue(Message):
     task_id: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
 class ClearWorkingMemory(Message):
     """Clear one space of ``agent_id``'s working memory (``task_id``'s, or the agent-wide one
     when ``None``), or only ``key`` in it. The other spaces keep their keys."""
@@ -58,7 +53,6 @@ class ClearWorkingMemory(Message):
     task_id: WorkingTaskId = None
 
 
-@dataclass(frozen=True, slots=True)
 class WorkingMemoryCleared(Message):
     agent_id: str
     removed: int

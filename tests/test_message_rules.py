@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from dataclasses import dataclass
 from typing import Annotated, Any
 
 import pytest
@@ -124,7 +123,6 @@ def own_registry(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.usefixtures("own_registry")
 def test_rules_run_in_field_order_then_the_cross_check() -> None:
-    @dataclass(frozen=True, slots=True)
     class Shout(Message):
         word: Annotated[str, Rule(_upper, normalise=True)]
         other: Annotated[str | None, Rule(_upper, optional=True)] = None
@@ -147,7 +145,6 @@ def test_rules_run_in_field_order_then_the_cross_check() -> None:
 
 @pytest.mark.usefixtures("own_registry")
 def test_a_field_with_two_rules_is_refused() -> None:
-    @dataclass(frozen=True, slots=True)
     class Twice(Message):
         word: Annotated[str, Rule(_upper), Rule(_upper)]
 
