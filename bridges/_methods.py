@@ -120,10 +120,7 @@ def method_table() -> str:
     ]
     for op in OPERATIONS:
         params = ", ".join(f"`{p.name}`{'*' if p.required else ''}" for p in op.params) or "-"
-        effect = "read-only" if op.read_only else ("destructive" if op.destructive else "writes")
-        if op.idempotent:
-            effect += ", idempotent"
         summary = op.summary.replace("|", "\\|")
-        rows.append(f"| `{op.name}` | {params} | {effect} | {summary} |")
+        rows.append(f"| `{op.name}` | {params} | {op.effect.words} | {summary} |")
     rows.append("| `rpc.discover` | - | read-only | This server's OpenRPC document. |")
     return "\n".join(rows) + "\n"

@@ -11,6 +11,7 @@ same validation and the same documentation.
 from __future__ import annotations
 
 import datetime as dt
+import enum
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,7 @@ __all__ = [
     "TIME",
     "TOP_K",
     "Context",
+    "Effect",
     "Lane",
     "Operation",
     "OperationList",
@@ -128,6 +130,24 @@ def files_lane(params: Mapping[str, Any]) -> str | None:
     return "files"
 
 
+class Effect(enum.Enum):
+    """What an operation does to memory, in the terms of MCP's tool hints: (read-only,
+    destructive, idempotent). One name per combination that makes sense, so no operation can
+    claim to be read-only and destructive at once."""
+
+    READS = (True, False, True)  # changes nothing, so repeating it is harmless too
+    ADDS = (False, False, False)  # each call adds something (an entry, an episode, an outcome)
+    SETS = (False, False, True)  # the same call again leaves memory as the first one left it
+    OVERWRITES = (False, True, True)  # removes or replaces what was there
+
+    @property
+    def words(self) -> str:
+        """How the docs' method table says it."""
+        if self is Effect.READS:
+            return "read-only"
+        return ("destructive" if self.value[1] else "writes") + (", idempotent" if self.value[2] else "")
+
+
 @dataclass(frozen=True, slots=True)
 class Operation:
     """A capability: name, doc, typed params, result shape, effects, lane and implementation."""
@@ -138,13 +158,23 @@ class Operation:
     params: tuple[Param, ...]
     result: Mapping[str, Any]
     run: Runner
-    read_only: bool
-    destructive: bool = False
-    idempotent: bool = False
+    effect: Effect
     lane: Lane = field(default=_no_lane)
     push: bool = False
     """It pushes notifications to the client's connection (``subscribe``): only doors with a
     connection (``memstrata serve``) offer it; doors without push leave it out or adapt it."""
+
+    @property
+    def read_only(self) -> bool:
+        return self.effect.value[0]
+
+    @property
+    def destructive(self) -> bool:
+        return self.effect.value[1]
+
+    @property
+    def idempotent(self) -> bool:
+        return self.effect.value[2]
 
     def params_schema(self) -> dict[str, Any]:
         """The params as one JSON Schema object (unknown params rejected)."""
@@ -170,19 +200,13 @@ class OperationList:
         summary: str,
         params: tuple[Param, ...],
         result: Mapping[str, Any],
+        effect: Effect,
         *,
-        read_only: bool,
-        destructive: bool = False,
-        idempotent: bool = False,
         lane: Lane = _no_lane,
         push: bool = False,
     ) -> Callable[[Runner], Runner]:
         def register(run: Runner) -> Runner:
-            self.items.append(
-                Operation(
-                    name, group, summary, params, result, run, read_only, destructive, idempotent, lane, push
-                )
-            )
+            self.items.append(Operation(name, group, summary, params, result, run, effect, lane, push))
             return run
 
         return register

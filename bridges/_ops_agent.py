@@ -19,6 +19,7 @@ from ._operation import (
     TIME,
     TOP_K,
     Context,
+    Effect,
     OperationList,
     Param,
     agent_lane,
@@ -57,7 +58,7 @@ _TASK_SPACE = Param(
         Param("at", {**TIME, "description": "When it happened (default: now)."}),
     ),
     returns(id="any"),
-    read_only=False,
+    Effect.ADDS,
     lane=agent_lane,
 )
 def _remember(ctx: Context, p: dict[str, Any]) -> Any:
@@ -78,7 +79,7 @@ def _remember(ctx: Context, p: dict[str, Any]) -> Any:
         Param("until", {**TIME, "description": "Only episodes before this time."}),
     ),
     SEARCH_RESULT,
-    read_only=True,
+    Effect.READS,
     lane=agent_lane,
 )
 def _recall(ctx: Context, p: dict[str, Any]) -> Any:
@@ -114,7 +115,7 @@ _PATH = string("A file path on the machine that runs memstrata.", max_length=409
         ),
     ),
     {"type": "array", "items": OBJECT},
-    read_only=True,
+    Effect.READS,
     lane=agent_lane,
 )
 def _list_episodes(ctx: Context, p: dict[str, Any]) -> Any:
@@ -128,7 +129,7 @@ def _list_episodes(ctx: Context, p: dict[str, Any]) -> Any:
     "One live episode by id, or null.",
     (AGENT_ID, Param("episode_id", _EPISODE_ID, True)),
     {"type": ["object", "null"]},
-    read_only=True,
+    Effect.READS,
     lane=agent_lane,
 )
 def _get_episode(ctx: Context, p: dict[str, Any]) -> Any:
@@ -143,9 +144,7 @@ def _get_episode(ctx: Context, p: dict[str, Any]) -> Any:
     "whether it existed.",
     (AGENT_ID, Param("episode_id", _EPISODE_ID, True)),
     returns(deleted="boolean"),
-    read_only=False,
-    destructive=True,
-    idempotent=True,
+    Effect.OVERWRITES,
     lane=agent_lane,
 )
 def _delete_episode(ctx: Context, p: dict[str, Any]) -> Any:
@@ -167,7 +166,7 @@ def _delete_episode(ctx: Context, p: dict[str, Any]) -> Any:
         ),
     ),
     returns(path="string", archived="integer"),
-    read_only=False,
+    Effect.ADDS,
     lane=agent_lane,
 )
 def _archive_episodes(ctx: Context, p: dict[str, Any]) -> Any:
@@ -182,8 +181,7 @@ def _archive_episodes(ctx: Context, p: dict[str, Any]) -> Any:
     "new ones (restoring twice adds nothing).",
     (AGENT_ID, Param("path", {**_PATH, "description": "The archive file to restore."}, True)),
     returns(restored="integer"),
-    read_only=False,
-    idempotent=True,
+    Effect.SETS,
     lane=agent_lane,
 )
 def _restore_episodes(ctx: Context, p: dict[str, Any]) -> Any:
@@ -203,8 +201,7 @@ def _restore_episodes(ctx: Context, p: dict[str, Any]) -> Any:
         Param("store", STORE),
     ),
     OBJECT,
-    read_only=False,
-    idempotent=True,
+    Effect.SETS,
     lane=agent_lane,
 )
 def _promote_episode(ctx: Context, p: dict[str, Any]) -> Any:
@@ -218,7 +215,7 @@ def _promote_episode(ctx: Context, p: dict[str, Any]) -> Any:
     "Pre-task retrieval: the prompt {text, fallback, reason, hits} within the retrieval budget.",
     (AGENT_ID, _TASK_ID, Param("description", string("What the task is."), True)),
     returns(text="string", fallback="boolean"),
-    read_only=True,
+    Effect.READS,
     lane=agent_lane,
 )
 def _begin_task(ctx: Context, p: dict[str, Any]) -> Any:
@@ -234,7 +231,7 @@ def _write_back(name: str, summary: str, text: Param) -> None:
         return {"task_id": p["task_id"], "queued": True, "outbox_id": getattr(queued, "outbox_id", None)}
 
     params = (AGENT_ID, _TASK_ID, text)
-    _OPS.add(name, "tasks", summary, params, QUEUED, read_only=False, lane=agent_lane)(run)
+    _OPS.add(name, "tasks", summary, params, QUEUED, Effect.ADDS, lane=agent_lane)(run)
 
 
 _write_back(
@@ -262,8 +259,7 @@ _write_back(
         _TASK_SPACE,
     ),
     returns(key="string", stored="boolean"),
-    read_only=False,
-    idempotent=True,
+    Effect.SETS,
     lane=agent_lane,
 )
 def _set_working(ctx: Context, p: dict[str, Any]) -> Any:
@@ -277,7 +273,7 @@ def _set_working(ctx: Context, p: dict[str, Any]) -> Any:
     "Read a working-memory key: {key, found, value}.",
     (AGENT_ID, _KEY, _TASK_SPACE),
     returns(found="boolean", value="any"),
-    read_only=True,
+    Effect.READS,
     lane=agent_lane,
 )
 def _get_working(ctx: Context, p: dict[str, Any]) -> Any:
@@ -297,9 +293,7 @@ def _get_working(ctx: Context, p: dict[str, Any]) -> Any:
         _TASK_SPACE,
     ),
     returns(removed="integer"),
-    read_only=False,
-    destructive=True,
-    idempotent=True,
+    Effect.OVERWRITES,
     lane=agent_lane,
 )
 def _clear_working(ctx: Context, p: dict[str, Any]) -> Any:

@@ -17,7 +17,17 @@ from typing import Any
 from memstrata.core.errors import InvalidInputError
 
 from . import _convert
-from ._operation import ID_LIMIT, SESSION_ID, Context, OperationList, Param, returns, session_lane, string
+from ._operation import (
+    ID_LIMIT,
+    SESSION_ID,
+    Context,
+    Effect,
+    OperationList,
+    Param,
+    returns,
+    session_lane,
+    string,
+)
 
 _OPS = OperationList()
 _KEY = Param("key", string("The signal's key.", max_length=1024), True)
@@ -34,7 +44,7 @@ _KEY = Param("key", string("The signal's key.", max_length=1024), True)
         Param("publisher", string("Who publishes it.", max_length=ID_LIMIT)),
     ),
     returns(key="string", version="integer"),
-    read_only=False,
+    Effect.ADDS,
     lane=session_lane,
 )
 def _publish(ctx: Context, p: dict[str, Any]) -> Any:
@@ -48,7 +58,7 @@ def _publish(ctx: Context, p: dict[str, Any]) -> Any:
     "Read a blackboard signal; value is null and found false when unset.",
     (SESSION_ID, _KEY),
     returns(found="boolean", value="any"),
-    read_only=True,
+    Effect.READS,
     lane=session_lane,
 )
 def _get_signal(ctx: Context, p: dict[str, Any]) -> Any:
@@ -69,7 +79,7 @@ def _get_signal(ctx: Context, p: dict[str, Any]) -> Any:
     "The sorted keys of a session's blackboard, optionally under a prefix.",
     (SESSION_ID, Param("prefix", string("Only keys starting with this.", max_length=1024))),
     {"type": "array", "items": {"type": "string"}},
-    read_only=True,
+    Effect.READS,
     lane=session_lane,
 )
 def _list_signals(ctx: Context, p: dict[str, Any]) -> Any:
@@ -82,9 +92,7 @@ def _list_signals(ctx: Context, p: dict[str, Any]) -> Any:
     "Remove a blackboard key; subscribers get a signal with deleted true and value null.",
     (SESSION_ID, _KEY),
     returns(key="string", deleted="boolean"),
-    read_only=False,
-    destructive=True,
-    idempotent=True,
+    Effect.OVERWRITES,
     lane=session_lane,
 )
 def _delete_signal(ctx: Context, p: dict[str, Any]) -> Any:
@@ -176,7 +184,7 @@ def _connection(ctx: Context, name: str) -> Any:
         "properties": {"subscription_id": {"type": "integer"}},
         "required": ["subscription_id"],
     },
-    read_only=True,
+    Effect.READS,
     lane=session_lane,
     push=True,
 )
@@ -203,8 +211,7 @@ def _subscribe(ctx: Context, p: dict[str, Any]) -> Any:
         Param("subscription_id", {"type": "integer", "minimum": 1, "description": "From subscribe."}, True),
     ),
     returns(removed="boolean"),
-    read_only=True,
-    idempotent=True,
+    Effect.READS,
     lane=session_lane,
     push=True,
 )

@@ -12,6 +12,7 @@ from ._operation import (
     SEARCH_RESULT,
     TOP_K,
     Context,
+    Effect,
     OperationList,
     Param,
     files_lane,
@@ -30,8 +31,7 @@ _OPS = OperationList()
     "Index (or re-sync) a folder of memory files or code; returns its root, kind and sync stats.",
     (Param("path", string("The folder.", max_length=4096), True), Param("kind", KIND)),
     returns(root="string", kind="string"),
-    read_only=False,
-    idempotent=True,
+    Effect.SETS,
     lane=files_lane,
 )
 def _index(ctx: Context, p: dict[str, Any]) -> Any:
@@ -45,7 +45,7 @@ def _index(ctx: Context, p: dict[str, Any]) -> Any:
     "The indexed folders with their kind and last sync.",
     (),
     {"type": "array", "items": OBJECT},
-    read_only=True,
+    Effect.READS,
     lane=files_lane,
 )
 def _list_roots(ctx: Context, p: dict[str, Any]) -> Any:
@@ -58,9 +58,7 @@ def _list_roots(ctx: Context, p: dict[str, Any]) -> Any:
     "Unregister an indexed folder and delete its index (the folder itself is untouched).",
     (Param("path", string("The folder.", max_length=4096), True), Param("kind", KIND)),
     returns(removed="integer"),
-    read_only=False,
-    destructive=True,
-    idempotent=True,
+    Effect.OVERWRITES,
     lane=files_lane,
 )
 def _forget_root(ctx: Context, p: dict[str, Any]) -> Any:
@@ -79,7 +77,7 @@ def _forget_root(ctx: Context, p: dict[str, Any]) -> Any:
         Param("language", string("Only code in this language (e.g. python).", max_length=64)),
     ),
     SEARCH_RESULT,
-    read_only=True,
+    Effect.READS,
     lane=files_lane,
 )
 def _search_files(ctx: Context, p: dict[str, Any]) -> Any:
@@ -98,7 +96,7 @@ def _search_files(ctx: Context, p: dict[str, Any]) -> Any:
         Param("lines", {"type": "integer", "minimum": 1, "description": "How many lines."}),
     ),
     OBJECT,
-    read_only=True,
+    Effect.READS,
     lane=files_lane,
 )
 def _get_file(ctx: Context, p: dict[str, Any]) -> Any:
@@ -111,7 +109,7 @@ def _get_file(ctx: Context, p: dict[str, Any]) -> Any:
     "Drivers, model state, per-agent counts, sync state and degraded agents.",
     (),
     OBJECT,
-    read_only=True,
+    Effect.READS,
 )
 def _status(ctx: Context, p: dict[str, Any]) -> Any:
     out = {"system": _convert.plain(ctx.system.status()), "workspaces": ctx.workspaces.status()}

@@ -10,7 +10,7 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-from ._operation import ID_LIMIT, Context, OperationList, Param, pick, returns, string
+from ._operation import ID_LIMIT, Context, Effect, OperationList, Param, pick, returns, string
 
 _OPS = OperationList()
 
@@ -88,8 +88,7 @@ def _item(item: Any) -> dict[str, Any]:
         ),
     ),
     returns(namespace="array", key="string"),
-    read_only=False,
-    idempotent=True,
+    Effect.SETS,
     lane=items_lane,
 )
 def _put_item(ctx: Context, p: dict[str, Any]) -> Any:
@@ -103,7 +102,7 @@ def _put_item(ctx: Context, p: dict[str, Any]) -> Any:
     "Read the item at a namespace and key; null when there is none (or it expired).",
     (NAMESPACE, KEY),
     {**ITEM, "type": ["object", "null"]},
-    read_only=True,
+    Effect.READS,
     lane=items_lane,
 )
 def _get_item(ctx: Context, p: dict[str, Any]) -> Any:
@@ -131,7 +130,7 @@ def _get_item(ctx: Context, p: dict[str, Any]) -> Any:
         Param("offset", OFFSET),
     ),
     {"type": "array", "items": ITEM},
-    read_only=True,
+    Effect.READS,
     lane=items_lane,
 )
 def _search_items(ctx: Context, p: dict[str, Any]) -> Any:
@@ -152,9 +151,7 @@ def _search_items(ctx: Context, p: dict[str, Any]) -> Any:
             "deleted": {"type": "boolean"},
         },
     },
-    read_only=False,
-    destructive=True,
-    idempotent=True,
+    Effect.OVERWRITES,
     lane=items_lane,
 )
 def _delete_item(ctx: Context, p: dict[str, Any]) -> Any:
@@ -182,7 +179,7 @@ def _delete_item(ctx: Context, p: dict[str, Any]) -> Any:
         Param("offset", OFFSET),
     ),
     {"type": "array", "items": {"type": "array", "items": {"type": "string"}}},
-    read_only=True,
+    Effect.READS,
     lane=items_lane,
 )
 def _list_namespaces(ctx: Context, p: dict[str, Any]) -> Any:

@@ -21,6 +21,7 @@ from ._operation import (
     TEXT,
     TOP_K,
     Context,
+    Effect,
     OperationList,
     Param,
     agent_lane,
@@ -71,8 +72,7 @@ def _named_entry(entry: Any, params: Mapping[str, Any], shared: bool) -> dict[st
         Param("shared", {"type": "boolean", "description": "Store it in the shared store."}),
     ),
     returns(id="integer", store="string"),
-    read_only=False,
-    idempotent=True,
+    Effect.SETS,
     lane=agent_lane,
 )
 def _store_knowledge(ctx: Context, p: dict[str, Any]) -> Any:
@@ -100,7 +100,7 @@ def _store_knowledge(ctx: Context, p: dict[str, Any]) -> Any:
         Param("include_shared", {"type": "boolean", "description": "Also search the shared store."}),
     ),
     SEARCH_RESULT,
-    read_only=True,
+    Effect.READS,
     lane=agent_lane,
 )
 def _query_knowledge(ctx: Context, p: dict[str, Any]) -> Any:
@@ -115,7 +115,7 @@ def _query_knowledge(ctx: Context, p: dict[str, Any]) -> Any:
     "One knowledge entry by id and store, or null.",
     (AGENT_ID, Param("entry_id", ENTRY_ID, True), Param("store", STORE)),
     {"type": ["object", "null"]},
-    read_only=True,
+    Effect.READS,
     lane=agent_lane,
 )
 def _get_knowledge(ctx: Context, p: dict[str, Any]) -> Any:
@@ -138,7 +138,7 @@ def _get_knowledge(ctx: Context, p: dict[str, Any]) -> Any:
         Param("offset", {"type": "integer", "minimum": 0, "description": "Entries to skip."}),
     ),
     {"type": "array", "items": OBJECT},
-    read_only=True,
+    Effect.READS,
     lane=agent_lane,
 )
 def _list_knowledge(ctx: Context, p: dict[str, Any]) -> Any:
@@ -172,9 +172,7 @@ def _list_knowledge(ctx: Context, p: dict[str, Any]) -> Any:
         Param("scope", {**SCOPE, "description": "The new path-like scope (omit to keep it)."}),
     ),
     {"type": ["object", "null"]},
-    read_only=False,
-    destructive=True,
-    idempotent=True,
+    Effect.OVERWRITES,
     lane=agent_lane,
 )
 def _update_knowledge(ctx: Context, p: dict[str, Any]) -> Any:
@@ -191,9 +189,7 @@ def _update_knowledge(ctx: Context, p: dict[str, Any]) -> Any:
     "Delete one knowledge entry by id and store; {deleted} says whether it existed.",
     (AGENT_ID, Param("entry_id", ENTRY_ID, True), Param("store", STORE)),
     returns(deleted="boolean"),
-    read_only=False,
-    destructive=True,
-    idempotent=True,
+    Effect.OVERWRITES,
     lane=agent_lane,
 )
 def _delete_knowledge(ctx: Context, p: dict[str, Any]) -> Any:

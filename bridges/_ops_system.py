@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._operation import Context, OperationList, Param, returns, string
+from ._operation import Context, Effect, OperationList, Param, returns, string
 
 _OPS = OperationList()
 
@@ -22,8 +22,7 @@ _PATH = Param(
     "blackboards and items to a file as sorted JSON lines, for diffs, backups and moves.",
     (_PATH,),
     returns(path="string", lines="integer"),
-    read_only=True,
-    idempotent=True,
+    Effect.READS,
 )
 def _export(ctx: Context, p: dict[str, Any]) -> Any:
     return {"path": p["path"], "lines": ctx.system.export(p["path"])}
@@ -44,7 +43,7 @@ def _export(ctx: Context, p: dict[str, Any]) -> Any:
             "skipped": {"type": "integer"},
         },
     },
-    read_only=False,
+    Effect.ADDS,
 )
 def _import(ctx: Context, p: dict[str, Any]) -> Any:
     return ctx.system.import_(p["path"])

@@ -392,3 +392,22 @@ def test_export_and_import_keep_working_memory_spaces(tmp_path: Path) -> None:
         assert system.import_(path)["working"] == 2
         agent = system.agent("a1")
         assert (agent.get_working("k"), agent.get_working("k", task_id="t1")) == ("wide", "in t1")
+
+
+def test_every_operation_declares_one_effect_and_its_hints_follow_from_it() -> None:
+    from memstrata.bridges._operation import Effect
+    from memstrata.bridges._operations import OPERATIONS
+
+    assert len({e.value for e in Effect}) == len(Effect)  # one name per combination of hints
+    for effect in Effect:
+        read_only, destructive, idempotent = effect.value
+        assert not (read_only and destructive), effect
+        assert idempotent or not read_only, effect  # a read repeated changes nothing
+    seen = {op.effect for op in OPERATIONS}
+    assert seen == set(Effect)  # every effect is used, and nothing else is
+    for op in OPERATIONS:
+        assert (op.read_only, op.destructive, op.idempotent) == op.effect.value, op.name
+    assert find("query_knowledge").effect is Effect.READS
+    assert find("remember").effect is Effect.ADDS
+    assert find("set_working").effect is Effect.SETS
+    assert find("delete_episode").effect.words == "destructive, idempotent"
