@@ -23,7 +23,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memstrata.core.config import Config
 from memstrata.core.errors import ConfigError, MemstrataError
@@ -33,6 +33,9 @@ from memstrata.storage._embedding import embed_deadline
 from ._base import MemoryActor
 from ._store_messages import BoundedSearch, Searched
 from .messages import SHARED, FileContext
+
+if TYPE_CHECKING:
+    from memstrata.layers import FileHit
 
 __all__ = [
     "CodebaseActor",
@@ -183,20 +186,12 @@ class _FileIndexActor(MemoryActor):
             return stats
         return super().handle(message)
 
-    def _search(self, query: str, top_k: int) -> list[Any]:
+    def _search(self, query: str, top_k: int) -> list[FileHit]:
         raise NotImplementedError
 
-    def _context(self, hit: Any) -> FileContext:
-        return FileContext(
-            source=self.source,
-            path=str(hit.path),
-            start_line=int(hit.start_line),
-            end_line=int(hit.end_line),
-            score=float(hit.score),
-            text=str(hit.snippet),
-            language=getattr(hit, "language", None),
-            origin=self.origin(),
-        )
+    def _context(self, hit: FileHit) -> FileContext:
+        where = (hit.path, hit.start_line, hit.end_line)
+        return FileContext(self.source, *where, hit.score, hit.snippet, hit.language, self.origin())
 
     def origin(self) -> str:
         return ""
@@ -249,7 +244,7 @@ class WorkspaceActor(_FileIndexActor):
     def db_path(self, root: Path) -> Path:
         return self.runtime.data_dir / "workspaces" / f"agent-{self.key}-{_digest(root)}.sqlite"
 
-    def _search(self, query: str, top_k: int) -> list[Any]:
+    def _search(self, query: str, top_k: int) -> list[FileHit]:
         return list(self.layer.search(query, max_results=top_k))
 
     def handle(self, message: Any) -> Any:
@@ -338,5 +333,5 @@ class CodebaseActor(_FileIndexActor):
     def origin(self) -> str:
         return self.key
 
-    def _search(self, query: str, top_k: int) -> list[Any]:
+    def _search(self, query: str, top_k: int) -> list[FileHit]:
         return list(self.layer.search(query, top_k=top_k))

@@ -6,9 +6,12 @@ import dataclasses
 import datetime as dt
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
+
+if TYPE_CHECKING:
+    from memstrata.layers import FileHit
 
 __all__ = ["KINDS", "FileText", "Kind", "Workspace", "WorkspaceHit", "WorkspaceHits"]
 
@@ -94,18 +97,9 @@ def _row_to_workspace(row: Any) -> Workspace:
     )
 
 
-def _hit(ws: Workspace, hit: Any) -> WorkspaceHit:
-    return WorkspaceHit(
-        root=ws.root,
-        kind=ws.kind,
-        path=str(hit.path),
-        start_line=int(hit.start_line),
-        end_line=int(hit.end_line),
-        score=float(hit.score),
-        snippet=str(hit.snippet),
-        match_type=str(hit.match_type),
-        language=getattr(hit, "language", None),
-    )
+def _hit(ws: Workspace, hit: FileHit) -> WorkspaceHit:
+    where = (hit.path, hit.start_line, hit.end_line)
+    return WorkspaceHit(ws.root, ws.kind, *where, hit.score, hit.snippet, hit.match_type, hit.language)
 
 
 def _stats_dict(stats: Any) -> dict[str, Any]:

@@ -28,6 +28,7 @@ same time is never mistaken for an inconsistency.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import time
@@ -72,18 +73,10 @@ class ConsistencyReport:
         return bool(self.fts_rebuilt or self.orphan_vectors_removed or self.vectors_repaired)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "consistent": self.consistent,
-            "full": self.full,
-            "rows": self.rows,
-            "vectors": self.vectors,
-            "fts_rebuilt": list(self.fts_rebuilt),
-            "orphan_vectors_removed": self.orphan_vectors_removed,
-            "missing_vectors": self.missing_vectors,
-            "vectors_repaired": self.vectors_repaired,
-            "problems": list(self.problems),
-            "seconds": round(self.seconds, 4),
-        }
+        data: dict[str, Any] = {"consistent": self.consistent, **dataclasses.asdict(self)}
+        del data["store"]  # the caller's key
+        data["seconds"] = round(self.seconds, 4)
+        return data
 
 
 def _name(value: str, what: str) -> str:

@@ -7,6 +7,7 @@ driver (``driver_info``) needs no connection logic, and the connection logic no 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import sqlite3
@@ -29,13 +30,7 @@ class DriverInfo:
     reason: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "driver": self.driver,
-            "sqlite_version": self.sqlite_version,
-            "vec_version": self.vec_version,
-            "native_vectors": self.native_vectors,
-            "reason": self.reason,
-        }
+        return dataclasses.asdict(self)
 
 
 def _stdlib_can_load() -> bool:
