@@ -13,6 +13,7 @@ import pytest
 from memstrata.storage import (
     Database,
     VectorIndex,
+    _consistency,
     apply_migrations,
     check_consistency,
     disable_vec_for_tests,
@@ -38,14 +39,30 @@ def make_store(path: Path) -> tuple[Database, VectorIndex]:
     return db, vectors
 
 
-@pytest.fixture(params=["vec0", "blob"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Database, VectorIndex]]:
-    """The same small store on sqlite-vec and on the numpy fallback's blob table."""
-    disable_vec_for_tests(request.param == "blob")
+@pytest.fixture(params=["vec0", "blob", "vec0 beside", "blob beside"])
+def store(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Database, VectorIndex]]:
+    """The same small store on sqlite-vec and on the numpy fallback's blob table; "beside": its
+    vector ids fingerprinted on a second connection, as a large store's are."""
+    backend, _, beside = request.param.partition(" ")
+    readers: list[Database] = []
+    if beside:
+        monkeypatch.setattr(_consistency, "_BESIDE_FROM_BYTES", 0)
+        opened = _consistency.open_database
+
+        def reader(*args: Any, **kwargs: Any) -> Database:
+            readers.append(opened(*args, **kwargs))
+            return readers[-1]
+
+        monkeypatch.setattr(_consistency, "open_database", reader)
+    disable_vec_for_tests(backend == "blob")
     try:
         db, vectors = make_store(tmp_path / "s.sqlite")
-        assert vectors.backend == request.param
+        assert vectors.backend == backend
         yield db, vectors
+        assert bool(readers) == bool(beside)  # the check ran on a second connection, or not
+        assert all(r.read_only for r in readers)
         db.close()
     finally:
         disable_vec_for_tests(False)
