@@ -3,17 +3,26 @@
 The document lengths and the postings read so far are written (:mod:`._index_files`) when the
 connection closes; a new process maps them instead of reading ``_docsize`` again, after checking
 the file against FTS5's own structure and averages records (both change with every write).
+
+An index of ``_COMPLETE_FROM`` documents or more keeps every posting in its file instead (read in
+one pass, :mod:`._bm25_bulk`: 10 s at a million entries, once per state of the index), since
+reading a common word's postings from FTS5 at the first search that needs it cost 20-100 ms. Its
+words are taken from the map when first used, each checked then (document order, range, a
+checksum per word), so opening it touches only the document lengths.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from ._bm25_postings import _PHRASE, Bm25Postings
+from ._bm25_bulk import AllPostings, read_all_postings, word_sums
+from ._bm25_postings import _PHRASE, Bm25Postings, FloatArray
 from ._index_files import (
     DamagedFile,
     database_token,
@@ -23,11 +32,16 @@ from ._index_files import (
     read_index,
     write_index,
 )
+from ._vec0_chunks import snapshot
 
 __all__ = ["Bm25Files"]
 
 _SAVED_POSTINGS = 4_000_000  # postings written to the index file at most
 _REREAD_STEMS = 256  # stems whose postings are read again for the file when the index changed
+# from this many documents the file holds every posting (below, the first read of a common word
+# costs a few milliseconds; at a million documents, 20-100 ms)
+_COMPLETE_FROM = 200_000
+_MAX_HEADER_STEMS = 48 << 20  # the words are listed in the file's header (at most 64 MB)
 
 log = logging.getLogger("memstrata.storage")
 
@@ -42,7 +56,16 @@ class Bm25Files(Bm25Postings):
     files_note: str | None = None
     _file_mark: str | None = None  # the FTS5 records the saved file reflects
     _file_stems = 0  # stems in that file
+    _file_complete = False  # that file holds every posting
+    _file_damaged = False  # a word of it failed its checks: rewritten at close
     _hooked = False
+    # a complete file's arrays: offsets by stem number, positions, tf, and each stem's checksums
+    _map_arrays: tuple[npt.NDArray[Any], ...] = ()
+    _map_path: Path | None = None
+
+    def _reset(self) -> None:
+        super()._reset()
+        self._map_arrays = ()  # unmapped once no word refers to it
 
     def _hook_close(self) -> None:
         if self._hooked:
@@ -56,6 +79,7 @@ class Bm25Files(Bm25Postings):
             "saved": self.files_saved,
             "rejected": self.files_rejected,
             "note": self.files_note,
+            "complete": self._file_complete,
         }
 
     def _refuse(self, note: str, warn: bool) -> bool:
@@ -96,6 +120,8 @@ class Bm25Files(Bm25Postings):
         mark = self._index_mark()
         if mark is None or meta.get("mark") != mark:
             return self._refuse(f"index file {path} is older than the index", False)
+        if meta.get("complete"):
+            return self._map_complete(path, meta, arrays, mark)
         try:
             stems = [str(stem) for stem in meta["stems"]]
             ids, sizes = arrays["ids"], arrays["sizes"]
@@ -104,18 +130,7 @@ class Bm25Files(Bm25Postings):
             return self._refuse(f"index file {path} is damaged (missing {exc}); rebuilding it", True)
         n = len(ids)
         if (
-            ids.dtype != np.int64
-            or sizes.dtype != np.float64
-            or offsets.dtype != np.int64
-            or positions.dtype != np.int32
-            or tfs.dtype != np.float64
-            or len(sizes) != n
-            or len(offsets) != len(stems) + 1
-            or int(offsets[0]) != 0
-            or int(offsets[-1]) != len(positions)
-            or len(tfs) != len(positions)
-            or bool(np.any(np.diff(offsets) < 0))
-            or bool(np.any(np.diff(ids) <= 0))
+            not _postings_fit(stems, ids, sizes, offsets, positions, tfs, (np.float64,))
             or (len(positions) and (int(positions.min()) < 0 or int(positions.max()) >= n))
             or not _ascending_within(positions, offsets)
         ):
@@ -133,27 +148,114 @@ class Bm25Files(Bm25Postings):
         self._loaded = True
         self._mark = self._file_mark = mark
         self._file_stems = len(stems)
+        self._file_complete = False
         self.files_loaded += 1
         self.files_note = None
         return True
 
+    def _map_complete(self, path: Path, meta: dict[str, Any], arrays: dict[str, Any], mark: str) -> bool:
+        """Take the document lengths of a complete file, and its words as a map (see the module
+        docstring); only the small arrays are checked here."""
+        try:
+            stems = [str(stem) for stem in meta["stems"]]
+            ids, sizes = arrays["ids"], arrays["sizes"]
+            offsets, positions, tfs = arrays["offsets"], arrays["positions"], arrays["tf"]
+            pos_sums, tf_sums = arrays["pos_sums"], arrays["tf_sums"]
+        except (KeyError, TypeError) as exc:
+            return self._refuse(f"index file {path} is damaged (missing {exc}); rebuilding it", True)
+        n = len(ids)
+        if (
+            not _postings_fit(stems, ids, sizes, offsets, positions, tfs, (np.float32, np.float64))
+            or pos_sums.dtype != np.int64
+            or tf_sums.dtype != np.uint64
+            or len(pos_sums) != len(stems)
+            or len(tf_sums) != len(stems)
+            or not bool(np.all(np.isfinite(sizes)))
+        ):
+            return self._refuse(f"index file {path} is damaged (arrays do not fit); rebuilding it", True)
+        self._ids, self._sizes = ids, sizes
+        self._alive = np.ones(n, dtype=bool)
+        self._live = n
+        self._total = float(sizes.sum())
+        self._postings = {}
+        self._cached = 0
+        self._views = set()
+        self._mapped = {stem: i for i, stem in enumerate(stems)}
+        self._map_arrays = (offsets, positions, tfs, pos_sums, tf_sums)
+        self._map_path = path
+        self._loaded = True
+        self._mark = self._file_mark = mark
+        self._file_stems = len(stems)
+        self._file_complete = True
+        self.files_loaded += 1
+        self.files_note = None
+        return True
+
+    def _mapped_count(self, stem: str) -> int | None:
+        number = self._mapped.get(stem)
+        if number is None or not self._map_arrays:
+            return None
+        offsets = self._map_arrays[0]
+        return int(offsets[number + 1] - offsets[number])
+
+    def _mapped_postings(self, stem: str) -> tuple[npt.NDArray[np.int32], FloatArray] | None:
+        """``stem``'s postings from the complete file, checked (ascending positions in range,
+        positive counts, its checksums); a word that fails drops the whole map, with a warning."""
+        number = self._mapped.get(stem)
+        if number is None or not self._map_arrays:
+            return None
+        offsets, positions, tfs, pos_sums, tf_sums = self._map_arrays
+        start, end = int(offsets[number]), int(offsets[number + 1])
+        # the counts stay as stored (float32 for whole counts: no copy; scoring widens them)
+        pos, tf = positions[start:end], tfs[start:end]
+        sums = word_sums(pos, tf)
+        if (
+            len(pos)
+            and (
+                int(pos[0]) < 0
+                or int(pos[-1]) >= len(self._ids)
+                or bool(np.any(pos[1:] <= pos[:-1]))
+                or not bool(np.all(tf > 0.0))
+                or not bool(np.all(np.isfinite(tf)))
+            )
+        ) or (sums != (int(pos_sums[number]), int(tf_sums[number]))):
+            self._mapped.clear()
+            self._map_arrays = ()
+            self._file_mark = None  # rewritten at close
+            self._file_damaged = True
+            self._refuse(f"index file {self._map_path} is damaged (postings of a word); rebuilding it", True)
+            return None
+        return pos, tf
+
     def persist(self) -> None:
-        """Write the document lengths and the cached postings to the index file, as they are
-        in the database now (re-read if this connection's view changed since they were loaded).
-        Called when the connection closes; best effort, never raises."""
+        """Write the document lengths and the postings to the index file, as they are in the
+        database now: every posting for a large index (also when this process never searched
+        it: after a bulk load), else the cached ones (re-read if this connection's view changed
+        since they were loaded). Called when the connection closes; best effort, never raises."""
         from . import _index_files
 
         db = self._db
-        if not self._loaded or db.read_only or db.in_transaction or db.conn.in_transaction:
-            return
-        if len(self._ids) < _index_files.MIN_ROWS:
+        if db.read_only or db.in_transaction or db.conn.in_transaction:
             return
         path = index_path(db, f"bm25-{self._fts}")
         if path is None:
             return
         try:
+            rows = self._index_rows()
+            if (
+                rows is not None
+                and rows >= max(_COMPLETE_FROM, _index_files.MIN_ROWS)
+                and self._persist_complete(path)
+            ):
+                return
+            if not self._loaded or len(self._ids) < _index_files.MIN_ROWS:
+                return
             mark = self._index_mark()
-            if mark is None or (mark == self._file_mark and len(self._postings) <= self._file_stems):
+            if mark is None or (
+                mark == self._file_mark
+                and not self._file_complete
+                and len(self._postings) <= self._file_stems
+            ):
                 return  # the file on disk is as good as what this process holds
             if self._mark != mark:  # patched by writes, or another connection wrote: read afresh
                 stems = [stem for stem in self._postings if _PHRASE not in stem][:_REREAD_STEMS]
@@ -195,9 +297,149 @@ class Bm25Files(Bm25Postings):
             }
             if write_index(path, meta, arrays):
                 self.files_saved += 1
-                self._file_mark, self._file_stems = mark, len(stems)
+                self._file_mark, self._file_stems, self._file_complete = mark, len(stems), False
         except Exception as exc:  # a cache: the next process reads the database
             log.debug("index file %s not written: %s", path, exc)
+
+    def _wrote(self) -> bool:
+        """Whether this connection wrote to the index (:class:`Bm25Index` knows)."""
+        return True
+
+    def _complete_file(self, path: Path) -> str | None:
+        """The index state (FTS5 mark) of the complete file at ``path`` written by an index like
+        this one (same database, table, columns and weights); ``None`` for any other file."""
+        try:
+            found = read_index(path)
+        except DamagedFile:
+            return None
+        if found is None:
+            return None
+        meta = found.meta
+        ours = (
+            meta.get("kind") == "bm25"
+            and meta.get("fts") == self._fts
+            and meta.get("token") == database_token(self._db)
+            and meta.get("columns") == self._columns
+            and meta.get("weights") == self._weights
+        )
+        mark = meta.get("mark")
+        return str(mark) if ours and meta.get("complete") and mark else None
+
+    def _index_rows(self) -> int | None:
+        """The documents FTS5 counts in its averages record (its first varint), without reading
+        the document lengths; ``None`` when it cannot be read."""
+        try:
+            found = self._db.query(f"SELECT block FROM {self._fts}_data WHERE id = 1")
+        except Exception:
+            return None
+        if not found or not found[0][0]:
+            return None
+        value = 0
+        for count, byte in enumerate(bytes(found[0][0])[:9]):
+            if count == 8:
+                return (value << 8) | byte
+            value = (value << 7) | (byte & 0x7F)
+            if not byte & 0x80:
+                return value
+        return None
+
+    def _persist_complete(self, path: Path) -> bool:
+        """Write every posting of the index (see the module docstring) unless the file on disk
+        already holds them for the index as it is. A process that never searched rewrites a
+        complete file of an earlier state only when it has no other and wrote (a write-only
+        process does not pay the full read for every few rows it adds; the next one that
+        searches rewrites it; one that only counted writes nothing). False: the postings are too
+        many words for a file header, keep the cached ones."""
+        db = self._db
+        if not self._loaded and not self._wrote():
+            return True  # neither searched nor wrote (a status query): leaves the file as it is
+        mark = self._index_mark()
+        if mark is None or (self._file_complete and self._file_mark == mark):
+            return True
+        on_disk = None if self._file_damaged else self._complete_file(path)
+        if on_disk == mark or (on_disk is not None and not self._loaded):
+            return True  # current (another index of this table wrote it), or left to a searcher
+        token = ensure_token(db)
+        if token is None:
+            return True
+        found = self._read_every_posting()
+        if found is None or self._mark is None:
+            return True
+        if len(json.dumps(found.stems)) > _MAX_HEADER_STEMS:
+            return False
+        meta = {
+            "kind": "bm25",
+            "fts": self._fts,
+            "token": token,
+            "mark": self._mark,
+            "columns": self._columns,
+            "weights": self._weights,
+            "complete": True,
+            "stems": found.stems,
+        }
+        arrays: dict[str, npt.NDArray[Any]] = {
+            "ids": np.ascontiguousarray(self._ids, dtype=np.int64),
+            "sizes": np.ascontiguousarray(self._sizes, dtype=np.float64),
+            "offsets": found.offsets,
+            "pos_sums": found.pos_sums,
+            "tf_sums": found.tf_sums,
+            "positions": found.positions,
+            "tf": found.tf,
+        }
+        # the postings are checked word by word when used (the sums above), not at every open
+        if write_index(path, meta, arrays, unchecked=("positions", "tf")):
+            self.files_saved += 1
+            self._file_damaged = False
+            self._file_mark, self._file_stems, self._file_complete = self._mark, len(found.stems), True
+        return True
+
+    def _read_every_posting(self) -> AllPostings | None:
+        """The lengths and every word's postings of one state of the index, read in one pass
+        (``None`` when FTS5's records do not add up)."""
+        # whole counts (integer column weights) are exact as float32, in half the bytes
+        integral = all(float(w).is_integer() and abs(w) < 2**16 for w in self._weights)
+        with snapshot(self._db):
+            self._reset()
+            self._version = self._current_version()
+            self._read_sizes()
+            self._ensure_tables()
+            every_one = all(w == 1.0 for w in self._weights)
+            return read_all_postings(
+                self._db,
+                self._vocab,
+                self._doc_counts,
+                None if every_one else self._column_number(),
+                self._column_weights(),
+                self._positions,
+                np.float32 if integral else np.float64,
+            )
+
+
+def _postings_fit(
+    stems: list[str],
+    ids: npt.NDArray[Any],
+    sizes: npt.NDArray[Any],
+    offsets: npt.NDArray[Any],
+    positions: npt.NDArray[Any],
+    tfs: npt.NDArray[Any],
+    tf_types: tuple[type[np.floating[Any]], ...],
+) -> bool:
+    """Whether the arrays of a file's postings have their types and fit one another (ids
+    ascending, one offset per stem and one more, offsets ascending over the positions)."""
+    return not (
+        ids.dtype != np.int64
+        or sizes.dtype != np.float64
+        or offsets.dtype != np.int64
+        or positions.dtype != np.int32
+        or tfs.dtype not in [np.dtype(t) for t in tf_types]
+        or len(sizes) != len(ids)
+        or len(offsets) != len(stems) + 1
+        or int(offsets[0]) != 0
+        or int(offsets[-1]) != len(positions)
+        or len(tfs) != len(positions)
+        or bool(np.any(np.diff(offsets) < 0))
+        or bool(np.any(np.diff(ids) <= 0))
+    )
 
 
 def _ascending_within(positions: npt.NDArray[np.int32], offsets: npt.NDArray[np.int64]) -> bool:

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["K1", "B", "contribution", "idf_of", "weighted_tf"]
+__all__ = ["K1", "B", "contribution", "idf_of", "length_norms", "normed_contribution", "weighted_tf"]
 
 K1 = 1.2
 B = 0.75
@@ -26,6 +26,18 @@ def contribution(idf: float, tf: FloatArray, sizes: FloatArray, avg: float) -> F
     """What a word adds to the scores of documents of lengths ``sizes`` holding it ``tf`` times
     (column weighted)."""
     return idf * tf * (K1 + 1.0) / (tf + K1 * (1.0 - B + B * sizes / avg))
+
+
+def length_norms(sizes: FloatArray, avg: float) -> FloatArray:
+    """The part of :func:`contribution` that depends on a document's length only, the same
+    for every word: ``contribution(idf, tf, sizes, avg)`` equals
+    ``normed_contribution(idf, tf, length_norms(sizes, avg))`` to the last bit."""
+    return K1 * (1.0 - B + B * sizes / avg)
+
+
+def normed_contribution(idf: float, tf: FloatArray, norms: FloatArray) -> FloatArray:
+    """:func:`contribution` from the documents' :func:`length_norms`."""
+    return idf * tf * (K1 + 1.0) / (tf + norms)
 
 
 def weighted_tf(idf: float, scores: FloatArray, sizes: FloatArray, avg: float) -> FloatArray:

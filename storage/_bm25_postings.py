@@ -157,10 +157,18 @@ class Bm25Postings:
         self._alive = np.zeros(0, dtype=bool)
         self._live = 0
         self._total = 0.0
-        # stem -> (positions in ``_ids``, ascending; weighted term frequencies)
+        # stem -> (positions in ``_ids``, ascending; weighted term frequencies, float32 when
+        # mapped from a complete index file: whole counts)
         self._postings: dict[str, tuple[npt.NDArray[np.int32], FloatArray]] = {}
         self._cached = 0
         self._df: dict[str, int] = {}  # documents holding a stem whose postings are not cached
+        # stem -> its number in a complete index file: postings taken from the file when first used
+        self._mapped: dict[str, int] = {}
+        self._views: set[str] = set()  # cached stems whose postings are views of that file: free
+        # stem -> ((idf, average length), what it adds to each of its postings' documents)
+        self._contribs: dict[str, tuple[tuple[float, float], FloatArray]] = {}
+        self._contrib_count = 0
+        self._norms: tuple[float, FloatArray, FloatArray] | None = None  # (average, lengths, norms)
 
     def _ensure_tables(self) -> None:
         if self._ready:
@@ -246,6 +254,10 @@ class Bm25Postings:
         if cached is not None:
             self._postings[stem] = cached  # the most recently used go last (see _cache_postings)
             return cached
+        mapped = self._mapped_postings(stem) if stem in self._mapped else None
+        if mapped is not None:
+            self._views.add(stem)
+            return self._cache_postings(stem, mapped, 0)
         if _PHRASE in stem:
             ids, tf = self._phrase_postings(stem)
         elif all(w == 1.0 for w in self._weights):  # every instance counts 1: no column needed
@@ -264,6 +276,18 @@ class Bm25Postings:
         entry = (pos[keep], tf[keep])
         return self._cache_postings(stem, entry, len(ids))
 
+    def _held(self, stem: str) -> bool:
+        """Whether ``stem``'s postings are at hand: cached, or in a complete index file."""
+        return stem in self._postings or stem in self._mapped
+
+    def _mapped_postings(self, stem: str) -> tuple[npt.NDArray[np.int32], FloatArray] | None:
+        """``stem``'s postings from a complete index file (:class:`Bm25Files`); ``None``: read them."""
+        return None
+
+    def _mapped_count(self, stem: str) -> int | None:
+        """How many postings a complete index file holds for ``stem`` (``None``: not known)."""
+        return None
+
     def _column_number(self) -> str:
         """SQL giving an instance row's column as its number in ``self._columns``."""
         cases = " ".join(f"WHEN '{c}' THEN {n}" for n, c in enumerate(self._columns))
@@ -276,14 +300,23 @@ class Bm25Postings:
     def _cache_postings(
         self, stem: str, entry: tuple[npt.NDArray[np.int32], FloatArray], size: int
     ) -> tuple[npt.NDArray[np.int32], FloatArray]:
-        """Keep ``entry``; the least recently used stems go first when the cache is full (a
-        common word's postings, read again, cost the most)."""
-        while self._postings and self._cached + size > _MAX_CACHED_POSTINGS:
-            oldest = next(iter(self._postings))
-            self._cached -= len(self._postings.pop(oldest)[0])
+        """Keep ``entry`` (``size`` postings held in memory); the least recently used stems go
+        first when the cache is full (a common word's postings, read again, cost the most)."""
+        self._trim(size)
         self._postings[stem] = entry
         self._cached += size
         return entry
+
+    def _trim(self, room: int = 0) -> None:
+        """Drop the least recently used postings held in memory until ``room`` more fit (views
+        of a mapped file hold none and stay)."""
+        if self._cached + room <= _MAX_CACHED_POSTINGS:
+            return
+        for oldest in list(self._postings):
+            if self._cached + room <= _MAX_CACHED_POSTINGS:
+                break
+            if oldest not in self._views:
+                self._cached -= len(self._postings.pop(oldest)[0])
 
     def _phrase_postings(self, phrase: str) -> tuple[IntArray, FloatArray]:
         """Documents holding ``phrase`` (the stems of one query word, in order) with its column

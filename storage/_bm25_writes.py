@@ -22,10 +22,13 @@ _INCREMENTAL_LIMIT = 256  # larger writes drop cached postings instead of patchi
 class Bm25Writes(Bm25Postings):
     """The caches of :class:`Bm25Postings`, kept in line with this connection's writes."""
 
+    told_of_writes = False  # an owner reported a write through this connection
+
     def added(self, rows: Sequence[tuple[Any, ...]]) -> None:
         """New documents ``(rowid, text per column...)`` with rowids above every known one."""
         if not rows:
             return
+        self.told_of_writes = True
         self._df.clear()
         version = self._current_version()
         if version != self._version or not self._loaded:
@@ -33,6 +36,7 @@ class Bm25Writes(Bm25Postings):
             self._version = version
             return
         self._mark = None  # patched: no longer one state of the index as read
+        self._mapped.clear()  # the file holds none of the new documents
         ids = np.array([int(r[0]) for r in rows], dtype=np.int64)
         if len(self._ids) and ids.min() <= self._ids[-1]:
             self._reset()
@@ -51,6 +55,7 @@ class Bm25Writes(Bm25Postings):
         if len(rows) > _INCREMENTAL_LIMIT:
             self._postings.clear()
             self._cached = 0
+            self._views.clear()
             return
         for phrase in [p for p in self._postings if _PHRASE in p]:  # not patched: recomputed
             self._cached -= len(self._postings.pop(phrase)[0])
@@ -63,8 +68,13 @@ class Bm25Writes(Bm25Postings):
                         np.append(cached[0], np.int32(position[doc])),
                         np.append(cached[1], tf),
                     )
+                    if stem in self._views:  # a copy in memory now
+                        self._views.discard(stem)
+                        self._cached += len(cached[0])
+        self._trim()
 
     def removed(self, ids: Sequence[int]) -> None:
+        self.told_of_writes = True
         self._df.clear()
         if not self._loaded or not ids:
             return
@@ -78,6 +88,7 @@ class Bm25Writes(Bm25Postings):
 
     def changed(self, ids: Sequence[int]) -> None:
         """Documents whose text changed: new lengths; cached postings are dropped."""
+        self.told_of_writes = True
         self._df.clear()
         if not self._loaded or not ids:
             return
@@ -91,3 +102,8 @@ class Bm25Writes(Bm25Postings):
         self._sizes[pos[ok]] = new
         self._postings.clear()
         self._cached = 0
+        self._views.clear()
+        self._mapped.clear()
+        self._contribs.clear()  # computed with the old lengths
+        self._contrib_count = 0
+        self._norms = None

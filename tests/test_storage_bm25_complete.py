@@ -1,0 +1,377 @@
+"""A large index keeps every posting in its index file: written at close (also by a process that
+only wrote), mapped by the next one, each word checked when first used; rankings stay exactly
+FTS5's, through writes of this connection and of others, and a damaged word is refused."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from memstrata.layers import KnowledgeStore
+from memstrata.storage import Bm25Index, _bm25_file, _bm25_postings, _bm25_top, _index_files
+from memstrata.storage._bm25_formula import contribution, length_norms, normed_contribution
+from tests.fakes import FakeEmbedder
+from tests.test_storage_bm25_top import COLUMNS, COMMON, RARE, check, document, skip_whenever_allowed
+
+QUERIES = [["queue"], ["queue", "kafka", "lock"], ["retry", "cache", "deploy"], RARE[:4], [*COMMON, "token"]]
+
+
+@pytest.fixture(autouse=True)
+def complete_from_small(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small stores count as large: their file holds every posting."""
+    monkeypatch.setattr(_index_files, "MIN_ROWS", 1)
+    monkeypatch.setattr(_bm25_file, "_COMPLETE_FROM", 50)
+
+
+def _build(path: Path, n: int = 300, seed: int = 5) -> list[int]:
+    rng = random.Random(seed)
+    with KnowledgeStore.open(path, FakeEmbedder()) as store:
+        return store.add_many(document(rng) for _ in range(n))
+
+
+def _file(path: Path) -> Path:
+    return path.with_name(path.name + ".index") / "bm25-knowledge_fts"
+
+
+@pytest.fixture
+def path(data_dir: Path) -> Path:
+    p = data_dir / "complete.sqlite"
+    _build(p)
+    return p
+
+
+@pytest.fixture
+def store(path: Path) -> Iterator[KnowledgeStore]:
+    with KnowledgeStore.open(path, FakeEmbedder()) as ks:
+        yield ks
+
+
+def _fts5_index(store: KnowledgeStore) -> Bm25Index:
+    """An index of the same table that never uses the file (reads FTS5 word by word)."""
+    index = Bm25Index(store._db, "knowledge_fts", COLUMNS, [1.0, 1.0, 1.0])
+    index._load_file = lambda: False  # type: ignore[method-assign]
+    return index
+
+
+def test_a_store_that_was_only_written_leaves_every_posting_at_close(
+    path: Path, store: KnowledgeStore
+) -> None:
+    assert _file(path).exists()
+    index = store._bm25
+    index.search(["queue"], 5)
+    status = index.files_status()
+    assert status["loaded"] == 1 and status["complete"] and status["rejected"] == 0
+    # words are taken from the map when used, not all at open
+    assert list(index._postings) == index.stems(["queue"])
+    assert len(index._mapped) == int(store._db.scalar("SELECT count(*) FROM temp.knowledge_fts_rows"))
+    for query in QUERIES:
+        for limit in (1, 5, 50):
+            check(index, store, query, limit, (1.0, 1.0, 1.0))
+
+
+def test_the_map_and_fts5_give_the_same_bits(store: KnowledgeStore) -> None:
+    mapped, direct = store._bm25, _fts5_index(store)
+    ids = [int(r[0]) for r in store._db.query("SELECT id FROM knowledge")]
+    allowed = sorted(ids[::3])
+    for query in QUERIES:
+        for limit, only in ((5, None), (50, None), (10, allowed), (400, None)):
+            a, b = mapped.top(query, limit, only), direct.top(query, limit, only)
+            assert a[0].tolist() == b[0].tolist()
+            assert a[1].tolist() == b[1].tolist()  # not approximately: the same floats
+    assert mapped.files_status()["complete"] and direct.files_loaded == 0
+
+
+def test_writes_of_this_connection_and_of_others_stay_exact(path: Path) -> None:
+    rng = random.Random(8)
+    with KnowledgeStore.open(path, FakeEmbedder()) as store:
+        index = store._bm25
+        for query in QUERIES:
+            index.top(query, 10)  # words taken from the map, their contributions kept
+        assert index._mapped
+        added = store.add_many(document(rng) for _ in range(4))
+        assert not index._mapped  # the file holds none of the new documents: not used again
+        for query in QUERIES:
+            check(index, store, query, 10, (1.0, 1.0, 1.0))
+        store.delete(added[0])
+        store.update(added[1], content="queue queue kafka kafka kafka lock")
+        for query in QUERIES:
+            check(index, store, query, 10, (1.0, 1.0, 1.0))
+    # the close wrote the file again for the index as it is now
+    with KnowledgeStore.open(path, FakeEmbedder()) as store:
+        index = store._bm25
+        for query in QUERIES:
+            check(index, store, query, 10, (1.0, 1.0, 1.0))
+        assert index.files_loaded == 1 and index.files_status()["complete"]
+        with KnowledgeStore.open(path, FakeEmbedder()) as other:  # another connection writes
+            other.add_many({"content": "queue kafka kafka deploy"} for _ in range(3))
+        for query in QUERIES:
+            check(index, store, query, 10, (1.0, 1.0, 1.0))
+        # the other connection only wrote: it left the complete file of the earlier state
+        assert index.files_loaded == 1 and not index._mapped
+    with KnowledgeStore.open(path, FakeEmbedder()) as store:  # the searching one rewrote it
+        for query in QUERIES:
+            check(store._bm25, store, query, 10, (1.0, 1.0, 1.0))
+        assert store._bm25.files_loaded == 1 and store._bm25._mapped
+
+
+def _rewrite(path: Path, change: str) -> None:
+    """The file with one word's postings changed, its header and small arrays intact."""
+    found = _index_files.read_index(path)
+    assert found is not None
+    arrays = {name: np.array(array) for name, array in found.arrays.items()}
+    stems = found.meta["stems"]
+    word = stems.index("queue")
+    start, end = int(arrays["offsets"][word]), int(arrays["offsets"][word + 1])
+    assert end - start >= 2
+    if change == "order":
+        arrays["positions"][[start, start + 1]] = arrays["positions"][[start + 1, start]]
+    elif change == "count":
+        arrays["tf"][start] += 1  # a plausible count, caught by the word's checksum
+    elif change == "document":  # another document, order kept: caught by the word's checksum
+        gap = int(np.flatnonzero(np.diff(arrays["positions"][start:end]) > 1)[0])
+        arrays["positions"][start + gap + 1] = arrays["positions"][start + gap] + 1
+    else:
+        arrays["positions"][start] = -3
+    assert _index_files.write_index(path, found.meta, arrays)
+
+
+@pytest.mark.parametrize("change", ["order", "count", "document", "range"])
+def test_a_damaged_word_is_refused_with_a_warning_and_read_from_fts5(
+    path: Path, caplog: pytest.LogCaptureFixture, change: str
+) -> None:
+    _rewrite(_file(path), change)
+    with (
+        caplog.at_level(logging.WARNING, logger="memstrata.storage"),
+        KnowledgeStore.open(path, FakeEmbedder()) as store,
+    ):
+        index = store._bm25
+        check(index, store, ["kafka"], 10, (1.0, 1.0, 1.0))  # an intact word: from the map
+        assert index._mapped and index.files_rejected == 0
+        for query in QUERIES:
+            check(index, store, query, 10, (1.0, 1.0, 1.0))
+        assert index.files_rejected == 1 and not index._mapped
+    assert any("damaged" in r.getMessage() for r in caplog.records)
+    with KnowledgeStore.open(path, FakeEmbedder()) as store:  # written again at that close
+        check(store._bm25, store, ["queue", "kafka"], 10, (1.0, 1.0, 1.0))
+        assert store._bm25.files_status()["complete"] and store._bm25.files_rejected == 0
+
+
+def test_an_index_below_the_size_keeps_only_the_words_it_read(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_bm25_file, "_COMPLETE_FROM", 10_000)
+    p = data_dir / "small.sqlite"
+    _build(p)
+    assert not _file(p).exists()  # never searched, not large: nothing to keep
+    with KnowledgeStore.open(p, FakeEmbedder()) as store:
+        store._bm25.search(["queue"], 5)
+    with KnowledgeStore.open(p, FakeEmbedder()) as store:
+        store._bm25.search(["queue"], 5)
+        assert store._bm25.files_loaded == 1 and not store._bm25.files_status()["complete"]
+        assert list(store._bm25._postings) == store._bm25.stems(["queue"])
+
+
+@pytest.mark.parametrize("weights", [(1.0, 1.0, 1.0), (1.0, 0.5, 2.0), (2.0, 1.0, 3.0)])
+def test_every_posting_read_at_once_equals_each_word_read_alone(
+    store: KnowledgeStore, weights: tuple[float, ...]
+) -> None:
+    store.add_many(
+        {"content": "queue kafka", "tags": {"kafka": "queue"}, "category": "pattern"} for _ in range(5)
+    )
+    index = Bm25Index(store._db, "knowledge_fts", COLUMNS, list(weights))
+    index._load_file = lambda: False  # type: ignore[method-assign]
+    integral = all(w.is_integer() for w in weights)
+    found = index._read_every_posting()
+    assert found is not None
+    assert found.tf.dtype == (np.float32 if integral else np.float64)
+    for number, stem in enumerate(found.stems):
+        start, end = int(found.offsets[number]), int(found.offsets[number + 1])
+        pos, tf = index._postings_of(stem)
+        assert found.positions[start:end].tolist() == pos.tolist(), stem
+        assert found.tf[start:end].astype(np.float64).tolist() == tf.tolist(), stem
+
+
+def test_a_weighted_index_leaves_a_complete_file_too(path: Path) -> None:
+    with KnowledgeStore.open(path, FakeEmbedder()) as store:
+        index = Bm25Index(store._db, "knowledge_fts", COLUMNS, [1.0, 0.5, 2.0])
+        index.search(["queue"], 5)
+        index.persist()  # the store's own index writes the same file name: checked here alone
+        assert index.files_status()["complete"]
+        fresh = Bm25Index(store._db, "knowledge_fts", COLUMNS, [1.0, 0.5, 2.0])
+        for query in QUERIES:
+            check(fresh, store, query, 10, (1.0, 0.5, 2.0))
+        assert fresh.files_loaded == 1 and fresh.files_status()["complete"]
+
+
+def test_kept_contributions_are_recomputed_after_lengths_change(store: KnowledgeStore) -> None:
+    index = store._bm25
+    check(index, store, ["queue", "kafka"], 10, (1.0, 1.0, 1.0))
+    assert index._contribs
+    first = int(store._db.scalar("SELECT min(id) FROM knowledge"))
+    store.update(first, content="queue " + "filler " * 40)  # same words, another length
+    assert not index._contribs
+    check(index, store, ["queue", "kafka"], 10, (1.0, 1.0, 1.0))
+
+
+def test_a_small_budget_for_contributions_still_ranks_exactly(
+    store: KnowledgeStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_bm25_top, "_MAX_CACHED_CONTRIBUTIONS", 40)
+    index = store._bm25
+    for _ in range(2):
+        for query in QUERIES:
+            check(index, store, query, 10, (1.0, 1.0, 1.0))
+    assert index._contrib_count <= 40
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    idf=st.floats(min_value=1e-6, max_value=20.0),
+    tf=st.lists(st.sampled_from([0.5, 1.0, 2.0, 3.0, 7.5]), min_size=1, max_size=20),
+    avg=st.floats(min_value=0.5, max_value=500.0),
+    seed=st.integers(min_value=0, max_value=2**32 - 1),
+)
+def test_normed_contributions_equal_the_formula_to_the_last_bit(
+    idf: float, tf: list[float], avg: float, seed: int
+) -> None:
+    sizes = np.random.default_rng(seed).integers(0, 400, len(tf)).astype(np.float64)
+    counts = np.asarray(tf, dtype=np.float64)
+    expected = contribution(idf, counts, sizes, avg)
+    assert normed_contribution(idf, counts, length_norms(sizes, avg)).tolist() == expected.tolist()
+
+
+def test_documents_are_counted_from_fts5s_averages_record(store: KnowledgeStore) -> None:
+    index = store._bm25
+    for _ in range(2):  # 300 documents take two bytes to count, then more after the adds
+        assert index._index_rows() == store._db.scalar("SELECT count(*) FROM knowledge_fts_docsize")
+        store.add_many({"content": f"queue {i}"} for i in range(20))
+
+
+def test_too_many_words_for_a_header_keep_the_words_read(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_bm25_file, "_MAX_HEADER_STEMS", 10)
+    _file(path).unlink()
+    with KnowledgeStore.open(path, FakeEmbedder()) as store:
+        store._bm25.search(["queue", "kafka"], 5)
+    with KnowledgeStore.open(path, FakeEmbedder()) as store:
+        check(store._bm25, store, ["queue", "kafka"], 5, (1.0, 1.0, 1.0))
+        assert store._bm25.files_loaded == 1 and not store._bm25.files_status()["complete"]
+
+
+def test_two_indexes_of_a_table_write_its_file_once(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    reads: list[int] = []
+    real = _bm25_file.read_all_postings
+
+    def counted(*args: object, **kwargs: object) -> object:
+        reads.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_bm25_file, "read_all_postings", counted)
+    with KnowledgeStore.open(path, FakeEmbedder()) as store:
+        store.add_many({"content": "queue kafka"} for _ in range(3))
+        other = Bm25Index(store._db, "knowledge_fts", COLUMNS, [1.0, 1.0, 1.0])
+        store._bm25.search(["queue"], 5)
+        other.search(["kafka"], 5)
+    assert len(reads) == 1
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(min_value=0, max_value=2**32 - 1),
+    size=st.integers(min_value=1, max_value=120),
+    query=st.lists(st.sampled_from([*COMMON, *RARE, "don't"]), min_size=1, max_size=5, unique=True),
+    limit=st.integers(min_value=1, max_value=20),
+    share=st.sampled_from([None, 0.2]),
+    writes=st.lists(st.sampled_from(["add", "delete", "update"]), max_size=4),
+)
+def test_rankings_from_a_complete_file_equal_fts5_property(
+    tmp_path_factory: pytest.TempPathFactory,
+    seed: int,
+    size: int,
+    query: list[str],
+    limit: int,
+    share: float | None,
+    writes: list[str],
+) -> None:
+    rng = random.Random(seed)
+    p = tmp_path_factory.mktemp("complete") / "k.sqlite"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_index_files, "MIN_ROWS", 1)
+        patch.setattr(_bm25_file, "_COMPLETE_FROM", 1)
+        with KnowledgeStore.open(p, FakeEmbedder()) as store:
+            docs = [document(rng) for _ in range(size)]
+            for doc in docs[: size // 5]:
+                doc["content"] = f"{doc['content']} don't panic"
+            ids = store.add_many(docs)
+        with KnowledgeStore.open(p, FakeEmbedder()) as store:
+            index = store._bm25
+            index.top(query[: rng.randint(0, len(query))] or ["filler"], limit)  # some words from the map
+            assert index.files_status()["complete"]
+            for write in writes:
+                if write == "add":
+                    ids += store.add_many(document(rng) for _ in range(rng.randint(1, 3)))
+                elif write == "delete" and len(ids) > 1:
+                    store.delete(ids.pop(rng.randrange(len(ids))))
+                elif write == "update":
+                    store.update(rng.choice(ids), content=str(document(rng)["content"]))
+            allowed = None if share is None else {i for i in ids if rng.random() < share}
+            check(index, store, query, limit, (1.0, 1.0, 1.0), allowed)
+
+
+def test_scores_are_the_same_bits_whichever_words_are_left_out(store: KnowledgeStore) -> None:
+    """Words left out by MaxScore are added to the candidates in the order every word is added
+    to every document otherwise, so both paths give the same floats."""
+    every = _fts5_index(store)
+    finish = _bm25_top.Bm25Top._finish
+    finished = 0
+    for query in itertools.combinations([*COMMON, *RARE], 4):
+        left_out = _fts5_index(store)  # nothing cached: the commonest words are left out
+        with skip_whenever_allowed(), mock.patch.object(_bm25_top.Bm25Top, "_finish", autospec=True) as spy:
+            spy.side_effect = finish
+            a = left_out.top(list(query), 3)
+        finished += spy.called
+        with mock.patch.object(_bm25_top, "_CHECK_SHARE", 10**9):  # no word is worth a check
+            b = every.top(list(query), 3)
+        assert a[0].tolist() == b[0].tolist() and a[1].tolist() == b[1].tolist(), query
+    assert finished >= 50  # of 330 queries
+
+
+def test_a_process_that_neither_searched_nor_wrote_leaves_no_file(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    p = data_dir / "quiet.sqlite"
+    monkeypatch.setattr(_bm25_file, "_COMPLETE_FROM", 10_000)
+    _build(p)  # below the size then: no file
+    monkeypatch.setattr(_bm25_file, "_COMPLETE_FROM", 50)
+    with KnowledgeStore.open(p, FakeEmbedder()) as store:
+        assert store.count() > 250  # only counted
+    assert not _file(p).exists()
+    with KnowledgeStore.open(p, FakeEmbedder()) as store:
+        store.add("queue kafka")
+    assert _file(p).exists()
+    with KnowledgeStore.open(p, FakeEmbedder()) as store:
+        check(store._bm25, store, ["queue", "kafka"], 10, (1.0, 1.0, 1.0))
+        assert store._bm25.files_status()["complete"]
+
+
+def test_words_from_the_map_hold_no_memory_until_a_write_copies_them(
+    store: KnowledgeStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_bm25_postings, "_MAX_CACHED_POSTINGS", 60)
+    index = store._bm25
+    for query in QUERIES:
+        check(index, store, query, 10, (1.0, 1.0, 1.0))
+    words = set(index.stems([word for query in QUERIES for word in query]))
+    assert words <= set(index._postings) and index._cached == 0  # views of the file, all kept
+    store.add("queue kafka lock")  # patched: copies in memory, within the budget
+    assert index._cached <= 60 and len(index._postings) < len(words)
+    for query in QUERIES:
+        check(index, store, query, 10, (1.0, 1.0, 1.0))
