@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import numpy as np
 import numpy.typing as npt
@@ -48,6 +48,14 @@ class Filter:
     @property
     def empty(self) -> bool:
         return self.sql is None
+
+
+class Narrowing(TypedDict, total=False):
+    """What a caller may add to a search's text and filter; see :meth:`KeywordIndex.lists`."""
+
+    query: KeywordQuery | None
+    allowed: Sequence[int] | IntArray | None
+    keep: Keep | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,18 +167,9 @@ class KeywordIndex:
             out.append(_scored([(r[0], float(r[1])) for r in rows]))
         return out
 
-    def ranking(
-        self,
-        text: str,
-        limit: int,
-        flt: Filter,
-        *,
-        query: KeywordQuery | None = None,
-        allowed: Sequence[int] | IntArray | None = None,
-        keep: Keep | None = None,
-    ) -> list[int]:
+    def ranking(self, text: str, limit: int, flt: Filter, **narrowing: Unpack[Narrowing]) -> list[int]:
         """Ids best first: the sub-lists of :meth:`lists`, fused by textbook RRF when several."""
-        found = self.lists(text, limit, flt, query=query, allowed=allowed, keep=keep)
+        found = self.lists(text, limit, flt, **narrowing)
         lists = [ids.tolist() for ids, _ in found]
         if not lists:
             return []
