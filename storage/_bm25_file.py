@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -362,9 +363,13 @@ class Bm25Files(Bm25Postings):
         token = ensure_token(db)
         if token is None:
             return True
+        started = time.perf_counter()
+        log.info("%s: reading every posting for its index file %s (about 11 s per 1M rows)", self._fts, path)
         found = self._read_every_posting()
         if found is None or self._mark is None:
             return True
+        seconds = time.perf_counter() - started
+        log.info("%s: %d postings read in %.1f s", self._fts, len(found.positions), seconds)
         if len(json.dumps(found.stems)) > _MAX_HEADER_STEMS:
             return False
         meta = {

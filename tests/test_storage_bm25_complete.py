@@ -375,3 +375,14 @@ def test_words_from_the_map_hold_no_memory_until_a_write_copies_them(
     assert index._cached <= 60 and len(index._postings) < len(words)
     for query in QUERIES:
         check(index, store, query, 10, (1.0, 1.0, 1.0))
+
+
+def test_reading_every_posting_at_close_is_logged_with_its_time(
+    data_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The one-pass read can take seconds on a large index: a slow close says why."""
+    with caplog.at_level(logging.INFO, logger="memstrata.storage"):
+        _build(data_dir / "logged.sqlite", n=120)
+    said = [r.getMessage() for r in caplog.records if r.name == "memstrata.storage"]
+    assert any("reading every posting for its index file" in m for m in said), said
+    assert any(m.startswith("knowledge_fts: ") and " postings read in " in m for m in said), said
