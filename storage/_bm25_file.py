@@ -146,13 +146,7 @@ class Bm25Files(Bm25Postings):
             for i in reversed(range(len(stems)))
         }
         self._cached = len(positions)
-        self._loaded = True
-        self._mark = self._file_mark = mark
-        self._file_stems = len(stems)
-        self._file_complete = False
-        self.files_loaded += 1
-        self.files_note = None
-        return True
+        return self._took(mark, len(stems), complete=False)
 
     def _map_complete(self, path: Path, meta: dict[str, Any], arrays: dict[str, Any], mark: str) -> bool:
         """Take the document lengths of a complete file, and its words as a map (see the module
@@ -184,10 +178,14 @@ class Bm25Files(Bm25Postings):
         self._mapped = {stem: i for i, stem in enumerate(stems)}
         self._map_arrays = (offsets, positions, tfs, pos_sums, tf_sums)
         self._map_path = path
+        return self._took(mark, len(stems), complete=True)
+
+    def _took(self, mark: str, stems: int, *, complete: bool) -> bool:
+        """The caches now hold the file's state of the index (``mark``, ``stems`` words)."""
         self._loaded = True
         self._mark = self._file_mark = mark
-        self._file_stems = len(stems)
-        self._file_complete = True
+        self._file_stems = stems
+        self._file_complete = complete
         self.files_loaded += 1
         self.files_note = None
         return True

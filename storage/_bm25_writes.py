@@ -73,12 +73,19 @@ class Bm25Writes(Bm25Postings):
                         self._cached += len(cached[0])
         self._trim()
 
-    def removed(self, ids: Sequence[int]) -> None:
+    def _patch(self, ids: Sequence[int]) -> bool:
+        """Told of a write to ``ids``: whether the loaded caches are to be patched for it (they
+        then no longer hold one state of the index as read)."""
         self.told_of_writes = True
         self._df.clear()
         if not self._loaded or not ids:
-            return
+            return False
         self._mark = None
+        return True
+
+    def removed(self, ids: Sequence[int]) -> None:
+        if not self._patch(ids):
+            return
         pos = self._positions(np.asarray(ids, dtype=np.int64))
         pos = pos[pos >= 0]
         pos = pos[self._alive[pos]]
@@ -88,11 +95,8 @@ class Bm25Writes(Bm25Postings):
 
     def changed(self, ids: Sequence[int]) -> None:
         """Documents whose text changed: new lengths; cached postings are dropped."""
-        self.told_of_writes = True
-        self._df.clear()
-        if not self._loaded or not ids:
+        if not self._patch(ids):
             return
-        self._mark = None
         arr = np.asarray(ids, dtype=np.int64)
         pos = self._positions(arr)
         ok = pos >= 0
