@@ -96,7 +96,7 @@ def _fts_differences(
     if db.scalar("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (docsize,)) is None:
         return None  # columnsize=0: only the full check can tell
     where = f" AND ({condition})" if condition else ""
-    expected = db.scalar(f"SELECT count(*) FROM {table} c WHERE {condition}") if condition else rows
+    expected = db.scalar(f"SELECT count(*) FROM {table} c WHERE ({condition})") if condition else rows
     if expected == db.scalar(f"SELECT count(*) FROM {docsize}"):
         return 0  # equal counts: a lost insert and a lost delete at once is the only blind spot
     missing = db.scalar(
