@@ -27,7 +27,6 @@ from ._bm25_file import Bm25Files
 from ._bm25_postings import _PHRASE, _SCRATCH_CHANGES, FloatArray, IntArray
 from ._bm25_top import Bm25Top, PositionMask
 from ._bm25_writes import Bm25Writes
-from ._connection import Database
 
 __all__ = ["Bm25Index"]
 
@@ -36,24 +35,6 @@ _MAX_CACHED_STEMS = 50_000
 
 class Bm25Index(Bm25Files, Bm25Writes, Bm25Top):
     """Top-k BM25 for the FTS5 table ``fts`` (external content, integer rowids)."""
-
-    def __init__(
-        self,
-        db: Database,
-        fts: str,
-        columns: Sequence[str],
-        weights: Sequence[float],
-        *,
-        track_writes: bool = False,
-    ) -> None:
-        super().__init__(db, fts, columns, weights, track_writes=track_writes)
-        self._changes_at_open = self._current_version()[1]
-        self._hook_close()  # a process that only writes still leaves the file of a large index
-
-    def _wrote(self) -> bool:
-        """Whether this connection wrote to the index since it was opened (reported, or seen
-        in its changes when the owner does not report them)."""
-        return self.told_of_writes or self._current_version()[1] != self._changes_at_open
 
     def stems(self, terms: Sequence[str]) -> list[str]:
         """Distinct FTS5 stems of query words, in order (a word of several tokens gives one

@@ -68,6 +68,9 @@ class Bm25Files(Bm25Postings):
         super()._reset()
         self._map_arrays = ()  # unmapped once no word refers to it
 
+    def _opened(self) -> None:
+        self._hook_close()  # a process that only writes still leaves the file of a large index
+
     def _hook_close(self) -> None:
         if self._hooked:
             return
@@ -299,10 +302,6 @@ class Bm25Files(Bm25Postings):
                 self._file_mark, self._file_stems, self._file_complete = mark, len(stems), False
         except Exception as exc:  # a cache: the next process reads the database
             log.debug("index file %s not written: %s", path, exc)
-
-    def _wrote(self) -> bool:
-        """Whether this connection wrote to the index (:class:`Bm25Index` knows)."""
-        return True
 
     def _complete_file(self, path: Path) -> str | None:
         """The index state (FTS5 mark) of the complete file at ``path`` written by an index like

@@ -117,6 +117,8 @@ def _varint_sum(blob: bytes) -> int:
 class Bm25Postings:
     """Document lengths and per-stem postings of the FTS5 table ``fts``, read on demand."""
 
+    told_of_writes = False  # an owner reported a write through this connection (:mod:`._bm25_writes`)
+
     def __init__(
         self,
         db: Database,
@@ -144,6 +146,17 @@ class Bm25Postings:
         self._stems: dict[str, tuple[str, ...]] = {}  # depends on the tokenizer only
         self._phrase_words: dict[str, str] = {}  # phrase of stems -> a query word that gives it
         self._reset()
+        self._changes_at_open = self._current_version()[1]
+        self._opened()
+
+    def _opened(self) -> None:
+        """The end of the constructor, for the parts built on these caches (the index file
+        hooks its save at close)."""
+
+    def _wrote(self) -> bool:
+        """Whether this connection wrote to the index since it was opened (reported by the
+        owner, or seen in its changes when the owner does not report them)."""
+        return self.told_of_writes or self._current_version()[1] != self._changes_at_open
 
     def reset(self) -> None:
         """Forget every cache (after a rollback of this connection's writes)."""

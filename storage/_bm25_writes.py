@@ -22,8 +22,6 @@ _INCREMENTAL_LIMIT = 256  # larger writes drop cached postings instead of patchi
 class Bm25Writes(Bm25Postings):
     """The caches of :class:`Bm25Postings`, kept in line with this connection's writes."""
 
-    told_of_writes = False  # an owner reported a write through this connection
-
     def added(self, rows: Sequence[tuple[Any, ...]]) -> None:
         """New documents ``(rowid, text per column...)`` with rowids above every known one."""
         if not rows:
