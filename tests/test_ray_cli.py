@@ -36,6 +36,12 @@ def cluster() -> Iterator[Any]:
         yield made
 
 
+def _config(tmp_path: Path, address: str, namespace: str) -> Any:
+    """The Ray engine's config, its asks bounded as the command line's (a host's first start
+    on a loaded 2-core machine can take longer than the default 30 s)."""
+    return ray_config(tmp_path / "data", address, namespace, actors__ask_timeout_s=BOUND_S)
+
+
 def _toml(path: Path, data_dir: Path, address: str, namespace: str) -> Path:
     path.write_text(
         f'data_dir = "{data_dir}"\n'
@@ -52,9 +58,7 @@ def _run(*args: str) -> Any:
 def test_status_and_down_show_and_end_the_hosts(cluster: Any, tmp_path: Path) -> None:
     namespace = f"{NAMESPACE}-status"
     config_file = _toml(tmp_path / "memstrata.toml", tmp_path / "data", cluster.address, namespace)
-    system = MemorySystem.start(
-        ray_config(tmp_path / "data", cluster.address, namespace), embedder=HashEmbedder()
-    )
+    system = MemorySystem.start(_config(tmp_path, cluster.address, namespace), embedder=HashEmbedder())
     system.agent("c0").store_knowledge("the on-call rota lives in the wiki", category="fact")
     system.blackboard("cs").publish("phase", "build", wait=True)
     system.stop(30)  # the driver goes, its hosts stay (detached)
@@ -84,9 +88,7 @@ def test_status_and_down_show_and_end_the_hosts(cluster: Any, tmp_path: Path) ->
     )
     again = _run("--config", str(config_file), "cluster", "down")
     assert again.output == f"nothing to end in namespace {namespace}\n"
-    with MemorySystem.start(
-        ray_config(tmp_path / "data", cluster.address, namespace), embedder=HashEmbedder()
-    ) as s:
+    with MemorySystem.start(_config(tmp_path, cluster.address, namespace), embedder=HashEmbedder()) as s:
         hits = s.agent("c0").query_knowledge("on-call rota", include_shared=False)  # the data stayed
         assert [h.entry.content for h in hits] == ["the on-call rota lives in the wiki"]
         assert s.stop_cluster(60) == []
@@ -108,9 +110,7 @@ def _memstrata(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 def test_a_process_of_its_own_joins_the_cluster_by_its_address(cluster: Any, tmp_path: Path) -> None:
     namespace = f"{NAMESPACE}-process"
     config_file = _toml(tmp_path / "memstrata.toml", tmp_path / "data", cluster.address, namespace)
-    with MemorySystem.start(
-        ray_config(tmp_path / "data", cluster.address, namespace), embedder=HashEmbedder()
-    ) as s:
+    with MemorySystem.start(_config(tmp_path, cluster.address, namespace), embedder=HashEmbedder()) as s:
         s.items.put(("teams",), "ops", {"lead": "ana"})
     done = _memstrata(
         "--config", str(config_file), "cluster", "status", "--json", "--timeout", "60", cwd=tmp_path

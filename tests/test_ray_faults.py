@@ -54,7 +54,13 @@ def _where(name: str) -> tuple[str, int]:
 
 
 def test_sixteen_agents_spread_over_the_nodes(cluster: Any, tmp_path: Path) -> None:
-    config = ray_config(tmp_path / "spread", cluster.address, NAMESPACE, cluster__placement="spread")
+    config = ray_config(
+        tmp_path / "spread",
+        cluster.address,
+        NAMESPACE,
+        cluster__placement="spread",
+        actors__ask_timeout_s=BOUND_S,  # sixteen hosts start on a 2-core machine
+    )
     names = [f"s{i:02d}" for i in range(16)]
     with MemorySystem.start(config, embedder=HashEmbedder()) as system:
         for name in names:
@@ -79,6 +85,7 @@ def test_one_host_per_layer_pinned_by_label_serves_the_same_task_lifecycle(
         # may take longer than the default budget to do: the lifecycle is checked here, not the
         # budget (test_a_removed_node_makes_its_agents_fall_back_within_the_budget checks that)
         agent__retrieval_timeout_s=BOUND_S,
+        actors__ask_timeout_s=BOUND_S,
     )
     with MemorySystem.start(config, embedder=HashEmbedder()) as system:
         agent = system.agent("l0")
