@@ -75,6 +75,9 @@ _ALIGN = 64
 _CHECKSUM_LIMIT = 64 << 20  # arrays up to this size get a checksum (checked at every open)
 _SUM_WORDS = 1 << 20  # words summed at a time by :func:`checksum`
 _MASK64 = (1 << 64) - 1
+_WRITE_BYTES = 64 << 10  # written at a time: the page cache then holds the file in small pages, and
+# a reader's scattered reads of the map (rescoring a few thousand rows) fault in ~64 KB each; one
+# large write left huge pages whose every touch mapped megabytes (1M rows: 1.45 GB resident vs 0.26)
 _STALE_TEMP_S = 600.0  # temporary files older than this are leftovers of a crashed writer
 
 
@@ -239,7 +242,9 @@ def write_index(
             f.write(header)
             for entry, name in zip(described, names, strict=True):
                 f.seek(start + entry["offset"])
-                f.write(np.ascontiguousarray(arrays[name]).data.cast("B"))
+                data = np.ascontiguousarray(arrays[name]).data.cast("B")
+                for at in range(0, len(data), _WRITE_BYTES):
+                    f.write(data[at : at + _WRITE_BYTES])
             f.truncate(start + end)  # the spare rows: a hole
             f.flush()
             os.fsync(f.fileno())

@@ -543,3 +543,24 @@ def test_in_process_query_bounds_a_late_model_as_the_system_does() -> None:
     assert loading.embed_query("on time").shape == (64,) and not loading.failed
     broken = _Loading("fake-bow", 64, lambda: (_ for _ in ()).throw(OSError("no model")), limit=1.0)
     assert broken.failed and "no model" in str(broken.error)
+
+
+def test_arrays_written_in_pieces_read_back_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Arrays are written a piece at a time (small pages in the page cache, see ``_WRITE_BYTES``):
+    sizes that are no multiple of the piece, and a spare hole after the last, read back exactly."""
+    monkeypatch.setattr(_index_files, "_WRITE_BYTES", 1000)
+    rng = np.random.default_rng(3)
+    arrays = {
+        "ids": rng.integers(0, 1 << 40, 777, dtype=np.int64),
+        "flags": rng.random(3) < 0.5,
+        "matrix": rng.standard_normal((301, 7)).astype(np.float32),
+    }
+    path = tmp_path / "pieces"
+    assert _index_files.write_index(path, {"kind": "test"}, arrays, spare={"matrix": 5})
+    found = _index_files.read_index(path)
+    assert found is not None and found.meta == {"kind": "test"}
+    np.testing.assert_array_equal(found.arrays["ids"], arrays["ids"])
+    np.testing.assert_array_equal(found.arrays["flags"], arrays["flags"])
+    assert found.arrays["matrix"].shape == (306, 7)
+    np.testing.assert_array_equal(found.arrays["matrix"][:301], arrays["matrix"])
+    assert not found.arrays["matrix"][301:].any()
