@@ -166,16 +166,18 @@ class AgentActor(AgentWriteBack):
             return self._write_back("failed", message.task_id, message.reason)
         if isinstance(message, _WriteBackPart):
             return self._write_back_part(message)
-        if isinstance(message, _RetryWriteBack):
-            row = self.layer.get(message.row_id)
-            if row is not None:
-                self._dispatch(row, replay=True)
-            return None
-        if isinstance(message, Replay):
-            for row in self.layer.pending():
-                self._dispatch(row, replay=True)
+        if isinstance(message, _RetryWriteBack | Replay):
+            self._replay(message)
             return None
         return super().handle(message)
+
+    def _replay(self, message: _RetryWriteBack | Replay) -> None:
+        """Send again the parts not stored yet of one outbox row (a retry) or of every row not in
+        flight (a replay of what a crash left); a row gone meanwhile is skipped."""
+        rows = self.layer.pending() if isinstance(message, Replay) else [self.layer.get(message.row_id)]
+        for row in rows:
+            if row is not None:
+                self._dispatch(row, replay=True)
 
     # -- pre-task retrieval --------------------------------------------------------------------
 

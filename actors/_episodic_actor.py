@@ -139,10 +139,7 @@ class EpisodicActor(_PersistentActor):
 
         return [MemoryStored(self.key, i) for i in self._with_vectors(messages, record)]
 
-    def handle(self, message: Any) -> Any:
-        internal, answer = self.handle_internal(message)
-        if internal:
-            return answer
+    def handle_store(self, message: Any) -> Any:
         layer = self.layer
         if isinstance(message, WriteBackEpisode):
             original = message.message
@@ -177,7 +174,7 @@ class EpisodicActor(_PersistentActor):
         if isinstance(message, CommitMemory):
             layer.commit()
             return MemoryCommitted(self.key)
-        return super().handle(message)
+        return super().handle_store(message)
 
     def _record(self, episode: Any, archive: str | None) -> dict[str, Any]:
         return {

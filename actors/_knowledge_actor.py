@@ -66,10 +66,7 @@ class KnowledgeStoreActor(_PersistentActor):
 
         return [KnowledgeStored(self.key, i) for i in self._with_vectors(messages, add)]
 
-    def handle(self, message: Any) -> Any:
-        internal, answer = self.handle_internal(message)
-        if internal:
-            return answer
+    def handle_store(self, message: Any) -> Any:
         layer = self.layer
         if isinstance(message, WriteBackKnowledge):  # with the vectors answered meanwhile
             return self.handle_batch([message])[0]
@@ -89,7 +86,7 @@ class KnowledgeStoreActor(_PersistentActor):
             return self._update(message)
         if isinstance(message, DeleteKnowledge):
             return KnowledgeDeleted(self.key, message.entry_id, bool(layer.delete(message.entry_id)))
-        return super().handle(message)
+        return super().handle_store(message)
 
     def _update(self, message: UpdateKnowledge) -> KnowledgeUpdated:
         """Only the given fields change (``tags``: all of them); the layer re-embeds new content

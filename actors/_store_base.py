@@ -130,7 +130,7 @@ class _PersistentActor(_HeldWriteBacks):
             limit = min(limit, max(0.0, embed_s))
         with embed_deadline(limit) as watch:
             late = self._await_vectors()
-            result = self.handle(message)
+            result = self.handle_store(message)
         return Searched(result, _degraded(watch, late))
 
     def _await_vectors(self) -> str | None:
@@ -356,30 +356,34 @@ class _PersistentActor(_HeldWriteBacks):
     def _import(self, records: Sequence[dict[str, Any]]) -> int:
         raise NotImplementedError
 
-    def handle_internal(self, message: Any) -> tuple[bool, Any]:
-        """Internal messages common to both stores, and a search's bound on its query embedding:
-        ``(True, answer)``, or ``(False, None)`` for the store's own messages."""
+    def handle(self, message: Any) -> Any:
+        """Internal messages common to both stores, and a search's bound on its query embedding;
+        then the store's own messages (:meth:`handle_store`)."""
         if isinstance(message, ExportRecords):
-            return True, self._export()
+            return self._export()
         if isinstance(message, ImportRecords):
-            return True, self._import(message.records)
+            return self._import(message.records)
         if isinstance(message, QueryKnowledge | SearchMemory) and embed_time_left() is None:
-            return True, self._search(message, None).result
+            return self._search(message, None).result
         if isinstance(message, BoundedSearch):
-            return True, self._search(message.message, message.embed_s)
+            return self._search(message.message, message.embed_s)
         if isinstance(message, VectorsReady):
             self._vectors_ready(message.token)
-            return True, None
+            return None
         if isinstance(message, _AskVectors):
             self._ask_posted = False
             self._request_vectors()
-            return True, None
+            return None
         if isinstance(message, _FlushHeld):  # the held write-backs were written before it
-            return True, None
+            return None
         if isinstance(message, CatchUp):
             self.catch_up()
-            return True, None
-        return False, None
+            return None
+        return self.handle_store(message)
+
+    def handle_store(self, message: Any) -> Any:
+        """The store's own messages: a subclass answers those it knows and passes the rest here."""
+        return super().handle(message)
 
     def refuses_when_degraded(self, message: Any) -> bool:
         """Vector upkeep goes on for a degraded owner: the rows it completes are stored already."""
