@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +57,13 @@ def _timeout(system: MemorySystem, timeout: float | None) -> float:
     return system.config.actors.ask_timeout_s if timeout is None else timeout
 
 
+def _absolute(path: object) -> str:
+    """An archive path, checked in the caller and made absolute against the caller's directory."""
+    if not isinstance(path, str | Path):
+        raise InvalidInputError(f"path must be a str or Path, got {type(path).__name__}")
+    return str(Path(path).absolute())
+
+
 class Agent:
     """One agent's memory: knowledge, episodes, working memory and the task lifecycle."""
 
@@ -69,6 +76,13 @@ class Agent:
 
     def _ask(self, message: Message, timeout: float | None = None) -> Any:
         return self._system.ask(message, timeout=_timeout(self._system, timeout))
+
+    def _search(self, search: Callable[..., Any], message: Message, timeout: float | None) -> Hits:
+        """Run a hybrid search on the runtime directly (not as a plain ask), so the answer says
+        whether keywords ranked alone; ``search`` is the runtime's method for that kind."""
+        self._system._runtime.check_open()
+        found = search(message, timeout=_timeout(self._system, timeout))
+        return Hits(found.result.hits, degraded=found.degraded)
 
     # -- long-term knowledge -------------------------------------------------------------------
 
@@ -120,10 +134,7 @@ class Agent:
             mode=mode,
             min_score=min_score,
         )
-        runtime = self._system._runtime
-        runtime.check_open()
-        found = runtime.search_knowledge(message, timeout=_timeout(self._system, timeout))
-        return Hits(found.result.hits, degraded=found.degraded)
+        return self._search(self._system._runtime.search_knowledge, message, timeout)
 
     def _store(self, store: str | None, shared: bool) -> str:
         """The store an entry id refers to: ``store`` (this agent's id or ``"shared"``) or, for
@@ -235,10 +246,7 @@ class Agent:
         message = SearchMemory(
             self.id, query, task_run_id, top_k or self._system.config.search.top_k, since, until
         )
-        runtime = self._system._runtime
-        runtime.check_open()
-        found = runtime.search_memory(message, timeout=_timeout(self._system, timeout))
-        return Hits(found.result.hits, degraded=found.degraded)
+        return self._search(self._system._runtime.search_memory, message, timeout)
 
     def commit(self, timeout: float | None = None) -> None:
         """Apply the episodic retention policy and checkpoint its database."""
@@ -286,17 +294,13 @@ class Agent:
         if path is None:
             stamp = self._system.clock.now().astimezone(_dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
             path = self._system.data_dir / "episodic" / "archives" / f"{self.id}-{stamp}.sqlite"
-        if not isinstance(path, str | Path):
-            raise InvalidInputError(f"path must be a str or Path, got {type(path).__name__}")
-        message = ArchiveEpisodes(self.id, str(Path(path).absolute()), before, task_run_id)
+        message = ArchiveEpisodes(self.id, _absolute(path), before, task_run_id)
         return self._ask(message, timeout)  # type: ignore[no-any-return]
 
     def restore_episodes(self, path: str | Path, *, timeout: float | None = None) -> int:
         """Bring back the episodes of an archive file; returns how many were added (episodes
         already present, by uuid, are skipped, so restoring twice adds nothing)."""
-        if not isinstance(path, str | Path):
-            raise InvalidInputError(f"path must be a str or Path, got {type(path).__name__}")
-        message = RestoreEpisodes(self.id, str(Path(path).absolute()))
+        message = RestoreEpisodes(self.id, _absolute(path))
         return int(self._ask(message, timeout).restored)
 
     def promote_episode(

@@ -1,0 +1,58 @@
+"""The Agent handle's shared steps: an archive path is checked in the caller and made absolute
+against the caller's directory; both searches refuse a stopped system and keep the list type."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from memstrata import Config, MemorySystem
+from memstrata._agent_handle import Hits
+from memstrata.errors import InvalidInputError, SystemStoppedError
+from tests.fakes import FakeEmbedder
+
+
+def test_archive_and_restore_refuse_a_path_of_the_wrong_type(data_dir: Path) -> None:
+    with MemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder()) as system:
+        agent = system.agent("a1")
+        agent.remember("the nightly build broke on the arm runner")
+        with pytest.raises(InvalidInputError, match="path must be a str or Path, got int"):
+            agent.archive_episodes(42)  # type: ignore[arg-type]
+        with pytest.raises(InvalidInputError, match="path must be a str or Path, got bytes"):
+            agent.restore_episodes(b"archive.sqlite")  # type: ignore[arg-type]
+        assert len(agent.list_episodes()) == 1  # nothing was archived by the refused call
+
+
+def test_a_relative_archive_path_is_taken_from_the_callers_directory(
+    data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    with MemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder()) as system:
+        agent = system.agent("a1")
+        agent.remember("the nightly build broke on the arm runner")
+        done = agent.archive_episodes("old.sqlite")
+        assert done.archived == 1
+        assert Path(done.path) == work / "old.sqlite" and (work / "old.sqlite").is_file()
+        assert agent.restore_episodes("old.sqlite") == 1
+
+
+def test_both_searches_answer_hits_and_refuse_a_stopped_system(data_dir: Path) -> None:
+    system = MemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder())
+    agent = system.agent("a1")
+    try:
+        agent.store_knowledge("pin the numpy version in CI")
+        agent.remember("pinned numpy after the CI break")
+        knowledge = agent.query_knowledge("numpy version")
+        episodes = agent.recall("numpy")
+        assert isinstance(knowledge, Hits) and knowledge[0].entry.content == "pin the numpy version in CI"
+        assert isinstance(episodes, Hits) and episodes[0].episode.content == "pinned numpy after the CI break"
+        assert knowledge.degraded is None and episodes.degraded is None
+    finally:
+        system.stop()
+    with pytest.raises(SystemStoppedError):
+        agent.query_knowledge("numpy version")
+    with pytest.raises(SystemStoppedError):
+        agent.recall("numpy")
