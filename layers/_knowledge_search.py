@@ -33,6 +33,7 @@ from memstrata.storage import (
 )
 
 from ._common import scope_ancestors, scope_subtree_sql
+from ._knowledge_edits import KnowledgeEdits
 from ._knowledge_schema import (
     ENTRY_COLUMNS,
     ORDER_BY,
@@ -41,12 +42,11 @@ from ._knowledge_schema import (
     KnowledgeHit,
     _entry,
 )
-from ._knowledge_writes import KnowledgeWrites
 
 FloatArray = npt.NDArray[np.float32]
 
 
-class KnowledgeSearch(KnowledgeWrites):
+class KnowledgeSearch(KnowledgeEdits):
     """Listing, counting and hybrid search (see ``KnowledgeStore``)."""
 
     def _filter(
