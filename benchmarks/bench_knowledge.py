@@ -44,7 +44,7 @@ TOP = 10
 
 
 def _cache_path() -> Path:
-    env = os.environ.get("MEMSTRATA_BENCH_CACHE")
+    env = os.environ.get("BENCH_CACHE_DIR")
     if env:
         return Path(env)
     import platformdirs

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from _harness import Context, Row, percentile
-from bench_system import AGENT, BASES, BaseSentenceVectors, _base_vectors, _fill, _queries
+from bench_system import AGENT, _queries, fill_from_bases
 
 from memstrata import Config, MemorySystem
 from memstrata.storage import Embedder, default_embedder
@@ -173,9 +173,6 @@ def _busy_note(counts: list[int], before: dict[str, Any], after: dict[str, Any],
 
 def run(ctx: Context) -> list[Row]:
     model = default_embedder()
-    vectors, how = _base_vectors(model)
     entries = ctx.size(100_000, 10_000)
     data = ctx.workdir / "pretask"
-    fill_s = _fill(data, entries, BaseSentenceVectors(model, vectors), model)
-    note = f"loaded in {fill_s:.0f} s with the real model's vectors of {len(BASES):,} base sentences ({how})"
-    return pretask_busy(ctx, model, data, entries, note)
+    return pretask_busy(ctx, model, data, entries, fill_from_bases(model, data, entries))

@@ -74,7 +74,7 @@ AGENT = "bench"
 
 
 def _cache_dir() -> Path:
-    env = os.environ.get("MEMSTRATA_BENCH_CACHE")
+    env = os.environ.get("BENCH_CACHE_DIR")
     if env:
         return Path(env).parent
     import platformdirs
@@ -157,6 +157,15 @@ def _fill(
     finally:
         episodic.close()
     return time.perf_counter() - started
+
+
+def fill_from_bases(model: Embedder, data: Path, entries: int) -> str:
+    """:func:`_fill` with ``entries`` entries whose vectors are the real model's vectors of
+    :data:`BASES` plus noise (what the retrieval figures are measured on); how the load went,
+    for a row's notes."""
+    vectors, how = _base_vectors(model)
+    fill_s = _fill(data, entries, BaseSentenceVectors(model, vectors), model)
+    return f"loaded in {fill_s:.0f} s with the real model's vectors of {len(BASES):,} base sentences ({how})"
 
 
 # -- pre-task retrieval --------------------------------------------------------------------------
@@ -454,19 +463,12 @@ def _write_back(ctx: Context) -> list[Row]:
 
 def run(ctx: Context) -> list[Row]:
     model = default_embedder()
-    vectors, how = _base_vectors(model)
     entries = ctx.size(100_000, 10_000)
     data = ctx.workdir / "retrieval"
-    fill_s = _fill(data, entries, BaseSentenceVectors(model, vectors), model)
-    note = (
-        f"stores loaded in {fill_s:.0f} s with the real model's vectors of {len(BASES):,} base sentences "
-        f"({how}) + noise"
-    )
-    rows = _retrieval(ctx, data, entries, note)
+    rows = _retrieval(ctx, data, entries, f"stores {fill_from_bases(model, data, entries)} + noise")
     if not ctx.quick:  # the actor system's own figure (at 10k entries per agent) beside the 100k target
         small = ctx.workdir / "retrieval-10k"
-        small_s = _fill(small, 10_000, BaseSentenceVectors(model, vectors), model)
-        rows += _retrieval(ctx, small, 10_000, note.replace(f"{fill_s:.0f} s", f"{small_s:.0f} s"))
+        rows += _retrieval(ctx, small, 10_000, f"stores {fill_from_bases(model, small, 10_000)} + noise")
     rows += _memory(data, entries)
     rows += _write_back(ctx)
     return rows
