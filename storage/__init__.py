@@ -16,6 +16,7 @@ from memstrata.core.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from ._bm25 import Bm25Index
+    from ._bulk_cache import bulk_cache
     from ._connection import Database, connection_defaults, open_database
     from ._consistency import ConsistencyReport, check_consistency
     from ._default_model import default_model_dir
@@ -69,11 +70,13 @@ if TYPE_CHECKING:
         set_meta,
     )
     from ._model_id import DEFAULT_MODEL_ID
+    from ._vector_checks import precomputed_vectors
     from ._vectors import APPROXIMATE_FROM, VectorHit, VectorIndex
 
 # each public name -> the submodule that defines it
 _HOME: dict[str, str] = {
     "Bm25Index": "._bm25",
+    "bulk_cache": "._bulk_cache",
     "Database": "._connection",
     "connection_defaults": "._connection",
     "open_database": "._connection",
@@ -133,6 +136,7 @@ _HOME: dict[str, str] = {
     "record_embedding": "._migrations",
     "schema_version": "._migrations",
     "set_meta": "._migrations",
+    "precomputed_vectors": "._vector_checks",
     "APPROXIMATE_FROM": "._vectors",
     "VectorHit": "._vectors",
     "VectorIndex": "._vectors",
@@ -180,6 +184,7 @@ __all__ = [
     "apply_migrations",
     "best_score",
     "build_keyword_query",
+    "bulk_cache",
     "check_consistency",
     "cjk_runs",
     "connection_defaults",
@@ -202,6 +207,7 @@ __all__ = [
     "load_embedder",
     "match_type",
     "open_database",
+    "precomputed_vectors",
     "prefetch_query",
     "query_terms",
     "record_embedding",

@@ -26,6 +26,7 @@ import numpy.typing as npt
 
 from ._ivf import Partition
 from ._mirror_threads import TwoOrOne, one_blas_thread
+from ._row_slices import group_mask, merged, runs, slice_rows
 from ._sign_codes import MIN_DIM, SignCodes, candidates
 from ._vector_kernels import dot, dot_rows, in_two, unit_rows
 
@@ -70,47 +71,6 @@ _Found = tuple[IntArray, FloatArray]  # positions and scores, best first
 
 def _empty() -> _Found:
     return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
-
-
-def _runs(mask: BoolArray) -> tuple[IntArray, IntArray]:
-    """Starts and ends of the runs of True in ``mask``."""
-    edges = np.diff(mask.view(np.int8), prepend=np.int8(0), append=np.int8(0))
-    return np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
-
-
-def _slice_rows(starts: IntArray, ends: IntArray) -> IntArray:
-    """The positions of the rows of the slices ``starts[i]:ends[i]``, in order."""
-    lengths = ends - starts
-    total = int(lengths.sum())
-    offsets = np.cumsum(lengths) - lengths
-    return np.repeat(starts - offsets, lengths) + np.arange(total, dtype=np.int64)
-
-
-def _group_mask(
-    size: int, end: int, inside: IntArray, inner: BoolArray | None, tail: BoolArray
-) -> BoolArray | None:
-    """A group filter as a mask by position, for scans that read only the group's rows and the
-    tail: ``inner`` at the group's sorted rows ``inside``, ``tail`` from ``end``; ``None`` when
-    every row read is allowed."""
-    if inner is None and size == end:
-        return None
-    valid = np.ones(size, dtype=bool)
-    if inner is not None:
-        valid[inside] = inner
-    valid[end:size] = tail
-    return valid
-
-
-def _merged(lo: IntArray, hi: IntArray, gap: int) -> tuple[list[int], list[int]]:
-    """Sorted, disjoint slices ``lo[i]:hi[i]`` with those at most ``gap`` rows apart merged."""
-    if not len(lo):
-        return [], []
-    breaks = np.flatnonzero(lo[1:] - hi[:-1] > gap)
-    first = np.concatenate(([0], breaks + 1))
-    last = np.concatenate((breaks, [len(lo) - 1]))
-    starts: list[int] = lo[first].tolist()
-    ends: list[int] = hi[last].tolist()
-    return starts, ends
 
 
 class MirrorSearch:
@@ -262,7 +222,7 @@ class MirrorSearch:
         if valid is None:
             return self._top(dot(self.matrix[:size], query), k, None)
         if allowed * 2 < size:  # selective: score only the allowed rows
-            starts, ends = _runs(valid)
+            starts, ends = runs(valid)
             if len(starts) <= _RUNS_MAX:  # in place, run by run (a time range, a group's tail)
                 scores, positions = self._scan(query, starts.tolist(), ends.tolist())
                 return self._top(scores, k, positions)
@@ -328,7 +288,7 @@ class MirrorSearch:
         inner: BoolArray | None = None  # the group's sorted rows passing the rest, in block order
         inside = np.zeros(0, dtype=np.int64)
         if codes or ranges or self.dead:
-            inside = _slice_rows(lo, hi)
+            inside = slice_rows(lo, hi)
             inner = self._match_at(codes, ranges, inside)
         in_group = grouped_rows if inner is None else int(np.count_nonzero(inner))
         allowed = in_group + int(np.count_nonzero(tail))
@@ -341,14 +301,14 @@ class MirrorSearch:
             if size > end:
                 starts.append(end)
                 ends.append(size)
-            return self._search_signs(query, k, starts, ends, _group_mask(size, end, inside, inner, tail))
+            return self._search_signs(query, k, starts, ends, group_mask(size, end, inside, inner, tail))
         if part is not None and not exact and in_group:
             # the allowed rows an unfiltered search scans (``_probe_rows``), found in
             # the group's own block of the lists nearest the query; 1/f more for the rest of
             # the filter
             rows = self._probe_rows(part, k) * (grouped_rows / in_group)
             if rows < _EXACT_SHARE * grouped_rows:
-                valid = _group_mask(size, end, inside, inner, tail)
+                valid = group_mask(size, end, inside, inner, tail)
                 found = self._search_lists(part, query, k, valid, rows, group=group)
                 if found is not None:
                     return found
@@ -479,7 +439,7 @@ class MirrorSearch:
         chosen = np.sort(ranked[:count])
         lo, hi = lo_all[chosen], hi_all[chosen]
         keep = hi > lo
-        starts, ends = _merged(lo[keep], hi[keep], gap)
+        starts, ends = merged(lo[keep], hi[keep], gap)
         if self.size > self.sorted_end:
             if ends and ends[-1] == self.sorted_end:
                 ends[-1] = self.size

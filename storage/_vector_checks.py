@@ -12,7 +12,7 @@ import numpy.typing as npt
 
 from memstrata.core.errors import InvalidInputError
 
-__all__ = ["check_metas", "check_vectors", "meta_value"]
+__all__ = ["check_metas", "check_vectors", "meta_value", "precomputed_vectors"]
 
 FloatArray = npt.NDArray[np.float32]
 _PLAIN: dict[str, type] = {"text": str, "integer": int, "float": float}
@@ -76,3 +76,32 @@ def check_metas(
             row[column] = meta_value(types[column], table, column, meta[column], index)
         checked.append(row)
     return checked
+
+
+def precomputed_vectors(vectors: Any, n: int, dim: int | None) -> tuple[FloatArray, npt.NDArray[np.float64]]:
+    """Vectors computed apart for ``n`` rows, checked: the rows as float32 (not copied when
+    they already are) and their lengths, to normalise a batch at a time.
+
+    One row per item; ``dim``, when known, is the store's dimension. A bad row is named by its
+    index (``vectors[17] holds NaN or infinity``).
+    """
+    try:
+        array = np.asarray(vectors, dtype=np.float32)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"vectors must be an array of numbers: {exc}") from exc
+    want = f"({n}, {dim})" if dim is not None else f"({n}, dim)"
+    if array.ndim != 2 or len(array) != n or (dim is not None and array.shape[1] != dim):
+        raise InvalidInputError(
+            f"vectors must have shape {want}: one row per item, of the store's dimension; got {array.shape}"
+        )
+    # the squared lengths are infinite or NaN exactly when a row holds NaN or infinity (or
+    # overflows float32 when squared, which no model's vector does): one pass, no n x dim temporary
+    squares = np.einsum("ij,ij->i", array, array, dtype=np.float64)
+    finite = np.isfinite(squares)
+    if not finite.all():
+        raise InvalidInputError(f"vectors[{int(np.argmin(finite))}] holds NaN or infinity")
+    if n and not squares.all():
+        raise InvalidInputError(
+            f"vectors[{int(np.argmin(squares != 0))}] is all zeros, which has no cosine similarity"
+        )
+    return array, np.sqrt(squares)  # float64: a huge (finite) row still normalises

@@ -29,7 +29,7 @@ import contextlib
 import json
 import numbers
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -38,6 +38,7 @@ import numpy.typing as npt
 from memstrata.core.constants import APPROXIMATE_FROM
 from memstrata.core.errors import InvalidInputError, StorageError
 
+from ._bulk_cache import bulk_cache
 from ._connection import Database
 from ._heap import trim_heap
 from ._migrations import ensure_metadata, get_meta, set_meta
@@ -45,7 +46,7 @@ from ._vector_checks import check_metas, check_vectors, meta_value
 from ._vector_mirror import Mirror, VectorHit
 from ._vector_sync import _OP_DELETE, _OP_RESET, _OP_UPSERT, MirrorUpkeep, _rollbacks
 
-__all__ = ["APPROXIMATE_FROM", "VectorHit", "VectorIndex", "bulk_cache", "precomputed_vectors"]
+__all__ = ["APPROXIMATE_FROM", "VectorHit", "VectorIndex"]
 
 Engine = Literal["auto", "memory", "vec0"]
 ENGINES = ("auto", "memory", "vec0")
@@ -53,67 +54,6 @@ FloatArray = npt.NDArray[np.float32]
 VEC0_MAX_K = 4096  # sqlite-vec refuses larger k in one KNN query
 METADATA_TYPES = ("text", "integer", "float", "boolean")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-_BULK_DELETE = 64  # from this many vec0 deletes, sort them by chunk and raise the page cache
-_BULK_CACHE_KIB = 65_536
-_BULK_WAL_PAGES = 16_384  # checkpoint the WAL from 64 MB during bulk writes (default 4 MB)
-
-
-@contextlib.contextmanager
-def bulk_cache(db: Database, rows: int) -> Iterator[None]:
-    """A larger page cache while ``rows`` (from 64) are written or deleted, then the old size.
-
-    vec0 writes a row into a 1.5 MB chunk blob by walking its overflow pages, and FTS5 merges
-    segments page by page: with SQLite's default 2 MB cache both re-read the same pages from
-    the file for every row (a 100k-row load ran 3-5x slower). The pages beyond the old size are
-    released when it is restored.
-    """
-    if rows < _BULK_DELETE or db.read_only:
-        yield
-        return
-    previous = int(db.scalar("PRAGMA cache_size"))
-    if previous < 0 and -previous >= _BULK_CACHE_KIB:
-        yield
-        return
-    checkpoint = int(db.scalar("PRAGMA wal_autocheckpoint"))
-    db.execute(f"PRAGMA cache_size = -{_BULK_CACHE_KIB}")
-    if _BULK_WAL_PAGES and 0 < checkpoint < _BULK_WAL_PAGES:
-        db.execute(f"PRAGMA wal_autocheckpoint = {_BULK_WAL_PAGES}")
-    try:
-        yield
-    finally:
-        db.execute(f"PRAGMA cache_size = {previous}")
-        db.execute(f"PRAGMA wal_autocheckpoint = {checkpoint}")
-
-
-def precomputed_vectors(vectors: Any, n: int, dim: int | None) -> tuple[FloatArray, npt.NDArray[np.float64]]:
-    """Vectors computed apart for ``n`` rows, checked: the rows as float32 (not copied when
-    they already are) and their lengths, to normalise a batch at a time.
-
-    One row per item; ``dim``, when known, is the store's dimension. A bad row is named by its
-    index (``vectors[17] holds NaN or infinity``).
-    """
-    try:
-        array = np.asarray(vectors, dtype=np.float32)
-    except (TypeError, ValueError) as exc:
-        raise InvalidInputError(f"vectors must be an array of numbers: {exc}") from exc
-    want = f"({n}, {dim})" if dim is not None else f"({n}, dim)"
-    if array.ndim != 2 or len(array) != n or (dim is not None and array.shape[1] != dim):
-        raise InvalidInputError(
-            f"vectors must have shape {want}: one row per item, of the store's dimension; got {array.shape}"
-        )
-    # the squared lengths are infinite or NaN exactly when a row holds NaN or infinity (or
-    # overflows float32 when squared, which no model's vector does): one pass, no n x dim temporary
-    squares = np.einsum("ij,ij->i", array, array, dtype=np.float64)
-    finite = np.isfinite(squares)
-    if not finite.all():
-        raise InvalidInputError(f"vectors[{int(np.argmin(finite))}] holds NaN or infinity")
-    if n and not squares.all():
-        raise InvalidInputError(
-            f"vectors[{int(np.argmin(squares != 0))}] is all zeros, which has no cosine similarity"
-        )
-    return array, np.sqrt(squares)  # float64: a huge (finite) row still normalises
 
 
 def _int_or(value: Any, default: int = -1) -> int:

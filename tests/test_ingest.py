@@ -13,9 +13,8 @@ import pytest
 from memstrata.errors import InvalidInputError, StorageError
 from memstrata.layers import KnowledgeStore
 from memstrata.layers._knowledge_schema import MIGRATIONS
-from memstrata.storage import apply_migrations, open_database
+from memstrata.storage import apply_migrations, bulk_cache, open_database
 from memstrata.storage._migrations import NamedMigration, get_meta
-from memstrata.storage._vectors import bulk_cache
 from tests._support import check_knowledge, without_default_model
 from tests.fakes import FakeEmbedder
 
