@@ -12,11 +12,9 @@ import these names from :mod:`memstrata.config`.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import re
 import tomllib
-import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -25,6 +23,8 @@ from typing import Any
 
 from memstrata.core.constants import APPROXIMATE_FROM
 from memstrata.core.errors import ConfigError
+
+from ._config_values import convert, env_source, find_file, set_dotted
 
 __all__ = [
     "WORKSPACE_ACCESS",
@@ -322,7 +322,7 @@ class Config:
         """File, then environment (``MEMSTRATA_*``), then ``overrides`` (dotted keys allowed as ``a__b``)."""
         env = os.environ if env is None else env
         data: dict[str, Any] = {}
-        source = _find_file(path, env)
+        source = find_file(path, env)
         if source is not None:
             try:
                 data = tomllib.loads(source.read_text(encoding="utf-8"))
@@ -332,10 +332,10 @@ class Config:
                 raise ConfigError(f"config file {source} is not valid TOML: {exc}") from exc
         for key, value in env.items():
             if key.startswith("MEMSTRATA_") and key not in _NOT_CONFIG_ENV:
-                _set_dotted(data, key[len("MEMSTRATA_") :].lower().replace("__", "."), value, from_env=True)
+                set_dotted(data, key[len("MEMSTRATA_") :].lower().replace("__", "."), value, from_env=True)
         for key, value in overrides.items():
             if value is not None:
-                _set_dotted(data, key.replace("__", "."), value, from_env=False)
+                set_dotted(data, key.replace("__", "."), value, from_env=False)
         where = str(source) if source else "configuration"
         return cls.from_mapping(data, where=where)
 
@@ -384,41 +384,6 @@ _AGENT_SECTIONS: dict[str, type] = {"embedding": EmbeddingConfig, "sync": SyncCo
 _NOT_CONFIG_ENV = {"MEMSTRATA_MODEL_DIR", "MEMSTRATA_CONFIG", "MEMSTRATA_DEBUG"}
 
 
-def _find_file(path: str | Path | None, env: Mapping[str, str]) -> Path | None:
-    if path is None and env.get("MEMSTRATA_CONFIG"):
-        path = env["MEMSTRATA_CONFIG"]
-    if path is not None:
-        candidate = Path(path).expanduser()
-        if not candidate.is_file():
-            raise ConfigError(f"config file {candidate} does not exist")
-        return candidate
-    for candidate in (Path.cwd() / "memstrata.toml", Path.home() / ".config" / "memstrata" / "config.toml"):
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-def _set_dotted(data: dict[str, Any], dotted: str, value: Any, *, from_env: bool) -> None:
-    parts = dotted.split(".")
-    node = data
-    for part in parts[:-1]:
-        node = node.setdefault(part, {})
-        if not isinstance(node, dict):
-            raise ConfigError(f"config key {dotted!r}: {part!r} is not a table")
-    node[parts[-1]] = _EnvValue(value) if from_env else value
-
-
-class _EnvValue(str):
-    """A string from the environment: converted to the field's type, not type-checked as str."""
-
-
-def _from_env(raw: Any, dotted: str) -> str:
-    """Names the environment variable a bad value came from, so the user knows where to look."""
-    if not isinstance(raw, _EnvValue):
-        return ""
-    return f" (from environment variable MEMSTRATA_{dotted.upper().replace('.', '__')})"
-
-
 def _build(cls: Any, data: Any, prefix: str, where: str, base: Any = None) -> Any:
     if not isinstance(data, Mapping):
         raise ConfigError(f"{where}: {prefix.rstrip('.') or 'config'} must be a table")
@@ -428,78 +393,11 @@ def _build(cls: Any, data: Any, prefix: str, where: str, base: Any = None) -> An
     values: dict[str, Any] = {}
     for key, raw in data.items():
         if key not in known:
-            raise ConfigError(f"{where}: unknown config key {prefix + key!r}{_from_env(raw, prefix + key)}")
+            raise ConfigError(f"{where}: unknown config key {prefix + key!r}{env_source(raw, prefix + key)}")
         hint = hints[key]
         if dataclasses.is_dataclass(hint):
             values[key] = _build(hint, raw, f"{prefix}{key}.", where, base=getattr(base, key, None))
         else:
-            values[key] = _convert(raw, hint, prefix + key, where)
+            values[key] = convert(raw, hint, prefix + key, where)
     start = base if base is not None else cls()
     return replace(start, **values)
-
-
-def _convert(raw: Any, hint: Any, key: str, where: str) -> Any:
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        if isinstance(raw, _EnvValue) and raw.lower() in ("", "none", "null") and type(None) in args:
-            return None
-        if raw is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        return _convert(raw, inner[0], key, where)
-    try:
-        if hint is Path:
-            if not isinstance(raw, str | Path):
-                raise TypeError
-            return Path(raw).expanduser()
-        if hint is bool:
-            if isinstance(raw, _EnvValue):
-                lowered = raw.lower()
-                if lowered in ("1", "true", "yes", "on"):
-                    return True
-                if lowered in ("0", "false", "no", "off"):
-                    return False
-                raise ValueError
-            if not isinstance(raw, bool):
-                raise TypeError
-            return raw
-        if hint is int:
-            if isinstance(raw, bool) or not isinstance(raw, int | str):
-                raise TypeError
-            value = int(raw) if isinstance(raw, _EnvValue) else raw
-            if not isinstance(value, int) or value < 0:
-                raise ValueError
-            return value
-        if hint is float:
-            if isinstance(raw, bool) or not isinstance(raw, int | float | str):
-                raise TypeError
-            number = float(raw) if isinstance(raw, _EnvValue) else raw
-            if not isinstance(number, int | float) or not math.isfinite(number) or number < 0:
-                raise ValueError
-            return float(number)
-        if hint is str:
-            if not isinstance(raw, str):
-                raise TypeError
-            return str(raw)
-        if origin is tuple:
-            items = raw.split(",") if isinstance(raw, _EnvValue) else raw
-            if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
-                raise TypeError
-            return tuple(i.strip() for i in items if i.strip())
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(
-            f"{where}: config key {key!r} has invalid value {raw!r} (expected {_name(hint)})"
-            f"{_from_env(raw, key)}"
-        ) from exc
-    raise ConfigError(f"{where}: config key {key!r} has an unsupported type")  # pragma: no cover
-
-
-def _name(hint: Any) -> str:
-    if hint is float:
-        return "a non-negative number"
-    if hint is int:
-        return "a non-negative integer"
-    if typing.get_origin(hint) is tuple:
-        return "a list of strings"
-    return getattr(hint, "__name__", str(hint))
