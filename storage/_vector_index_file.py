@@ -239,8 +239,9 @@ class MirrorFiles(MirrorRows):
         size = mirror.size
         if size == 0:
             return None
-        rng = np.random.default_rng(size)
-        picks = np.unique(np.concatenate([[0, size - 1], rng.integers(0, size, _SPOT_CHECK_ROWS)]))
+        # spread evenly, first and last included (random picks would import numpy.random: ~12 ms
+        # of a fresh process's first search)
+        picks = np.unique(np.linspace(0, size - 1, _SPOT_CHECK_ROWS + 2).round().astype(np.int64))
         picks = picks[mirror.alive[picks]]  # a dead row may hold anything
         wanted = [int(mirror.rowids[p]) for p in picks if int(mirror.rowids[p]) not in changed]
         if not wanted:
