@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._bm25_bulk import AllPostings, read_all_postings, word_sums
-from ._bm25_postings import _PHRASE, Bm25Postings, FloatArray
+from ._bm25_postings import _PHRASE, Bm25Postings, FloatArray, _varints
 from ._index_files import (
     DamagedFile,
     database_token,
@@ -332,14 +332,7 @@ class Bm25Files(Bm25Postings):
             return None
         if not found or not found[0][0]:
             return None
-        value = 0
-        for count, byte in enumerate(bytes(found[0][0])[:9]):
-            if count == 8:
-                return (value << 8) | byte
-            value = (value << 7) | (byte & 0x7F)
-            if not byte & 0x80:
-                return value
-        return None
+        return next(_varints(bytes(found[0][0])[:9]), None)
 
     def _persist_complete(self, path: Path) -> bool:
         """Write every posting of the index (see the module docstring) unless the file on disk

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -93,25 +93,30 @@ def _spans(lengths: IntArray) -> list[tuple[int, int]]:
     return list(itertools.pairwise(np.concatenate(([0], np.cumsum(lengths))).tolist()))
 
 
-def _varint_sum(blob: bytes) -> int:
-    """Sum of the varints of an FTS5 ``_docsize`` record (one token count per column).
+def _varints(blob: bytes) -> Iterator[int]:
+    """The varints of an FTS5 record (``_docsize``: one token count per column; the averages
+    record: the row count first).
 
     FTS5 writes SQLite's varints: big-endian groups of 7 bits, the high bit set on every byte
-    but the last (a ninth byte, never reached by a token count, would carry 8 bits).
+    but the last (a ninth byte, never reached by a token count, carries 8 bits). A varint the
+    record cuts short is not given.
     """
-    total = value = 0
-    count = 0
+    value = count = 0
     for byte in blob:
         count += 1
         if count == 9:
-            total += (value << 8) | byte
+            yield (value << 8) | byte
             value = count = 0
             continue
         value = (value << 7) | (byte & 0x7F)
         if not byte & 0x80:
-            total += value
+            yield value
             value = count = 0
-    return total
+
+
+def _varint_sum(blob: bytes) -> int:
+    """Sum of the varints of an FTS5 ``_docsize`` record: the document's token count."""
+    return sum(_varints(blob))
 
 
 class Bm25Postings:
