@@ -164,14 +164,10 @@ class Bm25Top(Bm25Postings):
                 # as ``scores[pos] += ...`` (a word's positions are distinct), three times faster
                 np.add.at(scores, pos, self._word_contribution(stem, idf, pos, tf, avg))
             scored += len(pos)
-        if done == len(plan):
-            found = self._found(scores, self._floor(scores, plan, limit, allowed))
-            if allowed is not None:
-                found = found[self._allowed_best(found, scores[found], limit, allowed)[0]]
-            return top_scored(self._ids[found], scores[found], limit)
-        found = self._found(scores)
         if done < len(plan):
+            found = self._found(scores)
             return self._finish(found, scores[found], plan[done:], left[done], limit, avg, allowed)
+        found = self._found(scores, self._floor(scores, plan, limit, allowed))
         if allowed is not None:
             found = found[self._allowed_best(found, scores[found], limit, allowed)[0]]
         return top_scored(self._ids[found], scores[found], limit)
