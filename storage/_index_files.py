@@ -36,7 +36,7 @@ import time
 import weakref
 import zlib
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._connection import Database
+from ._file_rows import FileRows, OpenFile
 from ._migrations import get_meta, set_meta
 from ._vector_mirror import Mirror
 
@@ -127,6 +128,15 @@ class IndexFile:
     path: Path
     meta: dict[str, Any]
     arrays: dict[str, npt.NDArray[Any]]
+    offsets: dict[str, int] = field(default_factory=dict)  # where each array starts in the file
+    file: OpenFile | None = None  # the file the arrays were mapped from, for :meth:`rows`
+
+    def rows(self, name: str) -> FileRows | None:
+        """The 2-D array ``name``, read row by row from the file instead of through its map."""
+        array = self.arrays.get(name)
+        if self.file is None or array is None or array.ndim != 2:
+            return None
+        return FileRows(self.file, self.offsets[name], array.dtype, array.shape[1], len(array))
 
 
 def index_path(db: Database, name: str) -> Path | None:
@@ -203,14 +213,12 @@ def write_index(
     """Write ``arrays`` and ``meta`` (JSON-able) to ``path`` atomically; False when the folder
     cannot be written (read-only data dir, disk full): the next process rebuilds instead.
 
-    ``spare`` gives the last array (only) extra rows that are not written: the file is extended
-    with a hole, so room to grow costs no disk and reads back as zeros. ``unchecked`` arrays get
+    ``spare`` gives arrays extra rows that are not written: the file has a hole there, so room
+    to grow costs no disk and reads back as zeros. ``unchecked`` arrays get
     no checksum: those the reader verifies completely by other means.
     """
     names = list(arrays)
     extra = dict(spare or {})
-    if any(name != names[-1] for name in extra):
-        raise ValueError("only the last array can have spare rows")
     described: list[dict[str, Any]] = []
     offset = end = 0  # relative to the start of the data
     for name in names:
@@ -246,7 +254,7 @@ def write_index(
                 data = np.ascontiguousarray(arrays[name]).data.cast("B")
                 for at in range(0, len(data), _WRITE_BYTES):
                     f.write(data[at : at + _WRITE_BYTES])
-            f.truncate(start + end)  # the spare rows: a hole
+            f.truncate(start + end)  # the last array's spare rows: a hole (others' are skipped by seek)
             f.flush()
             os.fsync(f.fileno())
         os.replace(temp, path)
@@ -320,8 +328,10 @@ def read_index(path: Path) -> IndexFile | None:
             return IndexFile(path, meta, arrays)
         try:
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+            opened = OpenFile(f.fileno())
         except (OSError, ValueError) as exc:
             raise DamagedFile(f"cannot map: {exc}") from exc
+    offsets: dict[str, int] = {}
     try:
         for entry in described:
             dtype = np.dtype(entry["dtype"])
@@ -336,9 +346,10 @@ def read_index(path: Path) -> IndexFile | None:
             if "crc" in entry and zlib.crc32(np.ascontiguousarray(array).data.cast("B")) != int(entry["crc"]):
                 raise DamagedFile(f"array {entry['name']} checksum mismatch")  # a file of an earlier writer
             arrays[str(entry["name"])] = array
+            offsets[str(entry["name"])] = offset
     except (KeyError, TypeError, ValueError) as exc:
         raise DamagedFile(f"bad array description: {exc}") from exc
-    return IndexFile(path, meta, arrays)
+    return IndexFile(path, meta, arrays, offsets, opened)
 
 
 # -- the mirror's arrays ---------------------------------------------------------------------------
@@ -354,14 +365,18 @@ def mirror_arrays(mirror: Mirror) -> tuple[dict[str, Any], dict[str, npt.NDArray
 
 
 # the row index is checked whole when mapped back (sorted keys, ``rowids[values] == keys``) and
-# rebuilt from the checksummed rowids when it fails: a checksum would only cost time (16 MB at 1M)
-MIRROR_UNCHECKED = ("index_keys", "index_values")
+# rebuilt from the checksummed rowids when it fails: a checksum would only cost time (16 MB at 1M);
+# the int8 rows are spot-checked against the matrix, as the matrix is against the database
+MIRROR_UNCHECKED = ("index_keys", "index_values", "int8")
 
 
-def mirror_from_arrays(fields: Mapping[str, Any], arrays: Mapping[str, npt.NDArray[Any]]) -> Mirror:
+def mirror_from_arrays(
+    fields: Mapping[str, Any], arrays: Mapping[str, npt.NDArray[Any]], file: FileRows | None = None
+) -> Mirror:
     """The mirror :func:`mirror_arrays` described, over the mapped arrays (the matrix stays
-    mapped, copy-on-write). Raises :class:`DamagedFile` when the arrays do not fit together."""
+    mapped, copy-on-write; ``file`` reads its rows without the map). Raises
+    :class:`DamagedFile` when the arrays do not fit together."""
     try:
-        return Mirror.from_arrays(arrays, fields)
+        return Mirror.from_arrays(arrays, fields, file)
     except (ValueError, TypeError, KeyError) as exc:
         raise DamagedFile(str(exc)) from exc

@@ -94,15 +94,29 @@ class MirrorLayout(MirrorMatrix):
             return
         part.starts = self.blocks[:: self.groups].copy()
 
+    def _vector_rows(self, moved: int) -> list[npt.NDArray[np.generic]]:
+        """The arrays of vectors whose rows are about to move from row ``moved`` on: the matrix
+        and the int8 rows (brought up to date first); rows from ``moved`` on are no longer as
+        the index file has them."""
+        self.file_rows = min(self.file_rows, moved)
+        if self._int8 is None or self._int8.scale is None:
+            return [self.matrix]
+        self._int8.update(self.matrix, self.size)
+        return [self.matrix, self._int8.codes]
+
     def compact(self) -> None:
         """Drop dead rows in place (rows only move towards the front, so no second matrix)."""
         self._check_blocks()
         keep = np.flatnonzero(self.alive[: self.size])
         kept = len(keep)
-        for a in range(0, kept, _MOVE_BLOCK):
-            picks = keep[a : a + _MOVE_BLOCK]
-            if picks[0] != a or picks[-1] != a + len(picks) - 1:  # else already in place
-                self.matrix[a : a + len(picks)] = self.matrix[picks]
+        moved = np.flatnonzero(keep != np.arange(kept))
+        for rows in self._vector_rows(int(moved[0]) if len(moved) else kept):
+            for a in range(0, kept, _MOVE_BLOCK):
+                picks = keep[a : a + _MOVE_BLOCK]
+                if picks[0] != a or picks[-1] != a + len(picks) - 1:  # else already in place
+                    rows[a : a + len(picks)] = rows[picks]
+        if self._int8 is not None:
+            self._int8.rows = min(self._int8.rows, kept)
         self._take_rows(keep)
         if self._signs is not None:
             self._signs.take(keep)
@@ -141,8 +155,10 @@ class MirrorLayout(MirrorMatrix):
             key += labels.astype(np.int64) * groups
             key[labels < 0] = groups * lists  # rows without a list yet stay in the tail
         order = np.argsort(key, kind="stable")
-        if not (order == np.arange(size)).all():
-            permute_rows(self.matrix, order)
+        moved = np.flatnonzero(order != np.arange(size))
+        if len(moved):
+            for rows in self._vector_rows(int(moved[0])):
+                permute_rows(rows, order)
             self._take_rows(order)
             if self._signs is not None:
                 self._signs.take(order)

@@ -2,9 +2,12 @@
 
 From ``approximate_from`` rows, a mirror of unit rows with enough dimensions *sieves*: a search
 whose filter allows a good share of the rows (``_SIGN_SHARE``) reads their sign codes
-(:mod:`._sign_codes`) and scores only the nearest few thousand exactly; a more selective filter
-scans its rows exactly. Other mirrors (fewer dimensions, rows not of unit length) scan inverted
-lists instead (:mod:`._ivf`).
+(:mod:`._sign_codes`) and scores only the nearest few thousand; a more selective filter scores
+all its rows. A sieved mirror scores on its int8 rows (:mod:`._int8_rows`) and reads only the
+best few again in float32, from the index file when it has them there (:mod:`._file_rows`): its
+searches never walk the float32 matrix at large. Other mirrors (fewer dimensions, rows not of unit
+length) scan inverted lists instead (:mod:`._ivf`), in float32; ``exact=True`` scores every
+allowed row in float32.
 
 A filter is equality on metadata columns (``where``, compared as integer codes) and half-open
 ranges on integer columns (``ranges``, e.g. a time). The sorted rows are ordered by the group
@@ -16,7 +19,6 @@ run, in place, and only a scattered one gathers its rows. No id list crosses fro
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -25,10 +27,10 @@ import numpy as np
 import numpy.typing as npt
 
 from ._ivf import Partition
-from ._mirror_threads import TwoOrOne, one_blas_thread
+from ._mirror_scoring import Found, MirrorScoring
 from ._row_slices import group_mask, merged, runs, slice_rows
-from ._sign_codes import MIN_DIM, SignCodes, candidates
-from ._vector_kernels import dot, dot_rows, in_two, unit_rows
+from ._sign_codes import candidates
+from ._vector_kernels import dot, dot_rows, unit_rows
 
 __all__ = ["MirrorSearch", "Ranges", "Ranked", "VectorHit"]
 
@@ -41,8 +43,6 @@ _EXACT_SHARE = 0.5  # a search that would scan more than this share of its rows 
 _CANDIDATE_LOOKUP_MAX = 2048  # up to this many candidate ids, look positions up one by one
 _RUNS_MAX = 512  # a mask of at most this many runs of allowed rows is scanned run by run
 _GAP_ROWS = 24  # rows between two slices to scan that cost less scanned than one more numpy call
-_SPLIT = TwoOrOne()  # per process: every mirror meets the same machine
-_SPLIT_SLICE_ROWS = 128  # rows per slice, on average, from which a scan may be split in two
 _SIGN_SHARE = 0.15  # a filter allowing at least this share of the rows reads the sign codes;
 # fewer allowed rows are scanned exactly (a category's: one block), as fast or faster at 100k
 
@@ -66,20 +66,17 @@ class Ranked:
         return [VectorHit(r, s) for r, s in zip(self.rowids.tolist(), self.scores.tolist(), strict=True)]
 
 
-_Found = tuple[IntArray, FloatArray]  # positions and scores, best first
+_Found = Found
 
 
 def _empty() -> _Found:
     return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
 
 
-class MirrorSearch:
+class MirrorSearch(MirrorScoring):
     """The search half of :class:`._vector_mirror.Mirror` (its base class)."""
 
-    dim: int
-    unit: bool
     group: str | None
-    matrix: FloatArray
     rowids: IntArray
     alive: BoolArray
     codes: dict[str, npt.NDArray[np.int32]]
@@ -88,12 +85,8 @@ class MirrorSearch:
     blocks: IntArray
     groups: int
     sorted_end: int
-    size: int
     dead: int
     partition: Partition | None
-    _scores: FloatArray
-    sieving: bool
-    _signs: SignCodes | None = None  # made by the first search that uses them
 
     def _check_blocks(self) -> None:
         raise NotImplementedError
@@ -224,33 +217,12 @@ class MirrorSearch:
         if allowed * 2 < size:  # selective: score only the allowed rows
             starts, ends = runs(valid)
             if len(starts) <= _RUNS_MAX:  # in place, run by run (a time range, a group's tail)
-                scores, positions = self._scan(query, starts.tolist(), ends.tolist())
-                return self._top(scores, k, positions)
-            positions = np.flatnonzero(valid)
-            return self._top(dot_rows(self.matrix, positions, query), k, positions)
+                coarse = self._coarse(exact)
+                scores, positions = self._scan(query, starts.tolist(), ends.tolist(), coarse)
+                return self._best(query, k, scores, positions, coarse is not None)
+            return self._score_rows(query, k, np.flatnonzero(valid), exact)
         positions = np.flatnonzero(valid)
         return self._top(dot(self.matrix[:size], query)[positions], k, positions)
-
-    @property
-    def can_sieve(self) -> bool:
-        """Whether this mirror, once large, sieves by sign codes (unit rows, enough dimensions)
-        rather than scanning inverted lists."""
-        return self.unit and self.dim >= MIN_DIM
-
-    @property
-    def sieved(self) -> bool:
-        """True when searches that allow most rows go through sign codes (set by
-        :meth:`~._mirror_layout.MirrorLayout.maintain` from ``approximate_from`` rows)."""
-        return self.sieving and self.can_sieve
-
-    def sign_codes(self) -> SignCodes | None:
-        """The sign codes, up to date with the rows, when :attr:`sieved` (made at first use)."""
-        if not self.sieved:
-            return None
-        if self._signs is None:
-            self._signs = SignCodes(self.dim)
-        self._signs.update(self.matrix, self.size)
-        return self._signs
 
     def _search_signs(
         self, query: FloatArray, k: int, starts: list[int], ends: list[int], valid: BoolArray | None
@@ -260,8 +232,7 @@ class MirrorSearch:
         signs = self.sign_codes()
         assert signs is not None
         count = candidates(sum(ends) - sum(starts), k)
-        positions = signs.nearest(query, starts, ends, valid, count)
-        return self._top(dot_rows(self.matrix, positions, query), k, positions)
+        return self._score_rows(query, k, signs.nearest(query, starts, ends, valid, count), False)
 
     def _search_group(
         self,
@@ -313,19 +284,21 @@ class MirrorSearch:
                 if found is not None:
                     return found
         # every block of the group (one slice without a partition), plus the tail's allowed rows
-        if len(lo) == 1:
+        coarse = self._coarse(exact)
+        if len(lo) == 1 and coarse is None:
             a, b = int(lo[0]), int(hi[0])
             scores, positions = dot(self.matrix[a:b], query), np.arange(a, b, dtype=np.int64)
         else:
-            scores, positions = self._scan(query, lo.tolist(), hi.tolist())
+            scores, positions = self._scan(query, lo.tolist(), hi.tolist(), coarse)
         if inner is not None:
             chosen = np.flatnonzero(inner)
             scores, positions = scores[chosen], positions[chosen]
         extra = np.flatnonzero(tail) + end
         if len(extra):
-            scores = np.concatenate([scores, dot_rows(self.matrix, extra, query)])
+            more = dot_rows(self.matrix, extra, query) if coarse is None else coarse.scores_at(extra, query)
+            scores = np.concatenate([scores, more])
             positions = np.concatenate([positions, extra])
-        return self._top(scores, k, positions)
+        return self._best(query, k, scores, positions, coarse is not None)
 
     def _group_blocks(self, group: int) -> tuple[IntArray, IntArray]:
         """Starts and ends of ``group``'s block in each list (one list without a partition);
@@ -371,52 +344,13 @@ class MirrorSearch:
             positions = np.flatnonzero(valid)
         if len(positions) == 0:
             return _empty()
-        if len(positions) * 2 < size:
-            scores = dot_rows(self.matrix, positions, query)
-        else:
-            scores = dot(self.matrix[:size], query)[positions]
-        return self._top(scores, min(k, len(positions)), positions)
+        k = min(k, len(positions))
+        if len(positions) * 2 < size or self.sieved:
+            return self._score_rows(query, k, positions, False)
+        return self._top(dot(self.matrix[:size], query)[positions], k, positions)
 
     def _lookup(self, rowids: IntArray) -> IntArray:
         raise NotImplementedError
-
-    @staticmethod
-    def _top(scores: FloatArray, k: int, positions: IntArray | None) -> _Found:
-        k = min(k, len(scores))
-        top = np.argpartition(-scores, k - 1)[:k] if k < len(scores) else np.arange(len(scores))
-        top = top[np.lexsort((top, -scores[top]))]  # equal scores: storage order
-        chosen = top if positions is None else positions[top]
-        return chosen.astype(np.int64, copy=False), scores[top]
-
-    def _scan(self, query: FloatArray, starts: list[int], ends: list[int]) -> tuple[FloatArray, IntArray]:
-        """Similarities of the rows of the slices ``starts[i]:ends[i]``, into one reused buffer
-        (a view, valid until the next scan), and their positions; on two cores when large."""
-        if not starts:
-            return np.zeros(0, dtype=np.float32), np.zeros(0, dtype=np.int64)
-        lengths = np.subtract(ends, starts, dtype=np.int64)
-        at = int(lengths.sum())
-        if len(self._scores) < at:
-            self._scores = np.empty(max(at, 2 * len(self._scores)), dtype=np.float32)
-        scores, matrix = self._scores, self.matrix
-        offsets = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
-        listed = offsets.tolist()
-
-        def scan(first: int, last: int) -> None:
-            for a, b, o in zip(starts[first:last], ends[first:last], listed[first:last], strict=True):
-                np.matmul(matrix[a:b], query, out=scores[o : o + b - a])
-
-        # many short slices stay on one thread: numpy keeps the GIL for a short product, so two
-        # threads would take turns at it rather than scan side by side
-        split = at >= _SPLIT_SLICE_ROWS * len(starts) and _SPLIT.split(at)
-        started = time.perf_counter()
-        with one_blas_thread():  # each slice's product on its own core, not handed to BLAS threads
-            if split:
-                in_two(scan, len(starts), listed, at)
-            else:
-                scan(0, len(starts))
-        _SPLIT.timed(split, at, started)
-        positions = np.repeat(np.asarray(starts, dtype=np.int64) - offsets, lengths) + np.arange(at)
-        return scores[:at], positions
 
     def _spans(
         self, part: Partition, query: FloatArray, rows: float, group: int | None

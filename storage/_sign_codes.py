@@ -3,7 +3,8 @@
 One bit per coordinate, its sign, packed in 64-bit words (48 bytes a row at 384 dimensions,
 3% of the float32 row). The Hamming distance between two codes tracks the angle between their
 rows, so the rows nearest the query in Hamming distance hold its nearest neighbours by cosine;
-a few thousand of them (:func:`candidates`) are then scored exactly by the caller. Measured at
+a few thousand of them (:func:`candidates`) are then scored by the caller (on int8 rows, the
+best few again in float32: :mod:`._int8_rows`). Measured at
 100k x 384 on the corpora of ``benchmarks/bench_vectors.py`` and ``bench_peers.py``: recall@10
 1.0 on both, where scanning inverted lists gave 0.997 and 0.89 (entries that mix three topics
 spread their neighbours over many lists), in 0.45-0.8x the time. Its weak spot: rows told apart

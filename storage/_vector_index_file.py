@@ -129,8 +129,9 @@ class MirrorFiles(MirrorRows):
             "last": [int(last[0][0]), int(last[0][1])] if last else None,
             "mirror": fields,
         }
-        spare = max(1024, int(mirror.size * _FILE_SPARE))
-        if write_index(path, meta, arrays, spare={"matrix": spare}, unchecked=MIRROR_UNCHECKED):
+        room = max(1024, int(mirror.size * _FILE_SPARE))
+        spare: dict[str, int] = {name: room for name in ("int8", "matrix") if name in arrays}
+        if write_index(path, meta, arrays, spare=spare, unchecked=MIRROR_UNCHECKED):
             self.files_saved += 1
             self._files_seq = self._log_seq
 
@@ -162,6 +163,8 @@ class MirrorFiles(MirrorRows):
             mirror, seq, newest, changed = verdict
             if mirror.partition is not None:
                 mirror.partitions_restored += 1  # taken as saved, not built here
+            if mirror.codes_missing:  # a file without them (an earlier version): write it again
+                self._files_due = True
             self._mirror = mirror
             if changed:
                 try:
@@ -222,7 +225,7 @@ class MirrorFiles(MirrorRows):
                 False,
             )
         try:
-            mirror = mirror_from_arrays(fields, found.arrays)
+            mirror = mirror_from_arrays(fields, found.arrays, found.rows("matrix"))
         except DamagedFile as exc:
             return self._reject(f"index file {path} is damaged ({exc}); rebuilding it", True)
         changed = sorted({int(item) for item, _ in entries})

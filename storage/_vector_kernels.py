@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -129,7 +130,7 @@ def unit_rows(array: FloatArray) -> FloatArray:
     return unit
 
 
-def permute_rows(matrix: FloatArray, order: npt.NDArray[np.intp]) -> None:
+def permute_rows(matrix: npt.NDArray[Any], order: npt.NDArray[np.intp]) -> None:
     """``matrix[:len(order)] = matrix[order]`` in place, for a permutation ``order``.
 
     Block by block, the rows wanted in the block are gathered and the rows they displace move to

@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ._file_rows import FileRows
+from ._int8_rows import Int8Rows
 from ._ivf import Partition
 from ._mirror_layout import MirrorLayout
 from ._mirror_rows import RowIndex
@@ -49,13 +51,38 @@ def _check_index(mirror: Mirror, keys: npt.NDArray[np.int64], values: npt.NDArra
         mirror.index.rebuild(mirror.rowids[:size], mirror.alive[:size])
 
 
+def _probes(size: int) -> npt.NDArray[np.int64]:
+    """A few rows spread over the mirror, first and last included, to check saved codes on."""
+    return np.linspace(0, size - 1, num=min(16, size), dtype=np.int64)
+
+
 def _signs_fit(mirror: Mirror, signs: npt.NDArray[np.uint64]) -> bool:
     """Saved sign codes that agree with the matrix on a few rows spread over it (else the
     mirror codes its rows again at first use)."""
-    size = mirror.size
-    probes = np.linspace(0, size - 1, num=min(16, size), dtype=np.int64)
+    probes = _probes(mirror.size)
     words = signs.shape[0]
     return bool(np.array_equal(signs[:, probes].T, sign_codes(mirror.matrix[probes], words)))
+
+
+def _saved_int8(mirror: Mirror, arrays: Mapping[str, npt.NDArray[Any]]) -> Int8Rows | None:
+    """The saved int8 rows when they are whole and agree with the matrix on a few rows (else
+    the mirror codes its rows again at first use)."""
+    codes, scale = arrays.get("int8"), arrays.get("int8_scale")
+    size, dim = mirror.size, mirror.dim
+    if (
+        codes is None
+        or scale is None
+        or codes.dtype != np.int8
+        or codes.ndim != 2
+        or codes.shape[1] != dim
+        or len(codes) < size
+        or scale.dtype != np.float32
+        or scale.shape != (dim,)
+        or not bool(np.all(scale > 0))
+    ):
+        return None
+    rows = Int8Rows(dim, codes if _privately_mapped(codes) else codes.copy(), np.array(scale), size)
+    return rows if size == 0 or rows.fits(mirror.matrix, _probes(size)) else None
 
 
 class Mirror(MirrorLayout):
@@ -83,7 +110,8 @@ class Mirror(MirrorLayout):
         ``matrix``, ``rowids``, ``alive``, ``lists`` and ``code:<column>``; ``blocks`` (the
         sorted blocks' starts); ``index_keys``/``index_values`` (rowid -> position, sorted by
         rowid); under a partition ``centroids``; when :attr:`sieved` ``signs`` (the sign codes,
-        word-major; optional: a mirror read without them codes its rows at first use). With
+        word-major) and ``int8``/``int8_scale`` (the int8 rows and their scale; all three
+        optional: a mirror read without them codes its rows at first use). With
         :meth:`state`, all that :meth:`from_arrays` needs. Names and dtypes are stable
         (``STATE_VERSION``)."""
         n = self.size
@@ -108,6 +136,9 @@ class Mirror(MirrorLayout):
         signs = self.sign_codes()
         if signs is not None:
             out["signs"] = signs.saved()
+        int8 = self._coarse(False)
+        if int8 is not None and int8.scale is not None:
+            out["int8"], out["int8_scale"] = int8.saved(), int8.scale
         return out
 
     def state(self) -> dict[str, Any]:
@@ -130,8 +161,11 @@ class Mirror(MirrorLayout):
         }
 
     @classmethod
-    def from_arrays(cls, arrays: Mapping[str, npt.NDArray[Any]], state: Mapping[str, Any]) -> Mirror:
-        """The mirror saved by :meth:`arrays` and :meth:`state`.
+    def from_arrays(
+        cls, arrays: Mapping[str, npt.NDArray[Any]], state: Mapping[str, Any], file: FileRows | None = None
+    ) -> Mirror:
+        """The mirror saved by :meth:`arrays` and :meth:`state`; ``file`` reads the rows of
+        ``matrix`` from the file it is mapped from (:attr:`file`).
 
         ``matrix`` is used as it is (a memory-mapped one stays mapped; it may hold spare rows
         beyond ``size``, room to grow; it must be writeable, e.g. ``np.load(mmap_mode="c")``, or
@@ -236,7 +270,16 @@ class Mirror(MirrorLayout):
             and _signs_fit(mirror, signs)
         ):
             mirror._signs = SignCodes(dim, signs if _privately_mapped(signs) else signs.copy())
+        if mirror.sieved:
+            mirror._int8 = _saved_int8(mirror, arrays)
+        if file is not None and _privately_mapped(mirror.matrix) and file.rows >= size and file.width == dim:
+            mirror.file, mirror.file_rows = file, size
         return mirror
+
+    @property
+    def codes_missing(self) -> bool:
+        """True when a sieved mirror has no sign codes or int8 rows yet (made at first use)."""
+        return self.sieved and (self._signs is None or self._int8 is None)
 
     # -- search (:class:`._mirror_search.MirrorSearch`) ---------------------------------------
 

@@ -16,11 +16,12 @@ log entry it reflects; when another connection commits (``PRAGMA data_version`` 
 only the newer entries and re-reads those rows, so a refresh costs what changed, not the table.
 It reloads everything only when the log cannot explain the gap (pruned past it, a ``reset``).
 
-At scale (``approximate_from`` live vectors, 100k by default) unfiltered and ``where``-filtered
-searches scan only the inverted lists nearest the query (:mod:`._ivf`) and rank what they scan by
-exact similarity: measured recall@10 >= 0.99, see ``benchmarks/bench_vectors.py``. Searches with
-``candidates``, ``exact=True`` and smaller mirrors stay exact. The lists are stored once built
-(``{name}_vec_lists``) so that the next process adopts them instead of building them again.
+At scale (``approximate_from`` live vectors, 100k by default) searches are approximate: a mirror
+of unit vectors with enough dimensions sieves its rows by sign codes and scores its int8 rows,
+then the best few in float32 (:mod:`._mirror_search`); other mirrors scan the inverted lists
+nearest the query (:mod:`._ivf`), stored once built (``{name}_vec_lists``) so that the next process
+adopts them. Measured recall@10 >= 0.99, see ``benchmarks/bench_vectors.py``. ``exact=True`` and
+smaller mirrors stay exact.
 """
 
 from __future__ import annotations

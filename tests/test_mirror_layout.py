@@ -107,9 +107,9 @@ def test_an_unfiltered_probe_reads_whole_lists_and_a_group_probe_its_blocks(
     scans: list[tuple[list[int], list[int]]] = []
     scan = search_module.MirrorSearch._scan
 
-    def spy(self: Any, query: FloatArray, starts: list[int], ends: list[int]) -> Any:
+    def spy(self: Any, query: FloatArray, starts: list[int], ends: list[int], *coarse: Any) -> Any:
         scans.append((list(starts), list(ends)))
-        return scan(self, query, starts, ends)
+        return scan(self, query, starts, ends, *coarse)
 
     monkeypatch.setattr(search_module.MirrorSearch, "_scan", spy)
     monkeypatch.setattr(Mirror, "_probe_rows", lambda self, part, k: float(self.size // 10))

@@ -15,7 +15,7 @@ import numpy.typing as npt
 import pytest
 
 from memstrata.storage import VectorIndex, _index_files, open_database
-from memstrata.storage import _mirror_search as search_module
+from memstrata.storage import _mirror_scoring as scoring_module
 from memstrata.storage import _sign_codes as sign_module
 from memstrata.storage._sign_codes import SignCodes, sign_codes
 from memstrata.storage._vector_mirror import Mirror
@@ -102,7 +102,7 @@ def test_sign_codes_reach_the_recall_target_where_lists_fall_short(monkeypatch: 
     calls = _spy_on_signs(monkeypatch)
     signs = _recall(mirror, queries, truth)
     assert len(calls) == len(queries)
-    monkeypatch.setattr(search_module, "MIN_DIM", 10**6)  # the same rows under inverted lists
+    monkeypatch.setattr(scoring_module, "MIN_DIM", 10**6)  # the same rows under inverted lists
     listed = _mirror(vectors, np.random.default_rng(7), 10_000)
     lists = _recall(listed, queries, truth)
     assert len(calls) == len(queries)
