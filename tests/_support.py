@@ -35,6 +35,7 @@ from memstrata.storage import (
     hybrid_search,
     open_database,
 )
+from memstrata.storage._vector_mirror import Mirror
 from tests.fakes import FakeEmbedder
 
 FloatArray = npt.NDArray[np.float32]
@@ -209,6 +210,40 @@ def hybrid_docs(
         params=SearchParams(**params),
         flt=flt or Filter(),
     )
+
+
+def unit(rows: FloatArray) -> FloatArray:
+    """``rows`` scaled to unit length."""
+    out: FloatArray = (rows / np.linalg.norm(rows, axis=-1, keepdims=True)).astype(np.float32)
+    return out
+
+
+def exact_top(mirror: Mirror, q: FloatArray, k: int, where: dict[str, Any]) -> list[int]:
+    """The rowids of the ``k`` live rows of ``mirror`` that ``where`` allows most similar to
+    ``q``, by a plain scan of its matrix (equal scores: storage order)."""
+    size = mirror.size
+    ok = mirror.alive[:size].copy()
+    for column, value in where.items():
+        ok &= mirror.codes[column][:size] == mirror.vocab[column][value]
+    scores = mirror.matrix[:size] @ q
+    scores[~ok] = -np.inf
+    return [int(r) for r in mirror.rowids[np.lexsort((np.arange(size), -scores))[:k]]]
+
+
+def record_calls(
+    monkeypatch: pytest.MonkeyPatch, owner: Any, name: str, note: Callable[..., Any]
+) -> list[Any]:
+    """Patch ``owner.name`` (a function of a module, or a method of a class) to call through and
+    record ``note`` of each call's arguments; returns the list it records into."""
+    calls: list[Any] = []
+    real = getattr(owner, name)
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        calls.append(note(*args, **kwargs))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, spy)
+    return calls
 
 
 def seeded_vector(n: int, dim: int = 8) -> FloatArray:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,25 +24,22 @@ from memstrata.storage import _mirror_search as search_module
 from memstrata.storage._file_rows import FileRows, OpenFile
 from memstrata.storage._index_files import read_index, write_index
 from memstrata.storage._int8_rows import Int8Rows, int8_codes, refine_count
+from memstrata.storage._sign_codes import SignCodes
 from memstrata.storage._vector_mirror import Mirror
+from tests._support import exact_top, record_calls, unit
 
 FloatArray = npt.NDArray[np.float32]
 DIM = 384
 
 
-def _unit(a: FloatArray) -> FloatArray:
-    out: FloatArray = (a / np.linalg.norm(a, axis=-1, keepdims=True)).astype(np.float32)
-    return out
-
-
 def _clustered(rng: np.random.Generator, n: int, queries: int) -> tuple[FloatArray, FloatArray]:
-    centres = _unit(rng.standard_normal((50, DIM)).astype(np.float32))
-    rows = _unit(
-        centres[rng.integers(0, 50, n)] + 0.8 * _unit(rng.standard_normal((n, DIM)).astype(np.float32))
+    centres = unit(rng.standard_normal((50, DIM)).astype(np.float32))
+    rows = unit(
+        centres[rng.integers(0, 50, n)] + 0.8 * unit(rng.standard_normal((n, DIM)).astype(np.float32))
     )
-    q = _unit(
+    q = unit(
         centres[rng.integers(0, 50, queries)]
-        + 0.8 * _unit(rng.standard_normal((queries, DIM)).astype(np.float32))
+        + 0.8 * unit(rng.standard_normal((queries, DIM)).astype(np.float32))
     )
     return rows, q
 
@@ -60,16 +58,6 @@ def _sieved(vectors: FloatArray, rng: np.random.Generator, cats: str = "abcd") -
     mirror.maintain(n // 2)
     assert mirror.sieved
     return mirror
-
-
-def _exact(mirror: Mirror, q: FloatArray, k: int, where: dict[str, Any]) -> list[int]:
-    size = mirror.size
-    ok = mirror.alive[:size].copy()
-    for column, value in where.items():
-        ok &= mirror.codes[column][:size] == mirror.vocab[column][value]
-    scores = mirror.matrix[:size] @ q
-    scores[~ok] = -np.inf
-    return [int(r) for r in mirror.rowids[np.lexsort((np.arange(size), -scores))[:k]]]
 
 
 def _check_codes(mirror: Mirror) -> None:
@@ -111,14 +99,9 @@ def test_sieved_searches_read_float32_for_only_their_best_few_rows(monkeypatch: 
     rng = np.random.default_rng(5)
     vectors, queries = _clustered(rng, 8000, 6)
     mirror = _sieved(vectors, rng, cats="abcdefghijkl")  # a value: ~8% of the rows (scanned, not sieved)
-    scored: list[int] = []
-    dot_rows = scoring_module.dot_rows
-
-    def counting(matrix: FloatArray, positions: npt.NDArray[np.int64], query: FloatArray) -> FloatArray:
-        scored.append(len(positions))
-        return dot_rows(matrix, positions, query)
-
-    monkeypatch.setattr(scoring_module, "dot_rows", counting)
+    scored = record_calls(
+        monkeypatch, scoring_module, "dot_rows", lambda matrix, positions, q: len(positions)
+    )
     k = 10
     hits = found = 0
     searches: list[dict[str, Any]] = [{}, {"cat": "a"}, {"agent": "x"}, {"cat": "b", "agent": "y"}]
@@ -127,7 +110,7 @@ def test_sieved_searches_read_float32_for_only_their_best_few_rows(monkeypatch: 
             got = mirror.search(q, k, where, None)
             assert scored and max(scored) <= refine_count(k), (where, scored)
             scored.clear()
-            truth = _exact(mirror, q, k, where)
+            truth = exact_top(mirror, q, k, where)
             hits += len({h.rowid for h in got} & set(truth))
             found += len(truth)
             for h in got:  # similarities are float32 ones, not int8 approximations
@@ -139,17 +122,9 @@ def test_sieved_searches_read_float32_for_only_their_best_few_rows(monkeypatch: 
         assert scored and max(scored) <= refine_count(k)
         scored.clear()
     assert hits / found >= 0.99
-    monkeypatch.setattr(scoring_module, "dot_rows", dot_rows)
-    calls: list[int] = []
-    dot = search_module.dot
-
-    def full(matrix: FloatArray, query: FloatArray) -> FloatArray:
-        calls.append(len(matrix))
-        return dot(matrix, query)
-
-    monkeypatch.setattr(search_module, "dot", full)
+    calls = record_calls(monkeypatch, search_module, "dot", lambda matrix, q: len(matrix))
     mirror.search(queries[0], k, {}, None, exact=True)  # exact: every row in float32
-    assert calls == [mirror.size]
+    assert calls == [mirror.size] and not scored
 
 
 def test_codes_follow_the_rows_through_compaction_and_regrouping() -> None:
@@ -165,7 +140,7 @@ def test_codes_follow_the_rows_through_compaction_and_regrouping() -> None:
     assert mirror.regroups >= 2 and mirror.dead == 0
     _check_codes(mirror)
     for q in queries:
-        assert [h.rowid for h in mirror.search(q, 10, {"cat": "c"}, None)] == _exact(
+        assert [h.rowid for h in mirror.search(q, 10, {"cat": "c"}, None)] == exact_top(
             mirror, q, 10, {"cat": "c"}
         )
 
@@ -197,9 +172,17 @@ def _index(path: Path) -> tuple[Any, VectorIndex]:
     return db, VectorIndex(db, "items", DIM, metadata={"cat": "text"}, approximate_from=2000)
 
 
-def test_the_next_process_reads_float32_rows_from_the_file(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@dataclass
+class Saved:
+    path: Path
+    vectors: FloatArray
+    queries: FloatArray
+    first: list[Any]  # the hits of ``queries`` before the store was closed
+
+
+@pytest.fixture
+def saved(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Saved:
+    """A sieved store of 3,000 vectors whose index file was written at close."""
     monkeypatch.setattr(_index_files, "MIN_ROWS", 1000)
     rng = np.random.default_rng(13)
     vectors, queries = _clustered(rng, 3000, 4)
@@ -210,28 +193,25 @@ def test_the_next_process_reads_float32_rows_from_the_file(
             list(range(1, 3001)), vectors, [{"cat": str(c)} for c in rng.choice(list("ab"), 3000)]
         )
     first = [index.search(q, 10) for q in queries]
-    db.close()  # writes the index file, int8 rows included
+    assert index.status()["approximate"]["sign_codes"]
+    db.close()  # writes the index file, sign codes and int8 rows included
+    return Saved(path, vectors, queries, first)
 
-    later_db, later = _index(path)
-    reads: list[int] = []
-    coded: list[int] = []
-    read, update = FileRows.read, Int8Rows.update
 
-    def reading(self: FileRows, positions: npt.NDArray[np.int64]) -> Any:
-        reads.append(len(positions))
-        return read(self, positions)
-
-    def coding(self: Int8Rows, matrix: FloatArray, size: int) -> None:
-        coded.append(size - self.rows)
-        update(self, matrix, size)
-
-    monkeypatch.setattr(FileRows, "read", reading)
-    monkeypatch.setattr(Int8Rows, "update", coding)
-    assert [later.search(q, 10) for q in queries] == first
+def test_the_next_process_reads_float32_rows_from_the_file(
+    saved: Saved, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    vectors, queries = saved.vectors, saved.queries
+    later_db, later = _index(saved.path)
+    reads = record_calls(monkeypatch, FileRows, "read", lambda rows, positions: len(positions))
+    coded = record_calls(monkeypatch, Int8Rows, "update", lambda rows, matrix, size: size - rows.rows)
+    signed = record_calls(monkeypatch, SignCodes, "update", lambda codes, matrix, size: size - codes.rows)
+    assert [later.search(q, 10) for q in queries] == saved.first
+    assert later.status()["index_file"]["loaded"] == 1
     mirror = later._mirror
     assert mirror is not None and mirror.file is not None and mirror.file_rows == mirror.size == 3000
     assert reads and all(0 < n <= refine_count(10) for n in reads)  # the best few, from the file
-    assert coded and not any(coded)  # no row coded again: all mapped from the file
+    assert coded and not any(coded) and signed and not any(signed)  # no row coded again: all mapped
     with later_db.transaction():  # a replaced row joins the tail: read from memory, not the file
         later.upsert_many([5], -vectors[4:5], [{"cat": "a"}])
     top = later.search(-vectors[4], 1)
@@ -239,22 +219,12 @@ def test_the_next_process_reads_float32_rows_from_the_file(
     mirror.compact()  # row 5's old place was near the front: the rows after it moved
     assert mirror.file_rows == 4
     for q in queries:
-        assert [h.rowid for h in later.search(q, 10)] == _exact(mirror, q, 10, {})
+        assert [h.rowid for h in later.search(q, 10)] == exact_top(mirror, q, 10, {})
     later_db.close()
 
 
-def test_a_file_without_int8_rows_is_written_again_with_them(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(_index_files, "MIN_ROWS", 1000)
-    rng = np.random.default_rng(17)
-    vectors, queries = _clustered(rng, 3000, 2)
-    path = tmp_path / "store.sqlite"
-    db, index = _index(path)
-    with db.transaction():
-        index.upsert_many(list(range(1, 3001)), vectors, [{"cat": "a"}] * 3000)
-    first = index.search(queries[0], 10)
-    db.close()
+def test_a_file_without_int8_rows_is_written_again_with_them(saved: Saved) -> None:
+    path, queries = saved.path, saved.queries
     file = path.parent / f"{path.name}.index" / "vectors-items"
     found = read_index(file)
     assert found is not None and "int8" in found.arrays
@@ -264,7 +234,7 @@ def test_a_file_without_int8_rows_is_written_again_with_them(
     assert write_index(file, dict(read_index(file).meta), older, unchecked=("index_keys", "index_values"))  # type: ignore[union-attr]
 
     later_db, later = _index(path)
-    assert later.search(queries[0], 10) == first
+    assert later.search(queries[0], 10) == saved.first[0]
     assert later.search(queries[1], 10)  # the file was due: written again, now with its codes
     again = read_index(file)
     assert again is not None and "int8" in again.arrays and later.status()["index_file"]["saved"] >= 1

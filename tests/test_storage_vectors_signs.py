@@ -1,48 +1,43 @@
 """Sign codes: the sieve of a large mirror's searches that allow a good share of the rows.
 On a corpus whose entries mix several topics (where inverted lists lose recall), the sieve keeps
 recall@10 >= 0.98; its codes follow the rows through appends, deletes, compaction and regrouping
-and are saved with the mirror; a filter's rejected rows and dead rows never come back; a sieving
+and are saved with the mirror (mapped back by the next connection:
+``test_storage_vectors_int8.py``); a filter's rejected rows and dead rows never come back; a sieving
 mirror builds no inverted lists, selective filters scan their rows exactly, and low-dimensional
 mirrors keep the inverted lists."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pytest
 
-from memstrata.storage import VectorIndex, _index_files, open_database
 from memstrata.storage import _mirror_scoring as scoring_module
 from memstrata.storage import _sign_codes as sign_module
 from memstrata.storage._sign_codes import SignCodes, sign_codes
 from memstrata.storage._vector_mirror import Mirror
+from tests._support import exact_top, unit
 
 FloatArray = npt.NDArray[np.float32]
 DIM = 384
 CATS = ("a", "b", "c", "d")
 
 
-def _unit(a: FloatArray) -> FloatArray:
-    out: FloatArray = (a / np.linalg.norm(a, axis=-1, keepdims=True)).astype(np.float32)
-    return out
-
-
 def _mixed(rng: np.random.Generator, n: int, queries: int, dim: int = DIM) -> tuple[FloatArray, FloatArray]:
     """Entries = sum of 3 of 2000 "sentence" vectors (each near one of 64 topics), queries = one
     sentence plus noise: the neighbours of a query are spread over many lists."""
-    topics = _unit(rng.standard_normal((64, dim)).astype(np.float32))
-    sentences = _unit(
-        topics[rng.integers(0, 64, 2000)] + 0.75 * _unit(rng.standard_normal((2000, dim)).astype(np.float32))
+    topics = unit(rng.standard_normal((64, dim)).astype(np.float32))
+    sentences = unit(
+        topics[rng.integers(0, 64, 2000)] + 0.75 * unit(rng.standard_normal((2000, dim)).astype(np.float32))
     )
     picks = rng.integers(0, 2000, (n, 3))
     noise = 0.3 / np.sqrt(dim)
     rows = sentences[picks].sum(axis=1) + noise * rng.standard_normal((n, dim)).astype(np.float32)
     chosen = picks[rng.integers(0, n, queries), rng.integers(0, 3, queries)]
     q = sentences[chosen] + noise * rng.standard_normal((queries, dim)).astype(np.float32)
-    return _unit(rows), _unit(q)
+    return unit(rows), unit(q)
 
 
 def _mirror(
@@ -61,17 +56,6 @@ def _mirror(
     else:
         assert mirror.partition is not None
     return mirror
-
-
-def _exact(mirror: Mirror, q: FloatArray, k: int, where: dict[str, Any]) -> list[int]:
-    size = mirror.size
-    ok = mirror.alive[:size].copy()
-    for column, value in where.items():
-        ok &= mirror.codes[column][:size] == mirror.vocab[column][value]
-    scores = mirror.matrix[:size] @ q
-    scores[~ok] = -np.inf
-    top = np.lexsort((np.arange(size), -scores))[:k]
-    return [int(r) for r in mirror.rowids[top]]
 
 
 def _recall(mirror: Mirror, queries: FloatArray, truth: list[list[int]], k: int = 10) -> float:
@@ -98,7 +82,7 @@ def test_sign_codes_reach_the_recall_target_where_lists_fall_short(monkeypatch: 
     rng = np.random.default_rng(7)
     vectors, queries = _mixed(rng, 20_000, 60)
     mirror = _mirror(vectors, rng, 10_000)
-    truth = [_exact(mirror, q, 10, {}) for q in queries]
+    truth = [exact_top(mirror, q, 10, {}) for q in queries]
     calls = _spy_on_signs(monkeypatch)
     signs = _recall(mirror, queries, truth)
     assert len(calls) == len(queries)
@@ -128,27 +112,27 @@ def test_codes_follow_the_rows_and_every_candidate_gives_the_exact_answer(
     monkeypatch.setattr(sign_module, "_CANDIDATES", 10**9)  # every allowed row rescored
     calls = _spy_on_signs(monkeypatch)
 
-    def same_as_exact() -> None:
+    def same_asexact_top() -> None:
         for q in queries:
             for where in ({}, {"agent": "x"}, {"cat": "a"}, {"cat": "b", "agent": "y"}):
                 got = [h.rowid for h in mirror.search(q, 10, where, None)]
-                assert got == _exact(mirror, q, 10, where), where
+                assert got == exact_top(mirror, q, 10, where), where
 
-    same_as_exact()
+    same_asexact_top()
     _check_codes(mirror)
     more, _ = _mixed(rng, 500, 1)
     mirror.put_many(list(range(6001, 6501)), more, {"cat": ["a"] * 500, "agent": ["y"] * 500})
     mirror.remove_many(range(1, 6501, 3))  # dead rows, then a compaction and a regrouping
-    same_as_exact()
+    same_asexact_top()
     _check_codes(mirror)
     mirror.maintain(4000)
     assert mirror.dead == 0  # compacted
     _check_codes(mirror)
-    same_as_exact()
+    same_asexact_top()
     mirror._regroup()  # the tail folded into the groups: rows permuted
     assert mirror.sorted_end == mirror.size and mirror.grouped
     _check_codes(mirror)
-    same_as_exact()
+    same_asexact_top()
     assert calls and mirror.partition is None
 
 
@@ -202,43 +186,12 @@ def test_saved_codes_are_read_back_and_wrong_ones_ignored() -> None:
     assert Mirror.from_arrays(dict(arrays, signs=flipped), state)._signs is None
 
 
-def test_the_next_connection_maps_the_codes_from_the_index_file(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(_index_files, "MIN_ROWS", 1000)
-    rng = np.random.default_rng(13)
-    vectors, queries = _mixed(rng, 3000, 3)
-    path = tmp_path / "store.sqlite"
-    db = open_database(path)
-    index = VectorIndex(db, "items", DIM, metadata={"cat": "text"}, approximate_from=2000)
-    with db.transaction():
-        index.upsert_many(list(range(1, 3001)), vectors, [{"cat": str(c)} for c in rng.choice(CATS, 3000)])
-    first = [index.search(q, 10) for q in queries]
-    assert index.status()["approximate"]["sign_codes"]
-    db.close()  # writes the index file, codes included
-
-    later_db = open_database(path)
-    later = VectorIndex(later_db, "items", DIM, metadata={"cat": "text"}, approximate_from=2000)
-    coded: list[int] = []
-    update = SignCodes.update
-
-    def spy(self: SignCodes, matrix: FloatArray, size: int) -> None:
-        coded.append(size - self.rows)
-        update(self, matrix, size)
-
-    monkeypatch.setattr(SignCodes, "update", spy)
-    assert [later.search(q, 10) for q in queries] == first
-    assert later.status()["index_file"]["loaded"] == 1
-    assert coded and not any(coded)  # no row coded again: all read from the file
-    later_db.close()
-
-
 def test_nearest_over_several_slices_names_the_rows_by_position() -> None:
     rng = np.random.default_rng(17)
-    rows = _unit(rng.standard_normal((3000, DIM)).astype(np.float32))
+    rows = unit(rng.standard_normal((3000, DIM)).astype(np.float32))
     signs = SignCodes(DIM)
     signs.update(rows, len(rows))
-    query = rows[1234] + 0.01 * _unit(rng.standard_normal(DIM).astype(np.float32))
+    query = rows[1234] + 0.01 * unit(rng.standard_normal(DIM).astype(np.float32))
     starts, ends = [0, 700, 1200, 2999], [300, 700, 2000, 3000]  # one slice empty, one a single row
     valid = rng.random(len(rows)) > 0.3
     picked = signs.nearest(query, starts, ends, valid, 50)
@@ -254,7 +207,7 @@ def test_nearest_over_several_slices_names_the_rows_by_position() -> None:
 
 def test_appended_rows_leave_the_existing_codes_in_place() -> None:
     rng = np.random.default_rng(19)
-    rows = _unit(rng.standard_normal((4000, DIM)).astype(np.float32))
+    rows = unit(rng.standard_normal((4000, DIM)).astype(np.float32))
     signs = SignCodes(DIM)
     signs.update(rows, 3000)  # the codes made at first use
     first = signs.saved()
