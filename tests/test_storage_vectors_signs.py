@@ -15,6 +15,7 @@ import numpy.typing as npt
 import pytest
 
 from memstrata.storage import _mirror_scoring as scoring_module
+from memstrata.storage import _mirror_search as search_module
 from memstrata.storage import _sign_codes as sign_module
 from memstrata.storage._sign_codes import SignCodes, sign_codes
 from memstrata.storage._vector_mirror import Mirror
@@ -155,6 +156,24 @@ def test_a_selective_filter_and_a_low_dimension_keep_the_lists(monkeypatch: pyte
     wide = _mirror(vectors, rng, 4000)  # a group value of ~25% of the rows: the sieve too
     wide.search(queries[0], 10, {"cat": "a"}, None)
     assert len(calls) == 2
+
+
+def test_a_filter_of_many_rows_sieves_though_it_allows_a_small_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(8)
+    vectors, queries = _mixed(rng, 6000, 4)
+    mirror = _mirror(vectors, rng, 4000, cats=tuple("abcdefghijkl"))  # a value: ~500 rows, ~8 %
+    calls = _spy_on_signs(monkeypatch)
+    mirror.search(queries[0], 10, {"cat": "a"}, None)
+    assert not calls  # few rows: scored all
+    monkeypatch.setattr(search_module, "_SIGN_ROWS", 300)  # as if a row were costlier to score
+    for q in queries:
+        assert [h.rowid for h in mirror.search(q, 10, {"cat": "a"}, None)] == exact_top(
+            mirror, q, 10, {"cat": "a"}
+        )
+        assert [h.rowid for h in mirror.search(q, 10, {"cat": "a", "agent": "x"}, None)] == exact_top(
+            mirror, q, 10, {"cat": "a", "agent": "x"}
+        )
+    assert len(calls) == len(queries)  # the group alone; with the mask, ~250 rows are too few
 
 
 def test_sign_codes_pad_any_dimension() -> None:
