@@ -8,9 +8,12 @@ search does), then every figure is a fresh process:
   (new text each run, so the real model embeds it), p50 of a few runs; baseline: ``python -c
   pass`` in the same run;
 - the parts of a query process, measured one after the other in one fresh process (so they add
-  up; the command overlaps the model load with the imports and the store's open): importing
+  up; the command overlaps the model load with the imports and the store's open, and loads
+  numpy's OpenBLAS with one thread, as here): importing
   the command line, importing the layers, loading the model, opening the store (its
-  consistency check), the first search (mapping the index files), the query's embedding;
+  consistency check), loading its vector index (mapping and checking the index files, as the
+  command does while the model loads), the query's embedding, the first search (the keyword
+  side reads its postings), a second one;
 - what ``status`` imports: it must not import numpy, onnxruntime or fastembed.
 """
 
@@ -44,6 +47,8 @@ model = load_embedder(None)
 mark("load the model")
 store = KnowledgeStore.open(sys.argv[1], model, defer_vectors=True)
 mark("open the store")
+store.load_vector_index()
+mark("load the vector index")
 vector = model.embed_query(sys.argv[2])
 mark("embed the query")
 store.search(sys.argv[2], query_vector=vector)
@@ -85,6 +90,15 @@ def _wall(args: list[str], repeat: int) -> list[float]:
     return walls
 
 
+def _parts_env() -> dict[str, str]:
+    """The parts run as the command runs them: numpy's OpenBLAS with one thread (see
+    ``bridges/_cli_query.py``), unless this environment sets its threads."""
+    env = dict(os.environ)
+    if not any(name in env for name in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")):
+        env["OPENBLAS_NUM_THREADS"] = "1"
+    return env
+
+
 def _load() -> str:
     return f"load average {os.getloadavg()[0]:.1f}"
 
@@ -109,6 +123,7 @@ def run(ctx: Context) -> list[Row]:
         capture_output=True,
         text=True,
         timeout=300,
+        env=_parts_env(),
     )
     if done.returncode != 0:
         raise RuntimeError(f"the parts of a query failed: {done.stderr.strip()[-300:]}")

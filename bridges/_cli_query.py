@@ -12,8 +12,11 @@ command starts the system as before.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from memstrata.storage._embedder_identity import ModelIdentity
@@ -27,16 +30,42 @@ if TYPE_CHECKING:
 __all__ = ["query_knowledge"]
 
 
+class _Embedding:
+    """One query's vector, computed on a thread of its own as soon as the model is loaded."""
+
+    def __init__(self, loading: _Loading, text: str) -> None:
+        self.vector: npt.NDArray[Any] | None = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        threading.Thread(
+            target=self._run, args=(loading, text), name="memstrata-query-embedding", daemon=True
+        ).start()
+
+    def _run(self, loading: _Loading, text: str) -> None:
+        try:
+            self.vector = loading.model().embed_query(text)
+        except BaseException as exc:  # handed to the caller of embed_query
+            self.error = exc
+        finally:
+            self.done.set()
+
+
 class _Loading(ModelIdentity):
     """The configured model, loaded on a thread; its id and dimension are known before (the
     stores check them when they open), a call waits for the load. A query embedding is bounded
-    as the system bounds it (``query_embed_timeout_s``): a late model leaves keywords to rank."""
+    as the system bounds it (``query_embed_timeout_s``): a late model leaves keywords to rank.
+
+    A search asks for its query's vector first (:meth:`prefetch_query`) and ranks by keywords
+    while the model still loads; the vector is computed the moment the load ends, once per text
+    (the agent's and the shared store's searches share it)."""
 
     def __init__(self, model_id: str, dim: int, load: Callable[[], Embedder], limit: float) -> None:
         self._model_id, self._dim, self._limit = model_id, dim, limit
         self._loaded: Embedder | None = None
         self.error: BaseException | None = None
         self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._queries: dict[str, _Embedding] = {}
         self._thread = threading.Thread(target=self._run, args=(load,), name="memstrata-model", daemon=True)
         self._thread.start()
 
@@ -67,28 +96,30 @@ class _Loading(ModelIdentity):
     def embed_documents(self, texts: Sequence[str]) -> npt.NDArray[Any]:
         return self.model().embed_documents(texts)
 
+    def prefetch_query(self, text: str) -> None:
+        """Compute ``text``'s vector as soon as the model is loaded (unless asked for already);
+        never waits."""
+        with self._lock:
+            if text not in self._queries:
+                self._queries[text] = _Embedding(self, text)
+
     def embed_query(self, text: str) -> npt.NDArray[Any]:
-        model = self.model()
-        answer: list[npt.NDArray[Any]] = []
-        failure: list[BaseException] = []
-        done = threading.Event()
-
-        def run() -> None:
-            try:
-                answer.append(model.embed_query(text))
-            except BaseException as exc:  # handed to the caller below
-                failure.append(exc)
-            finally:
-                done.set()
-
-        threading.Thread(target=run, name="memstrata-query-embedding", daemon=True).start()
-        if not done.wait(self._limit):
+        self.model()
+        with self._lock:
+            job = self._queries.get(text)
+            if job is None:
+                job = self._queries[text] = _Embedding(self, text)
+        if not job.done.wait(self._limit):
             from memstrata.core.errors import ModelFaultError
 
             raise ModelFaultError(f"model {self._model_id!r} gave no query vector within {self._limit:g} s")
-        if failure:
-            raise failure[0]
-        return answer[0]
+        if job.error is not None:
+            with self._lock:  # reported once: the caller's retry computes it again
+                if self._queries.get(text) is job:
+                    del self._queries[text]
+            raise job.error
+        assert job.vector is not None
+        return job.vector.copy()
 
     def __getattr__(self, name: str) -> Any:  # count_tokens, thread_safe, ...: the model's own
         if name.startswith("__"):
@@ -96,15 +127,38 @@ class _Loading(ModelIdentity):
         return getattr(self.model(), name)
 
 
-def _warm_vectors(store: Any, dim: int) -> None:
-    """Map the store's vector index (its files, checked against the database) while the model
-    still loads: a search with a stand-in vector does it, so the real search, which needs the
-    query's vector first, does not load the index after the model. Nothing here may fail the
-    query: the real search loads (and reports) whatever this could not."""
-    import numpy as np
+_BLAS_THREADS = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
 
+
+@contextlib.contextmanager
+def _blas_loads_one_thread() -> Iterator[None]:
+    """numpy's OpenBLAS loads with one thread here, unless numpy is loaded already or one of
+    :data:`_BLAS_THREADS` says how many it should use.
+
+    OpenBLAS starts a thread per core when it loads, and they spin waiting for work: on two
+    cores ~50 ms of the core the model's load runs on (its session build leaves the interpreter
+    lock), 5-10 ms of a query process. The query's products run on one thread anyway (the
+    vector scans hold OpenBLAS at one, ``storage/_mirror_threads.py``), so the hits are the same.
+    The variable is gone again once the block ends (numpy loaded): nothing started later
+    inherits it."""
+    if "numpy" in sys.modules or any(name in os.environ for name in _BLAS_THREADS):
+        yield
+        return
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
     try:
-        store.search("", query_vector=np.full(dim, dim**-0.5, dtype=np.float32), top_k=1, mode="vector")
+        yield
+    finally:
+        os.environ.pop("OPENBLAS_NUM_THREADS", None)
+
+
+def _warm_vectors(store: Any) -> None:
+    """Load the store's vector index (its files, checked against the database) while the model
+    still loads, so the real search, which needs the query's vector first, does not load the
+    index after the model. Nothing is searched (a search with a stand-in vector also scanned
+    the rows: 5-20 ms more at 100k), and nothing here may fail the query: the real search loads
+    (and reports) whatever this could not."""
+    try:
+        store.load_vector_index()
     except Exception:  # the real search below meets the same problem and reports it
         return
 
@@ -162,10 +216,11 @@ def query_knowledge(
     check_mode(mode, "QueryKnowledge.mode")
     min_score = options.get("min_score")
     check_min_score(min_score, "QueryKnowledge.min_score")
-    service = _embedder(config, embedder)
-    if service is None:
-        return None
-    from memstrata.layers import KnowledgeStore
+    with _blas_loads_one_thread():  # before the model's thread imports numpy
+        service = _embedder(config, embedder)
+        if service is None:
+            return None
+        from memstrata.layers import KnowledgeStore  # numpy with it (or after the model's thread)
 
     params = {
         "top_k": top_k,
@@ -183,7 +238,7 @@ def query_knowledge(
             if hasattr(store, "owner"):  # as the actor does: entries say which store they are in
                 store.owner = owner
             if loading is not None and not loading.ready and mode != "keyword":
-                _warm_vectors(store, loading.dim)
+                _warm_vectors(store)
             return list(store.search(query, **params))
         finally:
             store.close()

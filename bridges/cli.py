@@ -6,7 +6,9 @@ Exit codes: 0 success, 1 runtime error (storage, embedding, a stopped system, ..
 Commands import what they need when they run, so a command that only needs the file index never
 starts the actor system. The commands live by concept: today's shortcuts in ``_cli_commands``,
 one command per registry operation in ``_cli_generated`` (grouped by noun), ``serve``/``mcp`` in
-``_cli_serve``; human output in ``_cli_output``.
+``_cli_serve``; human output in ``_cli_output``. The generated groups are built when one of them
+(or the list of commands) is asked for: a command written by hand (``query``, ``status``) does
+not build a command for every operation first.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import logging
 import os
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -24,11 +26,10 @@ import click
 
 from memstrata.core.errors import InvalidInputError, MemstrataError
 
-from . import _cli_commands, _cli_generated, _cli_serve
+from . import _cli_commands, _cli_serve
 from ._app import CliState
 from ._cli_shared import PROG as _PROG
 from ._cli_shared import fail_line as _fail_line
-from ._operations import OPERATIONS
 
 __all__ = ["cli", "command_for", "command_table", "main"]
 
@@ -39,8 +40,35 @@ def _wants_debug(args: Sequence[str] | None) -> bool:
     return bool(args) and "--debug" in list(args or [])
 
 
+_GENERATED = ("knowledge", "episodes", "tasks", "working", "board", "items", "roots")
+"""The nouns of ``_cli_generated.GROUPS`` (a test keeps the two equal): the groups are imported
+when one is named, listed or a name is not found (so the suggestions of "no such command" are
+the same), not with the command line: building them imports the registry of operations and
+makes a command per operation (~7 ms of a ``memstrata query`` process)."""
+
+
 class _Cli(click.Group):
     """A group whose errors are one line on stderr with memstrata's exit codes."""
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        found = self.commands.get(cmd_name)
+        if found is None:
+            found = self.generated().get(cmd_name)
+        return found
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        self.generated()
+        return super().list_commands(ctx)
+
+    def generated(self) -> MutableMapping[str, click.Command]:
+        """Every command, with the groups generated from the registry added on first use."""
+        if not self.commands.keys() >= set(_GENERATED):
+            from ._cli_generated import GROUPS
+
+            for name, group in GROUPS.items():
+                if name not in self.commands:
+                    self.add_command(group, name)
+        return self.commands
 
     def main(
         self,
@@ -122,15 +150,17 @@ def cli(ctx: click.Context, data_dir: Path | None, config_path: Path | None, deb
     ctx.obj = state
 
 
-for _command in (*_cli_commands.COMMANDS, *_cli_serve.COMMANDS, *_cli_generated.GROUPS.values()):
+for _command in (*_cli_commands.COMMANDS, *_cli_serve.COMMANDS):
     cli.add_command(_command)
 
 
 def command_for(name: str) -> click.Command:
     """The command that runs the registry operation ``name`` (a KeyError names a missing one)."""
+    from ._cli_generated import command_path
     from ._operations import find
 
-    path = _cli_generated.command_path(find(name))
+    path = command_path(find(name))
+    cli.generated()
     command: click.Command = cli
     for word in path:
         assert isinstance(command, click.Group)
@@ -155,12 +185,15 @@ def _usage(command: click.Command) -> str:
 
 def command_table() -> str:
     """The Markdown table of CLI commands for docs/bridges.md, one row per registry operation."""
+    from ._cli_generated import command_path
+    from ._operations import OPERATIONS
+
     rows = [
         "| Command | Operation | Arguments and options (* required) | What it does |",
         "| --- | --- | --- | --- |",
     ]
     for op in OPERATIONS:
-        path = " ".join(_cli_generated.command_path(op))
+        path = " ".join(command_path(op))
         summary = op.summary.replace("|", "\\|")
         rows.append(f"| `memstrata {path}` | `{op.name}` | {_usage(command_for(op.name))} | {summary} |")
     return "\n".join(rows) + "\n"

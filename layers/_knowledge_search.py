@@ -199,6 +199,15 @@ class KnowledgeSearch(KnowledgeEdits):
             if r.id in entries  # else deleted by another connection since the ranking
         ]
 
+    def load_vector_index(self) -> None:
+        """Load the vector index now (its files mapped and checked against the database), as the
+        next vector search would: for a caller with time to spare before that search (``memstrata
+        query`` while its model loads). Nothing is searched; without usable vectors, nothing to
+        do (the search meets and reports any problem)."""
+        self._refresh_foreign()
+        if self._vectors is not None and self._vector_reason() is None:
+            self._vectors.load()
+
     def _checked_query_vector(self, given: object, dim: int) -> FloatArray:
         try:
             array = np.asarray(given, dtype=np.float32).reshape(-1)

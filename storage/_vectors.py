@@ -454,6 +454,12 @@ class VectorIndex(MirrorUpkeep):
         sql += " ORDER BY distance"
         return [VectorHit(int(r), 1.0 - float(d)) for r, d in self.db.query(sql, params) if d is not None]
 
+    def load(self) -> None:
+        """Bring the mirror up to date now (mapped from the index file, caught up from the change
+        log, or read from the table), as the next search would; nothing when it is not used."""
+        if self.use_mirror and self.available:
+            self._mirror_now()
+
     def allows(self, rowids: npt.NDArray[np.int64], where: Mapping[str, Any]) -> npt.NDArray[np.int8] | None:
         """Whether the filter columns of ``rowids`` match ``where``, read from the mirror (no SQL):
         1 yes, 0 no, -1 not in the index (the caller asks the store). ``None`` when the mirror is
