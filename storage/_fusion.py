@@ -175,8 +175,10 @@ def rrf(
     *,
     k: int = DEFAULT_RRF_K,
     weights: Sequence[float] | None = None,
+    limit: int | None = None,
 ) -> list[Fused[K]]:
-    """:func:`fuse` for any hashable keys, best first; ties keep the order of first appearance."""
+    """:func:`fuse` for any hashable keys, best first (the first ``limit``); ties keep the order
+    of first appearance."""
     weights = [1.0] * len(lists) if weights is None else list(weights)
     check_fusion(k, weights, len(lists))
     index: dict[K, int] = {}
@@ -184,7 +186,7 @@ def rrf(
     fused = fuse(arrays, weights, k)
     names = list(index)
     out: list[Fused[K]] = []
-    for n in fused.order().tolist():
+    for n in fused.order()[:limit].tolist():  # only the keys returned are made into results
         ranks = tuple(int(r[n]) or None for r in fused.ranks)
         out.append(Fused(names[int(fused.keys[n])], float(min(1.0, fused.scores[n])), ranks))
     return out

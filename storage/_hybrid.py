@@ -234,7 +234,7 @@ def hybrid_search(
     )
     if not ranked:
         return []
-    fused = rrf(ranked, k=params.rrf_k, weights=weights)[: params.top_k]
+    fused = rrf(ranked, k=params.rrf_k, weights=weights, limit=params.top_k)
 
     if vectors is not None and qv is not None and vectors.available:
         missing = [f.key for f in fused if f.key not in similarity]

@@ -175,7 +175,7 @@ class KeywordIndex:
             return []
         if len(lists) == 1:
             return [int(i) for i in lists[0]]
-        return [int(f.key) for f in rrf(lists, k=PLAIN_RRF_K)][:limit]
+        return [int(f.key) for f in rrf(lists, k=PLAIN_RRF_K, limit=limit)]
 
     def _words(
         self,

@@ -54,6 +54,11 @@ def test_scores_are_normalised_and_sorted(lists: list[list[int]], k: int) -> Non
                 assert keys[rank - 1] == f.key
 
 
+@given(ranked_lists, st.integers(0, 100), st.integers(0, 30))
+def test_a_limit_keeps_the_first_results_as_they_are(lists: list[list[int]], k: int, limit: int) -> None:
+    assert rrf(lists, k=k, limit=limit) == rrf(lists, k=k)[:limit]
+
+
 @given(ranked_lists, st.integers(0, 100))
 def test_rank_one_everywhere_scores_one(lists: list[list[int]], k: int) -> None:
     lists = [[999, *(key for key in keys if key != 999)] for keys in lists]
