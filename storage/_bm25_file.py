@@ -39,6 +39,10 @@ __all__ = ["Bm25Files"]
 
 _SAVED_POSTINGS = 4_000_000  # postings written to the index file at most
 _REREAD_STEMS = 256  # stems whose postings are read again for the file when the index changed
+# postings read from FTS5 (not the file) from which a process rewrites a file still current at
+# close: reading 50k postings again costs ~7 ms, writing and syncing the file at 100k entries
+# 8-16 ms (a `memstrata query` process reads a few words, and paid that at every close)
+_WORTH_WRITING = 50_000
 # from this many documents the file holds every posting (below, the first read of a common word
 # costs a few milliseconds; at a million documents, 20-100 ms)
 _COMPLETE_FROM = 200_000
@@ -189,6 +193,7 @@ class Bm25Files(Bm25Postings):
         self._mark = self._file_mark = mark
         self._file_stems = stems
         self._file_complete = complete
+        self._read = 0
         self.files_loaded += 1
         self.files_note = None
         return True
@@ -259,6 +264,8 @@ class Bm25Files(Bm25Postings):
                 and len(self._postings) <= self._file_stems
             ):
                 return  # the file on disk is as good as what this process holds
+            if mark == self._file_mark and not self._file_complete and self._read < _WORTH_WRITING:
+                return  # a few words read from FTS5: reading them again costs less than the write
             if self._mark != mark:  # patched by writes, or another connection wrote: read afresh
                 stems = [stem for stem in self._postings if _PHRASE not in stem][:_REREAD_STEMS]
                 self._reset()
@@ -300,6 +307,7 @@ class Bm25Files(Bm25Postings):
             if write_index(path, meta, arrays):
                 self.files_saved += 1
                 self._file_mark, self._file_stems, self._file_complete = mark, len(stems), False
+                self._read = 0
         except Exception as exc:  # a cache: the next process reads the database
             log.debug("index file %s not written: %s", path, exc)
 

@@ -179,6 +179,7 @@ class Bm25Postings:
         # mapped from a complete index file: whole counts)
         self._postings: dict[str, tuple[npt.NDArray[np.int32], FloatArray]] = {}
         self._cached = 0
+        self._read = 0  # postings read from FTS5 since the index file was last read or written
         self._df: dict[str, int] = {}  # documents holding a stem whose postings are not cached
         # stem -> its number in a complete index file: postings taken from the file when first used
         self._mapped: dict[str, int] = {}
@@ -292,6 +293,7 @@ class Bm25Postings:
         pos = self._positions(ids)
         keep = pos >= 0
         entry = (pos[keep], tf[keep])
+        self._read += len(ids)
         return self._cache_postings(stem, entry, len(ids))
 
     def _held(self, stem: str) -> bool:

@@ -22,6 +22,7 @@ from memstrata.bridges.cli import cli
 from memstrata.config import Config
 from memstrata.layers import KnowledgeStore
 from memstrata.storage import Database, VectorIndex, _index_files, _vector_sync, open_database
+from memstrata.storage import _bm25_file as bm25_file_module
 from tests.fakes import FakeEmbedder
 
 DIM = 8
@@ -366,6 +367,30 @@ def test_bm25_file_keeps_the_postings_cache_in_its_order_of_use(tmp_path: Path) 
         assert list(store._bm25._postings) == used
     finally:
         store.close()
+
+
+def test_bm25_file_is_rewritten_for_many_new_postings_not_for_a_few(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that read a few words from FTS5 leaves a current file alone at close (reading
+    them again costs less than the write); one that read many adds them."""
+    path = tmp_path / "k.sqlite"
+    _knowledge(path)
+    with KnowledgeStore.open(path, FakeEmbedder()) as store:
+        store._bm25.search(["queue"], 5)
+    bm25_file = _file(path, "bm25-knowledge_fts")
+    written = bm25_file.stat().st_ino
+    for worth, rewritten in ((bm25_file_module._WORTH_WRITING, False), (1, True)):
+        monkeypatch.setattr(bm25_file_module, "_WORTH_WRITING", worth)
+        store = KnowledgeStore.open(path, FakeEmbedder())
+        store._bm25.search(["deploy" if rewritten else "lock"], 5)  # a word the file lacks
+        assert store._bm25.files_loaded == 1
+        store.close()
+        assert (bm25_file.stat().st_ino != written) is rewritten and store._bm25.files_saved == int(rewritten)
+    with KnowledgeStore.open(path, FakeEmbedder()) as store:
+        store._bm25.search(["queue"], 5)  # reads the file: its words' postings
+        held = store._bm25._postings
+        assert store._bm25.stems(["deploy"])[0] in held and store._bm25.stems(["lock"])[0] not in held
 
 
 def test_bm25_file_is_dropped_after_writes_and_rankings_stay_exact(tmp_path: Path) -> None:
