@@ -92,7 +92,7 @@ def _write_atomic(path: Path, data: str | bytes) -> None:
     os.replace(tmp, path)
 
 
-_INT8_MODEL = "model.int8-products-v2.onnx"  # a new rewrite gets a new name (and new vectors a new model id)
+_INT8_MODEL = "model.int8-products-v3.onnx"  # a new rewrite gets a new name (and new vectors a new model id)
 
 
 def _int8_model(model_dir: Path, *, rebuild: bool = False) -> Path:

@@ -259,11 +259,23 @@ def test_a_texts_vector_does_not_depend_on_its_neighbours(real_embedder: Embedde
 
 @pytest.mark.model
 def test_every_weight_product_of_the_packaged_model_runs_in_int8() -> None:
+    import onnx
+    from onnx import numpy_helper
+
     from memstrata.storage._quantize import int8_products
 
     model, rewritten = int8_products(default_model_dir() / "model.onnx")
     assert rewritten == 36  # 6 layers x (query, key, value, output, two feed-forward)
-    assert b"DynamicQuantizeMatMul" in model
+    graph = onnx.load_from_string(model).graph
+    weights = {init.name: init for init in graph.initializer}
+    products = [node for node in graph.node if node.op_type == "DynamicQuantizeMatMul"]
+    assert len(products) == 36
+    for node in products:
+        # uint8 weights around 128: the u8 x u8 kernels, exact on every CPU (u8 x s8 saturates
+        # on x86 without VNNI)
+        weight, zero = (weights[name] for name in (node.input[1], node.input[3]))
+        assert weight.data_type == zero.data_type == onnx.TensorProto.UINT8
+        assert set(numpy_helper.to_array(zero).ravel().tolist()) == {128}
 
 
 @pytest.mark.model
