@@ -58,7 +58,7 @@ FACADE_WRITER = textwrap.dedent(
     sys.stdin.readline()
     for i in range(n):
         agent.store_knowledge(f"{tag} knowledge item {i}", category="pattern")
-        agent.remember(f"{tag} episode item {i}")
+        agent.remember(f"{tag} episode item n{i}")
         agent.complete_task(f"{tag}-t{i}", f"{tag} outcome item {i}")
         print("wrote", i, flush=True)
     system.stop()
@@ -81,7 +81,7 @@ DIRECT_WRITER = textwrap.dedent(
     sys.stdin.readline()
     for i in range(n):
         store.add(f"{tag} knowledge item {i}", category="pattern")
-        episodic.record(f"{tag} episode item {i}")
+        episodic.record(f"{tag} episode item n{i}")
         print("wrote", i, flush=True)
     store.close()
     episodic.close()
@@ -283,8 +283,10 @@ def test_each_process_sees_the_others_writes_in_vector_search(
             hits = agent.query_knowledge("zulu knowledge item 2", mode="vector", top_k=1)
             assert hits and hits[0].entry.content == "zulu knowledge item 2"
             assert hits[0].match_type == "semantic"
-            found = episodic.search("zulu episode item 1", mode="vector", top_k=1)
-            assert found and found[0].episode.content == "zulu episode item 1"
+            # "n1", not "1": an episode's vector is of its text and its date, and "1 December"
+            # would make item 0 as near as item 1
+            found = episodic.search("zulu episode item n1", mode="vector", top_k=1)
+            assert found and found[0].episode.content == "zulu episode item n1"
             # and the keyword side (FTS5 and its in-memory BM25 statistics) too
             keyword = agent.query_knowledge("zulu", mode="keyword", top_k=5)
             assert sorted(h.entry.content for h in keyword) == [f"zulu knowledge item {i}" for i in range(3)]
