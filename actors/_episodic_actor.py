@@ -14,7 +14,6 @@ from memstrata.storage import Embedder, embed_documents
 from ._store_base import (
     _fields,
     _iso,
-    _layer_config,
     _PersistentActor,
 )
 from ._store_messages import FloatArray, WriteBackEpisode
@@ -59,12 +58,7 @@ class EpisodicActor(_PersistentActor):
 
     def open_layer(self) -> Any:
         runtime = self.runtime
-        layer = runtime.stores.open_episodic(
-            runtime.path("episodic", self.key),
-            runtime.embedder_for(self.key),
-            _layer_config(runtime, self.key),
-            runtime.clock.now,
-        )
+        layer = runtime.stores.open_episodic(*self._store_args(), runtime.clock.now)
         if hasattr(layer, "new_uuid") and runtime.ids.seed is not None:
             # seeded ids continue after what the store holds, so a restart never reuses one
             held = int(layer.count())

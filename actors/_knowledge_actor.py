@@ -8,7 +8,6 @@ from typing import Any
 from ._store_base import (
     _EXPORT_PAGE,
     _fields,
-    _layer_config,
     _PersistentActor,
 )
 from ._store_messages import WriteBackKnowledge
@@ -39,11 +38,7 @@ class KnowledgeStoreActor(_PersistentActor):
 
     def open_layer(self) -> Any:
         runtime = self.runtime
-        layer = runtime.stores.open_knowledge(
-            runtime.path("knowledge", self.key),
-            runtime.embedder_for(self.key),
-            _layer_config(runtime, self.key),
-        )
+        layer = runtime.stores.open_knowledge(*self._store_args())
         if hasattr(layer, "clock"):  # entries are dated by the system's clock (simulations replay)
             clock = runtime.clock
             layer.clock = lambda: clock.now().timestamp()

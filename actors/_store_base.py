@@ -32,14 +32,15 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import replace
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from memstrata.core.config import Config
 from memstrata.core.errors import InvalidInputError, StorageError
 from memstrata.core.validation import check_content
+from memstrata.storage import Embedder
 from memstrata.storage._embedding import EmbedWatch, embed_deadline, embed_time_left
 
-from ._base import ActorRuntime
 from ._embedding import BatchingEmbedder
 from ._store_held_writebacks import _HeldWriteBacks
 from ._store_messages import (
@@ -82,14 +83,6 @@ def _fields(message: Any, *names: str) -> dict[str, Any]:
     return {name: getattr(message, name) for name in names}
 
 
-def _layer_config(runtime: ActorRuntime, key: str) -> Config:
-    """The config a store of ``key`` opens with: the system's, with the agent's ``[embedding]``,
-    the model a store left keyword-only (its model could not be loaded) tries again."""
-    settings = runtime.embedding_settings(key)
-    config = runtime.config
-    return config if settings == config.embedding else replace(config, embedding=settings)
-
-
 class _PersistentActor(_HeldWriteBacks):
     """A store with vectors: searches bound their query embedding, and vectors left pending by a
     late or faulty model are retried in this process with backoff until they are all computed.
@@ -104,6 +97,17 @@ class _PersistentActor(_HeldWriteBacks):
     _ask_posted = False
     _requests: dict[int, _VectorRequest]
     _in_flight: set[int]
+
+    def _store_args(self) -> tuple[Path, Embedder | None, Config]:
+        """What the store opens with: its file, its agent's model, and the system's config with
+        the agent's ``[embedding]`` (the model a store left keyword-only, because it could not be
+        loaded, is tried again)."""
+        runtime = self.runtime
+        settings = runtime.embedding_settings(self.key)
+        config = runtime.config
+        if settings != config.embedding:
+            config = replace(config, embedding=settings)
+        return runtime.path(self.kind, self.key), runtime.embedder_for(self.key), config
 
     def _open(self) -> Any:
         """Open the layer; with the shared service, vectors are deferred and those left pending
