@@ -25,7 +25,7 @@ from memstrata.core.errors import EmbedderUnavailableError
 from ._embedder import FloatArray
 from ._heap import trim_heap
 from ._model_id import DEFAULT_DIM, DEFAULT_MODEL_ID
-from ._quantize import int8_products
+from ._quantize import int8_products, signed_products_exact
 
 __all__ = ["DEFAULT_DIM", "DEFAULT_MODEL_ID", "MAX_TOKENS", "default_model_dir"]
 
@@ -92,15 +92,18 @@ def _write_atomic(path: Path, data: str | bytes) -> None:
     os.replace(tmp, path)
 
 
-_INT8_MODEL = "model.int8-products-v3.onnx"  # a new rewrite gets a new name (and new vectors a new model id)
+# a new rewrite gets a new name (and new vectors a new model id); both kinds of weights give the
+# same vectors, on the kernel that computes them exactly on this CPU (:mod:`._quantize`)
+_INT8_MODEL = "model.int8-products-v3-{weights}.onnx"
 
 
 def _int8_model(model_dir: Path, *, rebuild: bool = False) -> Path:
     """The default model with int8 weight products (:mod:`._quantize`), written once beside it:
     later processes load it directly, and ONNX Runtime keeps no copy of the model's bytes."""
-    path = model_dir / _INT8_MODEL
+    signed = signed_products_exact()
+    path = model_dir / _INT8_MODEL.format(weights="s8" if signed else "u8")
     if rebuild or not path.is_file():
-        model, rewritten = int8_products(model_dir / "model.onnx")
+        model, rewritten = int8_products(model_dir / "model.onnx", signed=signed)
         if not rewritten:
             raise EmbedderUnavailableError(f"{model_dir / 'model.onnx'} has no int8 weight products to run")
         try:
@@ -108,7 +111,7 @@ def _int8_model(model_dir: Path, *, rebuild: bool = False) -> Path:
         except OSError as exc:
             raise EmbedderUnavailableError(f"cannot write {path}: {exc} (set MEMSTRATA_MODEL_DIR)") from exc
         for earlier in model_dir.glob("model.int8-products-*.onnx"):  # an earlier rewrite's file
-            if earlier.name != _INT8_MODEL:
+            if not earlier.name.startswith(_INT8_MODEL.partition("{")[0]):
                 with contextlib.suppress(OSError):
                     earlier.unlink()
     return path

@@ -9,12 +9,13 @@ weights stay 8-bit (10.6 MB) and the activations are quantised per call, so the 
 second. The vectors are those of a slightly different model (cosine to the float32 ones ~0.99),
 hence their own model id; retrieval quality is measured by ``benchmarks/``.
 
-The weights are stored as uint8 with a zero point of 128 (the same numbers, shifted), so ONNX
-Runtime multiplies uint8 activations by uint8 weights. With int8 weights it would pick its
-u8 x s8 kernel, which on x86 CPUs without VNNI (AVX2 only) adds pairs of products in 16-bit
-registers that saturate: the vectors then depended on the CPU (cosine to the exact ones 0.979 at
-worst). The u8 x u8 kernels widen before adding, so every CPU computes the exact integer products,
-at the same speed here (13.4 -> 13.7 ms per text, AVX2).
+Every CPU must compute the exact integer products, or the vectors depend on the machine. ONNX
+Runtime multiplies uint8 activations by int8 weights with its u8 x s8 kernels, which are exact
+with VNNI and on ARM, but on x86 without VNNI (AVX2, AVX-512 before VNNI) add pairs of products in
+16-bit registers that saturate: cosine to the exact vectors fell to 0.979 on an AVX2 machine.
+There the weights are stored as uint8 around a zero point of 128 (the same numbers, shifted) and
+the u8 x u8 kernels run, which widen before adding: exact, 8-12 % slower than the saturating
+kernel (a short query 5.2 -> 5.6 ms). With VNNI the int8 weights stay, on the fast exact kernel.
 
 The token and position tables (int8 too) are looked up first and their rows turned into float32
 after: the same numbers, but ONNX Runtime no longer folds a 47 MB float32 table when it loads the
@@ -23,6 +24,7 @@ model (session creation 135 -> 38 ms). Nodes left without consumers go, with the
 
 from __future__ import annotations
 
+import platform
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,16 +34,35 @@ if TYPE_CHECKING:
     import onnx
     from onnx import NodeProto, TensorProto
 
-__all__ = ["int8_products"]
+__all__ = ["int8_products", "signed_products_exact"]
 
 _DOMAIN = "com.microsoft"
-_ZERO = 128  # int8 weights shifted into uint8 (see the module's docstring)
+_SHIFT = 128  # int8 weights shifted into uint8 (see the module's docstring)
+_X86 = {"x86_64", "amd64", "i386", "i686", "x86"}
 
 
-def int8_products(model_path: Path) -> tuple[bytes, int]:
+def signed_products_exact(machine: str | None = None, cpu_flags: str | None = None) -> bool:
+    """Whether ONNX Runtime's u8 x s8 products are exact here: any CPU but x86, and x86 with
+    VNNI (AVX-512 VNNI with its core subsets, or AVX-VNNI), read from ``/proc/cpuinfo``. Where
+    the flags cannot be read (x86 on another system) the answer is no: the unsigned kernels are
+    exact everywhere, only slower."""
+    if (machine if machine is not None else platform.machine()).lower() not in _X86:
+        return True
+    if cpu_flags is None:
+        try:
+            with open("/proc/cpuinfo", encoding="ascii", errors="replace") as info:
+                cpu_flags = next((line for line in info if line.startswith("flags")), "")
+        except OSError:
+            return False
+    flags = set(cpu_flags.partition(":")[2].split())
+    return "avx_vnni" in flags or {"avx512_vnni", "avx512bw", "avx512dq", "avx512vl"} <= flags
+
+
+def int8_products(model_path: Path, *, signed: bool) -> tuple[bytes, int]:
     """The model at ``model_path`` with every ``MatMul(x, Mul(Cast(int8 W), scale))`` whose scale
     is per column rewritten, serialised for ``onnxruntime.InferenceSession``; and how many
-    products were rewritten."""
+    products were rewritten. ``signed``: the weights stay int8 (only where
+    :func:`signed_products_exact`), else they are shifted into uint8."""
     import onnx
     from onnx import helper, numpy_helper
 
@@ -52,7 +73,7 @@ def int8_products(model_path: Path) -> tuple[bytes, int]:
     nodes = []
     rewritten = 0
     for node in graph.node:
-        found = _int8_weight(node, producer, initializers)
+        found = _int8_weight(node, producer, initializers, signed=signed)
         if found is None:
             nodes.append(node)
             continue
@@ -62,7 +83,9 @@ def int8_products(model_path: Path) -> tuple[bytes, int]:
             [
                 numpy_helper.from_array(weight, f"{name}_weight"),
                 numpy_helper.from_array(scale, f"{name}_scale"),
-                numpy_helper.from_array(np.full(scale.shape, _ZERO, dtype=np.uint8), f"{name}_zero"),
+                numpy_helper.from_array(
+                    np.full(scale.shape, 0 if signed else _SHIFT, dtype=weight.dtype), f"{name}_zero"
+                ),
             ]
         )
         nodes.append(
@@ -133,11 +156,11 @@ def _prune(graph: onnx.GraphProto) -> None:
 
 
 def _int8_weight(
-    node: NodeProto, producer: dict[str, NodeProto], initializers: dict[str, TensorProto]
+    node: NodeProto, producer: dict[str, NodeProto], initializers: dict[str, TensorProto], *, signed: bool
 ) -> tuple[np.ndarray, np.ndarray] | None:
-    """The int8 weight shifted into uint8 and its per-column scales (1-D float32) when ``node``
-    multiplies by a dequantised int8 weight with one scale per column (or one in all), else
-    ``None``."""
+    """The int8 weight (shifted into uint8 unless ``signed``) and its per-column scales (1-D
+    float32) when ``node`` multiplies by a dequantised int8 weight with one scale per column (or
+    one in all), else ``None``."""
     import onnx
     from onnx import numpy_helper
 
@@ -160,5 +183,5 @@ def _int8_weight(
         scale = scale.reshape(columns)
     else:
         return None
-    shifted = (numpy_helper.to_array(weight).astype(np.int16) + _ZERO).astype(np.uint8)
-    return shifted, scale
+    values = numpy_helper.to_array(weight)
+    return (values if signed else (values.astype(np.int16) + _SHIFT).astype(np.uint8)), scale

@@ -264,18 +264,44 @@ def test_every_weight_product_of_the_packaged_model_runs_in_int8() -> None:
 
     from memstrata.storage._quantize import int8_products
 
-    model, rewritten = int8_products(default_model_dir() / "model.onnx")
-    assert rewritten == 36  # 6 layers x (query, key, value, output, two feed-forward)
-    graph = onnx.load_from_string(model).graph
-    weights = {init.name: init for init in graph.initializer}
-    products = [node for node in graph.node if node.op_type == "DynamicQuantizeMatMul"]
-    assert len(products) == 36
-    for node in products:
-        # uint8 weights around 128: the u8 x u8 kernels, exact on every CPU (u8 x s8 saturates
-        # on x86 without VNNI)
-        weight, zero = (weights[name] for name in (node.input[1], node.input[3]))
-        assert weight.data_type == zero.data_type == onnx.TensorProto.UINT8
-        assert set(numpy_helper.to_array(zero).ravel().tolist()) == {128}
+    source = default_model_dir() / "model.onnx"
+    for signed, kind, zero_point in ((True, onnx.TensorProto.INT8, 0), (False, onnx.TensorProto.UINT8, 128)):
+        model, rewritten = int8_products(source, signed=signed)
+        assert rewritten == 36  # 6 layers x (query, key, value, output, two feed-forward)
+        graph = onnx.load_from_string(model).graph
+        weights = {init.name: init for init in graph.initializer}
+        products = [node for node in graph.node if node.op_type == "DynamicQuantizeMatMul"]
+        assert len(products) == 36
+        for node in products:
+            weight, zero = (weights[name] for name in (node.input[1], node.input[3]))
+            assert weight.data_type == zero.data_type == kind
+            assert set(numpy_helper.to_array(zero).ravel().tolist()) == {zero_point}
+    unsigned = onnx.load_from_string(int8_products(source, signed=False)[0]).graph.initializer
+    signed_weights = {
+        i.name: i for i in onnx.load_from_string(int8_products(source, signed=True)[0]).graph.initializer
+    }
+    for init in unsigned:  # the same numbers, shifted by 128
+        if init.data_type == onnx.TensorProto.UINT8 and init.name.endswith("_weight"):
+            shifted = numpy_helper.to_array(init).astype(np.int16) - 128
+            np.testing.assert_array_equal(shifted, numpy_helper.to_array(signed_weights[init.name]))
+
+
+@pytest.mark.parametrize(
+    ("machine", "flags", "exact"),
+    [
+        ("x86_64", "flags\t\t: fpu sse avx avx2 fma", False),  # AVX2: u8 x s8 saturates
+        ("x86_64", "flags\t\t: avx2 avx512f avx512bw avx512dq avx512vl", False),  # AVX-512 before VNNI
+        ("x86_64", "flags\t\t: avx2 avx512f avx512bw avx512dq avx512vl avx512_vnni", True),
+        ("x86_64", "flags\t\t: avx2 avx_vnni", True),  # AVX-VNNI (256-bit)
+        ("AMD64", "", False),  # flags not readable: the kernels exact everywhere
+        ("aarch64", "", True),
+        ("arm64", "", True),
+    ],
+)
+def test_signed_weights_only_where_their_products_are_exact(machine: str, flags: str, exact: bool) -> None:
+    from memstrata.storage._quantize import signed_products_exact
+
+    assert signed_products_exact(machine, flags) is exact
 
 
 @pytest.mark.model
@@ -292,11 +318,11 @@ def test_token_tables_are_dequantised_after_the_lookup_with_the_same_numbers(
     from memstrata.storage import _quantize
 
     source = default_model_dir() / "model.onnx"
-    model, _ = _quantize.int8_products(source)
+    model, _ = _quantize.int8_products(source, signed=False)
     with monkeypatch.context() as patch:
         patch.setattr(_quantize, "_rows_before_dequantising", lambda nodes, producer, initializers: nodes)
         patch.setattr(_quantize, "_prune", lambda graph: None)
-        products_only, _ = _quantize.int8_products(source)
+        products_only, _ = _quantize.int8_products(source, signed=False)
     graph = onnx.load_from_string(model).graph
     weights = {init.name for init in graph.initializer}
     assert not [n.name for n in graph.node if n.op_type == "Cast" and n.input[0] in weights]
@@ -326,7 +352,7 @@ def test_a_graph_without_int8_products_is_left_alone(tmp_path: Path) -> None:
     )
     path = tmp_path / "plain.onnx"
     onnx.save(helper.make_model(graph), str(path))
-    model, rewritten = int8_products(path)
+    model, rewritten = int8_products(path, signed=False)
     assert rewritten == 0 and b"DynamicQuantizeMatMul" not in model
 
 
@@ -489,7 +515,7 @@ def test_the_int8_model_is_written_once_and_remade_when_damaged(
 ) -> None:
     monkeypatch.setenv("MEMSTRATA_MODEL_DIR", str(tmp_path / "models"))
     first = FastEmbedEmbedder()
-    written = next((tmp_path / "models").glob("*/model.int8-products-*.onnx"))
+    (written,) = (tmp_path / "models").glob("*/model.int8-products-v3-*.onnx")
     expected = first.embed_query("the payment adapter times out")
     stamp = written.stat().st_mtime_ns
     np.testing.assert_array_equal(FastEmbedEmbedder().embed_query("the payment adapter times out"), expected)
