@@ -128,13 +128,11 @@ def _comment_blocks(
 # -- Python: docstrings -------------------------------------------------------------------------
 
 
-def _python(rel: str, source: str) -> tuple[str, list[CodeQuery]]:
+def _python(lines: list[str]) -> Iterator[tuple[int, str]]:
     try:
-        tree = ast.parse(source)
+        tree = ast.parse("\n".join(lines))
     except SyntaxError:
-        return source, []
-    lines = source.split("\n")
-    queries = []
+        return
     for node in ast.walk(tree):
         if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             continue
@@ -151,8 +149,7 @@ def _python(rel: str, source: str) -> tuple[str, list[CodeQuery]]:
             lines[n - 1] = ""
         summary = _first_sentence(body[0].value.value.strip().split("\n\n")[0])
         if summary is not None:
-            queries.append(CodeQuery(summary, rel, node.lineno))
-    return "\n".join(lines), queries
+            yield node.lineno, summary
 
 
 # -- Rust (///) and JavaScript (/** */) ----------------------------------------------------------
@@ -164,11 +161,9 @@ _RUST_ITEM = re.compile(
 )
 
 
-def _rust(rel: str, source: str) -> tuple[str, list[CodeQuery]]:
+def _rust(lines: list[str]) -> Iterator[tuple[int, str]]:
     """``///`` doc comments, and plain ``//`` comment blocks directly above an item (the
     sources used here document many functions that way)."""
-    lines = source.split("\n")
-    queries = []
     i = 0
     while i < len(lines):
         if not _RUST_DOC.match(lines[i]):
@@ -189,13 +184,10 @@ def _rust(rel: str, source: str) -> tuple[str, list[CodeQuery]]:
             lines[n] = ""
         summary = _first_sentence(_first_paragraph(doc))
         if summary is not None and _RUST_ITEM.match(lines[j]):
-            queries.append(CodeQuery(summary, rel, j + 1))
-    return "\n".join(lines), queries
+            yield j + 1, summary
 
 
-def _javascript(rel: str, source: str) -> tuple[str, list[CodeQuery]]:
-    lines = source.split("\n")
-    queries = []
+def _javascript(lines: list[str]) -> Iterator[tuple[int, str]]:
     i = 0
     while i < len(lines):
         if not lines[i].lstrip().startswith("/**"):
@@ -220,8 +212,7 @@ def _javascript(rel: str, source: str) -> tuple[str, list[CodeQuery]]:
             prose.append(piece)
         summary = _first_sentence(" ".join(prose))
         if j < len(lines) and summary is not None:
-            queries.append(CodeQuery(summary, rel, j + 1))
-    return "\n".join(lines), queries
+            yield j + 1, summary
 
 
 _GO_DOC = re.compile(r"^\s*//(?![/!])\s?(.*)$")
@@ -231,11 +222,9 @@ _GO_ITEM = re.compile(r"^\s*(func |type |var |const )|^\s*[A-Za-z_]\w*(\s+\S.*)?
 _GO_NAME = re.compile(r"^\s*(?:func\s+(?:\([^)]*\)\s*)?|type\s+)([A-Za-z_]\w*)")
 
 
-def _go(rel: str, source: str) -> tuple[str, list[CodeQuery]]:
+def _go(lines: list[str]) -> Iterator[tuple[int, str]]:
     """``//`` comment blocks directly above a declaration (Go's doc comments; a ``//go:``
     directive is kept). The declaration may be inside a ``var (`` / ``const (`` group."""
-    lines = source.split("\n")
-    queries = []
     for i, doc in _comment_blocks(
         lines,
         _GO_DOC,
@@ -249,8 +238,7 @@ def _go(rel: str, source: str) -> tuple[str, list[CodeQuery]]:
             first, _, rest = summary.partition(" ")
             if first == name.group(1) and len(rest.split()) >= 3:
                 summary = rest[:1].upper() + rest[1:]
-            queries.append(CodeQuery(summary, rel, i + 1))
-    return "\n".join(lines), queries
+            yield i + 1, summary
 
 
 _CPP_DOC = re.compile(r"^\s*///(?!/)\s?(.*)$")
@@ -258,18 +246,17 @@ _CPP_NOT_ITEM = re.compile(r"^\s*(#|//|/\*|\}|(public|private|protected)\s*:)")
 _DOXYGEN_BRIEF = re.compile(r"^[\\@]brief\s+")
 
 
-def _cpp(rel: str, source: str) -> tuple[str, list[CodeQuery]]:
+def _cpp(lines: list[str]) -> Iterator[tuple[int, str]]:
     """Doxygen ``///`` comment blocks directly above a declaration (LLVM's headers); a leading
     ``\\brief`` is dropped from the query."""
-    lines = source.split("\n")
-    queries = []
     for i, doc in _comment_blocks(lines, _CPP_DOC, lambda line: not _CPP_NOT_ITEM.match(line)):
         summary = _first_sentence(_DOXYGEN_BRIEF.sub("", _first_paragraph(doc)))
         if summary is not None:
-            queries.append(CodeQuery(summary, rel, i + 1))
-    return "\n".join(lines), queries
+            yield i + 1, summary
 
 
+# a language's blanker blanks the doc comments in a file's lines (in place, so line numbers stay)
+# and yields each documented definition's 1-based first line with its query
 _BLANKERS = {"python": _python, "rust": _rust, "javascript": _javascript, "go": _go, "cpp": _cpp}
 
 
@@ -304,9 +291,9 @@ def load(
         if language == "go" and (path.name.endswith("_test.go") or "/testdata/" in f"/{rel}"):
             continue  # a module's library sources, not its tests
         source = path.read_text(encoding="utf-8", errors="replace").replace("\r\n", "\n")
-        blanked, found = _BLANKERS[language](rel, source)
-        files[rel] = blanked
-        queries.extend(found)
+        lines = source.split("\n")
+        queries.extend(CodeQuery(text, rel, line) for line, text in _BLANKERS[language](lines))
+        files[rel] = "\n".join(lines)
     counts: dict[str, int] = {}
     for q in queries:
         counts[q.text] = counts.get(q.text, 0) + 1
