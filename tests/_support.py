@@ -21,6 +21,7 @@ from click.testing import Result
 
 from memstrata import Agent, Config, MemorySystem
 from memstrata._workspaces import Workspaces
+from memstrata.bridges._cli_query import _Loading
 from memstrata.config import ActorsConfig, AgentConfig, StorageConfig
 from memstrata.errors import EmbedderUnavailableError
 from memstrata.layers import Episode
@@ -162,6 +163,25 @@ def hung_agent(system: MemorySystem, model: GatedModel, *, episode: bool = False
     assert system.wait_idle(20)
     model.mode = "hang"
     return agent
+
+
+@contextlib.contextmanager
+def late_model_loading() -> Iterator[_Loading]:
+    """How ``memstrata query`` loads its model (a ``_Loading`` bounded at 0.05 s), around a model
+    that answers a query vector only once the block is left: a late model, released on the way
+    out whatever the test raised."""
+    release = threading.Event()
+
+    class Late(FakeEmbedder):
+        def embed_query(self, text: str) -> Any:
+            release.wait()  # answers only once the test lets it
+            return super().embed_query(text)
+
+    loading = _Loading("fake-bow", 64, Late, limit=0.05)
+    try:
+        yield loading
+    finally:
+        release.set()
 
 
 def vector_blob(path: Path, episode_id: int) -> bytes:

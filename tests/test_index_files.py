@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from memstrata.config import Config
 from memstrata.layers import KnowledgeStore
 from memstrata.storage import Database, VectorIndex, _index_files, _vector_sync, open_database
 from memstrata.storage import _bm25_file as bm25_file_module
+from tests._support import late_model_loading
 from tests.fakes import FakeEmbedder
 
 DIM = 8
@@ -552,19 +552,11 @@ def test_in_process_query_bounds_a_late_model_as_the_system_does() -> None:
     from memstrata.bridges._cli_query import _Loading
     from memstrata.core.errors import ModelFaultError
 
-    release = threading.Event()
-
-    class Late(FakeEmbedder):
-        def embed_query(self, text: str) -> Any:
-            release.wait()  # answers only once the test lets it
-            return super().embed_query(text)
-
-    loading = _Loading("fake-bow", 64, Late, limit=0.05)
-    try:
-        with pytest.raises(ModelFaultError, match=r"no query vector within 0\.05 s"):
-            loading.embed_query("late")
-    finally:
-        release.set()
+    with (
+        late_model_loading() as loading,
+        pytest.raises(ModelFaultError, match=r"no query vector within 0\.05 s"),
+    ):
+        loading.embed_query("late")
     assert loading.embed_query("on time").shape == (64,) and not loading.failed
     broken = _Loading("fake-bow", 64, lambda: (_ for _ in ()).throw(OSError("no model")), limit=1.0)
     assert broken.failed and "no model" in str(broken.error)

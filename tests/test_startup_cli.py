@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from memstrata.bridges import cli as cli_module
 from memstrata.bridges._cli_query import _Loading
 from memstrata.core.errors import ModelFaultError
-from tests._support import CLI_TIMEOUT, cli_env
+from tests._support import CLI_TIMEOUT, cli_env, late_model_loading
 from tests.fakes import FakeEmbedder
 
 _BUILT_LAZILY = ("memstrata.bridges._cli_generated", "memstrata.bridges._operations")
@@ -216,20 +216,10 @@ def test_a_failed_embedding_is_computed_again_when_asked_again() -> None:
 
 
 def test_a_late_vector_asked_for_early_is_still_bounded() -> None:
-    release = threading.Event()
-
-    class Late(FakeEmbedder):
-        def embed_query(self, text: str) -> Any:
-            release.wait()  # answers only once the test lets it
-            return super().embed_query(text)
-
-    loading = _Loading("fake-bow", 64, Late, limit=0.05)
-    loading.prefetch_query("late")
-    try:
+    with late_model_loading() as loading:
+        loading.prefetch_query("late")
         with pytest.raises(ModelFaultError, match=r"no query vector within 0\.05 s"):
             loading.embed_query("late")
-    finally:
-        release.set()
     assert loading.embed_query("late").shape == (64,)
 
 
