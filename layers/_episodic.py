@@ -25,6 +25,7 @@ from memstrata.core.validation import (
     check_category,
 )
 from memstrata.storage import (
+    ConsistencyReport,
     Embedder,
     apply_migrations,
     get_meta,
@@ -238,9 +239,17 @@ class EpisodicMemory(EpisodicArchives):
                 self._matrix.remove(ordered)
         return len(ordered)
 
+    def _last_check(self) -> ConsistencyReport:
+        """The latest consistency report: an explicit :meth:`check`'s, else the open's."""
+        opened = self._open_check.report() if self._open_check is not None else None
+        report = self._consistency or opened
+        assert report is not None
+        return report
+
     def status(self) -> dict[str, Any]:
         """Counts, search mode (``hybrid`` or ``keyword-only`` and why), model, archives, policy."""
         db = self._open_db()
+        consistency = self._last_check()  # first: a repair it waits for changes the counts below
         first, last = db.execute("SELECT min(at_us), max(at_us) FROM episodes").fetchone()
         archives = []
         for path, auuid, n, removed, created in db.query(
@@ -286,7 +295,7 @@ class EpisodicMemory(EpisodicArchives):
                 "archive_dir": None if self._archive_dir is None else str(self._archive_dir),
             },
             "repaired_on_open": dict(self._repaired),
-            "consistency": None if self._consistency is None else self._consistency.as_dict(),
+            "consistency": consistency.as_dict(),
         }
 
     def close(self) -> None:
@@ -294,6 +303,8 @@ class EpisodicMemory(EpisodicArchives):
         if self._closed:
             return
         self._closed = True
+        if self._open_check is not None:
+            self._open_check.close()
         for _, archive in self._archives.values():
             archive.close()
         self._archives.clear()

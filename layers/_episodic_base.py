@@ -13,15 +13,18 @@ import uuid as uuidlib
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from memstrata.core.config import Config
 from memstrata.core.errors import EmbeddingError
 from memstrata.storage import (
+    CheckSpec,
     ConsistencyReport,
     Database,
     Embedder,
     EmbeddingCache,
     KeywordIndex,
+    OpenCheck,
     VectorIndex,
     check_consistency,
     embedding_mismatch,
@@ -104,13 +107,13 @@ class EpisodicBase(PendingVectors):
         if embedder is None:
             if stored_dim is not None:  # keep archives, restores and deletes consistent
                 self._vectors = VectorIndex(db, "episodes", stored_dim, mirror=False)
-            self.check()
+            self._start_check()
             return
         self._vectors = VectorIndex(db, "episodes", stored_dim or embedder.dim, mirror=False)
         if not self._vectors.available:
             self._problem = f"vectors unavailable: {db.vec_reason}"
             self._embedder = None
-            self.check()
+            self._start_check()
             return
         changed = embedding_mismatch(db, embedder.model_id, embedder.dim) is not None
         if changed or self._vectors.dim != embedder.dim:
@@ -125,7 +128,11 @@ class EpisodicBase(PendingVectors):
                 with db.transaction():
                     set_meta(db, "embedding_model", embedder.model_id)
                     set_meta(db, "embedding_dim", embedder.dim)
-        self.check()
+        self._start_check()
+
+    def _start_check(self) -> None:
+        """The open's check: at once on a small store, beside the first calls on a large one."""
+        self._open_check = OpenCheck(self._db, CheckSpec.of(self._db, **self._check_args()), self.check)
 
     def _rebuild_vectors(self, embedder: Embedder) -> None:
         """Re-embed every episode for a new model; the old vectors stay until the new set is ready."""
@@ -145,6 +152,17 @@ class EpisodicBase(PendingVectors):
         self._repaired["rebuilt"] = len(rows)
         self._matrix = None
 
+    def _check_args(self) -> dict[str, Any]:
+        """What the consistency check compares: the episodes, their full-text indexes and their
+        vectors (none are expected in keyword-only mode: they wait for a model)."""
+        hybrid = self._embedder is not None and self._vectors is not None
+        return {
+            "table": "episodes",
+            "fts": {"episodes_fts": None, "episodes_tri": None},
+            "vectors": self._vectors,
+            "vector_rows": None if hybrid else "0",
+        }
+
     def check(self, *, full: bool = False) -> ConsistencyReport:
         """Compare episodes, full-text indexes and vectors; repair what disagrees (run on open).
 
@@ -154,14 +172,10 @@ class EpisodicBase(PendingVectors):
         full-text indexes. The report is kept for :meth:`status`.
         """
         self._open_db()
-        vectors = self._vectors
-        hybrid = self._embedder is not None and vectors is not None
+        hybrid = self._embedder is not None and self._vectors is not None
         report = check_consistency(
             self._db,
-            table="episodes",
-            fts={"episodes_fts": None, "episodes_tri": None},
-            vectors=vectors,
-            vector_rows=None if hybrid else "0",  # keyword-only: vectors wait for a model
+            **self._check_args(),
             repair_missing=(self._defer_missing if self.defer_vectors else self._embed_missing)
             if hybrid
             else None,

@@ -15,7 +15,15 @@ import numpy.typing as npt
 
 from memstrata.core.errors import StorageError
 from memstrata.core.validation import check_aware
-from memstrata.storage import Database, Embedder, EmbeddingCache, KeywordIndex, VectorIndex, embed_documents
+from memstrata.storage import (
+    Database,
+    Embedder,
+    EmbeddingCache,
+    KeywordIndex,
+    OpenCheck,
+    VectorIndex,
+    embed_documents,
+)
 
 from ._archive import ArchiveFile
 from ._episode_records import EPISODE_COLUMNS, embed_text, query_in, refresh_context
@@ -54,10 +62,13 @@ class EpisodicState:
     _matrix_version: int
     _keywords: KeywordIndex
     _closed: bool
+    _open_check: OpenCheck | None = None  # the open's consistency check (storage.OpenCheck)
 
     def _open_db(self) -> Database:
         if self._closed:
             raise StorageError(f"episodic memory {self.path} is closed")
+        if self._open_check is not None:
+            self._open_check.settle()
         return self._db
 
     def _now(self) -> datetime:

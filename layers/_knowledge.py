@@ -127,6 +127,7 @@ class KnowledgeStore(KnowledgeSearch):
         """What this store holds and how it searches; ``mode`` is ``"keyword-only"`` (with a
         ``reason``) whenever vector search cannot be used."""
         self._check_open()
+        consistency = self._consistency  # first: a repair it waits for changes the counts below
         self._refresh_foreign()
         reason = self._vector_reason()
         return {
@@ -142,7 +143,7 @@ class KnowledgeStore(KnowledgeSearch):
             "stored_dim": _int_or_none(get_meta(self._db, "embedding_dim")),
             "vectors": None if self._vectors is None else self._vectors.status(),
             "last_error": self._last_error,
-            "consistency": self._consistency.as_dict(),
+            "consistency": consistency.as_dict(),
             "schema_version": len(MIGRATIONS),
             "tuning": dataclasses.asdict(self._tuning),
         }
@@ -151,6 +152,7 @@ class KnowledgeStore(KnowledgeSearch):
         """Close the connection (idempotent)."""
         if not self._closed:
             self._closed = True
+            self._open_check.close()
             self._db.close()
 
     @property

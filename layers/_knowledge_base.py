@@ -14,10 +14,13 @@ import numpy.typing as npt
 from memstrata.core.constants import EMBED_CHARS
 from memstrata.core.errors import EmbedderUnavailableError, EmbeddingError, InvalidInputError, StorageError
 from memstrata.storage import (
+    CheckSpec,
+    ConsistencyReport,
     Database,
     Embedder,
     EmbeddingCache,
     KeywordIndex,
+    OpenCheck,
     VectorIndex,
     apply_migrations,
     check_consistency,
@@ -83,19 +86,38 @@ class KnowledgeBase:
         self._cache = EmbeddingCache(db)
         self._keywords = KeywordIndex(db, keyword_table(self._tuning.column_weights))
         self._bm25 = self._keywords.bm25  # told of every write made here
+        self._opened = False
         self._vectors = self._open_vectors()
-        self._consistency = check_consistency(
-            db,
-            table=TABLE,
-            fts={f"{TABLE}_fts": None, f"{TABLE}_tri": "cjk != ''"},
-            vectors=self._vectors,
-            vector_rows="vector_pending = 0",
-            repair_missing=self._mark_pending,
-        )
-        if self._consistency.fts_rebuilt:
-            self._bm25.reset()
+        # examined beside the first calls on a large store (storage.OpenCheck)
+        self._open_check = OpenCheck(db, CheckSpec.of(db, **self._check_args()), self._check_consistency)
         if embedder is not None:
             self._start_vectors(embedder)
+        self._opened = True
+
+    def _check_args(self) -> dict[str, Any]:
+        """What the consistency check compares: the entries, both full-text indexes and the
+        vectors of the entries whose vector is not pending."""
+        return {
+            "table": TABLE,
+            "fts": {f"{TABLE}_fts": None, f"{TABLE}_tri": "cjk != ''"},
+            "vectors": self._vectors,
+            "vector_rows": "vector_pending = 0",
+        }
+
+    def _check_consistency(self) -> ConsistencyReport:
+        """The repairing check (at open, or when the examination beside the first calls found a
+        difference): a rebuilt full-text index drops the cached postings, and entries found
+        without a vector are marked pending and, here, embedded at once."""
+        report = check_consistency(self._db, **self._check_args(), repair_missing=self._mark_pending)
+        if report.fts_rebuilt:
+            self._bm25.reset()
+        if report.missing_vectors and self._opened:  # at open, the vectors' start embeds them
+            self._catch_up()
+        return report
+
+    @property
+    def _consistency(self) -> ConsistencyReport:
+        return self._open_check.report()
 
     def _mark_pending(self, entry_ids: list[int]) -> int:
         """Entries found without a vector are re-embedded by the pending-vector catch-up."""
@@ -138,6 +160,7 @@ class KnowledgeBase:
     def _check_open(self) -> None:
         if self._closed:
             raise StorageError(f"knowledge store {self._db.path} is closed")
+        self._open_check.settle()
 
     def _vectors_writable(self) -> bool:
         """New vectors can be computed and stored with the current model."""

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from ._bm25 import Bm25Index
     from ._bulk_cache import bulk_cache
     from ._connection import Database, connection_defaults, open_database
-    from ._consistency import ConsistencyReport, check_consistency
+    from ._consistency import CheckSpec, ConsistencyReport, check_consistency
     from ._default_model import default_model_dir
     from ._driver import DriverInfo, disable_vec_for_tests, driver_info
     from ._embed_cache import EmbeddingCache
@@ -70,6 +70,7 @@ if TYPE_CHECKING:
         set_meta,
     )
     from ._model_id import DEFAULT_MODEL_ID
+    from ._open_check import OpenCheck
     from ._vector_checks import precomputed_vectors
     from ._vectors import APPROXIMATE_FROM, VectorHit, VectorIndex
 
@@ -80,9 +81,11 @@ _HOME: dict[str, str] = {
     "Database": "._connection",
     "connection_defaults": "._connection",
     "open_database": "._connection",
+    "CheckSpec": "._consistency",
     "ConsistencyReport": "._consistency",
     "check_consistency": "._consistency",
     "DEFAULT_MODEL_ID": "._model_id",
+    "OpenCheck": "._open_check",
     "default_model_dir": "._default_model",
     "DriverInfo": "._driver",
     "disable_vec_for_tests": "._driver",
@@ -160,6 +163,7 @@ __all__ = [
     "MAX_QUERY_TERMS",
     "PLAIN_RRF_K",
     "Bm25Index",
+    "CheckSpec",
     "ConsistencyReport",
     "Database",
     "DriverInfo",
@@ -175,6 +179,7 @@ __all__ = [
     "KeywordTable",
     "Migration",
     "Mode",
+    "OpenCheck",
     "QueryVector",
     "RankedId",
     "ScoredIds",

@@ -41,9 +41,10 @@ from typing import Any
 from memstrata.core.errors import InvalidInputError, StorageError
 
 from ._connection import Database, open_database
+from ._vec0_chunks import snapshot
 from ._vectors import VectorIndex
 
-__all__ = ["ConsistencyReport", "check_consistency"]
+__all__ = ["CheckSpec", "ConsistencyReport", "check_consistency", "examine_consistency"]
 
 log = logging.getLogger("memstrata.storage")
 
@@ -227,6 +228,89 @@ def _compare_vectors(
     return missing
 
 
+@dataclass(frozen=True, slots=True)
+class CheckSpec:
+    """What a store's check compares: ``table`` (integer key ``key``), its FTS5 indexes (each
+    with the condition on the rows it indexes, ``None``: every row), and, when the store has a
+    usable vector table, that table's id source and the condition on rows that must have a vector
+    (see :func:`check_consistency`). Plain names only: a check on another connection uses it."""
+
+    table: str
+    key: str = "id"
+    indexes: Mapping[str, str | None] = field(default_factory=dict)
+    vector_ids: str | None = None  # the table holding the vectors' ids; None: no vector side
+    vector_rows: str | None = None
+
+    @classmethod
+    def of(
+        cls,
+        db: Database,
+        *,
+        table: str,
+        key: str = "id",
+        fts: Mapping[str, str | None] | None = None,
+        vectors: VectorIndex | None = None,
+        vector_rows: str | None = None,
+    ) -> CheckSpec:
+        usable = vectors is not None and vectors.available
+        return cls(
+            _name(table, "table"),
+            _name(key, "key"),
+            {_name(name, "fts table"): condition for name, condition in (fts or {}).items()},
+            _vector_ids(db, vectors.table, vectors.backend) if usable and vectors is not None else None,
+            vector_rows,
+        )
+
+
+@dataclass(slots=True)
+class _Findings:
+    """What comparing the counts and fingerprints found (nothing repaired yet)."""
+
+    rows: int
+    fts: dict[str, int | None]  # differences per index; None: only its integrity check can tell
+    vectors: int | None = None  # the vector count when the vector side agrees
+    vectors_differ: bool = False
+
+
+def _examine(db: Database, spec: CheckSpec, *, beside: bool) -> _Findings:
+    """Counts and fingerprints, inside the caller's transaction (one state of the database).
+    ``beside``: a large database's vector ids are fingerprinted on a second connection meanwhile
+    (only under the write lock, where both connections see the same state)."""
+    table, key = spec.table, spec.key
+    if spec.vector_ids is not None:
+        vector_side = _beside(db, "rowid", spec.vector_ids) if beside else None
+        every_row = _fingerprint(db, key, table)  # its count is the number of rows
+        found = _Findings(every_row[0], {})
+    else:
+        found = _Findings(int(db.scalar(f"SELECT count(*) FROM {table}")), {})
+    for index, condition in spec.indexes.items():
+        found.fts[index] = _fts_differences(db, table, key, index, condition, found.rows)
+    if spec.vector_ids is not None:
+        have = vector_side() if vector_side is not None else _fingerprint(db, "rowid", spec.vector_ids)
+        wanted = table + (f" WHERE {spec.vector_rows}" if spec.vector_rows else "")
+        # every row has its vector (the common case; the ids alone are read from the smallest
+        # index), or exactly the rows that should have one do: nothing lacks, nothing is left over
+        if have == every_row or (spec.vector_rows and have == _fingerprint(db, key, wanted)):
+            found.vectors = have[0]
+        else:
+            found.vectors_differ = True
+    return found
+
+
+def examine_consistency(db: Database, spec: CheckSpec) -> ConsistencyReport | None:
+    """The check without its repairs, on one snapshot of ``db`` (any connection, read-only
+    included): a report when everything agrees, ``None`` when something differs or only FTS5's
+    own integrity check could tell (then :func:`check_consistency` is what to run)."""
+    started = time.perf_counter()
+    with snapshot(db):
+        found = _examine(db, spec, beside=False)
+    if found.vectors_differ or any(differences != 0 for differences in found.fts.values()):
+        return None
+    report = ConsistencyReport(str(db.path), False, rows=found.rows, vectors=found.vectors)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
 def check_consistency(
     db: Database,
     *,
@@ -249,41 +333,29 @@ def check_consistency(
     repaired. ``full=True`` also runs FTS5's ``integrity-check`` on every index.
     """
     started = time.perf_counter()
-    table = _name(table, "table")
-    key = _name(key, "key")
-    indexes = {_name(name, "fts table"): condition for name, condition in (fts or {}).items()}
+    spec = CheckSpec.of(db, table=table, key=key, fts=fts, vectors=vectors, vector_rows=vector_rows)
     report = ConsistencyReport(str(db.path), full)
     missing: list[int] = []
     with db.transaction():  # the write lock: a concurrent writer cannot look like a difference
-        with_vectors = vectors is not None and vectors.available
-        if vectors is not None and with_vectors:
-            vector_side = _beside(db, "rowid", _vector_ids(db, vectors.table, vectors.backend))
-            every_row = _fingerprint(db, key, table)  # its count is the number of rows
-            report.rows = every_row[0]
-        else:
-            report.rows = int(db.scalar(f"SELECT count(*) FROM {table}"))
-        for index, condition in indexes.items():
-            differences = _fts_differences(db, table, key, index, condition, report.rows)
-            whole = condition is None
+        found = _examine(db, spec, beside=True)
+        report.rows = found.rows
+        for index, differences in found.fts.items():
+            condition = spec.indexes[index]
             if differences or (
-                (differences is None or full) and not _fts_intact(db, index, against_content=whole)
+                (differences is None or full)
+                and not _fts_intact(db, index, against_content=condition is None)
             ):
                 what = f"{differences} row(s) differ" if differences else "its integrity check failed"
                 if db.read_only:
                     report.problems.append(f"full-text index {index}: {what}; not rebuilt (read-only)")
                     continue
                 report.problems.append(f"full-text index {index}: {what}; rebuilt")
-                _rebuild(db, table, key, index, condition)
+                _rebuild(db, spec.table, spec.key, index, condition)
                 report.fts_rebuilt.append(index)
-        if vectors is not None and with_vectors:
-            wanted = table + (f" WHERE {vector_rows}" if vector_rows else "")
-            have = vector_side()
-            # every row has its vector (the common case; the ids alone are read from the smallest
-            # index), or exactly the rows that should have one do: nothing lacks, nothing is left over
-            if have == every_row or (vector_rows and have == _fingerprint(db, key, wanted)):
-                report.vectors = have[0]
-            else:
-                missing = _compare_vectors(db, report, vectors, table, key, wanted)
+        report.vectors = found.vectors
+        if found.vectors_differ and vectors is not None:
+            wanted = spec.table + (f" WHERE {vector_rows}" if vector_rows else "")
+            missing = _compare_vectors(db, report, vectors, spec.table, spec.key, wanted)
     if missing:
         if repair_missing is not None and not db.read_only:
             report.vectors_repaired = int(repair_missing(missing))
@@ -292,7 +364,7 @@ def check_consistency(
             f"{len(missing)} row(s) without a vector; {report.vectors_repaired} embedded now"
         )
     for index in report.fts_rebuilt:  # a rebuild that did not take would be a silent wrong answer
-        if not _fts_intact(db, index, against_content=indexes[index] is None):
+        if not _fts_intact(db, index, against_content=spec.indexes[index] is None):
             raise StorageError(f"database {db.path}: full-text index {index} is damaged even after a rebuild")
     report.seconds = time.perf_counter() - started
     if report.problems:
