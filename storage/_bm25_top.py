@@ -27,6 +27,7 @@ import numpy.typing as npt
 
 from ._bm25_formula import K1, idf_of, length_norms, normed_contribution
 from ._bm25_postings import _PHRASE, Bm25Postings, FloatArray, IntArray
+from ._distinct import distinct
 
 __all__ = ["Bm25Top", "PositionMask", "top_scored"]
 
@@ -192,7 +193,7 @@ class Bm25Top(Bm25Postings):
                 break
         if count < limit:
             return 0.0
-        pos = np.unique(np.concatenate(held)) if len(held) > 1 else held[0]
+        pos = distinct(np.concatenate(held)) if len(held) > 1 else held[0]
         if self._live != len(self._ids):
             pos = pos[self._alive[pos]]
         if allowed is not None and len(pos) >= limit:

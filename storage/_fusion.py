@@ -148,8 +148,8 @@ def fuse(lists: Sequence[Int64Array], weights: Sequence[float], k: int = DEFAULT
     parts = []
     for keys, w in zip(arrays, weights, strict=True):
         contribution = w / (k + np.arange(1, len(keys) + 1, dtype=np.float64))
-        if len(keys) and len(np.unique(keys)) != len(keys):
-            _, firsts = np.unique(keys, return_index=True)
+        _, firsts = np.unique(keys, return_index=True)  # (with an index: no numpy.ma import)
+        if len(firsts) != len(keys):
             repeated = np.ones(len(keys), dtype=bool)
             repeated[firsts] = False
             contribution[repeated] = 0.0

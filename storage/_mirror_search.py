@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ._distinct import distinct
 from ._ivf import Partition
 from ._mirror_scoring import Found, MirrorScoring
 from ._row_slices import group_mask, merged, runs, slice_rows
@@ -340,7 +341,7 @@ class MirrorSearch(MirrorScoring):
     ) -> _Found:
         size = self.size
         if len(candidates) <= _CANDIDATE_LOOKUP_MAX:
-            positions = self._lookup(np.unique(candidates))
+            positions = self._lookup(distinct(candidates))
             positions = positions[positions >= 0]
             mask = self._match_at(codes, ranges, positions)
             if mask is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._distinct import distinct
 from ._vector_freshness import _OP_RESET, MirrorState
 from ._vector_mirror import Mirror
 
@@ -88,5 +89,5 @@ class StoredLists(MirrorState):
             return
         if len(sizes) != len(centroids) or int(sizes.sum()) != len(ordered) or (sizes < 0).any():
             return
-        changed = np.unique(np.array([int(item) for item, _ in entries], dtype=np.int64))
+        changed = distinct(np.array([int(item) for item, _ in entries], dtype=np.int64))
         mirror.adopt(centroids, ordered, sizes, int(trained_rows), changed)

@@ -41,6 +41,7 @@ from memstrata.core.errors import InvalidInputError, StorageError
 
 from ._bulk_cache import bulk_cache
 from ._connection import Database
+from ._distinct import distinct
 from ._heap import trim_heap
 from ._migrations import ensure_metadata, get_meta, set_meta
 from ._vector_checks import check_metas, check_vectors, meta_value
@@ -450,7 +451,7 @@ class VectorIndex(MirrorUpkeep):
             params.append(value)
         if cand is not None:
             sql += " AND rowid IN (SELECT value FROM json_each(?))"
-            params.append("[" + ",".join(str(int(c)) for c in np.unique(cand)) + "]")
+            params.append("[" + ",".join(str(int(c)) for c in distinct(cand)) + "]")
         sql += " ORDER BY distance"
         return [VectorHit(int(r), 1.0 - float(d)) for r, d in self.db.query(sql, params) if d is not None]
 

@@ -79,3 +79,37 @@ def test_an_unknown_name_is_a_clear_attribute_error() -> None:
         storage.NoSuchThing  # type: ignore[attr-defined]  # noqa: B018
     with pytest.raises(ImportError):
         from memstrata.storage import NoSuchThing  # type: ignore[attr-defined]  # noqa: F401
+
+
+_SEARCHES = """
+import sys
+from memstrata.layers import KnowledgeStore
+from tests.fakes import FakeEmbedder
+with KnowledgeStore.open(sys.argv[1], FakeEmbedder()) as store:
+    for mode in ("hybrid", "keyword", "vector"):
+        store.search("entry number payment retries", mode=mode)
+        store.search("entry number payment retries", mode=mode, category="pattern")
+print("numpy.ma" in sys.modules, "numpy" in sys.modules)
+"""
+
+
+def test_searches_do_not_import_numpy_ma(tmp_path: Path) -> None:
+    """A plain ``numpy.unique`` imports ``numpy.ma`` (~20 ms) in a fresh process's first search;
+    the engine's paths use :func:`memstrata.storage._distinct.distinct` instead."""
+    path = tmp_path / "k.sqlite"
+    with KnowledgeStore.open(path, FakeEmbedder()) as store:
+        store.add_many(
+            [
+                {"content": f"entry number {i} about payment retries", "category": "pattern"}
+                for i in range(300)
+            ]
+        )
+    done = subprocess.run(
+        [sys.executable, "-c", _SEARCHES, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True"]
