@@ -8,13 +8,16 @@ Apart from :mod:`._vector_sync`, which decides when the file is written and read
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
+from ._distinct import distinct
 from ._index_files import (
     MIRROR_UNCHECKED,
     DamagedFile,
@@ -37,7 +40,7 @@ from ._vector_rows import MirrorRows
 __all__ = ["MirrorFiles"]
 
 _SPOT_CHECK_ROWS = 6  # rows of a mapped index file compared with the database at open (plus the
-# first and the last): each costs a chunk read of ~1.5 MB from SQLite, ~2 ms at 1M rows
+# first and the last), each from the first slot of a vec0 chunk (see _chunk_starts)
 _FILE_SPARE = 0.1  # spare rows in an index file (a hole: no disk), as a share of its rows
 
 log = logging.getLogger("memstrata.storage")
@@ -244,8 +247,11 @@ class MirrorFiles(MirrorRows):
             return None
         # spread evenly, first and last included (random picks would import numpy.random: ~12 ms
         # of a fresh process's first search)
-        picks = np.unique(np.linspace(0, size - 1, _SPOT_CHECK_ROWS + 2).round().astype(np.int64))
+        spread = np.linspace(0, 1, _SPOT_CHECK_ROWS + 2)
+        picks = distinct((spread * (size - 1)).round().astype(np.int64))
         picks = picks[mirror.alive[picks]]  # a dead row may hold anything
+        if self.backend == "vec0":
+            picks = self._chunk_starts(mirror, spread, picks)
         wanted = [int(mirror.rowids[p]) for p in picks if int(mirror.rowids[p]) not in changed]
         if not wanted:
             return None
@@ -269,6 +275,40 @@ class MirrorFiles(MirrorRows):
                 if decode[c].get(int(mirror.codes[c][p])) != rows.metas[c][i]:
                     return f"disagrees with the database on {c} of row {rowid}"
         return None
+
+    def _chunk_starts(
+        self, mirror: Mirror, spread: npt.NDArray[np.float64], picks: npt.NDArray[np.int64]
+    ) -> npt.NDArray[np.int64]:
+        """Mirror positions of the rows in the first slot of vec0 chunks spread evenly over the
+        table (else ``picks``): a row deep in a chunk is read by walking the chunk's overflow
+        pages up to it (~2-15 ms at 1M rows), the first one from its first page (~0.1 ms)."""
+        chunks = f"{self.table}_chunks"
+        low, high = self.db.query(f"SELECT min(chunk_id), max(chunk_id) FROM {chunks}")[0]
+        if low is None or high - low + 1 < len(spread):  # few chunks: each pick is cheap
+            return picks
+        ids = sorted({round(low + f * (high - low)) for f in spread.tolist()})
+        rows = self.db.query(
+            f"SELECT substr(rowids, 1, 8), substr(validity, 1, 1) FROM {chunks} "
+            "WHERE chunk_id IN (SELECT value FROM json_each(?))",
+            (json.dumps(ids),),
+        )
+        firsts = [
+            int.from_bytes(rowid, "little", signed=True)
+            for rowid, valid in rows
+            if isinstance(rowid, bytes) and len(rowid) == 8 and isinstance(valid, bytes) and valid[:1]
+            and valid[0] & 1  # the slot holds a live row
+        ]  # fmt: skip
+        # looked up in the file's row index without settling it (its whole check costs ~40 ms at
+        # 1M rows, and a search never needs it): a wrong entry only picks another row to compare
+        # (each row is compared under its own id), and the index is checked whole at first use
+        keys, values = mirror.index.keys, mirror.index.values
+        wanted = np.asarray(firsts, dtype=np.int64)
+        at = np.minimum(np.searchsorted(keys, wanted), max(len(keys) - 1, 0))
+        hit = (keys[at] == wanted) if len(keys) else np.zeros(len(wanted), dtype=bool)
+        found = values[at[hit]]
+        found = found[(found >= 0) & (found < mirror.size)]
+        found = found[mirror.alive[found]]
+        return distinct(found) if len(found) else picks
 
     def _reject(self, note: str, warn: bool) -> str:
         self.files_rejected += 1

@@ -227,6 +227,42 @@ def test_garbled_matrix_is_caught_by_the_spot_check(built: Path, caplog: pytest.
     _damage_and_reopen(built, caplog, "disagrees with the database")
 
 
+def test_the_spot_check_reads_rows_from_the_first_slot_of_spread_chunks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A row deep in a vec0 chunk is read by walking the chunk's pages up to it; the spot check
+    takes the first row of chunks spread over the table instead, and still catches one bad row."""
+    path = tmp_path / "v.sqlite"
+    db, index = _open(path)
+    index.upsert_many(*_rows(3, 12 * 1024))  # twelve chunks of 1,024 slots
+    index.search(np.ones(DIM, dtype=np.float32), 3)  # the mirror and its file
+    first_slots = {int(r[0]) for r in db.query("SELECT rowid FROM items_vec_rowids WHERE chunk_offset = 0")}
+    db.close()
+    asked: list[int] = []
+    read = VectorIndex._read
+
+    def recording(self: VectorIndex, items: list[int] | None, room: float = 0.0) -> Any:
+        asked.extend(items or [])
+        return read(self, items, room)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(VectorIndex, "_read", recording)
+        db, index = _open(path)
+        answers = _answers(index)
+        assert index.files_loaded == 1 and answers == _truth(index)
+        db.close()
+    assert len(set(asked)) >= 8 and set(asked) <= first_slots, (asked, sorted(first_slots))
+    found = _index_files.read_index(_file(path))
+    assert found is not None
+    arrays = dict(found.arrays)
+    matrix = np.array(arrays["matrix"])
+    row = int(np.flatnonzero(np.asarray(arrays["rowids"]) == max(asked))[0])
+    matrix[row] = -matrix[row]  # one row of the file no longer matches the database
+    arrays["matrix"] = matrix
+    assert _index_files.write_index(_file(path), found.meta, arrays)
+    _damage_and_reopen(path, caplog, "disagrees with the database")
+
+
 def test_a_garbled_row_index_is_rebuilt_from_the_rowids(built: Path) -> None:
     """The row index has no checksum (see ``MIRROR_UNCHECKED``): it is checked whole instead."""
     found = _index_files.read_index(_file(built))
