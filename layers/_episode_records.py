@@ -237,7 +237,14 @@ def has_context(db: Database) -> bool:
 
 def refresh_context(db: Database, ids: Sequence[int]) -> None:
     """Index the context of the episodes ``ids`` and of their neighbours, whose context now
-    holds them; run inside the transaction that inserted ``ids``."""
+    holds them; run inside the transaction that inserted ``ids``.
+
+    The contexts of a whole batch are written at the end, in ascending rowid order: FTS5 keeps
+    pending rows in memory only while rowids ascend and flushes a segment to disk whenever one
+    goes back, and a batch of backdated episodes spread over many task runs wrote its runs one
+    after the other (5,000 episodes into 30,000: 2.6 s of segment flushes). The runs' order is
+    read from their index alone (``episodes_run`` covers it) and only the texts needed are read.
+    """
     if not ids:
         return
     runs: dict[str, list[tuple[int, int]]] = {}
@@ -245,6 +252,7 @@ def refresh_context(db: Database, ids: Sequence[int]) -> None:
     for run, at_us, ident in query_in(db, sql, list(ids)):
         runs.setdefault(str(run), []).append((int(at_us), int(ident)))
     reach = 2 * CONTEXT_TURNS  # an affected neighbour needs its own neighbours
+    contexts: dict[int, list[int]] = {}  # an affected episode -> its neighbours, in time order
     for run, keys in runs.items():
         low, high = min(keys), max(keys)
         before = db.query(
@@ -259,24 +267,36 @@ def refresh_context(db: Database, ids: Sequence[int]) -> None:
         )
         start = tuple(before[-1]) if before else low
         end = tuple(after[-1]) if after else high
-        rows = db.query(
-            "SELECT id, content FROM episodes WHERE task_run_id = ? AND (at_us, id) >= (?, ?) "
-            "AND (at_us, id) <= (?, ?) ORDER BY at_us, id",
-            (run, *start, *end),
-        )
-        fresh = {ident for _, ident in keys}
-        position = {int(r[0]): n for n, r in enumerate(rows)}
+        order = [
+            int(r[0])
+            for r in db.query(
+                "SELECT id FROM episodes WHERE task_run_id = ? AND (at_us, id) >= (?, ?) "
+                "AND (at_us, id) <= (?, ?) ORDER BY at_us, id",
+                (run, *start, *end),
+            )
+        ]
+        position = {ident: n for n, ident in enumerate(order)}
         affected: set[int] = set()
-        for ident in fresh:
+        for _, ident in keys:
             n = position[ident]
-            affected.update(range(max(0, n - CONTEXT_TURNS), min(len(rows), n + CONTEXT_TURNS + 1)))
-        texts = [str(r[1])[:CONTEXT_CHARS] for r in rows]
-        out = []
-        for n in sorted(affected):
-            near = texts[max(0, n - CONTEXT_TURNS) : n] + texts[n + 1 : n + CONTEXT_TURNS + 1]
-            out.append((int(rows[n][0]), "\n".join(near)))
-        query_in(db, "DELETE FROM episodes_ctx WHERE rowid IN", [i for i, _ in out])
-        db.executemany("INSERT INTO episodes_ctx(rowid, context) VALUES (?, ?)", [r for r in out if r[1]])
+            affected.update(range(max(0, n - CONTEXT_TURNS), min(len(order), n + CONTEXT_TURNS + 1)))
+        for n in affected:
+            contexts[order[n]] = order[max(0, n - CONTEXT_TURNS) : n] + order[n + 1 : n + CONTEXT_TURNS + 1]
+    needed = sorted({i for near in contexts.values() for i in near})
+    texts = {
+        int(i): str(c)[:CONTEXT_CHARS]
+        for i, c in query_in(db, "SELECT id, content FROM episodes WHERE id IN", needed)
+    }
+    lone = sorted(ident for ident, near in contexts.items() if not near)
+    query_in(db, "DELETE FROM episodes_ctx WHERE rowid IN", lone)
+    db.executemany(
+        "INSERT OR REPLACE INTO episodes_ctx(rowid, context) VALUES (?, ?)",
+        [
+            (ident, "\n".join(texts[i] for i in contexts[ident]))
+            for ident in sorted(contexts)
+            if contexts[ident]
+        ],
+    )
 
 
 MAX_NEIGHBOURS = 20

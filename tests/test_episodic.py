@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import sqlite3
 from collections.abc import Iterator
 from dataclasses import replace
@@ -944,6 +945,37 @@ def test_turns_recorded_out_of_order_get_the_same_context(store: EpisodicMemory,
         ordered.record_many(items)
         query = "SELECT e.content, c.context FROM episodes e JOIN episodes_ctx c ON c.rowid = e.id ORDER BY 1"
         assert store._db.query(query) == ordered._db.query(query)
+
+
+def test_batches_of_backdated_turns_over_many_runs_get_the_same_context(data_dir: Path) -> None:
+    """A batch touching many task runs writes every run's contexts at once, in rowid order (with
+    replaced rows): the contexts equal those of the same turns recorded in time order."""
+    rng = random.Random(5)
+    items = [
+        {"content": f"turn {n} of run {run}: {rng.choice(DIALOGUE)}", "task_run_id": f"run-{run}",
+         "at": T0 + timedelta(seconds=n)}
+        for run in range(12) for n in range(rng.randint(1, 9))
+    ]  # fmt: skip
+    shuffled = items[:]
+    rng.shuffle(shuffled)
+    query = "SELECT e.content, c.context FROM episodes e JOIN episodes_ctx c ON c.rowid = e.id ORDER BY 1"
+    with (
+        EpisodicMemory.open(data_dir / "shuffled.sqlite", FakeEmbedder()) as backdated,
+        EpisodicMemory.open(data_dir / "ordered.sqlite", FakeEmbedder()) as ordered,
+    ):
+        for start in range(0, len(shuffled), 7):
+            backdated.record_many(shuffled[start : start + 7])
+        ordered.record_many(sorted(items, key=lambda item: (item["task_run_id"], item["at"])))
+        assert backdated._db.query(query) == ordered._db.query(query)
+        assert backdated._db.scalar("SELECT count(*) FROM episodes_ctx") == ordered._db.scalar(
+            "SELECT count(*) FROM episodes_ctx"
+        )
+        backdated._db.execute("INSERT INTO episodes_ctx(episodes_ctx, rank) VALUES ('integrity-check', 1)")
+        found = [
+            sorted(h.episode.content for h in store.search("shelter", mode="keyword", top_k=100))
+            for store in (backdated, ordered)
+        ]
+        assert found[0] and found[0] == found[1]
 
 
 def test_an_existing_store_upgrades_and_gets_context(data_dir: Path, fake_embedder: FakeEmbedder) -> None:
