@@ -44,7 +44,7 @@ class Conversation:
 
 
 def data_dir() -> Path:
-    env = os.environ.get("MEMSTRATA_LOCOMO_DIR")
+    env = os.environ.get("BENCH_LOCOMO_DIR")
     if env:
         return Path(env)
     return _HERE.parent.parent / "shared" / "data" / "locomo-dev"
@@ -93,5 +93,5 @@ def load_conversations() -> tuple[list[Conversation] | None, str]:
     folder = data_dir()
     files = sorted(folder.glob("*.json")) if folder.is_dir() else []
     if not files:
-        return None, f"no LoCoMo conversations in {folder} (set MEMSTRATA_LOCOMO_DIR)"
+        return None, f"no LoCoMo conversations in {folder} (set BENCH_LOCOMO_DIR)"
     return [_load(path) for path in files], f"{len(files)} conversations from {folder}"
