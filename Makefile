@@ -6,7 +6,7 @@ SOURCES := $(sort $(wildcard memstrata/*.py core/*.py actors/*.py layers/*.py st
 # the editable install links files one by one: re-link when the set of source files changes
 SOURCE_SET := $(VENV)/.sources-$(shell echo $(SOURCES) | cksum | cut -d' ' -f1)
 
-.PHONY: setup run test test-slow lint bench bench-scale bench-quick bench-deps bench-data clean
+.PHONY: setup run test test-slow lint bench bench-scale bench-quality bench-quick bench-deps bench-data clean
 
 setup: $(VENV)/.deps $(SOURCE_SET)
 
@@ -38,14 +38,19 @@ test-slow: setup
 	$(VENV)/bin/pytest -m slow
 
 # `make bench`: the 100k figures, limit 10 minutes on the 2-core development machine (one JSON,
-# benchmarks/results/latest.json). `make bench-scale`: the 1M figures (latest-scale.json); see
-# docs/performance.md for the runtime of each. Both install the `bench` extra first (LanceDB and
-# pyarrow, for the side-by-side of benchmarks/bench_peers.py; not a dependency of the package).
-bench: setup bench-data bench-deps
+# benchmarks/results/latest.json). `make bench-scale`: the 1M figures (latest-scale.json).
+# `make bench-quality`: retrieval quality on real corpora, no timings (latest-quality.json). See
+# docs/performance.md for the runtime of each. bench and bench-scale install the `bench` extra first
+# (LanceDB and pyarrow, for the side-by-side of benchmarks/bench_peers.py; not a dependency of the
+# package); bench-quality fetches the code corpora first.
+bench: setup bench-deps
 	$(PY) benchmarks/run.py
 
 bench-scale: setup bench-deps
 	$(PY) benchmarks/run.py --scale
+
+bench-quality: setup bench-data
+	$(PY) benchmarks/run.py --quality
 
 bench-quick: setup
 	$(PY) benchmarks/run.py --quick
@@ -58,7 +63,7 @@ $(VENV)/.bench-deps: pyproject.toml $(VENV)/.deps
 	$(PY) -m pip install -q -r $(VENV)/.bench-requirements
 	touch $@
 
-# Real sources for the code-retrieval benchmark, from package registries (fetched once; a
+# Real sources for the code-retrieval quality benchmark, from package registries (fetched once; a
 # language whose download fails is skipped by the benchmark with a message).
 BENCH_DATA := benchmarks/.data
 RUST_DEBS := apt-get download -qq librust-itertools-dev=0.10.3-1 librust-bytes-dev=1.2.1-1 librust-semver-dev=1.0.14-1

@@ -58,18 +58,25 @@ class Measured:
     scorers: list[Callable[[Sequence[Hashable]], float]] = field(default_factory=list)
     notes: str = ""
     held_out: bool = False  # queries kept out of the choice of the fusion settings (grid, LOCO)
+    _fused: dict[tuple[int, float], list[float]] = field(default_factory=dict, repr=False)
 
     def scores(self, lists: Sequence[Sequence[Hashable]]) -> list[float]:
         return [score(keys) for score, keys in zip(self.scorers, lists, strict=True)]
 
     def fused(self, k: int, keyword_weight: float) -> list[float]:
+        """Per query, the score of the vector and keyword lists fused with these settings (kept:
+        the grid and the leave-one-corpus-out choice score the same settings)."""
+        kept = self._fused.get((k, keyword_weight))
+        if kept is not None:
+            return kept
         out = []
         for vec, kw, score in zip(self.vector, self.keyword, self.scorers, strict=True):
             if vec and kw:
-                keys = [f.key for f in rrf([vec, kw], k=k, weights=[1.0, keyword_weight])][:10]
+                keys = [f.key for f in rrf([vec, kw], k=k, weights=[1.0, keyword_weight], limit=10)]
             else:
                 keys = (vec or kw)[:10]
             out.append(score(keys))
+        self._fused[(k, keyword_weight)] = out
         return out
 
 

@@ -7,7 +7,7 @@ through both engines, and a bare Ray actor call), and the resident memory of one
 process and of a node's embedder. The feature-hashing embedder keeps the model out of the figures
 (its cost is the same in both engines). Skipped when the ``memstrata[ray]`` extra is not installed.
 
-    .venv/bin/python benchmarks/run.py --only ray          # or: python benchmarks/bench_ray.py
+    .venv/bin/python benchmarks/run.py --scale --only ray  # or: python benchmarks/bench_ray.py
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def _config(data_dir: Path, engine: str, address: str = "auto", *, scale: bool =
     )
 
 
-def run(ctx: Context) -> list[Row]:
+def _overhead(ctx: Context) -> list[Row]:
     try:
         import ray
         from ray.cluster_utils import Cluster
@@ -225,9 +225,15 @@ def run(ctx: Context) -> list[Row]:
 
 
 def run_scale(ctx: Context) -> list[Row]:
+    """The engine's overhead (``make bench-scale`` only: a Ray cluster's start costs a minute of
+    the 10-minute ``make bench`` on the 2-core development machine), then the host's memory."""
+    return _overhead(ctx) + _host_memory(ctx)
+
+
+def _host_memory(ctx: Context) -> list[Row]:
     """The resident memory of one agent's host at 100k entries of 384-d vectors (the default
     model's dimension), against the local engine's whole process on the same store: what bounds
-    the agents per node (``make bench-scale``; about 2 minutes)."""
+    the agents per node (about 2 minutes)."""
     try:
         import ray
         from ray.cluster_utils import Cluster
@@ -287,6 +293,5 @@ if __name__ == "__main__":
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        entry = run_scale if "--scale" in sys.argv else run
-        for row in entry(Context(quick="--quick" in sys.argv, workdir=Path(tmp))):
+        for row in run_scale(Context(quick="--quick" in sys.argv, workdir=Path(tmp))):
             print(f"{row.name:45} {row.value:10.2f} {row.unit:8} {row.baseline or ''} {row.notes}")

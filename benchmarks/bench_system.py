@@ -384,7 +384,7 @@ def _write_back_run(data: Path, config: Config, agents: int, per_agent: int) -> 
 def _write_back(ctx: Context) -> list[Row]:
     agents = 16
     batched = _write_back_run(
-        ctx.workdir / "writeback", Config(data_dir=ctx.workdir / "writeback"), agents, ctx.size(300, 25)
+        ctx.workdir / "writeback", Config(data_dir=ctx.workdir / "writeback"), agents, ctx.size(150, 25)
     )
     unbatched_config = Config(
         data_dir=ctx.workdir / "writeback-unbatched",
@@ -466,9 +466,6 @@ def run(ctx: Context) -> list[Row]:
     entries = ctx.size(100_000, 10_000)
     data = ctx.workdir / "retrieval"
     rows = _retrieval(ctx, data, entries, f"stores {fill_from_bases(model, data, entries)} + noise")
-    if not ctx.quick:  # the actor system's own figure (at 10k entries per agent) beside the 100k target
-        small = ctx.workdir / "retrieval-10k"
-        rows += _retrieval(ctx, small, 10_000, f"stores {fill_from_bases(model, small, 10_000)} + noise")
     rows += _memory(data, entries)
     rows += _write_back(ctx)
     return rows

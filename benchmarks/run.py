@@ -1,23 +1,22 @@
 """``make bench``: run every ``bench_*.py`` module, print a table, write JSON.
 
 ``--scale`` (``make bench-scale``) runs instead the 1M-entry parts: each module's ``run_scale``
-(modules without one are skipped). ``make bench`` keeps the 100k figures and must finish within
-10 minutes on the 2-core development machine; the wall and CPU seconds of every module end the
-table (``runtime`` rows) and are kept in the JSON, so that a module that grows is seen. Modules
-that only measure retrieval quality run beside a single-threaded one (:data:`BESIDE`).
+(modules without one are skipped). ``--quality`` (``make bench-quality``) runs the retrieval
+quality modules (:data:`QUALITY`: MRR and recall on real corpora, no timings), which the other
+runs leave out. ``make bench`` keeps the 100k figures and must finish within 10 minutes on the
+2-core development machine; the wall and CPU seconds of every module end the table (``runtime``
+rows) and are kept in the JSON, so that a module that grows is seen.
 
-Usage: python benchmarks/run.py [--quick] [--scale] [--only NAME ...] [--json PATH] [--sequential]
+Usage: python benchmarks/run.py [--quick] [--scale | --quality] [--only NAME ...] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
 import os
 import platform
 import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,8 +35,8 @@ os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 from _harness import Context, Row, format_table  # noqa: E402
 
 
-def _results_name(quick: bool, scale: bool) -> str:
-    return f"latest{'-scale' if scale else ''}{'-quick' if quick else ''}.json"
+def _results_name(quick: bool, scale: bool, quality: bool) -> str:
+    return f"latest{'-scale' if scale else ''}{'-quality' if quality else ''}{'-quick' if quick else ''}.json"
 
 
 def _cpu_seconds() -> float:
@@ -49,11 +48,10 @@ def _cpu_seconds() -> float:
 
 BUDGET_SECONDS = 600  # `make bench` on the 2-core development machine
 
-# Modules whose figures do not depend on the machine's load (retrieval quality: MRR, recall, their
-# intervals; no timings) run in a second process while the host module runs, on the core it
-# leaves free: the host is single-threaded Python and SQLite, and its timed figures are ratios
-# to floors measured interleaved with them. `--sequential` runs every module alone.
-BESIDE: dict[str, tuple[str, ...]] = {"bench_episodic": ("bench_quality", "bench_code_quality")}
+# Retrieval quality (MRR, recall and their intervals on real corpora; no timings): they do not
+# depend on the machine or its load, take as long as the rest of `make bench` together on the
+# development machine, and run apart (`make bench-quality`).
+QUALITY = ("bench_quality", "bench_code_quality")
 
 
 def _runtime_rows(
@@ -85,65 +83,17 @@ def _runtime_rows(
     return rows
 
 
-def _start_lane(
-    args: argparse.Namespace, names: list[str], host: str, tmp: Path
-) -> tuple[subprocess.Popen[bytes], Path, tuple[str, ...], str]:
-    """``names`` in a child ``run.py`` (its progress on our stderr, its table discarded)."""
-    out = tmp / f"beside-{host}.json"
-    command = [
-        sys.executable,
-        str(Path(__file__).resolve()),
-        "--sequential",
-        "--json",
-        str(out),
-        "--only",
-        *names,
-    ]
-    command += ["--quick"] * args.quick + ["--scale"] * args.scale
-    print(f"running {', '.join(names)} beside {host} ...", file=sys.stderr, flush=True)
-    child = subprocess.Popen(command, stdout=subprocess.DEVNULL)
-    return child, out, tuple(names), host
-
-
-def _join_lane(
-    child: subprocess.Popen[bytes],
-    out: Path,
-    names: tuple[str, ...],
-    host: str,
-    rows_of: dict[str, list[Row]],
-    seconds: dict[str, float],
-    cpu: dict[str, float],
-    failures: list[str],
-) -> None:
-    """Wait for a lane and take its rows, seconds and failures as if they were run here."""
-    code = child.wait()
-    try:
-        data = orjson.loads(out.read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        failures.extend(names)
-        print(f"  modules beside {host} left no results (exit {code})", file=sys.stderr, flush=True)
-        return
-    fields = {f.name for f in dataclasses.fields(Row)}
-    for name, found in data.get("module_rows", {}).items():
-        rows_of[name] = [Row(**{k: v for k, v in r.items() if k in fields}) for r in found]
-    for name in names:
-        if name in data["module_seconds"]:
-            seconds[f"{name} (beside {host.removeprefix('bench_')})"] = data["module_seconds"][name]
-            cpu[f"{name} (beside {host.removeprefix('bench_')})"] = data["module_cpu_seconds"][name]
-    failures.extend(data.get("failures", []))
-    if code != 0 and not data.get("failures"):
-        failures.extend(names)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small sizes, for a fast check")
     parser.add_argument("--scale", action="store_true", help="the 1M-entry runs (modules' run_scale)")
+    parser.add_argument("--quality", action="store_true", help="the retrieval quality modules alone")
     parser.add_argument("--only", nargs="*", default=None, help="run only these modules (e.g. storage)")
     parser.add_argument("--json", type=Path, default=None, help="where to write the JSON results")
-    parser.add_argument("--sequential", action="store_true", help="no module runs beside another")
     args = parser.parse_args(argv)
-    modules = sorted(p.stem for p in HERE.glob("bench_*.py"))
+    if args.scale and args.quality:
+        parser.error("--scale and --quality are separate runs")
+    modules = sorted(p.stem for p in HERE.glob("bench_*.py") if (p.stem in QUALITY) == args.quality)
     if args.only:
         modules = [m for m in modules if m.removeprefix("bench_") in args.only or m in args.only]
     rows_of: dict[str, list[Row]] = {}
@@ -151,16 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     seconds: dict[str, float] = {}
     cpu: dict[str, float] = {}
     entry = "run_scale" if args.scale else "run"
-    lanes: list[tuple[subprocess.Popen[bytes], Path, tuple[str, ...], str]] = []
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="memstrata-bench-") as tmp:
-        beside = {} if args.sequential else {h: [m for m in g if m in modules] for h, g in BESIDE.items()}
-        beside = {h: g for h, g in beside.items() if h in modules and g}
         for name in modules:
-            if any(name in group for group in beside.values()):
-                continue  # runs beside its host, below
-            if name in beside:
-                lanes.append(_start_lane(args, beside[name], name, Path(tmp)))
             t0, c0 = time.perf_counter(), _cpu_seconds()
             try:
                 module = importlib.import_module(name)
@@ -175,25 +118,29 @@ def main(argv: list[str] | None = None) -> int:
                 traceback.print_exc()
             seconds[name], cpu[name] = time.perf_counter() - t0, _cpu_seconds() - c0
             print(f"  {name}: {seconds[name]:.1f} s ({cpu[name]:.0f} CPU s)", file=sys.stderr, flush=True)
-        for lane in lanes:
-            _join_lane(*lane, rows_of, seconds, cpu, failures)
     elapsed = time.perf_counter() - started
     rows = [row for name in sorted(rows_of) for row in rows_of[name]]
-    rows.extend(_runtime_rows(seconds, cpu, elapsed, full=not (args.quick or args.scale or args.only)))
+    full = not (args.quick or args.scale or args.quality or args.only)
+    rows.extend(_runtime_rows(seconds, cpu, elapsed, full=full))
     print(format_table(rows))
-    kind = ("scale " if args.scale else "") + ("quick" if args.quick else "full")
+    kind = (
+        ("scale " if args.scale else "")
+        + ("quality " if args.quality else "")
+        + ("quick" if args.quick else "full")
+    )
     print(f"\n{len(rows)} figures in {elapsed:.0f} s ({kind})")
     print(
         "seconds per module: " + ", ".join(f"{m.removeprefix('bench_')} {s:.0f}" for m, s in seconds.items())
     )
     print(f"CPU seconds: {sum(cpu.values()):.0f} (this process and its finished child processes)")
-    out = args.json or HERE / "results" / _results_name(args.quick, args.scale)
+    out = args.json or HERE / "results" / _results_name(args.quick, args.scale, args.quality)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(
         orjson.dumps(
             {
                 "quick": args.quick,
                 "scale": args.scale,
+                "quality": args.quality,
                 "seconds": elapsed,
                 "module_seconds": seconds,
                 "module_cpu_seconds": cpu,
