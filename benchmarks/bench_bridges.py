@@ -3,10 +3,8 @@
 - ``memstrata query`` process wall time against a process that does the least a query needs
   (import the layer, load the model, open the store, search): the cost of the CLI and the
   actor system on top of the unavoidable work.
-- ``memstrata status`` and ``memstrata query`` as processes on a store of 100k entries (vectors
-  planted, the query embedded by the real model), with the persisted index files and without,
-  against a bare ``python -c pass`` and a process that only imports numpy; and where a query
-  process spends its time (imports, model load, store open, first search).
+- ``memstrata status`` and ``memstrata query`` as processes on a store of 100k entries, and where
+  a query process spends its time, are :mod:`bench_startup`'s (this module measured them too).
 - ``memstrata serve``: pipelined ``query_knowledge`` throughput against the same queries made
   in-process through the facade on a thread pool, and the round-trip latency of a request that
   does no storage work (``get_signal``), i.e. the protocol's own overhead.
@@ -15,7 +13,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -189,103 +186,7 @@ def _serve_rows(ctx: Context, data_dir: Path) -> list[Row]:
     ]  # fmt: skip
 
 
-_PHASES = textwrap.dedent(
-    """
-    import json, sys, time
-    started = time.perf_counter()
-    from memstrata.layers import KnowledgeStore
-    from memstrata.storage import default_embedder
-    imported = time.perf_counter()
-    embedder = default_embedder()
-    embedder.embed_query("warm up")
-    loaded = time.perf_counter()
-    store = KnowledgeStore.open(sys.argv[1], embedder)
-    opened = time.perf_counter()
-    store.search(sys.argv[2], top_k=10)
-    searched = time.perf_counter()
-    store.close()
-    print(json.dumps({"import": imported - started, "model": loaded - imported,
-                      "open": opened - loaded, "search": searched - opened}))
-    """
-)
-
-
-def _prepare_planted(data_dir: Path, n: int) -> None:
-    """``n`` entries for agent b0 with random vectors recorded as the default model's (the store
-    loads; queries are embedded by the real model): process timings, not relevance."""
-    import numpy as np
-
-    from memstrata.layers import KnowledgeStore
-    from memstrata.storage import DEFAULT_MODEL_ID
-
-    rng = np.random.default_rng(19)
-
-    class Planted:
-        model_id, dim = DEFAULT_MODEL_ID, 384
-
-        def embed_documents(self, texts: list[str]) -> np.ndarray:
-            return rng.standard_normal((len(texts), 384)).astype(np.float32)
-
-        def embed_query(self, text: str) -> np.ndarray:
-            return rng.standard_normal(384).astype(np.float32)
-
-    words = ["service", "retry", "fails", "over", "cache", "index", "query", "shard", "queue", "lock"]
-    with KnowledgeStore.open(KnowledgeStore.path_for(data_dir, "b0"), Planted()) as store:  # type: ignore[arg-type]
-        for start in range(0, n, 20_000):
-            store.add_many(
-                {
-                    "content": f"note {i}: " + " ".join(rng.choice(words, 8)),
-                    "category": ("pattern", "pitfall")[i % 2],
-                }
-                for i in range(start, min(n, start + 20_000))
-            )
-
-
-def _scale_rows(ctx: Context) -> list[Row]:
-    n = ctx.size(100_000, 20_000)  # 20k: the smallest store that gets index files
-    data_dir = ctx.workdir / f"bridges-{n}"
-    _prepare_planted(data_dir, n)
-    runs = ctx.size(5, 3)
-    query = "how often does a service retry"
-    base = [sys.executable, "-m", "memstrata", "--data-dir", str(data_dir)]
-    cli = [*base, "query", query, "--agent", "b0"]
-    status = [*base, "status"]
-    store = data_dir / "knowledge" / "b0.sqlite"
-    files = store.with_name(store.name + ".index")
-    bare = [sys.executable, "-c", "pass"]
-    numpy_only = [sys.executable, "-c", "import numpy"]
-    _process_ms(cli, data_dir)  # builds the mirror once and writes the index files
-    assert files.is_dir(), "the first query process wrote no index files"
-    query_ms, cold_ms, status_ms, bare_ms, numpy_ms, phases = [], [], [], [], [], []
-    for _ in range(runs):  # interleaved, so machine load hits all alike
-        query_ms.append(_process_ms(cli, data_dir))
-        status_ms.append(_process_ms(status, data_dir))
-        bare_ms.append(_process_ms(bare, data_dir))
-        numpy_ms.append(_process_ms(numpy_only, data_dir))
-        done = subprocess.run(
-            [sys.executable, "-c", _PHASES, str(store), query],
-            env=_env(), check=True, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
-        phases.append(orjson.loads(done.stdout.strip().splitlines()[-1]))
-        shutil.rmtree(files)
-        cold_ms.append(_process_ms(cli, data_dir))  # rebuilds the mirror and writes the files again
-    at = f"{n // 1000}k"
-    parts = {k: 1000 * p50([p[k] for p in phases]) for k in ("import", "model", "open", "search")}
-    breakdown = ", ".join(f"{k} {v:.0f} ms" for k, v in parts.items())
-    return [
-        Row("bridges", f"`memstrata status` process p50 @{at}", p50(status_ms), "ms", "<= 300 ms",
-            p50(numpy_ms), "python -c 'import numpy'", p50(status_ms) <= 300,
-            f"{runs} runs; no system started, no model loaded; bare python {p50(bare_ms):.0f} ms"),
-        Row("bridges", f"`memstrata query` process p50 @{at}, index files", p50(query_ms), "ms", "<= 300 ms",
-            sum(parts.values()), "import + model + open + search, in one process", p50(query_ms) <= 300,
-            f"{runs} runs; that process: {breakdown}"),
-        Row("bridges", f"`memstrata query` process p50 @{at}, no index files", p50(cold_ms), "ms",
-            baseline=p50(query_ms), baseline_name="with the index files",
-            notes="mirror and keyword lengths rebuilt from SQLite, files written again"),
-    ]  # fmt: skip
-
-
 def run(ctx: Context) -> list[Row]:
     data_dir = ctx.workdir / "bridges"
     _prepare(data_dir, ctx.size(500, 50))
-    return _cli_rows(ctx, data_dir) + _scale_rows(ctx) + _serve_rows(ctx, data_dir)
+    return _cli_rows(ctx, data_dir) + _serve_rows(ctx, data_dir)
