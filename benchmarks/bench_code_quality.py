@@ -104,7 +104,7 @@ def _measure(
         return {mode: _scores(cb, corpus, mode) for mode in MODES}
 
 
-def run(ctx: Context) -> list[Row]:
+def run_quality(ctx: Context) -> list[Row]:
     from bench_knowledge import CachedEmbedder
 
     from memstrata.storage import default_embedder
@@ -173,4 +173,4 @@ if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as tmp:
         from _harness import format_table
 
-        print(format_table(run(Context(quick="--quick" in sys.argv, workdir=Path(tmp)))))
+        print(format_table(run_quality(Context(quick="--quick" in sys.argv, workdir=Path(tmp)))))

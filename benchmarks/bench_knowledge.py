@@ -368,4 +368,8 @@ def performance(ctx: Context) -> list[Row]:
 
 
 def run(ctx: Context) -> list[Row]:
-    return quality(ctx) + performance(ctx)
+    return performance(ctx)
+
+
+def run_quality(ctx: Context) -> list[Row]:
+    return quality(ctx)

@@ -625,7 +625,7 @@ def side_by_side(ctx: Context, n: int, *, scale: bool) -> list[Row]:
     at = f"@{n:,}"
     n_queries = 50
     rounds = ctx.size(40, 20)
-    slow_rounds = ctx.size(5 if scale else 8, 5)  # the flat scans (vec0, LanceDB without index)
+    slow_rounds = ctx.size(5 if scale else 8, 5)  # the flat scans (numpy, vec0, LanceDB without index)
     full = not ctx.quick
     log = ctx.extra.get("log", lambda msg: print(f"  peers: {msg}", file=sys.stderr, flush=True))
     started = time.perf_counter()
@@ -729,7 +729,8 @@ def side_by_side(ctx: Context, n: int, *, scale: bool) -> list[Row]:
         contenders[f"memstrata|{measure}"] = mem(mode, category)
         for name, obj in systems.items():
             contenders[f"{name}|{measure}"] = peer(obj, mode, category)
-    slow = {c for c in contenders if c.startswith(("sqlite-vec|", "lancedb|"))}
+    # the floors and the unindexed peers, ~0.1-0.3 s a query: their first rounds give their p50
+    slow = {c for c in contenders if c.startswith(("numpy|", "sqlite-vec|", "lancedb|"))}
     samples, answers = interleaved(contenders, rounds, slow, slow_rounds)
     store.close()
     log(f"searches timed ({rounds} rounds, {slow_rounds} for the unindexed peers)")

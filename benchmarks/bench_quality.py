@@ -348,7 +348,7 @@ def rows_for(m: Measured) -> list[Row]:
     return rows
 
 
-def run(ctx: Context) -> list[Row]:
+def run_quality(ctx: Context) -> list[Row]:
     return with_cached_model(GROUP, lambda embedder: _run(ctx, embedder))
 
 
@@ -386,5 +386,5 @@ if __name__ == "__main__":
     from _harness import format_table
 
     with tempfile.TemporaryDirectory() as tmp:
-        result = run(Context(quick="--quick" in sys.argv, workdir=Path(tmp)))
+        result = run_quality(Context(quick="--quick" in sys.argv, workdir=Path(tmp)))
     print(format_table(result))
