@@ -43,6 +43,7 @@ class Context:
     quick: bool
     workdir: Path
     extra: dict[str, Any] = field(default_factory=dict)
+    shared: Path | None = None  # a folder the modules of one run share (stores filled once)
 
     def size(self, full: int, quick: int) -> int:
         return quick if self.quick else full

@@ -175,4 +175,4 @@ def run(ctx: Context) -> list[Row]:
     model = default_embedder()
     entries = ctx.size(100_000, 10_000)
     data = ctx.workdir / "pretask"
-    return pretask_busy(ctx, model, data, entries, fill_from_bases(model, data, entries))
+    return pretask_busy(ctx, model, data, entries, fill_from_bases(model, data, entries, ctx.shared))

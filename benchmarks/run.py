@@ -109,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"running {name} ...", file=sys.stderr, flush=True)
                 workdir = Path(tmp) / name
                 workdir.mkdir()
-                rows_of[name] = list(getattr(module, entry)(Context(quick=args.quick, workdir=workdir)))
+                context = Context(quick=args.quick, workdir=workdir, shared=Path(tmp) / "shared")
+                rows_of[name] = list(getattr(module, entry)(context))
             except Exception:
                 failures.append(name)
                 traceback.print_exc()
