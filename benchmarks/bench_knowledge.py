@@ -283,7 +283,7 @@ def performance(ctx: Context) -> list[Row]:
         for fn in searches.values():  # warm-up: mirrors, document lengths, postings
             for q, v in zip(sample, vectors, strict=True):
                 fn(q, v)
-        rounds = ctx.size(3, 2)
+        rounds = 2  # after a warm-up round; a third cost ~15 s of the 10-minute `make bench`
         samples: dict[str, list[float]] = {name: [] for name in searches}
         for _ in range(rounds):  # interleaved, so that load from elsewhere hits every contender alike
             for q, v in zip(sample, vectors, strict=True):
