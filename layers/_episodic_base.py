@@ -13,12 +13,12 @@ import uuid as uuidlib
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 from memstrata.core.config import Config
 from memstrata.core.errors import EmbeddingError
 from memstrata.storage import (
     CheckSpec,
+    CheckTarget,
     ConsistencyReport,
     Database,
     Embedder,
@@ -152,7 +152,7 @@ class EpisodicBase(PendingVectors):
         self._repaired["rebuilt"] = len(rows)
         self._matrix = None
 
-    def _check_args(self) -> dict[str, Any]:
+    def _check_args(self) -> CheckTarget:
         """What the consistency check compares: the episodes, their full-text indexes and their
         vectors (none are expected in keyword-only mode: they wait for a model)."""
         hybrid = self._embedder is not None and self._vectors is not None

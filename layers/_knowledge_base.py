@@ -15,6 +15,7 @@ from memstrata.core.constants import EMBED_CHARS
 from memstrata.core.errors import EmbedderUnavailableError, EmbeddingError, InvalidInputError, StorageError
 from memstrata.storage import (
     CheckSpec,
+    CheckTarget,
     ConsistencyReport,
     Database,
     Embedder,
@@ -94,7 +95,7 @@ class KnowledgeBase:
             self._start_vectors(embedder)
         self._opened = True
 
-    def _check_args(self) -> dict[str, Any]:
+    def _check_args(self) -> CheckTarget:
         """What the consistency check compares: the entries, both full-text indexes and the
         vectors of the entries whose vector is not pending."""
         return {

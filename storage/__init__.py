@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from ._bm25 import Bm25Index
     from ._bulk_cache import bulk_cache
     from ._connection import Database, connection_defaults, open_database
-    from ._consistency import CheckSpec, ConsistencyReport, check_consistency
+    from ._consistency import CheckSpec, CheckTarget, ConsistencyReport, check_consistency
     from ._default_model import default_model_dir
     from ._driver import DriverInfo, disable_vec_for_tests, driver_info
     from ._embed_cache import EmbeddingCache
@@ -82,6 +82,7 @@ _HOME: dict[str, str] = {
     "connection_defaults": "._connection",
     "open_database": "._connection",
     "CheckSpec": "._consistency",
+    "CheckTarget": "._consistency",
     "ConsistencyReport": "._consistency",
     "check_consistency": "._consistency",
     "DEFAULT_MODEL_ID": "._model_id",
@@ -164,6 +165,7 @@ __all__ = [
     "PLAIN_RRF_K",
     "Bm25Index",
     "CheckSpec",
+    "CheckTarget",
     "ConsistencyReport",
     "Database",
     "DriverInfo",

@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Required, TypedDict, Unpack
 
 from memstrata.core.errors import InvalidInputError, StorageError
 
@@ -44,7 +44,7 @@ from ._connection import Database, open_database
 from ._vec0_chunks import snapshot
 from ._vectors import VectorIndex
 
-__all__ = ["CheckSpec", "ConsistencyReport", "check_consistency", "examine_consistency"]
+__all__ = ["CheckSpec", "CheckTarget", "ConsistencyReport", "check_consistency", "examine_consistency"]
 
 log = logging.getLogger("memstrata.storage")
 
@@ -228,6 +228,19 @@ def _compare_vectors(
     return missing
 
 
+class CheckTarget(TypedDict, total=False):
+    """What a store's check compares, as its layer names it: ``table`` (integer key ``key``,
+    default ``"id"``), its FTS5 indexes ``fts`` (each with the condition on the rows it indexes,
+    ``None``: every row), its ``vectors`` (skipped when ``None`` or unusable without sqlite-vec)
+    and ``vector_rows``, the condition on rows that must have a vector (``None``: every row)."""
+
+    table: Required[str]
+    key: str
+    fts: Mapping[str, str | None] | None
+    vectors: VectorIndex | None
+    vector_rows: str | None
+
+
 @dataclass(frozen=True, slots=True)
 class CheckSpec:
     """What a store's check compares: ``table`` (integer key ``key``), its FTS5 indexes (each
@@ -242,23 +255,15 @@ class CheckSpec:
     vector_rows: str | None = None
 
     @classmethod
-    def of(
-        cls,
-        db: Database,
-        *,
-        table: str,
-        key: str = "id",
-        fts: Mapping[str, str | None] | None = None,
-        vectors: VectorIndex | None = None,
-        vector_rows: str | None = None,
-    ) -> CheckSpec:
+    def of(cls, db: Database, **target: Unpack[CheckTarget]) -> CheckSpec:
+        vectors = target.get("vectors")
         usable = vectors is not None and vectors.available
         return cls(
-            _name(table, "table"),
-            _name(key, "key"),
-            {_name(name, "fts table"): condition for name, condition in (fts or {}).items()},
+            _name(target["table"], "table"),
+            _name(target.get("key", "id"), "key"),
+            {_name(name, "fts table"): condition for name, condition in (target.get("fts") or {}).items()},
             _vector_ids(db, vectors.table, vectors.backend) if usable and vectors is not None else None,
-            vector_rows,
+            target.get("vector_rows"),
         )
 
 
@@ -314,26 +319,22 @@ def examine_consistency(db: Database, spec: CheckSpec) -> ConsistencyReport | No
 def check_consistency(
     db: Database,
     *,
-    table: str,
-    key: str = "id",
-    fts: Mapping[str, str | None] | None = None,
-    vectors: VectorIndex | None = None,
-    vector_rows: str | None = None,
     repair_missing: Callable[[list[int]], int] | None = None,
     full: bool = False,
+    **target: Unpack[CheckTarget],
 ) -> ConsistencyReport:
-    """Compare ``table`` with its FTS5 indexes and vectors; repair what disagrees.
+    """Compare a table with its FTS5 indexes and vectors (``target``, :class:`CheckTarget`);
+    repair what disagrees.
 
-    ``fts`` maps each external-content FTS5 table to the SQL condition on ``table`` rows that it
-    indexes (``None``: every row; an index of some rows is rebuilt from just those rows, and its
-    full check verifies its structure only). ``vectors`` is the store's vector index (skipped when ``None``
-    or unusable without sqlite-vec); ``vector_rows`` is the condition on rows that must have a
-    vector (``None``: every row; e.g. ``"vector_pending = 0"``). ``repair_missing(ids)`` is called
-    after the check's transaction with the ids of rows lacking a vector and returns how many it
-    repaired. ``full=True`` also runs FTS5's ``integrity-check`` on every index.
+    An index of some rows (a condition in ``fts``) is rebuilt from just those rows, and its full
+    check verifies its structure only. ``repair_missing(ids)`` is called after the check's
+    transaction with the ids of rows lacking a vector (e.g. with ``vector_rows="vector_pending =
+    0"``) and returns how many it repaired. ``full=True`` also runs FTS5's ``integrity-check`` on
+    every index.
     """
     started = time.perf_counter()
-    spec = CheckSpec.of(db, table=table, key=key, fts=fts, vectors=vectors, vector_rows=vector_rows)
+    spec = CheckSpec.of(db, **target)
+    vectors = target.get("vectors")
     report = ConsistencyReport(str(db.path), full)
     missing: list[int] = []
     with db.transaction():  # the write lock: a concurrent writer cannot look like a difference
@@ -354,7 +355,7 @@ def check_consistency(
                 report.fts_rebuilt.append(index)
         report.vectors = found.vectors
         if found.vectors_differ and vectors is not None:
-            wanted = spec.table + (f" WHERE {vector_rows}" if vector_rows else "")
+            wanted = spec.table + (f" WHERE {spec.vector_rows}" if spec.vector_rows else "")
             missing = _compare_vectors(db, report, vectors, spec.table, spec.key, wanted)
     if missing:
         if repair_missing is not None and not db.read_only:
