@@ -203,7 +203,8 @@ class Bm25Files(Bm25Postings):
         if number is None or not self._map_arrays:
             return None
         offsets = self._map_arrays[0]
-        return int(offsets[number + 1] - offsets[number])
+        added = self._map_added.get(stem)
+        return int(offsets[number + 1] - offsets[number]) + (len(added[0]) if added else 0)
 
     def _mapped_postings(self, stem: str) -> tuple[npt.NDArray[np.int32], FloatArray] | None:
         """``stem``'s postings from the complete file, checked (ascending positions in range,
@@ -227,11 +228,15 @@ class Bm25Files(Bm25Postings):
             )
         ) or (sums != (int(pos_sums[number]), int(tf_sums[number]))):
             self._mapped.clear()
+            self._map_added.clear()
             self._map_arrays = ()
             self._file_mark = None  # rewritten at close
             self._file_damaged = True
             self._refuse(f"index file {self._map_path} is damaged (postings of a word); rebuilding it", True)
             return None
+        added = self._map_added.get(stem)
+        if added is not None:  # documents this connection added since: after the file's ones
+            return np.concatenate([pos, added[0]]), np.concatenate([tf, added[1]])
         return pos, tf
 
     def persist(self) -> None:

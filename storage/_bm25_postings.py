@@ -183,6 +183,8 @@ class Bm25Postings:
         self._df: dict[str, int] = {}  # documents holding a stem whose postings are not cached
         # stem -> its number in a complete index file: postings taken from the file when first used
         self._mapped: dict[str, int] = {}
+        # mapped stem -> its postings in documents this connection added after the file's state
+        self._map_added: dict[str, tuple[npt.NDArray[np.int32], FloatArray]] = {}
         self._views: set[str] = set()  # cached stems whose postings are views of that file: free
         # stem -> ((idf, average length), what it adds to each of its postings' documents)
         self._contribs: dict[str, tuple[tuple[float, float], FloatArray]] = {}
@@ -275,6 +277,8 @@ class Bm25Postings:
             return cached
         mapped = self._mapped_postings(stem) if stem in self._mapped else None
         if mapped is not None:
+            if stem in self._map_added:  # the file's postings and the added ones: a copy
+                return self._cache_postings(stem, mapped, len(mapped[0]))
             self._views.add(stem)
             return self._cache_postings(stem, mapped, 0)
         if _PHRASE in stem:

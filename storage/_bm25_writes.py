@@ -2,7 +2,9 @@
 
 An owner reports its writes (:meth:`Bm25Writes.added`, :meth:`Bm25Writes.removed`,
 :meth:`Bm25Writes.changed`) so the document lengths and the postings read so far stay usable;
-large writes drop the postings rather than patch them.
+large writes drop the postings rather than patch them. A complete index file's map stays in use
+through added documents (their postings are kept beside it, per word) and removed ones (they are
+marked dead), so a long-running owner that writes does not go back to reading FTS5 word by word.
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ class Bm25Writes(Bm25Postings):
             self._version = version
             return
         self._mark = None  # patched: no longer one state of the index as read
-        self._mapped.clear()  # the file holds none of the new documents
+        if len(rows) > _INCREMENTAL_LIMIT:  # the file holds none of the new documents
+            self._mapped.clear()
+            self._map_added.clear()
         ids = np.array([int(r[0]) for r in rows], dtype=np.int64)
         if len(self._ids) and ids.min() <= self._ids[-1]:
             self._reset()
@@ -48,7 +52,7 @@ class Bm25Writes(Bm25Postings):
         self._alive = np.concatenate([self._alive, np.ones(len(ids), dtype=bool)])
         self._live += len(ids)
         self._total += float(sizes.sum())
-        if not self._postings:
+        if not self._postings and not self._mapped:
             return
         if len(rows) > _INCREMENTAL_LIMIT:
             self._postings.clear()
@@ -60,6 +64,12 @@ class Bm25Writes(Bm25Postings):
         position = {int(i): start + n for n, i in enumerate(ids)}
         for doc, counts in sorted(self._tokenize(rows).items()):  # postings stay in position order
             for stem, tf in counts.items():
+                if stem in self._mapped:
+                    added = self._map_added.get(stem, (np.zeros(0, dtype=np.int32), np.zeros(0)))
+                    self._map_added[stem] = (
+                        np.append(added[0], np.int32(position[doc])),
+                        np.append(added[1], tf),
+                    )
                 cached = self._postings.get(stem)
                 if cached is not None:
                     self._postings[stem] = (
@@ -106,6 +116,7 @@ class Bm25Writes(Bm25Postings):
         self._cached = 0
         self._views.clear()
         self._mapped.clear()
+        self._map_added.clear()
         self._contribs.clear()  # computed with the old lengths
         self._contrib_count = 0
         self._norms = None

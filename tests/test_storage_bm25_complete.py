@@ -98,9 +98,11 @@ def test_writes_of_this_connection_and_of_others_stay_exact(path: Path) -> None:
             index.top(query, 10)  # words taken from the map, their contributions kept
         assert index._mapped
         added = store.add_many(document(rng) for _ in range(4))
-        assert not index._mapped  # the file holds none of the new documents: not used again
+        # the map stays in use, the new documents' postings kept beside it: nothing read from FTS5
+        assert index._mapped and index._map_added
         for query in QUERIES:
             check(index, store, query, 10, (1.0, 1.0, 1.0))
+        assert index._read == 0
         store.delete(added[0])
         store.update(added[1], content="queue queue kafka kafka kafka lock")
         for query in QUERIES:
@@ -121,6 +123,26 @@ def test_writes_of_this_connection_and_of_others_stay_exact(path: Path) -> None:
         for query in QUERIES:
             check(store._bm25, store, query, 10, (1.0, 1.0, 1.0))
         assert store._bm25.files_loaded == 1 and store._bm25._mapped
+
+
+def test_the_map_and_fts5_give_the_same_bits_after_this_connections_writes(path: Path) -> None:
+    rng = random.Random(11)
+    with KnowledgeStore.open(path, FakeEmbedder()) as store:
+        mapped = store._bm25
+        mapped.top(QUERIES[0], 10)  # one word cached as a view of the file, the rest still mapped
+        added = store.add_many(document(rng) for _ in range(6))
+        store.add("queue kafka kafka lock filler")
+        store.delete(added[2])
+        direct = _fts5_index(store)
+        for query in QUERIES:
+            for limit in (3, 10, 400):
+                a, b = mapped.top(query, limit), direct.top(query, limit)
+                assert a[0].tolist() == b[0].tolist()
+                assert a[1].tolist() == b[1].tolist()
+        assert mapped._mapped and mapped._read == 0 and direct.files_loaded == 0
+        # a word first taken from the map after the writes holds its added documents too
+        word = next(s for s in mapped._map_added if s not in mapped._postings)
+        assert mapped._doc_count(word) == direct._doc_count(word)
 
 
 def _rewrite(path: Path, change: str) -> None:
