@@ -227,8 +227,7 @@ class Bm25Files(Bm25Postings):
                 or not bool(np.all(np.isfinite(tf)))
             )
         ) or (sums != (int(pos_sums[number]), int(tf_sums[number]))):
-            self._mapped.clear()
-            self._map_added.clear()
+            self._drop_map()
             self._map_arrays = ()
             self._file_mark = None  # rewritten at close
             self._file_damaged = True

@@ -185,11 +185,18 @@ class Bm25Postings:
         self._mapped: dict[str, int] = {}
         # mapped stem -> its postings in documents this connection added after the file's state
         self._map_added: dict[str, tuple[npt.NDArray[np.int32], FloatArray]] = {}
+        self._map_added_count = 0
         self._views: set[str] = set()  # cached stems whose postings are views of that file: free
         # stem -> ((idf, average length), what it adds to each of its postings' documents)
         self._contribs: dict[str, tuple[tuple[float, float], FloatArray]] = {}
         self._contrib_count = 0
         self._norms: tuple[float, FloatArray, FloatArray] | None = None  # (average, lengths, norms)
+
+    def _drop_map(self) -> None:
+        """Stop taking words from a complete index file (they are read from FTS5 again)."""
+        self._mapped.clear()
+        self._map_added.clear()
+        self._map_added_count = 0
 
     def _ensure_tables(self) -> None:
         if self._ready:

@@ -13,12 +13,22 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
-from ._bm25_postings import _PHRASE, Bm25Postings
+from ._bm25_postings import _PHRASE, Bm25Postings, FloatArray
 
 __all__ = ["Bm25Writes"]
 
 _INCREMENTAL_LIMIT = 256  # larger writes drop cached postings instead of patching them
+# postings of added documents kept beside a complete file's map at most (12 bytes each); past
+# that the map is dropped and words are read from FTS5 until the file is written again at close
+_MAX_MAP_ADDED = 2_000_000
+
+
+def _appended(
+    postings: tuple[npt.NDArray[np.int32], FloatArray], more: tuple[npt.NDArray[np.int32], FloatArray]
+) -> tuple[npt.NDArray[np.int32], FloatArray]:
+    return np.concatenate([postings[0], more[0]]), np.concatenate([postings[1], more[1]])
 
 
 class Bm25Writes(Bm25Postings):
@@ -37,8 +47,7 @@ class Bm25Writes(Bm25Postings):
             return
         self._mark = None  # patched: no longer one state of the index as read
         if len(rows) > _INCREMENTAL_LIMIT:  # the file holds none of the new documents
-            self._mapped.clear()
-            self._map_added.clear()
+            self._drop_map()
         ids = np.array([int(r[0]) for r in rows], dtype=np.int64)
         if len(self._ids) and ids.min() <= self._ids[-1]:
             self._reset()
@@ -62,23 +71,26 @@ class Bm25Writes(Bm25Postings):
         for phrase in [p for p in self._postings if _PHRASE in p]:  # not patched: recomputed
             self._cached -= len(self._postings.pop(phrase)[0])
         position = {int(i): start + n for n, i in enumerate(ids)}
+        new: dict[str, tuple[list[int], list[float]]] = {}  # stem -> this write's postings
         for doc, counts in sorted(self._tokenize(rows).items()):  # postings stay in position order
             for stem, tf in counts.items():
-                if stem in self._mapped:
-                    added = self._map_added.get(stem, (np.zeros(0, dtype=np.int32), np.zeros(0)))
-                    self._map_added[stem] = (
-                        np.append(added[0], np.int32(position[doc])),
-                        np.append(added[1], tf),
-                    )
-                cached = self._postings.get(stem)
-                if cached is not None:
-                    self._postings[stem] = (
-                        np.append(cached[0], np.int32(position[doc])),
-                        np.append(cached[1], tf),
-                    )
-                    if stem in self._views:  # a copy in memory now
-                        self._views.discard(stem)
-                        self._cached += len(cached[0])
+                found = new.setdefault(stem, ([], []))
+                found[0].append(position[doc])
+                found[1].append(tf)
+        for stem, (positions, tfs) in new.items():
+            more = np.asarray(positions, dtype=np.int32), np.asarray(tfs, dtype=np.float64)
+            if stem in self._mapped:
+                added = self._map_added.get(stem)
+                self._map_added[stem] = more if added is None else _appended(added, more)
+                self._map_added_count += len(positions)
+            cached = self._postings.get(stem)
+            if cached is not None:
+                self._postings[stem] = _appended(cached, more)
+                if stem in self._views:  # a copy in memory now
+                    self._views.discard(stem)
+                    self._cached += len(cached[0])
+        if self._map_added_count > _MAX_MAP_ADDED:  # far from the file's state: FTS5 again
+            self._drop_map()
         self._trim()
 
     def _patch(self, ids: Sequence[int]) -> bool:
@@ -115,8 +127,7 @@ class Bm25Writes(Bm25Postings):
         self._postings.clear()
         self._cached = 0
         self._views.clear()
-        self._mapped.clear()
-        self._map_added.clear()
+        self._drop_map()
         self._contribs.clear()  # computed with the old lengths
         self._contrib_count = 0
         self._norms = None

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memstrata.layers import KnowledgeStore
-from memstrata.storage import Bm25Index, _bm25_file, _bm25_postings, _bm25_top, _index_files
+from memstrata.storage import Bm25Index, _bm25_file, _bm25_postings, _bm25_top, _bm25_writes, _index_files
 from memstrata.storage._bm25_formula import contribution, length_norms, normed_contribution
 from tests.fakes import FakeEmbedder
 from tests.test_storage_bm25_top import COLUMNS, COMMON, RARE, check, document, skip_whenever_allowed
@@ -143,6 +143,23 @@ def test_the_map_and_fts5_give_the_same_bits_after_this_connections_writes(path:
         # a word first taken from the map after the writes holds its added documents too
         word = next(s for s in mapped._map_added if s not in mapped._postings)
         assert mapped._doc_count(word) == direct._doc_count(word)
+
+
+def test_a_map_far_behind_its_writes_is_dropped_and_words_read_from_fts5(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_bm25_writes, "_MAX_MAP_ADDED", 60)
+    rng = random.Random(12)
+    with KnowledgeStore.open(path, FakeEmbedder()) as store:
+        index = store._bm25
+        index.top(["queue"], 10)
+        store.add("queue kafka lock")
+        assert index._mapped and 0 < index._map_added_count <= 60
+        store.add_many(document(rng) for _ in range(8))
+        assert not index._mapped and not index._map_added and index._map_added_count == 0
+        for query in QUERIES:
+            check(index, store, query, 10, (1.0, 1.0, 1.0))
+        assert index._read > 0
 
 
 def _rewrite(path: Path, change: str) -> None:
