@@ -266,6 +266,11 @@ class CheckSpec:
             target.get("vector_rows"),
         )
 
+    @property
+    def rows_with_vectors(self) -> str:
+        """The rows that must have a vector, as SQL after ``FROM``."""
+        return self.table + (f" WHERE {self.vector_rows}" if self.vector_rows else "")
+
 
 @dataclass(slots=True)
 class _Findings:
@@ -292,10 +297,9 @@ def _examine(db: Database, spec: CheckSpec, *, beside: bool) -> _Findings:
         found.fts[index] = _fts_differences(db, table, key, index, condition, found.rows)
     if spec.vector_ids is not None:
         have = vector_side() if vector_side is not None else _fingerprint(db, "rowid", spec.vector_ids)
-        wanted = table + (f" WHERE {spec.vector_rows}" if spec.vector_rows else "")
         # every row has its vector (the common case; the ids alone are read from the smallest
         # index), or exactly the rows that should have one do: nothing lacks, nothing is left over
-        if have == every_row or (spec.vector_rows and have == _fingerprint(db, key, wanted)):
+        if have == every_row or (spec.vector_rows and have == _fingerprint(db, key, spec.rows_with_vectors)):
             found.vectors = have[0]
         else:
             found.vectors_differ = True
@@ -355,8 +359,7 @@ def check_consistency(
                 report.fts_rebuilt.append(index)
         report.vectors = found.vectors
         if found.vectors_differ and vectors is not None:
-            wanted = spec.table + (f" WHERE {spec.vector_rows}" if spec.vector_rows else "")
-            missing = _compare_vectors(db, report, vectors, spec.table, spec.key, wanted)
+            missing = _compare_vectors(db, report, vectors, spec.table, spec.key, spec.rows_with_vectors)
     if missing:
         if repair_missing is not None and not db.read_only:
             report.vectors_repaired = int(repair_missing(missing))
