@@ -310,16 +310,12 @@ class Runtime(EmbeddingServices):
     def search_knowledge(self, message: QueryKnowledge, *, timeout: float | None = None) -> Searched:
         """:meth:`query_knowledge`, saying when the hits were ranked by keywords only because the
         model was late or faulty. The query embedding's bound is below the caller's ``timeout``."""
-        limit = self.config.actors.ask_timeout_s if timeout is None else timeout
-        embed_s = min(self.config.actors.query_embed_timeout_s, limit / 2)
         own_query = dataclasses.replace(message, include_shared=False)
         if message.agent_id == SHARED or not message.include_shared:
-            found = self.wait(
-                self.request("knowledge", message.agent_id, BoundedSearch(own_query, embed_s)),
-                limit,
-                f"QueryKnowledge to {message.agent_id!r}",
+            return self._search_one(
+                "knowledge", own_query, timeout, f"QueryKnowledge to {message.agent_id!r}"
             )
-            return found if isinstance(found, Searched) else Searched(found)
+        limit, embed_s = self._search_bounds(timeout)
         own = self.request("knowledge", message.agent_id, BoundedSearch(own_query, embed_s))
         shared: Future[Any] | None = None
         if self.existing("knowledge", SHARED) is not None or self.path("knowledge", SHARED).exists():
@@ -348,13 +344,21 @@ class Runtime(EmbeddingServices):
 
     def search_memory(self, message: SearchMemory, *, timeout: float | None = None) -> Searched:
         """An episode search, saying when it ranked by keywords only (see :meth:`search_knowledge`)."""
-        limit = self.config.actors.ask_timeout_s if timeout is None else timeout
-        embed_s = min(self.config.actors.query_embed_timeout_s, limit / 2)
-        found = self.wait(
-            self.request("episodic", message.agent_id, BoundedSearch(message, embed_s)),
-            limit,
-            f"SearchMemory to episodic {message.agent_id!r}",
+        return self._search_one(
+            "episodic", message, timeout, f"SearchMemory to episodic {message.agent_id!r}"
         )
+
+    def _search_bounds(self, timeout: float | None) -> tuple[float, float]:
+        """The search's bound and, below it, its query embedding's."""
+        limit = self.config.actors.ask_timeout_s if timeout is None else timeout
+        return limit, min(self.config.actors.query_embed_timeout_s, limit / 2)
+
+    def _search_one(
+        self, kind: str, message: QueryKnowledge | SearchMemory, timeout: float | None, what: str
+    ) -> Searched:
+        """One store's bounded search, answered as :class:`Searched`."""
+        limit, embed_s = self._search_bounds(timeout)
+        found = self.wait(self.request(kind, message.agent_id, BoundedSearch(message, embed_s)), limit, what)
         return found if isinstance(found, Searched) else Searched(found)
 
     def begin_task(self, message: TaskAssigned, *, timeout: float | None = None) -> TaskPrompt:
