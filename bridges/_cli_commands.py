@@ -9,11 +9,13 @@ bare JSON list of hits, ``stored N (agent ...)`` lines); each also exists in its
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -23,6 +25,9 @@ from memstrata.core.errors import MemstrataError
 from . import _cli_shared as sh
 from ._cli_cluster import cluster
 from ._cli_output import IndexProgress, echo_hits, heartbeat, sync_summary
+
+if TYPE_CHECKING:
+    from memstrata._workspaces import Workspaces
 
 __all__ = ["COMMANDS"]
 
@@ -178,6 +183,19 @@ def recall(
 # -- files ---------------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def _indexed(ctx: click.Context) -> Iterator[Workspaces]:
+    """The file-index registry for a read; refused when no root was ever indexed (and never
+    created by the read)."""
+    state = sh.state(ctx)
+    if not state.has_workspaces():
+        raise MemstrataError("no memories indexed yet (run: memstrata index PATH)")
+    with state.workspaces() as registry:
+        if not registry.roots():
+            raise MemstrataError("no memories indexed yet (run: memstrata index PATH)")
+        yield registry
+
+
 @click.command()
 @click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option(
@@ -233,11 +251,7 @@ def search(
     as_json: bool,
 ) -> None:
     """Search every indexed root (memory files and source trees)."""
-    if not sh.state(ctx).has_workspaces():
-        raise MemstrataError("no memories indexed yet (run: memstrata index PATH)")
-    with sh.state(ctx).workspaces() as registry:
-        if not registry.roots():
-            raise MemstrataError("no memories indexed yet (run: memstrata index PATH)")
+    with _indexed(ctx) as registry:
         hits = registry.search(
             query, root=root, max_results=top_k, min_score=min_score, **sh.given(language=language)
         )
@@ -271,11 +285,7 @@ def get(ctx: click.Context, path: str, from_line: int, lines: int, root: Path | 
     from memstrata.core.errors import PathOutsideRootError
 
     local = root is None and not os.path.isabs(os.path.expanduser(path)) and os.path.lexists(path)
-    if not sh.state(ctx).has_workspaces():
-        raise MemstrataError("no memories indexed yet (run: memstrata index PATH)")
-    with sh.state(ctx).workspaces() as registry:
-        if not registry.roots():
-            raise MemstrataError("no memories indexed yet (run: memstrata index PATH)")
+    with _indexed(ctx) as registry:
         try:  # a path that exists here is read from here; if no root holds it, try the roots
             text = registry.get(
                 os.path.abspath(path) if local else path, root=root, from_line=from_line, lines=lines
