@@ -24,6 +24,12 @@ def _names(cls: type) -> tuple[str, ...]:
     return names
 
 
+def _object(value: Any) -> dict[str, Any]:
+    """A value as one JSON object (anything else is wrapped as ``{"value": ...}``)."""
+    data = to_jsonable(value)
+    return data if isinstance(data, dict) else {"value": data}
+
+
 def _shallow(value: Any) -> dict[str, Any]:
     """A dataclass's fields as a dict, values untouched: orjson writes them (datetimes included)."""
     return {name: getattr(value, name) for name in _names(type(value))}
@@ -36,8 +42,7 @@ def _flatten(hit: Any, inner: str) -> dict[str, Any]:
     remaining values (dicts, tuples, datetimes) natively, far faster than a Python walk.
     """
     if not (dataclasses.is_dataclass(hit) and not isinstance(hit, type)):
-        data = to_jsonable(hit)
-        return data if isinstance(data, dict) else {"value": data}
+        return _object(hit)
     data = _shallow(hit)
     nested = data.pop(inner, None)
     if dataclasses.is_dataclass(nested) and not isinstance(nested, type):
@@ -46,8 +51,7 @@ def _flatten(hit: Any, inner: str) -> dict[str, Any]:
 
 
 def knowledge_entry(entry: Any) -> dict[str, Any]:
-    data = to_jsonable(entry)
-    return data if isinstance(data, dict) else {"value": data}
+    return _object(entry)
 
 
 def knowledge_hit(hit: Any) -> dict[str, Any]:
@@ -56,8 +60,7 @@ def knowledge_hit(hit: Any) -> dict[str, Any]:
 
 
 def episode(value: Any) -> dict[str, Any]:
-    data = to_jsonable(value)
-    return data if isinstance(data, dict) else {"value": data}
+    return _object(value)
 
 
 def episode_hit(hit: Any) -> dict[str, Any]:
