@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC
 from pathlib import Path
 from typing import Any
@@ -389,3 +389,14 @@ def eventually(condition: Callable[[], bool], timeout_s: float = 20.0) -> bool:
             return False
         time.sleep(0.02)
     return True
+
+
+def in_threads(target: Callable[[Any], object], args: Iterable[Any], timeout: float) -> None:
+    """``target(a)`` for each of ``args``, each in a thread of its own, all started before any is
+    joined; fails when one is still running ``timeout`` seconds into its join."""
+    threads = [threading.Thread(target=target, args=(a,)) for a in args]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+        assert not t.is_alive(), f"{target.__name__}({t.name}) did not end"

@@ -11,7 +11,7 @@ import pytest
 
 from memstrata.actors import BatchingEmbedder
 from memstrata.errors import EmbeddingError
-from tests._support import FirstBatchHeld, wait_until
+from tests._support import FirstBatchHeld, in_threads, wait_until
 from tests.fakes import FakeEmbedder
 
 
@@ -24,12 +24,7 @@ def run_threads(target: Callable[[int], object], n: int) -> list[object]:
         except Exception as exc:
             results[i] = exc
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(10)
-        assert not t.is_alive()
+    in_threads(work, range(n), 10)
     return results
 
 

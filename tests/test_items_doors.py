@@ -23,6 +23,7 @@ from memstrata.bridges._server import JsonLinesServer
 from memstrata.errors import InvalidInputError
 from memstrata.layers._items import ItemStore
 from memstrata.messages import GetItem, ItemValue, PutItem, SearchItems
+from tests._support import in_threads
 from tests.fakes import FakeEmbedder
 
 
@@ -118,11 +119,7 @@ def test_concurrent_puts_from_many_threads_all_land(data_dir: Path) -> None:
             except BaseException as exc:  # pragma: no cover - reported below
                 errors.append(exc)
 
-        threads = [threading.Thread(target=writer, args=(n,)) for n in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=60)
+        in_threads(writer, range(8), 60)
         assert not errors
         assert len(system.items.search(("w",), limit=1000)) == 160
         assert len(system.items.list_namespaces(prefix=["w"])) == 8

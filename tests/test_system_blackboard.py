@@ -22,6 +22,7 @@ from memstrata.messages import (
     SubscribeSignal,
     UnsubscribeSignal,
 )
+from tests._support import in_threads
 from tests.fakes import FakeEmbedder
 
 
@@ -92,11 +93,7 @@ def test_per_publisher_order_is_preserved(system: MemorySystem) -> None:
         for i in range(count):
             board.publish(f"counter:{p}", i, publisher=f"p{p}")
 
-    threads = [threading.Thread(target=publish, args=(p,)) for p in range(publishers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    in_threads(publish, range(publishers), 30)
     assert system.wait_idle(10)
     by_publisher: dict[str, list[int]] = {}
     for signal in everything.signals:

@@ -8,12 +8,12 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 from pathlib import Path
 
 from memstrata import Config, MemorySystem
 from memstrata.actors._outbox import Outbox
 from memstrata.layers import EpisodicMemory, KnowledgeStore
+from tests._support import in_threads
 from tests.fakes import FakeEmbedder
 
 REPO = Path(__file__).resolve().parent.parent
@@ -57,12 +57,7 @@ def test_a_thousand_write_backs_then_an_immediate_stop_lose_nothing(data_dir: Pa
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=work, args=(a,)) for a in agents]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-        assert not t.is_alive()
+    in_threads(work, agents, 120)
     assert errors == []
     report = system.stop()  # no wait_idle: stop itself must drain
     assert report.drained and report.late == ()

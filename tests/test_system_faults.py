@@ -20,6 +20,7 @@ from memstrata.config import ActorsConfig, AgentConfig
 from memstrata.errors import ActorCrashedError, AgentDegradedError, StorageError
 from memstrata.messages import TaskAssigned, TaskPrompt
 from memstrata.storage import Embedder
+from tests._support import in_threads
 from tests.fakes import FakeEmbedder
 
 MARGIN_S = 1.5  # what "within the timeout plus a small margin" allows on a shared 2-core machine
@@ -126,12 +127,7 @@ def test_sixteen_agents_retrieving_at_once_none_falls_back(system: MemorySystem)
         barrier.wait(10)
         prompts[i] = agents[i].begin_task(f"t{i}", f"fix the {TOPICS[i % len(TOPICS)]} module config")
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(16)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-        assert not t.is_alive()
+    in_threads(run, range(16), 30)
     assert all(p is not None and not p.fallback for p in prompts), [p.reason for p in prompts if p]
     for i, prompt in enumerate(prompts):
         assert TOPICS[i % len(TOPICS)] in prompt.text
@@ -321,12 +317,7 @@ def test_no_deadlock_under_mixed_concurrent_load(system: MemorySystem) -> None:
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-        assert not t.is_alive(), "a worker hung"
+    in_threads(worker, range(8), 60)
     assert errors == []
     assert system.wait_idle(30)
     report = system.stop()

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from memstrata import Config, MemorySystem
+from tests._support import in_threads
 
 pytestmark = pytest.mark.model
 
@@ -43,11 +44,7 @@ def test_concurrent_write_backs_share_model_calls(data_dir: Path, real_embedder:
             for n in range(4):
                 agents[i].complete_task(f"t{n}", f"worker {i} finished step {n} of the report pipeline")
 
-        threads = [threading.Thread(target=work, args=(i,)) for i in range(16)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+        in_threads(work, range(16), 60)
         assert system.wait_idle(60)
         stats = system.status()["embedding"]
         assert stats["texts_requested"] >= 16 * 4 * 2  # a knowledge entry and an episode per task
