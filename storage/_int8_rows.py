@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._mirror_threads import one_blas_thread
-from ._vector_kernels import in_two
+from ._vector_kernels import check_positions, gather_rows, in_two
 
 __all__ = ["Int8Rows", "int8_codes", "refine_count"]
 
@@ -120,11 +120,12 @@ class Int8Rows:
         q = self._query(query)
         scores = np.empty(len(positions), dtype=np.float32)
         small, rows = self._buffers(0)
+        check_positions(positions, len(self.codes))
         with one_blas_thread():  # BLAS threads would cost more than the product (see _mirror_threads)
             for a in range(0, len(positions), _BLOCK):
                 chunk = positions[a : a + _BLOCK]
                 n = len(chunk)
-                np.take(self.codes, chunk, axis=0, out=small[:n])
+                gather_rows(self.codes, chunk, small[:n])
                 np.copyto(rows[:n], small[:n])
                 np.matmul(rows[:n], q, out=scores[a : a + n])
         return scores

@@ -101,6 +101,22 @@ def in_two(scan: Callable[[int, int], None], count: int, offsets: list[int], row
 _GATHER_ROWS = 256  # rows copied at a time when scoring scattered rows (~400 KB: stays in cache)
 
 
+def check_positions(positions: npt.NDArray[np.int64], rows: int) -> None:
+    """Raise ``IndexError`` unless every position is a row of a matrix of ``rows`` rows: checked
+    once for a whole gather by :func:`gather_rows`'s callers."""
+    if len(positions) and (int(positions.min()) < 0 or int(positions.max()) >= rows):
+        raise IndexError(
+            f"row positions {int(positions.min())}..{int(positions.max())} outside 0..{rows - 1}"
+        )
+
+
+def gather_rows(matrix: npt.NDArray[Any], positions: npt.NDArray[np.int64], out: npt.NDArray[Any]) -> None:
+    """``out[:] = matrix[positions]`` for positions already checked (:func:`check_positions`).
+    ``np.take`` into ``out`` with its default bounds mode copies through a buffer first: 4x
+    slower (25k scattered rows of 384 floats: 25 ms against 6)."""
+    np.take(matrix, positions, axis=0, out=out, mode="clip")
+
+
 def dot_rows(matrix: FloatArray, positions: npt.NDArray[np.int64], query: FloatArray) -> FloatArray:
     """``matrix[positions] @ query`` a block of rows at a time, on two cores when there are many:
     gathering every row first writes (and page-faults) a copy as large as the rows themselves,
@@ -108,6 +124,7 @@ def dot_rows(matrix: FloatArray, positions: npt.NDArray[np.int64], query: FloatA
     if len(positions) <= _GATHER_ROWS:  # a few rows: one small copy
         few: FloatArray = np.einsum("ij,j->i", matrix[positions], query)
         return few
+    check_positions(positions, len(matrix))
     scores = np.empty(len(positions), dtype=np.float32)
     offsets = list(range(0, len(positions), _GATHER_ROWS))
 
@@ -116,7 +133,7 @@ def dot_rows(matrix: FloatArray, positions: npt.NDArray[np.int64], query: FloatA
         for start in offsets[first:last]:
             chunk = positions[start : start + _GATHER_ROWS]
             rows = block[: len(chunk)]
-            np.take(matrix, chunk, axis=0, out=rows)
+            gather_rows(matrix, chunk, rows)
             np.einsum("ij,j->i", rows, query, out=scores[start : start + len(chunk)])
 
     in_two(scan, len(offsets), offsets, len(positions))

@@ -93,6 +93,8 @@ def test_scores_stay_within_the_rounding_bound() -> None:
         slices = codes.scores_in([0, 4000], [2500, 5000], q)
         assert np.max(np.abs(slices - np.concatenate([exact[:2500], exact[4000:]]))) <= bound
         assert bound < 0.02
+    with pytest.raises(IndexError, match="outside"):  # the gather clips: positions are checked first
+        codes.scores_at(np.append(positions, len(codes.codes)), queries[0])
 
 
 def test_sieved_searches_read_float32_for_only_their_best_few_rows(monkeypatch: pytest.MonkeyPatch) -> None:

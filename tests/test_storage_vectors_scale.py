@@ -519,6 +519,9 @@ def test_scattered_rows_are_scored_a_block_at_a_time(monkeypatch: pytest.MonkeyP
     np.testing.assert_allclose(scores, VECTORS[positions] @ query, atol=1e-6)
     assert scores.dtype == np.float32 and len(scores) == len(positions)
     assert len(kernels_module.dot_rows(VECTORS, positions[:0], query)) == 0
+    for bad in (N, -1):  # the gather itself clips: positions are checked first
+        with pytest.raises(IndexError, match="outside"):
+            kernels_module.dot_rows(VECTORS, np.append(positions, bad), query)
 
 
 def test_selective_filters_rank_like_vec0(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
