@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from memstrata.storage import Database, Filter
 from memstrata.storage._hybrid import settle_unheld
-from memstrata.storage._vector_mirror import Mirror, Ranges
+from memstrata.storage._vector_mirror import Mirror, Ranges, ScoredRows
 
 __all__ = ["EpisodeRanking", "EpisodeVectors"]
 
@@ -39,11 +39,17 @@ class EpisodeRanking:
         self._query = query
         self._where = where
         self._ranges = ranges
-        self._count = self._mirror.count(where, ranges)
+        self._scored: ScoredRows | None = None
         self._top: tuple[IntArray, FloatArray, IntArray] | None = None
 
     def __len__(self) -> int:
-        return self._count
+        return len(self._rows())
+
+    def _rows(self) -> ScoredRows:
+        """Every allowed row scored once: a deeper prefix is ranked from these scores."""
+        if self._scored is None:
+            self._scored = self._mirror.scored(self._query, self._where, self._ranges)
+        return self._scored
 
     def keep(self, db: Database, flt: Filter) -> Keep:
         """The same filter as a mask over episode ids (for the keyword side), read from the
@@ -57,9 +63,10 @@ class EpisodeRanking:
 
     def top(self, k: int) -> tuple[IntArray, FloatArray, IntArray]:
         """The best ``k`` as arrays ``(ids, similarities, at_us)``; ties keep insertion order."""
-        k = min(max(k, 0), self._count)
+        rows = self._rows()
+        k = min(max(k, 0), len(rows))
         if self._top is None or len(self._top[0]) < k:
-            found = self._mirror.rank(self._query, k, self._where, exact=True, ranges=self._ranges)
+            found = rows.top(k)
             self._top = (found.rowids, found.scores, self._mirror.ints[_AT][found.positions])
         ids, scores, at = self._top
         return ids[:k], scores[:k], at[:k]
@@ -107,6 +114,15 @@ class EpisodeVectors:
         mirror = self.mirror
         keep = np.flatnonzero(mirror.alive[: mirror.size])
         return mirror.rowids[keep], mirror.matrix[keep]
+
+    def times(self, ids: IntArray) -> tuple[IntArray, npt.NDArray[np.bool_]]:
+        """``at_us`` of the episodes ``ids`` the mirror holds (0 for the others), and which it
+        holds."""
+        positions = self.mirror.positions(ids)
+        held = positions >= 0
+        at = np.zeros(len(ids), dtype=np.int64)
+        at[held] = self.mirror.ints[_AT][positions[held]]
+        return at, held
 
     def similarity(self, ident: int, query: FloatArray) -> float | None:
         position = int(self.mirror.positions(np.array([int(ident)], dtype=np.int64))[0])

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -18,7 +18,6 @@ from memstrata.core.errors import (
 )
 from memstrata.storage import (
     PLAIN_RRF_K,
-    Database,
     Filter,
     FusedArrays,
     KeywordQuery,
@@ -103,7 +102,7 @@ class _Search:
         self.depth = max(search.depth, top_k)
         self.shadowed: dict[int, bool] = {}
         self.owner: dict[str, int] = {}
-        self.keyword_cache: dict[int, tuple[int, list[list[tuple[int, float, int]]]]] = {}
+        self.keyword_cache: dict[int, tuple[int, list[_Ranked]]] = {}
 
     def run(self) -> list[EpisodeHit]:
         if not self.weights:
@@ -209,24 +208,24 @@ class _Search:
         if not self.use_keywords:
             return empty, empty, False
         fetched = [self._source_keywords(index, depth) for index in range(len(self.sources))]
-        more = any(len(sub) > depth or len(sub) >= limit for limit, lists in fetched for sub in lists)
-        per_source = [[sub[:depth] for sub in lists] for _, lists in fetched]
+        more = any(len(sub[0]) > depth or len(sub[0]) >= limit for limit, lists in fetched for sub in lists)
+        per_source = [[sub.cut(depth) for sub in lists] for _, lists in fetched]
         count = max((len(lists) for lists in per_source), default=0)
         subkeys: list[_Keys] = []
         subats: list[_Ints] = []
         for n in range(count):
             parts = [
-                (index, lists[n]) for index, lists in enumerate(per_source) if n < len(lists) and lists[n]
+                (index, lists[n])
+                for index, lists in enumerate(per_source)
+                if n < len(lists) and len(lists[n].ids)
             ]
             if not parts:
                 subkeys.append(empty)
                 subats.append(empty)
                 continue
-            key = np.concatenate(
-                [(np.int64(i) << _SHIFT) | np.array([r[0] for r in rows]) for i, rows in parts]
-            )
-            score = np.concatenate([np.array([r[1] for r in rows], dtype=np.float64) for _, rows in parts])
-            at = np.concatenate([np.array([r[2] for r in rows], dtype=np.int64) for _, rows in parts])
+            key = np.concatenate([(np.int64(i) << _SHIFT) | ranked.ids for i, ranked in parts])
+            score = np.concatenate([ranked.scores for _, ranked in parts])
+            at = np.concatenate([ranked.at for _, ranked in parts])
             if len(parts) > 1:
                 keep = self._unshadowed(key)
                 key, score, at = key[keep], score[keep], at[keep]
@@ -242,7 +241,7 @@ class _Search:
         order = np.lexsort((fused.first, -fused.scores))[:depth]
         return fused.keys[order], fused.at[order], more
 
-    def _source_keywords(self, index: int, depth: int) -> tuple[int, list[list[tuple[int, float, int]]]]:
+    def _source_keywords(self, index: int, depth: int) -> tuple[int, list[_Ranked]]:
         """One source's keyword sub-lists, at least ``depth`` long where possible, and the limit
         they were fetched with. BM25 scores every match whatever the limit, so with decay (which
         may deepen) they are fetched once at the deepest limit and sliced in later rounds."""
@@ -259,7 +258,7 @@ class _Search:
         try:
             assert source.keywords is not None
             found = source.keywords.lists(self.text, limit, flt, query=self.keywords, keep=keep)
-            lists = [_with_times(source.db, ids, scores) for ids, scores in found]
+            lists = [_with_times(source, ids, scores) for ids, scores in found]
         except MemstrataError as exc:
             if source.label is None:
                 raise
@@ -327,20 +326,41 @@ class _Search:
         return hits
 
 
-def _with_times(db: Database, ids: _Keys, scores: npt.NDArray[np.float64]) -> list[tuple[int, float, int]]:
-    """``(id, score, at_us)`` of ranked episodes (one removed meanwhile is dropped)."""
-    at = {int(i): int(a) for i, a in query_in(db, "SELECT id, at_us FROM episodes WHERE id IN", ids.tolist())}
-    return [
-        (int(i), float(s), at[int(i)])
-        for i, s in zip(ids.tolist(), scores.tolist(), strict=True)
-        if int(i) in at
-    ]
-
-
 _Keys = npt.NDArray[np.int64]
 _Ints = npt.NDArray[np.int64]
 _SHIFT = 40  # an episode key is ``source << 40 | id``
 _MASK = (1 << _SHIFT) - 1
+
+
+class _Ranked(NamedTuple):
+    """A keyword sub-list of one source: episode ids best first, their scores and times."""
+
+    ids: _Keys
+    scores: npt.NDArray[np.float64]
+    at: _Ints
+
+    def cut(self, depth: int) -> _Ranked:
+        return _Ranked(self.ids[:depth], self.scores[:depth], self.at[:depth])
+
+
+def _with_times(source: _Source, ids: _Keys, scores: npt.NDArray[np.float64]) -> _Ranked:
+    """Ranked episodes with their times (``at_us``): from the vector mirror for the episodes it
+    holds (a recency-decayed search ranks thousands), from the table for the others; one
+    removed meanwhile is dropped."""
+    ids = np.asarray(ids, dtype=np.int64)
+    scores = np.asarray(scores, dtype=np.float64)
+    if source.matrix is not None:
+        at, known = source.matrix.times(ids)
+    else:
+        at, known = np.zeros(len(ids), dtype=np.int64), np.zeros(len(ids), dtype=bool)
+    missing = np.flatnonzero(~known)
+    if len(missing):
+        asked = ids[missing].tolist()
+        found = dict(query_in(source.db, "SELECT id, at_us FROM episodes WHERE id IN", asked))
+        at[missing] = [found.get(i, 0) for i in asked]
+        known[missing] = [i in found for i in asked]
+        ids, scores, at = ids[known], scores[known], at[known]
+    return _Ranked(ids, scores, at)
 
 
 @dataclass(slots=True)

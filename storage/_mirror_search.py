@@ -33,7 +33,7 @@ from ._row_slices import group_mask, merged, runs, slice_rows
 from ._sign_codes import candidates
 from ._vector_kernels import dot, dot_rows, unit_rows
 
-__all__ = ["MirrorSearch", "Ranges", "Ranked", "VectorHit"]
+__all__ = ["MirrorSearch", "Ranges", "Ranked", "ScoredRows", "VectorHit"]
 
 FloatArray = npt.NDArray[np.float32]
 IntArray = npt.NDArray[np.int64]
@@ -69,6 +69,29 @@ class Ranked:
 
     def hits(self) -> list[VectorHit]:
         return [VectorHit(r, s) for r, s in zip(self.rowids.tolist(), self.scores.tolist(), strict=True)]
+
+
+@dataclass(frozen=True, slots=True)
+class ScoredRows:
+    """Every row a filter allows, scored exactly against one query: ranked to any depth by
+    :meth:`top` without scanning again (a recency-decayed search deepens its list up to the
+    whole ranking, and scanned every row once per round)."""
+
+    rowids: IntArray  # of the mirror, as when scored
+    positions: IntArray  # ascending: storage order
+    scores: FloatArray
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def top(self, k: int) -> Ranked:
+        """The best ``k``, best first; equal scores keep storage order (as :meth:`MirrorSearch.rank`)."""
+        if k <= 0 or not len(self.positions):
+            empty = np.zeros(0, dtype=np.int64)
+            return Ranked(empty, np.zeros(0, dtype=np.float32), empty)
+        chosen, scores = MirrorScoring._top(self.scores, k, None)
+        positions = self.positions[chosen]
+        return Ranked(self.rowids[positions], scores, positions)
 
 
 _Found = Found
@@ -129,6 +152,26 @@ class MirrorSearch(MirrorScoring):
         lists nearest the query unless ``exact``."""
         positions, scores = self._find(query, k, where, candidates, exact, dict(ranges or {}))
         return Ranked(self.rowids[positions], scores, positions)
+
+    def scored(self, query: FloatArray, where: Mapping[str, Any], ranges: Ranges | None = None) -> ScoredRows:
+        """Every live row ``where`` and ``ranges`` allow, with its exact similarity to ``query``
+        (for a caller that ranks the same query ever deeper: see :class:`ScoredRows`)."""
+        codes = self._codes_of(where)
+        size = self.size
+        if size == 0 or codes is None:
+            return ScoredRows(self.rowids, *_empty())
+        query = unit_rows(query.reshape(1, -1))[0] if self.unit else query.astype(np.float32, copy=False)
+        valid = self._match(codes, dict(ranges or {}), 0, size)
+        if valid is None:
+            return ScoredRows(self.rowids, np.arange(size, dtype=np.int64), dot(self.matrix[:size], query))
+        positions = np.flatnonzero(valid)
+        if len(positions) * 2 >= size:
+            return ScoredRows(self.rowids, positions, dot(self.matrix[:size], query)[positions])
+        starts, ends = runs(valid)  # selective: score only the allowed rows, as _search_masked
+        if len(starts) <= _RUNS_MAX:
+            scores, positions = self._scan(query, starts.tolist(), ends.tolist())
+            return ScoredRows(self.rowids, positions, scores.copy())  # the scan's buffer is reused
+        return ScoredRows(self.rowids, positions, dot_rows(self.matrix, positions, query))
 
     def count(self, where: Mapping[str, Any], ranges: Ranges | None = None) -> int:
         """How many live rows ``where`` and ``ranges`` allow."""

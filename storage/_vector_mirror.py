@@ -19,10 +19,10 @@ from ._int8_rows import Int8Rows
 from ._ivf import Partition
 from ._mirror_layout import MirrorLayout
 from ._mirror_rows import RowIndex
-from ._mirror_search import Ranges, VectorHit
+from ._mirror_search import Ranges, ScoredRows, VectorHit
 from ._sign_codes import SignCodes, sign_codes
 
-__all__ = ["PROBE_LISTS", "STATE_VERSION", "Mirror", "Ranges", "RowIndex", "VectorHit"]
+__all__ = ["PROBE_LISTS", "STATE_VERSION", "Mirror", "Ranges", "RowIndex", "ScoredRows", "VectorHit"]
 
 PROBE_LISTS = 112  # lists' worth of rows a k=10 search scans (measured: recall@10 >= 0.99)
 STATE_VERSION = 2  # of :meth:`Mirror.state` and the row order, for saved mirrors (1: group-major

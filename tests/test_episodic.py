@@ -26,7 +26,7 @@ from memstrata.errors import (
 from memstrata.layers import Episode, EpisodeHit, EpisodicMemory
 from memstrata.storage import open_database
 from tests._support import assert_restored, vector_blob, without_default_model
-from tests.fakes import FakeEmbedder
+from tests.fakes import BreakableEmbedder, FakeEmbedder
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -353,6 +353,23 @@ def test_deep_decay_over_very_old_episodes(store: EpisodicMemory, clock: FakeClo
     hits = store.search("rotate signing keys", recency_half_life=timedelta(minutes=1), top_k=5)
     assert ids(hits) == [fresh, *made[:4]]
     assert hits[0].score > 0.0 and hits[0].match_type == "semantic"
+
+
+def test_decay_times_keyword_hits_whose_vectors_are_pending(data_dir: Path, clock: FakeClock) -> None:
+    """A decayed search takes its keyword hits' times from the vector index, and from the table
+    for an episode still waiting for its vector: each decays by its own time."""
+    model = BreakableEmbedder()
+    with EpisodicMemory.open(data_dir / "p.sqlite", model, clock=clock) as ep:
+        old = ep.record("rotate the signing keys", at=clock.now - timedelta(days=30))
+        model.broken = True
+        pending = ep.record("rotate the signing keys before the audit", at=clock.now - timedelta(hours=1))
+        model.broken = False
+        assert ep.status()["vectors"] == 1
+        plain = ep.search("rotate the signing keys", recency_half_life=None)
+        assert ids(plain) == [old, pending]
+        decayed = ep.search("rotate the signing keys", recency_half_life=timedelta(days=1))
+        assert ids(decayed) == [pending, old]
+        assert decayed[0].match_type == "keyword" and decayed[0].episode.at == clock.now - timedelta(hours=1)
 
 
 def test_hostile_queries_never_raise(store: EpisodicMemory, data_dir: Path) -> None:

@@ -373,3 +373,44 @@ def test_episode_time_and_run_filters_equal_brute_force() -> None:
             assert np.allclose(got_scores, [scores[i] for i in expected[:k]], atol=1e-5)
     assert vectors.similarity(n + 1, q) == pytest.approx(float(late_raw[0] @ q), abs=1e-5)
     assert vectors.similarity(next(iter(gone)), q) is None
+    asked = np.array([3, n + 2, next(iter(gone)), n + 50, 1], dtype=np.int64)
+    times, held = vectors.times(asked)
+    assert held.tolist() == [True, True, False, False, 1 not in gone]
+    assert times[held].tolist() == [rows[int(i)][1] for i in asked[held]]
+
+
+def test_episode_rankings_of_scattered_times_equal_brute_force(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Times recorded out of order: a range allows rows scattered in many runs, scored by
+    gathering them (a small gather block: many blocks); every depth ranks from one scoring."""
+    from memstrata.layers._episode_vectors import EpisodeVectors
+    from memstrata.storage import _vector_kernels as kernels
+
+    monkeypatch.setattr(kernels, "_GATHER_ROWS", 64)
+    rng = np.random.default_rng(11)
+    n = 4000
+    vectors = EpisodeVectors(DIM)
+    raw = rng.standard_normal((n, DIM)).astype(np.float32)
+    at = rng.integers(0, 1000, n)
+    vectors.add(list(range(1, n + 1)), raw, at.tolist(), [None] * n)
+    q = rng.standard_normal(DIM).astype(np.float32)
+    scored = 0
+    original = vectors.mirror.scored
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal scored
+        scored += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(vectors.mirror, "scored", counted)
+    for since, until in ((300, 600), (0, 1000), (None, 150), (990, None)):
+        ranking = vectors.rank(q, since_us=since, until_us=until)
+        allowed = [
+            i for i in range(n) if (since is None or at[i] >= since) and (until is None or at[i] < until)
+        ]
+        expected = sorted(allowed, key=lambda i: (-float(raw[i] @ q), i))
+        for k in (1, 10, 100, len(allowed)):
+            got_ids, got_scores, got_at = ranking.top(k)
+            assert [i - 1 for i in got_ids.tolist()] == expected[:k]
+            assert got_at.tolist() == at[expected[:k]].tolist()
+            assert np.allclose(got_scores, raw[expected[:k]] @ q, atol=1e-5)
+    assert scored == 4  # once per ranking, whatever the depths asked
