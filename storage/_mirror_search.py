@@ -43,6 +43,10 @@ Ranges = Mapping[str, tuple[int | None, int | None]]  # column -> [low, high), N
 _EXACT_SHARE = 0.5  # a search that would scan more than this share of its rows scans them all
 _CANDIDATE_LOOKUP_MAX = 2048  # up to this many candidate ids, look positions up one by one
 _RUNS_MAX = 512  # a mask of at most this many runs of allowed rows is scanned run by run
+# scattered allowed rows up to this share are gathered and scored; more, and every row is scored
+# in place and the allowed ones kept: a gathered row costs ~3x a row scanned in place (measured
+# at 50k and 200k x 384 on 2 cores, crossing at a share of 0.3-0.4)
+_GATHER_SHARE = 0.35
 _GAP_ROWS = 24  # rows between two slices to scan that cost less scanned than one more numpy call
 # A filter allowing at least this share of the rows reads the sign codes, or fewer when scoring
 # its rows costs more than the sieve: measured at 1M rows (2 cores), int8 scores cost 0.1-0.25 us
@@ -164,14 +168,14 @@ class MirrorSearch(MirrorScoring):
         valid = self._match(codes, dict(ranges or {}), 0, size)
         if valid is None:
             return ScoredRows(self.rowids, np.arange(size, dtype=np.int64), dot(self.matrix[:size], query))
-        positions = np.flatnonzero(valid)
-        if len(positions) * 2 >= size:
-            return ScoredRows(self.rowids, positions, dot(self.matrix[:size], query)[positions])
-        starts, ends = runs(valid)  # selective: score only the allowed rows, as _search_masked
+        starts, ends = runs(valid)  # the allowed rows only, chosen as _search_masked does
         if len(starts) <= _RUNS_MAX:
             scores, positions = self._scan(query, starts.tolist(), ends.tolist())
             return ScoredRows(self.rowids, positions, scores.copy())  # the scan's buffer is reused
-        return ScoredRows(self.rowids, positions, dot_rows(self.matrix, positions, query))
+        positions = np.flatnonzero(valid)
+        if len(positions) < _GATHER_SHARE * size:
+            return ScoredRows(self.rowids, positions, dot_rows(self.matrix, positions, query))
+        return ScoredRows(self.rowids, positions, dot(self.matrix[:size], query)[positions])
 
     def count(self, where: Mapping[str, Any], ranges: Ranges | None = None) -> int:
         """How many live rows ``where`` and ``ranges`` allow."""
@@ -262,14 +266,14 @@ class MirrorSearch(MirrorScoring):
                     return found
         if valid is None:
             return self._top(dot(self.matrix[:size], query), k, None)
-        if allowed * 2 < size:  # selective: score only the allowed rows
-            starts, ends = runs(valid)
-            if len(starts) <= _RUNS_MAX:  # in place, run by run (a time range, a group's tail)
-                coarse = self._coarse(exact)
-                scores, positions = self._scan(query, starts.tolist(), ends.tolist(), coarse)
-                return self._best(query, k, scores, positions, coarse is not None)
-            return self._score_rows(query, k, np.flatnonzero(valid), exact)
+        starts, ends = runs(valid)
+        if len(starts) <= _RUNS_MAX:  # in place, run by run (a time range, a group's tail)
+            coarse = self._coarse(exact)
+            scores, positions = self._scan(query, starts.tolist(), ends.tolist(), coarse)
+            return self._best(query, k, scores, positions, coarse is not None)
         positions = np.flatnonzero(valid)
+        if allowed < _GATHER_SHARE * size:  # scattered, and few enough to gather
+            return self._score_rows(query, k, positions, exact)
         return self._top(dot(self.matrix[:size], query)[positions], k, positions)
 
     def _sieves(self, allowed: int, read: int) -> bool:
