@@ -145,6 +145,11 @@ INLINE_CODE = re.compile(r"(`+)(?:(?!\1).)+?\1", re.S)
 
 def _prose(text: str) -> str:
     """The text without fenced blocks and inline code, where brackets are not links."""
+    return INLINE_CODE.sub("", _unfenced(text))
+
+
+def _unfenced(text: str) -> str:
+    """The text with its fenced blocks blanked (a ``#`` line there is not a heading)."""
     lines = text.splitlines()
     keep = []
     fence: str | None = None
@@ -159,14 +164,15 @@ def _prose(text: str) -> str:
             keep.append("")
         else:
             keep.append(line)
-    return INLINE_CODE.sub("", "\n".join(keep))
+    return "\n".join(keep)
 
 
 def anchors(text: str) -> set[str]:
-    """GitHub's heading anchors: lower case, punctuation dropped, spaces as '-', repeats numbered."""
+    """GitHub's heading anchors: lower case, punctuation dropped (a code span keeps its text,
+    without the backticks), spaces as '-', repeats numbered."""
     seen: dict[str, int] = {}
     result = set()
-    for line in _prose(text).splitlines():
+    for line in _unfenced(text).splitlines():
         heading = re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line)
         if not heading:
             continue
@@ -178,12 +184,16 @@ def anchors(text: str) -> set[str]:
 
 
 def test_anchors_follow_github() -> None:
-    text = "# Bridges: CLI, MCP\n## JSON-lines server: memstrata from any language\n## Usage\n## Usage\n"
+    text = (
+        "# Bridges: CLI, MCP\n## JSON-lines server: memstrata from any language\n## Usage\n## Usage\n"
+        "## The `memstrata status` command\n```\n# not a heading\n```\n"
+    )
     assert anchors(text) == {
         "bridges-cli-mcp",
         "json-lines-server-memstrata-from-any-language",
         "usage",
         "usage-1",
+        "the-memstrata-status-command",
     }
 
 
