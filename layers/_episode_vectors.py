@@ -124,6 +124,14 @@ class EpisodeVectors:
         at[held] = self.mirror.ints[_AT][positions[held]]
         return at, held
 
+    def stored(self, ids: Sequence[int]) -> dict[int, bytes]:
+        """The stored bytes of the vectors of ``ids`` the mirror holds (rows are kept as stored)."""
+        asked = np.asarray(ids, dtype=np.int64)
+        positions = self.mirror.positions(asked)
+        held = positions >= 0
+        rows = self.mirror.matrix[positions[held]]
+        return {int(i): row.tobytes() for i, row in zip(asked[held].tolist(), rows, strict=True)}
+
     def similarity(self, ident: int, query: FloatArray) -> float | None:
         position = int(self.mirror.positions(np.array([int(ident)], dtype=np.int64))[0])
         return None if position < 0 else float(self.mirror.matrix[position] @ query)

@@ -665,6 +665,7 @@ def test_bulk_archive_keeps_the_other_vectors_exactly(
     odd = set(made[1::2])
     kept = [i for i in made if i not in odd]
     blobs = {i: vector_blob(store.path, i) for i in kept[:50]}
+    archived = {i: vector_blob(store.path, i) for i in sorted(odd)}
     vectors = store._vectors
     assert vectors is not None
 
@@ -683,6 +684,8 @@ def test_bulk_archive_keeps_the_other_vectors_exactly(
     assert store._archive_ids(data_dir / "odd.sqlite", sorted(odd), remove=True, selection={}) == 650
     assert store.count() == 650 and store.status()["vectors"] == 650
     assert all(vector_blob(store.path, i) == blob for i, blob in blobs.items())
+    with open_database(data_dir / "odd.sqlite") as db:  # the archive holds the stored bytes exactly
+        assert {int(i): bytes(b) for i, b in db.query("SELECT id, embedding FROM vectors")} == archived
     found = store.search("sensor reading rack", mode="vector", top_k=MAX_TOP_K)
     assert sorted(h.episode.id for h in found) == kept
     with EpisodicMemory.open(data_dir / "back.sqlite", FakeEmbedder()) as other:
