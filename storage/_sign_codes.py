@@ -33,6 +33,11 @@ _CANDIDATES = 2048  # rows rescored, at least, up to 1M rows sieved (sqrt(n / 1M
 # inverted lists: 0.99-0.997) and 0.986 on 25k real code chunks (lists: 0.977) ...
 _PER_K = 40  # ... and this many per hit asked for (recall@50 at 1M: 0.9997 with 2048)
 _BLOCK = 65_536  # rows per step of a scan (its temporaries stay small)
+# from this many rows a scan is split over two threads: a code is 48 bytes, so handing half of a
+# scan to a second thread pays off only for large scans (2 cores, one thread against two: 100k
+# rows 1.2-1.8 ms against 1.2-1.5 idle, 1.3-1.8 against 2.7-3.9 busy; 1M rows 13-14 ms against
+# 8.4-10 idle, 23 against 19 busy)
+_SPLIT_FROM = 262_144
 
 
 def sign_codes(rows: FloatArray, words: int) -> npt.NDArray[np.uint64]:
@@ -108,8 +113,8 @@ class SignCodes:
         self, query: FloatArray, starts: list[int], ends: list[int], valid: BoolArray | None
     ) -> npt.NDArray[np.uint16]:
         """Hamming distance from the query's code to each row of the slices ``starts[i]:ends[i]``
-        (in order); ``bits + 1`` for rows ``valid`` (by position) rejects. On two cores for many
-        rows (numpy releases the GIL on each step)."""
+        (in order); ``bits + 1`` for rows ``valid`` (by position) rejects. On two cores from
+        ``_SPLIT_FROM`` rows (numpy releases the GIL on each step)."""
         q = sign_codes(query.reshape(1, -1), self.words)[0]
         split = self._split
         pieces: list[tuple[npt.NDArray[np.uint64], int, int, int]] = []  # codes, rows a:b, offset
@@ -140,7 +145,10 @@ class SignCodes:
                 if valid is not None:
                     d[~valid[a:b]] = bits + 1
 
-        in_two(scan, len(pieces), [o for _, _, _, o in pieces], offset)
+        if offset >= _SPLIT_FROM:
+            in_two(scan, len(pieces), [o for _, _, _, o in pieces], offset)
+        else:
+            scan(0, len(pieces))
         return out
 
     def nearest(

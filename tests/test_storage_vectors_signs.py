@@ -17,6 +17,7 @@ import pytest
 from memstrata.storage import _mirror_scoring as scoring_module
 from memstrata.storage import _mirror_search as search_module
 from memstrata.storage import _sign_codes as sign_module
+from memstrata.storage import _vector_kernels as kernels_module
 from memstrata.storage._sign_codes import SignCodes, sign_codes
 from memstrata.storage._vector_mirror import Mirror
 from tests._support import exact_top, unit
@@ -239,3 +240,33 @@ def test_appended_rows_leave_the_existing_codes_in_place() -> None:
     assert near.tolist() == [3999]
     signs.take(np.arange(3999, -1, -1))  # a move folds both parts into one, in the new order
     assert signs.extra.shape[1] == 0 and np.array_equal(signs.saved(), sign_codes(rows[::-1], signs.words).T)
+
+
+@pytest.mark.parametrize("split_from", [10**9, 100], ids=["one thread", "two threads"])
+def test_a_scan_on_one_thread_or_two_gives_the_same_distances(
+    monkeypatch: pytest.MonkeyPatch, split_from: int
+) -> None:
+    """Large scans are split over two threads, smaller ones not; the distances are the same
+    either way, over codes made at first use and appended since."""
+    monkeypatch.setattr(sign_module, "_BLOCK", 1000)  # several pieces, in both parts
+    monkeypatch.setattr(sign_module, "_SPLIT_FROM", split_from)
+    monkeypatch.setattr(kernels_module._Scanner, "_MIN_ROWS", 100)
+    monkeypatch.setattr(kernels_module, "_CPUS", 2)
+    calls: list[int] = []
+    in_two = sign_module.in_two
+    monkeypatch.setattr(sign_module, "in_two", lambda *a: calls.append(1) or in_two(*a))
+    rng = np.random.default_rng(23)
+    rows = unit(rng.standard_normal((5000, DIM)).astype(np.float32))
+    signs = SignCodes(DIM)
+    signs.update(rows, 3000)
+    signs.update(rows, 5000)
+    assert signs.base.shape[1] == 3000  # codes in two parts
+    query = unit(rng.standard_normal(DIM).astype(np.float32))
+    valid = rng.random(len(rows)) > 0.2
+    got = signs.distances(query, [0, 2500], [1200, 5000], valid)
+    bits = np.unpackbits(sign_codes(rows, signs.words).view(np.uint8), axis=1)
+    qbits = np.unpackbits(sign_codes(query.reshape(1, -1), signs.words).view(np.uint8), axis=1)[0]
+    expected = (bits != qbits).sum(axis=1)
+    expected[~valid] = signs.bits + 1
+    assert got.tolist() == np.concatenate([expected[:1200], expected[2500:]]).tolist()
+    assert len(calls) == (1 if split_from < 3700 else 0)
