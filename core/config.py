@@ -7,6 +7,9 @@ sub-table gives that agent's stores, workspace and queries a model of their own,
 ``sync`` and ``files`` sub-tables override those sections for that agent's workspace.
 ``[codebases]`` names shared source trees (``name = "path"``) every agent may search. Users
 import these names from :mod:`memstrata.config`.
+
+The dataclasses are frozen without slots: a process holds a few of them, and building slotted
+classes cost ~8 ms of every command's start (``memstrata --help`` imports this module).
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ def default_data_dir() -> Path:
     return Path(platformdirs.user_data_dir("memstrata"))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class EmbeddingConfig:
     model: str = "default"  # "default" = the packaged offline model; a fastembed name or a directory
     dim: int | None = None  # required for a model directory
@@ -59,7 +62,7 @@ class EmbeddingConfig:
     max_batch_wait_ms: float = 2.0  # how long the shared embedding service waits to fill a batch
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class SearchConfig:
     max_results: int = 6  # file search
     top_k: int = 10  # knowledge and episodic search
@@ -83,13 +86,13 @@ class SearchConfig:
             )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ChunkingConfig:
     tokens: int = 400
     overlap: int = 80
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class FilesConfig:
     extra_paths: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ("IDENTITY.md", "SOUL.md", "USER.md", "AGENTS.md", "TOOLS.md")
@@ -106,7 +109,7 @@ class FilesConfig:
     lazy_sync_wait_s: float = 2.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class SyncConfig:
     """When workspaces and codebases are synced with their files (``files.sync_interval_s`` adds
     an interval, ``files.watch_debounce_ms`` debounces the watcher)."""
@@ -119,7 +122,7 @@ class SyncConfig:
 WORKSPACE_ACCESS = ("rw", "ro", "none")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class EpisodicConfig:
     recency_half_life_s: float | None = None
     retention_max_count: int | None = None
@@ -127,7 +130,7 @@ class EpisodicConfig:
     archive_dir: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class AgentConfig:
     retrieval_timeout_s: float = 5.0
     retrieval_top_k: int = 5
@@ -148,7 +151,7 @@ class AgentConfig:
             raise ConfigError(f"workspace_access must be 'rw', 'ro' or 'none', got {self.workspace_access!r}")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ActorsConfig:
     max_restarts: int = 3  # restarts of one actor within restart_window_s before its agent is degraded
     restart_window_s: float = 60.0
@@ -181,7 +184,7 @@ class ActorsConfig:
                 )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class StorageConfig:
     # how long a write waits for another process's lock before DatabaseBusyError; below
     # actors.ask_timeout_s so a caller gets the clear busy error rather than a timeout
@@ -190,7 +193,7 @@ class StorageConfig:
     synchronous: str = "normal"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class BridgesConfig:
     agent_id: str = "default"  # the agent LLM tools and MCP use when a call names none
     workers: int = 4  # `memstrata serve` thread pool
@@ -201,7 +204,7 @@ _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _HOST_PORT = re.compile(r"[A-Za-z0-9_.-]+:[0-9]{1,5}")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ClusterConfig:
     """Where the actors run: this process (``local``, pykka) or a Ray cluster (``ray``, the
     ``memstrata[ray]`` extra); see docs/scale-out.md."""
@@ -273,7 +276,7 @@ def check_placement(value: str, key: str) -> None:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Config:
     data_dir: Path = field(default_factory=default_data_dir)
     max_content_bytes: int = 4_000_000
