@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._bm25_bulk import AllPostings, read_all_postings, word_sums
-from ._bm25_postings import _PHRASE, Bm25Postings, FloatArray, _varints
+from ._bm25_postings import _PHRASE, Bm25Postings, FloatArray, _varints, appended
 from ._index_files import (
     DamagedFile,
     database_token,
@@ -235,7 +235,7 @@ class Bm25Files(Bm25Postings):
             return None
         added = self._map_added.get(stem)
         if added is not None:  # documents this connection added since: after the file's ones
-            return np.concatenate([pos, added[0]]), np.concatenate([tf, added[1]])
+            return appended((pos, tf), added)
         return pos, tf
 
     def persist(self) -> None:

@@ -23,7 +23,7 @@ from ._bm25_formula import idf_of, weighted_tf
 from ._connection import Database
 from ._vec0_chunks import snapshot
 
-__all__ = ["Bm25Postings"]
+__all__ = ["Bm25Postings", "appended"]
 
 # postings held in memory (12 bytes each); when full, the least recently used words' postings go
 _MAX_CACHED_POSTINGS = 8_000_000
@@ -87,6 +87,13 @@ def _sum_by_doc(docs: IntArray, weights: FloatArray) -> tuple[IntArray, FloatArr
         return docs[starts], np.add.reduceat(weights, starts).astype(np.float64)
     ids, inverse = np.unique(docs, return_inverse=True)
     return ids, np.bincount(inverse.reshape(-1), weights=weights, minlength=len(ids)).astype(np.float64)
+
+
+def appended(
+    postings: tuple[npt.NDArray[np.int32], FloatArray], more: tuple[npt.NDArray[np.int32], FloatArray]
+) -> tuple[npt.NDArray[np.int32], FloatArray]:
+    """``postings`` followed by ``more`` (documents added after them)."""
+    return np.concatenate([postings[0], more[0]]), np.concatenate([postings[1], more[1]])
 
 
 def _spans(lengths: IntArray) -> list[tuple[int, int]]:

@@ -13,9 +13,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
-from ._bm25_postings import _PHRASE, Bm25Postings, FloatArray
+from ._bm25_postings import _PHRASE, Bm25Postings, appended
 
 __all__ = ["Bm25Writes"]
 
@@ -23,12 +22,6 @@ _INCREMENTAL_LIMIT = 256  # larger writes drop cached postings instead of patchi
 # postings of added documents kept beside a complete file's map at most (12 bytes each); past
 # that the map is dropped and words are read from FTS5 until the file is written again at close
 _MAX_MAP_ADDED = 2_000_000
-
-
-def _appended(
-    postings: tuple[npt.NDArray[np.int32], FloatArray], more: tuple[npt.NDArray[np.int32], FloatArray]
-) -> tuple[npt.NDArray[np.int32], FloatArray]:
-    return np.concatenate([postings[0], more[0]]), np.concatenate([postings[1], more[1]])
 
 
 class Bm25Writes(Bm25Postings):
@@ -81,11 +74,11 @@ class Bm25Writes(Bm25Postings):
             more = np.asarray(positions, dtype=np.int32), np.asarray(tfs, dtype=np.float64)
             if stem in self._mapped:
                 added = self._map_added.get(stem)
-                self._map_added[stem] = more if added is None else _appended(added, more)
+                self._map_added[stem] = more if added is None else appended(added, more)
                 self._map_added_count += len(positions)
             cached = self._postings.get(stem)
             if cached is not None:
-                self._postings[stem] = _appended(cached, more)
+                self._postings[stem] = appended(cached, more)
                 if stem in self._views:  # a copy in memory now
                     self._views.discard(stem)
                     self._cached += len(cached[0])

@@ -165,17 +165,26 @@ class MirrorSearch(MirrorScoring):
         if size == 0 or codes is None:
             return ScoredRows(self.rowids, *_empty())
         query = unit_rows(query.reshape(1, -1))[0] if self.unit else query.astype(np.float32, copy=False)
-        valid = self._match(codes, dict(ranges or {}), 0, size)
+        positions, scores = self._exact_allowed(query, self._match(codes, dict(ranges or {}), 0, size), size)
+        return ScoredRows(self.rowids, positions, scores.copy())  # kept: the scan's buffer is reused
+
+    def _exact_allowed(
+        self, query: FloatArray, valid: BoolArray | None, size: int
+    ) -> tuple[IntArray, FloatArray]:
+        """Positions of the rows ``valid`` allows (all for ``None``) and their exact similarities
+        (possibly a view of the scan's buffer, valid until the next scan): scanned in place when
+        they form few runs, gathered when scattered and few, else every row scored and the
+        allowed ones kept."""
         if valid is None:
-            return ScoredRows(self.rowids, np.arange(size, dtype=np.int64), dot(self.matrix[:size], query))
-        starts, ends = runs(valid)  # the allowed rows only, chosen as _search_masked does
-        if len(starts) <= _RUNS_MAX:
+            return np.arange(size, dtype=np.int64), dot(self.matrix[:size], query)
+        starts, ends = runs(valid)
+        if len(starts) <= _RUNS_MAX:  # in place, run by run (a time range, a group's tail)
             scores, positions = self._scan(query, starts.tolist(), ends.tolist())
-            return ScoredRows(self.rowids, positions, scores.copy())  # the scan's buffer is reused
+            return positions, scores
         positions = np.flatnonzero(valid)
-        if len(positions) < _GATHER_SHARE * size:
-            return ScoredRows(self.rowids, positions, dot_rows(self.matrix, positions, query))
-        return ScoredRows(self.rowids, positions, dot(self.matrix[:size], query)[positions])
+        if len(positions) < _GATHER_SHARE * size:  # scattered, and few enough to gather
+            return positions, self._exact_scores(positions, query)
+        return positions, dot(self.matrix[:size], query)[positions]
 
     def count(self, where: Mapping[str, Any], ranges: Ranges | None = None) -> int:
         """How many live rows ``where`` and ``ranges`` allow."""
@@ -266,15 +275,16 @@ class MirrorSearch(MirrorScoring):
                     return found
         if valid is None:
             return self._top(dot(self.matrix[:size], query), k, None)
+        coarse = self._coarse(exact)
+        if coarse is None:
+            positions, scores = self._exact_allowed(query, valid, size)
+            return self._top(scores, k, positions)
+        # int8 rows: a sieved mirror comes here only for filters below its sieve's share
         starts, ends = runs(valid)
-        if len(starts) <= _RUNS_MAX:  # in place, run by run (a time range, a group's tail)
-            coarse = self._coarse(exact)
+        if len(starts) <= _RUNS_MAX:
             scores, positions = self._scan(query, starts.tolist(), ends.tolist(), coarse)
-            return self._best(query, k, scores, positions, coarse is not None)
-        positions = np.flatnonzero(valid)
-        if allowed < _GATHER_SHARE * size:  # scattered, and few enough to gather
-            return self._score_rows(query, k, positions, exact)
-        return self._top(dot(self.matrix[:size], query)[positions], k, positions)
+            return self._best(query, k, scores, positions, True)
+        return self._score_rows(query, k, np.flatnonzero(valid), exact)
 
     def _sieves(self, allowed: int, read: int) -> bool:
         """Whether a search that allows ``allowed`` rows sieves them by sign codes (reading the
