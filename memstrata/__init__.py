@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .config import Config
 from .core.lazy import lazy_attributes
 from .errors import (
     ActorCrashedError,
@@ -29,6 +28,7 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
+    from memstrata.config import Config
     from memstrata.layers import (
         Codebase,
         Episode,
@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 _LAZY = {
+    "Config": "memstrata.config",
     "KnowledgeStore": "memstrata.layers",
     "KnowledgeEntry": "memstrata.layers",
     "KnowledgeHit": "memstrata.layers",

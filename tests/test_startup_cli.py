@@ -57,13 +57,15 @@ def test_importing_the_command_line_builds_no_generated_command() -> None:
         "import json, sys\n"
         "import memstrata.bridges.cli as c\n"
         f"before = [m for m in {_BUILT_LAZILY!r} if m in sys.modules]\n"
+        "configured = 'memstrata.core.config' in sys.modules\n"
         "ctx = c.cli.make_context('memstrata', ['status'], resilient_parsing=True)\n"
         "names = c.cli.list_commands(ctx)\n"
-        "print(json.dumps({'before': before, 'names': names, "
+        "print(json.dumps({'before': before, 'configured': configured, 'names': names, "
         "'after': 'memstrata.bridges._cli_generated' in sys.modules}))"
     )
     found = _last_json(probe)
     assert found["before"] == []
+    assert found["configured"] is False  # `memstrata --help` reads no configuration (~40 ms)
     assert found["after"] is True
     assert set(cli_module._GENERATED) <= set(found["names"]) and found["names"] == sorted(found["names"])
     assert {"query", "status", "serve"} <= set(found["names"])

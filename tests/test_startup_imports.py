@@ -93,9 +93,13 @@ print("numpy.ma" in sys.modules, "numpy" in sys.modules)
 """
 
 
-def test_searches_do_not_import_numpy_ma(tmp_path: Path) -> None:
+def test_searches_do_not_import_numpy_ma(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A plain ``numpy.unique`` imports ``numpy.ma`` (~20 ms) in a fresh process's first search;
-    the engine's paths use :func:`memstrata.storage._distinct.distinct` instead."""
+    the engine's paths use :func:`memstrata.storage._distinct.distinct` instead. The store was
+    searched before, so the fresh process also checks and maps the index files left at close."""
+    from memstrata.storage import _index_files
+
+    monkeypatch.setattr(_index_files, "MIN_ROWS", 100)  # files for 300 entries too
     path = tmp_path / "k.sqlite"
     with KnowledgeStore.open(path, FakeEmbedder()) as store:
         store.add_many(
@@ -104,6 +108,9 @@ def test_searches_do_not_import_numpy_ma(tmp_path: Path) -> None:
                 for i in range(300)
             ]
         )
+        # postings of ~25 words in the file: enough for numpy's sorting membership test
+        store.search("entry number about payment retries " + " ".join(str(i) for i in range(20)))
+    assert any(path.with_name(path.name + ".index").iterdir())
     done = subprocess.run(
         [sys.executable, "-c", _SEARCHES, str(path)],
         capture_output=True,
