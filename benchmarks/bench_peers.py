@@ -323,19 +323,29 @@ def store_path(data_dir: Path) -> Path:
     return data_dir / "knowledge" / f"{AGENT}.sqlite"
 
 
-def build_memstrata(data_dir: Path, data: Data) -> tuple[float, float, list[int]]:
-    """``add_many`` with the precomputed vectors; returns wall and CPU seconds, and the ids."""
+def build_memstrata(
+    data_dir: Path, data: Data, loaded: Callable[[], None] | None = None
+) -> tuple[float, float, list[int], float]:
+    """``add_many`` with the precomputed vectors; returns its wall and CPU seconds, the ids, and
+    the wall seconds of the store's close after it (which writes the BM25 index file of every
+    posting after a bulk load, see ``storage/_bm25_file.py``). ``loaded`` is called between."""
     from memstrata.layers import KnowledgeStore
 
     path = store_path(data_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     items = [{"content": t, "category": c} for t, c in zip(data.texts, data.categories, strict=True)]
     embedder = PlantedVectors(None)
-    with KnowledgeStore.open(path, embedder) as store:  # type: ignore[arg-type]
+    store = KnowledgeStore.open(path, embedder)  # type: ignore[arg-type]
+    try:
         started, cpu = time.perf_counter(), time.process_time()
         ids = store.add_many(items, vectors=data.vectors)
         seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
-    return seconds, cpu, ids
+        if loaded is not None:
+            loaded()
+    finally:
+        closing = time.perf_counter()
+        store.close()
+    return seconds, cpu, ids, time.perf_counter() - closing
 
 
 # -- LanceDB -------------------------------------------------------------------------------------
@@ -642,7 +652,7 @@ def side_by_side(ctx: Context, n: int, *, scale: bool) -> list[Row]:
     mem_dir = work / "memstrata"
     min_seconds, min_cpu = build_minimal(work / "minimal.sqlite", data)
     log(f"minimal schema {min_seconds:.0f} s")
-    mem_seconds, mem_cpu, ids = build_memstrata(mem_dir, data)
+    mem_seconds, mem_cpu, ids, _ = build_memstrata(mem_dir, data)
     index_of = {entry_id: i for i, entry_id in enumerate(ids)}
     log(f"memstrata add_many {mem_seconds:.0f} s")
     np.save(work / "vectors.npy", data.vectors)

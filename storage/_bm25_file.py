@@ -4,9 +4,10 @@ The document lengths and the postings read so far are written (:mod:`._index_fil
 connection closes; a new process maps them instead of reading ``_docsize`` again, after checking
 the file against FTS5's own structure and averages records (both change with every write).
 
-An index of ``_COMPLETE_FROM`` documents or more keeps every posting in its file instead (read in
-one pass, :mod:`._bm25_bulk`: 10 s at a million entries, once per state of the index), since
-reading a common word's postings from FTS5 at the first search that needs it cost 20-100 ms. Its
+An index of ``_COMPLETE_FROM`` documents or more, or one of ``MIN_ROWS`` or more that a connection
+has just bulk-loaded, keeps every posting in its file instead (read in one pass,
+:mod:`._bm25_bulk`: 10 s at a million entries, once per state of the index), since reading a
+common word's postings from FTS5 at the first search that needs it cost 20-100 ms. Its
 words are taken from the map when first used, each checked then (document order, range, a
 checksum per word), so opening it touches only the document lengths.
 """
@@ -44,8 +45,13 @@ _REREAD_STEMS = 256  # stems whose postings are read again for the file when the
 # 8-16 ms (a `memstrata query` process reads a few words, and paid that at every close)
 _WORTH_WRITING = 50_000
 # from this many documents the file holds every posting (below, the first read of a common word
-# costs a few milliseconds; at a million documents, 20-100 ms)
+# costs a few milliseconds; at a million documents, 20-100 ms) ...
 _COMPLETE_FROM = 200_000
+# ... and from ``MIN_ROWS`` after a bulk load: a connection that added this share of the index's
+# documents pays the full read at its close (~2.6 s at 100k), as large indexes do after any write;
+# a process searching the loaded index then reads no word from FTS5. Below 200k, later small
+# writes leave the words read instead (reading all again would be on every `memstrata query`).
+_BULK_SHARE = 0.5
 _MAX_HEADER_STEMS = 48 << 20  # the words are listed in the file's header (at most 64 MB)
 
 log = logging.getLogger("memstrata.storage")
@@ -253,21 +259,21 @@ class Bm25Files(Bm25Postings):
             return
         try:
             rows = self._index_rows()
+            bulk = rows is not None and self.docs_added >= rows * _BULK_SHARE
             if (
                 rows is not None
-                and rows >= max(_COMPLETE_FROM, _index_files.MIN_ROWS)
-                and self._persist_complete(path)
+                and rows >= _index_files.MIN_ROWS
+                and (rows >= _COMPLETE_FROM or bulk)
+                and self._persist_complete(path, bulk=bulk)
             ):
                 return
             if not self._loaded or len(self._ids) < _index_files.MIN_ROWS:
                 return
             mark = self._index_mark()
             if mark is None or (
-                mark == self._file_mark
-                and not self._file_complete
-                and len(self._postings) <= self._file_stems
+                mark == self._file_mark and (self._file_complete or len(self._postings) <= self._file_stems)
             ):
-                return  # the file on disk is as good as what this process holds
+                return  # the file on disk is as good as what this process holds, or holds every word
             if mark == self._file_mark and not self._file_complete and self._read < _WORTH_WRITING:
                 return  # a few words read from FTS5: reading them again costs less than the write
             if self._mark != mark:  # patched by writes, or another connection wrote: read afresh
@@ -346,13 +352,13 @@ class Bm25Files(Bm25Postings):
             return None
         return next(_varints(bytes(found[0][0])[:9]), None)
 
-    def _persist_complete(self, path: Path) -> bool:
+    def _persist_complete(self, path: Path, *, bulk: bool = False) -> bool:
         """Write every posting of the index (see the module docstring) unless the file on disk
         already holds them for the index as it is. A process that never searched rewrites a
-        complete file of an earlier state only when it has no other and wrote (a write-only
-        process does not pay the full read for every few rows it adds; the next one that
-        searches rewrites it; one that only counted writes nothing). False: the postings are too
-        many words for a file header, keep the cached ones."""
+        complete file of an earlier state only after a ``bulk`` load or when it has no other and
+        wrote (a write-only process does not pay the full read for every few rows it adds; the
+        next one that searches rewrites it; one that only counted writes nothing). False: the
+        postings are too many words for a file header, keep the cached ones."""
         db = self._db
         if not self._loaded and not self._wrote():
             return True  # neither searched nor wrote (a status query): leaves the file as it is
@@ -360,7 +366,7 @@ class Bm25Files(Bm25Postings):
         if mark is None or (self._file_complete and self._file_mark == mark):
             return True
         on_disk = None if self._file_damaged else self._complete_file(path)
-        if on_disk == mark or (on_disk is not None and not self._loaded):
+        if on_disk == mark or (on_disk is not None and not self._loaded and not bulk):
             return True  # current (another index of this table wrote it), or left to a searcher
         token = ensure_token(db)
         if token is None:

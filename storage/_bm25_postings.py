@@ -130,6 +130,7 @@ class Bm25Postings:
     """Document lengths and per-stem postings of the FTS5 table ``fts``, read on demand."""
 
     told_of_writes = False  # an owner reported a write through this connection (:mod:`._bm25_writes`)
+    docs_added = 0  # documents an owner reported added through this connection since it opened
 
     def __init__(
         self,

@@ -32,6 +32,7 @@ class Bm25Writes(Bm25Postings):
         if not rows:
             return
         self.told_of_writes = True
+        self.docs_added += len(rows)
         self._df.clear()
         version = self._current_version()
         if version != self._version or not self._loaded:

@@ -32,8 +32,10 @@ CATS = ("alpha", "beta", "gamma")
 
 @pytest.fixture(autouse=True)
 def small_files(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Index files for any size (the default skips stores that load fast anyway)."""
+    """Index files for any size (the default skips stores that load fast anyway); BM25 files of
+    the words read, also after a bulk load (every posting: ``test_storage_bm25_complete.py``)."""
     monkeypatch.setattr(_index_files, "MIN_ROWS", 1)
+    monkeypatch.setattr(bm25_file_module, "_BULK_SHARE", 2.0)
 
 
 def _rows(

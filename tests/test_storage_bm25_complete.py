@@ -208,6 +208,7 @@ def test_an_index_below_the_size_keeps_only_the_words_it_read(
     data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_bm25_file, "_COMPLETE_FROM", 10_000)
+    monkeypatch.setattr(_bm25_file, "_BULK_SHARE", 2.0)  # no load counts as a bulk load
     p = data_dir / "small.sqlite"
     _build(p)
     assert not _file(p).exists()  # never searched, not large: nothing to keep
@@ -217,6 +218,39 @@ def test_an_index_below_the_size_keeps_only_the_words_it_read(
         store._bm25.search(["queue"], 5)
         assert store._bm25.files_loaded == 1 and not store._bm25.files_status()["complete"]
         assert list(store._bm25._postings) == store._bm25.stems(["queue"])
+
+
+def test_a_bulk_load_below_the_size_leaves_every_posting(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection that added half the index or more writes the complete file at its close,
+    also over a complete file of an earlier state though it never searched; a searcher keeps
+    the file while it is current, and after small writes keeps the words it read instead."""
+    monkeypatch.setattr(_bm25_file, "_COMPLETE_FROM", 10_000)
+    p = data_dir / "bulk.sqlite"
+    _build(p)  # 300 documents in one load
+    with KnowledgeStore.open(p, FakeEmbedder()) as store:
+        for query in QUERIES:
+            check(store._bm25, store, query, 10, (1.0, 1.0, 1.0))
+        assert store._bm25.files_loaded == 1 and store._bm25.files_status()["complete"]
+        assert store._bm25._read == 0  # no word read from FTS5
+    with KnowledgeStore.open(p, FakeEmbedder()) as store:  # a searcher left the complete file
+        check(store._bm25, store, ["queue"], 10, (1.0, 1.0, 1.0))
+        assert store._bm25.files_loaded == 1 and store._bm25.files_status()["complete"]
+    with KnowledgeStore.open(p, FakeEmbedder()) as store:
+        store.add("retry cache deploy")  # only wrote: the file is now of an earlier state
+    rng = random.Random(9)
+    with KnowledgeStore.open(p, FakeEmbedder()) as store:
+        store.add_many(document(rng) for _ in range(400))  # 400 of 701: a bulk load
+    with KnowledgeStore.open(p, FakeEmbedder()) as store:
+        for query in QUERIES:
+            check(store._bm25, store, query, 10, (1.0, 1.0, 1.0))
+        assert store._bm25.files_loaded == 1 and store._bm25.files_status()["complete"]
+        store.add_many({"content": f"queue kafka lock {i}", "category": "pattern"} for i in range(5))
+        check(store._bm25, store, ["queue", "kafka"], 10, (1.0, 1.0, 1.0))
+    with KnowledgeStore.open(p, FakeEmbedder()) as store:  # 5 of 706 added: the words read
+        check(store._bm25, store, ["queue"], 10, (1.0, 1.0, 1.0))
+        assert store._bm25.files_loaded == 1 and not store._bm25.files_status()["complete"]
 
 
 @pytest.mark.parametrize("weights", [(1.0, 1.0, 1.0), (1.0, 0.5, 2.0), (2.0, 1.0, 3.0)])
@@ -387,9 +421,10 @@ def test_a_process_that_neither_searched_nor_wrote_leaves_no_file(
     data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     p = data_dir / "quiet.sqlite"
-    monkeypatch.setattr(_bm25_file, "_COMPLETE_FROM", 10_000)
-    _build(p)  # below the size then: no file
-    monkeypatch.setattr(_bm25_file, "_COMPLETE_FROM", 50)
+    with monkeypatch.context() as below:
+        below.setattr(_bm25_file, "_COMPLETE_FROM", 10_000)
+        below.setattr(_bm25_file, "_BULK_SHARE", 2.0)
+        _build(p)  # below the size then, and no load counts as a bulk load: no file
     with KnowledgeStore.open(p, FakeEmbedder()) as store:
         assert store.count() > 250  # only counted
     assert not _file(p).exists()
