@@ -5,11 +5,11 @@ connection closes; a new process maps them instead of reading ``_docsize`` again
 the file against FTS5's own structure and averages records (both change with every write).
 
 An index of ``_COMPLETE_FROM`` documents or more, or one of ``MIN_ROWS`` or more that a connection
-has just bulk-loaded, keeps every posting in its file instead (read in one pass,
-:mod:`._bm25_bulk`: 10 s at a million entries, once per state of the index), since reading a
-common word's postings from FTS5 at the first search that needs it cost 20-100 ms. Its
-words are taken from the map when first used, each checked then (document order, range, a
-checksum per word), so opening it touches only the document lengths.
+has bulk-loaded (and kept so by the processes that use it), keeps every posting in its file
+instead (read in one pass, :mod:`._bm25_bulk`: 10 s at a million entries, once per state of the
+index), since reading a common word's postings from FTS5 at the first search that needs it cost
+20-100 ms. Its words are taken from the map when first used, each checked then (document order,
+range, a checksum per word), so opening it touches only the document lengths.
 """
 
 from __future__ import annotations
@@ -48,9 +48,10 @@ _WORTH_WRITING = 50_000
 # costs a few milliseconds; at a million documents, 20-100 ms) ...
 _COMPLETE_FROM = 200_000
 # ... and from ``MIN_ROWS`` after a bulk load: a connection that added this share of the index's
-# documents pays the full read at its close (~2.6 s at 100k), as large indexes do after any write;
-# a process searching the loaded index then reads no word from FTS5. Below 200k, later small
-# writes leave the words read instead (reading all again would be on every `memstrata query`).
+# documents pays the full read at its close (~2.5 s at 100k), as large indexes do after any write;
+# a process searching the loaded index then reads no word from FTS5, and one that used the
+# complete file keeps it complete at its close. A process that found the file out of date keeps
+# the words it read instead (reading all again would be on every `memstrata query` after a write).
 _BULK_SHARE = 0.5
 _MAX_HEADER_STEMS = 48 << 20  # the words are listed in the file's header (at most 64 MB)
 
@@ -263,7 +264,7 @@ class Bm25Files(Bm25Postings):
             if (
                 rows is not None
                 and rows >= _index_files.MIN_ROWS
-                and (rows >= _COMPLETE_FROM or bulk)
+                and (rows >= _COMPLETE_FROM or bulk or self._file_complete)
                 and self._persist_complete(path, bulk=bulk)
             ):
                 return

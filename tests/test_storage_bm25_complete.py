@@ -224,8 +224,9 @@ def test_a_bulk_load_below_the_size_leaves_every_posting(
     data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A connection that added half the index or more writes the complete file at its close,
-    also over a complete file of an earlier state though it never searched; a searcher keeps
-    the file while it is current, and after small writes keeps the words it read instead."""
+    also over a complete file of an earlier state though it never searched; a process that used
+    the complete file keeps it so (also after writing); one that found it out of date keeps the
+    words it read instead."""
     monkeypatch.setattr(_bm25_file, "_COMPLETE_FROM", 10_000)
     p = data_dir / "bulk.sqlite"
     _build(p)  # 300 documents in one load
@@ -248,7 +249,15 @@ def test_a_bulk_load_below_the_size_leaves_every_posting(
         assert store._bm25.files_loaded == 1 and store._bm25.files_status()["complete"]
         store.add_many({"content": f"queue kafka lock {i}", "category": "pattern"} for i in range(5))
         check(store._bm25, store, ["queue", "kafka"], 10, (1.0, 1.0, 1.0))
-    with KnowledgeStore.open(p, FakeEmbedder()) as store:  # 5 of 706 added: the words read
+    with KnowledgeStore.open(p, FakeEmbedder()) as store:  # used the complete file: kept it so
+        check(store._bm25, store, ["queue", "kafka"], 10, (1.0, 1.0, 1.0))
+        assert store._bm25.files_loaded == 1 and store._bm25.files_status()["complete"]
+    with KnowledgeStore.open(p, FakeEmbedder()) as store:
+        store.add("retry lock")  # only wrote: out of date again
+    with KnowledgeStore.open(p, FakeEmbedder()) as store:  # found it out of date: the words read
+        check(store._bm25, store, ["queue"], 10, (1.0, 1.0, 1.0))
+        assert store._bm25.files_loaded == 0 and store._bm25.files_rejected == 1
+    with KnowledgeStore.open(p, FakeEmbedder()) as store:
         check(store._bm25, store, ["queue"], 10, (1.0, 1.0, 1.0))
         assert store._bm25.files_loaded == 1 and not store._bm25.files_status()["complete"]
 
