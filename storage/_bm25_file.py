@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._bm25_bulk import AllPostings, read_all_postings, word_sums
+from ._bm25_held import held_postings
 from ._bm25_postings import _PHRASE, Bm25Postings, FloatArray, _varints, appended
 from ._index_files import (
     DamagedFile,
@@ -64,6 +65,7 @@ class Bm25Files(Bm25Postings):
     # class defaults: the constructor need not know about the file
     files_loaded = 0  # document lengths taken from the index file instead of SQLite
     files_saved = 0
+    files_from_memory = 0  # complete files written from the postings held, not read from FTS5
     files_rejected = 0
     files_note: str | None = None
     _file_mark: str | None = None  # the FTS5 records the saved file reflects
@@ -342,16 +344,43 @@ class Bm25Files(Bm25Postings):
         mark = meta.get("mark")
         return str(mark) if ours and meta.get("complete") and mark else None
 
-    def _index_rows(self) -> int | None:
-        """The documents FTS5 counts in its averages record (its first varint), without reading
-        the document lengths; ``None`` when it cannot be read."""
+    def _index_totals(self) -> tuple[int, int] | None:
+        """The documents and the tokens FTS5 counts in its averages record (the documents, then
+        each column's tokens), without reading the document lengths; ``None`` when it cannot be
+        read."""
         try:
             found = self._db.query(f"SELECT block FROM {self._fts}_data WHERE id = 1")
         except Exception:
             return None
         if not found or not found[0][0]:
             return None
-        return next(_varints(bytes(found[0][0])[:9]), None)
+        counts = list(_varints(bytes(found[0][0])))
+        return (counts[0], sum(counts[1:])) if counts else None
+
+    def _index_rows(self) -> int | None:
+        totals = self._index_totals()
+        return None if totals is None else totals[0]
+
+    def _postings_held(self) -> tuple[AllPostings, npt.NDArray[np.int64], FloatArray] | None:
+        """Every posting (and the ids and lengths of the live documents) as this connection holds
+        them (:mod:`._bm25_held`), when that is the whole index: the complete file's map still in
+        use, every write since reported (no other connection wrote), and FTS5's counts of
+        documents and tokens equal to the ones held."""
+        if (
+            not (self._loaded and self._map_arrays and self._mapped)
+            or self._version != self._current_version()
+        ):
+            return None
+        if self._index_totals() != (self._live, self._total):
+            return None
+        stems = list(self._mapped)
+        if any(number != i for i, number in enumerate(self._mapped.values())):
+            return None
+        offsets, positions, tfs = self._map_arrays[:3]
+        found = held_postings(stems, offsets, positions, tfs, self._alive, self._map_added, self._map_new)
+        if found is None:
+            return None
+        return found, self._ids[self._alive], self._sizes[self._alive]
 
     def _persist_complete(self, path: Path, *, bulk: bool = False) -> bool:
         """Write every posting of the index (see the module docstring) unless the file on disk
@@ -372,28 +401,35 @@ class Bm25Files(Bm25Postings):
         token = ensure_token(db)
         if token is None:
             return True
-        started = time.perf_counter()
-        log.info("%s: reading every posting for its index file %s (about 11 s per 1M rows)", self._fts, path)
-        found = self._read_every_posting()
-        if found is None or self._mark is None:
-            return True
-        seconds = time.perf_counter() - started
-        log.info("%s: %d postings read in %.1f s", self._fts, len(found.positions), seconds)
+        held = self._postings_held()
+        if held is not None:
+            found, ids, sizes = held
+        else:
+            started = time.perf_counter()
+            log.info(
+                "%s: reading every posting for its index file %s (about 11 s per 1M rows)", self._fts, path
+            )
+            read = self._read_every_posting()
+            if read is None or self._mark is None:
+                return True
+            found, ids, sizes, mark = read, self._ids, self._sizes, self._mark
+            seconds = time.perf_counter() - started
+            log.info("%s: %d postings read in %.1f s", self._fts, len(found.positions), seconds)
         if len(json.dumps(found.stems)) > _MAX_HEADER_STEMS:
             return False
         meta = {
             "kind": "bm25",
             "fts": self._fts,
             "token": token,
-            "mark": self._mark,
+            "mark": mark,
             "columns": self._columns,
             "weights": self._weights,
             "complete": True,
             "stems": found.stems,
         }
         arrays: dict[str, npt.NDArray[Any]] = {
-            "ids": np.ascontiguousarray(self._ids, dtype=np.int64),
-            "sizes": np.ascontiguousarray(self._sizes, dtype=np.float64),
+            "ids": np.ascontiguousarray(ids, dtype=np.int64),
+            "sizes": np.ascontiguousarray(sizes, dtype=np.float64),
             "offsets": found.offsets,
             "pos_sums": found.pos_sums,
             "tf_sums": found.tf_sums,
@@ -403,8 +439,9 @@ class Bm25Files(Bm25Postings):
         # the postings are checked word by word when used (the sums above), not at every open
         if write_index(path, meta, arrays, unchecked=("positions", "tf")):
             self.files_saved += 1
+            self.files_from_memory += held is not None
             self._file_damaged = False
-            self._file_mark, self._file_stems, self._file_complete = self._mark, len(found.stems), True
+            self._file_mark, self._file_stems, self._file_complete = mark, len(found.stems), True
         return True
 
     def _read_every_posting(self) -> AllPostings | None:

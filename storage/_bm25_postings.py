@@ -193,6 +193,9 @@ class Bm25Postings:
         self._mapped: dict[str, int] = {}
         # mapped stem -> its postings in documents this connection added after the file's state
         self._map_added: dict[str, tuple[npt.NDArray[np.int32], FloatArray]] = {}
+        # a stem the file does not hold -> its postings in those documents (while the map is in
+        # use, so that the complete file can be written again from memory: ``_bm25_file``)
+        self._map_new: dict[str, tuple[npt.NDArray[np.int32], FloatArray]] = {}
         self._map_added_count = 0
         self._views: set[str] = set()  # cached stems whose postings are views of that file: free
         # stem -> ((idf, average length), what it adds to each of its postings' documents)
@@ -204,6 +207,7 @@ class Bm25Postings:
         """Stop taking words from a complete index file (they are read from FTS5 again)."""
         self._mapped.clear()
         self._map_added.clear()
+        self._map_new.clear()
         self._map_added_count = 0
 
     def _ensure_tables(self) -> None:

@@ -3,8 +3,9 @@
 An owner reports its writes (:meth:`Bm25Writes.added`, :meth:`Bm25Writes.removed`,
 :meth:`Bm25Writes.changed`) so the document lengths and the postings read so far stay usable;
 large writes drop the postings rather than patch them. A complete index file's map stays in use
-through added documents (their postings are kept beside it, per word) and removed ones (they are
-marked dead), so a long-running owner that writes does not go back to reading FTS5 word by word.
+through added documents (their postings are kept beside it, per word, also for words the file
+does not hold) and removed ones (they are marked dead), so a long-running owner that writes does
+not go back to reading FTS5 word by word, and writes the file again at close from memory.
 """
 
 from __future__ import annotations
@@ -73,9 +74,10 @@ class Bm25Writes(Bm25Postings):
                 found[1].append(tf)
         for stem, (positions, tfs) in new.items():
             more = np.asarray(positions, dtype=np.int32), np.asarray(tfs, dtype=np.float64)
-            if stem in self._mapped:
-                added = self._map_added.get(stem)
-                self._map_added[stem] = more if added is None else appended(added, more)
+            if self._mapped:
+                beside = self._map_added if stem in self._mapped else self._map_new
+                added = beside.get(stem)
+                beside[stem] = more if added is None else appended(added, more)
                 self._map_added_count += len(positions)
             cached = self._postings.get(stem)
             if cached is not None:
