@@ -1,8 +1,9 @@
 """``memstrata status`` and ``memstrata query`` as processes, at 100k entries, and where the time goes.
 
 The store is :mod:`bench_peers`' 100k entries (10k quick) with their precomputed vectors, loaded
-with ``add_many``; a first ``memstrata query`` writes the index files beside it (as any first
-search does), then every figure is a fresh process:
+with ``add_many`` (whose close writes the BM25 index file of every posting); a first ``memstrata
+query`` writes the vector index file beside it (as any first search does), then every figure is
+a fresh process:
 
 - wall time of ``memstrata status --json`` and ``memstrata query TEXT --agent bench --json``
   (new text each run, so the real model embeds it), p50 of a few runs; baseline: ``python -c
@@ -111,7 +112,7 @@ def run(ctx: Context) -> list[Row]:
     build_memstrata(work, data)
     store = work / "knowledge" / f"{AGENT}.sqlite"
     base = [*_command(), "--data-dir", str(work)]
-    _wall([*base, "query", data.queries[0], "--agent", AGENT, "--json"], 1)  # writes the index files
+    _wall([*base, "query", data.queries[0], "--agent", AGENT, "--json"], 1)  # writes the vector index file
     repeat = 3
     at = f"@{n // 1000}k"
     load = _load()

@@ -3,8 +3,9 @@ documents the connection added since and without the ones it removed.
 
 A long-running owner maps a complete file (:mod:`._bm25_file`) and reports its writes
 (:mod:`._bm25_writes`); at its close the index is the file's state plus those writes, so the new
-file is laid out from memory (at 1M documents, about a second) instead of reading every posting
-from FTS5 again (about 11 s). The caller decides whether memory holds the whole index.
+file is laid out from memory instead of reading every posting from FTS5 again (a close at 1M
+entries: 4.4 s, half of it writing the file, against 21 s). The caller decides whether memory
+holds the whole index.
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ import numpy.typing as npt
 
 from ._bm25_bulk import AllPostings
 
-__all__ = ["Postings", "held_postings", "laid_out"]
+__all__ = ["Postings", "held_postings"]
 
 Postings = tuple[npt.NDArray[np.int32], npt.NDArray[Any]]  # positions (ascending) and counts
 
 
-def laid_out(
+def _laid_out(
     stems: list[str], counts: npt.NDArray[np.int64], positions: npt.NDArray[np.int32], tf: npt.NDArray[Any]
 ) -> AllPostings:
     """The postings of ``stems`` laid end to end (``counts[i] > 0`` of them for ``stems[i]``),
@@ -104,4 +105,4 @@ def held_postings(
     if not used.all():
         names = [stem for stem, keep_it in zip(names, used.tolist(), strict=True) if keep_it]
         counts = counts[used]
-    return laid_out(names, counts, out_pos, out_tf)
+    return _laid_out(names, counts, out_pos, out_tf)
