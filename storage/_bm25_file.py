@@ -301,15 +301,7 @@ class Bm25Files(Bm25Postings):
                 total += len(pos)
             offsets = np.zeros(len(stems) + 1, dtype=np.int64)
             offsets[1:] = np.cumsum([len(c) for c in chunks]) if chunks else []
-            meta = {
-                "kind": "bm25",
-                "fts": self._fts,
-                "token": token,
-                "mark": mark,
-                "columns": self._columns,
-                "weights": self._weights,
-                "stems": stems,
-            }
+            meta = self._file_meta(token, mark, stems)
             arrays: dict[str, npt.NDArray[Any]] = {
                 "ids": np.ascontiguousarray(self._ids, dtype=np.int64),
                 "sizes": np.ascontiguousarray(self._sizes, dtype=np.float64),
@@ -323,6 +315,19 @@ class Bm25Files(Bm25Postings):
                 self._read = 0
         except Exception as exc:  # a cache: the next process reads the database
             log.debug("index file %s not written: %s", path, exc)
+
+    def _file_meta(self, token: str, mark: str, stems: list[str]) -> dict[str, Any]:
+        """The header of this index's file: the database, table, state and weights it reflects,
+        and the words it holds."""
+        return {
+            "kind": "bm25",
+            "fts": self._fts,
+            "token": token,
+            "mark": mark,
+            "columns": self._columns,
+            "weights": self._weights,
+            "stems": stems,
+        }
 
     def _complete_file(self, path: Path) -> str | None:
         """The index state (FTS5 mark) of the complete file at ``path`` written by an index like
@@ -417,16 +422,7 @@ class Bm25Files(Bm25Postings):
             log.info("%s: %d postings read in %.1f s", self._fts, len(found.positions), seconds)
         if len(json.dumps(found.stems)) > _MAX_HEADER_STEMS:
             return False
-        meta = {
-            "kind": "bm25",
-            "fts": self._fts,
-            "token": token,
-            "mark": mark,
-            "columns": self._columns,
-            "weights": self._weights,
-            "complete": True,
-            "stems": found.stems,
-        }
+        meta = {**self._file_meta(token, mark, found.stems), "complete": True}
         arrays: dict[str, npt.NDArray[Any]] = {
             "ids": np.ascontiguousarray(ids, dtype=np.int64),
             "sizes": np.ascontiguousarray(sizes, dtype=np.float64),

@@ -5,6 +5,7 @@ is used only when it holds the whole index."""
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -145,35 +146,38 @@ def test_the_file_is_written_from_memory_after_reported_writes(data_dir: Path) -
         assert store._bm25._read == 0 and store._bm25.files_rejected == 0
 
 
-def test_memory_is_not_used_when_another_connection_wrote(data_dir: Path) -> None:
-    path = data_dir / "other.sqlite"
-    _store(path)
-    with KnowledgeStore.open(path, FakeEmbedder()) as store:
-        index = store._bm25
-        check(index, store, ["queue"], 10, (1.0, 1.0, 1.0))
-        store.add("queue kafka from this connection")
-        with KnowledgeStore.open(path, FakeEmbedder()) as other:
-            other.add("retry lock from another connection")
-        assert index._postings_held() is None
+@pytest.fixture
+def mapped(data_dir: Path) -> Iterator[KnowledgeStore]:
+    """A bulk-loaded store (``mapped.sqlite``), open, with its complete file's map in use."""
+    _store(data_dir / "mapped.sqlite")
+    with KnowledgeStore.open(data_dir / "mapped.sqlite", FakeEmbedder()) as store:
+        check(store._bm25, store, ["queue"], 10, (1.0, 1.0, 1.0))
+        assert store._bm25.files_status()["complete"] and store._bm25._mapped
+        yield store
+
+
+def test_memory_is_not_used_when_another_connection_wrote(mapped: KnowledgeStore, data_dir: Path) -> None:
+    index = mapped._bm25
+    mapped.add("queue kafka from this connection")
+    with KnowledgeStore.open(data_dir / "mapped.sqlite", FakeEmbedder()) as other:
+        other.add("retry lock from another connection")
+    assert index._postings_held() is None
+    mapped.close()
     assert index.files_from_memory == 0 and index.files_saved == 1  # read from FTS5 instead
-    with KnowledgeStore.open(path, FakeEmbedder()) as store:
+    with KnowledgeStore.open(data_dir / "mapped.sqlite", FakeEmbedder()) as store:
         for query in QUERIES:
             check(store._bm25, store, query, 10, (1.0, 1.0, 1.0))
         assert store._bm25.files_loaded == 1 and store._bm25.files_status()["complete"]
 
 
-def test_memory_is_not_used_when_fts5_counts_other_documents(data_dir: Path) -> None:
-    path = data_dir / "counts.sqlite"
-    _store(path)
-    with KnowledgeStore.open(path, FakeEmbedder()) as store:
-        index = store._bm25
-        check(index, store, ["queue"], 10, (1.0, 1.0, 1.0))
-        store.add("queue kafka")
-        assert index._postings_held() is not None
-        index._total += 1.0  # a write this connection did not report would show so
-        assert index._postings_held() is None
-        index._total -= 1.0
-        index._live -= 1
-        assert index._postings_held() is None
-        index._live += 1
-        assert index._postings_held() is not None
+def test_memory_is_not_used_when_fts5_counts_other_documents(mapped: KnowledgeStore) -> None:
+    index = mapped._bm25
+    mapped.add("queue kafka")
+    assert index._postings_held() is not None
+    index._total += 1.0  # a write this connection did not report would show so
+    assert index._postings_held() is None
+    index._total -= 1.0
+    index._live -= 1
+    assert index._postings_held() is None
+    index._live += 1
+    assert index._postings_held() is not None
