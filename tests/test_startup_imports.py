@@ -93,13 +93,18 @@ print("numpy.ma" in sys.modules, "numpy" in sys.modules)
 """
 
 
-def test_searches_do_not_import_numpy_ma(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("complete", [True, False], ids=["every-posting", "words-read"])
+def test_searches_do_not_import_numpy_ma(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, complete: bool
+) -> None:
     """A plain ``numpy.unique`` imports ``numpy.ma`` (~20 ms) in a fresh process's first search;
     the engine's paths use :func:`memstrata.storage._distinct.distinct` instead. The store was
-    searched before, so the fresh process also checks and maps the index files left at close."""
-    from memstrata.storage import _index_files
+    searched before, so the fresh process also checks and maps the index files left at close:
+    the BM25 file of every posting (a bulk load's) or of the words read."""
+    from memstrata.storage import _bm25_file, _index_files
 
     monkeypatch.setattr(_index_files, "MIN_ROWS", 100)  # files for 300 entries too
+    monkeypatch.setattr(_bm25_file, "_BULK_SHARE", 0.5 if complete else 2.0)
     path = tmp_path / "k.sqlite"
     with KnowledgeStore.open(path, FakeEmbedder()) as store:
         store.add_many(
@@ -110,7 +115,8 @@ def test_searches_do_not_import_numpy_ma(tmp_path: Path, monkeypatch: pytest.Mon
         )
         # postings of ~25 words in the file: enough for numpy's sorting membership test
         store.search("entry number about payment retries " + " ".join(str(i) for i in range(20)))
-    assert any(path.with_name(path.name + ".index").iterdir())
+    bm25 = _index_files.read_index(path.with_name(path.name + ".index") / "bm25-knowledge_fts")
+    assert bm25 is not None and bool(bm25.meta.get("complete")) is complete
     done = subprocess.run(
         [sys.executable, "-c", _SEARCHES, str(path)],
         capture_output=True,
