@@ -1,5 +1,5 @@
 """Ingest with precomputed vectors at 100k: memstrata ``add_many(vectors=)`` against the minimal
-sqlite-vec + FTS5 schema, alternated in one run, and where memstrata's time goes.
+sqlite-vec + FTS5 schema in one run, and where memstrata's time goes.
 
 Both load :mod:`bench_peers`' 100k entries (10k quick) and their vectors: the minimal schema
 (one table, one FTS5 column, vec0 with the category; 10k rows per transaction) and a fresh

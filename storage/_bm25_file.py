@@ -25,7 +25,7 @@ import numpy.typing as npt
 
 from ._bm25_bulk import AllPostings, read_all_postings, word_sums
 from ._bm25_held import held_postings
-from ._bm25_postings import _PHRASE, Bm25Postings, FloatArray, _varints, appended
+from ._bm25_postings import _PHRASE, Bm25Postings, FloatArray, Postings, _varints, appended
 from ._index_files import (
     DamagedFile,
     database_token,
@@ -215,7 +215,7 @@ class Bm25Files(Bm25Postings):
         added = self._map_added.get(stem)
         return int(offsets[number + 1] - offsets[number]) + (len(added[0]) if added else 0)
 
-    def _mapped_postings(self, stem: str) -> tuple[npt.NDArray[np.int32], FloatArray] | None:
+    def _mapped_postings(self, stem: str) -> Postings | None:
         """``stem``'s postings from the complete file, checked (ascending positions in range,
         positive counts, its checksums); a word that fails drops the whole map, with a warning."""
         number = self._mapped.get(stem)

@@ -17,10 +17,9 @@ import numpy as np
 import numpy.typing as npt
 
 from ._bm25_bulk import AllPostings
+from ._bm25_postings import Postings
 
-__all__ = ["Postings", "held_postings"]
-
-Postings = tuple[npt.NDArray[np.int32], npt.NDArray[Any]]  # positions (ascending) and counts
+__all__ = ["held_postings"]
 
 
 def _laid_out(

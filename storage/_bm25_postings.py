@@ -23,7 +23,7 @@ from ._bm25_formula import idf_of, weighted_tf
 from ._connection import Database
 from ._vec0_chunks import snapshot
 
-__all__ = ["Bm25Postings", "appended"]
+__all__ = ["Bm25Postings", "Postings", "appended"]
 
 # postings held in memory (12 bytes each); when full, the least recently used words' postings go
 _MAX_CACHED_POSTINGS = 8_000_000
@@ -34,6 +34,7 @@ _SCRATCH_CHANGES: weakref.WeakKeyDictionary[Database, int] = weakref.WeakKeyDict
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
+Postings = tuple[npt.NDArray[np.int32], FloatArray]  # a stem's positions (ascending) and counts
 
 
 def _ints(joined: str | None) -> IntArray:
@@ -89,9 +90,7 @@ def _sum_by_doc(docs: IntArray, weights: FloatArray) -> tuple[IntArray, FloatArr
     return ids, np.bincount(inverse.reshape(-1), weights=weights, minlength=len(ids)).astype(np.float64)
 
 
-def appended(
-    postings: tuple[npt.NDArray[np.int32], FloatArray], more: tuple[npt.NDArray[np.int32], FloatArray]
-) -> tuple[npt.NDArray[np.int32], FloatArray]:
+def appended(postings: Postings, more: Postings) -> Postings:
     """``postings`` followed by ``more`` (documents added after them)."""
     return np.concatenate([postings[0], more[0]]), np.concatenate([postings[1], more[1]])
 
@@ -185,17 +184,17 @@ class Bm25Postings:
         self._total = 0.0
         # stem -> (positions in ``_ids``, ascending; weighted term frequencies, float32 when
         # mapped from a complete index file: whole counts)
-        self._postings: dict[str, tuple[npt.NDArray[np.int32], FloatArray]] = {}
+        self._postings: dict[str, Postings] = {}
         self._cached = 0
         self._read = 0  # postings read from FTS5 since the index file was last read or written
         self._df: dict[str, int] = {}  # documents holding a stem whose postings are not cached
         # stem -> its number in a complete index file: postings taken from the file when first used
         self._mapped: dict[str, int] = {}
         # mapped stem -> its postings in documents this connection added after the file's state
-        self._map_added: dict[str, tuple[npt.NDArray[np.int32], FloatArray]] = {}
+        self._map_added: dict[str, Postings] = {}
         # a stem the file does not hold -> its postings in those documents (while the map is in
         # use, so that the complete file can be written again from memory: ``_bm25_file``)
-        self._map_new: dict[str, tuple[npt.NDArray[np.int32], FloatArray]] = {}
+        self._map_new: dict[str, Postings] = {}
         self._map_added_count = 0
         self._views: set[str] = set()  # cached stems whose postings are views of that file: free
         # stem -> ((idf, average length), what it adds to each of its postings' documents)
@@ -289,7 +288,7 @@ class Bm25Postings:
         ok = (pos < len(self._ids)) & (self._ids[np.minimum(pos, max(len(self._ids) - 1, 0))] == ids)
         return np.where(ok, pos, -1).astype(np.int32)
 
-    def _postings_of(self, stem: str) -> tuple[npt.NDArray[np.int32], FloatArray]:
+    def _postings_of(self, stem: str) -> Postings:
         cached = self._postings.pop(stem, None)
         if cached is not None:
             self._postings[stem] = cached  # the most recently used go last (see _cache_postings)
@@ -323,7 +322,7 @@ class Bm25Postings:
         """Whether ``stem``'s postings are at hand: cached, or in a complete index file."""
         return stem in self._postings or stem in self._mapped
 
-    def _mapped_postings(self, stem: str) -> tuple[npt.NDArray[np.int32], FloatArray] | None:
+    def _mapped_postings(self, stem: str) -> Postings | None:
         """``stem``'s postings from a complete index file (:class:`Bm25Files`); ``None``: read them."""
         return None
 
@@ -340,9 +339,7 @@ class Bm25Postings:
         """Each column's weight by number, then 1.0 for a column not listed."""
         return np.asarray([*self._weights, 1.0], dtype=np.float64)
 
-    def _cache_postings(
-        self, stem: str, entry: tuple[npt.NDArray[np.int32], FloatArray], size: int
-    ) -> tuple[npt.NDArray[np.int32], FloatArray]:
+    def _cache_postings(self, stem: str, entry: Postings, size: int) -> Postings:
         """Keep ``entry`` (``size`` postings held in memory); the least recently used stems go
         first when the cache is full (a common word's postings, read again, cost the most)."""
         self._trim(size)

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from memstrata.layers import KnowledgeStore
 from memstrata.storage import _bm25_file, _index_files
 from memstrata.storage._bm25_bulk import AllPostings
-from memstrata.storage._bm25_held import Postings, held_postings
+from memstrata.storage._bm25_held import held_postings
+from memstrata.storage._bm25_postings import Postings
 from tests.fakes import FakeEmbedder
 from tests.test_storage_bm25_top import check, document
 
