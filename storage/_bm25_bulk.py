@@ -20,7 +20,7 @@ import numpy.typing as npt
 from ._bm25_postings import _ints
 from ._connection import Database
 
-__all__ = ["AllPostings", "read_all_postings", "word_sums"]
+__all__ = ["AllPostings", "read_all_postings", "run_sums", "word_sums"]
 
 _CHUNK_INSTANCES = 1_000_000  # instance rows read per query (a ~7 MB string)
 
@@ -45,7 +45,7 @@ def word_sums(positions: npt.NDArray[np.int32], tf: npt.NDArray[Any]) -> tuple[i
     return int(positions.sum(dtype=np.int64)), int(bits.sum(dtype=np.uint64))
 
 
-def _run_sums(values: npt.NDArray[Any], starts: npt.NDArray[np.int64], dtype: type) -> npt.NDArray[Any]:
+def run_sums(values: npt.NDArray[Any], starts: npt.NDArray[np.int64], dtype: type) -> npt.NDArray[Any]:
     """Sums of the runs of ``values`` beginning at ``starts`` (empty runs sum to 0)."""
     cum: npt.NDArray[Any] = np.zeros(len(values) + 1, dtype=dtype)
     np.cumsum(values, dtype=dtype, out=cum[1:])
@@ -118,9 +118,9 @@ def read_all_postings(
         found = np.bincount(owner, minlength=end - start)
         per_stem[start:end] = found
         runs = np.concatenate(([0], np.cumsum(found)[:-1])).astype(np.int64)
-        pos_sums[start:end] = _run_sums(pos, runs, np.int64)
+        pos_sums[start:end] = run_sums(pos, runs, np.int64)
         bits = stored.view(np.uint32 if stored.dtype == np.float32 else np.uint64)
-        tf_sums[start:end] = _run_sums(bits, runs, np.uint64)
+        tf_sums[start:end] = run_sums(bits, runs, np.uint64)
         positions[filled : filled + len(pos)] = pos
         tfs[filled : filled + len(pos)] = stored
         filled += len(pos)

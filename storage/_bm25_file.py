@@ -24,10 +24,11 @@ import numpy as np
 import numpy.typing as npt
 
 from ._bm25_bulk import AllPostings, read_all_postings, word_sums
-from ._bm25_held import held_postings
+from ._bm25_held import HeldPostings, held_postings
 from ._bm25_postings import _PHRASE, Bm25Postings, FloatArray, Postings, _varints, appended
 from ._index_files import (
     DamagedFile,
+    Pieces,
     database_token,
     ensure_token,
     index_path,
@@ -366,7 +367,7 @@ class Bm25Files(Bm25Postings):
         totals = self._index_totals()
         return None if totals is None else totals[0]
 
-    def _postings_held(self) -> tuple[AllPostings, npt.NDArray[np.int64], FloatArray] | None:
+    def _postings_held(self) -> tuple[HeldPostings, npt.NDArray[np.int64], FloatArray] | None:
         """Every posting (and the ids and lengths of the live documents) as this connection holds
         them (:mod:`._bm25_held`), when that is the whole index: the complete file's map still in
         use, every write since reported (no other connection wrote), and FTS5's counts of
@@ -381,8 +382,10 @@ class Bm25Files(Bm25Postings):
         stems = list(self._mapped)
         if any(number != i for i, number in enumerate(self._mapped.values())):
             return None
-        offsets, positions, tfs = self._map_arrays[:3]
-        found = held_postings(stems, offsets, positions, tfs, self._alive, self._map_added, self._map_new)
+        offsets, positions, tfs, pos_sums, tf_sums = self._map_arrays
+        found = held_postings(
+            stems, offsets, positions, tfs, (pos_sums, tf_sums), self._alive, self._map_added, self._map_new
+        )
         if found is None:
             return None
         return found, self._ids[self._alive], self._sizes[self._alive]
@@ -407,6 +410,7 @@ class Bm25Files(Bm25Postings):
         if token is None:
             return True
         held = self._postings_held()
+        found: AllPostings | HeldPostings
         if held is not None:
             found, ids, sizes = held
         else:
@@ -423,7 +427,7 @@ class Bm25Files(Bm25Postings):
         if len(json.dumps(found.stems)) > _MAX_HEADER_STEMS:
             return False
         meta = {**self._file_meta(token, mark, found.stems), "complete": True}
-        arrays: dict[str, npt.NDArray[Any]] = {
+        arrays: dict[str, npt.NDArray[Any] | Pieces] = {
             "ids": np.ascontiguousarray(ids, dtype=np.int64),
             "sizes": np.ascontiguousarray(sizes, dtype=np.float64),
             "offsets": found.offsets,

@@ -35,10 +35,10 @@ import struct
 import time
 import weakref
 import zlib
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import numpy.typing as npt
@@ -54,6 +54,7 @@ __all__ = [
     "MIRROR_UNCHECKED",
     "DamagedFile",
     "IndexFile",
+    "Pieces",
     "checksum",
     "database_token",
     "ensure_token",
@@ -115,6 +116,17 @@ def _weights(n: int) -> npt.NDArray[np.uint64]:
         made += np.uint64(1)
         _WEIGHTS[:] = [made]
     return _WEIGHTS[0]
+
+
+@dataclass(frozen=True, slots=True)
+class Pieces:
+    """A 1-D array of ``length`` items of ``dtype`` that :func:`write_index` writes as ``chunks()``
+    yields them, so it is never held whole (the postings of a 1M-entry index, written again at a
+    close: 320 MB). It gets no checksum: its reader checks it by other means."""
+
+    dtype: np.dtype[Any]
+    length: int
+    chunks: Callable[[], Iterator[npt.NDArray[Any]]]
 
 
 class DamagedFile(Exception):
@@ -205,7 +217,7 @@ def _aligned(offset: int) -> int:
 def write_index(
     path: Path,
     meta: Mapping[str, Any],
-    arrays: Mapping[str, npt.NDArray[Any]],
+    arrays: Mapping[str, npt.NDArray[Any] | Pieces],
     *,
     spare: Mapping[str, int] | None = None,
     unchecked: Collection[str] = (),
@@ -224,14 +236,22 @@ def write_index(
     for name in names:
         array = arrays[name]
         rows = extra.get(name, 0)
-        shape = [int(array.shape[0]) + rows, *map(int, array.shape[1:])] if array.ndim else []
+        if isinstance(array, Pieces):
+            shape = [array.length + rows]
+        else:
+            shape = [int(array.shape[0]) + rows, *map(int, array.shape[1:])] if array.ndim else []
         entry: dict[str, Any] = {
             "name": name,
             "dtype": array.dtype.str,
             "shape": shape,
             "offset": offset,
         }
-        if array.nbytes <= _CHECKSUM_LIMIT and not rows and name not in unchecked:
+        if (
+            not isinstance(array, Pieces)
+            and array.nbytes <= _CHECKSUM_LIMIT
+            and not rows
+            and name not in unchecked
+        ):
             entry["sum64"] = checksum(array)
         described.append(entry)
         end = offset + int(np.prod(shape, dtype=np.int64)) * array.dtype.itemsize
@@ -251,20 +271,50 @@ def write_index(
             f.write(header)
             for entry, name in zip(described, names, strict=True):
                 f.seek(start + entry["offset"])
-                data = np.ascontiguousarray(arrays[name]).data.cast("B")
-                for at in range(0, len(data), _WRITE_BYTES):
-                    f.write(data[at : at + _WRITE_BYTES])
+                array = arrays[name]
+                if isinstance(array, Pieces):
+                    _write_pieces(f, name, array)
+                else:
+                    _write_array(f, array)
             f.truncate(start + end)  # the last array's spare rows: a hole (others' are skipped by seek)
             f.flush()
             os.fsync(f.fileno())
         os.replace(temp, path)
         _sync_folder(folder)
-    except OSError as exc:
+    except (OSError, _PiecesMismatch) as exc:
         with contextlib.suppress(OSError):
             temp.unlink()
-        log.debug("index file %s not written: %s", path, exc)
+        log.log(
+            logging.WARNING if isinstance(exc, _PiecesMismatch) else logging.DEBUG,
+            "index file %s not written: %s",
+            path,
+            exc,
+        )
         return False
     return True
+
+
+class _PiecesMismatch(Exception):
+    """The chunks of a :class:`Pieces` did not add up to what its header said."""
+
+
+def _write_array(f: BinaryIO, array: npt.NDArray[Any]) -> None:
+    data = np.ascontiguousarray(array).data.cast("B")
+    for at in range(0, len(data), _WRITE_BYTES):
+        f.write(data[at : at + _WRITE_BYTES])
+
+
+def _write_pieces(f: BinaryIO, name: str, pieces: Pieces) -> None:
+    written = 0
+    for chunk in pieces.chunks():
+        if chunk.dtype != pieces.dtype or chunk.ndim != 1:
+            raise _PiecesMismatch(f"array {name}: a chunk of {chunk.dtype} {chunk.shape}, not {pieces.dtype}")
+        written += len(chunk)
+        if written > pieces.length:
+            break
+        _write_array(f, chunk)
+    if written != pieces.length:
+        raise _PiecesMismatch(f"array {name}: {written} items written, {pieces.length} announced")
 
 
 def _sync_folder(folder: Path) -> None:

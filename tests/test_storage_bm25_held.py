@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -14,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memstrata.layers import KnowledgeStore
-from memstrata.storage import _bm25_file, _index_files
-from memstrata.storage._bm25_bulk import AllPostings
-from memstrata.storage._bm25_held import held_postings
+from memstrata.storage import _bm25_file, _bm25_held, _index_files
+from memstrata.storage._bm25_bulk import AllPostings, run_sums
+from memstrata.storage._bm25_held import HeldPostings, held_postings
 from memstrata.storage._bm25_postings import Postings
 from tests.fakes import FakeEmbedder
 from tests.test_storage_bm25_top import check, document
@@ -30,12 +31,30 @@ def complete_from_small(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_bm25_file, "_COMPLETE_FROM", 50)
 
 
-def _by_stem(found: AllPostings) -> dict[str, tuple[list[int], list[float]]]:
+def _whole(found: AllPostings | HeldPostings) -> tuple[np.ndarray, np.ndarray]:
+    """The postings and counts of ``found``, its pieces joined and checked against their length."""
+    if isinstance(found, AllPostings):
+        return found.positions, found.tf
+    positions = np.concatenate([np.zeros(0, np.int32), *found.positions.chunks()])
+    tf = np.concatenate([np.zeros(0, found.tf.dtype), *found.tf.chunks()])
+    assert len(positions) == found.positions.length and len(tf) == found.tf.length
+    assert positions.dtype == np.int32 and tf.dtype == found.tf.dtype
+    return positions, tf
+
+
+def _by_stem(found: AllPostings | HeldPostings) -> dict[str, tuple[list[int], list[float]]]:
+    positions, tf = _whole(found)
     out = {}
     for number, stem in enumerate(found.stems):
         a, b = int(found.offsets[number]), int(found.offsets[number + 1])
-        out[stem] = (found.positions[a:b].tolist(), found.tf[a:b].astype(np.float64).tolist())
+        out[stem] = (positions[a:b].tolist(), tf[a:b].astype(np.float64).tolist())
     return out
+
+
+def _sums(offsets: np.ndarray, positions: np.ndarray, tf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each stem's checksums, as a file holds them."""
+    starts = offsets[:-1]
+    return run_sums(positions, starts, np.int64), run_sums(tf.view(np.uint32), starts, np.uint64)
 
 
 # -- the layout, against a reference built word by word ----------------------------------------
@@ -66,8 +85,10 @@ def test_held_postings_equal_a_reference(data: st.DataObject) -> None:
     offsets = np.cumsum([0] + [len(file[s]) for s in stems]).astype(np.int64)
     positions = np.array([d for s in stems for d in file[s]], dtype=np.int32)
     tf = np.array([c for s in stems for c in counts[s]], dtype=np.float32)
+    group = data.draw(st.integers(1, 8), label="postings laid out at a time")
 
-    found = held_postings(stems, offsets, positions, tf, alive, added, new)
+    with mock.patch.object(_bm25_held, "_GROUP_POSTINGS", group):
+        found = held_postings(stems, offsets, positions, tf, _sums(offsets, positions, tf), alive, added, new)
 
     assert found is not None
     renumber = {old: i for i, old in enumerate(np.flatnonzero(alive).tolist())}
@@ -82,26 +103,76 @@ def test_held_postings_equal_a_reference(data: st.DataObject) -> None:
             expected[stem] = ([d for d, _ in pairs], [c for _, c in pairs])
     assert _by_stem(found) == expected
     assert list(found.stems) == [s for s in [*stems, *new] if s in expected]  # the file's order kept
+    positions, tf = _whole(found)
     for number in range(len(found.stems)):
         a, b = int(found.offsets[number]), int(found.offsets[number + 1])
-        assert int(found.pos_sums[number]) == int(found.positions[a:b].sum())
-        assert int(found.tf_sums[number]) == int(found.tf[a:b].view(np.uint32).sum(dtype=np.uint64))
+        assert int(found.pos_sums[number]) == int(positions[a:b].sum())
+        assert int(found.tf_sums[number]) == int(tf[a:b].view(np.uint32).sum(dtype=np.uint64))
 
 
 def test_held_postings_refuse_what_does_not_fit() -> None:
     stems, offsets = ["a"], np.array([0, 2], dtype=np.int64)
     positions, tf = np.array([0, 1], dtype=np.int32), np.array([1.0, 2.0], dtype=np.float32)
+    sums = _sums(offsets, positions, tf)
     alive = np.ones(3, dtype=bool)
     later = (np.array([2], dtype=np.int32), np.array([1.0]))
-    assert held_postings(stems, offsets, positions, tf, alive, {"a": later}, {}) is not None
-    assert held_postings(stems, offsets, np.array([0, 3], dtype=np.int32), tf, alive, {}, {}) is None
-    assert held_postings(stems, offsets, positions, tf, alive, {"b": later}, {}) is None  # not in the file
-    assert held_postings(stems, offsets, positions, tf, alive, {}, {"a": later}) is None  # in the file
-    assert held_postings(stems, offsets, positions, tf, alive, {"a": (later[0], np.array([0.1]))}, {}) is None
-    assert (
-        held_postings(stems, offsets, positions, tf, alive, {"a": (np.array([5], np.int32), later[1])}, {})
-        is None
+
+    def held(*args: object, live: np.ndarray = alive) -> HeldPostings | None:
+        pos, counted, added, new = args
+        return held_postings(stems, offsets, pos, counted, sums, live, added, new)  # type: ignore[arg-type]
+
+    assert held(positions, tf, {"a": later}, {}) is not None
+    assert held(positions, tf, {"b": later}, {}) is None  # not in the file
+    assert held(positions, tf, {}, {"a": later}) is None  # in the file
+    assert held(positions, tf, {"a": (later[0], np.array([0.1]))}, {}) is None  # not a float32
+    assert held(positions, tf, {"a": (np.array([5], np.int32), later[1])}, {}) is None  # out of range
+    assert held(positions[:1], tf, {}, {}) is None  # the arrays disagree with the offsets
+    some = np.array([True, False, True])  # removed documents: every word is read, and checked
+    assert held(positions, tf, {}, {}, live=some) is not None
+    assert held(np.array([0, 3], dtype=np.int32), tf, {}, {}, live=some) is None  # out of range
+    assert held(np.array([0, 2], dtype=np.int32), tf, {}, {}, live=some) is None  # its checksum
+
+
+def test_a_damaged_word_keeps_its_checksum_when_copied() -> None:
+    """Without removals the file's postings are not read: a damaged one is carried with the
+    file's checksum, so the next reader still finds the word damaged."""
+    stems, offsets = ["a", "b"], np.array([0, 2, 3], dtype=np.int64)
+    positions, tf = np.array([0, 1, 1], dtype=np.int32), np.array([1.0, 2.0, 1.0], dtype=np.float32)
+    sums = _sums(offsets, positions, tf)
+    damaged = positions.copy()
+    damaged[1] = 2
+    found = held_postings(stems, offsets, damaged, tf, sums, np.ones(3, dtype=bool), {}, {})
+    assert found is not None
+    copied, counts = _whole(found)
+    assert copied.tolist() == [0, 2, 1]
+    assert found.pos_sums.tolist() == sums[0].tolist() != _sums(found.offsets, copied, counts)[0].tolist()
+
+
+def test_pieces_that_do_not_add_up_leave_the_old_file(tmp_path: Path) -> None:
+    path = tmp_path / "pieces.idx"
+    assert _index_files.write_index(path, {"v": 1}, {"a": np.arange(3, dtype=np.int32)})
+
+    def short() -> Iterator[np.ndarray]:
+        yield np.arange(2, dtype=np.int32)
+
+    for pieces in (
+        _index_files.Pieces(np.dtype(np.int32), 3, short),
+        _index_files.Pieces(np.dtype(np.int32), 1, short),
+        _index_files.Pieces(np.dtype(np.int64), 2, short),
+    ):
+        assert not _index_files.write_index(path, {"v": 2}, {"a": pieces})
+    found = _index_files.read_index(path)
+    assert found is not None and found.meta == {"v": 1} and found.arrays["a"].tolist() == [0, 1, 2]
+    assert [p.name for p in tmp_path.iterdir()] == ["pieces.idx"]  # no temporary file left
+    written = _index_files.Pieces(
+        np.dtype(np.int32),
+        5,
+        lambda: iter([np.arange(2, dtype=np.int32)] * 2 + [np.arange(1, dtype=np.int32)]),
     )
+    assert _index_files.write_index(path, {"v": 3}, {"a": written, "b": np.ones(2)})
+    found = _index_files.read_index(path)
+    assert found is not None and found.arrays["a"].tolist() == [0, 1, 0, 1, 0]
+    assert found.arrays["b"].tolist() == [1.0, 1.0]
 
 
 # -- a store that used its complete file and wrote ----------------------------------------------
