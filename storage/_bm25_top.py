@@ -31,7 +31,7 @@ from ._distinct import distinct
 
 __all__ = ["Bm25Top", "PositionMask", "top_scored"]
 
-_BLOCK = 64  # documents scored exactly at a time once the commonest words are left out
+_BLOCK = 64  # documents first scored exactly once the commonest words are left out (then doubling)
 _CHECK_SHARE = 50  # a word is worth a check first when it holds over 1/50 of the documents
 # tokenising one document's text costs about as much as reading this many postings from FTS5,
 # and scoring this many cached postings as looking one document up in them
@@ -285,10 +285,15 @@ class Bm25Top(Bm25Postings):
         taken: list[npt.NDArray[np.int64]] = []
         exact: list[FloatArray] = []
         cut = -np.inf  # the limit-th best exact score so far
-        for start in range(0, len(order), _BLOCK):
+        start, size = 0, _BLOCK
+        while start < len(order):
             if partial[order[start]] + rest_bound < cut:
                 break
-            block = order[start : start + _BLOCK]
+            # twice as many documents each time: a query whose common words can lift thousands
+            # of documents past the cut takes a few blocks, not hundreds (at 1M: 25k documents,
+            # 388 blocks of 64 took 40 ms)
+            block = order[start : start + size]
+            start, size = start + size, 2 * size
             pos = found[block]
             taken.append(pos)
             exact.append(self._rest_scores(pos, rest, avg, partial[block]))
@@ -315,7 +320,10 @@ class Bm25Top(Bm25Postings):
                 holders, counted = cached  # positions in ascending order
                 if len(holders) == 0:
                     continue
-                at = np.minimum(np.searchsorted(holders, pos), len(holders) - 1)
+                # needles of the postings' own type: int64 ones made numpy convert every
+                # posting of the word at each call (0.13 ms a block for 300k postings)
+                at = np.searchsorted(holders, pos.astype(holders.dtype, copy=False))
+                at = np.minimum(at, len(holders) - 1)
                 tf = np.where(holders[at] == pos, counted[at], 0.0)
             else:
                 if counts is None:

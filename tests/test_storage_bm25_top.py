@@ -3,6 +3,7 @@ result, and still returns exactly FTS5's best documents with FTS5's scores."""
 
 from __future__ import annotations
 
+import itertools
 import random
 import uuid
 from collections.abc import Iterator
@@ -237,3 +238,22 @@ def test_positions_of_ids_with_and_without_gaps(
     index._ids = np.asarray(known, dtype=np.int64)
     got = index._positions(np.asarray(asked, dtype=np.int64)).tolist()
     assert got == [known.index(i) if i in known else -1 for i in asked]
+
+
+def test_candidates_scored_in_growing_blocks_give_fts5s_answer(store: KnowledgeStore) -> None:
+    """The words left out are added to the candidates in blocks that double in size: every
+    candidate that could still reach the cut is scored, whichever block it falls in."""
+    rng = random.Random(11)
+    store.add_many(document(rng) for _ in range(400))
+    rest = _bm25_top.Bm25Top._rest_scores
+    blocks = []
+    for query in itertools.combinations([*COMMON, *RARE], 3):
+        index = Bm25Index(store._db, "knowledge_fts", COLUMNS, [1.0, 1.0, 1.0])
+        with (
+            skip_whenever_allowed(),
+            mock.patch.object(_bm25_top, "_BLOCK", 1),
+            mock.patch.object(_bm25_top.Bm25Top, "_rest_scores", autospec=True, side_effect=rest) as spy,
+        ):
+            check(index, store, list(query), 10, (1.0, 1.0, 1.0))
+        blocks.append(spy.call_count)
+    assert max(blocks) >= 4 and sum(b >= 3 for b in blocks) >= 20, blocks
