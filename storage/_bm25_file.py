@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._bm25_bulk import AllPostings, read_all_postings, word_sums
+from ._bm25_fit import ascending_within, postings_fit
 from ._bm25_held import HeldPostings, held_postings
 from ._bm25_postings import _PHRASE, Bm25Postings, FloatArray, Postings, _varints, appended
 from ._index_files import (
@@ -148,9 +149,9 @@ class Bm25Files(Bm25Postings):
             return self._refuse(f"index file {path} is damaged (missing {exc}); rebuilding it", True)
         n = len(ids)
         if (
-            not _postings_fit(stems, ids, sizes, offsets, positions, tfs, (np.float64,))
+            not postings_fit(stems, ids, sizes, offsets, positions, tfs, (np.float64,))
             or (len(positions) and (int(positions.min()) < 0 or int(positions.max()) >= n))
-            or not _ascending_within(positions, offsets)
+            or not ascending_within(positions, offsets)
         ):
             return self._refuse(f"index file {path} is damaged (arrays do not fit); rebuilding it", True)
         self._ids, self._sizes = ids, sizes
@@ -177,7 +178,7 @@ class Bm25Files(Bm25Postings):
             return self._refuse(f"index file {path} is damaged (missing {exc}); rebuilding it", True)
         n = len(ids)
         if (
-            not _postings_fit(stems, ids, sizes, offsets, positions, tfs, (np.float32, np.float64))
+            not postings_fit(stems, ids, sizes, offsets, positions, tfs, (np.float32, np.float64))
             or pos_sums.dtype != np.int64
             or tf_sums.dtype != np.uint64
             or len(pos_sums) != len(stems)
@@ -464,40 +465,3 @@ class Bm25Files(Bm25Postings):
                 self._positions,
                 np.float32 if integral else np.float64,
             )
-
-
-def _postings_fit(
-    stems: list[str],
-    ids: npt.NDArray[Any],
-    sizes: npt.NDArray[Any],
-    offsets: npt.NDArray[Any],
-    positions: npt.NDArray[Any],
-    tfs: npt.NDArray[Any],
-    tf_types: tuple[type[np.floating[Any]], ...],
-) -> bool:
-    """Whether the arrays of a file's postings have their types and fit one another (ids
-    ascending, one offset per stem and one more, offsets ascending over the positions)."""
-    return not (
-        ids.dtype != np.int64
-        or sizes.dtype != np.float64
-        or offsets.dtype != np.int64
-        or positions.dtype != np.int32
-        or tfs.dtype not in [np.dtype(t) for t in tf_types]
-        or len(sizes) != len(ids)
-        or len(offsets) != len(stems) + 1
-        or int(offsets[0]) != 0
-        or int(offsets[-1]) != len(positions)
-        or len(tfs) != len(positions)
-        or bool(np.any(np.diff(offsets) < 0))
-        or bool(np.any(np.diff(ids) <= 0))
-    )
-
-
-def _ascending_within(positions: npt.NDArray[np.int32], offsets: npt.NDArray[np.int64]) -> bool:
-    """Each stem's positions rise strictly (the top-k search looks documents up in them).
-
-    ``falls`` holds distinct values, so the membership test may assume so: without the
-    assumption numpy deduplicates both sides with ``np.unique``, which imports ``numpy.ma``,
-    ~20 ms of a process's first search."""
-    falls = np.flatnonzero(np.diff(positions) <= 0) + 1
-    return bool(np.isin(falls, offsets[1:-1], assume_unique=True).all())
