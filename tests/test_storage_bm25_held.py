@@ -117,9 +117,14 @@ def test_held_postings_refuse_what_does_not_fit() -> None:
     alive = np.ones(3, dtype=bool)
     later = (np.array([2], dtype=np.int32), np.array([1.0]))
 
-    def held(*args: object, live: np.ndarray = alive) -> HeldPostings | None:
-        pos, counted, added, new = args
-        return held_postings(stems, offsets, pos, counted, sums, live, added, new)  # type: ignore[arg-type]
+    def held(
+        pos: np.ndarray,
+        counted: np.ndarray,
+        added: dict[str, Postings],
+        new: dict[str, Postings],
+        live: np.ndarray = alive,
+    ) -> HeldPostings | None:
+        return held_postings(stems, offsets, pos, counted, sums, live, added, new)
 
     assert held(positions, tf, {"a": later}, {}) is not None
     assert held(positions, tf, {"b": later}, {}) is None  # not in the file
