@@ -20,7 +20,7 @@ import numpy.typing as npt
 from ._bm25_postings import _ints
 from ._connection import Database
 
-__all__ = ["AllPostings", "read_all_postings", "run_sums", "word_sums"]
+__all__ = ["AllPostings", "count_bits", "read_all_postings", "run_sums", "word_sums"]
 
 _CHUNK_INSTANCES = 1_000_000  # instance rows read per query (a ~7 MB string)
 
@@ -41,8 +41,12 @@ class AllPostings:
 def word_sums(positions: npt.NDArray[np.int32], tf: npt.NDArray[Any]) -> tuple[int, int]:
     """A word's checksums: the sum of its positions, and of its counts' bits (modulo 2**64; a
     sum of integers, so the same in any order)."""
-    bits = tf.view(np.uint32 if tf.dtype == np.float32 else np.uint64)
-    return int(positions.sum(dtype=np.int64)), int(bits.sum(dtype=np.uint64))
+    return int(positions.sum(dtype=np.int64)), int(count_bits(tf).sum(dtype=np.uint64))
+
+
+def count_bits(tf: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """Counts' bits as unsigned integers of their width (what the checksums add up)."""
+    return tf.view(np.uint32 if tf.dtype == np.float32 else np.uint64)
 
 
 def run_sums(values: npt.NDArray[Any], starts: npt.NDArray[np.int64], dtype: type) -> npt.NDArray[Any]:
@@ -119,8 +123,7 @@ def read_all_postings(
         per_stem[start:end] = found
         runs = np.concatenate(([0], np.cumsum(found)[:-1])).astype(np.int64)
         pos_sums[start:end] = run_sums(pos, runs, np.int64)
-        bits = stored.view(np.uint32 if stored.dtype == np.float32 else np.uint64)
-        tf_sums[start:end] = run_sums(bits, runs, np.uint64)
+        tf_sums[start:end] = run_sums(count_bits(stored), runs, np.uint64)
         positions[filled : filled + len(pos)] = pos
         tfs[filled : filled + len(pos)] = stored
         filled += len(pos)

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ._bm25_bulk import run_sums, word_sums
+from ._bm25_bulk import count_bits, run_sums, word_sums
 from ._bm25_postings import Postings
 from ._index_files import Pieces
 
@@ -98,7 +98,7 @@ def held_postings(
     if not everyone:
         for first, last in groups:
             a, b = int(offsets[first]), int(offsets[last])
-            pos, bits = positions[a:b], _bits(tf[a:b])
+            pos, bits = positions[a:b], count_bits(tf[a:b])
             if len(pos) and (int(pos.min()) < 0 or int(pos.max()) >= n):
                 return None
             starts = offsets[first:last] - a
@@ -158,10 +158,6 @@ def held_postings(
         Pieces(np.dtype(np.int32), total, lambda: chunks(False)),
         Pieces(tf.dtype, total, lambda: chunks(True)),
     )
-
-
-def _bits(tf: npt.NDArray[Any]) -> npt.NDArray[Any]:
-    return tf.view(np.uint32 if tf.dtype == np.float32 else np.uint64)
 
 
 def _groups(offsets: npt.NDArray[np.int64]) -> list[tuple[int, int]]:
