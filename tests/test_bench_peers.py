@@ -72,3 +72,39 @@ def test_fts_query_leaves_out_common_words_unless_nothing_else_is_left() -> None
     assert bench_peers.fts_query("The cache of the queue") == '"cache" OR "queue"'
     assert bench_peers.fts_query("the of") == '"the" OR "of"'
     assert bench_peers.fts_query("!!") == '""'
+
+
+def test_tail_latency_times_every_query_once_per_contender_in_turn(tmp_path: Path) -> None:
+    """memstrata's store is searched with the query's own vector; a peer through ``hybrid``."""
+    data = _data()
+    calls: list[tuple[str, str]] = []
+
+    class Store:
+        def search(self, text: str, *, query_vector: np.ndarray) -> list[int]:
+            assert np.array_equal(query_vector, data.query_vectors[data.queries.index(text)])
+            calls.append(("memstrata", text))
+            return []
+
+    class Peer:
+        def hybrid(self, text: str, qv: np.ndarray, category: str | None) -> list[int]:
+            assert category is None
+            calls.append(("peer", text))
+            return []
+
+    samples = bench_peers.tail_latency(
+        {"memstrata": Store(), "peer": Peer()}, data.queries, data.query_vectors, range(2, 5)
+    )
+    assert calls == [(name, data.queries[i]) for i in range(2, 5) for name in ("memstrata", "peer")]
+    assert {name: len(s) for name, s in samples.items()} == {"memstrata": 3, "peer": 3}
+    assert all(ms >= 0 for s in samples.values() for ms in s)
+
+
+def test_median_run_is_the_middle_first_query_and_keeps_its_other_figures() -> None:
+    runs = [
+        {"first_ms": 130.0, "import_ms": 1.0},
+        {"first_ms": 70.0, "import_ms": 2.0},
+        {"first_ms": 75.0, "import_ms": 3.0},
+    ]
+    assert bench_peers._median_run(runs) == {"first_ms": 75.0, "import_ms": 3.0}
+    assert bench_peers._median_run(runs[:2])["first_ms"] == 70.0  # even count: the lower middle
+    assert bench_peers._median_run(runs[:1])["first_ms"] == 130.0
