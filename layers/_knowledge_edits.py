@@ -21,7 +21,16 @@ from memstrata.core.validation import (
 )
 from memstrata.storage import identifier_words, text_hash
 
-from ._knowledge_schema import TABLE, UNSET, KnowledgeEntry, _cjk_text, _tag_text, _Unset
+from ._knowledge_schema import (
+    HASH_KEY,
+    HASH_KEY_BYTES,
+    TABLE,
+    UNSET,
+    KnowledgeEntry,
+    _cjk_text,
+    _tag_text,
+    _Unset,
+)
 from ._knowledge_writes import KnowledgeWrites
 
 FloatArray = npt.NDArray[np.float32]
@@ -78,8 +87,9 @@ class KnowledgeEdits(KnowledgeWrites):
         digest = text_hash(final_content)
         with self._db.transaction():
             other = self._db.scalar(
-                f"SELECT id FROM {TABLE} WHERE content_hash = ? AND category = ? AND scope = ? AND id != ?",
-                (digest, final_category, final_scope, entry_id),
+                f"SELECT id FROM {TABLE} WHERE {HASH_KEY} = ? AND content_hash = ? AND category = ? "
+                "AND scope = ? AND id != ?",
+                (digest[:HASH_KEY_BYTES], digest, final_category, final_scope, entry_id),
             )
             if other is not None:
                 raise InvalidInputError(

@@ -29,6 +29,8 @@ from ._knowledge_schema import (
     ALLOWED_ITEM_KEYS,
     BATCH,
     BULK_BATCH,
+    HASH_KEY,
+    HASH_KEY_BYTES,
     TABLE,
     _cjk_text,
     _Item,
@@ -194,9 +196,9 @@ class KnowledgeWrites(KnowledgeBase):
             chunk = hashes[start : start + 500]
             marks = ",".join("?" * len(chunk))
             for row_id, digest, category, scope in self._db.query(
-                f"SELECT id, content_hash, category, scope FROM {TABLE} WHERE content_hash IN ({marks})",
-                chunk,
-            ):
+                f"SELECT id, content_hash, category, scope FROM {TABLE} WHERE {HASH_KEY} IN ({marks})",
+                [h[:HASH_KEY_BYTES] for h in chunk],
+            ):  # a row whose hash only starts alike is listed under its own hash: never matched
                 found[(bytes(digest), category, scope)] = int(row_id)
                 found.setdefault((bytes(digest), "", ""), int(row_id))
         return found

@@ -13,7 +13,7 @@ import pytest
 from memstrata.errors import InvalidInputError, StorageError
 from memstrata.layers import KnowledgeStore
 from memstrata.layers._knowledge_schema import MIGRATIONS
-from memstrata.storage import apply_migrations, bulk_cache, open_database
+from memstrata.storage import apply_migrations, bulk_cache, open_database, text_hash
 from memstrata.storage._migrations import NamedMigration, get_meta
 from tests._support import check_knowledge, without_default_model
 from tests.fakes import FakeEmbedder
@@ -221,6 +221,89 @@ def test_a_version_1_store_is_migrated_by_name_and_keeps_its_rows(data_dir: Path
         ]
         new = store.add("written by version two")
         assert [h.entry.id for h in store.search("two", mode="keyword")] == [new]
+
+
+def test_a_version_2_store_trades_its_unique_index_for_the_hash_key_and_still_deduplicates(
+    data_dir: Path,
+) -> None:
+    path = data_dir / "old.sqlite"
+    db = open_database(path)
+    apply_migrations(db, "knowledge", MIGRATIONS[:2])
+    with db.transaction():
+        db.execute(
+            "INSERT INTO knowledge(content, category, scope, content_hash, ident, created_at, updated_at) "
+            "VALUES ('written by version two', 'pattern', '/', ?, '', 1.0, 1.0)",
+            (text_hash("written by version two"),),
+        )
+    db.close()
+    with KnowledgeStore.open(path, FakeEmbedder(dim=DIM)) as store:
+        assert get_meta(store._db, "migration:3") == "dedup-hash-key-1"
+        indexes = {r[0] for r in store._db.query("SELECT name FROM sqlite_master WHERE type = 'index'")}
+        assert "knowledge_dedup" not in indexes and "knowledge_hash_key" in indexes
+        assert store.add("written by version two") == 1  # the stored row, found by its key
+        assert store.add_many([{"content": "written by version two"}], vectors=_vectors(1)) == [1]
+        assert store.add("written by version two", scope="/elsewhere") == 2
+        assert store.count() == 2
+
+
+def _plans(db: object, calls: list[tuple[str, Sequence[object]]]) -> list[str]:
+    return [
+        " ".join(str(row[3]) for row in db.query("EXPLAIN QUERY PLAN " + sql, params))  # type: ignore[attr-defined]
+        for sql, params in calls
+    ]
+
+
+def test_duplicates_are_looked_up_through_the_hash_key_index(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with KnowledgeStore.open(data_dir / "k.sqlite", FakeEmbedder(dim=DIM)) as store:
+        first = store.add("an entry to look up", category="pattern")
+        other = store.add("another entry", category="pattern")
+        calls: list[tuple[str, Sequence[object]]] = []
+        db = store._db
+        for name in ("query", "scalar"):
+            original = getattr(db, name)
+
+            def capture(sql: str, params: Sequence[object] = (), _original: object = original) -> object:
+                if "content_hash" in sql and sql.lstrip().startswith("SELECT id"):
+                    calls.append((sql, params))
+                return _original(sql, params)  # type: ignore[operator]
+
+            monkeypatch.setattr(db, name, capture)
+        assert store.add("an entry to look up", category="pattern") == first
+        with pytest.raises(InvalidInputError, match=f"would duplicate entry {first}"):
+            store.update(other, content="an entry to look up")
+        monkeypatch.undo()
+        assert {"IN (" in sql for sql, _ in calls} == {True, False}  # the batch's lookup and the update's
+        for plan in _plans(db, calls):
+            assert "knowledge_hash_key" in plan and "SCAN knowledge" not in plan
+
+
+def test_contents_whose_hashes_share_the_key_stay_apart(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two contents with the same first 8 bytes of hash (forced here) are two entries, each found
+    again as itself: the whole hash decides."""
+    import memstrata.layers._knowledge_edits as edits
+    import memstrata.layers._knowledge_schema as schema
+
+    def alike(text: str) -> bytes:
+        return b"SAMEKEY!" + text_hash(text)[8:]
+
+    monkeypatch.setattr(schema, "text_hash", alike)
+    monkeypatch.setattr(edits, "text_hash", alike)
+    with KnowledgeStore.open(data_dir / "k.sqlite", FakeEmbedder(dim=DIM)) as store:
+        a = store.add("the first content", category="pattern")
+        b = store.add_many([{"content": "the second content", "category": "pattern"}], vectors=_vectors(1))[0]
+        assert a != b and store.count() == 2
+        assert store.add("the second content", category="pattern") == b
+        assert store.add_many(
+            [{"content": "the first content", "category": "pattern"}], vectors=_vectors(1)
+        ) == [a]
+        assert store.update(b, content="the second content, changed") is not None
+        with pytest.raises(InvalidInputError, match=f"would duplicate entry {a}"):
+            store.update(b, content="the first content")
+        assert store.count() == 2
 
 
 def test_a_failing_named_migration_is_named_in_the_error(data_dir: Path) -> None:
