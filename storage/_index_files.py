@@ -75,7 +75,7 @@ _MAGIC = b"MEMSTRATA-INDEX\x00"
 _PREFIX = struct.Struct("<16sQI4x")  # magic, header length, header CRC32
 _ALIGN = 64
 _CHECKSUM_LIMIT = 64 << 20  # arrays up to this size get a checksum (checked at every open)
-_SUM_WORDS = 1 << 20  # words summed at a time by :func:`checksum`
+_ROW = 1024  # words a row when :func:`checksum` sums them by rows and columns
 _MASK64 = (1 << 64) - 1
 _WRITE_BYTES = 64 << 10  # written at a time: the page cache then holds the file in small pages, and a
 # reader maps ~64 KB per row it touches; after one large write, a touch mapped megabytes of huge
@@ -87,35 +87,30 @@ _STALE_TEMP_S = 600.0  # temporary files older than this are leftovers of a cras
 def checksum(array: npt.NDArray[Any]) -> int:
     """A 64-bit checksum of ``array``'s bytes: the sum of its little-endian 8-byte words (the
     last one zero-padded), word ``i`` weighted by ``2i + 1``, modulo 2**64. Odd weights make any
-    single flipped bit, and any two words swapped, change it. ~8x faster than ``zlib.crc32``
-    (20 MB: 3 against 22 ms), which a fresh process at 1M rows pays at its first search."""
+    single flipped bit, and any two words swapped, change it. ~8x faster than ``zlib.crc32``,
+    which a fresh process at 1M rows pays at its first search. The words are summed as rows of
+    :data:`_ROW`: with ``i = r * _ROW + c``, the weighted sum is ``2 * (_ROW * sum(r * row_sum)
+    + sum(c * column_sum)) + sum(words)``, two passes of plain sums and no array of weights
+    (whose making was half the time of a fresh process's checksums: 8.2 -> 4.3 ms for the
+    16 MB of a 1M-entry BM25 file)."""
     data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
     tail = len(data) % 8
     if tail:
         data = np.concatenate([data, np.zeros(8 - tail, dtype=np.uint8)])
     words = data.view("<u8")
-    weights = _weights(min(len(words), _SUM_WORDS))
+    whole = len(words) - len(words) % _ROW
     total = 0
-    for start in range(0, len(words), _SUM_WORDS):
-        chunk = words[start : start + _SUM_WORDS]
-        total += int(np.dot(chunk, weights[: len(chunk)])) + 2 * start * int(chunk.sum())
+    if whole:  # uint64 sums and products wrap modulo 2**64, as the checksum does
+        rows = words[:whole].reshape(-1, _ROW)
+        row_sums = rows.sum(axis=1, dtype=np.uint64)
+        column_sums = rows.sum(axis=0, dtype=np.uint64)
+        by_row = int(np.dot(np.arange(len(row_sums), dtype=np.uint64), row_sums))
+        by_column = int(np.dot(np.arange(_ROW, dtype=np.uint64), column_sums))
+        total = 2 * (_ROW * by_row + by_column) + int(row_sums.sum(dtype=np.uint64))
+    if whole < len(words):
+        weights = np.arange(whole, len(words), dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+        total += int(np.dot(weights, words[whole:]))
     return total & _MASK64
-
-
-_WEIGHTS: list[npt.NDArray[np.uint64]] = []
-
-
-def _weights(n: int) -> npt.NDArray[np.uint64]:
-    """``2i + 1`` for at least the first ``n`` words, kept: grown fourfold at a time up to
-    ``_SUM_WORDS``, so that the arrays of one file (of growing sizes) do not make it again and
-    again (30 of a fresh process's first 115 ms of vector search at 1M rows)."""
-    if not _WEIGHTS or len(_WEIGHTS[0]) < n:
-        size = min(max(n, 4 * len(_WEIGHTS[0]) if _WEIGHTS else 4096), _SUM_WORDS)
-        made = np.arange(max(size, n), dtype=np.uint64)
-        made *= np.uint64(2)
-        made += np.uint64(1)
-        _WEIGHTS[:] = [made]
-    return _WEIGHTS[0]
 
 
 @dataclass(frozen=True, slots=True)

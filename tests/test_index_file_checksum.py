@@ -60,3 +60,16 @@ def test_a_file_with_crc32_entries_is_still_verified(tmp_path: Path) -> None:
     path.write_bytes(bytes(damaged))
     with pytest.raises(DamagedFile, match="checksum"):
         read_index(path)
+
+
+@pytest.mark.parametrize("n_bytes", [0, 1, 7, 8, 9, 8 * 1023, 8 * 1024, 8 * 1025 + 3, 8 * 5000 + 5])
+def test_the_checksum_is_the_weighted_sum_of_words_it_is_defined_as(n_bytes: int) -> None:
+    """Sums by rows and columns give the sum of word ``i`` times ``2i + 1``, modulo 2**64, as the
+    files already written hold it (checked against Python's integers, which do not wrap)."""
+    rng = np.random.default_rng(n_bytes)
+    data = rng.integers(0, 256, n_bytes, dtype=np.uint8)
+    padded = data.tobytes() + b"\0" * (-n_bytes % 8)
+    words = [int.from_bytes(padded[i : i + 8], "little") for i in range(0, len(padded), 8)]
+    assert checksum(data) == sum((2 * i + 1) * w for i, w in enumerate(words)) % 2**64
+    top = np.full(n_bytes // 8, 2**64 - 1, dtype=np.uint64)  # every sum overflows
+    assert checksum(top) == sum((2 * i + 1) * (2**64 - 1) for i in range(len(top))) % 2**64
