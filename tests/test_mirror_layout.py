@@ -247,3 +247,32 @@ def test_a_mapped_mirror_takes_appends_in_its_spare_rows(tmp_path: Path, every_l
     back.remove_many(new[:50])
     ref.remove(new[:50])
     _same_as_brute_force(back, ref, _clustered(rng, 2))
+
+
+def test_a_grouped_mirror_has_its_file_so_a_new_connection_does_not_sort_its_rows(tmp_path: Path) -> None:
+    """From ``GROUP_FROM`` rows a mirror keeps its rows grouped by their category; without a
+    file a new connection would read them from SQLite and sort them again (66-91 ms at 19k
+    entries, against 8.7 ms with the file). Default sizes: no test override of ``MIN_ROWS``."""
+    from memstrata.storage._mirror_layout import GROUP_FROM
+
+    assert _index_files.MIN_ROWS <= GROUP_FROM
+    path = tmp_path / "v.sqlite"
+    rng = np.random.default_rng(8)
+    n = GROUP_FROM + 10
+    vectors = _clustered(rng, n)
+    cats = [str(rng.choice(CATS)) for _ in range(n)]
+    q = _clustered(rng, 1)[0]
+    db = open_database(path)
+    index = VectorIndex(db, "items", DIM, metadata={"cat": "text"})
+    index.upsert_many(list(range(1, n + 1)), vectors, [{"cat": c} for c in cats])
+    expected = [h.rowid for h in index.search(q, 10, where={"cat": "fact"})]
+    assert index._mirror is not None and index._mirror.groups == len(CATS)
+    db.close()
+    assert (path.with_name(path.name + ".index") / "vectors-items").exists()
+    db = open_database(path)
+    try:
+        index = VectorIndex(db, "items", DIM, metadata={"cat": "text"})
+        assert [h.rowid for h in index.search(q, 10, where={"cat": "fact"})] == expected
+        assert index.files_loaded == 1 and index._mirror is not None and index._mirror.regroups == 0
+    finally:
+        db.close()
