@@ -13,7 +13,7 @@ import pytest
 from memstrata.errors import InvalidInputError, StorageError
 from memstrata.layers import KnowledgeStore
 from memstrata.layers._knowledge_schema import MIGRATIONS
-from memstrata.storage import apply_migrations, bulk_cache, open_database, text_hash
+from memstrata.storage import Database, apply_migrations, bulk_cache, open_database, text_hash
 from memstrata.storage._migrations import NamedMigration, get_meta
 from tests._support import check_knowledge, without_default_model
 from tests.fakes import FakeEmbedder
@@ -201,15 +201,22 @@ def test_a_store_that_cannot_write_vectors_keeps_the_rows_pending(
         assert store.pending_vectors() == 0 and len(embedder.documents) == 3
 
 
-def test_a_version_1_store_is_migrated_by_name_and_keeps_its_rows(data_dir: Path) -> None:
-    path = data_dir / "old.sqlite"
+def _store_at_version(path: Path, version: int, content: str) -> Database:
+    """A knowledge database as schema ``version`` left it, holding one entry of ``content``."""
     db = open_database(path)
-    apply_migrations(db, "knowledge", MIGRATIONS[:1])
+    apply_migrations(db, "knowledge", MIGRATIONS[:version])
     with db.transaction():
         db.execute(
             "INSERT INTO knowledge(content, category, scope, content_hash, ident, created_at, updated_at) "
-            "VALUES ('written by version one', 'pattern', '/', x'01', '', 1.0, 1.0)"
+            "VALUES (?, 'pattern', '/', ?, '', 1.0, 1.0)",
+            (content, text_hash(content)),
         )
+    return db
+
+
+def test_a_version_1_store_is_migrated_by_name_and_keeps_its_rows(data_dir: Path) -> None:
+    path = data_dir / "old.sqlite"
+    db = _store_at_version(path, 1, "written by version one")
     assert db.scalar("SELECT count(*) FROM sqlite_master WHERE name = 'knowledge_ai'") == 1
     db.close()
     with KnowledgeStore.open(path, FakeEmbedder(dim=DIM)) as store:
@@ -227,15 +234,7 @@ def test_a_version_2_store_trades_its_unique_index_for_the_hash_key_and_still_de
     data_dir: Path,
 ) -> None:
     path = data_dir / "old.sqlite"
-    db = open_database(path)
-    apply_migrations(db, "knowledge", MIGRATIONS[:2])
-    with db.transaction():
-        db.execute(
-            "INSERT INTO knowledge(content, category, scope, content_hash, ident, created_at, updated_at) "
-            "VALUES ('written by version two', 'pattern', '/', ?, '', 1.0, 1.0)",
-            (text_hash("written by version two"),),
-        )
-    db.close()
+    _store_at_version(path, 2, "written by version two").close()
     with KnowledgeStore.open(path, FakeEmbedder(dim=DIM)) as store:
         assert get_meta(store._db, "migration:3") == "dedup-hash-key-1"
         indexes = {r[0] for r in store._db.query("SELECT name FROM sqlite_master WHERE type = 'index'")}
