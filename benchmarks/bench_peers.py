@@ -22,6 +22,9 @@ unit vector around one of 256 planted topic centres (cosine ~0.8 to it), an entr
 normalised sum of its sentences' vectors plus noise, and a query is one real sentence, whose
 vector is that sentence's vector plus noise (so both rankings find the entries holding it).
 Query embedding is excluded from every search figure. Recall@10 is against the exact scan.
+The p50s come from interleaved rounds (:func:`interleaved`); the p99 from 150 queries no store
+has seen, back to back (:func:`tail_latency`); the first query of a fresh process is the median
+of three processes per system.
 """
 
 from __future__ import annotations
