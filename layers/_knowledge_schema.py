@@ -183,8 +183,8 @@ DROP TRIGGER IF EXISTS {TABLE}_ai;
 # time. Uniqueness is kept by the writers, which look duplicates up under ``BEGIN IMMEDIATE``
 # (``KnowledgeWrites._add_batch``, ``KnowledgeEdits.update``); they must use HASH_KEY as written
 # here for SQLite to use the index.
-HASH_KEY: Final = "substr(content_hash, 1, 8)"
 HASH_KEY_BYTES: Final = 8
+HASH_KEY: Final = f"substr(content_hash, 1, {HASH_KEY_BYTES})"
 _DEDUP_KEY = NamedMigration(
     "dedup-hash-key-1",
     f"""

@@ -245,9 +245,9 @@ def test_a_version_2_store_trades_its_unique_index_for_the_hash_key_and_still_de
         assert store.count() == 2
 
 
-def _plans(db: object, calls: list[tuple[str, Sequence[object]]]) -> list[str]:
+def _plans(db: Database, calls: list[tuple[str, Sequence[object]]]) -> list[str]:
     return [
-        " ".join(str(row[3]) for row in db.query("EXPLAIN QUERY PLAN " + sql, params))  # type: ignore[attr-defined]
+        " ".join(str(row[3]) for row in db.query("EXPLAIN QUERY PLAN " + sql, params))
         for sql, params in calls
     ]
 
