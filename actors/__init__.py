@@ -97,5 +97,4 @@ __all__ = [
     "xml_text",
 ]
 
-if not TYPE_CHECKING:  # at run time only: type checkers see the imports above
-    __getattr__ = lazy_attributes(__name__, _LAZY, globals())
+lazy_attributes(__name__, _LAZY)

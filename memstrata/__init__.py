@@ -75,8 +75,7 @@ _LAZY = {
     "Subscription": "memstrata._board_handle",
 }
 
-if not TYPE_CHECKING:  # at run time only: type checkers see the imports above
-    __getattr__ = lazy_attributes(__name__, _LAZY, globals())
+lazy_attributes(__name__, _LAZY)
 
 __all__ = [
     "ActorCrashedError",

@@ -147,11 +147,7 @@ _HOME: dict[str, str] = {
 }
 
 
-if not TYPE_CHECKING:  # at run time only: type checkers see the imports above
-    __getattr__ = lazy_attributes(__name__, _HOME, globals())
-
-    def __dir__() -> list[str]:
-        return sorted(set(globals()) | set(_HOME))
+lazy_attributes(__name__, _HOME)
 
 
 __all__ = [

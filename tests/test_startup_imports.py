@@ -74,6 +74,20 @@ def test_every_public_name_resolves_to_its_definition() -> None:
     assert set(storage._HOME) == set(storage.__all__)
 
 
+_LAZY_PACKAGES = ["memstrata", "memstrata.actors", "memstrata.layers", "memstrata.storage"]
+
+
+@pytest.mark.parametrize("package", _LAZY_PACKAGES)
+def test_dir_lists_the_lazy_names_before_any_is_imported(package: str) -> None:
+    code = (
+        f"import sys, importlib; p = importlib.import_module({package!r}); before = set(sys.modules); "
+        "listed = set(p.__all__) <= set(dir(p)); print(listed, set(sys.modules) == before)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True"]
+
+
 def test_an_unknown_name_is_a_clear_attribute_error() -> None:
     with pytest.raises(AttributeError, match=r"'memstrata\.storage' has no attribute 'NoSuchThing'"):
         storage.NoSuchThing  # type: ignore[attr-defined]  # noqa: B018
