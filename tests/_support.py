@@ -310,6 +310,37 @@ def system_with_notes(base: Path) -> Iterator[tuple[MemorySystem, Workspaces]]:
         yield system, registry
 
 
+# arguments with which every agent-facing tool succeeds on a system_with_notes
+TOOL_ARGUMENTS: dict[str, dict[str, Any]] = {
+    "memory_search": {"query": "notes"},
+    "memory_get": {"path": "MEMORY.md"},
+    "memory_add": {"content": "a note"},
+    "memory_save": {"content": "a note"},
+    "memory_list": {},
+    "memory_delete": {"id": 1},
+    "knowledge_query": {"query": "notes"},
+    "knowledge_store": {"content": "a fact", "category": "pattern"},
+    "knowledge_get": {"entry_id": 1},
+    "knowledge_update": {"entry_id": 1, "content": "a changed fact"},
+    "knowledge_delete": {"entry_id": 1, "store": "shared"},
+    "knowledge_list": {},
+    "episode_remember": {"content": "an episode"},
+    "episode_recall": {"query": "episode"},
+    "episode_list": {},
+    "working_set": {"key": "k", "value": '[1, "two"]'},
+    "working_get": {"key": "k"},
+    "working_clear": {"key": "k"},
+    "blackboard_publish": {"session_id": "s", "key": "k", "value": "1"},
+    "blackboard_get": {"session_id": "s", "key": "k"},
+    "blackboard_list": {"session_id": "s"},
+    "item_put": {"namespace": ["h"], "key": "k", "value": '{"t": "x"}'},
+    "item_get": {"namespace": ["h"], "key": "k"},
+    "item_search": {"prefix": ["h"], "query": "x"},
+    "item_delete": {"namespace": ["h"], "key": "k"},
+    "item_namespaces": {},
+}
+
+
 def check_knowledge(db: Database, vectors: VectorIndex | None = None, **options: Any) -> ConsistencyReport:
     """The shared consistency check with the knowledge layer's arguments: its table, its two
     full-text indexes and, given ``vectors``, the vectors of the rows not pending."""

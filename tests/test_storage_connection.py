@@ -100,8 +100,8 @@ def test_transaction_commits_and_rolls_back(table_t: Database) -> None:
     db = table_t
     hooks: list[str] = []
     with db.transaction():
+        db.on_rollback(lambda: hooks.append("committed block"))  # a commit drops the hook
         db.execute("INSERT INTO t VALUES (1)")
-        db.on_rollback(lambda: hooks.append("committed block"))
     with pytest.raises(ValueError), db.transaction():
         db.execute("INSERT INTO t VALUES (2)")
         db.on_rollback(lambda: hooks.append("rolled back"))

@@ -24,7 +24,7 @@ from memstrata.bridges._app import CliState
 from memstrata.bridges._methods import build_methods
 from memstrata.bridges._server import ErrorCode, JsonLinesServer
 from memstrata.bridges.cli import cli
-from tests._support import system_with_notes
+from tests._support import TOOL_ARGUMENTS, system_with_notes
 from tests.fakes import FakeEmbedder
 
 HOSTILE_STRINGS = [
@@ -78,35 +78,6 @@ HOSTILE_OTHERS: list[Any] = [
 ]
 HOSTILE = HOSTILE_STRINGS + HOSTILE_OTHERS
 
-_BASE = {
-    "memory_search": {"query": "notes"},
-    "memory_get": {"path": "MEMORY.md"},
-    "memory_add": {"content": "a note"},
-    "memory_save": {"content": "a note"},
-    "memory_list": {},
-    "memory_delete": {"id": 1},
-    "knowledge_query": {"query": "notes"},
-    "knowledge_store": {"content": "a fact", "category": "pattern"},
-    "knowledge_get": {"entry_id": 1},
-    "knowledge_update": {"entry_id": 1, "content": "a changed fact"},
-    "knowledge_delete": {"entry_id": 1, "store": "shared"},
-    "knowledge_list": {},
-    "episode_remember": {"content": "an episode"},
-    "episode_recall": {"query": "episode"},
-    "episode_list": {},
-    "working_set": {"key": "k", "value": '[1, "two"]'},
-    "working_get": {"key": "k"},
-    "working_clear": {"key": "k"},
-    "blackboard_publish": {"session_id": "s", "key": "k", "value": "1"},
-    "blackboard_get": {"session_id": "s", "key": "k"},
-    "blackboard_list": {"session_id": "s"},
-    "item_put": {"namespace": ["h"], "key": "k", "value": '{"t": "x"}'},
-    "item_get": {"namespace": ["h"], "key": "k"},
-    "item_search": {"prefix": ["h"], "query": "x"},
-    "item_delete": {"namespace": ["h"], "key": "k"},
-    "item_namespaces": {},
-}
-
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[MemorySystem, Workspaces]]:
@@ -129,17 +100,17 @@ def _check_tool_result(result: Any, where: str) -> None:
 
 
 def test_every_tool_is_tried() -> None:
-    assert set(_BASE) == set(tools.TOOL_NAMES)
+    assert set(TOOL_ARGUMENTS) == set(tools.TOOL_NAMES)
 
 
-@pytest.mark.parametrize("name", sorted(_BASE))
+@pytest.mark.parametrize("name", sorted(TOOL_ARGUMENTS))
 def test_dispatcher_survives_hostile_arguments(env: Any, name: str) -> None:
     system, registry = env
     schema = next(t["parameters"] for t in tools.tool_schemas() if t["name"] == name)
     cases = 0
     for key in [*schema["properties"], "unexpected"]:
         for value in HOSTILE:
-            arguments = {**_BASE[name], key: value}
+            arguments = {**TOOL_ARGUMENTS[name], key: value}
             result = tools.dispatch(name, arguments, system, agent_id="hostile", workspaces=registry)
             _check_tool_result(result, f"{name}({key}={value!r:.40})")
             cases += 1
@@ -158,7 +129,7 @@ def test_dispatcher_survives_hostile_agent_ids(env: Any) -> None:
         _check_tool_result(result, f"agent {agent_id!r}")
 
 
-_METHOD_BASE: dict[str, dict[str, Any]] = {
+_METHOD_ARGUMENTS: dict[str, dict[str, Any]] = {
     "store_knowledge": {"agent_id": "hostile", "content": "a fact"},
     "query_knowledge": {"agent_id": "hostile", "query": "fact"},
     "remember": {"agent_id": "hostile", "content": "an episode"},
@@ -202,9 +173,9 @@ _PATH_METHODS = {"index", "forget_root", "export", "import", "archive_episodes",
 def test_serve_methods_survive_hostile_params(env: Any, data_dir: Path) -> None:
     system, registry = env
     methods = build_methods(system, registry)
-    assert set(methods) - _PATH_METHODS == set(_METHOD_BASE)
+    assert set(methods) - _PATH_METHODS == set(_METHOD_ARGUMENTS)
     lines: list[bytes] = []
-    for name, base in _METHOD_BASE.items():
+    for name, base in _METHOD_ARGUMENTS.items():
         for key in [*methods[name].params["properties"], "unexpected"]:
             for value in HOSTILE_STRINGS[::2] + HOSTILE_OTHERS:
                 params = {**base, key: value}
@@ -243,7 +214,7 @@ def test_mcp_survives_hostile_calls(env: Any) -> None:
     async def session() -> int:
         count = 0
         async with Client(server) as client:
-            for name, base in _BASE.items():
+            for name, base in TOOL_ARGUMENTS.items():
                 key = next(iter(base), "limit")
                 for value in values:
                     if isinstance(value, str) and not _encodable(value):

@@ -18,7 +18,7 @@ from memstrata import MemorySystem
 from memstrata._workspaces import Workspaces
 from memstrata.bridges import tools
 from memstrata.bridges.doc_tables import render
-from tests._support import system_with_notes
+from tests._support import TOOL_ARGUMENTS, system_with_notes
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -163,30 +163,6 @@ def test_annotations_come_from_the_registry() -> None:
 
 # -- what a strict-mode model sends: every argument, null for the ones it leaves out -----------
 
-_GIVEN: dict[str, dict[str, Any]] = {
-    "memory_search": {"query": "notes"},
-    "memory_get": {"path": "MEMORY.md"},
-    "memory_add": {"content": "a note"},
-    "memory_save": {"content": "a note"},
-    "memory_delete": {"id": "memory://1"},
-    "knowledge_query": {"query": "fact"},
-    "knowledge_store": {"content": "a fact", "category": "pattern"},
-    "knowledge_get": {"entry_id": 1},
-    "knowledge_update": {"entry_id": 1},
-    "knowledge_delete": {"entry_id": 1},
-    "episode_remember": {"content": "an episode"},
-    "episode_recall": {"query": "episode"},
-    "working_set": {"key": "k", "value": "[1, 2]"},
-    "working_get": {"key": "k"},
-    "working_clear": {},
-    "blackboard_publish": {"session_id": "s", "key": "k", "value": "true"},
-    "blackboard_get": {"session_id": "s", "key": "k"},
-    "blackboard_list": {"session_id": "s"},
-    "item_put": {"namespace": ["t"], "key": "k", "value": '{"n": 1}'},
-    "item_get": {"namespace": ["t"], "key": "k"},
-    "item_delete": {"namespace": ["t"], "key": "k"},
-}
-
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[MemorySystem, Workspaces]]:
@@ -202,7 +178,7 @@ def test_the_dispatcher_takes_what_a_strict_model_sends(env: Any, name: str) -> 
     system, registry = env
     (item,) = tools.openai_tools([name], strict=True)
     parameters = item["function"]["parameters"]
-    arguments = {prop: None for prop in parameters["properties"]} | _GIVEN.get(name, {})
+    arguments = {prop: None for prop in parameters["properties"]} | TOOL_ARGUMENTS[name]
     jsonschema.validate(arguments, parameters)  # what strict decoding can produce
     result = tools.dispatch(name, arguments, system, agent_id="s1", workspaces=registry)
     assert not (isinstance(result, dict) and "error" in result), (name, result)
