@@ -29,6 +29,7 @@ from memstrata.storage import (
     check_consistency,
     embedding_mismatch,
     get_meta,
+    record_embedding,
     set_meta,
 )
 
@@ -126,8 +127,7 @@ class EpisodicBase(PendingVectors):
         else:
             if get_meta(db, "embedding_model") is None:
                 with db.transaction():
-                    set_meta(db, "embedding_model", embedder.model_id)
-                    set_meta(db, "embedding_dim", embedder.dim)
+                    record_embedding(db, embedder.model_id, embedder.dim)
         self._start_check()
 
     def _start_check(self) -> None:
@@ -145,8 +145,7 @@ class EpisodicBase(PendingVectors):
             self._vectors.reset(embedder.dim)
             if rows:
                 self._vectors.upsert_many([int(r[0]) for r in rows], vectors)
-            set_meta(db, "embedding_model", embedder.model_id)
-            set_meta(db, "embedding_dim", embedder.dim)
+            record_embedding(db, embedder.model_id, embedder.dim)
         if old_model and old_model != embedder.model_id:
             self._cache.clear(old_model)
         self._repaired["rebuilt"] = len(rows)

@@ -40,6 +40,7 @@ from memstrata.storage import (
     get_meta,
     hybrid_search,
     open_database,
+    record_embedding,
     set_meta,
 )
 from memstrata.storage._migrations import refresh_keyword_terms
@@ -137,8 +138,7 @@ class IndexDatabase:
         vectors = VectorIndex(self.db, TABLE, dim, metadata=meta, approximate_from=approximate_from)
         if mismatch is not None or get_meta(self.db, "embedding_model") is None:
             with self.db.transaction():
-                set_meta(self.db, "embedding_model", model)
-                set_meta(self.db, "embedding_dim", dim)
+                record_embedding(self.db, model, dim)
         return vectors
 
     def _counter(self) -> tuple[TokenCounter, str]:
