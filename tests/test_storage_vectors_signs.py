@@ -270,3 +270,47 @@ def test_a_scan_on_one_thread_or_two_gives_the_same_distances(
     expected[~valid] = signs.bits + 1
     assert got.tolist() == np.concatenate([expected[:1200], expected[2500:]]).tolist()
     assert len(calls) == (1 if split_from < 3700 else 0)
+
+
+def _within_by_definition(distances: npt.NDArray[np.uint16], count: int, bits: int) -> npt.NDArray[np.int64]:
+    """Every distance up to the smallest cut-off (at most ``bits``) that ``count`` are within."""
+    for cut in range(bits + 1):
+        if np.count_nonzero(distances <= cut) >= count:
+            return np.flatnonzero(distances <= cut)
+    return np.flatnonzero(distances <= bits)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "spread",
+        "ties",
+        "few-allowed",
+        "near-rows-off-the-sample",
+        "near-rows-on-the-sample",
+        "small",
+        "all-rejected",
+    ],
+)
+def test_the_sampled_cut_off_selects_what_the_full_histogram_does(case: str) -> None:
+    rng = np.random.default_rng(7)
+    bits, count, n = 384, 2048, 200_000
+    distances = rng.normal(170, 25, n).clip(0, bits).astype(np.uint16)
+    if case == "ties":
+        distances = rng.integers(90, 94, n).astype(np.uint16)  # thousands at each distance
+    elif case == "few-allowed":
+        distances[rng.random(n) > 0.005] = bits + 1  # a filter's rejected rows: 1,000 left
+    elif case == "near-rows-off-the-sample":
+        distances[:] = 300
+        distances[1::16][:3000] = 40  # every near row lies between the sampled ones
+    elif case == "near-rows-on-the-sample":
+        distances[:] = 300
+        distances[::16][:300] = 40  # the sample overrates them: too few for the guess, the full way
+    elif case == "small":
+        distances = distances[:5_000]
+    elif case == "all-rejected":
+        distances[:] = bits + 1
+    got = sign_module.nearest_within(distances, count, bits)
+    assert np.array_equal(got, _within_by_definition(distances, count, bits))
+    if case == "spread":
+        assert 2048 <= len(got) < 2400  # the cut-off is exact, not the sample's generous guess
