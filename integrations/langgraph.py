@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from memstrata.core.closing import Closeable
 from memstrata.errors import InvalidInputError
 from memstrata.messages import PutItem
 
@@ -137,7 +138,7 @@ def _paths(fields: Sequence[str]) -> list[tuple[str, Any]]:
     return [(p, "$" if p == "$" else _embed.tokenize_path(p)) for p in fields]
 
 
-class MemstrataStore(BaseStore):
+class MemstrataStore(BaseStore, Closeable):
     """A LangGraph store on a memstrata system's item store.
 
     ``target``: a running ``MemorySystem`` (its item actor and shared embedder are used), a data
@@ -207,12 +208,6 @@ class MemstrataStore(BaseStore):
             yield store
         finally:
             store.close()
-
-    def __enter__(self) -> MemstrataStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def setup(self) -> None:
         """Nothing to do: the schema is created on open (kept for LangGraph's store protocol)."""

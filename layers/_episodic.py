@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
+from memstrata.core.closing import Closeable
 from memstrata.core.config import Config
 from memstrata.core.errors import (
     EmbedderUnavailableError,
@@ -62,7 +63,7 @@ class _KnowledgeSink(Protocol):
     def add(self, content: str, *, category: str, tags: dict[str, str]) -> int: ...
 
 
-class EpisodicMemory(EpisodicArchives):
+class EpisodicMemory(EpisodicArchives, Closeable):
     """One agent's episodic store (``episodic/{agent}.sqlite``). Not thread-safe: one owner.
 
     Open it with :meth:`open`. Times are timezone-aware datetimes, stored as UTC microseconds;
@@ -312,12 +313,6 @@ class EpisodicMemory(EpisodicArchives):
         self._archive_keywords.clear()
         self._matrix = None
         self._db.close()
-
-    def __enter__(self) -> EpisodicMemory:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("keyword-only" if self._embedder is None else "hybrid")

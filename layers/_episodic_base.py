@@ -74,8 +74,8 @@ class EpisodicBase(PendingVectors):
         self._embedder = embedder
         self._problem = embedder_problem
         self._cache = EmbeddingCache(db)
-        self._vectors: VectorIndex | None = None
-        self._matrix: EpisodeVectors | None = None
+        self._vectors = None
+        self._matrix = None
         self._matrix_version = -1
         self._archives: dict[str, tuple[tuple[int, int], ArchiveFile]] = {}
         self._archive_problems: dict[str, str] = {}
@@ -86,8 +86,8 @@ class EpisodicBase(PendingVectors):
         self._archive_keywords: dict[str, KeywordIndex] = {}
         self._repaired = {"embedded": 0, "orphans_removed": 0, "rebuilt": 0}
         self._consistency: ConsistencyReport | None = None
-        self._last_error: str | None = None  # the embedder's last failure (episodes kept, vectors pending)
-        self._pending_ids: set[int] = set()  # recorded here without a vector since the model failed
+        self._last_error = None
+        self._pending_ids = set()
         self._closed = False
         # the uuid of a new episode; a system sets a seeded source so simulations replay exactly
         self.new_uuid: Callable[[], str] = _random_uuid

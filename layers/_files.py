@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
+from memstrata.core.closing import Closeable
 from memstrata.core.config import Config
 from memstrata.core.errors import (
     ConfigError,
@@ -110,7 +111,7 @@ def _check_mode(mode: object) -> str:
     return str(mode)
 
 
-class _FileIndex:
+class _FileIndex(Closeable):
     """What memory files and codebases share: store, sync triggers, safe reads, status."""
 
     _kind: ClassVar[str]
@@ -397,12 +398,6 @@ class _FileIndex:
         if store is not None:
             with self._sync_lock:
                 store.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):

@@ -23,6 +23,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
+from memstrata.core.closing import Closeable
 from memstrata.core.config import Config
 from memstrata.core.constants import SHARED
 from memstrata.core.errors import EmbedderUnavailableError, InvalidInputError
@@ -48,7 +49,7 @@ FloatArray = npt.NDArray[np.float32]
 __all__ = ["CATEGORIES", "KnowledgeEntry", "KnowledgeHit", "KnowledgeStore", "SearchTuning"]
 
 
-class KnowledgeStore(KnowledgeSearch):
+class KnowledgeStore(KnowledgeSearch, Closeable):
     """Categorised, tagged, scoped knowledge of one agent (or the shared store), with hybrid search.
 
     A plain synchronous object that owns its database connection: use it from one thread at a
@@ -162,9 +163,6 @@ class KnowledgeStore(KnowledgeSearch):
     def __enter__(self) -> KnowledgeStore:
         self._check_open()
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else self.mode

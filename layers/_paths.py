@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from memstrata.core.closing import Closeable
 from memstrata.core.errors import InvalidInputError, PathOutsideRootError
 
 from . import _safe_fs as safe_fs
@@ -273,7 +274,7 @@ def read_source(root: Path | str, target: str, max_bytes: int) -> tuple[bytes, o
         os.close(root_fd)
 
 
-class SourceReader:
+class SourceReader(Closeable):
     """Reads many files of one root through one descriptor of it (what a sync does)."""
 
     def __init__(self, root: Path | str) -> None:
@@ -293,12 +294,6 @@ class SourceReader:
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
-
-    def __enter__(self) -> SourceReader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def read_under(root_fd: int, target: str, max_bytes: int) -> tuple[bytes, os.stat_result]:

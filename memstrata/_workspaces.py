@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 
+from memstrata.core.closing import Closeable
 from memstrata.core.config import Config
 from memstrata.core.errors import InvalidInputError, PathOutsideRootError, StorageError
 
@@ -87,7 +88,7 @@ class _Handle:
         self.watching = False
 
 
-class Workspaces:
+class Workspaces(Closeable):
     """Registry of indexed roots in a data dir, with their layer objects opened on demand."""
 
     def __init__(
@@ -123,12 +124,6 @@ class Workspaces:
         embedder: Embedder | None = None,
     ) -> Workspaces:
         return cls(data_dir, config=config, embedder=embedder)
-
-    def __enter__(self) -> Workspaces:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- registry ------------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from memstrata.core.closing import Closeable
 from memstrata.core.errors import DatabaseBusyError, InvalidInputError, ReadOnlyError, StorageError
 
 from ._driver import _MODULE, DriverInfo, _load_vec
@@ -182,7 +183,7 @@ def _read_only_uri(path: Path, immutable: bool) -> str:
     return path.resolve().as_uri() + ("?mode=ro&immutable=1" if immutable else "?mode=ro")
 
 
-class Database:
+class Database(Closeable):
     """One SQLite connection with memstrata's pragmas and a retrying write transaction.
 
     Reads run in autocommit mode; :meth:`transaction` opens ``BEGIN IMMEDIATE`` and retries a
@@ -454,12 +455,6 @@ class Database:
                 hook()
         with contextlib.suppress(Exception):
             self.conn.close()
-
-    def __enter__(self) -> Database:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def open_database(path: Path | str, **kwargs: Any) -> Database:

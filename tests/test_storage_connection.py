@@ -239,6 +239,14 @@ def test_database_is_a_context_manager(tmp_path: Path) -> None:
         db.execute("SELECT 1")
 
 
+def test_a_block_that_raises_closes_the_database_and_the_error_goes_on(tmp_path: Path) -> None:
+    with pytest.raises(ZeroDivisionError), open_database(tmp_path / "p.sqlite") as db:
+        db.execute("CREATE TABLE t (x)")
+        _ = 1 / 0
+    with pytest.raises(StorageError):
+        db.execute("SELECT 1")
+
+
 def _wal_database(path: Path) -> None:
     with open_database(path) as db:
         db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, x TEXT)")
