@@ -23,8 +23,8 @@ from memstrata import Agent, Config, MemorySystem
 from memstrata._workspaces import Workspaces
 from memstrata.bridges._cli_query import _Loading
 from memstrata.config import ActorsConfig, AgentConfig, StorageConfig
-from memstrata.errors import EmbedderUnavailableError
-from memstrata.layers import Episode
+from memstrata.errors import EmbedderUnavailableError, InvalidInputError
+from memstrata.layers import Episode, EpisodicMemory, KnowledgeStore
 from memstrata.storage import (
     ConsistencyReport,
     Database,
@@ -166,6 +166,18 @@ def hung_agent(system: MemorySystem, model: GatedModel, *, episode: bool = False
 
 
 @contextlib.contextmanager
+def hung_system(
+    data_dir: Path, *, episode: bool = False, **actors: Any
+) -> Iterator[tuple[MemorySystem, GatedModel, Agent]]:
+    """A :func:`gated_system` with the actor bounds ``actors`` around a fresh :class:`GatedModel`,
+    and its agent from :func:`hung_agent`: the model hangs from the test's first write on, and is
+    released before the system stops whatever the test raised."""
+    model = GatedModel()
+    with gated_system(data_dir, model, **actors) as system:
+        yield system, model, hung_agent(system, model, episode=episode)
+
+
+@contextlib.contextmanager
 def late_model_loading() -> Iterator[_Loading]:
     """How ``memstrata query`` loads its model (a ``_Loading`` bounded at 0.05 s), around a model
     that answers a query vector only once the block is left: a late model, released on the way
@@ -182,6 +194,16 @@ def late_model_loading() -> Iterator[_Loading]:
         yield loading
     finally:
         release.set()
+
+
+def assert_bulk_write_refused(store: KnowledgeStore | EpisodicMemory, items: Any, error: str) -> None:
+    """``items`` written in bulk to ``store`` (knowledge's ``add_many``, episodes' ``record_many``)
+    fail with an :class:`InvalidInputError` matching ``error`` and leave ``store`` empty: every
+    item is checked before the first is written."""
+    write_many = store.add_many if isinstance(store, KnowledgeStore) else store.record_many
+    with pytest.raises(InvalidInputError, match=error):
+        write_many(items)
+    assert store.count() == 0
 
 
 def vector_blob(path: Path, episode_id: int) -> bytes:

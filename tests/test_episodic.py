@@ -25,7 +25,7 @@ from memstrata.errors import (
 )
 from memstrata.layers import Episode, EpisodeHit, EpisodicMemory
 from memstrata.storage import open_database
-from tests._support import assert_restored, vector_blob, without_default_model
+from tests._support import assert_bulk_write_refused, assert_restored, vector_blob, without_default_model
 from tests.fakes import BreakableEmbedder, FakeEmbedder
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
@@ -181,9 +181,7 @@ def test_any_well_formed_kind_is_accepted(store: EpisodicMemory) -> None:
     ],
 )
 def test_record_many_checks_everything_first(store: EpisodicMemory, items: Any, error: str) -> None:
-    with pytest.raises(InvalidInputError, match=error):
-        store.record_many(items)
-    assert store.count() == 0
+    assert_bulk_write_refused(store, items, error)
 
 
 def test_a_clock_returning_naive_times_is_refused(data_dir: Path, fake_embedder: FakeEmbedder) -> None:

@@ -22,7 +22,7 @@ from memstrata.errors import (
 )
 from memstrata.layers import KnowledgeEntry, KnowledgeHit, KnowledgeStore
 from memstrata.storage import disable_vec_for_tests
-from tests._support import without_default_model
+from tests._support import assert_bulk_write_refused, without_default_model
 from tests.fakes import FakeEmbedder
 
 HOSTILE_QUERIES = [
@@ -264,9 +264,7 @@ _GOOD_ITEMS = [{"content": f"note {i}"} for i in range(5)]
     ],
 )
 def test_add_many_checks_every_item_before_writing(store: KnowledgeStore, items: Any, error: str) -> None:
-    with pytest.raises(ValueError, match=error):
-        store.add_many(items)
-    assert store.count() == 0
+    assert_bulk_write_refused(store, items, error)
 
 
 def test_add_many_spans_several_transactions(store: KnowledgeStore, fake_embedder: FakeEmbedder) -> None:

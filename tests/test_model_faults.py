@@ -20,7 +20,15 @@ from memstrata.actors._outbox import Outbox
 from memstrata.config import ActorsConfig, StorageConfig
 from memstrata.errors import ConfigError, InvalidInputError, ModelFaultError
 from memstrata.storage import open_database
-from tests._support import GatedModel, eventually, gated_system, hung_agent, start_with_model, store_status
+from tests._support import (
+    GatedModel,
+    eventually,
+    gated_system,
+    hung_agent,
+    hung_system,
+    start_with_model,
+    store_status,
+)
 
 MARGIN_S = 2.0  # "within the timeout plus a small bound" on a shared 2-core machine
 
@@ -35,12 +43,12 @@ def timed(call: Callable[[], Any]) -> tuple[Any, float]:
 
 
 def test_list_store_remember_and_query_answer_while_the_model_hangs(data_dir: Path) -> None:
-    model = GatedModel()
     # the inner bound (embedding) is below the outer one (the request), as Config requires
-    with gated_system(
-        data_dir, model, ask_timeout_s=2.5, embed_timeout_s=1.0, query_embed_timeout_s=0.5
-    ) as system:
-        agent = hung_agent(system, model)
+    with hung_system(data_dir, ask_timeout_s=2.5, embed_timeout_s=1.0, query_embed_timeout_s=0.5) as (
+        system,
+        model,
+        agent,
+    ):
         entry, took = timed(lambda: agent.store_knowledge("the cache warms up after deploys"))
         assert took < 1.0 + MARGIN_S
         assert model.entered.wait(10)  # its vector is computed apart: the store did not wait for it

@@ -21,19 +21,17 @@ from memstrata.actors import BatchingEmbedder
 from memstrata.core.constants import EMBED_CHARS
 from memstrata.errors import EmbeddingError, InvalidInputError, ModelFaultError
 from memstrata.layers import EpisodicMemory, KnowledgeStore
-from tests._support import GatedModel, eventually, gated_system, hung_agent, start_with_model, store_status
+from tests._support import GatedModel, eventually, hung_system, start_with_model, store_status
 from tests.fakes import FakeEmbedder
 
 # -- the actors ----------------------------------------------------------------------------------
 
 
 def test_the_first_store_after_a_hang_returns_while_the_model_call_is_still_blocked(data_dir: Path) -> None:
-    model = GatedModel()
     # the model is given up on only after 25 s: a store that waited for it would return after that
-    with gated_system(
-        data_dir, model, ask_timeout_s=30.0, embed_timeout_s=25.0, query_embed_timeout_s=0.5
-    ) as system:
-        agent = hung_agent(system, model, episode=True)
+    with hung_system(
+        data_dir, episode=True, ask_timeout_s=30.0, embed_timeout_s=25.0, query_embed_timeout_s=0.5
+    ) as (system, model, agent):
         entry = agent.store_knowledge("the cache warms up after deploys", category="pattern")
         episode = agent.remember("the cache was cold after the deploy of build 7")
         # the stores returned with the model call still blocked and not yet given up on
@@ -126,11 +124,11 @@ def test_a_query_right_after_an_update_finds_the_new_text_by_vector(data_dir: Pa
 
 
 def test_a_search_waits_for_the_vectors_in_flight_within_its_deadline(data_dir: Path) -> None:
-    model = GatedModel()
-    with start_with_model(
-        data_dir, model, ask_timeout_s=30.0, embed_timeout_s=20.0, query_embed_timeout_s=15.0
-    ) as system:
-        agent = hung_agent(system, model)
+    with hung_system(data_dir, ask_timeout_s=30.0, embed_timeout_s=20.0, query_embed_timeout_s=15.0) as (
+        _,
+        model,
+        agent,
+    ):
         entry = agent.store_knowledge("rollbacks need the previous image tag", category="pitfall")
         assert model.entered.wait(10)  # its vector is inside the model now
         answer: list[Any] = []

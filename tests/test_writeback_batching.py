@@ -93,13 +93,19 @@ def request(ids: list[int], texts: list[str], answer: Any) -> _VectorRequest:
     return _VectorRequest(ids, texts, future)
 
 
-def answer_pending(actor: Any, token: int) -> list[int]:
-    """Every pending row of ``actor``'s layer, in one request in flight that is answered."""
-    pending = actor.layer.pending_texts(10)
-    texts = [t for _, t in pending]
-    actor._requests = {token: request([i for i, _ in pending], texts, FakeEmbedder().embed_documents(texts))}
-    actor._in_flight = {i for i, _ in pending}
-    return [i for i, _ in pending]
+@contextlib.contextmanager
+def opened_with_answer(actor_class: Any, system: MemorySystem, text: str) -> Iterator[tuple[Any, int]]:
+    """:func:`opened`, with one row of ``text`` in its layer (an entry or an episode) whose vector
+    is answered in a request in flight but not yet stored: what the next write carries along."""
+    with opened(actor_class, system) as actor:
+        layer = actor.layer
+        first = layer.add(text) if isinstance(layer, KnowledgeStore) else layer.record(text)
+        pending = layer.pending_texts(10)
+        assert [i for i, _ in pending] == [first]
+        texts = [t for _, t in pending]
+        actor._requests = {1: request([first], texts, FakeEmbedder().embed_documents(texts))}
+        actor._in_flight = {first}
+        yield actor, first
 
 
 # -- answered requests, stored together ----------------------------------------------------------
@@ -135,10 +141,11 @@ def test_answered_requests_are_stored_in_one_transaction_and_a_failed_one_stays_
 def test_a_batch_of_writes_carries_the_answered_vectors_in_its_transaction(
     system: MemorySystem, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with opened(KnowledgeStoreActor, system) as actor:
+    with opened_with_answer(KnowledgeStoreActor, system, "the first entry, its vector answered") as (
+        actor,
+        first,
+    ):
         layer = actor.layer
-        first = layer.add("the first entry, its vector answered", category="pattern")
-        assert answer_pending(actor, 7) == [first]
         commits = Commits(layer._db, monkeypatch)
         results = actor.handle_batch(
             [
@@ -156,10 +163,8 @@ def test_a_batch_of_writes_carries_the_answered_vectors_in_its_transaction(
 def test_a_failed_write_rolls_back_the_vectors_it_carried_and_they_stay_pending(
     system: MemorySystem, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with opened(EpisodicActor, system) as actor:
+    with opened_with_answer(EpisodicActor, system, "the deploy of build 9 failed") as (actor, first):
         layer = actor.layer
-        first = layer.record("the deploy of build 9 failed", title="deploy")
-        assert answer_pending(actor, 3) == [first]
         record_many = layer.record_many
 
         def disk_full(items: Any) -> Any:
