@@ -30,7 +30,20 @@ from ._bm25_writes import Bm25Writes
 
 __all__ = ["Bm25Index"]
 
-_MAX_CACHED_STEMS = 50_000
+_MAX_CACHED_STEMS = 50_000  # query words whose units are kept, per tokenizer
+
+# query word -> its units, per ``tokenize=`` clause: a word's units depend on the tokenizer only,
+# so every index of the process shares them. A pre-task retrieval asks three stores (the agent's,
+# the shared one, its episodes) about the same new words, and tokenizing them goes through a
+# scratch FTS5 table: three statements per store, each a wait for the GIL when other agents are
+# busy (docs/storage.md, "Query words").
+_UNITS: dict[str, dict[str, tuple[str, ...]]] = {}
+
+
+def _units_of(tokenize_option: str) -> dict[str, tuple[str, ...]]:
+    """The shared units of the words tokenized by ``tokenize_option`` (read and extended without
+    a lock: a word looked up while another thread clears the dict is only tokenized again)."""
+    return _UNITS.setdefault(tokenize_option, {})
 
 
 class Bm25Index(Bm25Files, Bm25Writes, Bm25Top):
@@ -39,22 +52,29 @@ class Bm25Index(Bm25Files, Bm25Writes, Bm25Top):
     def stems(self, terms: Sequence[str]) -> list[str]:
         """Distinct FTS5 stems of query words, in order (a word of several tokens gives one
         phrase unit: its stems joined by ``_PHRASE``)."""
-        unknown = [t for t in dict.fromkeys(terms) if t not in self._stems]
+        self._ensure_tables()  # what reads postings next uses the vocabulary tables made here
+        known = _units_of(self._tokenize_option)
+        units = {t: known.get(t) for t in dict.fromkeys(terms)}
+        unknown = [t for t, u in units.items() if u is None]
         if unknown:
-            if len(self._stems) + len(unknown) > _MAX_CACHED_STEMS:
-                self._stems.clear()
-                self._phrase_words.clear()
-            self._stems.update(zip(unknown, self._query_units(unknown), strict=True))
+            found = dict(zip(unknown, self._query_units(unknown), strict=True))
+            units.update(found)
+            if len(known) + len(found) > _MAX_CACHED_STEMS:
+                known.clear()
+            known.update(found)
+        if len(self._phrase_words) > _MAX_CACHED_STEMS:
+            self._phrase_words.clear()
         stems: dict[str, None] = {}
-        for term in terms:
-            for stem in self._stems.get(term, ()):
+        for term, parts in units.items():
+            for stem in parts or ():
                 stems.setdefault(stem, None)
+                if _PHRASE in stem:  # this index reads a phrase's postings by matching this word
+                    self._phrase_words.setdefault(stem, term)
         return list(stems)
 
     def _query_units(self, terms: Sequence[str]) -> list[tuple[str, ...]]:
         """What FTS5 matches for each quoted query word: its stem, or for a word of several
         tokens (``"don't"``, ``"Caroline's"``) the phrase of its stems in order, one unit."""
-        self._ensure_tables()
         before = int(self._db.conn.total_changes)
         try:
             self._db.executemany(
@@ -70,10 +90,8 @@ class Bm25Index(Bm25Files, Bm25Writes, Bm25Top):
         for doc, term in rows:
             tokens.setdefault(int(doc), []).append(str(term))
         out: list[tuple[str, ...]] = []
-        for i, term in enumerate(terms, 1):
+        for i in range(1, len(terms) + 1):
             parts = tokens.get(i, [])
-            if len(parts) > 1:
-                self._phrase_words[_PHRASE.join(parts)] = term
             out.append(tuple(parts) if len(parts) <= 1 else (_PHRASE.join(parts),))
         return out
 

@@ -155,7 +155,6 @@ class Bm25Postings:
         self._tokenize_option = _tokenize_option(str(tokenizer or ""))
         self._ready = False
         self._version: tuple[int, int] = (-1, -1)
-        self._stems: dict[str, tuple[str, ...]] = {}  # depends on the tokenizer only
         self._phrase_words: dict[str, str] = {}  # phrase of stems -> a query word that gives it
         self._reset()
         self._changes_at_open = self._current_version()[1]

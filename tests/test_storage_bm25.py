@@ -4,15 +4,17 @@ every write (this connection's incrementally, another connection's by reloading)
 from __future__ import annotations
 
 import random
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memstrata.layers import KnowledgeStore
-from memstrata.storage import Bm25Index, keyword_terms
+from memstrata.storage import Bm25Index, _bm25, keyword_terms
 from tests.fakes import FakeEmbedder
 
 _WORDS_TEXT = """
@@ -121,6 +123,40 @@ def test_query_words_are_stemmed_like_fts5(store: KnowledgeStore) -> None:
     for query in ("migration", "running", "runs slow", "MIGRATING"):
         assert [h.entry.id for h in store.search(query, mode="keyword")] == [entry], query
     assert store._bm25.stems(keyword_terms("Migrations running")) == ["migrat", "run"]
+
+
+def test_query_words_are_tokenized_once_for_every_index_of_the_same_tokenizer(
+    store: KnowledgeStore, data_dir: Path
+) -> None:
+    """A word's stems depend on the tokenizer only: a second store does not tokenize the words
+    the first one did, and an index with another tokenizer gets its own stems."""
+    words = [f"running{uuid.uuid4().hex[:8]}", "migrations"]
+    tokenized: list[list[str]] = []
+    real = Bm25Index._query_units
+
+    def counted(index: Bm25Index, terms: list[str]) -> list[tuple[str, ...]]:
+        tokenized.append(list(terms))
+        return real(index, terms)
+
+    with mock.patch.object(Bm25Index, "_query_units", counted):
+        porter = store._bm25.stems(words)
+        with KnowledgeStore.open(data_dir / "other.sqlite", FakeEmbedder()) as other:
+            assert other._bm25.stems(words) == porter
+        assert tokenized in ([words], [words[:1]])  # "migrations" may be known from another test
+        store._db.execute("CREATE VIRTUAL TABLE plain USING fts5(body, tokenize='unicode61')")
+        plain = Bm25Index(store._db, "plain", ["body"], [1.0]).stems(words)
+    assert tokenized[-1] == words
+    assert plain == [w.lower() for w in words] != porter
+
+
+def test_a_full_cache_of_query_words_starts_again_and_ranks_the_same(store: KnowledgeStore) -> None:
+    rng = random.Random(6)
+    store.add_many({"content": sentence(rng) + " don't"} for _ in range(100))
+    with mock.patch.object(_bm25, "_MAX_CACHED_STEMS", 2):
+        for _ in range(20):
+            terms = list(dict.fromkeys([*rng.sample(WORDS, rng.randint(2, 5)), "don't"]))
+            assert numpy_ranking(store, terms, 10) == fts5_ranking(store, terms, 10)
+            assert len(_bm25._units_of(store._bm25._tokenize_option)) <= len(terms)
 
 
 def test_only_stop_words_still_search(store: KnowledgeStore) -> None:

@@ -221,6 +221,24 @@ def test_a_word_read_as_a_phrase_scores_as_fts5(store: KnowledgeStore, word: str
     check(index, store, [word], 10, (1.0, 0.5, 2.0))
 
 
+def test_a_phrase_word_tokenized_by_another_store_scores_as_fts5(data_dir: Path) -> None:
+    """Query words are tokenized once per process for every index of one tokenizer: a store
+    that finds a phrase word already tokenized by another still matches it as a phrase."""
+    word = f"don't{uuid.uuid4().hex[:8]}"
+    rng = random.Random(43)
+    texts = [word, f"{word} {word} filler", "don t", "filler only"]
+    with (
+        KnowledgeStore.open(data_dir / "first.sqlite", FakeEmbedder()) as first,
+        KnowledgeStore.open(data_dir / "second.sqlite", FakeEmbedder()) as second,
+    ):
+        for store in (first, second):
+            store.add_many({"content": rng.choice(texts) + f" doc{i}"} for i in range(40))
+        assert any("\x00" in stem for stem in first._bm25.stems([word, "filler"]))
+        index = Bm25Index(second._db, "knowledge_fts", COLUMNS, [1.0, 0.5, 2.0])
+        with mock.patch.object(Bm25Index, "_query_units", side_effect=AssertionError("tokenized again")):
+            check(index, second, [word, "filler"], 10, (1.0, 0.5, 2.0))
+
+
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     start=st.integers(min_value=1, max_value=1000),
