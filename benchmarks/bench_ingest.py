@@ -3,8 +3,9 @@ sqlite-vec + FTS5 schema in one run, and where memstrata's time goes.
 
 Both load :mod:`bench_peers`' 100k entries (10k quick) and their vectors: the minimal schema
 (one table, one FTS5 column, vec0 with the category; 10k rows per transaction) and a fresh
-knowledge store, once each, one after the other (the side-by-side of :mod:`bench_peers` loads
-both once more). Targets (the issue's): >= 15k entries/s and >= 0.7x the minimal schema.
+knowledge store, twice each, taking turns, and the best load of each is compared (the
+side-by-side of :mod:`bench_peers` loads both once more, the same way). Targets (the issue's):
+>= 15k entries/s and >= 0.7x the minimal schema.
 
 The breakdown row times memstrata's SQL statements (by what they write, and the commits) during
 its load; the rest of the wall time is Python on the writing thread: checking every item,
@@ -29,7 +30,15 @@ from typing import Any
 
 import numpy as np
 from _harness import Context, Row
-from bench_peers import Data, PlantedVectors, build_memstrata, build_minimal, make_data, store_path
+from bench_peers import (
+    LOAD_ROUNDS,
+    Data,
+    PlantedVectors,
+    build_memstrata,
+    build_minimal,
+    make_data,
+    store_path,
+)
 
 GROUP = "ingest"
 
@@ -93,6 +102,10 @@ def _close_after_writes(path: Path, data: Data, round_: int, *, from_memory: boo
     return time.perf_counter() - started, index.files_from_memory
 
 
+def _seconds(loads: list[float]) -> str:
+    return ", ".join(f"{x:.1f}" for x in loads)
+
+
 def run(ctx: Context) -> list[Row]:
     n = ctx.size(100_000, 10_000)
     data = make_data(n, 5)
@@ -103,13 +116,15 @@ def run(ctx: Context) -> list[Row]:
     ours: list[float] = []
     spent: dict[str, float] = {}
     load = f"load average {os.getloadavg()[0]:.1f}"
-    # one load each (the side-by-side of bench_peers loads both once more); the load also times
-    # its SQL statements (the wrapper costs ~1 %)
-    seconds, _ = build_minimal(work / "minimal.sqlite", data)
-    minimal.append(seconds)
-    target = work / "memstrata"
-    (seconds, _, _, closing), spent = _timed_sql(lambda stop: build_memstrata(target, data, stop))
-    ours.append(seconds)
+    # the two loads take turns, twice, and each side's best counts: one load each varied from
+    # 0.59x to 0.86x within ten minutes on the shared 2-core machine; each memstrata load also
+    # times its SQL statements (the wrapper costs ~1 %), and the last one is kept for the closes
+    for round_ in range(LOAD_ROUNDS if not ctx.quick else 1):
+        seconds, _ = build_minimal(work / f"minimal-{round_}.sqlite", data)
+        minimal.append(seconds)
+        target = work / f"memstrata-{round_}"
+        (seconds, _, _, closing), spent = _timed_sql(lambda stop, to=target: build_memstrata(to, data, stop))
+        ours.append(seconds)
     rate, floor = n / min(ours), n / min(minimal)
     ratio = rate / floor
     rows = [
@@ -122,7 +137,10 @@ def run(ctx: Context) -> list[Row]:
             baseline=floor,
             baseline_name="minimal sqlite-vec + FTS5 schema, same run",
             met=(rate >= 15_000 and ratio >= 0.7) if not ctx.quick else None,
-            notes=(f"one load each (memstrata {ours[0]:.1f} s, minimal {minimal[0]:.1f} s); {load}"),
+            notes=(
+                f"best of {len(ours)} loads each, taking turns (memstrata {_seconds(ours)} s; "
+                f"minimal {_seconds(minimal)} s); {load}"
+            ),
         )
     ]
     wall = ours[-1]

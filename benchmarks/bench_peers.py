@@ -213,6 +213,9 @@ def _sqlite(path: Path) -> Any:
     return conn
 
 
+LOAD_ROUNDS = 2  # loads of each schema when ingest is compared at 100k, taking turns; the best counts
+
+
 def build_minimal(path: Path, data: Data) -> tuple[float, float]:
     """The minimal hybrid schema, loaded 10k rows per transaction; returns wall and CPU seconds."""
     conn = _sqlite(path)
@@ -677,13 +680,24 @@ def side_by_side(ctx: Context, n: int, *, scale: bool) -> list[Row]:
     rows: list[Row] = []
     data_note = f"{n:,} entries x 3 real docstring sentences, planted-topic vectors (see bench_peers)"
 
-    # -- ingest
+    # -- ingest: the two loads take turns, twice up to 100k (one load each varied from 0.59x to
+    # 0.86x within ten minutes on the shared 2-core machine), and each side's best counts; the
+    # first loads are the stores searched below
     mem_dir = work / "memstrata"
-    min_seconds, min_cpu = build_minimal(work / "minimal.sqlite", data)
-    log(f"minimal schema {min_seconds:.0f} s")
+    minimal_loads = [build_minimal(work / "minimal.sqlite", data)]
+    log(f"minimal schema {minimal_loads[0][0]:.0f} s")
     mem_seconds, mem_cpu, ids, _ = build_memstrata(mem_dir, data)
+    memstrata_loads = [(mem_seconds, mem_cpu)]
     index_of = {entry_id: i for i, entry_id in enumerate(ids)}
     log(f"memstrata add_many {mem_seconds:.0f} s")
+    for again in range(1, LOAD_ROUNDS if n <= 100_000 and full else 1):
+        minimal_loads.append(build_minimal(work / f"minimal-{again}.sqlite", data))
+        memstrata_loads.append(build_memstrata(work / f"memstrata-{again}", data)[:2])
+        log(f"again: minimal {minimal_loads[-1][0]:.0f} s, memstrata {memstrata_loads[-1][0]:.0f} s")
+        shutil.rmtree(work / f"memstrata-{again}")
+        for path in work.glob(f"minimal-{again}.sqlite*"):
+            path.unlink()
+    (min_seconds, min_cpu), (mem_seconds, mem_cpu) = min(minimal_loads), min(memstrata_loads)
     np.save(work / "vectors.npy", data.vectors)
     lance_note = lancedb_missing()
     lance_times: dict[str, dict[str, float]] = {}
@@ -711,6 +725,9 @@ def side_by_side(ctx: Context, n: int, *, scale: bool) -> list[Row]:
             if full
             else None,
             notes=(
+                f"best of {len(memstrata_loads)} loads each, taking turns (memstrata "
+                f"{', '.join(f'{x:.1f}' for x, _ in memstrata_loads)} s, minimal "
+                f"{', '.join(f'{x:.1f}' for x, _ in minimal_loads)} s): "
                 f"{mem_seconds:.1f} s against {min_seconds:.1f} s; CPU {mem_cpu:.1f} s against "
                 f"{min_cpu:.1f} s ({min_cpu / mem_cpu:.2f}x); add_many(items, vectors=...); {data_note}"
             ),
