@@ -72,7 +72,7 @@ def _measure(system: MemorySystem, model: Embedder, queries: list[str]) -> tuple
         started = time.perf_counter()
         prompt = agent.begin_task(f"q{n}", query)
         samples["retrieval"].append((time.perf_counter() - started) * 1000)
-        fallbacks += int(prompt.fallback)
+        fallbacks += int(prompt.fallback or prompt.reason is not None)  # as in bench_system
     return samples, fallbacks
 
 
@@ -158,7 +158,7 @@ def pretask_busy(ctx: Context, model: Embedder, data: Path, entries: int, fill_n
             "the agent's own store alone (embedding + hybrid search of its entries): what begin_task "
             "adds to the embedding is mostly this search",
         ),
-        Row(GROUP, f"begin_task fallbacks {at}, agents busy", fallbacks, "prompts", "0", met=fallbacks == 0),
+        Row(GROUP, f"begin_task fallbacks/degraded {at}, busy", fallbacks, "prompts", "0", met=not fallbacks),
     ]
 
 
