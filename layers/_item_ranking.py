@@ -46,9 +46,12 @@ class ItemRanking(ItemStoreState):
             starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
             uniq, best = ids[starts], np.maximum.reduceat(sims, starts)  # each item's best field
             if need < len(best):
-                keep = np.argpartition(-best, need - 1)[:need]
+                # every item tied with the need-th best stays: which of them a partition keeps
+                # depends on ``need``, so pages of one query would skip and repeat tied items
+                cut = best[np.argpartition(-best, need - 1)[need - 1]]
+                keep = np.flatnonzero(best >= cut)
                 uniq, best = uniq[keep], best[keep]
-            ranked = np.lexsort((uniq, -best))  # best score first, then older item
+            ranked = np.lexsort((uniq, -best))[:need]  # best score first, then older item
             scored = [(int(uniq[j]), float(best[j])) for j in ranked]
         order = scored
         if len(scored) < need:  # items stored without vectors follow, unscored

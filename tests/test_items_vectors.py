@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import math
 from pathlib import Path
 
@@ -55,6 +56,32 @@ def test_layer_keeps_one_dimension(tmp_path: Path) -> None:
     with pytest.raises(InvalidInputError, match="not finite"):
         store.put_many([(("a",), "j", {}, {"t": [1.0, math.inf]}, None)])
     assert store.count() == 1
+    store.close()
+
+
+def test_pages_of_a_ranked_search_hold_every_item_once_when_scores_tie(tmp_path: Path) -> None:
+    """Tied items come in one order whatever the page: the best score first, then the older item
+    (the groups of tied items are stored in every order, so stored order is not ranked order)."""
+    store = ItemStore(tmp_path / "i.sqlite")
+    directions = {"deploy": [1.0, 0.0], "budget": [0.6, 0.8], "lunch": [0.0, 1.0]}  # best first
+    for order in itertools.permutations(directions):
+        namespace = ("docs", "-".join(order))
+        store.put_many(
+            [
+                (namespace, f"{word}-{n}", {}, {"t": directions[word]}, None)
+                for word in order
+                for n in range(6)
+            ]
+        )
+        whole = [r.key for r in store.search(namespace, query_vector=[1.0, 0.1], limit=100)]
+        assert whole == [f"{word}-{n}" for word in directions for n in range(6)]
+        for size in (1, 4, 5, 7):
+            pages = [
+                r.key
+                for offset in range(0, len(whole), size)
+                for r in store.search(namespace, query_vector=[1.0, 0.1], limit=size, offset=offset)
+            ]
+            assert pages == whole, (order, size)
     store.close()
 
 
