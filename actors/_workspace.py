@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from memstrata.core.config import Config
 from memstrata.core.errors import ConfigError, MemstrataError
+from memstrata.layers._paths import refused_tree
 from memstrata.storage import Embedder
 from memstrata.storage._embedding import embed_deadline
 
@@ -92,11 +93,9 @@ def check_tree(raw: object, key: str, data_dir: Path) -> Path:
         raise ConfigError(f"config key {key!r}: {text!r} does not exist or cannot be read ({exc})") from exc
     if not root.is_dir():
         raise ConfigError(f"config key {key!r}: {text!r} is not a directory")
-    if root == Path(root.anchor):
-        raise ConfigError(f"config key {key!r}: the filesystem root cannot be a workspace or codebase")
-    data = Path(data_dir).expanduser().resolve()
-    if root == data or data in root.parents:
-        raise ConfigError(f"config key {key!r}: {text!r} is memstrata's data dir or inside it")
+    refused = refused_tree(root, data_dir)
+    if refused is not None:
+        raise ConfigError(f"config key {key!r}: {text!r} {refused}: it cannot be a workspace or codebase")
     return root
 
 

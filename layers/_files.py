@@ -41,6 +41,7 @@ from ._index_db import IndexDatabase, SearchRow
 from ._paths import (
     SkipFile,
     SourceRules,
+    check_root_text,
     decode,
     normalise_extra,
     read_source,
@@ -165,6 +166,7 @@ class _FileIndex(Closeable):
         resolved = Path(os.path.realpath(os.fspath(root)))
         if not resolved.is_dir():
             raise InvalidInputError(f"root {os.fspath(root)!r} is not a directory")
+        check_root_text(resolved)
         chunking = config.chunking
         if chunking.tokens < 8 or not 0 <= chunking.overlap < chunking.tokens:
             raise ConfigError(

@@ -9,7 +9,9 @@ symlinks are never entered (no loops, no escapes); a file symlink is followed, b
 link text, only when its target is a regular file inside the root; a file is opened with
 ``O_NOFOLLOW | O_NONBLOCK`` and its ``fstat`` checked (a FIFO or a device never blocks or
 streams). Files over the size cap or with a NUL byte in their first 8 KB (binary) are skipped;
-invalid UTF-8 is decoded with U+FFFD replacement characters.
+invalid UTF-8 is decoded with U+FFFD replacement characters. A file or directory whose name is not
+valid UTF-8 is skipped (its path could not be stored or sent as text) and reported with the bad
+bytes escaped (:func:`shown`).
 """
 
 from __future__ import annotations
@@ -37,12 +39,16 @@ __all__ = [
     "SkipFile",
     "SourceReader",
     "SourceRules",
+    "check_root_text",
     "decode",
     "inside",
     "read_source",
     "read_under",
+    "refused_tree",
     "resolve_request",
     "scan",
+    "shown",
+    "valid_utf8",
 ]
 
 Kind = Literal["memory", "codebase"]
@@ -51,6 +57,54 @@ MEMORY_DIR = "memory"
 BINARY_PROBE = 8192
 _PROSE_EXTENSIONS = (".md", ".markdown")
 _DRIVE = re.compile(r"^[A-Za-z]:")
+NOT_UTF8_FILE = "file name is not valid UTF-8"
+NOT_UTF8_DIR = "directory name is not valid UTF-8, not entered"
+
+
+def valid_utf8(text: str) -> bool:
+    """Whether ``text`` encodes as UTF-8: a name of bytes that are not UTF-8 reaches Python with
+    lone surrogates (``surrogateescape``), which no database or JSON text can hold."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def shown(path: str) -> str:
+    """``path`` as printable UTF-8 for reports and errors: bytes that are not UTF-8 become
+    backslash escapes (``caf\\xe9.py``), the rest is kept as it is."""
+    if valid_utf8(path):
+        return path
+    try:
+        raw = os.fsencode(path)
+    except UnicodeEncodeError:  # a surrogate no file name decodes to: escape it as text
+        return path.encode("utf-8", "backslashreplace").decode("utf-8")
+    return raw.decode("utf-8", "backslashreplace")
+
+
+def check_root_text(root: Path) -> None:
+    """Refuse a root whose path is not valid UTF-8: every database keeps it as text."""
+    if not valid_utf8(str(root)):
+        raise InvalidInputError(
+            f"root '{shown(str(root))}' is not valid UTF-8: it cannot be indexed (rename the folder)"
+        )
+
+
+def refused_tree(root: Path, data_dir: str | os.PathLike[str]) -> str | None:
+    """Why resolved ``root`` may not be indexed, as a phrase following its path, or ``None``.
+
+    The filesystem root would walk the whole machine; memstrata's data dir (or a folder in it)
+    would index its own databases and exports. The config's workspaces and codebases and
+    ``memstrata index`` apply this one rule."""
+    if root == Path(root.anchor):
+        return "is the filesystem root"
+    data = Path(data_dir).expanduser().resolve()
+    if root == data or data in root.parents:
+        return "is memstrata's data dir or inside it"
+    return None
 
 
 class SkipFile(Exception):
@@ -177,9 +231,17 @@ def scan(root: Path, rules: SourceRules) -> Scan:
         elif refused.problem != "missing":
             result.skipped.append((rel, f"directory not readable ({refused.strerror})"))
 
+    def descend(rel_dir: str) -> bool:
+        if not rules.descend(rel_dir):
+            return False
+        if valid_utf8(rel_dir):  # its parents were checked when they were entered
+            return True
+        result.skipped.append((shown(rel_dir), NOT_UTF8_DIR))
+        return False
+
     try:
         try:
-            for rel_dir, dir_fd, entries in safe_fs.walk(root_fd, rules.descend, unreadable):
+            for rel_dir, dir_fd, entries in safe_fs.walk(root_fd, descend, unreadable):
                 for entry in entries:
                     rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
                     try:
@@ -188,7 +250,10 @@ def scan(root: Path, rules: SourceRules) -> Scan:
                         continue
                     if not rules.file_in_walk(rel, entry.name):
                         if is_link and rules.descend(rel) and _leads_to_dir(dir_fd, entry.name):
-                            result.skipped.append((rel, "symlinked directory, not followed"))
+                            result.skipped.append((shown(rel), "symlinked directory, not followed"))
+                        continue
+                    if not valid_utf8(entry.name):
+                        result.skipped.append((shown(rel), NOT_UTF8_FILE))
                         continue
                     if is_link:
                         _add_link(result, root_fd, root_str, rel, rules)
@@ -360,6 +425,8 @@ def resolve_request(root: Path, path: object, rules: SourceRules) -> tuple[str, 
     leads, inside the root), or :class:`PathOutsideRootError` / :class:`InvalidInputError` with
     the reason. Checks only: the read itself goes through :func:`read_source` again."""
     rel = normalise_relative(path)
+    if not valid_utf8(rel):  # never indexed (see scan), so never served
+        raise InvalidInputError(f"path '{shown(rel)}' is not served: its name is not valid UTF-8")
     root_str = str(root)
     parts = rel.split("/")
     try:

@@ -212,11 +212,22 @@ class Workspaces(Closeable):
         if kind not in ("auto", *KINDS):
             raise InvalidInputError(f"kind must be 'auto', 'memory' or 'code', got {kind!r}")
         root = _normalise_root(path)
+        self._check_indexable(path, root)
         chosen: Kind = detect_kind(root) if kind == "auto" else kind
         ws = self._register(root, chosen)
         with self._using(ws) as layer:
             stats = layer.sync(progress=progress)
         return self._record_sync(ws, stats), stats
+
+    def _check_indexable(self, path: str | os.PathLike[str], root: Path) -> None:
+        """The rule the config applies to its workspaces and codebases, and a path the registry
+        can store (the databases hold text, which bytes that are not UTF-8 cannot be)."""
+        from memstrata.layers._paths import check_root_text, refused_tree, shown
+
+        refused = refused_tree(root, self.data_dir)
+        if refused is not None:
+            raise InvalidInputError(f"path '{shown(os.fspath(path))}' {refused}: it cannot be indexed")
+        check_root_text(root)
 
     def _record_sync(self, ws: Workspace, stats: Any) -> Workspace:
         stats_dict = _stats_dict(stats)
@@ -305,6 +316,9 @@ class Workspaces(Closeable):
         if os.path.isabs(expanded):
             absolute = os.path.normpath(expanded)
             inside = [w for w in candidates if _is_within(absolute, w.root)]
+            if not inside:  # e.g. through a symlink to a root, as `index` resolves it
+                absolute = _through_root_link(absolute, candidates)
+                inside = [w for w in candidates if _is_within(absolute, w.root)]
             if not inside:
                 raise PathOutsideRootError(f"path {raw!r} is not inside an indexed root")
             inside.sort(key=lambda w: len(str(w.root)), reverse=True)
@@ -406,6 +420,27 @@ def _exists_under(root: Path, rel: str) -> bool:
     from memstrata.layers._safe_fs import exists
 
     return exists(root, os.path.normpath(rel).replace(os.sep, "/"))
+
+
+def _through_root_link(path: str, roots: list[Workspace]) -> str:
+    """``path`` with its shortest leading part that resolves to a root (as ``index`` resolves
+    it) replaced by that root, else ``path`` itself. Only that part is resolved: a part that
+    leads inside a root but not to it ends the search, and what follows the root is the layer's
+    to check (a symlink in it that leaves the root is refused by ``get``)."""
+    known = {w.root for w in roots}
+    head, *rest = Path(path).parts
+    prefix = Path(head)
+    for n, part in enumerate(rest):
+        prefix /= part
+        try:
+            resolved = prefix.resolve(strict=True)
+        except (OSError, RuntimeError):
+            return path
+        if resolved in known:
+            return str(resolved.joinpath(*rest[n + 1 :]))
+        if any(_is_within(str(resolved), root) for root in known):
+            return path
+    return path
 
 
 def _is_within(path: str, root: Path) -> bool:

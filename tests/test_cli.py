@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -227,6 +228,55 @@ def test_code_index_and_root_filter(run: Any, workspace: Path, tmp_path: Path) -
     only_code = _json(run("search", "request headers", "--root", str(code), "--json"))
     assert only_code and {h["root"] for h in only_code} == {str(code.resolve())}
     cli_fails(run("search", "x", "--root", str(tmp_path)), 2, "is not indexed")
+
+
+def test_index_skips_a_file_name_that_is_not_utf8_and_indexes_the_rest(run: Any, tmp_path: Path) -> None:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "hooks.py").write_text('def retry_webhook():\n    "retry webhooks three times"\n')
+    (code / os.fsdecode(b"caf\xe9.py")).write_text("x = 1\n")
+    indexed = _json(run("index", str(code), "--json"))
+    assert indexed["stats"]["files_processed"] == 1
+    assert indexed["stats"]["skipped"] == [["caf\\xe9.py", "file name is not valid UTF-8"]]
+    assert [h["path"] for h in _json(run("search", "retry webhooks", "--json"))] == ["hooks.py"]
+    (listed,) = _json(run("roots", "list", "--json"))
+    assert listed["last_stats"]["skipped"] == indexed["stats"]["skipped"]
+    cli_fails(run("get", str(code / os.fsdecode(b"caf\xe9.py"))), 2, "'caf\\xe9.py' is not served")
+
+
+def test_index_refuses_the_data_dir_and_the_filesystem_root(run: Any, data_dir: Path) -> None:
+    cli_ok(run("store", "a fact", "--agent", "a1", "-c", "pattern"))
+    (data_dir / "inside").mkdir()
+    for path in (data_dir, data_dir / "inside"):
+        cli_fails(
+            run("index", str(path), "--kind", "code"), 2, f"'{path}' is memstrata's data dir or inside it"
+        )
+    cli_fails(run("index", "/", "--kind", "memory"), 2, "'/' is the filesystem root")
+    assert _json(run("roots", "list", "--json")) == []
+
+
+def test_get_through_the_symlink_a_root_was_indexed_by(run: Any, workspace: Path, tmp_path: Path) -> None:
+    link = tmp_path / "wslink"
+    link.symlink_to(workspace, target_is_directory=True)
+    assert _json(run("index", str(link), "--json"))["root"] == str(workspace.resolve())
+    got = _json(run("get", str(link / "memory" / "2025-01-02.md"), "--lines", "1", "--json"))
+    assert got["path"] == "memory/2025-01-02.md" and got["text"] == "# 2025-01-02"
+    other = tmp_path / "other"
+    (other / "memory").mkdir(parents=True)
+    (other / "memory" / "x.md").write_text("another root\n")
+    cli_ok(run("index", str(other)))
+    (workspace / "memory" / "away").symlink_to(other / "memory", target_is_directory=True)
+    secret = tmp_path / "secret.md"
+    secret.write_text("top secret")
+    (workspace / "memory" / "leak.md").symlink_to(secret)
+    # only the root part is resolved: inside it, symlinks are refused as before
+    cli_fails(run("get", str(link / "memory" / "away" / "x.md")), 2, "symlink that leaves the root")
+    cli_fails(run("get", str(link / "memory" / "leak.md")), 2, "leaves the root")
+    into = tmp_path / "into"
+    into.symlink_to(workspace / "memory", target_is_directory=True)
+    (workspace / "memory" / "to-other").symlink_to(other, target_is_directory=True)
+    for path in (into / "to-other" / "memory" / "x.md", tmp_path / "nowhere" / "MEMORY.md"):
+        cli_fails(run("get", str(path)), 2, "not inside an indexed root")
 
 
 # -- status --------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -717,6 +718,45 @@ def test_codebase_indexes_sources_and_prunes(tree: Path, data_dir: Path, fake: F
         with pytest.raises(InvalidInputError, match="not served"):
             cb.get(".git/config.toml")
         assert cb.get("src/http.py", from_line=3) == "    return raw.split()"
+
+
+def test_names_that_are_not_utf8_are_skipped_naming_them_and_the_rest_is_indexed(
+    tree: Path, data_dir: Path, fake: FakeEmbedder
+):
+    """A Latin-1 name (Python sees a lone surrogate) is skipped like a binary file, shown with its
+    bad bytes escaped; it must not fail the sync of the whole tree."""
+    write(tree / os.fsdecode(b"caf\xe9.py"), "def cafe_latin_one(): pass\n")
+    write(tree / os.fsdecode(b"lib\xff") / "inner.py", "def inside_latin_dir(): pass\n")
+    (tree / "src" / os.fsdecode(b"link\xe9")).symlink_to(tree / "web", target_is_directory=True)
+    with Codebase.open(tree, embedder=fake, config=config(data_dir)) as cb:
+        for stats in (cb.sync(), cb.sync()):  # reported by every sync, as an oversized file is
+            reasons = dict(stats.skipped)
+            assert reasons["caf\\xe9.py"] == "file name is not valid UTF-8"
+            assert reasons["lib\\xff"] == "directory name is not valid UTF-8, not entered"
+            assert reasons["src/link\\xe9"] == "symlinked directory, not followed"
+            assert orjson.loads(orjson.dumps(stats.as_dict()))["files_skipped"] == len(stats.skipped)
+        indexed = {r[0] for r in cb.store.db.query("SELECT path FROM files WHERE skipped IS NULL")}
+        assert indexed == {"src/http.py", "src/lib.rs", "web/app.ts", "README.md", "config.yaml"}
+        assert paths(cb.search("parse http request"))[0] == "src/http.py"
+        assert cb.search("cafe_latin_one inside_latin_dir", mode="keyword") == []
+        with pytest.raises(InvalidInputError, match=r"^path 'caf\\xe9\.py' is not served: its name is not"):
+            cb.get(os.fsdecode(b"caf\xe9.py"))
+        assert orjson.loads(orjson.dumps(cb.status()))["last_sync"]["skipped"]
+
+
+def test_a_memory_note_whose_name_is_not_utf8_is_skipped(mf: MemoryFiles, workspace: Path):
+    write(workspace / "memory" / os.fsdecode(b"n\xff.md"), "deploy on tuesdays\n")
+    stats = mf.sync()
+    assert dict(stats.skipped) == {"memory/n\\xff.md": "file name is not valid UTF-8"}
+    assert stats.files_processed == 3
+    assert paths(mf.search("deploy key vault"))[0] == "MEMORY.md"
+
+
+def test_a_root_whose_path_is_not_utf8_is_refused_naming_it(tmp_path: Path, data_dir: Path):
+    root = tmp_path / os.fsdecode(b"caf\xe9")
+    write(root / "a.py", "x = 1\n")
+    with pytest.raises(InvalidInputError, match=r"^root '.*/caf\\xe9' is not valid UTF-8"):
+        Codebase.open(root, embedder=FakeEmbedder(), config=config(data_dir))
 
 
 def test_codebase_language_filter(tree: Path, data_dir: Path, fake: FakeEmbedder):

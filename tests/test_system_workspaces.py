@@ -92,6 +92,19 @@ def test_a_session_start_syncs_the_workspace_and_the_codebases(trees: dict[str, 
     assert status["codebases"]["shop"]["syncs"] == 1 and status["codebases"]["shop"]["files"] == 1
 
 
+def test_a_file_name_that_is_not_utf8_leaves_the_rest_of_a_codebase_in_the_prompts(
+    trees: dict[str, Path],
+) -> None:
+    (trees["code"] / os.fsdecode(b"caf\xe9.py")).write_text("def charge_twice(): pass\n")
+    with _start(_config(trees)) as system:
+        agent = system.agent("a")
+        assert system.wait_idle(30)
+        shop = system.status()["codebases"]["shop"]
+        prompt = agent.begin_task("t1", "make payment charges idempotent")
+    assert shop["last_sync_error"] is None and shop["syncs"] == 1 and shop["files"] == 1
+    assert [f.path for f in prompt.files if f.source == "code"] == ["pay.py"]
+
+
 def test_a_search_syncs_lazily_what_changed(trees: dict[str, Path]) -> None:
     config = Config.from_mapping(
         {
