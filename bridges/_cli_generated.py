@@ -20,7 +20,6 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 import click
-import orjson
 
 from memstrata.core.errors import InvalidInputError
 
@@ -131,13 +130,7 @@ def _value(op: Operation, p: Param, raw: Any) -> Any:
     option = p.name.upper() if _positional(op, p) else f"--{_flag(p)}"
     json_text = p.schema.get("type") is None or (p.schema.get("type") == "object" and p.name != "tags")
     if json_text and p.schema.get("enum") is None and isinstance(raw, str):
-        try:
-            raw = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise click.BadParameter(
-                f"must be JSON (a string needs its quotes: '\"text\"'), got {raw[:64]!r}",
-                param_hint=f"'{option}'",
-            ) from exc
+        raw = sh.json_text(raw, option)
     elif p.schema.get("type") == "array":
         raw = list(raw)
     elif p.schema.get("type") == "object":

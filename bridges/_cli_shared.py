@@ -17,7 +17,7 @@ import click
 from memstrata.core.errors import InvalidInputError
 
 from ._app import CliState
-from ._json import dumps
+from ._json import NumberError, dumps, loads
 
 __all__ = [
     "PROG",
@@ -28,6 +28,7 @@ __all__ = [
     "fail_line",
     "given",
     "json_option",
+    "json_text",
     "one_line",
     "parse_tags",
     "state",
@@ -79,6 +80,20 @@ def parse_tags(values: Sequence[str], option: str = "--tag") -> dict[str, str] |
             )
         tags[key.strip()] = value
     return tags or None
+
+
+def json_text(raw: str, option: str) -> Any:
+    """A JSON option's value; text that is not JSON, or that holds NaN or an integer beyond 64 bits
+    (which would be read as a float), is a usage error naming the option."""
+    try:
+        return loads(raw)
+    except ValueError as exc:
+        raise click.BadParameter(
+            str(exc)
+            if isinstance(exc, NumberError)
+            else f"must be JSON (a string needs its quotes: '\"text\"'), got {raw[:64]!r}",
+            param_hint=f"'{option}'",
+        ) from exc
 
 
 def given(**options: Any) -> dict[str, Any]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -15,7 +14,15 @@ from memstrata.core.errors import (
     SystemStoppedError,
 )
 
-from ._json import MAX_DEPTH, json_depth, loads
+from ._json import (
+    INT64_RANGE,
+    MAX_DEPTH,
+    OutOfRange,
+    first_out_of_range,
+    json_depth,
+    loads_marking,
+    show_digits,
+)
 from ._schema import describe_type
 
 __all__ = [
@@ -106,25 +113,66 @@ def read_line(reader: IO[bytes], max_line_bytes: int) -> bytes | None:
 
 
 def parse_line(line: bytes, *, max_depth: int = MAX_DEPTH) -> Any:
-    """A line parsed as JSON; raises :class:`LineError` (parse error, or nested too deep)."""
+    """A line parsed as JSON; raises :class:`LineError` (parse error, or nested too deep).
+
+    A request holding an integer beyond 64 bits comes back wrapped, so :func:`check_request`
+    refuses it with its id (a batch's other requests still run).
+    """
     try:
-        return _loads(line)
+        message, marked = loads_marking(line, lone_surrogates=True)
     except ValueError as exc:
         if "depth" in str(exc) or "recursion" in str(exc).lower():
             raise _RequestError(
                 ErrorCode.INVALID_REQUEST, f"request nested deeper than {max_depth} levels"
             ) from exc
         raise _RequestError(ErrorCode.PARSE_ERROR, f"invalid JSON: {_one_line(str(exc))}") from exc
+    if not marked:
+        return message
+    if isinstance(message, list):
+        return [_OutOfRangeRequest.wrap(item) for item in message]
+    return _OutOfRangeRequest.wrap(message)
+
+
+@dataclass(frozen=True, slots=True)
+class _OutOfRangeRequest:
+    """A request that holds an integer outside the 64-bit range at ``path``."""
+
+    request: Any
+    path: str
+    digits: str
+
+    @staticmethod
+    def wrap(message: Any) -> Any:
+        found = first_out_of_range(message)
+        return message if found is None else _OutOfRangeRequest(message, *found)
+
+    def error(self) -> _RequestError:
+        number = f"integer {show_digits(self.digits)}"
+        method = self.request.get("method") if isinstance(self.request, dict) else None
+        if self.path.startswith("params.") and isinstance(method, str):
+            return _RequestError(
+                ErrorCode.INVALID_PARAMS,
+                f"{method[:100]}: {number} in param {self.path[7:]!r} is outside {INT64_RANGE}",
+            )
+        return _RequestError(ErrorCode.INVALID_REQUEST, f"{number} at {self.path!r} is outside {INT64_RANGE}")
 
 
 def check_request(request: Any, *, max_depth: int = MAX_DEPTH, require_id: bool = True) -> dict[str, Any]:
     """A parsed message judged as a request object with a string or integer ``id`` (required
     unless ``require_id`` is false), nested at most ``max_depth`` levels."""
+    out_of_range = request if isinstance(request, _OutOfRangeRequest) else None
+    if out_of_range is not None:
+        request = out_of_range.request
     if not isinstance(request, dict):
         raise _RequestError(
             ErrorCode.INVALID_REQUEST, f"a request must be a JSON object, got {describe_type(request)}"
         )
     request_id = request.get("id")
+    if isinstance(request_id, OutOfRange):
+        raise _RequestError(
+            ErrorCode.INVALID_REQUEST,
+            f"a request's 'id' {show_digits(request_id.digits)} is outside {INT64_RANGE}",
+        )
     if ("id" in request or require_id) and (
         isinstance(request_id, bool) or not isinstance(request_id, str | int)
     ):
@@ -139,6 +187,8 @@ def check_request(request: Any, *, max_depth: int = MAX_DEPTH, require_id: bool 
             _RequestError(ErrorCode.INVALID_REQUEST, f"request nested deeper than {max_depth} levels"),
             notification="id" not in request,
         )
+    if out_of_range is not None:
+        raise _Identified(request_id, out_of_range.error(), notification="id" not in request)
     return request
 
 
@@ -150,26 +200,6 @@ def decode_line(line: bytes, *, max_depth: int = MAX_DEPTH, require_id: bool = T
     :class:`IdentifiedError` (carrying the id) when it can. Shared by every line-based door.
     """
     return check_request(parse_line(line, max_depth=max_depth), max_depth=max_depth, require_id=require_id)
-
-
-def _loads(line: bytes) -> Any:
-    """orjson, except for escaped lone surrogates (``"\\ud800"``), which JSON allows and
-    JavaScript's ``JSON.stringify`` writes, but orjson refuses: those lines go to the stdlib parser."""
-    try:
-        return loads(line)
-    except ValueError as exc:
-        if "surrogate" not in str(exc) and "UTF-8" not in str(exc):
-            raise
-        try:
-            line.decode("utf-8")
-        except UnicodeDecodeError as bad:  # orjson calls this "surrogates not allowed"
-            raise ValueError(f"invalid UTF-8 at byte {bad.start}") from None
-        try:
-            return json.loads(line.decode("utf-8"))
-        except RecursionError as deep:
-            raise ValueError("recursion limit exceeded") from deep
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            raise exc from None
 
 
 class _Identified(Exception):

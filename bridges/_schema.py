@@ -15,6 +15,8 @@ from typing import Any
 
 from memstrata.core.errors import InvalidInputError
 
+from ._json import OutOfRange
+
 __all__ = ["check", "describe_type"]
 
 _TYPE_NAMES = {
@@ -34,9 +36,13 @@ def describe_type(value: Any) -> str:
         return "null"
     if isinstance(value, bool):
         return "a boolean"
-    if isinstance(value, int):
+    if isinstance(value, int | OutOfRange):
         return "an integer"
     if isinstance(value, float):
+        if math.isnan(value):
+            return "NaN"
+        if math.isinf(value):
+            return "Infinity" if value > 0 else "-Infinity"
         return "a number"
     if isinstance(value, str):
         return "a string"
@@ -45,6 +51,13 @@ def describe_type(value: Any) -> str:
     if isinstance(value, list | tuple):
         return "an array"
     return f"a {type(value).__name__}"
+
+
+def _expected(kinds: list[str], value: Any) -> str:
+    """The types a value had to have, in words; NaN and the infinities are floats, so a number is
+    said to be finite when the value is one of them."""
+    number = "a finite number" if isinstance(value, float) and not math.isfinite(value) else "a number"
+    return " or ".join(number if k == "number" else _TYPE_NAMES[k] for k in kinds)
 
 
 def _label(path: str, noun: str) -> str:
@@ -91,7 +104,7 @@ def check(schema: Mapping[str, Any], value: Any, *, path: str = "", noun: str = 
             kind = option.get("type")
             if kind is None or _matches_type(kind, value) is not _NO:
                 return check(option, value, path=path, noun=noun)
-        expected = " or ".join(_TYPE_NAMES[str(o["type"])] for o in schema["anyOf"])
+        expected = _expected([str(o["type"]) for o in schema["anyOf"]], value)
         raise InvalidInputError(f"{_label(path, noun)} must be {expected}, got {describe_type(value)}")
     kinds = schema.get("type")
     if kinds is not None:
@@ -102,7 +115,7 @@ def check(schema: Mapping[str, Any], value: Any, *, path: str = "", noun: str = 
                 value = converted
                 break
         else:
-            expected = " or ".join(_TYPE_NAMES[k] for k in options)
+            expected = _expected(options, value)
             raise InvalidInputError(f"{_label(path, noun)} must be {expected}, got {describe_type(value)}")
     if "enum" in schema and value not in schema["enum"]:
         allowed = ", ".join(repr(v) for v in schema["enum"])

@@ -14,12 +14,14 @@ Two param shapes differ from the registry's, for every tool and every export ali
   costs a model twice the tokens and forces ``"value": ""`` on bare tags, and strings are what the
   CLI takes (``--tag key=value``). A key cannot contain ``=``.
 - a JSON ``value`` (working memory, blackboard) is JSON *text*: strict mode cannot express "any JSON
-  value". Text that is not valid JSON is kept as that string.
+  value". Text that is not valid JSON is kept as that string; an object param given as text (an
+  item's value, a filter) is refused with the JSON error instead.
 """
 
 from __future__ import annotations
 
 import atexit
+import functools
 import threading
 import weakref
 from collections.abc import Callable, Mapping
@@ -29,7 +31,7 @@ from typing import TYPE_CHECKING, Any, cast
 from memstrata.core.constants import MAX_TAG_KEY_CHARS, MAX_TAG_VALUE_CHARS, MAX_TAGS
 from memstrata.core.errors import InvalidInputError, MemstrataError
 
-from ._json import loads
+from ._json import IntegerRangeError, loads
 from ._operation import Context, Operation, Param, object_schema
 from ._operations import OPERATIONS
 
@@ -70,11 +72,17 @@ def tags_map(value: list[str] | None) -> dict[str, str] | None:
     return tags
 
 
-def json_value(text: str) -> Any:
-    """JSON text as its value; text that is not JSON is the string itself."""
+def json_value(text: str, name: str = "value", *, object_text: bool = False) -> Any:
+    """JSON text as its value; text that is not JSON is the string itself, unless ``object_text``
+    (the param is an object, which a string never is: the JSON error says what is wrong). An
+    integer beyond 64 bits is refused: neither a float nor the text is what the model wrote."""
     try:
         return loads(text)
-    except ValueError:
+    except IntegerRangeError as exc:
+        raise InvalidInputError(f"argument {name!r}: {exc}") from None
+    except ValueError as exc:
+        if object_text:
+            raise InvalidInputError(f"argument {name!r} is not JSON object text: {exc}") from None
         return text
 
 
@@ -174,7 +182,7 @@ def derived(
             schema, converters[p.name] = (TAGS_FILTER if op.read_only else TAGS), tags_map
         elif ("type" not in schema and "anyOf" not in schema) or p.name in json_text:  # any JSON
             schema = JSON_TEXT
-            converters[p.name] = json_value
+            converters[p.name] = functools.partial(json_value, name=p.name, object_text=p.name in json_text)
         if describe and p.name in describe:
             schema = {**schema, "description": describe[p.name]}
         params.append(Param(p.name, schema, p.required or p.name in require))

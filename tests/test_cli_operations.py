@@ -466,3 +466,34 @@ def test_long_work_prints_still_working_lines_until_it_ends() -> None:
     lines = stream.getvalue().splitlines()
     assert lines and all(line.startswith("memstrata: export: still working (") for line in lines)
     assert not [t for t in threading.enumerate() if t.name == "memstrata-heartbeat"]  # it ended too
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            '{"n": 123456789012345678901234567890}',
+            "integer 123456789012345678901234567890 at 'n' is outside the 64-bit range "
+            "(-2**63 to 2**63 - 1): line 1 column 7 (char 6)",
+        ),
+        ('{"n": NaN}', "NaN is not a JSON number (numbers must be finite): line 1 column 7 (char 6)"),
+        ("text", "must be JSON (a string needs its quotes: '\"text\"'), got 'text'"),
+    ],
+)
+def test_a_json_option_names_what_json_cannot_carry(text: str, message: str) -> None:
+    from memstrata.bridges import _cli_shared as sh
+
+    with pytest.raises(click.BadParameter) as raised:
+        sh.json_text(text, "--value")
+    assert raised.value.format_message() == f"Invalid value for '--value': {message}"
+    assert sh.json_text(f"[{2**63 - 1}, {-(2**63)}]", "--value") == [2**63 - 1, -(2**63)]
+
+
+def test_an_integer_beyond_64_bits_is_refused_at_the_command_line_and_nothing_is_stored(
+    run: Callable[..., Result],
+) -> None:
+    big = [*PUT_ITEM[:-4], "--value", '{"n": 123456789012345678901234567890}']
+    cli_fails(run(*big), 2, "integer 123456789012345678901234567890 at 'n' is outside the 64-bit range")
+    cli_fails(run("items", "get", *NS, "--key", "k1"), 1, "k1")
+    cli_ok(run(*PUT_ITEM[:-4], "--value", f'{{"n": {2**63 - 1}}}'))
+    assert orjson.loads(cli_ok(run("items", "get", *NS, "--key", "k1")).stdout)["value"] == {"n": 2**63 - 1}

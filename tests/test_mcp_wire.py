@@ -7,6 +7,7 @@ bytes on its stdin.
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -66,6 +67,17 @@ HOSTILE: list[tuple[bytes, Any, int]] = [
     ),
     (b"42", None, ErrorCode.INVALID_REQUEST),
     (b'{"jsonrpc":"2.0","id":true,"method":"tools/list"}', None, ErrorCode.INVALID_REQUEST),
+    (  # an integer beyond 64 bits is refused, not read as a float and not handed on
+        b'{"jsonrpc":"2.0","id":15,"method":"tools/call","params":{"name":"item_get",'
+        b'"arguments":{"namespace":["n"],"key":"k","limit":123456789012345678901234567890}}}',
+        15,
+        ErrorCode.INVALID_PARAMS,
+    ),
+    (
+        b'{"jsonrpc":"2.0","id":123456789012345678901234567890,"method":"tools/list"}',
+        None,
+        ErrorCode.INVALID_REQUEST,
+    ),
 ]
 
 
@@ -110,6 +122,17 @@ def test_every_hostile_line_gets_one_error_in_process(data_dir: Path) -> None:
     responses = [orjson.loads(line) for line in out.getvalue().splitlines()]
     _check(responses)
     assert len(responses) == 1 + len(HOSTILE) + 1
+
+
+def test_an_id_with_an_escaped_lone_surrogate_is_echoed_exactly(data_dir: Path) -> None:
+    payload = _lines(_INIT, _INITIALIZED, b'{"jsonrpc":"2.0","id":"\\ud800","method":"tools/list"}')
+    out = io.BytesIO()
+    with MemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder()) as system:
+        server = build_server(system, None, agent_id="wire")
+        anyio.run(lambda: serve_lines(server, io.BytesIO(payload), out))
+    last = out.getvalue().splitlines()[-1]
+    assert b'"id":"\\ud800"' in last
+    assert json.loads(last)["id"] == "\ud800"
 
 
 def test_memstrata_mcp_process_answers_raw_hostile_bytes(data_dir: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import threading
 from typing import Any
 
@@ -253,6 +254,82 @@ def test_lone_surrogate_in_a_result_is_written_not_dropped() -> None:
     server = JsonLinesServer({"odd": Method("odd", {"type": "object"}, odd)})
     server.serve(io.BytesIO(_line({"id": 1, "method": "odd"})), out)  # type: ignore[arg-type]
     assert out.lines[0]["result"]["text"].startswith("a") and out.lines[0]["result"]["text"].endswith("b")
+
+
+_BIG = 123456789012345678901234567890
+
+
+def test_an_escaped_lone_surrogate_id_is_echoed_exactly() -> None:
+    lines = [
+        b'{"id": "\\ud800", "method": "echo"}',
+        b'{"id": "x\\udc00", "method": "nope"}',
+        f'{{"id": "\\udfff", "method": "echo", "params": {{"v": {_BIG}}}}}'.encode(),
+    ]
+    out = io.BytesIO()
+    JsonLinesServer({"echo": Method("echo", {"type": "object"}, lambda p: p)}).serve(
+        io.BytesIO(b"\n".join(lines)), out
+    )
+    raw = out.getvalue()
+    assert raw.count(b'"id":"\\ud800"') == raw.count(b'"id":"x\\udc00"') == raw.count(b'"id":"\\udfff"') == 1
+    by_id = {r["id"]: r for r in map(json.loads, raw.decode("utf-8").splitlines())}
+    assert by_id["\ud800"]["result"] == {}
+    assert by_id["x\udc00"]["error"]["code"] == ErrorCode.METHOD_NOT_FOUND
+    assert by_id["\udfff"]["error"]["code"] == ErrorCode.INVALID_PARAMS
+    assert str(_BIG) in by_id["\udfff"]["error"]["message"]
+
+
+def test_integers_beyond_64_bits_are_refused_never_read_as_floats() -> None:
+    def raw(text: str) -> bytes:
+        return text.encode() + b"\n"
+
+    out, _, _ = _serve(
+        [
+            raw(f'{{"id": 1, "method": "echo", "params": {{"v": {{"n": {_BIG}}}}}}}'),
+            raw(f'{{"id": 2, "method": "echo", "params": {{"v": [{2**63 - 1}, {-(2**63)}, 1.5e300]}}}}'),
+            raw(f'{{"id": 3, "method": "echo", "params": {{"v": {2**63}}}}}'),  # orjson reads it as an int
+            raw(f'{{"id": 4, "method": "echo", "params": {{"v": "{_BIG}"}}}}'),
+            raw(f'{{"id": {_BIG}, "method": "echo"}}'),
+            raw(f'{{"id": 5, "method": "echo", "extra": -{_BIG}}}'),
+            raw(f'{{"method": "echo", "params": {{"v": {_BIG}}}}}'),  # a notification: not answered
+            raw(f'[{{"id": 6, "method": "echo", "params": {{"v": {_BIG}}}}}, {{"id": 7, "method": "echo"}}]'),
+        ]
+    )
+    by_id = out.by_id()
+    assert set(by_id) == {None, 1, 2, 3, 4, 5, 6, 7}, out.lines
+    assert by_id[1]["error"] == {
+        "code": ErrorCode.INVALID_PARAMS,
+        "message": f"echo: integer {_BIG} in param 'v.n' is outside the 64-bit range (-2**63 to 2**63 - 1)",
+    }
+    assert by_id[2]["result"] == {"v": [2**63 - 1, -(2**63), 1.5e300]}
+    assert by_id[3]["error"]["code"] == ErrorCode.INVALID_PARAMS
+    assert f"integer {2**63} in param 'v'" in by_id[3]["error"]["message"]
+    assert by_id[4]["result"] == {"v": str(_BIG)}
+    assert by_id[None]["error"] == {
+        "code": ErrorCode.INVALID_REQUEST,
+        "message": f"a request's 'id' {_BIG} is outside the 64-bit range (-2**63 to 2**63 - 1)",
+    }
+    assert by_id[5]["error"]["code"] == ErrorCode.INVALID_REQUEST
+    assert f"integer -{_BIG} at 'extra'" in by_id[5]["error"]["message"]
+    assert by_id[6]["error"]["code"] == ErrorCode.INVALID_PARAMS
+    assert by_id[7]["result"] == {}
+    assert len(out.lines) == 8
+
+
+def test_nan_is_refused_even_on_a_line_with_an_escaped_surrogate() -> None:
+    out, _, _ = _serve(
+        [
+            b'{"id": "\\ud800", "method": "echo", "params": {"v": NaN}}\n',
+            b'{"id": 1, "method": "echo", "params": {"v": [1, -Infinity]}}\n',
+            b'{"id": "\\ud800", "method": "echo", "params": {"v": 1e400}}\n',
+        ]
+    )
+    messages = [r["error"]["message"] for r in out.lines]
+    assert all(r["id"] is None and r["error"]["code"] == ErrorCode.PARSE_ERROR for r in out.lines)
+    assert messages == [
+        "invalid JSON: NaN is not a JSON number (numbers must be finite)",
+        "invalid JSON: -Infinity is not a JSON number (numbers must be finite): line 1 column 49 (char 48)",
+        "invalid JSON: number 1e400 is infinity when parsed as double",
+    ]
 
 
 def test_unserialisable_result_becomes_an_error_response() -> None:

@@ -133,3 +133,17 @@ def test_hostile_content_round_trips(env: Any) -> None:
     assert call(env, "memory_get", {"path": added["path"], "lines": 10})["text"] == content
     too_big = call(env, "memory_add", {"content": "x" * 4_000_001})
     assert "too long" in too_big["error"]
+
+
+def test_json_text_keeps_every_64_bit_integer_exactly(env: Any) -> None:
+    value = f'{{"low": {-(2**63)}, "high": {2**63 - 1}, "digits": "{10**30}", "f": 1.0000000000000000000001}}'
+    assert call(env, "item_put", {"namespace": ["n"], "key": "k", "value": value}) == {
+        "namespace": ["n"],
+        "key": "k",
+    }
+    stored = call(env, "item_get", {"namespace": ["n"], "key": "k"})["value"]
+    assert stored == {"low": -(2**63), "high": 2**63 - 1, "digits": str(10**30), "f": 1.0}
+    assert type(stored["low"]) is int and type(stored["high"]) is int
+    refused = call(env, "working_set", {"key": "k", "value": str(2**63)})
+    assert f"integer {2**63} is outside the 64-bit range" in refused["error"]
+    assert call(env, "working_get", {"key": "k"})["found"] is False

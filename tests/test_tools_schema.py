@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jsonschema
@@ -166,6 +167,59 @@ def test_bad_argument_payloads(arguments: Any, needle: str) -> None:
     result = tools.dispatch("memory_get", arguments, None)
     assert set(result) == {"error"}
     assert needle in result["error"]
+
+
+_HUGE = "99999999999999999999999"
+_RANGE = "is outside the 64-bit range (-2**63 to 2**63 - 1)"
+
+
+@pytest.mark.parametrize(
+    ("name", "arguments", "message"),
+    [
+        (
+            "memory_search",
+            {"query": "x", "minScore": math.nan},
+            "argument 'minScore' must be a finite number, got NaN",
+        ),
+        (
+            "memory_search",
+            {"query": "x", "minScore": -math.inf},
+            "'minScore' must be a finite number, got -Infinity",
+        ),
+        (
+            "item_put",
+            {"namespace": ["n"], "key": "k", "value": '{"n": NaN}'},
+            "argument 'value' is not JSON object text: NaN is not a JSON number (numbers must be finite): "
+            "line 1 column 7 (char 6)",
+        ),
+        (
+            "item_put",
+            {"namespace": ["n"], "key": "k", "value": f'{{"n": [1, {_HUGE}]}}'},
+            f"argument 'value': integer {_HUGE} at 'n[1]' {_RANGE}: line 1 column 11 (char 10)",
+        ),
+        (
+            "item_search",
+            {"filter": f'{{"n": {{"$gt": -{_HUGE}}}}}'},
+            f"argument 'filter': integer -{_HUGE} at 'n.$gt' {_RANGE}: line 1 column 15 (char 14)",
+        ),
+        (
+            "working_set",
+            {"key": "k", "value": _HUGE},
+            f"argument 'value': integer {_HUGE} {_RANGE}: line 1 column 1",
+        ),
+        (
+            "item_get",
+            f'{{"namespace": ["n"], "key": "k", "limit": {_HUGE}}}',
+            f"arguments: integer {_HUGE} at 'limit' {_RANGE}: line 1 column 43 (char 42)",
+        ),
+    ],
+)
+def test_numbers_json_cannot_carry_are_refused_by_name_never_converted(
+    name: str, arguments: Any, message: str
+) -> None:
+    result = tools.dispatch(name, arguments, None)
+    assert set(result) == {"error"}, result
+    assert result["error"].startswith(f"{name}: ") and message in result["error"]
 
 
 def test_deep_arguments_are_refused() -> None:
