@@ -1,18 +1,106 @@
 """Raw configuration values (TOML tables, ``MEMSTRATA_*`` environment strings) checked and
-converted to the types of the config dataclasses; errors name the key and where it came from."""
+converted to the types of the config dataclasses; errors name the key and where it came from.
+
+Each numeric field carries its range as a rule (:func:`checked`): the rules of
+:mod:`memstrata.core.validation` where the value feeds a message (``top_k``, ``min_score``), else
+the range the code using the value needs. The same rule checks a value read from TOML or the
+environment (:func:`convert`) and one given to a dataclass directly (:func:`check_fields`).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import datetime as _dt
 import math
+import threading
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import field, fields
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
-from memstrata.core.errors import ConfigError
+from memstrata.core.errors import ConfigError, InvalidInputError
+from memstrata.core.validation import check_int, check_number, fail
 
-__all__ = ["EnvValue", "convert", "env_source", "find_file", "set_dotted", "type_name"]
+__all__ = [
+    "MAX_SPAN_S",
+    "MAX_WAIT_S",
+    "EnvValue",
+    "Rule",
+    "at_least",
+    "check_fields",
+    "checked",
+    "convert",
+    "env_source",
+    "find_file",
+    "in_range",
+    "number",
+    "seconds",
+    "set_dotted",
+    "type_name",
+]
+
+Rule = Callable[[object, str], object]
+"""Checks ``value`` (``rule(value, name)``), raising InvalidInputError with ``name`` in the message."""
+
+MAX_WAIT_S: Final = threading.TIMEOUT_MAX
+"""The longest a lock or event can wait (longer raises OverflowError): the bound of every timeout."""
+
+MAX_SPAN_S: Final = float(_dt.timedelta.max.days * 86_400)
+"""The longest span a ``timedelta`` holds: episodic half-lives and ages become timedeltas."""
+
+
+def checked(default: Any, rule: Rule, *, unset: bool = False) -> Any:
+    """A dataclass field whose values ``rule`` checks wherever they come from; ``unset``: the
+    field may also be ``None``."""
+    return field(default=default, metadata={"rule": rule, "unset": unset})
+
+
+def at_least(low: int) -> Rule:
+    """An integer of at least ``low``."""
+    return partial(check_int, low=low)
+
+
+def in_range(low: int, high: int) -> Rule:
+    """An integer from ``low`` to ``high``."""
+    return partial(check_int, low=low, high=high)
+
+
+def number(low: float = 0.0, high: float = math.inf) -> Rule:
+    """A finite number from ``low`` to ``high``."""
+    return partial(check_number, low=low, high=high, optional=False)
+
+
+def _check_seconds(value: object, name: str, high: float) -> object:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= high:
+        bound = f" up to {high:.0f}" if math.isfinite(high) else ""
+        raise fail(name, f"must be a positive number of seconds{bound}", value)
+    return value
+
+
+def seconds(high: float = MAX_WAIT_S) -> Rule:
+    """A duration above 0 (a timeout of 0 s or less would wait for nothing) and at most ``high``."""
+    return partial(_check_seconds, high=high)
+
+
+def _check(value: object, metadata: Mapping[str, Any], name: str) -> None:
+    if value is None and metadata["unset"]:
+        return
+    if metadata["rule"](value, name) is None:  # a rule that lets None through, for a key that must be set
+        raise fail(name, "must be set", value)
+
+
+def check_fields(section: Any, prefix: str) -> None:
+    """Every checked field of a config dataclass holds a value its rule accepts (for values given
+    to the dataclass directly; :func:`convert` checked those read from TOML or the environment)."""
+    for item in fields(section):
+        if "rule" in item.metadata:
+            try:
+                _check(getattr(section, item.name), item.metadata, f"config key '{prefix}{item.name}'")
+            except InvalidInputError as exc:
+                raise ConfigError(str(exc)) from None
 
 
 def find_file(path: str | Path | None, env: Mapping[str, str]) -> Path | None:
@@ -50,7 +138,9 @@ def env_source(raw: Any, dotted: str) -> str:
     return f" (from environment variable MEMSTRATA_{dotted.upper().replace('.', '__')})"
 
 
-def convert(raw: Any, hint: Any, key: str, where: str) -> Any:
+def convert(raw: Any, hint: Any, key: str, where: str, metadata: Mapping[str, Any] | None = None) -> Any:
+    """``raw`` as a value of type ``hint`` for the config key ``key``; a number is also checked
+    by the rule in its field's ``metadata`` (see :func:`checked`)."""
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
@@ -59,7 +149,9 @@ def convert(raw: Any, hint: Any, key: str, where: str) -> Any:
         if raw is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
-        return convert(raw, inner[0], key, where)
+        return convert(raw, inner[0], key, where, metadata)
+    if hint is int or hint is float:
+        return _number(raw, hint, key, where, metadata or {})
     try:
         if hint is Path:
             if not isinstance(raw, str | Path):
@@ -76,20 +168,6 @@ def convert(raw: Any, hint: Any, key: str, where: str) -> Any:
             if not isinstance(raw, bool):
                 raise TypeError
             return raw
-        if hint is int:
-            if isinstance(raw, bool) or not isinstance(raw, int | str):
-                raise TypeError
-            value = int(raw) if isinstance(raw, EnvValue) else raw
-            if not isinstance(value, int) or value < 0:
-                raise ValueError
-            return value
-        if hint is float:
-            if isinstance(raw, bool) or not isinstance(raw, int | float | str):
-                raise TypeError
-            number = float(raw) if isinstance(raw, EnvValue) else raw
-            if not isinstance(number, int | float) or not math.isfinite(number) or number < 0:
-                raise ValueError
-            return float(number)
         if hint is str:
             if not isinstance(raw, str):
                 raise TypeError
@@ -107,11 +185,23 @@ def convert(raw: Any, hint: Any, key: str, where: str) -> Any:
     raise ConfigError(f"{where}: config key {key!r} has an unsupported type")  # pragma: no cover
 
 
+def _number(raw: Any, hint: Any, key: str, where: str, metadata: Mapping[str, Any]) -> Any:
+    """A number checked by its field's rule; an environment string is read as ``hint`` first (one
+    that does not read as a number goes to the rule as it is, which names it)."""
+    if "rule" not in metadata:  # pragma: no cover - every numeric field declares its range
+        raise ConfigError(f"{where}: config key {key!r} has no range")
+    value = raw
+    if isinstance(raw, EnvValue):
+        with contextlib.suppress(ValueError):
+            value = int(raw) if hint is int else float(raw)
+    try:
+        _check(value, metadata, f"config key {key!r}")
+    except InvalidInputError as exc:
+        raise ConfigError(f"{where}: {exc}{env_source(raw, key)}") from None
+    return float(value) if hint is float else value
+
+
 def type_name(hint: Any) -> str:
-    if hint is float:
-        return "a non-negative number"
-    if hint is int:
-        return "a non-negative integer"
     if typing.get_origin(hint) is tuple:
         return "a list of strings"
     return getattr(hint, "__name__", str(hint))

@@ -15,6 +15,7 @@ classes cost ~8 ms of every command's start (``memstrata --help`` imports this m
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import tomllib
@@ -24,10 +25,24 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from memstrata.core.constants import APPROXIMATE_FROM
+from memstrata.core.constants import APPROXIMATE_FROM, MAX_TOP_K
 from memstrata.core.errors import ConfigError
+from memstrata.core.validation import check_min_score, check_top_k, show
 
-from ._config_values import convert, env_source, find_file, set_dotted
+from ._config_values import (
+    MAX_SPAN_S,
+    MAX_WAIT_S,
+    at_least,
+    check_fields,
+    checked,
+    convert,
+    env_source,
+    find_file,
+    in_range,
+    number,
+    seconds,
+    set_dotted,
+)
 
 __all__ = [
     "WORKSPACE_ACCESS",
@@ -56,40 +71,44 @@ def default_data_dir() -> Path:
 @dataclass(frozen=True)
 class EmbeddingConfig:
     model: str = "default"  # "default" = the packaged offline model; a fastembed name or a directory
-    dim: int | None = None  # required for a model directory
-    threads: int | None = None
-    batch_size: int = 64
-    max_batch_wait_ms: float = 2.0  # how long the shared embedding service waits to fill a batch
+    dim: int | None = checked(None, at_least(1), unset=True)  # required for a model directory
+    threads: int | None = checked(None, at_least(1), unset=True)
+    batch_size: int = checked(64, at_least(1))
+    # how long the shared embedding service waits to fill a batch
+    max_batch_wait_ms: float = checked(2.0, number(0.0, MAX_WAIT_S * 1000))
+
+    def __post_init__(self) -> None:
+        check_fields(self, "embedding.")
 
 
 @dataclass(frozen=True)
 class SearchConfig:
-    max_results: int = 6  # file search
-    top_k: int = 10  # knowledge and episodic search
-    min_score: float = 0.35  # cosine floor for the semantic side of file search
-    snippet_chars: int = 700
+    # hits of a search: what the messages and the file search accept (1 to MAX_TOP_K)
+    max_results: int = checked(6, check_top_k)  # file search
+    top_k: int = checked(10, check_top_k)  # knowledge and episodic search
+    min_score: float = checked(0.35, check_min_score)  # cosine floor for the semantic side of file search
+    snippet_chars: int = checked(700, at_least(0))
     # fusion of the vector and keyword rankings (weighted RRF, see memstrata.storage.fuse);
     # rrf_k = 60 with equal weights is textbook RRF
-    rrf_k: int = 5
-    vector_weight: float = 1.0
-    keyword_weight: float = 1.5
-    depth: int = 50  # candidates per list before fusion
+    rrf_k: int = checked(5, at_least(0))
+    vector_weight: float = checked(1.0, number())
+    keyword_weight: float = checked(1.5, number())
+    depth: int = checked(50, at_least(0))  # candidates per list before fusion (at least top_k)
     # live vectors from which a store's vector search scans only the inverted lists nearest the
     # query (measured recall: docs/storage.md); None: always exact
-    approximate_from: int | None = APPROXIMATE_FROM
+    approximate_from: int | None = checked(APPROXIMATE_FROM, at_least(1), unset=True)
 
     def __post_init__(self) -> None:
-        if self.approximate_from is not None and self.approximate_from < 1:
-            raise ConfigError(
-                "search.approximate_from must be at least 1 (unset: always exact), "
-                f"got {self.approximate_from}"
-            )
+        check_fields(self, "search.")
 
 
 @dataclass(frozen=True)
 class ChunkingConfig:
-    tokens: int = 400
-    overlap: int = 80
+    tokens: int = checked(400, at_least(0))  # the file index refuses fewer than 8 when it opens
+    overlap: int = checked(80, at_least(0))  # below tokens, checked with them
+
+    def __post_init__(self) -> None:
+        check_fields(self, "chunking.")
 
 
 @dataclass(frozen=True)
@@ -103,10 +122,13 @@ class FilesConfig:
     pruned_dirs: tuple[str, ...] = (
         ".git", "node_modules", "__pycache__", "bin", "obj", "target", "dist", "build", ".venv", "venv",
     )  # fmt: skip
-    max_file_bytes: int = 2_000_000
-    watch_debounce_ms: int = 1500
-    sync_interval_s: float | None = None
-    lazy_sync_wait_s: float = 2.0
+    max_file_bytes: int = checked(2_000_000, at_least(1))
+    watch_debounce_ms: int = checked(1500, in_range(0, int(MAX_WAIT_S * 1000)))
+    sync_interval_s: float | None = checked(None, seconds(), unset=True)
+    lazy_sync_wait_s: float = checked(2.0, number(0.0, MAX_WAIT_S))
+
+    def __post_init__(self) -> None:
+        check_fields(self, "files.")
 
 
 @dataclass(frozen=True)
@@ -124,58 +146,64 @@ WORKSPACE_ACCESS = ("rw", "ro", "none")
 
 @dataclass(frozen=True)
 class EpisodicConfig:
-    recency_half_life_s: float | None = None
-    retention_max_count: int | None = None
-    retention_max_age_s: float | None = None
+    recency_half_life_s: float | None = checked(None, seconds(MAX_SPAN_S), unset=True)
+    retention_max_count: int | None = checked(None, at_least(0), unset=True)
+    retention_max_age_s: float | None = checked(None, seconds(MAX_SPAN_S), unset=True)
     archive_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        check_fields(self, "episodic.")
 
 
 @dataclass(frozen=True)
 class AgentConfig:
-    retrieval_timeout_s: float = 5.0
-    retrieval_top_k: int = 5
+    retrieval_timeout_s: float = checked(5.0, seconds())
+    retrieval_top_k: int = checked(5, check_top_k)
     include_shared: bool = True
     clear_working_memory_on_task_end: bool = True
-    recent_episodes_in_prompt: int = 3
-    retrieval_min_score: float | None = 0.3  # cosine floor for semantic hits in prompts (keyword hits stay)
+    recent_episodes_in_prompt: int = checked(3, in_range(0, MAX_TOP_K))
+    # cosine floor for semantic hits in prompts (keyword hits stay)
+    retrieval_min_score: float | None = checked(0.3, check_min_score, unset=True)
     # the agent's memory workspace (MEMORY.md, memory/*.md): indexed, searched before tasks;
     # "rw" also appends task outcomes to memory/YYYY-MM-DD.md, "ro" never writes, "none" ignores it
     workspace: str | None = None
     workspace_access: str = "rw"
     codebases: tuple[str, ...] | None = None  # the [codebases] this agent searches (unset: all)
-    files_in_prompt: int = 3  # memory-file chunks in a task's prompt
-    code_in_prompt: int = 3  # code chunks in a task's prompt
+    files_in_prompt: int = checked(3, in_range(0, MAX_TOP_K))  # memory-file chunks in a task's prompt
+    code_in_prompt: int = checked(3, in_range(0, MAX_TOP_K))  # code chunks in a task's prompt
 
     def __post_init__(self) -> None:
+        check_fields(self, "agent.")
         if self.workspace_access not in WORKSPACE_ACCESS:
             raise ConfigError(f"workspace_access must be 'rw', 'ro' or 'none', got {self.workspace_access!r}")
 
 
 @dataclass(frozen=True)
 class ActorsConfig:
-    max_restarts: int = 3  # restarts of one actor within restart_window_s before its agent is degraded
-    restart_window_s: float = 60.0
-    ask_timeout_s: float = 30.0  # default bound on a request to an actor
-    stop_timeout_s: float = 30.0  # how long stop() waits for mailboxes to drain
+    # restarts of one actor within restart_window_s before its agent is degraded
+    max_restarts: int = checked(3, at_least(0))
+    restart_window_s: float = checked(60.0, seconds(math.inf))
+    ask_timeout_s: float = checked(30.0, seconds())  # default bound on a request to an actor
+    stop_timeout_s: float = checked(30.0, seconds())  # how long stop() waits for mailboxes to drain
     # bound on a store's wait for the shared embedding service; below ask_timeout_s so a write is
     # stored (vector pending) and answered before its caller gives up. A model call running
     # longer makes the model "stuck": later requests fail at once until it returns. A request of
     # more than embedding.batch_size texts (a file sync) gets this per batch_size texts
-    embed_timeout_s: float = 10.0
+    embed_timeout_s: float = checked(10.0, seconds())
     # bound on embedding a search's query; a search that reaches it ranks by keywords and says so.
     # Pre-task retrieval uses at most half of agent.retrieval_timeout_s for it
-    query_embed_timeout_s: float = 2.0
-    writeback_retries: int = 5  # retries of a failed write-back before it waits for the next start
+    query_embed_timeout_s: float = checked(2.0, seconds())
+    # retries of a failed write-back before it waits for the next start
+    writeback_retries: int = checked(5, at_least(0))
     blackboard_snapshot: bool = False  # save to blackboard/{session}.sqlite on stop, load on start
     # queued writes (write-backs, stores) an actor takes from its mailbox into one transaction;
     # 0 or 1: one transaction per message
-    max_group_commit: int = 256
+    max_group_commit: int = checked(256, at_least(0))
 
     def __post_init__(self) -> None:
+        check_fields(self, "actors.")
         for name in ("embed_timeout_s", "query_embed_timeout_s"):
             value = getattr(self, name)
-            if not value > 0:
-                raise ConfigError(f"actors.{name} must be a positive number of seconds, got {value!r}")
             if value >= self.ask_timeout_s:
                 raise ConfigError(
                     f"actors.{name} ({value:g} s) must be below actors.ask_timeout_s "
@@ -188,16 +216,24 @@ class ActorsConfig:
 class StorageConfig:
     # how long a write waits for another process's lock before DatabaseBusyError; below
     # actors.ask_timeout_s so a caller gets the clear busy error rather than a timeout
-    lock_timeout_s: float = 20.0
+    # (0 is refused when the system starts)
+    lock_timeout_s: float = checked(20.0, number(0.0, MAX_WAIT_S))
     # "normal": a commit survives the process being killed; "full": it also survives power loss
     synchronous: str = "normal"
+
+    def __post_init__(self) -> None:
+        check_fields(self, "storage.")
 
 
 @dataclass(frozen=True)
 class BridgesConfig:
     agent_id: str = "default"  # the agent LLM tools and MCP use when a call names none
-    workers: int = 4  # `memstrata serve` thread pool
-    max_line_bytes: int = 16 * 1024 * 1024  # longest request line `memstrata serve` accepts
+    workers: int = checked(4, at_least(1))  # `memstrata serve` thread pool
+    # longest request line `memstrata serve` accepts (it takes no fewer than 64 bytes)
+    max_line_bytes: int = checked(16 * 1024 * 1024, at_least(64))
+
+    def __post_init__(self) -> None:
+        check_fields(self, "bridges.")
 
 
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -279,7 +315,7 @@ def check_placement(value: str, key: str) -> None:
 @dataclass(frozen=True)
 class Config:
     data_dir: Path = field(default_factory=default_data_dir)
-    max_content_bytes: int = 4_000_000
+    max_content_bytes: int = checked(4_000_000, at_least(1))
     embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
     chunking: ChunkingConfig = field(default_factory=ChunkingConfig)
@@ -297,6 +333,8 @@ class Config:
     agent_sections: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        _check_sections(self)
+        check_fields(self, "")
         lock, ask = self.storage.lock_timeout_s, self.actors.ask_timeout_s
         if lock >= ask:
             raise ConfigError(
@@ -382,6 +420,37 @@ class Config:
 
 
 _AGENT_SECTIONS: dict[str, type] = {"embedding": EmbeddingConfig, "sync": SyncConfig, "files": FilesConfig}
+_SECTIONS: dict[str, type] = {
+    "embedding": EmbeddingConfig,
+    "search": SearchConfig,
+    "chunking": ChunkingConfig,
+    "files": FilesConfig,
+    "episodic": EpisodicConfig,
+    "agent": AgentConfig,
+    "actors": ActorsConfig,
+    "bridges": BridgesConfig,
+    "storage": StorageConfig,
+    "sync": SyncConfig,
+    "cluster": ClusterConfig,
+}
+
+
+def _check_sections(config: Config) -> None:
+    """Each section is its dataclass: a dict given to ``Config(...)`` would otherwise fail later,
+    far from its cause, as an AttributeError."""
+    if not isinstance(config.agents, Mapping):
+        raise ConfigError(
+            f"config section 'agents' must be a mapping of agent id to AgentConfig, got {show(config.agents)}"
+        )
+    sections = {name: getattr(config, name) for name in _SECTIONS}
+    sections.update((f"agents.{agent_id}", settings) for agent_id, settings in config.agents.items())
+    for name, section in sections.items():
+        expected = _SECTIONS.get(name, AgentConfig)
+        if not isinstance(section, expected):
+            raise ConfigError(
+                f"config section {name!r} must be of type {expected.__name__}, got "
+                f"{type(section).__name__} (Config.from_mapping reads a mapping shaped like the TOML file)"
+            )
 
 
 _NOT_CONFIG_ENV = {"MEMSTRATA_MODEL_DIR", "MEMSTRATA_CONFIG", "MEMSTRATA_DEBUG"}
@@ -401,6 +470,6 @@ def _build(cls: Any, data: Any, prefix: str, where: str, base: Any = None) -> An
         if dataclasses.is_dataclass(hint):
             values[key] = _build(hint, raw, f"{prefix}{key}.", where, base=getattr(base, key, None))
         else:
-            values[key] = convert(raw, hint, prefix + key, where)
+            values[key] = convert(raw, hint, prefix + key, where, known[key].metadata)
     start = base if base is not None else cls()
     return replace(start, **values)

@@ -322,10 +322,16 @@ def check_scope(value: object, name: str = "scope") -> str:
 # -- numbers and flags --------------------------------------------------------------------------
 
 
-def check_int(value: object, name: str, low: int, high: int) -> int:
-    """An ``int`` (not ``bool``) from ``low`` to ``high``."""
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise fail(name, f"must be an integer from {low} to {high}", value)
+def check_int(value: object, name: str, low: int, high: int | None = None) -> int:
+    """An ``int`` (not ``bool``) from ``low`` to ``high`` (``None``: no upper bound)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < low
+        or (high is not None and value > high)
+    ):
+        bound = f">= {low}" if high is None else f"from {low} to {high}"
+        raise fail(name, f"must be an integer {bound}", value)
     return value
 
 

@@ -16,6 +16,8 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, Field
 
+from memstrata.core.constants import MAX_TOP_K
+from memstrata.core.validation import check_top_k
 from memstrata.errors import InvalidInputError
 from memstrata.storage import Embedder, load_embedder
 
@@ -48,7 +50,7 @@ class MemstrataMemoryConfig(BaseModel):
     persistence_path: str | None = Field(
         default=None, description="a folder for the item database; None keeps it in memory"
     )
-    k: int = Field(default=3, gt=0, description="how many memories a query returns at most")
+    k: int = Field(default=3, gt=0, le=MAX_TOP_K, description="how many memories a query returns at most")
     score_threshold: float | None = Field(
         default=None, description="lowest cosine similarity a returned memory may have"
     )
@@ -114,10 +116,11 @@ class MemstrataMemory(Memory, Component[MemstrataMemoryConfig]):
         text = self._text(content)
         mime = content.mime_type.value if isinstance(content.mime_type, MemoryMimeType) else content.mime_type
         value = {"content": content.content, "mime_type": mime, "metadata": content.metadata or {}}
-        try:
-            orjson.dumps(value)
-        except TypeError as exc:
-            raise InvalidInputError(f"memory metadata is not JSON: {exc}") from exc
+        for part in ("content", "metadata"):  # each checked apart, so the error names the one at fault
+            try:
+                orjson.dumps(value[part])
+            except TypeError as exc:
+                raise InvalidInputError(f"memory {part} is not JSON: {exc}") from exc
 
         def write() -> None:
             if self._embedder is None:  # the actor embeds "content" as _text reads it
@@ -135,7 +138,7 @@ class MemstrataMemory(Memory, Component[MemstrataMemoryConfig]):
         **kwargs: Any,
     ) -> MemoryQueryResult:
         text = query if isinstance(query, str) else self._text(query)
-        k = int(kwargs.get("k", self._config.k))
+        k = check_top_k(kwargs.get("k", self._config.k), "k")
 
         def read() -> list[Any]:
             if self._embedder is None:

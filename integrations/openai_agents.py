@@ -19,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from memstrata.core.validation import check_json_value, fail, show
 from memstrata.errors import InvalidInputError, SystemStoppedError
 from memstrata.messages import StoreMemory
 
@@ -66,11 +67,17 @@ class MemstrataSession(SessionABC):
         if system is not None and db_path is not None:
             raise InvalidInputError("give db_path or system, not both")
         self.session_id = session_id
-        self.session_settings = (
-            _settings.coerce_session_settings(session_settings)
-            if session_settings is not None
-            else _settings.SessionSettings()
-        )
+        try:
+            self.session_settings = (
+                _settings.coerce_session_settings(session_settings)
+                if session_settings is not None
+                else _settings.SessionSettings()
+            )
+        except (TypeError, ValueError) as exc:  # the SDK's own checks; pydantic's run over lines
+            reason = " ".join(str(exc).split())
+            raise InvalidInputError(
+                f"session_settings must be a SessionSettings or a dict of its fields: {reason}"
+            ) from exc
         self._opened = open_system(
             system if system is not None else db_path, embedder=embedder, what="MemstrataSession db_path"
         )
@@ -104,6 +111,8 @@ class MemstrataSession(SessionABC):
         return found
 
     def _read(self, limit: int | None) -> list[Any]:
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+            raise fail("limit", "must be an integer or None (negative: all items)", limit)
         n = _settings.resolve_session_limit(limit, self.session_settings)
         if n is not None and n <= 0 and limit is not None and limit < 0:
             n = None  # a negative limit means all, as SQLite reads it
@@ -133,19 +142,21 @@ class MemstrataSession(SessionABC):
             self._last_at = last
             return out
 
-    def _add(self, items: list[Any]) -> None:
+    def _add(self, items: list[Any] | tuple[Any, ...]) -> None:
         agent = self._check_open()  # a closed session refuses even an empty list
         if not items:
             return
         texts = []
         for n, item in enumerate(items):
-            try:
-                text = orjson.dumps(item).decode()
+            try:  # strict: a key that is not a string is refused, not turned into one
+                data = orjson.dumps(item)
             except TypeError as exc:
                 raise InvalidInputError(f"items[{n}] is not JSON: {exc}") from exc
-            if len(text.encode()) > self._max_bytes:
+            if b"null" in data:  # orjson writes NaN and infinity as null: the shared check finds them
+                check_json_value(item, f"items[{n}]")
+            if len(data) > self._max_bytes:
                 raise InvalidInputError(f"items[{n}] is over max_content_bytes ({self._max_bytes:,} bytes)")
-            texts.append(text)
+            texts.append(data.decode())
         stamps = self._stamps(len(texts))
         messages = [
             StoreMemory(agent.id, self.session_id, t, None, None, KIND, at)
@@ -159,7 +170,11 @@ class MemstrataSession(SessionABC):
 
     async def add_items(self, items: list[Any]) -> None:
         """Record the items in order, as episodes of the run (not waiting for their vectors)."""
-        await asyncio.to_thread(self._add, list(items))
+        if not isinstance(items, list | tuple):  # list() would split a str or dict into characters or keys
+            raise InvalidInputError(
+                f"items must be a list of items, got {type(items).__name__} {show(items)}"
+            )
+        await asyncio.to_thread(self._add, tuple(items))
 
     def _pop(self) -> Any:
         while True:

@@ -118,16 +118,18 @@ class Agent:
         """Hybrid search, best first: the same ``KnowledgeHit`` objects as ``KnowledgeStore.search``,
         in a list whose ``degraded`` says when the model was late or faulty and keywords ranked alone.
 
-        ``include_shared`` (default: the agent's ``include_shared`` setting) merges the shared
-        store's hits by score.
+        ``top_k``: 1 to 1000 hits (``None``: ``search.top_k``). ``include_shared`` (default: the
+        agent's ``include_shared`` setting) merges the shared store's hits by score.
         """
         if include_shared is None:
             include_shared = self._system.config.for_agent(self.id).include_shared
+        if top_k is None:
+            top_k = self._system.config.search.top_k
         message = QueryKnowledge(
             self.id,
             query,
             category=category,
-            top_k=top_k or self._system.config.search.top_k,
+            top_k=top_k,
             tags=tags,  # type: ignore[arg-type]
             scope=scope,
             include_shared=include_shared,
@@ -241,11 +243,12 @@ class Agent:
         until: _dt.datetime | None = None,
         timeout: float | None = None,
     ) -> list[EpisodeHit]:
-        """Search this agent's episodes (hybrid), optionally within a task run or time range.
-        The list's ``degraded`` says when the model was late or faulty and keywords ranked alone."""
-        message = SearchMemory(
-            self.id, query, task_run_id, top_k or self._system.config.search.top_k, since, until
-        )
+        """Search this agent's episodes (hybrid), optionally within a task run or time range;
+        ``top_k``: 1 to 1000 hits (``None``: ``search.top_k``). The list's ``degraded`` says when
+        the model was late or faulty and keywords ranked alone."""
+        if top_k is None:
+            top_k = self._system.config.search.top_k
+        message = SearchMemory(self.id, query, task_run_id, top_k, since, until)
         return self._search(self._system._runtime.search_memory, message, timeout)
 
     def commit(self, timeout: float | None = None) -> None:

@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
+import re
+import typing
 from pathlib import Path
 
 import pytest
 
-from memstrata.config import AgentConfig, Config
+from memstrata.config import (
+    ActorsConfig,
+    AgentConfig,
+    BridgesConfig,
+    ChunkingConfig,
+    ClusterConfig,
+    Config,
+    EmbeddingConfig,
+    EpisodicConfig,
+    FilesConfig,
+    SearchConfig,
+    StorageConfig,
+    SyncConfig,
+)
 from memstrata.errors import ConfigError, InvalidInputError
 
 
@@ -130,13 +147,13 @@ def test_unknown_keys_are_named(isolated: Path) -> None:
 )
 def test_bad_values_name_the_key(isolated: Path, toml: str, key: str) -> None:
     path = _write(isolated / "cfg.toml", toml)
-    with pytest.raises(ConfigError, match=f"config key '{key}' has invalid value"):
+    with pytest.raises(ConfigError, match=f"config key '{key}' (has invalid value|must be)"):
         Config.load(path, env={})
 
 
 def test_bad_environment_values_name_the_variable(isolated: Path) -> None:
     with pytest.raises(
-        ConfigError, match=r"'search.top_k' has invalid value 'lots'.*MEMSTRATA_SEARCH__TOP_K"
+        ConfigError, match=r"'search.top_k' must be an integer .*'lots'.*MEMSTRATA_SEARCH__TOP_K"
     ):
         Config.load(env={"MEMSTRATA_SEARCH__TOP_K": "lots"})
     with pytest.raises(ConfigError, match=r"agent\.include_shared"):
@@ -216,5 +233,111 @@ def test_approximate_search_threshold(isolated: Path) -> None:
     assert Config.load(env={"MEMSTRATA_SEARCH__APPROXIMATE_FROM": "none"}).search.approximate_from is None
     assert Config.load(env={"MEMSTRATA_SEARCH__APPROXIMATE_FROM": "5000"}).search.approximate_from == 5000
     path = _write(isolated / "cfg.toml", "[search]\napproximate_from = 0\n")
-    with pytest.raises(ConfigError, match=r"search\.approximate_from must be at least 1"):
+    with pytest.raises(ConfigError, match=r"'search\.approximate_from' must be an integer >= 1, got 0"):
         Config.load(path, env={})
+
+
+# every numeric key, with a value of the type it takes that is out of the range its users accept
+_OUT_OF_RANGE = [
+    ("max_content_bytes", "0"),
+    ("embedding.dim", "0"),
+    ("embedding.threads", "0"),
+    ("embedding.batch_size", "0"),
+    ("embedding.max_batch_wait_ms", "1e13"),
+    ("search.max_results", "0"),
+    ("search.max_results", "1001"),
+    ("search.top_k", "0"),
+    ("search.top_k", "5000"),
+    ("search.min_score", "1.5"),
+    ("search.approximate_from", "0"),
+    ("files.max_file_bytes", "0"),
+    ("files.watch_debounce_ms", "10000000000000"),
+    ("files.sync_interval_s", "0"),
+    ("files.lazy_sync_wait_s", "1e10"),
+    ("episodic.recency_half_life_s", "0"),
+    ("episodic.retention_max_age_s", "1e20"),
+    ("agent.retrieval_timeout_s", "0"),
+    ("agent.retrieval_top_k", "0"),
+    ("agent.recent_episodes_in_prompt", "1001"),
+    ("agent.retrieval_min_score", "-2"),
+    ("agent.files_in_prompt", "1001"),
+    ("agent.code_in_prompt", "1001"),
+    ("actors.restart_window_s", "0"),
+    ("actors.ask_timeout_s", "1e12"),
+    ("actors.stop_timeout_s", "0"),
+    ("actors.embed_timeout_s", "0"),
+    ("actors.query_embed_timeout_s", "0"),
+    ("bridges.workers", "0"),
+    ("bridges.max_line_bytes", "63"),
+]
+
+
+def test_values_out_of_range_name_the_key_and_the_variable(isolated: Path) -> None:
+    for key, value in _OUT_OF_RANGE:
+        variable = "MEMSTRATA_" + key.upper().replace(".", "__")
+        with pytest.raises(ConfigError) as caught:
+            Config.load(env={variable: value})
+        message = str(caught.value)
+        assert f"config key '{key}' must be" in message and variable in message, message
+        assert "\n" not in message
+
+
+def test_the_ends_of_each_range_are_accepted(isolated: Path) -> None:
+    env = {
+        "MEMSTRATA_SEARCH__TOP_K": "1000",
+        "MEMSTRATA_SEARCH__MAX_RESULTS": "1",
+        "MEMSTRATA_SEARCH__MIN_SCORE": "-1",
+        "MEMSTRATA_AGENT__FILES_IN_PROMPT": "0",
+        "MEMSTRATA_AGENT__RECENT_EPISODES_IN_PROMPT": "1000",
+        "MEMSTRATA_BRIDGES__MAX_LINE_BYTES": "64",
+        "MEMSTRATA_ACTORS__MAX_GROUP_COMMIT": "0",
+        "MEMSTRATA_EPISODIC__RETENTION_MAX_AGE_S": "86399999913600",
+    }
+    config = Config.load(env=env)
+    assert (config.search.top_k, config.search.max_results, config.search.min_score) == (1000, 1, -1.0)
+    assert config.agent.files_in_prompt == 0 and config.agent.recent_episodes_in_prompt == 1000
+    assert config.bridges.max_line_bytes == 64 and config.actors.max_group_commit == 0
+    assert config.episodic.retention_max_age_s == 86_399_999_913_600.0
+
+
+def test_out_of_range_values_from_a_file_or_arguments_name_the_key(isolated: Path) -> None:
+    path = _write(isolated / "cfg.toml", "[search]\ntop_k = 0\n[agents.ops]\nretrieval_top_k = 1001\n")
+    with pytest.raises(
+        ConfigError, match=r"cfg\.toml: config key 'search\.top_k' must be an integer from 1 to 1000, got 0$"
+    ):
+        Config.load(path, env={})
+    with pytest.raises(ConfigError, match=r"config key 'agents\.ops\.retrieval_top_k' must be"):
+        Config.load(path, env={}, search__top_k=3)
+    with pytest.raises(ConfigError, match=r"config key 'bridges\.workers' must be an integer >= 1, got 0"):
+        Config.load(env={}, bridges__workers=0)
+    for make, key in (
+        (lambda: SearchConfig(top_k=0), "search.top_k"),
+        (lambda: SearchConfig(min_score=None), "search.min_score"),
+        (lambda: BridgesConfig(workers=0), "bridges.workers"),
+        (lambda: AgentConfig(retrieval_top_k=1001), "agent.retrieval_top_k"),
+        (lambda: ActorsConfig(ask_timeout_s=math.nan), "actors.ask_timeout_s"),
+        (lambda: Config(max_content_bytes=0), "max_content_bytes"),
+    ):
+        with pytest.raises(ConfigError, match=f"config key '{re.escape(key)}' must be"):
+            make()
+
+
+def test_every_numeric_key_declares_its_range() -> None:
+    sections = (Config, EmbeddingConfig, SearchConfig, ChunkingConfig, FilesConfig, SyncConfig)
+    sections += (EpisodicConfig, AgentConfig, ActorsConfig, StorageConfig, BridgesConfig, ClusterConfig)
+    for section in sections:
+        hints = typing.get_type_hints(section)
+        for item in dataclasses.fields(section):
+            if {int, float} & {hints[item.name], *typing.get_args(hints[item.name])}:
+                assert "rule" in item.metadata, f"{section.__name__}.{item.name} has no range"
+
+
+def test_a_section_that_is_not_its_dataclass_is_a_config_error(isolated: Path) -> None:
+    with pytest.raises(ConfigError, match=r"config section 'actors' must be of type ActorsConfig, got dict"):
+        Config(actors={"blackboard_snapshot": True})  # type: ignore[arg-type]
+    with pytest.raises(
+        ConfigError, match=r"config section 'agents\.ops' must be of type AgentConfig, got dict"
+    ):
+        Config(agents={"ops": {"retrieval_top_k": 3}})  # type: ignore[dict-item]
+    # the mapping form goes through from_mapping, checked as TOML is
+    assert Config.from_mapping({"actors": {"blackboard_snapshot": True}}).actors.blackboard_snapshot is True

@@ -56,3 +56,17 @@ def test_both_searches_answer_hits_and_refuse_a_stopped_system(data_dir: Path) -
         agent.query_knowledge("numpy version")
     with pytest.raises(SystemStoppedError):
         agent.recall("numpy")
+
+
+def test_both_searches_refuse_top_k_zero_as_every_door_does(data_dir: Path) -> None:
+    with MemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder()) as system:
+        agent = system.agent("a1")
+        agent.store_knowledge("pin the numpy version in CI")
+        agent.remember("pinned numpy after the CI break")
+        for top_k in (0, -1):
+            with pytest.raises(InvalidInputError, match=rf"QueryKnowledge\.top_k .*, got {top_k}$"):
+                agent.query_knowledge("numpy version", top_k=top_k)
+            with pytest.raises(InvalidInputError, match=rf"SearchMemory\.top_k .*, got {top_k}$"):
+                agent.recall("numpy", top_k=top_k)
+        assert len(agent.query_knowledge("numpy version", top_k=None)) == 1  # None: search.top_k
+        assert len(agent.recall("numpy", top_k=1)) == 1

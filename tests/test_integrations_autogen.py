@@ -70,3 +70,24 @@ def test_threshold_context_update_reset_and_config_round_trip() -> None:
         await loaded.close()
 
     asyncio.run(scenario())
+
+
+def test_errors_name_the_field_at_fault_and_k_is_not_converted() -> None:
+    async def scenario() -> None:
+        memory = MemstrataMemory(MemstrataMemoryConfig(), embedder=HashEmbedder())
+        with pytest.raises(InvalidInputError, match=r"^memory content is not JSON: .*surrogates"):
+            await memory.add(MemoryContent(content="key under the pot \ud800", mime_type=MemoryMimeType.TEXT))
+        with pytest.raises(InvalidInputError, match=r"^memory metadata is not JSON: .*surrogates"):
+            await memory.add(
+                MemoryContent(content="key", mime_type=MemoryMimeType.TEXT, metadata={"x": "\udfff"})
+            )
+        await memory.add(MemoryContent(content="the key hangs by the door", mime_type=MemoryMimeType.TEXT))
+        for k in ("2", 2.7, True, 0, 1001):
+            with pytest.raises(InvalidInputError, match=r"^k must be an integer from 1 to 1000"):
+                await memory.query("key", k=k)
+        assert len((await memory.query("key", k=1)).results) == 1
+        await memory.close()
+
+    asyncio.run(scenario())
+    with pytest.raises(ValueError, match="k"):
+        MemstrataMemoryConfig(k=1001)

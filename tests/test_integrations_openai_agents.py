@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import math
 from pathlib import Path
 
 import pytest
@@ -153,3 +154,40 @@ def test_bad_ids_and_items_are_refused_by_name() -> None:
         MemstrataSession("s", agent_id="no spaces allowed")
     with pytest.raises(InvalidInputError, match="db_path or system"):
         MemstrataSession("s", "x", system=object())
+
+
+def test_nan_and_infinity_are_refused_by_name_and_nothing_of_the_call_is_stored() -> None:
+    async def scenario() -> None:
+        session = MemstrataSession("s")
+        with pytest.raises(InvalidInputError, match=r"items\[0\] .*NaN or infinity.*value\['score'\]$"):
+            await session.add_items([{"role": "user", "content": "hi", "score": math.nan}])
+        with pytest.raises(InvalidInputError, match=r"items\[1\] .*NaN or infinity.*value\['w'\]\[0\]$"):
+            await session.add_items([{"content": "kept?"}, {"w": [-math.inf]}])
+        assert await session.get_items() == []
+        await session.add_items([{"content": "null", "extra": None}])  # null itself is JSON
+        assert await session.get_items() == [{"content": "null", "extra": None}]
+        session.close()
+
+    asyncio.run(scenario())
+
+
+def test_arguments_of_the_wrong_type_are_refused_by_name() -> None:
+    async def scenario() -> None:
+        session = MemstrataSession("s")
+        await session.add_items([{"n": 1}, {"n": 2}])
+        for limit in ("3", 2.0, True):
+            with pytest.raises(InvalidInputError, match=r"^limit must be an integer or None"):
+                await session.get_items(limit=limit)  # type: ignore[arg-type]
+        for items in ("abc", {"n": 3}, None, 5):
+            with pytest.raises(InvalidInputError, match=r"^items must be a list of items, got"):
+                await session.add_items(items)  # type: ignore[arg-type]
+        assert await session.get_items() == [{"n": 1}, {"n": 2}]  # nothing split into characters or keys
+        await session.add_items(({"n": 3},))  # a tuple is a sequence of items too
+        assert await session.get_items(limit=1) == [{"n": 3}]
+        session.close()
+
+    asyncio.run(scenario())
+    for settings in (5, {"limit": "many"}, {"bogus": 1}):
+        with pytest.raises(InvalidInputError, match=r"^session_settings must be") as caught:
+            MemstrataSession("s", session_settings=settings)
+        assert "\n" not in str(caught.value)
