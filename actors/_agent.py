@@ -29,7 +29,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from memstrata.core.constants import EMBED_CHARS  # what a query's vector is made of
+from memstrata.core.constants import EMBED_CHARS, MAX_TOP_K  # EMBED_CHARS: what a query's vector is made of
 from memstrata.storage import prefetch_query
 
 from ._agent_writeback import AgentWriteBack, _RetryWriteBack, _WriteBackPart, describe_error
@@ -233,7 +233,9 @@ class AgentActor(AgentWriteBack):
             shared_query = dataclasses.replace(query, agent_id=SHARED)
             retrieval.later.append(("shared", "knowledge", SHARED, shared_query))
         if episodes:
-            search = SearchMemory(self.key, text, top_k=retrieval.episodes_wanted + retrieval.top_k)
+            # episodes that repeat a knowledge hit are dropped from the prompt: ask for top_k more
+            wanted = min(retrieval.episodes_wanted + retrieval.top_k, MAX_TOP_K)
+            search = SearchMemory(self.key, text, top_k=wanted)
             retrieval.later.append(("episodes", "episodic", self.key, search))
         # memory files and code: each bounded by its own count, within the same deadline
         if config.files_in_prompt > 0 and self.runtime.workspace_of(self.key) is not None:

@@ -14,6 +14,7 @@ import pytest
 from memstrata import Config, MemorySystem
 from memstrata.actors import BatchingEmbedder, ManualClock
 from memstrata.config import AgentConfig
+from memstrata.core.constants import MAX_TOP_K
 from memstrata.errors import InvalidInputError, RequestTimeoutError, SystemStoppedError
 from memstrata.layers import EpisodeHit, KnowledgeHit, KnowledgeStore
 from memstrata.messages import (
@@ -50,6 +51,19 @@ def test_design_sketch_runs(system: MemorySystem) -> None:
     board = system.blackboard("session-1")
     board.publish("agent:architect:status", "busy")
     assert board.get("agent:architect:status") == "busy"
+
+
+def test_the_largest_top_k_of_a_task_asks_no_more_episodes_than_a_search_takes(system: MemorySystem) -> None:
+    """Episodes are asked for ``top_k`` more than the prompt keeps (those repeating a knowledge hit
+    are dropped), never more than MAX_TOP_K: the episodes' search would refuse the whole request."""
+    agent = system.agent("a1")
+    agent.store_knowledge("rollbacks need the previous image tag", category="pitfall")
+    agent.remember("the rollback of build 7 used the previous image tag")
+    prompt = agent.begin_task("t1", "roll back the image", top_k=MAX_TOP_K)
+    assert not prompt.fallback and prompt.reason is None, prompt.reason
+    assert [e.episode.content for e in prompt.episodes] == [
+        "the rollback of build 7 used the previous image tag"
+    ]
 
 
 def test_query_returns_the_same_hits_as_the_store(system: MemorySystem, data_dir: Path) -> None:
