@@ -24,6 +24,7 @@ from typing import Any, NoReturn
 import orjson
 
 from memstrata.core.jsonable import to_jsonable
+from memstrata.core.validation import has_lone_surrogate
 
 __all__ = [
     "INT64_RANGE",
@@ -76,7 +77,7 @@ def _repair(value: Any) -> Any:
     if isinstance(value, Mapping):
         repaired = {_repair(str(k)): _repair(v) for k, v in value.items()}
         request_id = value.get("id")
-        if "jsonrpc" in value and isinstance(request_id, str) and _unwritable(request_id):
+        if "jsonrpc" in value and isinstance(request_id, str) and has_lone_surrogate(request_id):
             repaired["id"] = orjson.Fragment(json.dumps(request_id))
         return repaired
     if isinstance(value, list | tuple | set | frozenset):
@@ -84,14 +85,6 @@ def _repair(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return _repair({f.name: getattr(value, f.name) for f in dataclasses.fields(value)})
     return value
-
-
-def _unwritable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
 
 
 # -- reading -------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from typing import Literal
 
 from memstrata.core.closing import Closeable
 from memstrata.core.errors import InvalidInputError, PathOutsideRootError
+from memstrata.core.validation import has_lone_surrogate
 
 from . import _safe_fs as safe_fs
 from ._chunk import normalize_newlines
@@ -48,7 +49,6 @@ __all__ = [
     "resolve_request",
     "scan",
     "shown",
-    "valid_utf8",
 ]
 
 Kind = Literal["memory", "codebase"]
@@ -61,22 +61,10 @@ NOT_UTF8_FILE = "file name is not valid UTF-8"
 NOT_UTF8_DIR = "directory name is not valid UTF-8, not entered"
 
 
-def valid_utf8(text: str) -> bool:
-    """Whether ``text`` encodes as UTF-8: a name of bytes that are not UTF-8 reaches Python with
-    lone surrogates (``surrogateescape``), which no database or JSON text can hold."""
-    if text.isascii():
-        return True
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def shown(path: str) -> str:
     """``path`` as printable UTF-8 for reports and errors: bytes that are not UTF-8 become
     backslash escapes (``caf\\xe9.py``), the rest is kept as it is."""
-    if valid_utf8(path):
+    if not has_lone_surrogate(path):
         return path
     try:
         raw = os.fsencode(path)
@@ -87,7 +75,7 @@ def shown(path: str) -> str:
 
 def check_root_text(root: Path) -> None:
     """Refuse a root whose path is not valid UTF-8: every database keeps it as text."""
-    if not valid_utf8(str(root)):
+    if has_lone_surrogate(str(root)):
         raise InvalidInputError(
             f"root '{shown(str(root))}' is not valid UTF-8: it cannot be indexed (rename the folder)"
         )
@@ -234,7 +222,7 @@ def scan(root: Path, rules: SourceRules) -> Scan:
     def descend(rel_dir: str) -> bool:
         if not rules.descend(rel_dir):
             return False
-        if valid_utf8(rel_dir):  # its parents were checked when they were entered
+        if not has_lone_surrogate(rel_dir):  # its parents were checked when they were entered
             return True
         result.skipped.append((shown(rel_dir), NOT_UTF8_DIR))
         return False
@@ -252,7 +240,7 @@ def scan(root: Path, rules: SourceRules) -> Scan:
                         if is_link and rules.descend(rel) and _leads_to_dir(dir_fd, entry.name):
                             result.skipped.append((shown(rel), "symlinked directory, not followed"))
                         continue
-                    if not valid_utf8(entry.name):
+                    if has_lone_surrogate(entry.name):
                         result.skipped.append((shown(rel), NOT_UTF8_FILE))
                         continue
                     if is_link:
@@ -425,7 +413,7 @@ def resolve_request(root: Path, path: object, rules: SourceRules) -> tuple[str, 
     leads, inside the root), or :class:`PathOutsideRootError` / :class:`InvalidInputError` with
     the reason. Checks only: the read itself goes through :func:`read_source` again."""
     rel = normalise_relative(path)
-    if not valid_utf8(rel):  # never indexed (see scan), so never served
+    if has_lone_surrogate(rel):  # never indexed (see scan), so never served
         raise InvalidInputError(f"path '{shown(rel)}' is not served: its name is not valid UTF-8")
     root_str = str(root)
     parts = rel.split("/")
