@@ -142,6 +142,7 @@ class SyncConfig:
 
 
 WORKSPACE_ACCESS = ("rw", "ro", "none")
+SYNCHRONOUS = ("normal", "full")  # storage.synchronous: SQLite's synchronous pragma
 
 
 @dataclass(frozen=True)
@@ -216,13 +217,17 @@ class ActorsConfig:
 class StorageConfig:
     # how long a write waits for another process's lock before DatabaseBusyError; below
     # actors.ask_timeout_s so a caller gets the clear busy error rather than a timeout
-    # (0 is refused when the system starts)
-    lock_timeout_s: float = checked(20.0, number(0.0, MAX_WAIT_S))
+    lock_timeout_s: float = checked(20.0, seconds())
     # "normal": a commit survives the process being killed; "full": it also survives power loss
     synchronous: str = "normal"
 
     def __post_init__(self) -> None:
         check_fields(self, "storage.")
+        if self.synchronous not in SYNCHRONOUS:
+            raise ConfigError(
+                f"config key 'storage.synchronous' must be one of {', '.join(SYNCHRONOUS)}, "
+                f"got {self.synchronous!r}"
+            )
 
 
 @dataclass(frozen=True)

@@ -103,16 +103,6 @@ class MemorySystem:
             config = Config.load(config)
         if not isinstance(config, Config):
             raise InvalidInputError(f"config must be a Config, a path or None, got {type(config).__name__}")
-        if not config.storage.lock_timeout_s > 0:
-            raise ConfigError(
-                f"config key 'storage.lock_timeout_s' must be a positive number of seconds, "
-                f"got {config.storage.lock_timeout_s!r}"
-            )
-        if config.storage.synchronous not in ("normal", "full"):
-            raise ConfigError(
-                "config key 'storage.synchronous' must be 'normal' or 'full', "
-                f"got {config.storage.synchronous!r}"
-            )
         note: str | None = None
         inner = embedder
         if inner is None:

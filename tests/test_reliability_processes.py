@@ -353,13 +353,16 @@ def test_connection_defaults_apply_to_their_block_and_thread_only(tmp_path: Path
         pass
 
 
-def test_storage_config_is_checked_at_start(data_dir: Path) -> None:
-    for storage, key in (
-        (StorageConfig(lock_timeout_s=0), "storage.lock_timeout_s"),
-        (StorageConfig(synchronous="off"), "storage.synchronous"),
+def test_storage_config_is_checked_before_anything_starts(data_dir: Path) -> None:
+    for fields, key in (
+        ({"lock_timeout_s": 0}, "storage.lock_timeout_s"),
+        ({"synchronous": "off"}, "storage.synchronous"),
     ):
         with pytest.raises(ConfigError, match=re.escape(key)):
-            MemorySystem.start(Config(data_dir=data_dir, storage=storage), embedder=FakeEmbedder())
+            StorageConfig(**fields)  # type: ignore[arg-type]
+        variable = f"MEMSTRATA_STORAGE__{key.split('.')[1].upper()}"
+        with pytest.raises(ConfigError, match=re.escape(key)):
+            Config.load(env={variable: str(next(iter(fields.values())))})
     env = {"MEMSTRATA_STORAGE__SYNCHRONOUS": "full", "MEMSTRATA_DATA_DIR": str(data_dir)}
     config = Config.load(env=env)
     assert config.storage.synchronous == "full"
