@@ -95,6 +95,11 @@ class MemorySystem:
         """
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | str)):
             raise InvalidInputError(f"seed must be an integer, a string or None, got {seed!r}")
+        if embedder is not None and not isinstance(embedder, Embedder):  # a runtime-checkable protocol
+            raise InvalidInputError(
+                "embedder must be an Embedder (model_id, dim, embed_documents, embed_query) or None, "
+                f"got {type(embedder).__name__}"
+            )
         if model_loader is not None and not callable(model_loader):
             raise InvalidInputError(
                 f"model_loader must be a callable or None, got {type(model_loader).__name__}"

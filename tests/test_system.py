@@ -329,6 +329,15 @@ def test_an_unusable_data_dir_is_a_clear_error(tmp_path: Path) -> None:
         MemorySystem.start(Config(data_dir=blocker / "data"), embedder=FakeEmbedder())
 
 
+@pytest.mark.parametrize("embedder", ["all-MiniLM-L6-v2", object()], ids=["name", "object"])
+def test_an_embedder_that_is_not_one_is_refused_before_anything_starts(
+    data_dir: Path, embedder: object
+) -> None:
+    with pytest.raises(InvalidInputError, match="embedder must be an Embedder"):
+        MemorySystem.start(Config(data_dir=data_dir), embedder=embedder)  # type: ignore[arg-type]
+    assert not any(data_dir.iterdir())
+
+
 def test_list_get_and_delete_knowledge(system: MemorySystem) -> None:
     agent = system.agent("a1")
     first = agent.store_knowledge("first entry", category="pattern", scope="/src")
