@@ -104,11 +104,16 @@ class SearchConfig:
 
 @dataclass(frozen=True)
 class ChunkingConfig:
-    tokens: int = checked(400, at_least(0))  # the file index refuses fewer than 8 when it opens
-    overlap: int = checked(80, at_least(0))  # below tokens, checked with them
+    tokens: int = checked(400, at_least(8))  # a chunk's budget; fewer than 8 would cut every line
+    overlap: int = checked(80, at_least(0))  # tokens repeated from the chunk before: below tokens
 
     def __post_init__(self) -> None:
         check_fields(self, "chunking.")
+        if self.overlap >= self.tokens:
+            raise ConfigError(
+                f"config key 'chunking.overlap' must be below chunking.tokens ({self.tokens}), "
+                f"got {self.overlap}"
+            )
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,6 @@ from typing import Any, ClassVar, Self
 from memstrata.core.closing import Closeable
 from memstrata.core.config import Config
 from memstrata.core.errors import (
-    ConfigError,
     EmbedderUnavailableError,
     InvalidInputError,
     MemstrataError,
@@ -167,12 +166,6 @@ class _FileIndex(Closeable):
         if not resolved.is_dir():
             raise InvalidInputError(f"root {os.fspath(root)!r} is not a directory")
         check_root_text(resolved)
-        chunking = config.chunking
-        if chunking.tokens < 8 or not 0 <= chunking.overlap < chunking.tokens:
-            raise ConfigError(
-                f"chunking.tokens must be >= 8 and chunking.overlap in [0, tokens); got "
-                f"{chunking.tokens} and {chunking.overlap}"
-            )
         rules = cls._rules(resolved, config)
         path = Path(db_path) if db_path is not None else default_db_path(config, cls._kind, resolved)
         error = None

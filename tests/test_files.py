@@ -250,12 +250,12 @@ def test_chunking_config_change_rebuilds(workspace: Path, data_dir: Path, fake: 
         stats = index.sync()
         assert stats.files_processed == 4 and stats.chunks_purged == before
         assert index.status()["chunks"] > before
-    with pytest.raises(ConfigError, match="chunking"):
-        MemoryFiles.open(
-            workspace,
-            embedder=fake,
-            config=dataclasses.replace(cfg, chunking=ChunkingConfig(tokens=100, overlap=100)),
-        )
+    with pytest.raises(
+        ConfigError, match=r"'chunking.overlap' must be below chunking.tokens \(100\), got 100"
+    ):
+        ChunkingConfig(tokens=100, overlap=100)
+    with pytest.raises(ConfigError, match=r"'chunking.tokens' must be an integer >= 8"):
+        ChunkingConfig(tokens=7, overlap=0)
 
 
 def test_model_change_rebuilds_vectors(workspace: Path, data_dir: Path):
