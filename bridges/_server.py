@@ -35,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import IO, Any
 
+from memstrata.core.constants import MIN_LINE_BYTES
 from memstrata.core.errors import InvalidInputError
 
 from ._json import MAX_DEPTH
@@ -104,8 +105,8 @@ class JsonLinesServer:
     ) -> None:
         if workers < 1:
             raise InvalidInputError(f"workers must be at least 1, got {workers}")
-        if max_line_bytes < 64:
-            raise InvalidInputError(f"max_line_bytes must be at least 64, got {max_line_bytes}")
+        if max_line_bytes < MIN_LINE_BYTES:
+            raise InvalidInputError(f"max_line_bytes must be at least {MIN_LINE_BYTES}, got {max_line_bytes}")
         self.methods = dict(methods)
         self.workers = workers
         self.max_line_bytes = max_line_bytes

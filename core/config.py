@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from memstrata.core.constants import APPROXIMATE_FROM, MAX_TOP_K
+from memstrata.core.constants import APPROXIMATE_FROM, MAX_TOP_K, MIN_LINE_BYTES
 from memstrata.core.errors import ConfigError
 from memstrata.core.validation import check_min_score, check_top_k, show
 
@@ -239,8 +239,8 @@ class StorageConfig:
 class BridgesConfig:
     agent_id: str = "default"  # the agent LLM tools and MCP use when a call names none
     workers: int = checked(4, at_least(1))  # `memstrata serve` thread pool
-    # longest request line `memstrata serve` accepts (it takes no fewer than 64 bytes)
-    max_line_bytes: int = checked(16 * 1024 * 1024, at_least(64))
+    # longest request line `memstrata serve` accepts (no fewer than MIN_LINE_BYTES)
+    max_line_bytes: int = checked(16 * 1024 * 1024, at_least(MIN_LINE_BYTES))
 
     def __post_init__(self) -> None:
         check_fields(self, "bridges.")

@@ -27,6 +27,7 @@ __all__ = [
     "MAX_TASK_ID_CHARS",
     "MAX_TITLE_CHARS",
     "MAX_TOP_K",
+    "MIN_LINE_BYTES",
     "MIN_ROW_ID",
     "MODES",
     "SHARED",
@@ -47,6 +48,10 @@ MAX_TOP_K: Final = 1_000
 
 MAX_LIST_LIMIT: Final = 10_000
 """Most entries one listing page returns."""
+
+MIN_LINE_BYTES: Final = 64
+"""The shortest request line limit the line-delimited servers accept (JSON-RPC, MCP): a smaller
+one could not carry even an error's own request."""
 
 APPROXIMATE_FROM: Final = 100_000
 """Live vectors from which a store's vector search scans only the inverted lists nearest the
