@@ -282,22 +282,25 @@ def test_values_out_of_range_name_the_key_and_the_variable(isolated: Path) -> No
         assert "\n" not in message
 
 
-def test_the_ends_of_each_range_are_accepted(isolated: Path) -> None:
-    env = {
-        "MEMSTRATA_SEARCH__TOP_K": "1000",
-        "MEMSTRATA_SEARCH__MAX_RESULTS": "1",
-        "MEMSTRATA_SEARCH__MIN_SCORE": "-1",
-        "MEMSTRATA_AGENT__FILES_IN_PROMPT": "0",
-        "MEMSTRATA_AGENT__RECENT_EPISODES_IN_PROMPT": "1000",
-        "MEMSTRATA_BRIDGES__MAX_LINE_BYTES": "64",
-        "MEMSTRATA_ACTORS__MAX_GROUP_COMMIT": "0",
-        "MEMSTRATA_EPISODIC__RETENTION_MAX_AGE_S": "86399999913600",
-    }
-    config = Config.load(env=env)
-    assert (config.search.top_k, config.search.max_results, config.search.min_score) == (1000, 1, -1.0)
-    assert config.agent.files_in_prompt == 0 and config.agent.recent_episodes_in_prompt == 1000
-    assert config.bridges.max_line_bytes == 64 and config.actors.max_group_commit == 0
-    assert config.episodic.retention_max_age_s == 86_399_999_913_600.0
+@pytest.mark.parametrize(
+    ("key", "text", "value"),
+    [
+        ("search.top_k", "1000", 1000),
+        ("search.max_results", "1", 1),
+        ("search.min_score", "-1", -1.0),
+        ("agent.files_in_prompt", "0", 0),
+        ("agent.recent_episodes_in_prompt", "1000", 1000),
+        ("bridges.max_line_bytes", "64", 64),
+        ("actors.max_group_commit", "0", 0),
+        ("chunking.tokens", "8", 8),
+        ("episodic.retention_max_age_s", "86399999913600", 86_399_999_913_600.0),
+    ],
+)
+def test_the_ends_of_each_range_are_accepted(isolated: Path, key: str, text: str, value: float) -> None:
+    section, name = key.split(".")
+    overlap = {"MEMSTRATA_CHUNKING__OVERLAP": "0"} if key == "chunking.tokens" else {}
+    config = Config.load(env={f"MEMSTRATA_{section.upper()}__{name.upper()}": text, **overlap})
+    assert getattr(getattr(config, section), name) == value
 
 
 def test_out_of_range_values_from_a_file_or_arguments_name_the_key(isolated: Path) -> None:
