@@ -206,7 +206,8 @@ class EpisodicMemory(EpisodicArchives, Closeable):
         db = self._db
         ids: set[int] = set()
         if self._max_age is not None:
-            cutoff = to_us(self._now() - self._max_age)
+            # in microseconds, as integers: an age reaching before year 1 would overflow a datetime
+            cutoff = max(to_us(self._now()) - self._max_age // timedelta(microseconds=1), -(2**63))
             ids.update(int(r[0]) for r in db.query("SELECT id FROM episodes WHERE at_us < ?", (cutoff,)))
         if self._max_count is not None:
             ids.update(

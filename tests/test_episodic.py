@@ -822,6 +822,17 @@ def test_retention_by_age_archives_when_configured(
         assert ep.status()["retention"]["archive_dir"] == str(path.parent / "retired")
 
 
+def test_an_age_longer_than_the_calendar_retires_nothing(
+    data_dir: Path, fake_embedder: FakeEmbedder, clock: FakeClock
+) -> None:
+    for age in (timedelta.max, timedelta(days=800_000)):  # past what SQLite holds, and past year 1
+        path = data_dir / f"e{age.days}.sqlite"
+        with EpisodicMemory.open(path, fake_embedder, clock=clock, retention_max_age=age) as ep:
+            kept = ep.record("the first deploy", at=clock.now - timedelta(days=3650))
+            assert ep.commit() == 0
+            assert [e.id for e in ep.timeline()] == [kept]
+
+
 def test_commit_checkpoints_the_wal(store: EpisodicMemory) -> None:
     store.record_many([{"content": f"x {n}", "at": T0} for n in range(50)])
     wal = Path(f"{store.path}-wal")
