@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from memstrata.core.constants import APPROXIMATE_FROM, MAX_TOP_K, MIN_LINE_BYTES
+from memstrata.core.constants import APPROXIMATE_FROM, MAX_TOP_K, MIN_LINE_BYTES, SYNCHRONOUS_MODES
 from memstrata.core.errors import ConfigError
 from memstrata.core.validation import check_min_score, check_top_k, show
 
@@ -147,7 +147,6 @@ class SyncConfig:
 
 
 WORKSPACE_ACCESS = ("rw", "ro", "none")
-SYNCHRONOUS = ("normal", "full")  # storage.synchronous: SQLite's synchronous pragma
 
 
 @dataclass(frozen=True)
@@ -228,9 +227,9 @@ class StorageConfig:
 
     def __post_init__(self) -> None:
         check_fields(self, "storage.")
-        if self.synchronous not in SYNCHRONOUS:
+        if self.synchronous not in SYNCHRONOUS_MODES:
             raise ConfigError(
-                f"config key 'storage.synchronous' must be one of {', '.join(SYNCHRONOUS)}, "
+                f"config key 'storage.synchronous' must be one of {', '.join(SYNCHRONOUS_MODES)}, "
                 f"got {self.synchronous!r}"
             )
 

@@ -31,6 +31,7 @@ __all__ = [
     "MIN_ROW_ID",
     "MODES",
     "SHARED",
+    "SYNCHRONOUS_MODES",
 ]
 
 SHARED: Final = "shared"
@@ -48,6 +49,10 @@ MAX_TOP_K: Final = 1_000
 
 MAX_LIST_LIMIT: Final = 10_000
 """Most entries one listing page returns."""
+
+SYNCHRONOUS_MODES: Final = ("normal", "full")
+"""SQLite's ``synchronous`` settings memstrata opens a database with (``storage.synchronous``):
+"normal" survives the process being killed, "full" also power loss."""
 
 MIN_LINE_BYTES: Final = 64
 """The shortest request line limit the line-delimited servers accept (JSON-RPC, MCP): a smaller

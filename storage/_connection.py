@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from memstrata.core.closing import Closeable
+from memstrata.core.constants import SYNCHRONOUS_MODES
 from memstrata.core.errors import DatabaseBusyError, InvalidInputError, ReadOnlyError, StorageError
 
 from ._driver import _MODULE, DriverInfo, _load_vec
@@ -32,7 +33,6 @@ __all__ = [
 
 DEFAULT_BUSY_TIMEOUT_MS = 5_000
 DEFAULT_LOCK_BOUND_S = 30.0
-SYNCHRONOUS_MODES = ("normal", "full")
 
 
 @dataclass(frozen=True, slots=True)
