@@ -36,6 +36,7 @@ from bench_peers import (
     PlantedVectors,
     build_memstrata,
     build_minimal,
+    load_seconds,
     make_data,
     store_path,
 )
@@ -102,10 +103,6 @@ def _close_after_writes(path: Path, data: Data, round_: int, *, from_memory: boo
     return time.perf_counter() - started, index.files_from_memory
 
 
-def _seconds(loads: list[float]) -> str:
-    return ", ".join(f"{x:.1f}" for x in loads)
-
-
 def run(ctx: Context) -> list[Row]:
     n = ctx.size(100_000, 10_000)
     data = make_data(n, 5)
@@ -138,8 +135,8 @@ def run(ctx: Context) -> list[Row]:
             baseline_name="minimal sqlite-vec + FTS5 schema, same run",
             met=(rate >= 15_000 and ratio >= 0.7) if not ctx.quick else None,
             notes=(
-                f"best of {len(ours)} loads each, taking turns (memstrata {_seconds(ours)} s; "
-                f"minimal {_seconds(minimal)} s); {load}"
+                f"best of {len(ours)} loads each, taking turns (memstrata {load_seconds(ours)} s; "
+                f"minimal {load_seconds(minimal)} s); {load}"
             ),
         )
     ]

@@ -216,6 +216,11 @@ def _sqlite(path: Path) -> Any:
 LOAD_ROUNDS = 2  # loads of each schema when ingest is compared at 100k, taking turns; the best counts
 
 
+def load_seconds(loads: list[float]) -> str:
+    """The wall seconds of each load, for a row's notes."""
+    return ", ".join(f"{x:.1f}" for x in loads)
+
+
 def build_minimal(path: Path, data: Data) -> tuple[float, float]:
     """The minimal hybrid schema, loaded 10k rows per transaction; returns wall and CPU seconds."""
     conn = _sqlite(path)
@@ -726,8 +731,8 @@ def side_by_side(ctx: Context, n: int, *, scale: bool) -> list[Row]:
             else None,
             notes=(
                 f"best of {len(memstrata_loads)} loads each, taking turns (memstrata "
-                f"{', '.join(f'{x:.1f}' for x, _ in memstrata_loads)} s, minimal "
-                f"{', '.join(f'{x:.1f}' for x, _ in minimal_loads)} s): "
+                f"{load_seconds([x for x, _ in memstrata_loads])} s, minimal "
+                f"{load_seconds([x for x, _ in minimal_loads])} s): "
                 f"{mem_seconds:.1f} s against {min_seconds:.1f} s; CPU {mem_cpu:.1f} s against "
                 f"{min_cpu:.1f} s ({min_cpu / mem_cpu:.2f}x); add_many(items, vectors=...); {data_note}"
             ),
