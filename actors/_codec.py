@@ -24,6 +24,7 @@ from typing import Any, ClassVar, TypeVar
 import orjson
 
 from memstrata.core.errors import InvalidInputError
+from memstrata.core.json_text import NumberError, loads
 from memstrata.core.jsonable import to_jsonable
 
 __all__ = ["Message", "Rule", "decode", "encode", "field_rules", "message_types"]
@@ -121,7 +122,9 @@ def decode(data: bytes | str | Mapping[str, Any]) -> Message:
     """The message that :func:`encode` (or ``to_dict``) produced; unknown types are a clear error."""
     if isinstance(data, bytes | bytearray | memoryview | str):
         try:
-            data = orjson.loads(data)
+            data = loads(data)
+        except NumberError as exc:  # valid JSON, but a number no part of memstrata takes
+            raise InvalidInputError(f"message refused: {exc}") from exc
         except orjson.JSONDecodeError as exc:
             raise InvalidInputError(f"message is not valid JSON: {exc}") from exc
     if not isinstance(data, Mapping):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal, TypeGuard, overload
 
 import orjson
@@ -43,6 +43,7 @@ from memstrata.core.constants import (
     SHARED,
 )
 from memstrata.core.errors import InvalidInputError
+from memstrata.core.json_text import INT64_MAX, INT64_MIN, INT64_RANGE, has_long_digit_run, show_digits
 
 __all__ = [
     "check_agent_id",
@@ -418,33 +419,55 @@ def check_datetime(value: object, name: str) -> _dt.datetime | None:
 # -- JSON values --------------------------------------------------------------------------------
 
 
-def _non_finite_path(value: Any) -> str | None:
-    """Where the first NaN or infinity in ``value`` sits (``"[2]['x']"``), or ``None``."""
+def _first_path(value: Any, found: Callable[[Any], bool]) -> tuple[str, Any] | None:
+    """Where the first item that ``found`` accepts sits in ``value`` (``"[2]['x']"``), and the
+    item; ``None`` when there is none."""
     stack: list[tuple[Any, str]] = [(value, "")]
     while stack:
         item, path = stack.pop()
-        if isinstance(item, float):
-            if not math.isfinite(item):
-                return path
-        elif isinstance(item, Mapping):
-            stack.extend((v, f"{path}[{k!r}]") for k, v in item.items())
+        if found(item):
+            return path, item
+        if isinstance(item, Mapping):
+            stack.extend(reversed([(v, f"{path}[{k!r}]") for k, v in item.items()]))
         elif isinstance(item, list | tuple):
-            stack.extend((v, f"{path}[{i}]") for i, v in enumerate(item))
+            stack.extend(reversed([(v, f"{path}[{i}]") for i, v in enumerate(item)]))
     return None
+
+
+def _not_finite(item: Any) -> bool:
+    return isinstance(item, float) and not math.isfinite(item)
+
+
+def _beyond_int64(item: Any) -> bool:
+    return isinstance(item, int) and not INT64_MIN <= item <= INT64_MAX
 
 
 def check_json_value(value: object, name: str) -> bytes:
     """The orjson bytes of ``value``: JSON data only. NaN and infinity are rejected (JSON has no
-    such numbers: they would read back as ``null``), and so is anything orjson cannot write."""
+    such numbers: they would read back as ``null``), and so are integers outside the 64-bit range
+    (orjson writes up to 2**64 - 1, but SQLite's JSON functions and every door hold 64 bits
+    signed), and anything orjson cannot write."""
     try:
         data = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
     except (TypeError, orjson.JSONEncodeError) as exc:
+        _refuse_beyond_int64(value, name)
         raise InvalidInputError(f"{name} must be JSON-serialisable data: {exc}") from exc
     if b"null" in data:  # orjson writes NaN and infinity as null: only then look for them
-        where = _non_finite_path(value)
-        if where is not None:
+        found = _first_path(value, _not_finite)
+        if found is not None:
             raise InvalidInputError(
                 f"{name} must be JSON data without NaN or infinity (they would read back as null); "
-                f"found one at value{where}"
+                f"found one at value{found[0]}"
             )
+    if has_long_digit_run(data):  # only then can an integer fall outside the range
+        _refuse_beyond_int64(value, name)
     return data
+
+
+def _refuse_beyond_int64(value: object, name: str) -> None:
+    found = _first_path(value, _beyond_int64)
+    if found is not None:
+        raise InvalidInputError(
+            f"{name} must hold integers within {INT64_RANGE}; "
+            f"found {show_digits(str(found[1]))} at value{found[0]}"
+        )

@@ -25,6 +25,7 @@ import numpy.typing as npt
 import orjson
 
 from memstrata.core.errors import InvalidInputError
+from memstrata.core.validation import check_json_value
 from memstrata.storage import Database, open_database
 
 from ._item_expiry import MAX_TTL_MINUTES, ItemExpiry
@@ -113,10 +114,7 @@ class ItemStore(ItemExpiry, NamespaceListing, ItemRanking):
                 raise InvalidInputError(
                     f"ttl must be a positive number of minutes up to {MAX_TTL_MINUTES:,}, got {ttl!r}"
                 )
-            try:
-                text = orjson.dumps(value).decode()
-            except TypeError as exc:
-                raise InvalidInputError(f"item value for key {key!r} is not JSON: {exc}") from exc
+            text = check_json_value(value, f"item value for key {key!r}").decode()
             blobs = None
             if vectors is not None:
                 blobs = []
@@ -208,7 +206,8 @@ class ItemStore(ItemExpiry, NamespaceListing, ItemRanking):
             if not all(isinstance(t, int | float) for t in times) or not isinstance(vectors, dict):
                 raise InvalidInputError(f"item record {n}: bad times or vectors")
             blobs = [(f, np.asarray(v, dtype=np.float32).ravel().tobytes()) for f, v in vectors.items()]
-            prepared.append((ns, key, orjson.dumps(value).decode(), *times, expires, ttl, blobs))
+            text = check_json_value(value, f"item record {n} value").decode()
+            prepared.append((ns, key, text, *times, expires, ttl, blobs))
         with self._lock, self._db.transaction():
             self._writes += 1
             self._check_dims({len(b) // 4 for p in prepared for _, b in p[7]})

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from memstrata.core.errors import InvalidInputError, StorageError
+from memstrata.core.json_text import NumberError, loads
 from memstrata.messages import SHARED, ListSignals, PublishSignal, QuerySignal, check_agent_id
 
 if TYPE_CHECKING:
@@ -175,7 +176,9 @@ def read_export(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
             if not line.strip():
                 continue
             try:
-                record = orjson.loads(line)
+                record = loads(line)
+            except NumberError as exc:  # valid JSON, but a number no part of memstrata takes
+                raise InvalidInputError(f"{source} line {number} is refused: {exc}") from exc
             except orjson.JSONDecodeError as exc:
                 raise InvalidInputError(f"{source} line {number} is not JSON: {exc}") from exc
             if not isinstance(record, dict) or not isinstance(record.get("kind"), str):

@@ -128,8 +128,13 @@ def test_list_namespaces_prefix_suffix_depth(items: ItemStore) -> None:
 def test_bad_input_is_named(items: ItemStore) -> None:
     with pytest.raises(InvalidInputError, match="namespace"):
         items.put_many([((), "k", {}, None, None)])
-    with pytest.raises(InvalidInputError, match="not JSON"):
+    with pytest.raises(InvalidInputError, match=r"^item value for key 'k' must be JSON-serialisable"):
         items.put_many([(("a",), "k", {"x": object()}, None, None)])
+    with pytest.raises(InvalidInputError, match=r"NaN or infinity .* at value\['x'\]\[1\]$"):
+        items.put_many([(("a",), "k", {"x": [1, float("nan")]}, None, None)])  # not stored as null
+    with pytest.raises(InvalidInputError, match=r"64-bit range .* at value\['x'\]$"):
+        items.put_many([(("a",), "k", {"x": 2**64 - 1}, None, None)])
+    assert items.get(("a",), "k") is None
     with pytest.raises(InvalidInputError, match="ttl"):
         items.put_many([(("a",), "k", {}, None, -1)])
     with pytest.raises(InvalidInputError, match="limit"):

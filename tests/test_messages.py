@@ -119,6 +119,20 @@ def test_orjson_round_trip_is_exact(message: messages.Message) -> None:
     assert messages.decode(data.decode("utf-8")) == message
 
 
+def test_decode_refuses_an_integer_beyond_64_bits_instead_of_reading_a_float() -> None:
+    data = (
+        b'{"type": "PutItem", "namespace": ["a"], "key": "k", "value": {"n": 123456789012345678901234567890}}'
+    )
+    with pytest.raises(InvalidInputError, match=r"^message refused: integer 1234567890\d+ at 'value.n'"):
+        messages.decode(data)
+    with pytest.raises(InvalidInputError, match=rf"PutItem.value must hold integers .* found {2**63}"):
+        messages.PutItem(("a",), "k", {"n": 2**63})  # what orjson would write and read back
+    edge = messages.decode(
+        f'{{"type": "PutItem", "namespace": ["a"], "key": "k", "value": {{"n": {2**63 - 1}}}}}'
+    )
+    assert edge == messages.PutItem(("a",), "k", {"n": 2**63 - 1})
+
+
 @pytest.mark.parametrize("message", EXAMPLES, ids=lambda m: type(m).__name__)
 def test_messages_are_frozen_and_slotted(message: messages.Message) -> None:
     assert not hasattr(message, "__dict__")

@@ -120,6 +120,14 @@ def test_import_refuses_what_is_not_an_export_and_names_the_line(tmp_path: Path)
         bad.write_text('{"format": "memstrata-export", "kind": "export", "version": 1}\n{oops\n')
         with pytest.raises(InvalidInputError, match="line 2 is not JSON"):
             system.import_(bad)
+        bad.write_text(
+            '{"format": "memstrata-export", "kind": "export", "version": 1}\n'
+            '{"kind": "working", "agent": "a", "key": "k", "value": 123456789012345678901234567890}\n'
+        )
+        with pytest.raises(
+            InvalidInputError, match=r"line 2 is refused: integer 1234567890\d+ at 'value' is outside"
+        ):
+            system.import_(bad)  # read exactly, not as a float
         bad.write_text('{"format": "memstrata-export", "kind": "export", "version": 1}\n{"kind": "x"}\n')
         with pytest.raises(InvalidInputError, match="line 2 has unknown kind 'x'"):
             system.import_(bad)

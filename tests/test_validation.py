@@ -6,6 +6,7 @@ import datetime as dt
 import math
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -258,6 +259,31 @@ def test_json_values_keep_null_and_name_the_spot() -> None:
         validation.check_json_value({"a": None, "b": [1.5, math.inf]}, "v")
     with pytest.raises(InvalidInputError, match="JSON-serialisable"):
         validation.check_json_value({1, 2}, "v")
+
+
+@pytest.mark.parametrize(
+    ("bad", "where"),
+    [
+        (2**63, "value"),
+        ({"a": [1, 2**64 - 1]}, r"value\['a'\]\[1\]"),
+        ([-(2**63) - 1], r"value\[0\]"),
+        (10**40, "value"),
+    ],
+)
+def test_json_values_hold_integers_to_64_bits_and_name_the_spot(bad: Any, where: str) -> None:
+    """orjson writes up to 2**64 - 1 (and refuses more without saying where); every door reads
+    64 bits signed, so the Python API holds values to the same range."""
+    with pytest.raises(
+        InvalidInputError, match=rf"^v must hold integers within the 64-bit range .* at {where}$"
+    ):
+        validation.check_json_value(bad, "v")
+
+
+def test_json_values_name_the_first_bad_integer_in_document_order() -> None:
+    with pytest.raises(InvalidInputError, match=rf"found {2**63} at value\['a'\]$"):
+        validation.check_json_value({"a": 2**63, "b": [2**64 - 1]}, "v")
+    edges = {"low": -(2**63), "high": 2**63 - 1, "text": "9" * 40}
+    assert orjson.loads(validation.check_json_value(edges, "v")) == edges
 
 
 def test_blackboard_and_working_memory_reject_nan_naming_the_key() -> None:

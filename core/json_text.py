@@ -1,0 +1,212 @@
+"""JSON text read exactly, and the integers every part of memstrata takes.
+
+orjson reads an integer beyond 64 bits as a float, and nothing downstream can tell: a text that
+holds a run of 19 digits or more is read again by the standard library, which keeps an integer
+outside the signed 64-bit range (what SQLite holds) as an :class:`OutOfRange`, so it is refused
+with its digits and place instead. The doors read requests with it, the actors' codec reads
+messages with it and an import reads its records with it; the validation module holds values
+written through the Python API to the same range.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any, NoReturn
+
+import orjson
+
+__all__ = [
+    "INT64_MAX",
+    "INT64_MIN",
+    "INT64_RANGE",
+    "IntegerRangeError",
+    "JsonText",
+    "NumberError",
+    "OutOfRange",
+    "first_out_of_range",
+    "has_long_digit_run",
+    "loads",
+    "loads_marking",
+    "show_digits",
+]
+
+JsonText = bytes | bytearray | memoryview | str
+"""What :func:`loads` reads: a JSON text, as bytes (UTF-8) or as a string."""
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+INT64_RANGE = "the 64-bit range (-2**63 to 2**63 - 1)"
+"""The integers memstrata accepts, as its messages word them: what SQLite holds."""
+
+
+class OutOfRange:
+    """Where a parsed value held an integer outside the 64-bit range: its digits, as written."""
+
+    __slots__ = ("digits",)
+
+    def __init__(self, digits: str) -> None:
+        self.digits = digits
+
+    def __repr__(self) -> str:
+        return f"OutOfRange({self.digits})"
+
+
+class _Refusal(orjson.JSONDecodeError):
+    """orjson's error type, naming a position only when there is one to name."""
+
+    def __init__(self, msg: str, doc: str = "", pos: int | None = None) -> None:
+        super().__init__(msg, doc, 0 if pos is None else pos)
+        if pos is None:
+            self.args = (msg,)
+
+
+class NumberError(_Refusal):
+    """A JSON text holds a number no door takes as written: NaN or an infinity (not JSON, though
+    many writers emit them) or an integer beyond 64 bits."""
+
+
+class IntegerRangeError(NumberError):
+    """A JSON text holds an integer outside the 64-bit range (``path`` names where, ``""`` when the
+    whole text is that integer): refused, since orjson would read it as a float."""
+
+    def __init__(self, path: str, digits: str, doc: str, pos: int) -> None:
+        self.path = path
+        self.digits = digits
+        where = f" at {path!r}" if path else ""
+        super().__init__(f"integer {show_digits(digits)}{where} is outside {INT64_RANGE}", doc, pos)
+
+
+def show_digits(digits: str) -> str:
+    """An integer's digits for a one-line message (a huge one shortened, its length given)."""
+    if len(digits) <= 60:
+        return digits
+    return f"{digits[:24]}...{digits[-8:]} ({len(digits) - digits.startswith('-')} digits)"
+
+
+_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_LONG_RUN = b"0" * 19
+"""19 digits: the shortest integer that can fall outside the 64-bit range (2**63 has 19)."""
+
+
+def has_long_digit_run(data: bytes) -> bool:
+    """Whether ``data`` holds 19 digits in a row: the only texts where an integer can fall outside
+    the 64-bit range (10 times faster than a regex)."""
+    return data.translate(_DIGITS_AS_ZERO).find(_LONG_RUN) >= 0
+
+
+_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?')
+"""A string or a number of a valid JSON text: finds where an integer is written."""
+_NOT_FINITE = "{} is not a JSON number (numbers must be finite)"
+
+
+def loads(data: JsonText) -> Any:
+    """Parse JSON; raises ``orjson.JSONDecodeError`` (a ``ValueError``): a :class:`NumberError`
+    for NaN or an infinity, an :class:`IntegerRangeError` for an integer beyond 64 bits."""
+    value, marked = loads_marking(data)
+    found = first_out_of_range(value) if marked else None
+    if found is not None:
+        path, digits = found
+        text = _text(data)
+        pos = next((m.start() for m in _TOKEN.finditer(text) if m.group() == digits), 0)
+        raise IntegerRangeError(path, digits, text, pos)
+    return value
+
+
+def loads_marking(data: JsonText, *, lone_surrogates: bool = False) -> tuple[Any, bool]:
+    """Parse JSON, keeping each integer outside the 64-bit range as an :class:`OutOfRange` (the
+    flag is false when there is none), for a door that answers each part of a message on its own.
+
+    ``lone_surrogates`` also reads escaped lone surrogates (``"\\ud800"``), which JSON allows and
+    JavaScript's ``JSON.stringify`` writes, but orjson refuses. Raises ``orjson.JSONDecodeError``.
+    """
+    try:
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        if not lone_surrogates or ("surrogate" not in str(exc) and "UTF-8" not in str(exc)):
+            _raise_clearer(exc)
+        return _read_exactly(_text(data), exc)
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
+    if not has_long_digit_run(raw):
+        return value, False
+    exact, marked = _read_exactly(_text(data), None)
+    return (exact, True) if marked else (value, False)
+
+
+def _text(data: JsonText) -> str:
+    if isinstance(data, str):
+        return data
+    try:
+        return bytes(data).decode("utf-8")
+    except UnicodeDecodeError as bad:  # orjson calls this "surrogates not allowed"
+        raise _Refusal(f"invalid UTF-8 at byte {bad.start}") from None
+
+
+def _read_exactly(text: str, failed: orjson.JSONDecodeError | None) -> tuple[Any, bool]:
+    """``text`` read by the standard library: integers beyond 64 bits kept as :class:`OutOfRange`,
+    NaN, infinities and numbers too large for a double refused, as orjson refuses them; ``failed``
+    is orjson's error, raised again when the standard library cannot read the text either."""
+    marked = False
+
+    def parse_int(digits: str) -> Any:
+        nonlocal marked
+        if len(digits) - digits.startswith("-") <= 19:
+            number = int(digits)
+            if INT64_MIN <= number <= INT64_MAX:
+                return number
+        marked = True
+        return OutOfRange(digits)
+
+    try:
+        value = json.loads(text, parse_int=parse_int, parse_float=_finite, parse_constant=_no_constant)
+    except orjson.JSONDecodeError:
+        raise
+    except RecursionError:
+        raise _Refusal("recursion limit exceeded") from None
+    except json.JSONDecodeError as exc:
+        if failed is not None:
+            raise failed from None
+        raise orjson.JSONDecodeError(exc.msg, text, exc.pos) from None
+    return value, marked
+
+
+def _finite(digits: str) -> float:
+    number = float(digits)
+    if not math.isfinite(number):
+        raise NumberError(f"number {show_digits(digits)} is infinity when parsed as double")
+    return number
+
+
+def _no_constant(name: str) -> NoReturn:
+    raise NumberError(_NOT_FINITE.format(name))
+
+
+def _raise_clearer(exc: orjson.JSONDecodeError) -> NoReturn:
+    """orjson's error, naming NaN or an infinity where orjson only sees an unexpected character."""
+    doc, pos = exc.doc, exc.pos
+    if exc.msg.startswith(("unexpected character", "no digit after sign")):
+        if pos > 0 and doc.startswith("-Infinity", pos - 1):
+            raise NumberError(_NOT_FINITE.format("-Infinity"), doc, pos - 1) from None
+        for token in ("NaN", "Infinity"):
+            if doc.startswith(token, pos):
+                raise NumberError(_NOT_FINITE.format(token), doc, pos) from None
+    raise exc
+
+
+def first_out_of_range(value: Any) -> tuple[str, str] | None:
+    """The path (``a.b[0]``, ``""`` for the value itself) and digits of the first
+    :class:`OutOfRange` in a value read by :func:`loads_marking`, in document order; else ``None``."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, OutOfRange):
+            return path, item.digits
+        if isinstance(item, dict):
+            children = [(child, f"{path}.{key}" if path else key) for key, child in item.items()]
+        elif isinstance(item, list):
+            children = [(child, f"{path}[{i}]") for i, child in enumerate(item)]
+        else:
+            continue
+        stack.extend(reversed(children))
+    return None
