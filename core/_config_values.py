@@ -3,7 +3,8 @@ converted to the types of the config dataclasses; errors name the key and where 
 
 Each numeric field carries its range as a rule (:func:`checked`): the rules of
 :mod:`memstrata.core.validation` where the value feeds a message (``top_k``, ``min_score``), else
-the range the code using the value needs. The same rule checks a value read from TOML or the
+the range the code using the value needs. A string field of a few choices carries them the same
+way (:func:`one_of`). The same rule checks a value read from TOML or the
 environment (:func:`convert`) and one given to a dataclass directly (:func:`check_fields`).
 """
 
@@ -15,7 +16,7 @@ import math
 import threading
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import field, fields
 from functools import partial
 from pathlib import Path
@@ -37,6 +38,7 @@ __all__ = [
     "find_file",
     "in_range",
     "number",
+    "one_of",
     "seconds",
     "set_dotted",
     "type_name",
@@ -71,6 +73,17 @@ def in_range(low: int, high: int) -> Rule:
 def number(low: float = 0.0, high: float = math.inf) -> Rule:
     """A finite number from ``low`` to ``high``."""
     return partial(check_number, low=low, high=high, optional=False)
+
+
+def _check_choice(value: object, name: str, choices: tuple[str, ...]) -> object:
+    if value not in choices:
+        raise fail(name, f"must be one of {', '.join(map(repr, choices))}", value)
+    return value
+
+
+def one_of(choices: Sequence[str]) -> Rule:
+    """One of the strings ``choices``."""
+    return partial(_check_choice, choices=tuple(choices))
 
 
 def _check_seconds(value: object, name: str, high: float) -> object:
@@ -152,6 +165,8 @@ def convert(raw: Any, hint: Any, key: str, where: str, metadata: Mapping[str, An
         return convert(raw, inner[0], key, where, metadata)
     if hint is int or hint is float:
         return _number(raw, hint, key, where, metadata or {})
+    if hint is str and isinstance(raw, str):
+        return _ruled(str(raw), raw, key, where, metadata or {})
     try:
         if hint is Path:
             if not isinstance(raw, str | Path):
@@ -168,20 +183,20 @@ def convert(raw: Any, hint: Any, key: str, where: str, metadata: Mapping[str, An
             if not isinstance(raw, bool):
                 raise TypeError
             return raw
-        if hint is str:
-            if not isinstance(raw, str):
-                raise TypeError
-            return str(raw)
+        if hint is str:  # and not a string (a string is checked above)
+            raise TypeError
         if origin is tuple:
             items = raw.split(",") if isinstance(raw, EnvValue) else raw
             if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
                 raise TypeError
-            return tuple(i.strip() for i in items if i.strip())
+            value = tuple(i.strip() for i in items if i.strip())
     except (TypeError, ValueError) as exc:
         raise ConfigError(
             f"{where}: config key {key!r} has invalid value {raw!r} (expected {type_name(hint)})"
             f"{env_source(raw, key)}"
         ) from exc
+    if origin is tuple:
+        return _ruled(value, raw, key, where, metadata or {})
     raise ConfigError(f"{where}: config key {key!r} has an unsupported type")  # pragma: no cover
 
 
@@ -194,11 +209,19 @@ def _number(raw: Any, hint: Any, key: str, where: str, metadata: Mapping[str, An
     if isinstance(raw, EnvValue):
         with contextlib.suppress(ValueError):
             value = int(raw) if hint is int else float(raw)
-    try:
-        _check(value, metadata, f"config key {key!r}")
-    except InvalidInputError as exc:
-        raise ConfigError(f"{where}: {exc}{env_source(raw, key)}") from None
+    _ruled(value, raw, key, where, metadata)
     return float(value) if hint is float else value
+
+
+def _ruled(value: Any, raw: Any, key: str, where: str, metadata: Mapping[str, Any]) -> Any:
+    """``value`` when its field's rule (if it has one) accepts it; else an error naming the key and
+    the environment variable ``raw`` came from."""
+    if "rule" in metadata:
+        try:
+            _check(value, metadata, f"config key {key!r}")
+        except InvalidInputError as exc:
+            raise ConfigError(f"{where}: {exc}{env_source(raw, key)}") from None
+    return value
 
 
 def type_name(hint: Any) -> str:

@@ -27,7 +27,7 @@ from typing import Any
 
 from memstrata.core.constants import APPROXIMATE_FROM, MAX_TOP_K, MIN_LINE_BYTES, SYNCHRONOUS_MODES
 from memstrata.core.errors import ConfigError
-from memstrata.core.validation import check_min_score, check_top_k, show
+from memstrata.core.validation import check_min_score, check_top_k, fail, show
 
 from ._config_values import (
     MAX_SPAN_S,
@@ -40,6 +40,7 @@ from ._config_values import (
     find_file,
     in_range,
     number,
+    one_of,
     seconds,
     set_dotted,
 )
@@ -172,15 +173,13 @@ class AgentConfig:
     # the agent's memory workspace (MEMORY.md, memory/*.md): indexed, searched before tasks;
     # "rw" also appends task outcomes to memory/YYYY-MM-DD.md, "ro" never writes, "none" ignores it
     workspace: str | None = None
-    workspace_access: str = "rw"
+    workspace_access: str = checked("rw", one_of(WORKSPACE_ACCESS))
     codebases: tuple[str, ...] | None = None  # the [codebases] this agent searches (unset: all)
     files_in_prompt: int = checked(3, in_range(0, MAX_TOP_K))  # memory-file chunks in a task's prompt
     code_in_prompt: int = checked(3, in_range(0, MAX_TOP_K))  # code chunks in a task's prompt
 
     def __post_init__(self) -> None:
         check_fields(self, "agent.")
-        if self.workspace_access not in WORKSPACE_ACCESS:
-            raise ConfigError(f"workspace_access must be 'rw', 'ro' or 'none', got {self.workspace_access!r}")
 
 
 @dataclass(frozen=True)
@@ -223,15 +222,10 @@ class StorageConfig:
     # actors.ask_timeout_s so a caller gets the clear busy error rather than a timeout
     lock_timeout_s: float = checked(20.0, seconds())
     # "normal": a commit survives the process being killed; "full": it also survives power loss
-    synchronous: str = "normal"
+    synchronous: str = checked("normal", one_of(SYNCHRONOUS_MODES))
 
     def __post_init__(self) -> None:
         check_fields(self, "storage.")
-        if self.synchronous not in SYNCHRONOUS_MODES:
-            raise ConfigError(
-                f"config key 'storage.synchronous' must be one of {', '.join(SYNCHRONOUS_MODES)}, "
-                f"got {self.synchronous!r}"
-            )
 
 
 @dataclass(frozen=True)
@@ -249,54 +243,70 @@ _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _HOST_PORT = re.compile(r"[A-Za-z0-9_.-]+:[0-9]{1,5}")
 
 
+def _ray_address(value: object, name: str) -> object:
+    if not isinstance(value, str) or not (
+        value in ("auto", "local")
+        or (value.startswith("ray://") and _HOST_PORT.fullmatch(value[6:]))
+        or _HOST_PORT.fullmatch(value)
+    ):
+        raise fail(name, "must be 'auto', 'local', 'ray://host:port' or 'host:port'", value)
+    return value
+
+
+def _ray_name(value: object, name: str) -> object:
+    if not isinstance(value, str) or not _NAME.fullmatch(value):
+        raise fail(name, "must be 1-64 letters, digits, '_', '.' or '-'", value)
+    return value
+
+
+def _is_placement(value: str) -> bool:
+    """A placement reads ``spread``, ``resource:NAME`` or ``label:KEY=VALUE``."""
+    kind, _, rest = value.partition(":")
+    label_key, eq, label_value = rest.partition("=")
+    return bool(
+        value == "spread"
+        or (kind == "resource" and _NAME.fullmatch(rest))
+        or (kind == "label" and eq and _NAME.fullmatch(label_key) and _NAME.fullmatch(label_value))
+    )
+
+
+def _placement(value: object, name: str) -> object:
+    if not isinstance(value, str) or not _is_placement(value):
+        raise fail(name, "must be 'spread', 'resource:NAME' or 'label:KEY=VALUE'", value)
+    return value
+
+
+def _pins(value: object, name: str) -> object:
+    for pin in value if isinstance(value, tuple) else (value,):
+        agent, sep, where = pin.partition("=") if isinstance(pin, str) else ("", "", "")
+        if not sep or not agent or where == "spread" or not _is_placement(where):
+            raise fail(name, "items must read 'agent_id=resource:NAME' or 'agent_id=label:KEY=VALUE'", pin)
+    return value
+
+
 @dataclass(frozen=True)
 class ClusterConfig:
     """Where the actors run: this process (``local``, pykka) or a Ray cluster (``ray``, the
     ``memstrata[ray]`` extra); see docs/scale-out.md."""
 
-    engine: str = "local"  # "local" | "ray"
+    engine: str = checked("local", one_of(("local", "ray")))
     # "auto" (a cluster `ray start` runs on this machine, or this process's Ray connection),
     # "ray://host:port" (Ray Client), "host:port" (the head's GCS) or "local" (a private one-node Ray)
-    address: str = "auto"
-    namespace: str = "memstrata"  # every named actor of memstrata lives in this Ray namespace
+    address: str = checked("auto", _ray_address)
+    namespace: str = checked(
+        "memstrata", _ray_name
+    )  # every named actor of memstrata lives in this Ray namespace
     # "spread" (over the nodes), "resource:NAME" (nodes that declare the custom resource NAME) or
     # "label:KEY=VALUE" (nodes with that label)
-    placement: str = "spread"
+    placement: str = checked("spread", _placement)
     # per-agent placement, "agent_id=resource:NAME" or "agent_id=label:KEY=VALUE" (per-node data dirs)
-    pins: tuple[str, ...] = ()
+    pins: tuple[str, ...] = checked((), _pins)
     # "agent": one Ray actor per agent hosting its knowledge, episodic, working and task actors;
     # "layer": one Ray actor per layer per agent
-    group: str = "agent"
+    group: str = checked("agent", one_of(("agent", "layer")))
 
     def __post_init__(self) -> None:
-        if self.engine not in ("local", "ray"):
-            raise ConfigError(f"config key 'cluster.engine' must be 'local' or 'ray', got {self.engine!r}")
-        address = self.address
-        if not (
-            address in ("auto", "local")
-            or (address.startswith("ray://") and _HOST_PORT.fullmatch(address[6:]))
-            or _HOST_PORT.fullmatch(address)
-        ):
-            raise ConfigError(
-                "config key 'cluster.address' must be 'auto', 'local', 'ray://host:port' or "
-                f"'host:port', got {address!r}"
-            )
-        if not _NAME.fullmatch(self.namespace):
-            raise ConfigError(
-                f"config key 'cluster.namespace' must be 1-64 letters, digits, '_', '.' or '-', "
-                f"got {self.namespace!r}"
-            )
-        check_placement(self.placement, "cluster.placement")
-        for pin in self.pins:
-            agent, sep, where = pin.partition("=")
-            if not sep or not agent or where == "spread":
-                raise ConfigError(
-                    "config key 'cluster.pins' items must read 'agent_id=resource:NAME' or "
-                    f"'agent_id=label:KEY=VALUE', got {pin!r}"
-                )
-            check_placement(where, f"cluster.pins ({agent})")
-        if self.group not in ("agent", "layer"):
-            raise ConfigError(f"config key 'cluster.group' must be 'agent' or 'layer', got {self.group!r}")
+        check_fields(self, "cluster.")
 
     def placement_of(self, agent_id: str) -> str:
         """The placement of ``agent_id``'s actors: its pin, else ``placement``."""
@@ -305,20 +315,6 @@ class ClusterConfig:
             if agent == agent_id:
                 return where
         return self.placement
-
-
-def check_placement(value: str, key: str) -> None:
-    """A placement reads ``spread``, ``resource:NAME`` or ``label:KEY=VALUE``."""
-    kind, _, rest = value.partition(":")
-    label_key, eq, label_value = rest.partition("=")
-    if not (
-        value == "spread"
-        or (kind == "resource" and _NAME.fullmatch(rest))
-        or (kind == "label" and eq and _NAME.fullmatch(label_key) and _NAME.fullmatch(label_value))
-    ):
-        raise ConfigError(
-            f"config key {key!r} must be 'spread', 'resource:NAME' or 'label:KEY=VALUE', got {value!r}"
-        )
 
 
 @dataclass(frozen=True)
@@ -404,11 +400,6 @@ class Config:
             if not isinstance(values, Mapping):
                 raise ConfigError(f"{where}: {prefix.rstrip('.')} must be a table")
             own = {k: v for k, v in values.items() if k not in _AGENT_SECTIONS}
-            if "workspace_access" in own and own["workspace_access"] not in WORKSPACE_ACCESS:
-                raise ConfigError(
-                    f"{where}: config key {prefix + 'workspace_access'!r} must be 'rw', 'ro' or 'none', "
-                    f"got {own['workspace_access']!r}"
-                )
             agents[str(agent_id)] = _build(AgentConfig, own, prefix, where, base=config.agent)
             for name, section in _AGENT_SECTIONS.items():
                 if name in values:

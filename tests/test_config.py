@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import re
@@ -323,6 +324,43 @@ def test_out_of_range_values_from_a_file_or_arguments_name_the_key(isolated: Pat
     ):
         with pytest.raises(ConfigError, match=f"config key '{re.escape(key)}' must be"):
             make()
+
+
+_BAD_WORDS = [
+    ("storage.synchronous", "off", "one of 'normal', 'full'"),
+    ("agent.workspace_access", "write", "one of 'rw', 'ro', 'none'"),
+    ("cluster.engine", "spark", "one of 'local', 'ray'"),
+    ("cluster.group", "node", "one of 'agent', 'layer'"),
+    ("cluster.address", "nowhere", "'auto', 'local', 'ray://host:port' or 'host:port'"),
+    ("cluster.namespace", "a b", "1-64 letters"),
+    ("cluster.placement", "resource:", "'spread', 'resource:NAME' or 'label:KEY=VALUE'"),
+    ("cluster.pins", "a=resource:n,b=spread", "items must read 'agent_id=resource:NAME'"),
+]
+
+
+@pytest.mark.parametrize(("key", "text", "rule"), _BAD_WORDS, ids=[k for k, _, _ in _BAD_WORDS])
+def test_string_keys_name_the_key_and_the_variable_wherever_the_value_comes_from(
+    isolated: Path, key: str, text: str, rule: str
+) -> None:
+    """A string key's rule checks it as a number's range does: from the environment (the error
+    names the variable), from a file and from arguments."""
+    variable = "MEMSTRATA_" + key.upper().replace(".", "__")
+    with pytest.raises(ConfigError) as caught:
+        Config.load(env={variable: text})
+    message = str(caught.value)
+    assert message.startswith(f"configuration: config key '{key}' ") and rule in message, message
+    assert message.endswith(f"(from environment variable {variable})") and "\n" not in message, message
+    section, name = key.split(".")
+    value: object = tuple(text.split(",")) if name == "pins" else text
+    path = _write(isolated / "cfg.toml", f"[{section}]\n{name} = {json.dumps(value)}\n")
+    with pytest.raises(
+        ConfigError, match=rf"/cfg\.toml: config key '{re.escape(key)}' .*{re.escape(rule)}.*[^)]$"
+    ):
+        Config.load(path, env={})
+    with pytest.raises(
+        ConfigError, match=rf"^configuration: config key '{re.escape(key)}' .*{re.escape(rule)}"
+    ):
+        Config.load(env={}, **{f"{section}__{name}": value})
 
 
 def test_every_numeric_key_declares_its_range() -> None:
