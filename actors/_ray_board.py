@@ -32,7 +32,6 @@ from .messages import (
 __all__ = ["JournaledBoardSupervisor", "RelaySubscribe", "SavedRelays"]
 
 _TABLES = (
-    "CREATE TABLE IF NOT EXISTS ray_deleted (key TEXT PRIMARY KEY, version INTEGER NOT NULL)",
     "CREATE TABLE IF NOT EXISTS ray_relays ("
     " client_id INTEGER PRIMARY KEY, relay TEXT NOT NULL, pattern TEXT NOT NULL)",
 )
@@ -63,7 +62,8 @@ class JournaledBoardActor(BlackboardActor):
         self._floor = 0  # ids given out before a restart are at most this
 
     def open_layer(self) -> Any:
-        state = super().open_layer()  # the values (the host's runtime always restores them)
+        # the values and the deleted keys' versions (the host's runtime always restores them)
+        state = super().open_layer()
         path = self.runtime.path("blackboard", self.key)
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.is_file():
@@ -73,8 +73,6 @@ class JournaledBoardActor(BlackboardActor):
             with journal.transaction():
                 for sql in _TABLES:
                     journal.execute(sql)
-            for key, version in journal.query("SELECT key, version FROM ray_deleted"):
-                state._deleted[str(key)] = int(version)  # later publishes continue the count
             self._saved = [
                 (str(relay), int(client), str(pattern))
                 for client, relay, pattern in journal.query(
@@ -143,7 +141,7 @@ class JournaledBoardActor(BlackboardActor):
                 with journal.transaction():
                     journal.execute("DELETE FROM signals WHERE key = ?", (message.key,))
                     journal.execute(
-                        "INSERT OR REPLACE INTO ray_deleted(key, version) VALUES (?, ?)",
+                        "INSERT OR REPLACE INTO deleted(key, version) VALUES (?, ?)",
                         (message.key, answer.version),
                     )
         return answer

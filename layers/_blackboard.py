@@ -20,16 +20,26 @@ import orjson
 
 from memstrata.core.validation import check_json_value, check_key, check_signal_key, check_signal_pattern
 from memstrata.storage import apply_migrations, open_database
+from memstrata.storage._migrations import Migration, NamedMigration
 
 __all__ = ["BlackboardState", "SignalRecord"]
 
-_SNAPSHOT_MIGRATIONS = [
+_SNAPSHOT_MIGRATIONS: list[Migration] = [
     "CREATE TABLE signals ("
     " key TEXT PRIMARY KEY,"
     " value BLOB NOT NULL,"
     " publisher_id TEXT,"
     " version INTEGER NOT NULL,"
-    " updated_at TEXT NOT NULL)"
+    " updated_at TEXT NOT NULL)",
+    # the last version of each deleted key, so a publish after a restart continues its count;
+    # a Ray board's journal kept them in a table of its own, taken over here
+    NamedMigration(
+        "deleted-versions",
+        "CREATE TABLE deleted (key TEXT PRIMARY KEY, version INTEGER NOT NULL);"
+        "CREATE TABLE IF NOT EXISTS ray_deleted (key TEXT PRIMARY KEY, version INTEGER NOT NULL);"
+        "INSERT INTO deleted(key, version) SELECT key, version FROM ray_deleted;"
+        "DROP TABLE ray_deleted",
+    ),
 ]
 
 
@@ -161,7 +171,8 @@ class BlackboardState:
     # -- persistence ---------------------------------------------------------------------------
 
     def snapshot(self, path: str | Path) -> int:
-        """Replace the snapshot at ``path`` with the current values (one transaction)."""
+        """Replace the snapshot at ``path`` with the current values and the last versions of
+        deleted keys (one transaction); returns how many values."""
         db = open_database(path, load_vec=False)
         try:
             apply_migrations(db, "blackboard", _SNAPSHOT_MIGRATIONS)
@@ -175,22 +186,27 @@ class BlackboardState:
                         for r in self._values.values()
                     ],
                 )
+                db.execute("DELETE FROM deleted")
+                db.executemany("INSERT INTO deleted(key, version) VALUES (?, ?)", list(self._deleted.items()))
         finally:
             db.close()
         return len(self._values)
 
     def restore(self, path: str | Path) -> int:
-        """Load the values saved at ``path`` (a missing file restores nothing)."""
+        """Load the values saved at ``path``, and go on from the saved versions of deleted keys (a
+        missing file restores nothing); returns how many values."""
         if not Path(path).is_file():
             return 0
         db = open_database(path, load_vec=False)
         try:
             apply_migrations(db, "blackboard", _SNAPSHOT_MIGRATIONS)
             rows = db.query("SELECT key, value, publisher_id, version, updated_at FROM signals")
+            deleted = db.query("SELECT key, version FROM deleted")
         finally:
             db.close()
         for key, data, publisher, version, updated in rows:
             self._values[key] = SignalRecord(
                 key, bytes(data), publisher, int(version), _dt.datetime.fromisoformat(updated)
             )
+        self._deleted.update((str(key), int(version)) for key, version in deleted if key not in self._values)
         return len(rows)

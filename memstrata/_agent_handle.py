@@ -291,12 +291,17 @@ class Agent:
     ) -> EpisodesArchived:
         """Move live episodes older than ``before`` (and/or of ``task_run_id``; all when neither
         is given) into one portable archive file; its ``archived`` counts them. ``path``
-        defaults to ``{data_dir}/episodic/archives/{agent}-{time}.sqlite``; nothing selected
+        defaults to ``{data_dir}/episodic/archives/{agent}-{time}.sqlite`` (``-2``, ``-3``, ...
+        added when that name is taken, as on a manual clock); nothing selected
         writes no file. Archived episodes leave the timeline and :meth:`recall`;
         :meth:`restore_episodes` brings them back."""
         if path is None:
             stamp = self._system.clock.now().astimezone(_dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
-            path = self._system.data_dir / "episodic" / "archives" / f"{self.id}-{stamp}.sqlite"
+            folder = self._system.data_dir / "episodic" / "archives"
+            path, n = folder / f"{self.id}-{stamp}.sqlite", 1
+            while path.exists() or path.is_symlink():  # a manual clock gives archives one time
+                n += 1
+                path = folder / f"{self.id}-{stamp}-{n}.sqlite"
         message = ArchiveEpisodes(self.id, _absolute(path), before, task_run_id)
         return self._ask(message, timeout)  # type: ignore[no-any-return]
 

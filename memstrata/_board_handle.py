@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -27,21 +28,32 @@ __all__ = ["Blackboard", "Subscription"]
 class Subscription:
     """A blackboard subscription; :meth:`unsubscribe` stops further callbacks."""
 
-    def __init__(self, system: MemorySystem, session_id: str, subscription_id: int, pattern: str) -> None:
+    def __init__(
+        self,
+        system: MemorySystem,
+        session_id: str,
+        subscription_id: int,
+        pattern: str,
+        failed: threading.Event | None = None,
+    ) -> None:
         self._system = system
         self.session_id = session_id
         self.id = subscription_id
         self.pattern = pattern
         self._active = True
+        self._failed = failed if failed is not None else threading.Event()
 
     @property
     def active(self) -> bool:
-        return self._active
+        """False once unsubscribed, or once its callback raised (the board then removed it)."""
+        return self._active and not self._failed.is_set()
 
     def unsubscribe(self) -> bool:
-        """Stop delivering to this subscription; True the first time. No callback starts after
-        this returns (one already running on the delivery thread finishes)."""
-        if not self._active:
+        """Stop delivering to this subscription; True the first time, False once it is inactive.
+        No callback starts after this returns (one already running on the delivery thread
+        finishes)."""
+        if not self.active:
+            self._active = False
             return False
         self._active = False
         if self._system.stopped:
@@ -111,5 +123,14 @@ class Blackboard:
         """
         if not callable(callback):
             raise InvalidInputError(f"callback must be callable, got {type(callback).__name__}")
-        reply = self._system.ask(SubscribeSignal(key_or_prefix, self.session_id), callback=callback)
-        return Subscription(self._system, self.session_id, reply.subscription_id, key_or_prefix)
+        failed = threading.Event()  # set before the board removes the subscription
+
+        def deliver(signal: Signal) -> Any:
+            try:
+                return callback(signal)
+            except Exception:
+                failed.set()
+                raise
+
+        reply = self._system.ask(SubscribeSignal(key_or_prefix, self.session_id), callback=deliver)
+        return Subscription(self._system, self.session_id, reply.subscription_id, key_or_prefix, failed)

@@ -9,6 +9,8 @@ import pytest
 
 from memstrata.errors import InvalidInputError
 from memstrata.layers import BlackboardState
+from memstrata.layers._blackboard import _SNAPSHOT_MIGRATIONS
+from memstrata.storage import apply_migrations, open_database
 
 
 def test_publish_get_versions_and_sorted_list() -> None:
@@ -92,3 +94,33 @@ def test_snapshot_and_restore(tmp_path: Path) -> None:
     assert (record.value, record.publisher_id, record.version, record.updated_at) == (2, "q", 2, when)
     assert restored.subscriber_count == 0
     assert BlackboardState().restore(tmp_path / "missing.sqlite") == 0
+
+
+def test_a_deleted_key_goes_on_with_its_versions_after_a_restore(tmp_path: Path) -> None:
+    board = BlackboardState()
+    for value in (1, 2):
+        board.publish("gone", value)
+    board.publish("back", 1)
+    assert board.delete("gone")[0] is not None and board.delete("back")[0] is not None  # v3, v2
+    board.publish("back", 2)  # v3: live again
+    path = tmp_path / "board.sqlite"
+    board.snapshot(path)
+    restored = BlackboardState()
+    assert restored.restore(path) == 1
+    assert restored.publish("gone", 3)[0].version == 4  # not 1: the count survived the restart
+    back = restored.get("back")
+    assert back is not None and back.version == 3
+    assert restored.publish("back", 4)[0].version == 4
+
+
+def test_a_ray_journal_keeps_its_deleted_versions_through_the_schema_upgrade(tmp_path: Path) -> None:
+    """A Ray board's journal of the previous schema kept deleted keys in a table of its own."""
+    path = tmp_path / "board.sqlite"
+    db = open_database(path, load_vec=False)
+    apply_migrations(db, "blackboard", _SNAPSHOT_MIGRATIONS[:1])
+    db.execute("CREATE TABLE ray_deleted (key TEXT PRIMARY KEY, version INTEGER NOT NULL)")
+    db.execute("INSERT INTO ray_deleted VALUES ('k', 7)")
+    db.close()
+    restored = BlackboardState()
+    assert restored.restore(path) == 0
+    assert restored.publish("k", 1)[0].version == 8

@@ -3,6 +3,7 @@ against the caller's directory; both searches refuse a stopped system and keep t
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from memstrata import Config, MemorySystem
 from memstrata._agent_handle import Hits
 from memstrata.errors import InvalidInputError, SystemStoppedError
+from memstrata.testing import ManualClock
 from tests.fakes import FakeEmbedder
 
 
@@ -37,6 +39,25 @@ def test_a_relative_archive_path_is_taken_from_the_callers_directory(
         assert done.archived == 1
         assert Path(done.path) == work / "old.sqlite" and (work / "old.sqlite").is_file()
         assert agent.restore_episodes("old.sqlite") == 1
+
+
+def test_default_archive_paths_stay_apart_when_the_clock_stands_still(data_dir: Path) -> None:
+    """A manual clock gives two archives one time: the second gets its own name, not an error."""
+    clock = ManualClock(dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
+    with MemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder(), clock=clock) as system:
+        agent = system.agent("a1")
+        for run in ("r1", "r2", "r3"):
+            agent.remember(f"step of {run}", task_run_id=run)
+        done = [agent.archive_episodes(task_run_id=run) for run in ("r1", "r2", "r3")]
+        names = [Path(d.path).name for d in done]
+        assert names == [
+            "a1-20260101T000000000000Z.sqlite",
+            "a1-20260101T000000000000Z-2.sqlite",
+            "a1-20260101T000000000000Z-3.sqlite",
+        ]
+        assert [d.archived for d in done] == [1, 1, 1]
+        assert agent.restore_episodes(done[1].path) == 1
+        assert [e.content for e in agent.list_episodes()] == ["step of r2"]
 
 
 def test_both_searches_answer_hits_and_refuse_a_stopped_system(data_dir: Path) -> None:

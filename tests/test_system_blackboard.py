@@ -121,13 +121,16 @@ def test_a_raising_subscriber_is_removed_without_harming_others(system: MemorySy
         calls.append(signal.value)
         raise ValueError("subscriber bug")
 
-    board.subscribe("k", good)
-    board.subscribe("k", bad)
+    kept = board.subscribe("k", good)
+    removed = board.subscribe("k", bad)
+    assert removed.active
     for i in range(5):
         board.publish("k", i)
     assert system.wait_idle(5)
     assert [v for _, v in good.pairs()] == [0, 1, 2, 3, 4]
     assert calls == [0]
+    assert kept.active and not removed.active  # the board removed it: the handle says so
+    assert removed.unsubscribe() is False
     status = system.status()
     assert status["blackboard_subscriber_errors"] == 1
     assert status["blackboards"]["s1"]["subscribers"] == 1
@@ -203,6 +206,9 @@ def test_snapshot_on_stop_and_restore_on_start(data_dir: Path) -> None:
             2,
             "planner",
         )
+        system.blackboard("s1").delete("plan")  # version 3
+    with MemorySystem.start(config, embedder=FakeEmbedder()) as system:
+        assert system.blackboard("s1").publish("plan", "again", wait=True) == 4
     off = Config(data_dir=data_dir / "other")
     with MemorySystem.start(off, embedder=FakeEmbedder()) as system:
         system.blackboard("s1").publish("k", 1)
