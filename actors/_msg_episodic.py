@@ -7,7 +7,7 @@ import typing
 from typing import Annotated
 
 from memstrata.core.errors import InvalidInputError
-from memstrata.core.validation import check_text
+from memstrata.core.validation import check_text, check_time_range
 
 from ._codec import Message, Rule
 from ._msg_fields import (
@@ -89,6 +89,9 @@ class SearchMemory(Message):
     since: Time = None
     until: Time = None
 
+    def _check(self) -> None:
+        check_time_range(self.since, self.until)
+
 
 class MemorySearchResult(Message):
     agent_id: str
@@ -117,6 +120,9 @@ class ListEpisodes(Message):
     limit: PageSize = 100
     offset: PageStart = 0
     newest_first: Flag = True
+
+    def _check(self) -> None:
+        check_time_range(self.since, self.until)
 
 
 class EpisodeList(Message):

@@ -416,6 +416,16 @@ def check_datetime(value: object, name: str) -> _dt.datetime | None:
     return check_aware(value, name)
 
 
+def check_time_range(since: _dt.datetime | None, until: _dt.datetime | None) -> None:
+    """``since`` is not after ``until`` (aware datetimes, either may be ``None``): every door
+    refuses the empty range the same way, whether or not the agent has episodes yet."""
+    if since is not None and until is not None and since > until:
+        raise InvalidInputError(
+            f"since ({since.astimezone(_dt.UTC).isoformat()}) is after until "
+            f"({until.astimezone(_dt.UTC).isoformat()})"
+        )
+
+
 # -- JSON values --------------------------------------------------------------------------------
 
 

@@ -24,6 +24,7 @@ from memstrata.core.validation import (
     check_optional_text,
     check_tags,
     check_task_id,
+    check_time_range,
 )
 
 from ._episode_records import (
@@ -32,7 +33,6 @@ from ._episode_records import (
     Episode,
     dump_tags,
     episode_from_row,
-    from_us,
     has_context,
     query_in,
     refresh_context,
@@ -229,13 +229,10 @@ class EpisodicWrites(EpisodicBase):
         return int(self._open_db().scalar("SELECT count(*) FROM episodes"))
 
     def _bounds(self, since: object, until: object) -> tuple[int | None, int | None]:
-        since_us = None if since is None else to_us(check_aware(since, "since"))
-        until_us = None if until is None else to_us(check_aware(until, "until"))
-        if since_us is not None and until_us is not None and since_us > until_us:
-            raise InvalidInputError(
-                f"since ({from_us(since_us).isoformat()}) is after until ({from_us(until_us).isoformat()})"
-            )
-        return since_us, until_us
+        first = None if since is None else check_aware(since, "since")
+        last = None if until is None else check_aware(until, "until")
+        check_time_range(first, last)
+        return (None if first is None else to_us(first)), (None if last is None else to_us(last))
 
     def timeline(
         self,

@@ -4,6 +4,7 @@ against the caller's directory; both searches refuse a stopped system and keep t
 from __future__ import annotations
 
 import datetime as dt
+import re
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,25 @@ def test_default_archive_paths_stay_apart_when_the_clock_stands_still(data_dir: 
         assert [d.archived for d in done] == [1, 1, 1]
         assert agent.restore_episodes(done[1].path) == 1
         assert [e.content for e in agent.list_episodes()] == ["step of r2"]
+
+
+def test_a_time_range_that_ends_before_it_starts_is_refused_before_the_agent_has_episodes(
+    data_dir: Path,
+) -> None:
+    """The refusal came from the episodic store, so an agent without one answered "no matches"."""
+    now = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    late, early = now + dt.timedelta(days=1), now - dt.timedelta(days=1)
+    with MemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder()) as system:
+        fresh, used = system.agent("fresh"), system.agent("used")
+        used.remember("the cache warmed up")
+        for agent in (fresh, used):
+            with pytest.raises(
+                InvalidInputError, match=rf"^since \({re.escape(late.isoformat())}\) is after until"
+            ):
+                agent.list_episodes(since=late, until=early)
+            with pytest.raises(InvalidInputError, match="is after until"):
+                agent.recall("cache", since=late, until=early)
+        assert [e.content for e in used.list_episodes(since=early, until=late)] == ["the cache warmed up"]
 
 
 def test_both_searches_answer_hits_and_refuse_a_stopped_system(data_dir: Path) -> None:
