@@ -4,9 +4,12 @@ Every method of :class:`MemorySystem`, :class:`Agent` and :class:`Blackboard` ex
 coroutine with the same name, parameters and result. A call runs the synchronous method on a
 thread pool owned by the system, so the event loop never blocks on an actor, the model or the
 disk. Cancelling an awaiting task abandons the wait, not the work: a write that was sent is
-still stored (write-backs are acknowledged by the outbox, as in the synchronous API).
+still stored (write-backs are acknowledged by the outbox, as in the synchronous API). What a
+cancelled ``start`` or ``subscribe`` makes is undone, since nobody could reach it.
 
-Blackboard subscriptions are async iterators::
+``stop`` is idempotent; after it, every call behaves as the synchronous one on a stopped system
+(most raise ``SystemStoppedError``). Blackboard subscriptions are async iterators, which end when
+the system stops::
 
     async with board.subscribe("agent:*") as signals:
         async for signal in signals:
@@ -16,8 +19,10 @@ Blackboard subscriptions are async iterators::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
+import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -36,6 +41,8 @@ from ._items import Items
 from ._system import MemorySystem
 
 __all__ = ["AsyncAgent", "AsyncBlackboard", "AsyncItems", "AsyncMemorySystem", "AsyncSubscription"]
+
+log = logging.getLogger("memstrata")
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -58,12 +65,15 @@ def _twin(method: Callable[Concatenate[Any, P], R]) -> Callable[Concatenate[Any,
 
 class _Pool(ThreadPoolExecutor):
     """The system's call pool. It knows which calls are still running, so ``wait_idle`` also
-    waits for a call whose awaiting task was cancelled (the call goes on, see the module doc)."""
+    waits for a call whose awaiting task was cancelled (the call goes on, see the module doc),
+    and which subscriptions are open, so that their iterations end when the system stops."""
 
     def __init__(self) -> None:
         super().__init__(max_workers=_POOL_THREADS, thread_name_prefix="memstrata-async")
         self._running: set[Future[Any]] = set()
+        self._subscriptions: set[AsyncSubscription] = set()
         self._lock = threading.Lock()
+        self.closed = False
 
     def submit(self, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> Future[R]:
         future = super().submit(fn, *args, **kwargs)
@@ -80,19 +90,82 @@ class _Pool(ThreadPoolExecutor):
         with self._lock:
             return list(self._running)
 
+    def opened(self, subscription: AsyncSubscription) -> None:
+        with self._lock:
+            if not self.closed:
+                self._subscriptions.add(subscription)
+
+    def forget(self, subscription: AsyncSubscription) -> None:
+        with self._lock:
+            self._subscriptions.discard(subscription)
+
+    def close(self) -> None:
+        """The system has stopped: end the open subscriptions' iterations and release the
+        threads (a call still running finishes). Later calls go to the loop's default executor."""
+        with self._lock:
+            self.closed = True
+            subscriptions = list(self._subscriptions)
+            self._subscriptions.clear()
+        for subscription in subscriptions:
+            subscription._end()
+        self.shutdown(wait=False)
+
+
+def _submit(pool: _Pool, call: Callable[[], R]) -> asyncio.Future[R]:
+    """``call`` off the event loop: on the system's pool or, once the system has stopped and
+    released it, on the loop's default executor, so a late call gets the stopped system's own
+    answer (``SystemStoppedError`` for most, as in the synchronous API)."""
+    return asyncio.get_running_loop().run_in_executor(None if pool.closed else pool, call)
+
+
+async def _undone_if_cancelled(pool: _Pool, make: Callable[[], R], undo: Callable[[R], object]) -> R:
+    """``make()`` off the event loop for a task that may be cancelled before the result arrives.
+    What a cancelled task's call makes (a started system, a subscription) is then passed to
+    ``undo``, on the pool: nobody else holds it, so nobody else could."""
+    lock = threading.Lock()
+    made: list[R] = []
+    cancelled = False
+
+    def call() -> R:
+        result = make()
+        with lock:
+            if not cancelled:
+                made.append(result)
+                return result
+        _quietly(undo, result)
+        return result
+
+    try:
+        return await asyncio.shield(_submit(pool, call))
+    except asyncio.CancelledError:
+        with lock:
+            cancelled = True
+            handed = list(made)  # made just before the cancel, not yet received
+        for result in handed:
+            _submit(pool, functools.partial(_quietly, undo, result))
+        raise
+
+
+def _quietly(undo: Callable[[R], object], result: R) -> None:
+    """Undo for a task that has gone: there is nobody to raise to, so a failure is logged."""
+    try:
+        undo(result)
+    except Exception:
+        log.warning("could not undo what a cancelled call made (%r)", result, exc_info=True)
+
 
 class _Handle:
     """Shared plumbing: the synchronous object and the pool its calls run on."""
 
     sync: Any
 
-    def __init__(self, sync: Any, pool: ThreadPoolExecutor) -> None:
+    def __init__(self, sync: Any, pool: _Pool) -> None:
         self.sync = sync
         self._pool = pool
 
     async def _run(self, call: Callable[[], R]) -> R:
         # shielded: a cancelled caller stops waiting, but a call already sent still runs
-        return await asyncio.shield(asyncio.get_running_loop().run_in_executor(self._pool, call))
+        return await asyncio.shield(_submit(self._pool, call))
 
     def __repr__(self) -> str:
         return f"<Async{repr(self.sync)[1:]}"
@@ -158,15 +231,20 @@ class AsyncSubscription(_Handle):
     The current matching values come first, then every change in publication order. Signals
     wait in an unbounded queue on the subscriber's event loop, so a slow consumer never blocks
     the session's delivery thread. Leave the ``async with`` block (or call :meth:`unsubscribe`)
-    to stop deliveries; iteration then ends once the queue is drained.
+    to stop deliveries; iteration then ends once the queue is drained. It also ends when the
+    system stops (the signals queued before are still yielded), so a consumer never waits for
+    a signal that cannot come.
     """
 
-    def __init__(self, board: Blackboard, key_or_prefix: str, pool: ThreadPoolExecutor) -> None:
+    def __init__(self, board: Blackboard, key_or_prefix: str, pool: _Pool) -> None:
         super().__init__(None, pool)
         self._board = board
         self.pattern = key_or_prefix
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: asyncio.Queue[Signal | None] | None = None
         self._started = False
+        self._over = False  # no more signals wanted: unsubscribed, start failed, system stopped
+        self._done = False  # the end was read: iteration is over for good
 
     async def _start(self) -> None:
         if self._started:
@@ -174,12 +252,28 @@ class AsyncSubscription(_Handle):
         self._started = True
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Signal | None] = asyncio.Queue()
-        self._queue = queue
+        self._loop, self._queue = loop, queue
 
         def deliver(signal: Signal) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, signal)
 
-        self.sync = await self._run(functools.partial(self._board.subscribe, self.pattern, deliver))
+        self._pool.opened(self)
+        subscribe = functools.partial(self._board.subscribe, self.pattern, deliver)
+        try:
+            self.sync = await _undone_if_cancelled(self._pool, subscribe, Subscription.unsubscribe)
+        except BaseException:
+            self._pool.forget(self)
+            self._end()  # nothing will be delivered: iteration ends at once
+            raise
+        if self._over:  # unsubscribed, or the system stopped, while it was being made
+            await self._run(self.sync.unsubscribe)
+
+    def _end(self) -> None:
+        """End the iteration after the signals already queued (from any thread)."""
+        self._over = True
+        if self._loop is not None and self._queue is not None:
+            with contextlib.suppress(RuntimeError):  # that event loop is closed: nobody iterates
+                self._loop.call_soon_threadsafe(self._queue.put_nowait, None)
 
     @property
     def id(self) -> int | None:
@@ -189,14 +283,14 @@ class AsyncSubscription(_Handle):
 
     async def unsubscribe(self) -> bool:
         """Stop deliveries; True the first time. Signals already queued can still be read."""
+        self._started = True  # never start after this
+        self._over = True  # a start still under way undoes what it makes
+        self._pool.forget(self)
         subscription: Subscription | None = self.sync
-        if subscription is None:
-            self._started = True  # never start after this
-            return False
-        removed = await self._run(subscription.unsubscribe)
-        if removed and self._queue is not None:
-            self._queue.put_nowait(None)
-        return removed
+        try:
+            return False if subscription is None else await self._run(subscription.unsubscribe)
+        finally:
+            self._end()
 
     async def __aenter__(self) -> AsyncSubscription:
         await self._start()
@@ -210,10 +304,12 @@ class AsyncSubscription(_Handle):
 
     async def __anext__(self) -> Signal:
         await self._start()
-        if self._queue is None:
+        if self._done or self._queue is None:
             raise StopAsyncIteration
         signal = await self._queue.get()
         if signal is None:
+            self._done = True
+            self._queue.put_nowait(None)  # for another task iterating the same subscription
             raise StopAsyncIteration
         return signal
 
@@ -281,9 +377,10 @@ class _Starting:
     async def _open(self) -> AsyncMemorySystem:
         pool = _Pool()
         try:
-            system = await asyncio.get_running_loop().run_in_executor(pool, self._start)
+            # a cancelled start (a wait_for timeout, say) stops the system it started
+            system = await _undone_if_cancelled(pool, self._start, MemorySystem.stop)
         except BaseException:
-            pool.shutdown(wait=False)
+            pool.close()  # an undo already queued still runs
             raise
         self._system = AsyncMemorySystem(system, pool)
         return self._system
@@ -312,7 +409,7 @@ class AsyncMemorySystem(_Handle):
 
     sync: MemorySystem
 
-    def __init__(self, system: MemorySystem, pool: ThreadPoolExecutor | None = None) -> None:
+    def __init__(self, system: MemorySystem, pool: _Pool | None = None) -> None:
         """Wrap a running :class:`MemorySystem` (its owner still stops it)."""
         super().__init__(system, pool or _Pool())
         self._agents: dict[str, AsyncAgent] = {}
@@ -327,17 +424,21 @@ class AsyncMemorySystem(_Handle):
         await self.stop()
 
     async def stop(self, timeout: float | None = None) -> StopReport:
-        """Stop the system (see :meth:`MemorySystem.stop`) and release the thread pool."""
-        report = await self._run(functools.partial(self.sync.stop, timeout))
-        self._pool.shutdown(wait=False)
-        return report
+        """Stop the system (see :meth:`MemorySystem.stop`; idempotent too), end the iteration
+        of its subscriptions and release the thread pool."""
+        return await self._stopping(functools.partial(self.sync.stop, timeout))
 
     async def stop_cluster(self, timeout: float | None = None) -> list[str]:
         """Stop the system and, on the Ray engine, every host of its namespace for good (see
-        :meth:`MemorySystem.stop_cluster`); releases the thread pool."""
-        problems = await self._run(functools.partial(self.sync.stop_cluster, timeout))
-        self._pool.shutdown(wait=False)
-        return problems
+        :meth:`MemorySystem.stop_cluster`); ends subscriptions and releases the pool as
+        :meth:`stop` does."""
+        return await self._stopping(functools.partial(self.sync.stop_cluster, timeout))
+
+    async def _stopping(self, stop: Callable[[], R]) -> R:
+        call = _submit(self._pool, stop)
+        # on the call itself, not after the await: a cancelled stop still ends and releases
+        call.add_done_callback(lambda _: self._pool.close())
+        return await asyncio.shield(call)
 
     stopped = _Same[bool]()
     config = _Same[Config]()
@@ -367,7 +468,7 @@ class AsyncMemorySystem(_Handle):
     async def wait_idle(self, timeout: float | None = 10.0) -> bool:
         """Like :meth:`MemorySystem.wait_idle`, after the calls still running in the pool (a
         cancelled await's call included) have reached the actors."""
-        running = self._pool.running() if isinstance(self._pool, _Pool) else []
+        running = self._pool.running()
         if running:
             _, late = await asyncio.wait([asyncio.wrap_future(f) for f in running], timeout=timeout)
             if late:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,8 +19,8 @@ from memstrata import (
     Config,
     MemorySystem,
 )
-from memstrata.errors import InvalidInputError
-from memstrata.messages import TaskPrompt
+from memstrata.errors import InvalidInputError, SystemStoppedError
+from memstrata.messages import Signal, TaskPrompt
 from tests.fakes import FakeEmbedder
 
 
@@ -135,3 +137,165 @@ def test_bad_input_raises_the_same_clear_error(data_dir: Path) -> None:
         assert system.stopped
 
     asyncio.run(main())
+
+
+async def _in_thread(event: threading.Event) -> bool:
+    """Wait for an event set by a pool thread without blocking the loop (bounded: a safety net)."""
+    return await asyncio.get_running_loop().run_in_executor(None, event.wait, 30)
+
+
+def test_stop_is_idempotent_and_later_calls_raise_system_stopped_error(data_dir: Path) -> None:
+    async def main() -> None:
+        async with AsyncMemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder()) as system:
+            agent, board = system.agent("a"), system.blackboard("s")
+            await agent.remember("before the stop")
+            assert (await system.stop()).drained
+            assert (await system.stop()).drained  # a second stop, as in the synchronous API
+            assert system.stopped
+            with pytest.raises(SystemStoppedError):
+                await agent.remember("after the stop")
+            with pytest.raises(SystemStoppedError):
+                await board.publish("k", 1, wait=True)
+            with pytest.raises(SystemStoppedError):
+                await system.retire("a")
+            assert await system.wait_idle(10)
+            assert (await system.status())["stopped"] is True
+        # leaving the block stopped it once more, quietly
+
+    asyncio.run(main())
+
+
+def test_a_task_cancelled_inside_a_subscription_after_stop_gets_cancelled_error(data_dir: Path) -> None:
+    async def main() -> None:
+        async with AsyncMemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder()) as system:
+            board = system.blackboard("s")
+            entered = asyncio.Event()
+
+            async def holder() -> None:
+                async with board.subscribe("k*"):
+                    entered.set()
+                    await asyncio.Event().wait()  # until cancelled
+
+            task = asyncio.create_task(holder())
+            await asyncio.wait_for(entered.wait(), 30)
+            await system.stop()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+    asyncio.run(main())
+
+
+def test_iteration_ends_when_the_system_stops_after_the_queued_signals(data_dir: Path) -> None:
+    async def main() -> None:
+        system = await AsyncMemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder())
+        board = system.blackboard("s")
+        await board.publish("k1", 1, wait=True)
+        subscription = board.subscribe("k*")
+        entered = asyncio.Event()
+
+        async def consume() -> list[tuple[str, object]]:
+            seen: list[tuple[str, object]] = []
+            async with subscription as signals:
+                entered.set()
+                async for signal in signals:
+                    seen.append((signal.key, signal.value))
+            return seen
+
+        task = asyncio.create_task(consume())
+        await asyncio.wait_for(entered.wait(), 30)
+        await board.publish("k2", 2, wait=True)
+        await system.stop()
+        assert await asyncio.wait_for(task, 30) == [("k1", 1), ("k2", 2)]
+
+        async def again() -> list[Signal]:
+            return [signal async for signal in subscription]
+
+        assert await asyncio.wait_for(again(), 30) == []  # ended for good, not waiting again
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_start_stops_the_system_it_started(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made: list[MemorySystem] = []
+    entered, release, stopped = threading.Event(), threading.Event(), threading.Event()
+    init, stop = MemorySystem.__init__, MemorySystem.stop
+
+    def held_init(self: MemorySystem, runtime: Any) -> None:  # the system exists; its start goes on
+        init(self, runtime)
+        made.append(self)
+        entered.set()
+        release.wait(30)
+
+    def seen_stop(self: MemorySystem, timeout: float | None = None) -> Any:
+        try:
+            return stop(self, timeout)
+        finally:
+            stopped.set()
+
+    monkeypatch.setattr(MemorySystem, "__init__", held_init)
+    monkeypatch.setattr(MemorySystem, "stop", seen_stop)
+
+    async def main() -> None:
+        starting = asyncio.ensure_future(
+            AsyncMemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder())
+        )
+        assert await _in_thread(entered)
+        starting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await starting
+        release.set()  # the start now completes in its thread, for nobody
+        assert await _in_thread(stopped)
+
+    try:
+        asyncio.run(main())
+        assert len(made) == 1 and made[0].stopped
+    finally:
+        release.set()
+        for system in made:
+            stop(system)
+
+
+def test_a_subscription_whose_entry_is_cancelled_is_removed(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    entered, release = threading.Event(), threading.Event()
+    subscribe = Blackboard.subscribe
+
+    def held_subscribe(self: Blackboard, key_or_prefix: str, callback: Any) -> Any:
+        made = subscribe(self, key_or_prefix, callback)  # live now; the caller is cancelled next
+        entered.set()
+        release.wait(30)
+        return made
+
+    monkeypatch.setattr(Blackboard, "subscribe", held_subscribe)
+
+    async def main() -> dict[str, Any]:
+        async with AsyncMemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder()) as system:
+            board = system.blackboard("s")
+
+            async def consumer() -> None:
+                async with board.subscribe("k*") as signals:
+                    async for _ in signals:
+                        pass
+
+            task = asyncio.create_task(consumer())
+            assert await _in_thread(entered)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            release.set()
+            assert await system.wait_idle(30)
+            for n in range(3):
+                await board.publish(f"k{n}", n, wait=True)
+            assert await system.wait_idle(30)
+            board_status: dict[str, Any] = (await system.status())["blackboards"]["s"]
+            return board_status
+
+    try:
+        board_status = asyncio.run(main())
+    finally:
+        release.set()
+    assert (board_status["subscribers"], board_status["delivered"]) == (0, 0)
