@@ -6,8 +6,7 @@ from __future__ import annotations
 import typing
 from typing import Annotated
 
-from memstrata.core.errors import InvalidInputError
-from memstrata.core.validation import check_text, check_time_range
+from memstrata.core.validation import check_path, check_time_range
 
 from ._codec import Message, Rule
 from ._msg_fields import (
@@ -51,15 +50,7 @@ __all__ = [
 ]
 
 
-def _check_path(value: object, name: str) -> str:
-    """A file path as text: non-empty, at most 4096 characters, no NUL."""
-    text = check_text(value, name)
-    if len(text) > 4096 or "\x00" in text:
-        raise InvalidInputError(f"{name} must be a file path of at most 4096 characters without NUL")
-    return text
-
-
-FilePath = Annotated[str, Rule(_check_path)]
+FilePath = Annotated[str, Rule(check_path)]
 
 
 class StoreMemory(Message):

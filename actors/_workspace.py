@@ -21,6 +21,7 @@ import errno
 import hashlib
 import logging
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -150,7 +151,7 @@ class _FileIndexActor(MemoryActor):
             layer = cls.open(root, db_path=db_path, embedder=embedder, config=config)
         if sync.watch or config.files.sync_interval_s:
             try:
-                layer.watch(events=sync.watch, on_error=self._watch_failed)
+                layer.watch(events=sync.watch, on_synced=self._watch_synced, on_error=self._watch_failed)
             except Exception as exc:  # no watcher (e.g. inotify limits): lazy sync still works
                 self.last_sync_error = f"watcher not started: {type(exc).__name__}: {exc}"
                 log.warning("%s: %s", self, self.last_sync_error)
@@ -158,6 +159,10 @@ class _FileIndexActor(MemoryActor):
 
     def _watch_failed(self, exc: BaseException) -> None:
         self.last_sync_error = f"background sync failed: {type(exc).__name__}: {exc}"
+
+    def _watch_synced(self, stats: Any) -> None:
+        """A background sync succeeded: an earlier failure no longer describes the index."""
+        self.last_sync_error = None
 
     def close_layer(self, layer: Any) -> None:
         layer.close()
@@ -274,15 +279,23 @@ class WorkspaceActor(_FileIndexActor):
                 raise
             try:
                 name = f"{at:%Y-%m-%d}.md"
-                flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | nofollow
+                # O_NONBLOCK: a FIFO put there opens at once (or fails) instead of waiting
+                # forever for a reader, holding the actor; fstat then refuses all but a file
+                flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY | nofollow
                 try:
                     fd = os.open(name, flags, 0o644, dir_fd=memory_fd)
                 except OSError as exc:
                     if exc.errno == errno.ELOOP:
                         self._note_failed(f"memory/{name} is a symlink: not written")
                         return
+                    if exc.errno == errno.ENXIO:  # a FIFO without a reader
+                        self._note_failed(f"memory/{name} is not a regular file (a FIFO): not written")
+                        return
                     raise
                 try:
+                    if not stat.S_ISREG(os.fstat(fd).st_mode):
+                        self._note_failed(f"memory/{name} is not a regular file: not written")
+                        return
                     os.write(fd, entry)
                 finally:
                     os.close(fd)

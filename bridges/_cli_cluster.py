@@ -100,7 +100,7 @@ def cluster() -> None:
 @cluster.command("status")
 @click.option(
     "--timeout",
-    type=click.FloatRange(0.1, 600),
+    type=sh.FiniteRange(0.1, 600),
     default=5.0,
     show_default=True,
     help="Seconds each host has to report.",
@@ -121,7 +121,7 @@ def status(ctx: click.Context, timeout: float, as_json: bool) -> None:
 @cluster.command("down")
 @click.option(
     "--timeout",
-    type=click.FloatRange(0.1, 3600),
+    type=sh.FiniteRange(0.1, 3600),
     default=None,
     help="Seconds the hosts have to drain and commit (default: actors.stop_timeout_s).",
 )

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from memstrata.core.constants import MAX_TOP_K, MODES
-from memstrata.core.errors import MemstrataError
+from memstrata.core.errors import MemstrataError, RootMissingError
 
 from . import _cli_shared as sh
 from ._cli_cluster import cluster
@@ -70,7 +70,7 @@ def store(
     "--top-k", "-k", type=click.IntRange(1, MAX_TOP_K), default=None, help="How many hits (default 10)."
 )
 @click.option("--mode", type=click.Choice(MODES), default=None)
-@click.option("--min-score", type=click.FloatRange(0, 1), default=None, help="Cosine floor (semantic side).")
+@click.option("--min-score", type=sh.FiniteRange(0, 1), default=None, help="Cosine floor (semantic side).")
 @sh.json_option
 @click.pass_context
 def query(
@@ -237,8 +237,8 @@ def index(ctx: click.Context, path: Path, kind: str, progress_every: int, as_jso
 @click.argument("query")
 @click.option("--root", type=click.Path(path_type=Path), default=None, help="Only this indexed root.")
 @click.option("--top-k", "-k", type=click.IntRange(1, 1000), default=None, help="How many hits (default 6).")
-@click.option("--min-score", type=click.FloatRange(0, 1), default=None, help="Cosine floor (semantic side).")
-@click.option("--language", default=None, help="Only code in this language (e.g. python).")
+@click.option("--min-score", type=sh.FiniteRange(0, 1), default=None, help="Cosine floor (semantic side).")
+@click.option("--language", default=None, help="Only files in this language (e.g. python, markdown).")
 @sh.json_option
 @click.pass_context
 def search(
@@ -256,9 +256,9 @@ def search(
             query, root=root, max_results=top_k, min_score=min_score, **sh.given(language=language)
         )
     for warning in getattr(hits, "warnings", ()):  # e.g. a root whose folder is gone: skipped
-        click.echo(f"warning: {warning}", err=True)
+        click.echo(sh.warning_line(warning), err=True)
     if not getattr(hits, "complete", True):
-        click.echo("warning: a sync was still running: some files were not searched yet", err=True)
+        click.echo(sh.warning_line("a sync was still running: some files were not searched yet"), err=True)
     if as_json:
         sh.echo_json([h.as_dict() for h in hits])
         return
@@ -305,7 +305,11 @@ def get(ctx: click.Context, path: str, from_line: int, lines: int, root: Path | 
 @click.option("--kind", type=click.Choice(["auto", "memory", "code"]), default="auto", show_default=True)
 @click.pass_context
 def watch(ctx: click.Context, path: Path, kind: str) -> None:
-    """Keep PATH's index in sync with its files until Ctrl-C."""
+    """Keep PATH's index in sync with its files until Ctrl-C.
+
+    A failed sync prints one line on stderr and watching goes on; when PATH is deleted (or
+    moved away) that is said once, and watching resumes when a folder is back at PATH.
+    """
     from . import _convert
 
     stop = threading.Event()
@@ -316,8 +320,14 @@ def watch(ctx: click.Context, path: Path, kind: str) -> None:
             return
         click.echo(f"synced {ws.root}: {sync_summary(data)}")
 
+    def failed(ws: Any, exc: BaseException) -> None:  # one line each; watching goes on
+        if isinstance(exc, RootMissingError):
+            click.echo(sh.warning_line(str(exc)), err=True)
+        else:
+            click.echo(sh.fail_line(f"sync of {ws.root} failed: {exc}"), err=True)
+
     with sh.state(ctx).workspaces() as registry:
-        roots = registry.watch(path, kind=kind, on_synced=synced)  # type: ignore[arg-type]
+        roots = registry.watch(path, kind=kind, on_synced=synced, on_error=failed)  # type: ignore[arg-type]
         for ws in roots:
             click.echo(f"watching {ws.root} ({ws.kind}); press Ctrl-C to stop")
         with sh.stop_on_signals(stop.set):

@@ -107,7 +107,7 @@ def _click_param(op: Operation, p: Param) -> click.Parameter:
         extra = {"type": click.IntRange(schema.get("minimum"), schema.get("maximum"))}
     elif kind == "number":
         low = schema.get("minimum", schema.get("exclusiveMinimum"))
-        extra = {"type": click.FloatRange(low, schema.get("maximum"), min_open="exclusiveMinimum" in schema)}
+        extra = {"type": sh.FiniteRange(low, schema.get("maximum"), min_open="exclusiveMinimum" in schema)}
     elif "enum" in schema:
         extra = {"type": click.Choice([str(v) for v in schema["enum"]])}
     elif kind == "object" and p.name == "tags":

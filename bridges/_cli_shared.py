@@ -7,6 +7,7 @@ from the registry, ``serve``/``mcp``) reads its options and prints JSON the same
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -21,6 +22,7 @@ from ._json import NumberError, dumps, loads
 
 __all__ = [
     "PROG",
+    "FiniteRange",
     "agent_option",
     "content",
     "echo_json",
@@ -34,6 +36,7 @@ __all__ = [
     "state",
     "stop_on_signals",
     "tag_option",
+    "warning_line",
     "when",
 ]
 
@@ -43,6 +46,22 @@ PROG = "memstrata"
 def fail_line(message: str) -> str:
     """An error as the one line the command line prints for it."""
     return f"{PROG}: error: {' '.join(str(message).split()) or 'failed'}"
+
+
+def warning_line(message: str) -> str:
+    """A problem met on the way, as the one line the command line prints for it."""
+    return f"{PROG}: warning: {' '.join(str(message).split())}"
+
+
+class FiniteRange(click.FloatRange):
+    """click's :class:`~click.FloatRange` that also refuses NaN, which compares false with both
+    bounds and so passes click's own check."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if isinstance(number, float) and math.isnan(number):
+            self.fail(f"{value!r} is not a number in the range {self._describe_range()}.", param, ctx)
+        return number
 
 
 def state(ctx: click.Context) -> CliState:

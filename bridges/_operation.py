@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from memstrata.core.constants import MAX_PATH_CHARS
 from memstrata.core.errors import InvalidInputError
 
 if TYPE_CHECKING:
@@ -50,6 +51,7 @@ __all__ = [
     "files_lane",
     "object_schema",
     "parse_time",
+    "path_string",
     "pick",
     "returns",
     "search_result",
@@ -222,6 +224,13 @@ def string(description: str, *, max_length: int | None = None, **extra: Any) -> 
     if max_length is not None:
         schema["maxLength"] = max_length
     return schema
+
+
+def path_string(description: str) -> dict[str, Any]:
+    """A file or folder path param: never empty (``""`` would mean the current folder of the
+    process that serves, which no caller means). What else a path must be (valid UTF-8, no
+    NUL) is checked where it is used, by :func:`memstrata.core.validation.check_path`."""
+    return string(description, max_length=MAX_PATH_CHARS, minLength=1)
 
 
 AGENT_ID = Param("agent_id", string("The agent whose memory this is.", max_length=ID_LIMIT), True)

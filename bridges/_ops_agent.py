@@ -23,6 +23,7 @@ from ._operation import (
     OperationList,
     Param,
     agent_lane,
+    path_string,
     pick,
     returns,
     search_result,
@@ -93,7 +94,7 @@ _EPISODE_ID = {
     "minimum": 1,
     "description": "The episode's id in the agent's episodic memory.",
 }
-_PATH = string("A file path on the machine that runs memstrata.", max_length=4096)
+_PATH = path_string("A file path on the machine that runs memstrata.")
 
 
 @_OPS.add(

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._operation import Context, Effect, OperationList, Param, returns, string
+from ._operation import Context, Effect, OperationList, Param, path_string, returns
 
 _OPS = OperationList()
 
 _PATH = Param(
     "path",
-    string("A file on the machine that runs memstrata (JSON lines, one object per line).", max_length=4096),
+    path_string("A file on the machine that runs memstrata (JSON lines, one object per line)."),
     True,
 )
 

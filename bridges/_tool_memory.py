@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from memstrata.core.constants import MAX_SCOPE_CHARS
+from memstrata.core.constants import MAX_PATH_CHARS, MAX_SCOPE_CHARS
 from memstrata.core.errors import InvalidInputError
 from memstrata.core.validation import check_scope
 
@@ -292,7 +292,7 @@ MEMORY_TOOLS: tuple[Tool, ...] = (
                 {
                     "type": "string",
                     "minLength": 1,
-                    "maxLength": 4096,
+                    "maxLength": MAX_PATH_CHARS,
                     "description": "A path from memory_search: a file (absolute or relative to its root) or "
                     "memory://<id>.",
                 },

@@ -19,6 +19,7 @@ __all__ = [
     "MAX_AUTHOR_CHARS",
     "MAX_KEY_CHARS",
     "MAX_LIST_LIMIT",
+    "MAX_PATH_CHARS",
     "MAX_ROW_ID",
     "MAX_SCOPE_CHARS",
     "MAX_TAGS",
@@ -79,6 +80,7 @@ MAX_TAG_KEY_CHARS: Final = 128
 MAX_TAG_VALUE_CHARS: Final = 1_024
 MAX_SCOPE_CHARS: Final = 1_024
 MAX_AUTHOR_CHARS: Final = 256
+MAX_PATH_CHARS: Final = 4_096  # a file or folder path given to any door (PATH_MAX on Linux)
 MAX_TITLE_CHARS: Final = 1_000
 MIN_ROW_ID: Final = -(2**63)  # what an SQLite integer can hold
 MAX_ROW_ID: Final = 2**63 - 1

@@ -21,6 +21,7 @@ __all__ = [
     "PathOutsideRootError",
     "ReadOnlyError",
     "RequestTimeoutError",
+    "RootMissingError",
     "SchemaMismatchError",
     "StorageError",
     "SystemStoppedError",
@@ -45,6 +46,11 @@ class PathOutsideRootError(InvalidInputError):
 
 class ArchiveError(InvalidInputError):
     """An episodic archive file is unreadable, truncated or of an unknown format."""
+
+
+class RootMissingError(MemstrataError):
+    """A watched folder is gone (deleted, moved away or unmounted): nothing of it can be synced
+    until a folder is back at its path, when watching resumes."""
 
 
 class StorageError(MemstrataError):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal, TypeGuard, overload
@@ -31,6 +32,7 @@ from memstrata.core.constants import (
     CATEGORY_PATTERN,
     MAX_AUTHOR_CHARS,
     MAX_KEY_CHARS,
+    MAX_PATH_CHARS,
     MAX_ROW_ID,
     MAX_SCOPE_CHARS,
     MAX_TAG_KEY_CHARS,
@@ -56,10 +58,12 @@ __all__ = [
     "check_int",
     "check_json_value",
     "check_key",
+    "check_language",
     "check_min_score",
     "check_mode",
     "check_number",
     "check_optional_text",
+    "check_path",
     "check_row_id",
     "check_scope",
     "check_session_id",
@@ -74,6 +78,7 @@ __all__ = [
     "has_lone_surrogate",
     "is_plain_content",
     "show",
+    "show_path",
 ]
 
 _ID_RE = re.compile(AGENT_ID_PATTERN)
@@ -98,6 +103,18 @@ def show(value: object, limit: int = 80) -> str:
 def fail(name: str, what: str, value: object) -> InvalidInputError:
     """``InvalidInputError("{name} {what}, got {value!r}")`` (the value cut short)."""
     return InvalidInputError(f"{name} {what}, got {show(value)}")
+
+
+def show_path(path: str) -> str:
+    """``path`` as printable UTF-8 for reports and errors: bytes that are not UTF-8 (which Python
+    holds as lone surrogates) become backslash escapes (``caf\\xe9.py``), the rest is kept."""
+    if not has_lone_surrogate(path):
+        return path
+    try:
+        raw = os.fsencode(path)
+    except UnicodeEncodeError:  # a surrogate no file name decodes to: escape it as text
+        return path.encode("utf-8", "backslashreplace").decode("utf-8")
+    return raw.decode("utf-8", "backslashreplace")
 
 
 # -- text ---------------------------------------------------------------------------------------
@@ -175,6 +192,29 @@ def check_author(value: object, name: str = "author") -> str | None:
     if len(value) > MAX_AUTHOR_CHARS:
         raise InvalidInputError(f"{name} is {len(value)} characters, over the limit of {MAX_AUTHOR_CHARS}")
     return clean_text(value)
+
+
+def check_path(value: object, name: str = "path") -> str:
+    """A file or folder path given as text (``str`` or ``os.PathLike[str]``), returned as given:
+    not blank, at most 4096 characters, no NUL and no lone surrogate. Every database and every
+    answer keeps paths as UTF-8 text, so a path that is not valid UTF-8 (JSON's ``"\\ud800"``, or
+    a name in another encoding) could be neither stored nor reported: it is refused here, before
+    the file system or a codec sees it."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str):
+        raise InvalidInputError(f"{name} must be a path given as a string, got {type(value).__name__}")
+    if not value.strip():
+        raise fail(name, "must be a non-empty path", value)
+    if len(value) > MAX_PATH_CHARS:
+        raise InvalidInputError(f"{name} is {len(value)} characters, over the limit of {MAX_PATH_CHARS}")
+    if "\x00" in value:
+        raise fail(name, "must not contain NUL characters", value)
+    if has_lone_surrogate(value):
+        shown = _CONTROL.sub(lambda found: repr(found.group())[1:-1], show_path(value))
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."  # one line, however long
+        raise InvalidInputError(f"{name} must be valid UTF-8 text (no lone surrogates), got '{shown}'")
+    return value
 
 
 # -- names --------------------------------------------------------------------------------------
@@ -370,6 +410,24 @@ def check_number(
 def check_min_score(value: object, name: str = "min_score") -> float | None:
     """``None`` or a cosine similarity threshold from -1 to 1."""
     return check_number(value, name, low=-1.0, high=1.0)
+
+
+def check_language(value: object, names: Mapping[str, str], name: str = "language") -> str:
+    """A language filter as the name chunks are stored with. ``names`` maps every accepted
+    spelling (lowercase: a language, a file extension without its dot, an alias) to that name;
+    any case and a leading dot are accepted. An unknown language is refused, listing the known
+    ones, rather than matching nothing without a word."""
+    if not isinstance(value, str) or not value.strip():
+        raise fail(name, "must be a non-empty string", value)
+    key = value.strip().lower()
+    found = names.get(key, names.get(key.lstrip(".")))
+    if found is None:
+        known = ", ".join(sorted(set(names.values())))
+        raise InvalidInputError(
+            f"{name} {show(value)} is not a known language: use one of {known} "
+            "(or a file extension such as py)"
+        )
+    return found
 
 
 def check_mode(value: object, name: str = "mode") -> str:

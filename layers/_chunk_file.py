@@ -7,7 +7,7 @@ The entry point of the chunker family (:mod:`._chunk_code`, :mod:`._chunk_markdo
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import PurePosixPath
 
 from ._chunk import Chunk, TokenCounter
@@ -16,7 +16,14 @@ from ._chunk_lines import chunk_code
 from ._chunk_markdown import chunk_markdown
 from ._chunk_python import chunk_python
 
-__all__ = ["chunk_embedding_text", "chunk_file", "chunk_keyword_text", "chunker_for", "language_for"]
+__all__ = [
+    "chunk_embedding_text",
+    "chunk_file",
+    "chunk_keyword_text",
+    "chunker_for",
+    "language_for",
+    "language_names",
+]
 
 _LANGUAGES = {
     ".py": "python", ".pyi": "python", ".rs": "rust", ".ts": "typescript", ".tsx": "typescript",
@@ -35,6 +42,25 @@ def language_for(path: str) -> str:
     """The language name stored with a file's chunks (``python``, ``markdown``, ``rust``, ...)."""
     suffix = PurePosixPath(path).suffix.lower()
     return _LANGUAGES.get(suffix, suffix.lstrip(".") or "text")
+
+
+_ALIASES = {"c#": "csharp"}
+
+
+def language_names(extensions: Iterable[str] = ()) -> dict[str, str]:
+    """Every spelling a language filter accepts, lowercased, mapped to the name chunks are
+    stored with: the names themselves, file extensions without their dot (``py``) and aliases
+    (``c#``). ``extensions`` adds the configured ones this module has no name for: their
+    chunks are stored under the extension itself, so those names exist too."""
+    names = {language: language for language in (*_LANGUAGES.values(), "text")}
+    for extension in (*_LANGUAGES, *extensions):
+        bare = extension.strip().lower().lstrip(".")
+        if bare:
+            language = language_for(f"x.{bare}")
+            names[bare] = language
+            names.setdefault(language, language)
+    names.update(_ALIASES)
+    return names
 
 
 Chunker = Callable[..., list[Chunk]]

@@ -21,7 +21,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar, Self
 
 from memstrata.core.closing import Closeable
@@ -32,9 +32,11 @@ from memstrata.core.errors import (
     MemstrataError,
     StorageError,
 )
+from memstrata.core.validation import check_language
 from memstrata.storage import Embedder, load_embedder
 
 from ._chunk import split_lines
+from ._chunk_file import language_names
 from ._file_results import FileHit, SyncStats
 from ._index_db import IndexDatabase, SearchRow
 from ._paths import (
@@ -70,10 +72,17 @@ _MAX_LINES = 100_000
 _MAX_RESULTS = 1_000
 _CHEAP_CHECK_S = 0.05  # a lazy check this fast runs before every search
 _CHECK_COST_FACTOR = 5.0  # slower ones run at most once per 5x their cost
-_LANGUAGE_ALIASES = {
-    "py": "python", "rs": "rust", "ts": "typescript", "tsx": "typescript", "js": "javascript",
-    "jsx": "javascript", "cs": "csharp", "c#": "csharp", "md": "markdown", "yml": "yaml",
-}  # fmt: skip
+
+
+def known_languages(config: Config) -> dict[str, str]:
+    """The language filters an index of this config accepts (see :func:`language_names`): the
+    chunkers' languages and those of the configured code extensions and extra memory paths."""
+    files = config.files
+    return language_names([*files.code_extensions, *(PurePosixPath(p).suffix for p in files.extra_paths)])
+
+
+def _check_language(language: object, config: Config) -> str | None:
+    return None if language is None else check_language(language, known_languages(config))
 
 
 def _slug(name: str) -> str:
@@ -287,6 +296,11 @@ class _FileIndex(Closeable):
         raise :class:`PathOutsideRootError`; files the rules do not allow, missing, binary or
         oversized files raise :class:`InvalidInputError`. Past the end of the file: ``""``.
         """
+        return "\n".join(self.get_lines(path, from_line=from_line, lines=lines))
+
+    def get_lines(self, path: str, *, from_line: int = 1, lines: int = 50) -> list[str]:
+        """:meth:`get` as the list of lines read, without their line breaks: its length tells a
+        blank line (``[""]``) from the end of the file (``[]``), which the joined text cannot."""
         _check_int("from_line", from_line, 1, 2**31)
         _check_int("lines", lines, 1, _MAX_LINES)
         rel, target = resolve_request(self.root, path, self.rules)
@@ -295,7 +309,7 @@ class _FileIndex(Closeable):
         except SkipFile as skip:
             raise InvalidInputError(f"path {rel!r} cannot be served: {skip.reason}") from None
         all_lines = split_lines(decode(data))
-        return "\n".join(all_lines[from_line - 1 : from_line - 1 + lines])
+        return all_lines[from_line - 1 : from_line - 1 + lines]
 
     # -- watching ------------------------------------------------------------------------------
 
@@ -427,18 +441,20 @@ class MemoryFiles(_FileIndex):
         max_results: int | None = None,
         min_score: float | None = None,
         mode: str = "hybrid",
+        language: str | None = None,
     ) -> FileHits:
         """Best chunks for ``query`` (hybrid vector + keyword, fused with RRF), best first.
 
         ``min_score`` (default ``search.min_score``) is a cosine floor on the semantic side
-        only: keyword matches are never dropped by it.
+        only: keyword matches are never dropped by it. ``language`` keeps one language, as
+        :meth:`Codebase.search` does (notes are ``markdown``, or ``text`` for ``.txt``).
         """
         search = self.config.search
         top_k = _check_int(
             "max_results", search.max_results if max_results is None else max_results, 1, _MAX_RESULTS
         )
         floor = _check_score(search.min_score if min_score is None else min_score)
-        return self._search(query, top_k, floor, _check_mode(mode), None)
+        return self._search(query, top_k, floor, _check_mode(mode), _check_language(language, self.config))
 
 
 class Codebase(_FileIndex):
@@ -472,14 +488,9 @@ class Codebase(_FileIndex):
         mode: str = "hybrid",
     ) -> FileHits:
         """Best chunks for ``query``, optionally only in one ``language`` (``"python"``,
-        ``"rust"``, ...; extensions like ``"py"`` work too). ``min_score`` defaults to none:
+        ``"rust"``, ...; extensions like ``"py"`` work too; an unknown one is refused, naming
+        the known ones). ``min_score`` defaults to none:
         code embeds with lower similarities than prose, and ranks matter more than a floor."""
         top = _check_int("top_k", top_k, 1, _MAX_RESULTS)
         floor = None if min_score is None else _check_score(min_score)
-        lang = None
-        if language is not None:
-            if not isinstance(language, str) or not language.strip():
-                raise InvalidInputError(f"language must be a non-empty string or None, got {language!r}")
-            lang = language.strip().lower().lstrip(".")
-            lang = _LANGUAGE_ALIASES.get(lang, lang)
-        return self._search(query, top, floor, _check_mode(mode), lang)
+        return self._search(query, top, floor, _check_mode(mode), _check_language(language, self.config))

@@ -28,7 +28,7 @@ from typing import Literal
 
 from memstrata.core.closing import Closeable
 from memstrata.core.errors import InvalidInputError, PathOutsideRootError
-from memstrata.core.validation import has_lone_surrogate
+from memstrata.core.validation import has_lone_surrogate, show_path
 
 from . import _safe_fs as safe_fs
 from ._chunk import normalize_newlines
@@ -62,15 +62,8 @@ NOT_UTF8_DIR = "directory name is not valid UTF-8, not entered"
 
 
 def shown(path: str) -> str:
-    """``path`` as printable UTF-8 for reports and errors: bytes that are not UTF-8 become
-    backslash escapes (``caf\\xe9.py``), the rest is kept as it is."""
-    if not has_lone_surrogate(path):
-        return path
-    try:
-        raw = os.fsencode(path)
-    except UnicodeEncodeError:  # a surrogate no file name decodes to: escape it as text
-        return path.encode("utf-8", "backslashreplace").decode("utf-8")
-    return raw.decode("utf-8", "backslashreplace")
+    """``path`` as printable UTF-8 for reports and errors (:func:`~memstrata.core.validation.show_path`)."""
+    return show_path(path)
 
 
 def check_root_text(root: Path) -> None:

@@ -33,6 +33,7 @@ import orjson
 
 from memstrata.core.errors import InvalidInputError, StorageError
 from memstrata.core.json_text import NumberError, loads
+from memstrata.core.validation import check_path
 from memstrata.messages import SHARED, ListSignals, PublishSignal, QuerySignal, check_agent_id
 
 if TYPE_CHECKING:
@@ -142,9 +143,7 @@ def write_export(records: Iterable[dict[str, Any]], path: str | os.PathLike[str]
 
 
 def _check_target(path: str | os.PathLike[str]) -> Path:
-    raw = os.fspath(path)
-    if not isinstance(raw, str) or not raw.strip() or "\x00" in raw:
-        raise InvalidInputError(f"export path must be a non-empty file path without NUL, got {raw!r}")
+    raw = check_path(path)
     target = Path(raw).expanduser()
     if not target.parent.is_dir():
         raise InvalidInputError(f"export path {raw!r}: the folder {str(target.parent)!r} does not exist")
@@ -161,10 +160,7 @@ def _check_target(path: str | os.PathLike[str]) -> Path:
 
 def read_export(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
     """The records of an export file, checked line by line (a bad line names its number)."""
-    raw = os.fspath(path)
-    if not isinstance(raw, str) or "\x00" in raw:
-        raise InvalidInputError(f"export path must be a file path without NUL, got {raw!r}")
-    source = Path(raw).expanduser()
+    source = Path(check_path(path)).expanduser()
     try:
         if not stat.S_ISREG(source.stat().st_mode):  # a device or a pipe could stream forever
             raise InvalidInputError(f"cannot read the export {source}: not a regular file")

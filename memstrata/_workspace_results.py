@@ -62,7 +62,8 @@ class WorkspaceHit(_Record):
 
 @dataclass(frozen=True, slots=True)
 class FileText(_Record):
-    """Lines read back from an indexed file."""
+    """Lines read back from an indexed file: ``lines`` counts the lines in ``text`` (a blank
+    line counts), so ``0`` says ``from_line`` is past the end of the file."""
 
     root: Path
     kind: Kind

@@ -24,6 +24,7 @@ import orjson
 from memstrata.core.closing import Closeable
 from memstrata.core.config import Config
 from memstrata.core.errors import InvalidInputError, PathOutsideRootError, StorageError
+from memstrata.core.validation import check_language, check_path
 
 from ._workspace_results import (
     KINDS,
@@ -66,14 +67,16 @@ def detect_kind(root: Path) -> Kind:
     return "code"
 
 
-def _normalise_root(path: str | os.PathLike[str]) -> Path:
-    """Absolute, symlinks resolved: one folder has one registry key however it is spelled."""
+def _normalise_root(path: str | os.PathLike[str], name: str = "path") -> Path:
+    """Absolute, symlinks resolved: one folder has one registry key however it is spelled.
+    ``name`` is how the caller calls the argument (``path``, ``root``) in an error."""
+    text = check_path(path, name)
     try:
-        root = Path(os.fspath(path)).expanduser().resolve(strict=True)
+        root = Path(text).expanduser().resolve(strict=True)
     except (OSError, RuntimeError) as exc:
-        raise InvalidInputError(f"path {os.fspath(path)!r} does not exist or cannot be read") from exc
+        raise InvalidInputError(f"{name} {text!r} does not exist or cannot be read") from exc
     if not root.is_dir():
-        raise InvalidInputError(f"path {str(root)!r} is not a directory")
+        raise InvalidInputError(f"{name} {str(root)!r} is not a directory")
     return root
 
 
@@ -137,9 +140,11 @@ class Workspaces(Closeable):
             )
         return [_row_to_workspace(row) for row in rows]
 
-    def find(self, path: str | os.PathLike[str], kind: Kind | None = None) -> list[Workspace]:
+    def find(
+        self, path: str | os.PathLike[str], kind: Kind | None = None, *, name: str = "path"
+    ) -> list[Workspace]:
         """The registrations of exactly this root (one per kind)."""
-        root = _normalise_root(path)
+        root = _normalise_root(path, name)
         return [w for w in self.roots() if w.root == root and (kind is None or w.kind == kind)]
 
     def _register(self, root: Path, kind: Kind) -> Workspace:
@@ -245,7 +250,7 @@ class Workspaces(Closeable):
     def _select(self, root: str | os.PathLike[str] | None) -> list[Workspace]:
         if root is None:
             return self.roots()
-        selected = self.find(root)
+        selected = self.find(root, name="root")
         if not selected:
             raise InvalidInputError(f"root {os.fspath(root)!r} is not indexed (run: memstrata index PATH)")
         return selected
@@ -262,9 +267,11 @@ class Workspaces(Closeable):
         """Search every indexed root (or one), best first across roots.
 
         ``min_score`` (default ``search.min_score``) is the cosine floor of memory workspaces; a
-        codebase gets a floor only when ``min_score`` is given. A root whose folder is gone is
-        skipped and named in the result's ``warnings`` (the others still answer); ``complete``
-        is False when a root's sync ran out of its budget before the search.
+        codebase gets a floor only when ``min_score`` is given. ``language`` applies to every
+        root (memory notes are ``markdown``); an unknown one is refused, naming the known ones.
+        A root whose folder is gone is skipped and named in the result's ``warnings`` (the
+        others still answer); ``complete`` is False when a root's sync ran out of its budget
+        before the search.
         """
         if not isinstance(query, str):
             raise InvalidInputError(f"query must be a string, got {type(query).__name__}")
@@ -272,6 +279,10 @@ class Workspaces(Closeable):
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise InvalidInputError(f"max_results must be a positive integer, got {limit!r}")
         floor = self.config.search.min_score if min_score is None else min_score
+        if language is not None:  # refused before any root is searched, whichever roots there are
+            from memstrata.layers._files import known_languages
+
+            language = check_language(language, known_languages(self.config))
         hits: list[WorkspaceHit] = []
         warnings: list[str] = []
         complete = True
@@ -282,7 +293,7 @@ class Workspaces(Closeable):
             try:
                 with self._using(ws) as layer:
                     if ws.kind == "memory":
-                        found = layer.search(query, max_results=limit, min_score=floor)
+                        found = layer.search(query, max_results=limit, min_score=floor, language=language)
                     else:  # code ranks matter more than a floor: only an explicit min_score applies
                         found = layer.search(query, top_k=limit, language=language, min_score=min_score)
             except (InvalidInputError, StorageError, OSError):
@@ -304,11 +315,7 @@ class Workspaces(Closeable):
         lines: int = 50,
     ) -> FileText:
         """Read lines of an indexed file: an absolute path inside a root, or one relative to a root."""
-        raw = os.fspath(path)
-        if not isinstance(raw, str) or not raw:
-            raise InvalidInputError("path must be a non-empty string")
-        if "\x00" in raw:
-            raise InvalidInputError("path must not contain NUL characters")
+        raw = check_path(path)
         candidates = self._select(root)
         if not candidates:
             raise InvalidInputError("no memories indexed yet (run: memstrata index PATH)")
@@ -327,11 +334,11 @@ class Workspaces(Closeable):
         else:
             relative = raw
             existing = [w for w in candidates if _exists_under(w.root, raw)]
+            _refuse_ambiguous(raw, existing)
             ws = (existing or candidates)[0]
         with self._using(ws) as layer:
-            text = layer.get(relative, from_line=from_line, lines=lines)
-        count = 0 if not text else text.count("\n") + (0 if text.endswith("\n") else 1)
-        return FileText(ws.root, ws.kind, Path(relative).as_posix(), from_line, count, text)
+            found = layer.get_lines(relative, from_line=from_line, lines=lines)
+        return FileText(ws.root, ws.kind, Path(relative).as_posix(), from_line, len(found), "\n".join(found))
 
     def watch(
         self,
@@ -339,10 +346,13 @@ class Workspaces(Closeable):
         *,
         kind: Kind | Literal["auto"] = "auto",
         on_synced: Callable[[Workspace, Any], None] | None = None,
+        on_error: Callable[[Workspace, BaseException], None] | None = None,
     ) -> list[Workspace]:
         """Keep a root in sync with its files (indexing it first if it is new).
 
-        ``on_synced(workspace, stats)`` runs in the watcher's thread after each background sync.
+        ``on_synced(workspace, stats)`` runs in the watcher's thread after each background sync,
+        ``on_error(workspace, exc)`` after each that fails, and once when the root goes away
+        (:class:`~memstrata.errors.RootMissingError`); watching resumes when it is back.
         """
         found = self.find(path) if kind == "auto" else self.find(path, kind)
         if not found:
@@ -356,9 +366,13 @@ class Workspaces(Closeable):
                 if on_synced is not None:
                     on_synced(recorded, stats)
 
+            def failed(exc: BaseException, ws: Workspace = ws) -> None:
+                if on_error is not None:
+                    on_error(ws, exc)
+
             with handle.lock:
                 if not handle.watching:
-                    handle.layer.watch(on_synced=synced)
+                    handle.layer.watch(on_synced=synced, on_error=failed)
                     handle.watching = True
         return found
 
@@ -396,6 +410,17 @@ class Workspaces(Closeable):
     def _check_open(self) -> None:
         if self._closed:
             raise StorageError("the workspace registry is closed")
+
+
+def _refuse_ambiguous(path: str, holders: list[Workspace]) -> None:
+    """A relative path found under more than one root names no file: refused rather than read
+    from whichever root was registered first. One folder registered as two kinds is one root."""
+    roots = list(dict.fromkeys(str(w.root) for w in holders))
+    if len(roots) > 1:
+        raise InvalidInputError(
+            f"path {path!r} is in more than one indexed root ({', '.join(map(repr, roots))}): "
+            "name its root (root; --root on the command line) or give its absolute path"
+        )
 
 
 def _missing_warning(ws: Workspace) -> str:

@@ -101,6 +101,11 @@ def test_query_filters_and_modes(run: Any) -> None:
         (["recall", "x", "--agent", "a1", "--until", "yesterday"], "ISO 8601"),
         (["index", "/no/such/folder"], "does not exist"),
         (["get", "x.md", "--from", "0"], "'--from'"),
+        (["search", "x", "--min-score", "nan"], "'nan' is not a number in the range 0<=x<=1."),
+        (
+            ["query", "x", "--agent", "a1", "--min-score", "nan"],
+            "'nan' is not a number in the range 0<=x<=1.",
+        ),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(run: Any, args: list[str], needle: str) -> None:
@@ -207,6 +212,67 @@ def test_get_refuses_paths_outside_the_roots(run: Any, workspace: Path, tmp_path
     cli_fails(run("get", "memory/missing.md"), 2, "missing.md")
 
 
+def test_get_json_counts_the_lines_it_returns_a_blank_one_too(run: Any, workspace: Path) -> None:
+    cli_ok(run("index", str(workspace)))
+    blank = _json(run("get", "MEMORY.md", "--from", "2", "--lines", "1", "--json"))
+    assert (blank["lines"], blank["text"]) == (1, "")
+    ending = _json(run("get", "MEMORY.md", "--from", "6", "--lines", "9", "--json"))
+    assert (ending["lines"], ending["text"]) == (2, "\nDeploys go through the blue green pipeline.")
+    past = _json(run("get", "MEMORY.md", "--from", "8", "--lines", "1", "--json"))
+    assert (past["lines"], past["text"]) == (0, "")
+
+
+def test_search_language_filters_memory_roots_too_and_an_unknown_one_is_refused(
+    run: Any, workspace: Path, tmp_path: Path
+) -> None:
+    code = tmp_path / "src"
+    code.mkdir()
+    (code / "deploy.py").write_text('def deploy():\n    """blue green pipeline deploys"""\n')
+    cli_ok(run("index", str(workspace)))
+    cli_ok(run("index", str(code)))
+    query = ["search", "blue green pipeline deploys", "--top-k", "10", "--min-score", "0", "--json"]
+    assert {h["kind"] for h in _json(run(*query))} == {"memory", "code"}
+    assert {(h["kind"], h["language"]) for h in _json(run(*query, "--language", "py"))} == {
+        ("code", "python")
+    }
+    markdown = _json(run(*query, "--language", "Markdown"))
+    assert markdown and {(h["kind"], h["language"]) for h in markdown} == {("memory", "markdown")}
+    cli_fails(
+        run(*query, "--language", "cobol"), 2, "language 'cobol' is not a known language: use one of c, "
+    )
+
+
+def test_search_warnings_are_prefixed_as_documented(run: Any, workspace: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    (other / "memory").mkdir(parents=True)
+    cli_ok(run("index", str(workspace)))
+    cli_ok(run("index", str(other)))
+    (other / "memory").rmdir()
+    other.rmdir()
+    result = cli_ok(run("search", "staging database password", "--json"))
+    assert result.stderr.splitlines() == [
+        f"memstrata: warning: memory root {str(other.resolve())!r} is missing (deleted or not mounted): "
+        "skipped (forget_root removes it from the index)"
+    ]
+
+
+def test_get_a_relative_path_that_two_roots_hold_is_refused_naming_them(
+    run: Any, workspace: Path, tmp_path: Path
+) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "MEMORY.md").write_text("# Other notes\n", encoding="utf-8")
+    cli_ok(run("index", str(workspace)))
+    cli_ok(run("index", str(other)))
+    refused = run("get", "MEMORY.md")
+    cli_fails(refused, 2, "path 'MEMORY.md' is in more than one indexed root (")
+    assert f"'{workspace.resolve()}', '{other.resolve()}'" in refused.stderr
+    assert "--root" in refused.stderr
+    assert cli_ok(run("get", "MEMORY.md", "--root", str(other))).stdout == "# Other notes\n"
+    assert cli_ok(run("get", str(other / "MEMORY.md"))).stdout == "# Other notes\n"
+    assert cli_ok(run("get", "memory/2025-01-02.md", "--lines", "1")).stdout == "# 2025-01-02\n"
+
+
 def test_search_and_get_before_anything_is_indexed(run: Any) -> None:
     cli_fails(run("search", "anything"), 1, "no memories indexed yet")
     cli_fails(run("get", "MEMORY.md"), 1, "no memories indexed yet")
@@ -241,7 +307,9 @@ def test_index_skips_a_file_name_that_is_not_utf8_and_indexes_the_rest(run: Any,
     assert [h["path"] for h in _json(run("search", "retry webhooks", "--json"))] == ["hooks.py"]
     (listed,) = _json(run("roots", "list", "--json"))
     assert listed["last_stats"]["skipped"] == indexed["stats"]["skipped"]
-    cli_fails(run("get", str(code / os.fsdecode(b"caf\xe9.py"))), 2, "'caf\\xe9.py' is not served")
+    refused = run("get", str(code / os.fsdecode(b"caf\xe9.py")))  # its name escaped, as in the report
+    cli_fails(refused, 2, "must be valid UTF-8 text (no lone surrogates), got '")
+    assert "/caf\\xe9.py'" in refused.stderr
 
 
 def test_index_refuses_the_data_dir_and_the_filesystem_root(run: Any, data_dir: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import shutil
 import signal
 import socket
 import subprocess
@@ -97,6 +98,39 @@ def test_watch_until_interrupted(data_dir: Path, tmp_path: Path) -> None:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(TIMEOUT) == 0
         assert proc.stderr is not None and b"Traceback" not in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(TIMEOUT)
+    found = _memstrata(data_dir, "search", "heron pond", "--json")
+    assert orjson.loads(found.stdout)[0]["path"] == "memory/2025-03-03.md"
+
+
+def test_watch_says_when_its_root_is_gone_and_resumes_when_it_is_back(data_dir: Path, tmp_path: Path) -> None:
+    root = tmp_path / "ws"
+    (root / "memory").mkdir(parents=True)
+    (root / "MEMORY.md").write_text("# Start\n", encoding="utf-8")
+    config = data_dir / "memstrata.toml"
+    config.write_text("[files]\nwatch_debounce_ms = 100\n", encoding="utf-8")
+    proc = _popen(data_dir, "--config", str(config), "watch", str(root))
+    out, err = _line_queue(proc.stdout), _line_queue(proc.stderr)
+    try:
+        assert out.get(timeout=TIMEOUT).startswith(b"watching ")
+        shutil.rmtree(root)
+        gone = err.get(timeout=TIMEOUT).decode()
+        assert gone == (
+            f"memstrata: warning: root {root.resolve()} is missing (deleted, moved or unmounted): "
+            "watching resumes when a directory is back at that path\n"
+        ), gone
+        (root / "memory").mkdir(parents=True)
+        (root / "memory" / "2025-03-03.md").write_text("The heron came back to the pond.\n", encoding="utf-8")
+        synced = out.get(timeout=TIMEOUT)
+        while b"1 files indexed" not in synced:  # the folder back, then the note in it
+            synced = out.get(timeout=TIMEOUT)
+        assert synced.startswith(b"synced "), synced
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(TIMEOUT) == 0
+        assert err.get(timeout=TIMEOUT) == b"stopped watching\n"
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import queue
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ import pytest
 
 from memstrata import Config, MemoryFiles
 from memstrata.config import FilesConfig
+from memstrata.errors import RootMissingError
 from memstrata.layers import SyncStats, _watch
 from tests.fakes import BreakableEmbedder, FakeEmbedder
 
@@ -177,3 +179,41 @@ def test_interval_sync_without_events(workspace: Path, data_dir: Path, synced):
                 break
         assert "memory/polled.md" in indexed_paths(mf)
         assert mf.status()["watcher"]["events"] is False
+
+
+def test_a_deleted_root_is_reported_once_and_watching_resumes_when_it_is_back(
+    index: MemoryFiles, workspace: Path, synced
+):
+    errors: queue.Queue[BaseException] = queue.Queue()
+    watch(index, synced, on_error=errors.put)
+    shutil.rmtree(workspace)
+    error = errors.get(timeout=WAIT_S)
+    assert isinstance(error, RootMissingError) and str(workspace) in str(error)
+    status = index.status()["watcher"]
+    assert status["root_missing"] and not status["healthy"] and "missing" in status["last_error"]
+    write(workspace / "MEMORY.md", "# Memory\n\nThe deploy key moved to the new vault.\n", age_s=0)
+    write(workspace / "memory" / "back.md", "The root came back with herons.\n", age_s=0)
+    while "memory/back.md" not in indexed_paths(index):  # the directory back is synced at once
+        synced.get(timeout=WAIT_S)
+    write(workspace / "memory" / "later.md", "Events flow again: kingfishers.\n", age_s=0)
+    while "memory/later.md" not in indexed_paths(index):  # only events can bring this one
+        synced.get(timeout=WAIT_S)
+    status = index.status()["watcher"]
+    assert not status["root_missing"] and status["healthy"] and status["last_error"] is None
+    assert status["rearms"] == 1 and errors.empty(), "the disappearance was reported once"
+
+
+def test_a_background_failure_is_cleared_by_a_later_successful_sync(workspace: Path, data_dir: Path):
+    errors: queue.Queue[BaseException] = queue.Queue()
+    flaky = BreakableEmbedder(broken=True)
+    with MemoryFiles.open(
+        workspace, embedder=flaky, config=make_config(data_dir, watch_debounce_ms=50)
+    ) as mf:
+        mf.watch(on_error=errors.put)
+        write(workspace / "memory" / "a.md", "first note\n", age_s=0)
+        assert "model crashed" in str(errors.get(timeout=WAIT_S))
+        assert "model crashed" in mf.status()["watcher"]["last_error"]
+        flaky.broken = False
+        assert mf.sync().files_processed >= 1  # the owner's own sync indexes what failed
+        status = mf.status()["watcher"]
+        assert status["last_error"] is None and status["healthy"]

@@ -436,3 +436,91 @@ def test_an_unserialisable_result_in_a_batch_costs_only_its_own_answer() -> None
     (array,) = [orjson.loads(line) for line in out.getvalue().splitlines()]
     by_id = {r["id"]: r for r in array}
     assert by_id[1]["error"]["code"] == ErrorCode.INTERNAL_ERROR and by_id[2]["result"] == 2
+
+
+# -- file paths, line counts and language filters through the file methods --------------------
+
+
+def _answers(system: Any, registry: Workspaces, requests: list[tuple[str, dict[str, Any]]]) -> list[Any]:
+    """Each request's response, in order; lone surrogates escaped as JavaScript writes them."""
+    import json
+
+    lines = b"".join(
+        json.dumps({"jsonrpc": "2.0", "id": n, "method": method, "params": params}).encode() + b"\n"
+        for n, (method, params) in enumerate(requests)
+    )
+    out = io.BytesIO()
+    JsonLinesServer(build_methods(system, registry), workers=1).serve(io.BytesIO(lines), out)
+    by_id = {m["id"]: m for m in map(orjson.loads, out.getvalue().splitlines())}
+    return [by_id[n] for n in range(len(requests))]
+
+
+def test_a_path_with_a_lone_surrogate_or_an_empty_path_is_refused_naming_the_param(tmp_path: Path) -> None:
+    from tests._support import system_with_notes
+
+    with system_with_notes(tmp_path) as (system, registry):
+        bad = str(tmp_path / "x\ud800")
+        requests = [
+            ("index", {"path": bad}),
+            ("forget_root", {"path": bad}),
+            ("search_files", {"query": "notes", "root": bad}),
+            ("get_file", {"path": bad}),
+            ("get_file", {"path": "MEMORY.md", "root": bad}),
+            ("export", {"path": bad}),
+            ("import", {"path": bad}),
+            ("archive_episodes", {"agent_id": "a", "path": bad}),
+            ("restore_episodes", {"agent_id": "a", "path": bad}),
+        ]
+        empty = [(method, {**params, "path": ""}) for method, params in requests if "path" in params]
+        answers = _answers(system, registry, requests + empty)
+        assert not list(tmp_path.glob("x*")), "nothing written at a mangled path"
+    for (method, params), answer in zip(requests + empty, answers, strict=True):
+        error = answer.get("error")
+        assert error is not None and error["code"] == ErrorCode.INVALID_PARAMS, (method, answer)
+        message = error["message"]
+        assert "codec" not in message and "Error:" not in message and "\n" not in message, message
+        if params.get("path") == "":
+            assert message == f"{method}: param 'path' must not be empty", message
+        else:
+            name = "root" if "root" in params else "path"
+            assert f"{name} must be valid UTF-8 text (no lone surrogates), got '" in message, message
+            assert message.endswith("/x\\ud800'"), message
+
+
+def test_get_file_counts_blank_lines_and_says_zero_past_the_end(tmp_path: Path) -> None:
+    from tests._support import system_with_notes
+
+    with system_with_notes(tmp_path) as (system, registry):  # MEMORY.md: "# Notes", "", "some ..."
+        blank, past, two = _answers(
+            system,
+            registry,
+            [
+                ("get_file", {"path": "MEMORY.md", "from_line": 2, "lines": 1}),
+                ("get_file", {"path": "MEMORY.md", "from_line": 4, "lines": 1}),
+                ("get_file", {"path": "MEMORY.md", "from_line": 1, "lines": 2}),
+            ],
+        )
+    assert (blank["result"]["lines"], blank["result"]["text"]) == (1, "")
+    assert (past["result"]["lines"], past["result"]["text"]) == (0, "")
+    assert (two["result"]["lines"], two["result"]["text"]) == (2, "# Notes\n")
+
+
+def test_search_files_filters_memory_roots_by_language_and_refuses_an_unknown_one(tmp_path: Path) -> None:
+    from tests._support import system_with_notes
+
+    with system_with_notes(tmp_path) as (system, registry):
+        markdown, python, unknown = _answers(
+            system,
+            registry,
+            [
+                ("search_files", {"query": "notes", "language": "markdown", "min_score": 0}),
+                ("search_files", {"query": "notes", "language": "py", "min_score": 0}),
+                ("search_files", {"query": "notes", "language": "cobol"}),
+            ],
+        )
+    assert [h["path"] for h in markdown["result"]["hits"]] == ["MEMORY.md"]
+    assert python["result"]["hits"] == []  # a memory file is markdown, never python
+    message = unknown["error"]["message"]
+    assert unknown["error"]["code"] == ErrorCode.INVALID_PARAMS and "\n" not in message
+    assert message.startswith("search_files: language 'cobol' is not a known language: use one of c, ")
+    assert "markdown" in message and "python" in message

@@ -333,3 +333,23 @@ def test_the_workspace_actor_starts_a_watcher_by_default(trees: dict[str, Path])
         watcher = system.status()["agents"]["a"]["workspace"]["watcher"]
     assert watcher["running"] is True and watcher["healthy"] is True, watcher
     assert watcher["debounce_s"] == 1.5
+
+
+def test_a_fifo_at_the_daily_note_is_refused_and_blocks_nothing(trees: dict[str, Path]) -> None:
+    fifo = trees["workspace"] / "memory" / "2025-01-01.md"  # the ManualClock's day
+    os.mkfifo(fifo)
+    try:
+        with _start(_config(trees)) as system:
+            agent = system.agent("a")
+            agent.complete_task("t1", "Charged with the idempotency key")
+            assert system.wait_idle(30), "the workspace actor is stuck on the FIFO"
+            state = system.status()["agents"]["a"]["workspace"]
+            prompt = agent.begin_task("t2", "payment gateway retries")
+            report = system.stop(timeout=30)
+        assert state["notes_written"] == 0
+        assert state["last_note_error"] == "memory/2025-01-01.md is not a regular file (a FIFO): not written"
+        assert any(f.source == "file" for f in prompt.files), prompt.reason
+        assert report.drained and report.late == ()
+    finally:  # without the fix a writer waits in open(): a reader lets it go
+        fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        os.close(fd)

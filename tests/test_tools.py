@@ -106,6 +106,22 @@ def test_search_merges_files_and_saved_memories(env: Any, tmp_path: Path) -> Non
     assert "error" in outside
 
 
+def test_memory_get_counts_a_blank_line_and_refuses_a_lone_surrogate(env: Any, tmp_path: Path) -> None:
+    _, registry = env
+    root = tmp_path / "ws"
+    root.mkdir()
+    (root / "MEMORY.md").write_text("# Garden\n\n\nTomatoes need full sun.\n", encoding="utf-8")
+    registry.index(root)
+    blank = call(env, "memory_get", {"path": "MEMORY.md", "from": 2, "lines": 2})
+    assert (blank["lines"], blank["text"]) == (2, "\n")
+    past = call(env, "memory_get", {"path": "MEMORY.md", "from": 5, "lines": 2})
+    assert (past["lines"], past["text"]) == (0, "")
+    for path in ("MEMORY\ud800.md", f"{root}/\udfff/MEMORY.md"):
+        error = call(env, "memory_get", {"path": path})["error"]
+        assert error.startswith("memory_get: path must be valid UTF-8 text (no lone surrogates), got '")
+        assert "codec" not in error and "\n" not in error
+
+
 @pytest.mark.parametrize(
     "query",
     [

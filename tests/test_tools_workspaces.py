@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import queue
+import shutil
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -13,8 +15,9 @@ import pytest
 
 from memstrata import Config, InvalidInputError, PathOutsideRootError
 from memstrata._workspaces import Workspaces, detect_kind
+from memstrata.errors import RootMissingError
 from tests._support import write_tree
-from tests.fakes import FakeEmbedder
+from tests.fakes import BreakableEmbedder, FakeEmbedder
 
 
 @pytest.fixture
@@ -91,6 +94,26 @@ def test_bad_arguments(registry: Workspaces, tmp_path: Path) -> None:
         registry.index(tmp_path, kind="video")  # type: ignore[arg-type]
     with pytest.raises(InvalidInputError, match="max_results"):
         registry.search("x", max_results=0)
+
+
+def test_watch_hands_each_failure_to_on_error_with_its_root(data_dir: Path, tmp_path: Path) -> None:
+    root = write_tree(tmp_path / "ws", {"MEMORY.md": "# Start\n\nnothing yet\n"})
+    flaky = BreakableEmbedder()
+    config = Config(data_dir=data_dir)
+    config = dataclasses.replace(config, files=dataclasses.replace(config.files, watch_debounce_ms=50))
+    failures: queue.Queue[tuple[Any, BaseException]] = queue.Queue()
+    with Workspaces(data_dir, config=config, embedder=flaky) as registry:
+        registry.index(root)
+        flaky.broken = True
+        registry.watch(root, on_error=lambda ws, exc: failures.put((ws, exc)))
+        (root / "memory").mkdir()
+        (root / "memory" / "a.md").write_text("a note the model cannot embed\n", encoding="utf-8")
+        ws, exc = failures.get(timeout=30)
+        assert ws.root == root.resolve() and "model crashed" in str(exc)
+        flaky.broken = False
+        shutil.rmtree(root)
+        ws, exc = failures.get(timeout=30)
+        assert ws.root == root.resolve() and isinstance(exc, RootMissingError)
 
 
 def test_concurrent_searches_and_reads(registry: Workspaces, tmp_path: Path) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import os
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -383,3 +385,39 @@ def test_plain_content_is_content_the_full_check_returns_unchanged(value: object
     elif isinstance(value, str) and value.isascii() and len(value) <= 30:
         with pytest.raises(InvalidInputError):  # ASCII it turns down is refused by the full check
             validation.check_content(value, max_bytes=30)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("/tmp/\ud800", r"^where must be valid UTF-8 text \(no lone surrogates\), got '/tmp/\\ud800'$"),
+        (
+            os.fsdecode(b"/tmp/caf\xe9"),
+            r"^where must be valid UTF-8 text \(no lone surrogates\), got '/tmp/caf\\xe9'$",
+        ),
+        ("", r"^where must be a non-empty path, got ''$"),
+        ("a\x00b", "NUL"),
+        ("x" * 4097, "over the limit of 4096"),
+        (b"/tmp", "must be a path given as a string, got bytes"),
+    ],
+)
+def test_check_path_refuses_what_no_database_or_answer_can_hold(value: object, message: str) -> None:
+    with pytest.raises(InvalidInputError, match=message):
+        validation.check_path(value, "where")
+
+
+def test_check_path_keeps_a_good_path_as_given() -> None:
+    assert validation.check_path(Path("/tmp/ü x"), "where") == "/tmp/ü x"
+
+
+def test_check_language_normalises_spellings_and_names_the_known_ones() -> None:
+    names = {"python": "python", "py": "python", "markdown": "markdown", "md": "markdown"}
+    assert [validation.check_language(v, names) for v in ("Python", ".py", " md ")] == ["python"] * 2 + [
+        "markdown"
+    ]
+    with pytest.raises(
+        InvalidInputError, match=r"^language 'cobol' is not a known language: use one of markdown, python "
+    ):
+        validation.check_language("cobol", names)
+    with pytest.raises(InvalidInputError, match="non-empty"):
+        validation.check_language(" ", names)
