@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from memstrata.core.errors import InvalidInputError
+from memstrata.core.validation import check_path
 from memstrata.messages import (
     SHARED,
     ArchiveEpisodes,
@@ -61,7 +62,7 @@ def _absolute(path: object) -> str:
     """An archive path, checked in the caller and made absolute against the caller's directory."""
     if not isinstance(path, str | Path):
         raise InvalidInputError(f"path must be a str or Path, got {type(path).__name__}")
-    return str(Path(path).absolute())
+    return str(Path(check_path(path)).absolute())  # "" would be the caller's own directory
 
 
 class Agent:

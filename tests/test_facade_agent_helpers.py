@@ -24,7 +24,10 @@ def test_archive_and_restore_refuse_a_path_of_the_wrong_type(data_dir: Path) -> 
             agent.archive_episodes(42)  # type: ignore[arg-type]
         with pytest.raises(InvalidInputError, match="path must be a str or Path, got bytes"):
             agent.restore_episodes(b"archive.sqlite")  # type: ignore[arg-type]
-        assert len(agent.list_episodes()) == 1  # nothing was archived by the refused call
+        for blank in ("", "  "):
+            with pytest.raises(InvalidInputError, match=r"^path must be a non-empty path"):
+                agent.archive_episodes(blank)
+        assert len(agent.list_episodes()) == 1  # nothing was archived by the refused calls
 
 
 def test_a_relative_archive_path_is_taken_from_the_callers_directory(
