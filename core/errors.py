@@ -3,6 +3,26 @@
 Backend errors (sqlite, fastembed, watchdog, pykka) are translated into these at the boundary
 with ``raise ... from exc`` so callers never need to import a backend to catch a failure.
 Invalid arguments raise subclasses of :class:`ValueError` whose message names the argument.
+
+The tree::
+
+    MemstrataError
+      ActorCrashedError
+        AgentDegradedError
+      EmbeddingError
+        EmbedderUnavailableError
+        ModelFaultError
+      InvalidInputError (also ValueError)
+        ArchiveError
+        ConfigError
+        PathOutsideRootError
+      RequestTimeoutError (also TimeoutError)
+      RootMissingError
+      StorageError
+        DatabaseBusyError
+        ReadOnlyError
+        SchemaMismatchError
+      SystemStoppedError
 """
 
 from __future__ import annotations
