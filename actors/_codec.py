@@ -24,7 +24,7 @@ from typing import Any, ClassVar, TypeVar
 import orjson
 
 from memstrata.core.errors import InvalidInputError
-from memstrata.core.json_text import NumberError, loads
+from memstrata.core.json_text import loads_or_refuse
 from memstrata.core.jsonable import to_jsonable
 
 __all__ = ["Message", "Rule", "decode", "encode", "field_rules", "message_types"]
@@ -121,12 +121,7 @@ def encode(message: Message) -> bytes:
 def decode(data: bytes | str | Mapping[str, Any]) -> Message:
     """The message that :func:`encode` (or ``to_dict``) produced; unknown types are a clear error."""
     if isinstance(data, bytes | bytearray | memoryview | str):
-        try:
-            data = loads(data)
-        except NumberError as exc:  # valid JSON, but a number no part of memstrata takes
-            raise InvalidInputError(f"message refused: {exc}") from exc
-        except orjson.JSONDecodeError as exc:
-            raise InvalidInputError(f"message is not valid JSON: {exc}") from exc
+        data = loads_or_refuse(data, "message")
     if not isinstance(data, Mapping):
         raise InvalidInputError(f"a message must be a JSON object, got {type(data).__name__}")
     tag = data.get("type")

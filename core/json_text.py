@@ -17,6 +17,8 @@ from typing import Any, NoReturn
 
 import orjson
 
+from memstrata.core.errors import InvalidInputError
+
 __all__ = [
     "INT64_MAX",
     "INT64_MIN",
@@ -29,6 +31,7 @@ __all__ = [
     "has_long_digit_run",
     "loads",
     "loads_marking",
+    "loads_or_refuse",
     "show_digits",
 ]
 
@@ -112,6 +115,17 @@ def loads(data: JsonText) -> Any:
         pos = next((m.start() for m in _TOKEN.finditer(text) if m.group() == digits), 0)
         raise IntegerRangeError(path, digits, text, pos)
     return value
+
+
+def loads_or_refuse(data: JsonText, what: str) -> Any:
+    """:func:`loads`, its refusals as :class:`~memstrata.core.errors.InvalidInputError` naming
+    ``what`` was read (``"message"``, ``"file.jsonl line 3"``), for callers of the Python API."""
+    try:
+        return loads(data)
+    except NumberError as exc:  # valid JSON, but a number no part of memstrata takes
+        raise InvalidInputError(f"{what} is refused: {exc}") from exc
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInputError(f"{what} is not valid JSON: {exc}") from exc
 
 
 def loads_marking(data: JsonText, *, lone_surrogates: bool = False) -> tuple[Any, bool]:

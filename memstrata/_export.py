@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from memstrata.core.errors import InvalidInputError, StorageError
-from memstrata.core.json_text import NumberError, loads
+from memstrata.core.json_text import loads_or_refuse
 from memstrata.core.validation import check_path
 from memstrata.messages import SHARED, ListSignals, PublishSignal, QuerySignal, check_agent_id
 
@@ -171,12 +171,7 @@ def read_export(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
         for number, line in enumerate(handle, 1):
             if not line.strip():
                 continue
-            try:
-                record = loads(line)
-            except NumberError as exc:  # valid JSON, but a number no part of memstrata takes
-                raise InvalidInputError(f"{source} line {number} is refused: {exc}") from exc
-            except orjson.JSONDecodeError as exc:
-                raise InvalidInputError(f"{source} line {number} is not JSON: {exc}") from exc
+            record = loads_or_refuse(line, f"{source} line {number}")
             if not isinstance(record, dict) or not isinstance(record.get("kind"), str):
                 raise InvalidInputError(f"{source} line {number} is not an object with a 'kind'")
             if number == 1 and (record.get("format") != FORMAT or record.get("version") != VERSION):

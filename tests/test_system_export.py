@@ -118,7 +118,7 @@ def test_import_refuses_what_is_not_an_export_and_names_the_line(tmp_path: Path)
         with pytest.raises(InvalidInputError, match="not a memstrata export"):
             system.import_(bad)
         bad.write_text('{"format": "memstrata-export", "kind": "export", "version": 1}\n{oops\n')
-        with pytest.raises(InvalidInputError, match="line 2 is not JSON"):
+        with pytest.raises(InvalidInputError, match="line 2 is not valid JSON"):
             system.import_(bad)
         bad.write_text(
             '{"format": "memstrata-export", "kind": "export", "version": 1}\n'
