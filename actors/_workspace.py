@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from memstrata.core.config import Config
-from memstrata.core.errors import ConfigError, MemstrataError
-from memstrata.layers._paths import refused_tree
+from memstrata.core.errors import ConfigError, InvalidInputError, MemstrataError
+from memstrata.core.validation import check_path
+from memstrata.layers._paths import existing_dir, refused_tree
 from memstrata.storage import Embedder
 from memstrata.storage._embedding import embed_deadline
 
@@ -83,17 +84,11 @@ class NoteOutcome:
 def check_tree(raw: object, key: str, data_dir: Path) -> Path:
     """A configured workspace or codebase path, resolved; a :class:`ConfigError` naming ``key``
     for anything that is not a plain existing directory we may index."""
-    if not isinstance(raw, str | os.PathLike) or not os.fspath(raw).strip():
-        raise ConfigError(f"config key {key!r} must be a directory path, got {raw!r}")
-    text = os.fspath(raw)
-    if "\x00" in text:
-        raise ConfigError(f"config key {key!r} must not contain NUL characters")
     try:
-        root = Path(text).expanduser().resolve(strict=True)
-    except (OSError, RuntimeError) as exc:
-        raise ConfigError(f"config key {key!r}: {text!r} does not exist or cannot be read ({exc})") from exc
-    if not root.is_dir():
-        raise ConfigError(f"config key {key!r}: {text!r} is not a directory")
+        text = check_path(raw, f"config key {key!r}")
+        root = existing_dir(text, f"config key {key!r}:")
+    except InvalidInputError as exc:
+        raise ConfigError(str(exc)) from None
     refused = refused_tree(root, data_dir)
     if refused is not None:
         raise ConfigError(f"config key {key!r}: {text!r} {refused}: it cannot be a workspace or codebase")

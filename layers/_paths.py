@@ -42,13 +42,13 @@ __all__ = [
     "SourceRules",
     "check_root_text",
     "decode",
+    "existing_dir",
     "inside",
     "read_source",
     "read_under",
     "refused_tree",
     "resolve_request",
     "scan",
-    "shown",
 ]
 
 Kind = Literal["memory", "codebase"]
@@ -61,17 +61,24 @@ NOT_UTF8_FILE = "file name is not valid UTF-8"
 NOT_UTF8_DIR = "directory name is not valid UTF-8, not entered"
 
 
-def shown(path: str) -> str:
-    """``path`` as printable UTF-8 for reports and errors (:func:`~memstrata.core.validation.show_path`)."""
-    return show_path(path)
-
-
 def check_root_text(root: Path) -> None:
     """Refuse a root whose path is not valid UTF-8: every database keeps it as text."""
     if has_lone_surrogate(str(root)):
         raise InvalidInputError(
-            f"root '{shown(str(root))}' is not valid UTF-8: it cannot be indexed (rename the folder)"
+            f"root '{show_path(str(root))}' is not valid UTF-8: it cannot be indexed (rename the folder)"
         )
+
+
+def existing_dir(text: str, name: str) -> Path:
+    """The directory ``text`` names, absolute with symlinks resolved, so that one folder has one
+    spelling wherever it is registered; ``name`` leads the error (``path``, ``config key 'x':``)."""
+    try:
+        root = Path(text).expanduser().resolve(strict=True)
+    except (OSError, RuntimeError) as exc:
+        raise InvalidInputError(f"{name} {text!r} does not exist or cannot be read ({exc})") from exc
+    if not root.is_dir():
+        raise InvalidInputError(f"{name} {text!r} is not a directory")
+    return root
 
 
 def refused_tree(root: Path, data_dir: str | os.PathLike[str]) -> str | None:
@@ -217,7 +224,7 @@ def scan(root: Path, rules: SourceRules) -> Scan:
             return False
         if not has_lone_surrogate(rel_dir):  # its parents were checked when they were entered
             return True
-        result.skipped.append((shown(rel_dir), NOT_UTF8_DIR))
+        result.skipped.append((show_path(rel_dir), NOT_UTF8_DIR))
         return False
 
     try:
@@ -231,10 +238,10 @@ def scan(root: Path, rules: SourceRules) -> Scan:
                         continue
                     if not rules.file_in_walk(rel, entry.name):
                         if is_link and rules.descend(rel) and _leads_to_dir(dir_fd, entry.name):
-                            result.skipped.append((shown(rel), "symlinked directory, not followed"))
+                            result.skipped.append((show_path(rel), "symlinked directory, not followed"))
                         continue
                     if has_lone_surrogate(entry.name):
-                        result.skipped.append((shown(rel), NOT_UTF8_FILE))
+                        result.skipped.append((show_path(rel), NOT_UTF8_FILE))
                         continue
                     if is_link:
                         _add_link(result, root_fd, root_str, rel, rules)
@@ -407,7 +414,7 @@ def resolve_request(root: Path, path: object, rules: SourceRules) -> tuple[str, 
     the reason. Checks only: the read itself goes through :func:`read_source` again."""
     rel = normalise_relative(path)
     if has_lone_surrogate(rel):  # never indexed (see scan), so never served
-        raise InvalidInputError(f"path '{shown(rel)}' is not served: its name is not valid UTF-8")
+        raise InvalidInputError(f"path '{show_path(rel)}' is not served: its name is not valid UTF-8")
     root_str = str(root)
     parts = rel.split("/")
     try:

@@ -24,7 +24,7 @@ import orjson
 from memstrata.core.closing import Closeable
 from memstrata.core.config import Config
 from memstrata.core.errors import InvalidInputError, PathOutsideRootError, StorageError
-from memstrata.core.validation import check_language, check_path
+from memstrata.core.validation import check_language, check_path, show_path
 
 from ._workspace_results import (
     KINDS,
@@ -70,14 +70,9 @@ def detect_kind(root: Path) -> Kind:
 def _normalise_root(path: str | os.PathLike[str], name: str = "path") -> Path:
     """Absolute, symlinks resolved: one folder has one registry key however it is spelled.
     ``name`` is how the caller calls the argument (``path``, ``root``) in an error."""
-    text = check_path(path, name)
-    try:
-        root = Path(text).expanduser().resolve(strict=True)
-    except (OSError, RuntimeError) as exc:
-        raise InvalidInputError(f"{name} {text!r} does not exist or cannot be read") from exc
-    if not root.is_dir():
-        raise InvalidInputError(f"{name} {str(root)!r} is not a directory")
-    return root
+    from memstrata.layers._paths import existing_dir
+
+    return existing_dir(check_path(path, name), name)
 
 
 class _Handle:
@@ -227,11 +222,11 @@ class Workspaces(Closeable):
     def _check_indexable(self, path: str | os.PathLike[str], root: Path) -> None:
         """The rule the config applies to its workspaces and codebases, and a path the registry
         can store (the databases hold text, which bytes that are not UTF-8 cannot be)."""
-        from memstrata.layers._paths import check_root_text, refused_tree, shown
+        from memstrata.layers._paths import check_root_text, refused_tree
 
         refused = refused_tree(root, self.data_dir)
         if refused is not None:
-            raise InvalidInputError(f"path '{shown(os.fspath(path))}' {refused}: it cannot be indexed")
+            raise InvalidInputError(f"path '{show_path(os.fspath(path))}' {refused}: it cannot be indexed")
         check_root_text(root)
 
     def _record_sync(self, ws: Workspace, stats: Any) -> Workspace:

@@ -184,7 +184,7 @@ def test_the_daily_note_never_follows_a_symlink_out_of_the_workspace(
         ("data", "data dir"),
         ("data/inside", "data dir"),
         ("bad\x00name", "NUL"),
-        ("", "must be a directory path"),
+        ("", "must be a non-empty path"),
     ],
 )
 def test_hostile_workspace_paths_are_refused_naming_the_key(
