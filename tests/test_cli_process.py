@@ -58,12 +58,18 @@ def test_keyword_only_mode_is_loud(data_dir: Path) -> None:
     assert orjson.loads(found.stdout)[0]["match_type"] == "keyword"
 
 
-def test_watch_until_interrupted(data_dir: Path, tmp_path: Path) -> None:
+def _memory_workspace(tmp_path: Path, data_dir: Path) -> tuple[Path, Path]:
+    """A memory workspace to watch, and a config that syncs 100 ms after a change."""
     root = tmp_path / "ws"
     (root / "memory").mkdir(parents=True)
     (root / "MEMORY.md").write_text("# Start\n", encoding="utf-8")
     config = data_dir / "memstrata.toml"
     config.write_text("[files]\nwatch_debounce_ms = 100\n", encoding="utf-8")
+    return root, config
+
+
+def test_watch_until_interrupted(data_dir: Path, tmp_path: Path) -> None:
+    root, config = _memory_workspace(tmp_path, data_dir)
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -107,11 +113,7 @@ def test_watch_until_interrupted(data_dir: Path, tmp_path: Path) -> None:
 
 
 def test_watch_says_when_its_root_is_gone_and_resumes_when_it_is_back(data_dir: Path, tmp_path: Path) -> None:
-    root = tmp_path / "ws"
-    (root / "memory").mkdir(parents=True)
-    (root / "MEMORY.md").write_text("# Start\n", encoding="utf-8")
-    config = data_dir / "memstrata.toml"
-    config.write_text("[files]\nwatch_debounce_ms = 100\n", encoding="utf-8")
+    root, config = _memory_workspace(tmp_path, data_dir)
     proc = _popen(data_dir, "--config", str(config), "watch", str(root))
     out, err = _line_queue(proc.stdout), _line_queue(proc.stderr)
     try:
