@@ -24,7 +24,7 @@ from memstrata.storage import bulk_cache, precomputed_vectors
 
 from ._knowledge_base import KnowledgeBase
 from ._knowledge_bulk import Ahead, OwnRows, Prepared, cycles_paused, prepare
-from ._knowledge_rows import RowPlan, row_plan, row_statement
+from ._knowledge_rows import RowPlan, row_insert, row_plan, row_statement
 from ._knowledge_schema import (
     ALLOWED_ITEM_KEYS,
     BATCH,
@@ -314,7 +314,11 @@ class KnowledgeWrites(KnowledgeBase):
         news = list(rows.values())
         plan = row_plan([item for _, item in news]) if plan is None else plan
         pending = [0] * len(news) if whole is not None else [0 if i.key in vectors else 1 for _, i in news]
-        self._db.executemany(*row_statement(plan, pending, now))
+        insert = row_insert(plan, pending, now)
+        if insert is not None:
+            self._db.execute(*insert)
+        else:
+            self._db.executemany(*row_statement(plan, pending, now))
         last = self._db.scalar("SELECT last_insert_rowid()")
         if last != news[-1][0]:  # SQLite numbers the rows as _next_id does: never seen
             raise StorageError(f"new {TABLE} rows were numbered up to {last}, not {news[-1][0]}")

@@ -28,9 +28,13 @@ def check_vectors(vectors: FloatArray, dim: int, what: str = "vectors") -> Float
         array = array.reshape(1, -1)
     if array.ndim != 2 or array.shape[1] != dim:
         raise InvalidInputError(f"{what} must have shape (n, {dim}), got {array.shape}")
-    if not np.isfinite(array).all():
+    # one pass for both checks: a row's float32 sum of squares is finite only when the row is
+    # (when it is not, the row may still be, its squares overflowing: asked exactly then), and
+    # is zero exactly when the row's float32 norm is
+    squares = np.einsum("ij,ij->i", array, array)
+    if not np.isfinite(squares).all() and not np.isfinite(array).all():
         raise InvalidInputError(f"{what} contain NaN or infinity")
-    if len(array) and not np.linalg.norm(array, axis=1).all():
+    if not squares.all():
         raise InvalidInputError(f"{what} contain a zero vector, which has no cosine similarity")
     return np.ascontiguousarray(array)
 
@@ -63,9 +67,17 @@ def meta_value(kind: str, table: str, column: str, value: Any, index: int) -> An
 def check_metas(
     types: Mapping[str, str], table: str, metas: Sequence[Mapping[str, Any]]
 ) -> list[dict[str, Any]]:
-    """Each row of metadata checked: exactly the columns of ``types`` (column -> vec0 type)."""
+    """Each row of metadata checked: exactly the columns of ``types`` (column -> vec0 type).
+    Rows given the same mapping get the same checked dict (read only)."""
     checked = []
+    # a mapping given for many rows (a bulk write shares one per category) is checked once; the
+    # rows share its checked copy, and it is held here so that its id names it throughout
+    done: dict[int, tuple[Mapping[str, Any], dict[str, Any]]] = {}
     for index, meta in enumerate(metas):
+        known = done.get(id(meta))
+        if known is not None:
+            checked.append(known[1])
+            continue
         unknown = set(meta) - set(types)
         if unknown:
             raise InvalidInputError(f"metas[{index}] has unknown column(s) {sorted(unknown)}")
@@ -74,6 +86,7 @@ def check_metas(
             if column not in meta:
                 raise InvalidInputError(f"metas[{index}] lacks metadata column {column!r}")
             row[column] = meta_value(types[column], table, column, meta[column], index)
+        done[id(meta)] = (meta, row)
         checked.append(row)
     return checked
 

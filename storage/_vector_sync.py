@@ -16,6 +16,7 @@ written after a full load or a partition build, when it lags far behind, and at 
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Sequence
 
@@ -73,9 +74,10 @@ class MirrorUpkeep(MirrorFiles, StoredLists):
 
     def _log(self, rowids: Sequence[int], op: int) -> int:
         """Append change-log entries; returns the newest seq. Old entries are pruned here."""
-        if rowids:
-            self.db.executemany(
-                f"INSERT INTO {self.log_table}(item, op) VALUES (?, {op})", [(r,) for r in rowids]
+        if rowids:  # one statement, in the given order (json_each yields its rows by rowid)
+            self.db.execute(
+                f"INSERT INTO {self.log_table}(item, op) SELECT value, {op} FROM json_each(?) ORDER BY rowid",
+                (json.dumps([int(r) for r in rowids]),),
             )
         oldest, newest = self.db.query(
             f"SELECT (SELECT min(seq) FROM {self.log_table}), (SELECT max(seq) FROM {self.log_table})"

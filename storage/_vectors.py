@@ -45,6 +45,7 @@ from ._distinct import distinct
 from ._heap import trim_heap
 from ._migrations import ensure_metadata, get_meta, set_meta
 from ._vector_checks import check_metas, check_vectors, meta_value
+from ._vector_inserts import insert_statement
 from ._vector_mirror import Mirror, VectorHit
 from ._vector_sync import _OP_DELETE, _OP_RESET, _OP_UPSERT, MirrorUpkeep, _rollbacks
 
@@ -291,6 +292,10 @@ class VectorIndex(MirrorUpkeep):
         self, ids: Sequence[int], array: FloatArray, meta_rows: Sequence[Mapping[str, Any]]
     ) -> None:
         columns = list(self.metadata)
+        statement = insert_statement(self.table, columns, ids, array, meta_rows)
+        if statement is not None:
+            self.db.execute(*statement)
+            return
         placeholders = ", ".join("?" for _ in range(2 + len(columns)))
         col_sql = "".join(f", {c}" for c in columns)
         self.db.executemany(
