@@ -1,11 +1,12 @@
-"""JSON text read exactly, and the integers every part of memstrata takes.
+"""JSON in memstrata: text read exactly, values checked, one range of integers for both.
 
 orjson reads an integer beyond 64 bits as a float, and nothing downstream can tell: a text that
 holds a run of 19 digits or more is read again by the standard library, which keeps an integer
 outside the signed 64-bit range (what SQLite holds) as an :class:`OutOfRange`, so it is refused
 with its digits and place instead. The doors read requests with it, the actors' codec reads
-messages with it and an import reads its records with it; the validation module holds values
-written through the Python API to the same range.
+messages with it and an import reads its records with it. :func:`check_json_value` holds the
+values given through the Python API to the same range (the validation module offers it with its
+other rules).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
 import orjson
@@ -27,6 +29,7 @@ __all__ = [
     "JsonText",
     "NumberError",
     "OutOfRange",
+    "check_json_value",
     "first_out_of_range",
     "has_long_digit_run",
     "loads",
@@ -224,3 +227,60 @@ def first_out_of_range(value: Any) -> tuple[str, str] | None:
             continue
         stack.extend(reversed(children))
     return None
+
+
+# -- values given through the Python API ---------------------------------------------------------
+
+
+def _first_path(value: Any, found: Callable[[Any], bool]) -> tuple[str, Any] | None:
+    """Where the first item that ``found`` accepts sits in ``value`` (``"[2]['x']"``), and the
+    item; ``None`` when there is none."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        item, path = stack.pop()
+        if found(item):
+            return path, item
+        if isinstance(item, Mapping):
+            stack.extend(reversed([(v, f"{path}[{k!r}]") for k, v in item.items()]))
+        elif isinstance(item, list | tuple):
+            stack.extend(reversed([(v, f"{path}[{i}]") for i, v in enumerate(item)]))
+    return None
+
+
+def _not_finite(item: Any) -> bool:
+    return isinstance(item, float) and not math.isfinite(item)
+
+
+def _beyond_int64(item: Any) -> bool:
+    return isinstance(item, int) and not INT64_MIN <= item <= INT64_MAX
+
+
+def check_json_value(value: object, name: str) -> bytes:
+    """The orjson bytes of ``value``: JSON data only. NaN and infinity are rejected (JSON has no
+    such numbers: they would read back as ``null``), and so are integers outside the 64-bit range
+    (orjson writes up to 2**64 - 1, but SQLite's JSON functions and every door hold 64 bits
+    signed), and anything orjson cannot write."""
+    try:
+        data = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
+    except (TypeError, orjson.JSONEncodeError) as exc:
+        _refuse_beyond_int64(value, name)
+        raise InvalidInputError(f"{name} must be JSON-serialisable data: {exc}") from exc
+    if b"null" in data:  # orjson writes NaN and infinity as null: only then look for them
+        found = _first_path(value, _not_finite)
+        if found is not None:
+            raise InvalidInputError(
+                f"{name} must be JSON data without NaN or infinity (they would read back as null); "
+                f"found one at value{found[0]}"
+            )
+    if has_long_digit_run(data):  # only then can an integer fall outside the range
+        _refuse_beyond_int64(value, name)
+    return data
+
+
+def _refuse_beyond_int64(value: object, name: str) -> None:
+    found = _first_path(value, _beyond_int64)
+    if found is not None:
+        raise InvalidInputError(
+            f"{name} must hold integers within {INT64_RANGE}; "
+            f"found {show_digits(str(found[1]))} at value{found[0]}"
+        )

@@ -22,10 +22,8 @@ import datetime as _dt
 import math
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Literal, TypeGuard, overload
-
-import orjson
+from collections.abc import Iterable, Mapping
+from typing import Literal, TypeGuard, overload
 
 from memstrata.core.constants import (
     AGENT_ID_PATTERN,
@@ -45,7 +43,7 @@ from memstrata.core.constants import (
     SHARED,
 )
 from memstrata.core.errors import InvalidInputError
-from memstrata.core.json_text import INT64_MAX, INT64_MIN, INT64_RANGE, has_long_digit_run, show_digits
+from memstrata.core.json_text import check_json_value
 
 __all__ = [
     "check_agent_id",
@@ -481,61 +479,4 @@ def check_time_range(since: _dt.datetime | None, until: _dt.datetime | None) -> 
         raise InvalidInputError(
             f"since ({since.astimezone(_dt.UTC).isoformat()}) is after until "
             f"({until.astimezone(_dt.UTC).isoformat()})"
-        )
-
-
-# -- JSON values --------------------------------------------------------------------------------
-
-
-def _first_path(value: Any, found: Callable[[Any], bool]) -> tuple[str, Any] | None:
-    """Where the first item that ``found`` accepts sits in ``value`` (``"[2]['x']"``), and the
-    item; ``None`` when there is none."""
-    stack: list[tuple[Any, str]] = [(value, "")]
-    while stack:
-        item, path = stack.pop()
-        if found(item):
-            return path, item
-        if isinstance(item, Mapping):
-            stack.extend(reversed([(v, f"{path}[{k!r}]") for k, v in item.items()]))
-        elif isinstance(item, list | tuple):
-            stack.extend(reversed([(v, f"{path}[{i}]") for i, v in enumerate(item)]))
-    return None
-
-
-def _not_finite(item: Any) -> bool:
-    return isinstance(item, float) and not math.isfinite(item)
-
-
-def _beyond_int64(item: Any) -> bool:
-    return isinstance(item, int) and not INT64_MIN <= item <= INT64_MAX
-
-
-def check_json_value(value: object, name: str) -> bytes:
-    """The orjson bytes of ``value``: JSON data only. NaN and infinity are rejected (JSON has no
-    such numbers: they would read back as ``null``), and so are integers outside the 64-bit range
-    (orjson writes up to 2**64 - 1, but SQLite's JSON functions and every door hold 64 bits
-    signed), and anything orjson cannot write."""
-    try:
-        data = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
-    except (TypeError, orjson.JSONEncodeError) as exc:
-        _refuse_beyond_int64(value, name)
-        raise InvalidInputError(f"{name} must be JSON-serialisable data: {exc}") from exc
-    if b"null" in data:  # orjson writes NaN and infinity as null: only then look for them
-        found = _first_path(value, _not_finite)
-        if found is not None:
-            raise InvalidInputError(
-                f"{name} must be JSON data without NaN or infinity (they would read back as null); "
-                f"found one at value{found[0]}"
-            )
-    if has_long_digit_run(data):  # only then can an integer fall outside the range
-        _refuse_beyond_int64(value, name)
-    return data
-
-
-def _refuse_beyond_int64(value: object, name: str) -> None:
-    found = _first_path(value, _beyond_int64)
-    if found is not None:
-        raise InvalidInputError(
-            f"{name} must hold integers within {INT64_RANGE}; "
-            f"found {show_digits(str(found[1]))} at value{found[0]}"
         )
