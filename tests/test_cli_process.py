@@ -105,9 +105,7 @@ def test_watch_until_interrupted(data_dir: Path, tmp_path: Path) -> None:
         assert proc.wait(TIMEOUT) == 0
         assert proc.stderr is not None and b"Traceback" not in proc.stderr.read()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(TIMEOUT)
+        _kill_if_running(proc)
     found = _memstrata(data_dir, "search", "heron pond", "--json")
     assert orjson.loads(found.stdout)[0]["path"] == "memory/2025-03-03.md"
 
@@ -134,11 +132,16 @@ def test_watch_says_when_its_root_is_gone_and_resumes_when_it_is_back(data_dir: 
         assert proc.wait(TIMEOUT) == 0
         assert err.get(timeout=TIMEOUT) == b"stopped watching\n"
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(TIMEOUT)
+        _kill_if_running(proc)
     found = _memstrata(data_dir, "search", "heron pond", "--json")
     assert orjson.loads(found.stdout)[0]["path"] == "memory/2025-03-03.md"
+
+
+def _kill_if_running(proc: subprocess.Popen[bytes]) -> None:
+    """A test that failed midway leaves no watcher behind."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(TIMEOUT)
 
 
 def _popen(data_dir: Path, *args: str) -> subprocess.Popen[bytes]:
