@@ -28,20 +28,25 @@ __all__ = ["Blackboard", "Subscription"]
 class Subscription:
     """A blackboard subscription; :meth:`unsubscribe` stops further callbacks."""
 
-    def __init__(
-        self,
-        system: MemorySystem,
-        session_id: str,
-        subscription_id: int,
-        pattern: str,
-        failed: threading.Event | None = None,
-    ) -> None:
+    def __init__(self, system: MemorySystem, session_id: str, pattern: str) -> None:
         self._system = system
         self.session_id = session_id
-        self.id = subscription_id
         self.pattern = pattern
+        self.id = 0  # the board's id for it, set when the board answers
         self._active = True
-        self._failed = failed if failed is not None else threading.Event()
+        self._failed = threading.Event()  # set on the delivery thread when the callback raised
+
+    def _delivering(self, callback: Callable[[Signal], Any]) -> Callable[[Signal], Any]:
+        """``callback``, turning this handle inactive when it raises (the board then removes it)."""
+
+        def deliver(signal: Signal) -> Any:
+            try:
+                return callback(signal)
+            except Exception:
+                self._failed.set()
+                raise
+
+        return deliver
 
     @property
     def active(self) -> bool:
@@ -123,14 +128,8 @@ class Blackboard:
         """
         if not callable(callback):
             raise InvalidInputError(f"callback must be callable, got {type(callback).__name__}")
-        failed = threading.Event()  # set before the board removes the subscription
-
-        def deliver(signal: Signal) -> Any:
-            try:
-                return callback(signal)
-            except Exception:
-                failed.set()
-                raise
-
+        subscription = Subscription(self._system, self.session_id, key_or_prefix)
+        deliver = subscription._delivering(callback)
         reply = self._system.ask(SubscribeSignal(key_or_prefix, self.session_id), callback=deliver)
-        return Subscription(self._system, self.session_id, reply.subscription_id, key_or_prefix, failed)
+        subscription.id = reply.subscription_id
+        return subscription
