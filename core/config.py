@@ -293,9 +293,8 @@ class ClusterConfig:
     # "auto" (a cluster `ray start` runs on this machine, or this process's Ray connection),
     # "ray://host:port" (Ray Client), "host:port" (the head's GCS) or "local" (a private one-node Ray)
     address: str = checked("auto", _ray_address)
-    namespace: str = checked(
-        "memstrata", _ray_name
-    )  # every named actor of memstrata lives in this Ray namespace
+    # every named actor of memstrata lives in this Ray namespace
+    namespace: str = checked("memstrata", _ray_name)
     # "spread" (over the nodes), "resource:NAME" (nodes that declare the custom resource NAME) or
     # "label:KEY=VALUE" (nodes with that label)
     placement: str = checked("spread", _placement)
