@@ -5,6 +5,7 @@ row."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,16 +41,22 @@ def _metas(n: int) -> list[dict[str, Any]]:
     ]
 
 
-def _vector_rows(path: Path, *, one_statement: bool, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """What the vector table, its chunk layout (vec0) and change log hold after two writes."""
-    used: list[bool] = []
-    original = vectors_module.insert_statement
+def _statements(original: Callable[..., Any], *, one_statement: bool, used: list[bool]) -> Callable[..., Any]:
+    """``original`` (a builder of one statement for many rows, ``None`` when it cannot), or with
+    ``one_statement=False`` a stand-in that always declines; ``used`` notes what each call gave."""
 
-    def insert_statement(*args: Any) -> Any:
+    def statement(*args: Any) -> Any:
         found = original(*args) if one_statement else None
         used.append(found is not None)
         return found
 
+    return statement
+
+
+def _vector_rows(path: Path, *, one_statement: bool, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """What the vector table, its chunk layout (vec0) and change log hold after two writes."""
+    used: list[bool] = []
+    insert_statement = _statements(vectors_module.insert_statement, one_statement=one_statement, used=used)
     monkeypatch.setattr(vectors_module, "insert_statement", insert_statement)
     db = open_database(path)
     try:
@@ -129,13 +136,7 @@ def _knowledge(path: Path, items: list[dict[str, Any]], *, one_statement: bool, 
         store.clock = lambda: now
         calls: list[bool] = []
         original = row_sql.row_insert
-
-        def row_insert(*args: Any) -> Any:
-            found = original(*args) if one_statement else None
-            calls.append(found is not None)
-            return found
-
-        writes.row_insert = row_insert  # type: ignore[assignment]
+        writes.row_insert = _statements(original, one_statement=one_statement, used=calls)
         try:
             ids = store.add_many(items, vectors=_vectors(len(items)))
             store.add_many([*items[:3], {"content": "one more"}], vectors=_vectors(4, seed=8))
