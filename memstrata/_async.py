@@ -410,10 +410,12 @@ class AsyncMemorySystem(_Handle):
     sync: MemorySystem
 
     def __init__(self, system: MemorySystem, pool: _Pool | None = None) -> None:
-        """Wrap a running :class:`MemorySystem` (its owner still stops it)."""
+        """Wrap a running :class:`MemorySystem` (its owner still stops it, through either object)."""
         super().__init__(system, pool or _Pool())
         self._agents: dict[str, AsyncAgent] = {}
         self._boards: dict[str, AsyncBlackboard] = {}
+        # a stop through the synchronous object also ends the subscriptions and releases the pool
+        system._when_stopped(self._pool.close)
 
     start = staticmethod(_starter(MemorySystem.start))
 

@@ -65,6 +65,7 @@ class MemorySystem:
         self._agents: dict[str, Agent] = {}
         self._boards: dict[str, Blackboard] = {}
         self._lock = threading.Lock()
+        self._stop_hooks: list[Callable[[], object]] = []
         _RUNNING.add(self)
 
     @classmethod
@@ -189,6 +190,7 @@ class MemorySystem:
         """
         report = self._runtime.stop(timeout)
         _RUNNING.discard(self)
+        self._run_stop_hooks()
         return report
 
     def stop_cluster(self, timeout: float | None = None) -> list[str]:
@@ -199,11 +201,31 @@ class MemorySystem:
         if down is None:
             return list(self.stop(timeout).late)
         _RUNNING.discard(self)
-        return list(down(timeout))
+        late = list(down(timeout))
+        self._run_stop_hooks()
+        return late
 
     @property
     def stopped(self) -> bool:
         return not self._runtime.accepting
+
+    def _when_stopped(self, hook: Callable[[], object]) -> None:
+        """Call ``hook`` once this system has stopped (at once if it has): how a wrapper, such
+        as the asyncio facade, learns of a stop made through this object rather than through it."""
+        with self._lock:
+            if not self.stopped:
+                self._stop_hooks.append(hook)
+                return
+        hook()
+
+    def _run_stop_hooks(self) -> None:
+        with self._lock:
+            hooks, self._stop_hooks = self._stop_hooks, []
+        for hook in hooks:
+            try:
+                hook()
+            except Exception:  # one wrapper's failure must not keep the others from hearing
+                log.exception("a hook run when the memory system stopped failed")
 
     def wait_idle(self, timeout: float | None = 10.0) -> bool:
         """Block until every mailbox is empty and no write-back or callback is pending.

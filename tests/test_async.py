@@ -216,6 +216,33 @@ def test_iteration_ends_when_the_system_stops_after_the_queued_signals(data_dir:
     asyncio.run(main())
 
 
+def test_iteration_ends_when_the_wrapped_synchronous_system_is_stopped_directly(data_dir: Path) -> None:
+    async def main() -> None:
+        sync = MemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder())
+        system = AsyncMemorySystem(sync)  # its owner stops it, through the synchronous object
+        board = system.blackboard("s")
+        await board.publish("k1", 1, wait=True)
+        entered = asyncio.Event()
+
+        async def consume() -> list[str]:
+            async with board.subscribe("k*") as signals:
+                entered.set()
+                return [signal.key async for signal in signals]
+
+        task = asyncio.create_task(consume())
+        await asyncio.wait_for(entered.wait(), 30)
+        await asyncio.get_running_loop().run_in_executor(None, sync.stop)
+        assert await asyncio.wait_for(task, 30) == ["k1"]
+        with pytest.raises(SystemStoppedError):
+            await board.publish("k2", 2, wait=True)
+        late = board.subscribe("k*")  # made after the stop: refused, and iterates nothing
+        with pytest.raises(SystemStoppedError):
+            await late.__aenter__()
+        assert [signal async for signal in late] == []
+
+    asyncio.run(main())
+
+
 def test_a_cancelled_start_stops_the_system_it_started(
     data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
