@@ -324,16 +324,33 @@ class Workspaces(Closeable):
             if not inside:
                 raise PathOutsideRootError(f"path {raw!r} is not inside an indexed root")
             inside.sort(key=lambda w: len(str(w.root)), reverse=True)
-            ws = inside[0]
-            relative = os.path.relpath(absolute, ws.root)
+            relative = os.path.relpath(absolute, inside[0].root)
+            ws = self._serving([w for w in inside if w.root == inside[0].root], relative)
         else:
             relative = raw
             existing = [w for w in candidates if _exists_under(w.root, raw)]
             _refuse_ambiguous(raw, existing)
-            ws = (existing or candidates)[0]
+            ws = self._serving(existing, relative) if existing else candidates[0]
         with self._using(ws) as layer:
             found = layer.get_lines(relative, from_line=from_line, lines=lines)
         return FileText(ws.root, ws.kind, Path(relative).as_posix(), from_line, len(found), "\n".join(found))
+
+    def _serving(self, kinds: list[Workspace], relative: str) -> Workspace:
+        """Of one root registered as more than one kind, the kind whose rules serve ``relative``
+        (a ``.py`` file of a folder indexed as memory and as code is the code index's); the
+        first registered when none does, whose layer then says why."""
+        from memstrata.layers._paths import normalise_relative
+
+        if len(kinds) > 1:
+            try:
+                rel = normalise_relative(relative)
+            except InvalidInputError:  # the layer refuses it with the same words
+                return kinds[0]
+            for ws in kinds:
+                with self._using(ws) as layer:
+                    if layer.rules.allows(rel):
+                        return ws
+        return kinds[0]
 
     def watch(
         self,

@@ -57,6 +57,25 @@ def test_one_root_can_be_indexed_as_both_kinds(registry: Workspaces, tmp_path: P
     assert [w.kind for w in registry.find(root)] == ["memory"]
 
 
+def test_get_reads_a_root_of_both_kinds_through_the_kind_that_serves_the_file(
+    registry: Workspaces, tmp_path: Path
+) -> None:
+    root = write_tree(
+        tmp_path / "repo", {"MEMORY.md": "# Notes\n\nuse the parser\n", "parser.py": "def parse(): ...\n"}
+    )
+    registry.index(root, kind="memory")
+    registry.index(root, kind="code")
+    for path in ("parser.py", str(root / "parser.py")):  # the memory index serves only notes
+        text = registry.get(path)
+        assert (text.kind, text.path, text.text) == ("code", "parser.py", "def parse(): ...")
+    for path in ("MEMORY.md", str(root / "MEMORY.md")):  # both serve it: the memory index, first
+        text = registry.get(path)
+        assert (text.kind, text.text) == ("memory", "# Notes\n\nuse the parser")
+    registry.forget(root, "code")
+    with pytest.raises(InvalidInputError, match=r"'parser\.py' is not served: only MEMORY\.md"):
+        registry.get("parser.py")  # the one kind left says why it does not serve it
+
+
 def test_registry_persists(data_dir: Path, tmp_path: Path) -> None:
     root = write_tree(tmp_path / "ws", {"MEMORY.md": "# A\n\nalpha\n"})
     with Workspaces(data_dir, embedder=FakeEmbedder()) as first:
