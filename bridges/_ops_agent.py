@@ -43,6 +43,14 @@ _TASK_SPACE = Param(
         max_length=ID_LIMIT,
     ),
 )
+_ONE_RUN = Param("task_run_id", string("Only this task run.", max_length=ID_LIMIT))
+_SINCE = Param("since", {**TIME, "description": "Only episodes at or after this time."})
+_UNTIL = Param("until", {**TIME, "description": "Only episodes before this time."})
+_EPISODE_ID = Param(
+    "episode_id",
+    {"type": "integer", "minimum": 1, "description": "The episode's id in the agent's episodic memory."},
+    True,
+)
 
 
 @_OPS.add(
@@ -75,9 +83,9 @@ def _remember(ctx: Context, p: dict[str, Any]) -> Any:
         AGENT_ID,
         Param("query", string("What to look for."), True),
         Param("top_k", TOP_K),
-        Param("task_run_id", string("Only this task run.", max_length=ID_LIMIT)),
-        Param("since", {**TIME, "description": "Only episodes at or after this time."}),
-        Param("until", {**TIME, "description": "Only episodes before this time."}),
+        _ONE_RUN,
+        _SINCE,
+        _UNTIL,
     ),
     SEARCH_RESULT,
     Effect.READS,
@@ -89,11 +97,6 @@ def _recall(ctx: Context, p: dict[str, Any]) -> Any:
     return search_result(found, [_convert.episode_hit(h) for h in found])
 
 
-_EPISODE_ID = {
-    "type": "integer",
-    "minimum": 1,
-    "description": "The episode's id in the agent's episodic memory.",
-}
 _PATH = path_string("A file path on the machine that runs memstrata.")
 
 
@@ -103,9 +106,9 @@ _PATH = path_string("A file path on the machine that runs memstrata.")
     "The timeline of the agent's live episodes, newest first (or oldest first), in pages.",
     (
         AGENT_ID,
-        Param("task_run_id", string("Only this task run.", max_length=ID_LIMIT)),
-        Param("since", {**TIME, "description": "Only episodes at or after this time."}),
-        Param("until", {**TIME, "description": "Only episodes before this time."}),
+        _ONE_RUN,
+        _SINCE,
+        _UNTIL,
         Param(
             "limit", {"type": "integer", "minimum": 0, "maximum": 10000, "description": "At most this many."}
         ),
@@ -128,7 +131,7 @@ def _list_episodes(ctx: Context, p: dict[str, Any]) -> Any:
     "get_episode",
     "episodes",
     "One live episode by id, or null.",
-    (AGENT_ID, Param("episode_id", _EPISODE_ID, True)),
+    (AGENT_ID, _EPISODE_ID),
     {"type": ["object", "null"]},
     Effect.READS,
     lane=agent_lane,
@@ -143,7 +146,7 @@ def _get_episode(ctx: Context, p: dict[str, Any]) -> Any:
     "episodes",
     "Delete one live episode for good (no search or later archive returns it); {deleted} says "
     "whether it existed.",
-    (AGENT_ID, Param("episode_id", _EPISODE_ID, True)),
+    (AGENT_ID, _EPISODE_ID),
     returns(deleted="boolean"),
     Effect.OVERWRITES,
     lane=agent_lane,
@@ -161,7 +164,7 @@ def _delete_episode(ctx: Context, p: dict[str, Any]) -> Any:
     (
         AGENT_ID,
         Param("before", {**TIME, "description": "Archive episodes before this time (omit: no time limit)."}),
-        Param("task_run_id", string("Only this task run.", max_length=ID_LIMIT)),
+        _ONE_RUN,
         Param(
             "path", {**_PATH, "description": "The archive file to write (default: one under the data dir)."}
         ),
@@ -196,7 +199,7 @@ def _restore_episodes(ctx: Context, p: dict[str, Any]) -> Any:
     "returns the entry with its store. Promoting twice returns the same entry.",
     (
         AGENT_ID,
-        Param("episode_id", _EPISODE_ID, True),
+        _EPISODE_ID,
         Param("category", {**CATEGORY, "description": "The entry's category (default: outcome)."}),
         Param("scope", SCOPE),
         Param("store", STORE),
