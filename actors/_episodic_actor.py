@@ -7,8 +7,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from memstrata.core.constants import EMBED_CHARS  # what a knowledge entry's vector is made of
-from memstrata.core.errors import EmbeddingError
+from memstrata.core.constants import (
+    ARCHIVES_DIR,
+    EMBED_CHARS,  # what a knowledge entry's vector is made of
+)
+from memstrata.core.errors import EmbeddingError, InvalidInputError
+from memstrata.layers._paths import refused_output
 from memstrata.storage import Embedder, embed_documents
 
 from ._store_base import (
@@ -158,6 +162,10 @@ class EpisodicActor(_PersistentActor):
             self._content_only.pop(message.episode_id, None)
             return EpisodeDeleted(self.key, message.episode_id, bool(layer.delete(message.episode_id)))
         if isinstance(message, ArchiveEpisodes):
+            data_dir = self.runtime.data_dir
+            refused = refused_output(message.path, data_dir, managed=data_dir / ARCHIVES_DIR)
+            if refused is not None:
+                raise InvalidInputError(f"archive path {message.path!r} {refused}: archive elsewhere")
             Path(message.path).parent.mkdir(parents=True, exist_ok=True)
             count = layer.archive(message.path, before=message.before, task_run_id=message.task_run_id)
             return EpisodesArchived(self.key, message.path, int(count))

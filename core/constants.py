@@ -13,6 +13,7 @@ from typing import Final
 __all__ = [
     "AGENT_ID_PATTERN",
     "APPROXIMATE_FROM",
+    "ARCHIVES_DIR",
     "CATEGORY_PATTERN",
     "DEFAULT_SESSION",
     "EMBED_CHARS",
@@ -54,6 +55,10 @@ MAX_LIST_LIMIT: Final = 10_000
 SYNCHRONOUS_MODES: Final = ("normal", "full")
 """SQLite's ``synchronous`` settings memstrata opens a database with (``storage.synchronous``):
 "normal" survives the process being killed, "full" also power loss."""
+
+ARCHIVES_DIR: Final = "episodic/archives"
+"""Where, in the data dir, episode archives go when no path is given: the one folder of the data
+dir an archive may be written to (everywhere else memstrata's own databases live)."""
 
 MIN_LINE_BYTES: Final = 64
 """The shortest request line limit the line-delimited servers accept (JSON-RPC, MCP): a smaller

@@ -46,6 +46,7 @@ __all__ = [
     "inside",
     "read_source",
     "read_under",
+    "refused_output",
     "refused_tree",
     "resolve_request",
     "scan",
@@ -93,6 +94,27 @@ def refused_tree(root: Path, data_dir: str | os.PathLike[str]) -> str | None:
     if root == data or data in root.parents:
         return "is memstrata's data dir or inside it"
     return None
+
+
+def refused_output(
+    path: str | os.PathLike[str], data_dir: str | os.PathLike[str], *, managed: Path | None = None
+) -> str | None:
+    """Why a file memstrata writes on request (an export, an archive) may not go to ``path``, as a
+    phrase following it, or ``None``.
+
+    The data dir holds memstrata's own databases and index files: a file written there could
+    replace one (an export renamed over ``items.sqlite``) or take the name of a store not yet
+    made (an archive called ``knowledge``). Only the folder memstrata manages for such files
+    (``managed``: the episodic archives) may be written inside it. Symlinks are followed, as the
+    write would follow them."""
+    target = Path(os.path.realpath(Path(path).expanduser()))
+    data = Path(os.path.realpath(Path(data_dir).expanduser()))
+    if target != data and data not in target.parents:
+        return None
+    if managed is not None and Path(os.path.realpath(managed)) in target.parents:
+        return None
+    where = "" if managed is None else f" (other than {show_path(str(managed))})"
+    return f"is inside memstrata's data dir {show_path(str(data))}{where}, where its own databases live"
 
 
 class SkipFile(Exception):

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from memstrata.core.constants import ARCHIVES_DIR
 from memstrata.core.errors import InvalidInputError
 from memstrata.core.validation import check_path
 from memstrata.messages import (
@@ -298,7 +299,7 @@ class Agent:
         :meth:`restore_episodes` brings them back."""
         if path is None:
             stamp = self._system.clock.now().astimezone(_dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
-            folder = self._system.data_dir / "episodic" / "archives"
+            folder = self._system.data_dir / ARCHIVES_DIR
             path, n = folder / f"{self.id}-{stamp}.sqlite", 1
             while path.exists() or path.is_symlink():  # a manual clock gives archives one time
                 n += 1

@@ -34,12 +34,21 @@ import orjson
 from memstrata.core.errors import InvalidInputError, StorageError
 from memstrata.core.json_text import loads_or_refuse
 from memstrata.core.validation import check_path
+from memstrata.layers._paths import refused_output
 from memstrata.messages import SHARED, ListSignals, PublishSignal, QuerySignal, check_agent_id
 
 if TYPE_CHECKING:
     from memstrata.actors import Runtime
 
-__all__ = ["FORMAT", "VERSION", "export_records", "import_records", "read_export", "write_export"]
+__all__ = [
+    "FORMAT",
+    "VERSION",
+    "export_records",
+    "export_target",
+    "import_records",
+    "read_export",
+    "write_export",
+]
 
 FORMAT = "memstrata-export"
 VERSION = 1
@@ -118,13 +127,9 @@ def export_records(runtime: Runtime, *, timeout: float) -> list[dict[str, Any]]:
     return records
 
 
-def write_export(records: Iterable[dict[str, Any]], path: str | os.PathLike[str]) -> int:
-    """Write records as JSON lines, atomically (a temporary file renamed over ``path``).
-
-    ``path`` must be a new file or a regular file in an existing folder: a device, a folder or a
-    symlink is never replaced.
-    """
-    target = _check_target(path)
+def write_export(records: Iterable[dict[str, Any]], target: Path) -> int:
+    """Write records as JSON lines to ``target`` (checked by :func:`export_target`), atomically:
+    a temporary file renamed over it."""
     lines = 0
     try:
         fd, tmp = tempfile.mkstemp(prefix=".export-", dir=target.parent)
@@ -142,9 +147,14 @@ def write_export(records: Iterable[dict[str, Any]], path: str | os.PathLike[str]
     return lines
 
 
-def _check_target(path: str | os.PathLike[str]) -> Path:
+def export_target(path: str | os.PathLike[str], data_dir: Path) -> Path:
+    """Where an export may be written: a new file or a regular file in an existing folder outside
+    the data dir (a device, a folder or a symlink is never replaced, nor memstrata's own files)."""
     raw = check_path(path)
     target = Path(raw).expanduser()
+    refused = refused_output(target, data_dir)
+    if refused is not None:
+        raise InvalidInputError(f"export path {raw!r} {refused}: write the export elsewhere")
     if not target.parent.is_dir():
         raise InvalidInputError(f"export path {raw!r}: the folder {str(target.parent)!r} does not exist")
     try:

@@ -318,10 +318,11 @@ class MemorySystem:
         Waits until the system is idle first. The format is described in ``docs/simulation.md``;
         with a ``ManualClock`` and a ``seed`` two runs that did the same things write the same bytes.
         """
-        from memstrata._export import export_records, write_export
+        from memstrata._export import export_records, export_target, write_export
 
+        target = export_target(path, self.data_dir)  # refused before the system is asked
         records = export_records(self._runtime, timeout=_timeout(self, timeout))
-        return write_export(records, path)
+        return write_export(records, target)
 
     def import_(self, path: str | Path, *, timeout: float | None = None) -> dict[str, int]:
         """Restore an export made by :meth:`export` into this system; returns counts by kind.

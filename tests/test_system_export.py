@@ -151,6 +151,38 @@ def test_import_refuses_what_is_not_an_export_and_names_the_line(tmp_path: Path)
         assert system.status()["agents"] == {}  # nothing was half-imported
 
 
+def test_export_and_archives_never_write_among_the_data_dirs_own_files(tmp_path: Path) -> None:
+    data = tmp_path / "d"
+    with MemorySystem.start(Config(data_dir=data), embedder=HashEmbedder()) as system:
+        agent = system.agent("a")
+        agent.store_knowledge("Charges need idempotency keys", category="pitfall")
+        system.items.put(("n",), "k", {"precious": True})
+        agent.remember("the sandbox rate-limits parallel runs")
+        (tmp_path / "into-data").symlink_to(data)
+        for path in (
+            data / "items.sqlite",  # a live database: the export would be renamed over it
+            data / "knowledge" / "a.sqlite",
+            data / "export.jsonl",
+            tmp_path / "into-data" / "items.sqlite",  # through a symlink to the data dir
+        ):
+            with pytest.raises(
+                InvalidInputError, match=r"inside memstrata's data dir .* write the export elsewhere"
+            ):
+                system.export(path)
+        for path in (data / "knowledge", data / "episodic" / "a.sqlite", data / "archive.sqlite"):
+            with pytest.raises(
+                InvalidInputError, match=r"inside memstrata's data dir .*\(other than .*episodic/archives\)"
+            ):
+                agent.archive_episodes(path)
+        assert not (data / "archive.sqlite").exists()
+        assert agent.list_episodes() and system.items.get(("n",), "k").value == {"precious": True}
+        assert agent.archive_episodes(data / "episodic" / "archives" / "mine.sqlite").archived == 1
+        assert system.export(tmp_path / "out.jsonl") > 0
+    with MemorySystem.start(Config(data_dir=data), embedder=HashEmbedder()) as system:  # nothing replaced
+        assert [e.content for e in system.agent("a").list_knowledge()] == ["Charges need idempotency keys"]
+        assert system.items.get(("n",), "k").value == {"precious": True}
+
+
 def test_export_and_import_are_operations_and_cli_commands(tmp_path: Path) -> None:
     assert find("export").group == "system" and find("export").read_only
     assert find("import").group == "system" and not find("import").read_only
