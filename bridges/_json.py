@@ -5,8 +5,8 @@ any ``str``), so the writer falls back to a copy with those code points replaced
 failing a response that was already computed. A JSON-RPC message's ``id`` is the exception: it
 is written escaped, exactly as the client sent it, since the client matches answers by it.
 
-Reading is :mod:`memstrata.core.json_text` (integers beyond 64 bits refused, not read as floats),
-re-exported here for the doors.
+Reading is :mod:`memstrata.core.json_text` (integers beyond 64 bits refused, not read as floats;
+numbers too large for a double refused, not read as infinity), re-exported here for the doors.
 """
 
 from __future__ import annotations
@@ -20,11 +20,15 @@ from typing import Any
 import orjson
 
 from memstrata.core.json_text import (
+    DOUBLE_RANGE,
     INT64_RANGE,
+    BeyondDouble,
     IntegerRangeError,
     NumberError,
     OutOfRange,
+    first_beyond_double,
     first_out_of_range,
+    has_long_digit_run,
     loads,
     loads_marking,
     show_digits,
@@ -33,13 +37,17 @@ from memstrata.core.jsonable import to_jsonable
 from memstrata.core.validation import has_lone_surrogate
 
 __all__ = [
+    "DOUBLE_RANGE",
     "INT64_RANGE",
     "MAX_DEPTH",
+    "BeyondDouble",
     "IntegerRangeError",
     "NumberError",
     "OutOfRange",
     "dumps",
+    "first_beyond_double",
     "first_out_of_range",
+    "has_long_digit_run",
     "json_depth",
     "loads",
     "loads_marking",

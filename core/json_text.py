@@ -3,10 +3,12 @@
 orjson reads an integer beyond 64 bits as a float, and nothing downstream can tell: a text that
 holds a run of 19 digits or more is read again by the standard library, which keeps an integer
 outside the signed 64-bit range (what SQLite holds) as an :class:`OutOfRange`, so it is refused
-with its digits and place instead. The doors read requests with it, the actors' codec reads
-messages with it and an import reads its records with it. :func:`check_json_value` holds the
-values given through the Python API to the same range (the validation module offers it with its
-other rules).
+with its digits and place instead. A number too large for a double (``1e400``: valid JSON, which
+orjson refuses as a whole text) is read the same way and kept as a :class:`BeyondDouble`, so a
+door can refuse it with the request's id and its place rather than failing the whole line.
+The doors read requests with it, the actors' codec reads messages with it and an import reads
+its records with it. :func:`check_json_value` holds the values given through the Python API to
+the same range (the validation module offers it with its other rules).
 """
 
 from __future__ import annotations
@@ -22,14 +24,18 @@ import orjson
 from memstrata.core.errors import InvalidInputError
 
 __all__ = [
+    "DOUBLE_RANGE",
     "INT64_MAX",
     "INT64_MIN",
     "INT64_RANGE",
+    "BeyondDouble",
+    "DoubleRangeError",
     "IntegerRangeError",
     "JsonText",
     "NumberError",
     "OutOfRange",
     "check_json_value",
+    "first_beyond_double",
     "first_out_of_range",
     "has_long_digit_run",
     "loads",
@@ -45,6 +51,8 @@ INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 INT64_RANGE = "the 64-bit range (-2**63 to 2**63 - 1)"
 """The integers memstrata accepts, as its messages word them: what SQLite holds."""
+DOUBLE_RANGE = "the range of a double (magnitude up to about 1.8e308)"
+"""The numbers with a fraction or an exponent memstrata accepts, as its messages word them."""
 
 
 class OutOfRange:
@@ -57,6 +65,18 @@ class OutOfRange:
 
     def __repr__(self) -> str:
         return f"OutOfRange({self.digits})"
+
+
+class BeyondDouble:
+    """Where a parsed value held a number too large for a double (``1e400``): its text, as written."""
+
+    __slots__ = ("digits",)
+
+    def __init__(self, digits: str) -> None:
+        self.digits = digits
+
+    def __repr__(self) -> str:
+        return f"BeyondDouble({self.digits})"
 
 
 class _Refusal(orjson.JSONDecodeError):
@@ -84,11 +104,22 @@ class IntegerRangeError(NumberError):
         super().__init__(f"integer {show_digits(digits)}{where} is outside {INT64_RANGE}", doc, pos)
 
 
+class DoubleRangeError(NumberError):
+    """A JSON text holds a number too large for a double (``path`` names where, ``""`` when the
+    whole text is that number): refused, never read as infinity."""
+
+    def __init__(self, path: str, digits: str, doc: str, pos: int) -> None:
+        self.path = path
+        self.digits = digits
+        where = f" at {path!r}" if path else ""
+        super().__init__(f"number {show_digits(digits)}{where} is outside {DOUBLE_RANGE}", doc, pos)
+
+
 def show_digits(digits: str) -> str:
-    """An integer's digits for a one-line message (a huge one shortened, its length given)."""
+    """A number as written, for a one-line message (a huge one shortened, its digits counted)."""
     if len(digits) <= 60:
         return digits
-    return f"{digits[:24]}...{digits[-8:]} ({len(digits) - digits.startswith('-')} digits)"
+    return f"{digits[:24]}...{digits[-8:]} ({sum(c.isdigit() for c in digits)} digits)"
 
 
 _DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
@@ -105,18 +136,22 @@ def has_long_digit_run(data: bytes) -> bool:
 _TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?')
 """A string or a number of a valid JSON text: finds where an integer is written."""
 _NOT_FINITE = "{} is not a JSON number (numbers must be finite)"
+_BEYOND_DOUBLE = "number is infinity when parsed as double"
+"""orjson's message for a number too large for a double."""
 
 
 def loads(data: JsonText) -> Any:
     """Parse JSON; raises ``orjson.JSONDecodeError`` (a ``ValueError``): a :class:`NumberError`
-    for NaN or an infinity, an :class:`IntegerRangeError` for an integer beyond 64 bits."""
+    for NaN or an infinity, an :class:`IntegerRangeError` for an integer beyond 64 bits, a
+    :class:`DoubleRangeError` for a number too large for a double."""
     value, marked = loads_marking(data)
-    found = first_out_of_range(value) if marked else None
+    found = _first_marked(value, (OutOfRange, BeyondDouble)) if marked else None
     if found is not None:
-        path, digits = found
+        path, marker = found
         text = _text(data)
-        pos = next((m.start() for m in _TOKEN.finditer(text) if m.group() == digits), 0)
-        raise IntegerRangeError(path, digits, text, pos)
+        pos = next((m.start() for m in _TOKEN.finditer(text) if m.group() == marker.digits), 0)
+        error = IntegerRangeError if isinstance(marker, OutOfRange) else DoubleRangeError
+        raise error(path, marker.digits, text, pos)
     return value
 
 
@@ -132,8 +167,9 @@ def loads_or_refuse(data: JsonText, what: str) -> Any:
 
 
 def loads_marking(data: JsonText, *, lone_surrogates: bool = False) -> tuple[Any, bool]:
-    """Parse JSON, keeping each integer outside the 64-bit range as an :class:`OutOfRange` (the
-    flag is false when there is none), for a door that answers each part of a message on its own.
+    """Parse JSON, keeping each integer outside the 64-bit range as an :class:`OutOfRange` and each
+    number too large for a double as a :class:`BeyondDouble` (the flag is false when there is
+    none), for a door that answers each part of a message on its own.
 
     ``lone_surrogates`` also reads escaped lone surrogates (``"\\ud800"``), which JSON allows and
     JavaScript's ``JSON.stringify`` writes, but orjson refuses. Raises ``orjson.JSONDecodeError``.
@@ -141,7 +177,10 @@ def loads_marking(data: JsonText, *, lone_surrogates: bool = False) -> tuple[Any
     try:
         value = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
-        if not lone_surrogates or ("surrogate" not in str(exc) and "UTF-8" not in str(exc)):
+        beyond_double = exc.msg.startswith(_BEYOND_DOUBLE)
+        if not beyond_double and (
+            not lone_surrogates or ("surrogate" not in str(exc) and "UTF-8" not in str(exc))
+        ):
             _raise_clearer(exc)
         return _read_exactly(_text(data), exc)
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
@@ -162,8 +201,9 @@ def _text(data: JsonText) -> str:
 
 def _read_exactly(text: str, failed: orjson.JSONDecodeError | None) -> tuple[Any, bool]:
     """``text`` read by the standard library: integers beyond 64 bits kept as :class:`OutOfRange`,
-    NaN, infinities and numbers too large for a double refused, as orjson refuses them; ``failed``
-    is orjson's error, raised again when the standard library cannot read the text either."""
+    numbers too large for a double as :class:`BeyondDouble`, NaN and infinities refused, as orjson
+    refuses them; ``failed`` is orjson's error, raised again when the standard library cannot
+    read the text either."""
     marked = False
 
     def parse_int(digits: str) -> Any:
@@ -175,8 +215,16 @@ def _read_exactly(text: str, failed: orjson.JSONDecodeError | None) -> tuple[Any
         marked = True
         return OutOfRange(digits)
 
+    def parse_float(digits: str) -> Any:
+        nonlocal marked
+        number = float(digits)
+        if math.isfinite(number):
+            return number
+        marked = True
+        return BeyondDouble(digits)
+
     try:
-        value = json.loads(text, parse_int=parse_int, parse_float=_finite, parse_constant=_no_constant)
+        value = json.loads(text, parse_int=parse_int, parse_float=parse_float, parse_constant=_no_constant)
     except orjson.JSONDecodeError:
         raise
     except RecursionError:
@@ -186,13 +234,6 @@ def _read_exactly(text: str, failed: orjson.JSONDecodeError | None) -> tuple[Any
             raise failed from None
         raise orjson.JSONDecodeError(exc.msg, text, exc.pos) from None
     return value, marked
-
-
-def _finite(digits: str) -> float:
-    number = float(digits)
-    if not math.isfinite(number):
-        raise NumberError(f"number {show_digits(digits)} is infinity when parsed as double")
-    return number
 
 
 def _no_constant(name: str) -> NoReturn:
@@ -214,11 +255,25 @@ def _raise_clearer(exc: orjson.JSONDecodeError) -> NoReturn:
 def first_out_of_range(value: Any) -> tuple[str, str] | None:
     """The path (``a.b[0]``, ``""`` for the value itself) and digits of the first
     :class:`OutOfRange` in a value read by :func:`loads_marking`, in document order; else ``None``."""
+    found = _first_marked(value, OutOfRange)
+    return None if found is None else (found[0], found[1].digits)
+
+
+def first_beyond_double(value: Any) -> tuple[str, str] | None:
+    """The path (``a.b[0]``, ``""`` for the value itself) and text of the first
+    :class:`BeyondDouble` in a value read by :func:`loads_marking`, in document order; else ``None``."""
+    found = _first_marked(value, BeyondDouble)
+    return None if found is None else (found[0], found[1].digits)
+
+
+def _first_marked(
+    value: Any, kinds: type[Any] | tuple[type[Any], ...]
+) -> tuple[str, OutOfRange | BeyondDouble] | None:
     stack: list[tuple[Any, str]] = [(value, "")]
     while stack:
         item, path = stack.pop()
-        if isinstance(item, OutOfRange):
-            return path, item.digits
+        if isinstance(item, kinds):
+            return path, item
         if isinstance(item, dict):
             children = [(child, f"{path}.{key}" if path else key) for key, child in item.items()]
         elif isinstance(item, list):

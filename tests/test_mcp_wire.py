@@ -78,6 +78,13 @@ HOSTILE: list[tuple[bytes, Any, int]] = [
         None,
         ErrorCode.INVALID_REQUEST,
     ),
+    (  # so is a number too large for a double: with the request's id, never read as infinity
+        b'{"jsonrpc":"2.0","id":16,"method":"tools/call","params":{"name":"memory_search",'
+        b'"arguments":{"query":"x","maxResults":1e400}}}',
+        16,
+        ErrorCode.INVALID_PARAMS,
+    ),
+    (b'{"jsonrpc":"2.0","id":-1e400,"method":"tools/list"}', None, ErrorCode.INVALID_REQUEST),
 ]
 
 
@@ -106,6 +113,11 @@ def _check(responses: list[dict[str, Any]]) -> None:
     invalid_utf8 = next(r for r in nulls if "UTF-8" in r["error"]["message"])
     assert "invalid UTF-8 at byte" in invalid_utf8["error"]["message"]
     assert "surrogates not allowed" not in invalid_utf8["error"]["message"]
+    (beyond_double,) = by_id[16]
+    assert beyond_double["error"]["message"] == (
+        "tools/call: number 1e400 in param 'arguments.maxResults' "
+        "is outside the range of a double (magnitude up to about 1.8e308)"
+    )
 
 
 def test_every_hostile_line_gets_one_error_in_process(data_dir: Path) -> None:

@@ -320,7 +320,6 @@ def test_nan_is_refused_even_on_a_line_with_an_escaped_surrogate() -> None:
         [
             b'{"id": "\\ud800", "method": "echo", "params": {"v": NaN}}\n',
             b'{"id": 1, "method": "echo", "params": {"v": [1, -Infinity]}}\n',
-            b'{"id": "\\ud800", "method": "echo", "params": {"v": 1e400}}\n',
         ]
     )
     messages = [r["error"]["message"] for r in out.lines]
@@ -328,8 +327,49 @@ def test_nan_is_refused_even_on_a_line_with_an_escaped_surrogate() -> None:
     assert messages == [
         "invalid JSON: NaN is not a JSON number (numbers must be finite)",
         "invalid JSON: -Infinity is not a JSON number (numbers must be finite): line 1 column 49 (char 48)",
-        "invalid JSON: number 1e400 is infinity when parsed as double",
     ]
+
+
+_DOUBLE = "is outside the range of a double (magnitude up to about 1.8e308)"
+
+
+def test_numbers_beyond_a_double_are_refused_with_the_request_id_never_read_as_infinity() -> None:
+    out, _, _ = _serve(
+        [
+            b'{"id": 1, "method": "echo", "params": {"v": {"n": 1e400}}}\n',
+            b'{"id": "s", "method": "echo", "params": {"t": "\\ud800", "v": [1, -2e308]}}\n',
+            b'{"id": 2, "method": "echo", "params": {"v": [1.5e300, 1e308, 1e-400, "1e400"]}}\n',
+            b'{"id": 3, "method": "echo", "extra": 1' + b"0" * 400 + b".5}\n",
+            b'{"id": 1e400, "method": "echo"}\n',
+            b'{"method": "echo", "params": {"v": 1e400}}\n',  # a notification: not answered
+            b'[{"id": 4, "method": "echo", "params": {"v": 1E+999}}, {"id": 5, "method": "echo"}]\n',
+            b'{"id": 6, "method": "echo", "params": {"v": 1e400, "w": 123456789012345678901234567890}}\n',
+        ]
+    )
+    by_id = out.by_id()
+    assert set(by_id) == {None, 1, "s", 2, 3, 4, 5, 6}, out.lines
+    assert by_id[1]["error"] == {
+        "code": ErrorCode.INVALID_PARAMS,
+        "message": f"echo: number 1e400 in param 'v.n' {_DOUBLE}",
+    }
+    assert by_id["s"]["error"] == {
+        "code": ErrorCode.INVALID_PARAMS,
+        "message": f"echo: number -2e308 in param 'v[1]' {_DOUBLE}",
+    }
+    assert by_id[2]["result"] == {"v": [1.5e300, 1e308, 0.0, "1e400"]}
+    assert by_id[3]["error"]["code"] == ErrorCode.INVALID_REQUEST
+    assert (
+        by_id[3]["error"]["message"]
+        == f"number 100000000000000000000000...000000.5 (402 digits) at 'extra' {_DOUBLE}"
+    )
+    assert by_id[None]["error"] == {
+        "code": ErrorCode.INVALID_REQUEST,
+        "message": f"a request's 'id' 1e400 {_DOUBLE}",
+    }
+    assert by_id[4]["error"]["message"] == f"echo: number 1E+999 in param 'v' {_DOUBLE}"
+    assert by_id[5]["result"] == {}
+    assert by_id[6]["error"]["code"] == ErrorCode.INVALID_PARAMS  # either number names the refusal
+    assert len(out.lines) == 8
 
 
 def test_unserialisable_result_becomes_an_error_response() -> None:
