@@ -46,6 +46,9 @@ MAX_WRITE_ITEMS = 100_000
 MAX_TTL_MINUTES = 100_000_000  # about 190 years: expiry times stay within every platform's range
 
 
+_FLOAT32_MAX = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max: vectors are stored as float32
+
+
 def check_vector(value: object, name: str) -> tuple[float, ...]:
     """A vector computed by the caller: a non-empty list of finite numbers."""
     if isinstance(value, str | bytes) or not hasattr(value, "__len__") or not hasattr(value, "__iter__"):
@@ -57,8 +60,8 @@ def check_vector(value: object, name: str) -> tuple[float, ...]:
         if isinstance(x, bool) or (not isinstance(x, int | float) and type(x).__module__ != "numpy"):
             raise fail(name, "must hold only numbers", x)
         f = float(x)
-        if not math.isfinite(f):
-            raise fail(name, "must hold only finite numbers", x)
+        if not math.isfinite(f) or abs(f) > _FLOAT32_MAX:  # stored as float32
+            raise fail(name, "must hold only finite numbers within float32 (|x| <= 3.4e38)", x)
         out.append(f)
     return tuple(out)
 

@@ -117,14 +117,9 @@ class ItemStore(ItemExpiry, NamespaceListing, ItemRanking):
             text = check_json_value(value, f"item value for key {key!r}").decode()
             blobs = None
             if vectors is not None:
-                blobs = []
-                for f, v in vectors.items():
-                    row = np.asarray(v, dtype=np.float32).ravel()
-                    if row.size == 0 or not np.isfinite(row).all():
-                        raise InvalidInputError(
-                            f"vector of field {f!r} of key {key!r} is empty or not finite"
-                        )
-                    blobs.append((f, row.tobytes()))
+                blobs = [
+                    (f, _vector_blob(v, f"vector of field {f!r} of key {key!r}")) for f, v in vectors.items()
+                ]
             prepared.append((ns, key, text, blobs, ttl))
         gone_keys = [(namespace_key(ns), key) for ns, key in delete]
         with self._lock, self._db.transaction():
@@ -205,7 +200,7 @@ class ItemStore(ItemExpiry, NamespaceListing, ItemRanking):
                 raise InvalidInputError(f"item record {n}: key must be a string and value an object")
             if not all(isinstance(t, int | float) for t in times) or not isinstance(vectors, dict):
                 raise InvalidInputError(f"item record {n}: bad times or vectors")
-            blobs = [(f, np.asarray(v, dtype=np.float32).ravel().tobytes()) for f, v in vectors.items()]
+            blobs = [(f, _vector_blob(v, f"item record {n} vector {f!r}")) for f, v in vectors.items()]
             text = check_json_value(value, f"item record {n} value").decode()
             prepared.append((ns, key, text, *times, expires, ttl, blobs))
         with self._lock, self._db.transaction():
@@ -348,3 +343,16 @@ class ItemStore(ItemExpiry, NamespaceListing, ItemRanking):
             return int(
                 self._db.scalar("SELECT count(*) FROM items WHERE ns = ?", (namespace_key(namespace),))
             )
+
+
+def _vector_blob(vector: object, what: str) -> bytes:
+    """A vector as stored: float32 bytes. Refused when empty or not finite once in float32 (a
+    float64 such as 1e308 overflows to inf there, and would poison every later search)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        try:
+            row = np.asarray(vector, dtype=np.float32).ravel()
+        except (TypeError, ValueError) as exc:
+            raise InvalidInputError(f"{what} is not a list of numbers: {exc}") from None
+    if row.size == 0 or not np.isfinite(row).all():
+        raise InvalidInputError(f"{what} is empty or not finite in float32 (|x| <= 3.4e38)")
+    return row.tobytes()

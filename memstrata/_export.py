@@ -22,10 +22,14 @@ memory between machines; :func:`import_records` restores it into a running syste
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import math
 import os
 import stat
 import tempfile
 from collections.abc import Iterable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,9 +37,19 @@ import orjson
 
 from memstrata.core.errors import InvalidInputError, StorageError
 from memstrata.core.json_text import loads_or_refuse
-from memstrata.core.validation import check_path
+from memstrata.core.validation import check_agent_id, check_content, check_number, check_path, check_row_id
 from memstrata.layers._paths import refused_output
-from memstrata.messages import SHARED, ListSignals, PublishSignal, QuerySignal, check_agent_id
+from memstrata.messages import (
+    SHARED,
+    ListSignals,
+    Message,
+    PublishSignal,
+    PutItem,
+    QuerySignal,
+    SetWorkingMemory,
+    StoreKnowledge,
+    StoreMemory,
+)
 
 if TYPE_CHECKING:
     from memstrata.actors import Runtime
@@ -43,6 +57,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FORMAT",
     "VERSION",
+    "check_record",
     "export_records",
     "export_target",
     "import_records",
@@ -168,8 +183,9 @@ def export_target(path: str | os.PathLike[str], data_dir: Path) -> Path:
     return target
 
 
-def read_export(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
-    """The records of an export file, checked line by line (a bad line names its number)."""
+def read_export(path: str | os.PathLike[str]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The records of an export file, each with where it is (``"PATH line N"``), checked line by
+    line for JSON and a known kind (a bad line names its number)."""
     source = Path(check_path(path)).expanduser()
     try:
         if not stat.S_ISREG(source.stat().st_mode):  # a device or a pipe could stream forever
@@ -190,11 +206,84 @@ def read_export(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
                 )
             if record["kind"] not in _KIND_ORDER:
                 raise InvalidInputError(f"{source} line {number} has unknown kind {record['kind']!r}")
-            yield record
+            yield f"{source} line {number}", record
 
 
-def import_records(runtime: Runtime, records: Iterable[dict[str, Any]], *, timeout: float) -> dict[str, int]:
-    """Restore exported records into the running system; returns counts by kind.
+# the message each kind of record amounts to when imported, with the record's name for each of
+# the message's fields: a record is checked by the rules of a live write of the same data
+_AS_MESSAGE: dict[str, tuple[type[Message], dict[str, str]]] = {
+    "knowledge": (
+        StoreKnowledge,
+        {"agent_id": "owner", "content": "content", "category": "category", "tags": "tags"}
+        | {"scope": "scope", "author": "author"},
+    ),
+    "episode": (
+        StoreMemory,
+        {"agent_id": "agent", "task_run_id": "task_run_id", "content": "content", "title": "title"}
+        | {"tags": "tags", "kind": "episode_kind"},
+    ),
+    "working": (
+        SetWorkingMemory,
+        {"agent_id": "agent", "key": "key", "value": "value", "ttl_s": "expires_in_s", "task_id": "task_id"},
+    ),
+    "signal": (
+        PublishSignal,
+        {"key": "key", "value": "value", "publisher_id": "publisher", "session_id": "session"},
+    ),
+    "item": (
+        PutItem,
+        {"namespace": "namespace", "key": "key", "value": "value", "ttl_minutes": "ttl_minutes"}
+        | {"vectors": "vectors"},
+    ),
+}
+# UNIX seconds: (field, may be null)
+_TIMES = {
+    "knowledge": (("created_at", True), ("updated_at", True)),
+    "item": (("created_at", False), ("updated_at", False), ("expires_at", True)),
+}
+
+
+def check_record(where: str, record: dict[str, Any], *, max_content_bytes: int) -> None:
+    """Refuse a record an import could not apply, naming ``where`` and the field: its fields
+    must meet the rules of a live write of the same data (the message it amounts to), its ids
+    and times must be numbers. Every record is checked before an import applies any."""
+    kind = record["kind"]
+    if kind == "export":
+        return
+    cls, fields = _AS_MESSAGE[kind]
+    required = {f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING}
+    # a field left out is null where the message has no default: its rule says if that may be
+    given = {field: record.get(name) for field, name in fields.items() if name in record or field in required}
+    if kind == "episode":
+        given["at"] = _episode_time(where, record.get("at"))
+    try:
+        cls(**given)
+        if "content" in given:
+            check_content(given["content"], "content", max_bytes=max_content_bytes)
+        if kind in ("knowledge", "episode"):
+            check_row_id(record.get("id"), "id")
+        for name, optional in _TIMES.get(kind, ()):
+            check_number(record.get(name), name, low=-math.inf, optional=optional)
+    except InvalidInputError as exc:
+        message = str(exc)
+        for field, name in fields.items():  # the record's names, not the message's
+            message = message.replace(f"{cls.__name__}.{field}", name)
+        raise InvalidInputError(f"{where} ({kind}): {message}") from None
+
+
+def _episode_time(where: str, value: object) -> datetime:
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            return datetime.fromisoformat(value)
+    raise InvalidInputError(f"{where} (episode): at must be an ISO 8601 time, got {value!r}")
+
+
+def import_records(
+    runtime: Runtime, lines: Iterable[tuple[str, dict[str, Any]]], *, timeout: float
+) -> dict[str, int]:
+    """Restore exported records (from :func:`read_export`) into the running system; returns
+    counts by kind. Every record is checked (:func:`check_record`) before any is applied, so a
+    file with a bad line changes nothing.
 
     Knowledge keeps its times (and its ids when the store was empty); episodes keep their uuid
     and time and are skipped when an episode with that uuid exists, archived ones are counted as
@@ -205,6 +294,10 @@ def import_records(runtime: Runtime, records: Iterable[dict[str, Any]], *, timeo
     from memstrata.actors._store_messages import ImportRecords
 
     runtime.check_open()
+    records = []
+    for where, record in lines:
+        check_record(where, record, max_content_bytes=runtime.config.max_content_bytes)
+        records.append(record)
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     signals: list[dict[str, Any]] = []
     items: list[dict[str, Any]] = []
@@ -219,8 +312,7 @@ def import_records(runtime: Runtime, records: Iterable[dict[str, Any]], *, timeo
         if kind == "signal":
             signals.append(record)
             continue
-        owner = str(record.get(_OWNER_KEY[kind], ""))
-        check_agent_id(owner, allow_shared=kind == "knowledge")
+        owner = str(record[_OWNER_KEY[kind]])
         if kind == "episode" and record.get("archive"):
             counts["skipped"] += 1
             continue

@@ -329,12 +329,13 @@ class MemorySystem:
 
         Knowledge keeps its times (and ids when its store was empty), episodes their uuid and time
         (an episode whose uuid exists is skipped, as are archived ones: restore their archive);
-        working memory and blackboard values are set again. Every line is checked first.
+        working memory and blackboard values are set again. Every line is checked first, its
+        fields by the rules of a live write: a file with a bad line changes nothing.
         """
         from memstrata._export import import_records, read_export
 
-        records = list(read_export(path))
-        return import_records(self._runtime, records, timeout=_timeout(self, timeout))
+        lines = list(read_export(path))
+        return import_records(self._runtime, lines, timeout=_timeout(self, timeout))
 
     # -- raw messages --------------------------------------------------------------------------
 

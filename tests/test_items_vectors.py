@@ -31,6 +31,10 @@ def test_put_vectors_are_checked_by_name() -> None:
         PutItem(("a",), "k", {}, vectors={"t": []})
     with pytest.raises(InvalidInputError, match="must hold only numbers"):
         PutItem(("a",), "k", {}, vectors={"t": ["1"]})
+    with pytest.raises(
+        InvalidInputError, match=r"PutItem.vectors\['t'\] must hold only finite numbers within float32"
+    ):
+        PutItem(("a",), "k", {}, vectors={"t": [1e308, 0.0]})  # finite in float64, inf once stored
     with pytest.raises(InvalidInputError, match="cannot come with query"):
         SearchItems(("a",), "q", query_vector=(1.0,))
     with pytest.raises(InvalidInputError, match="query_vector must hold only finite"):
@@ -55,6 +59,11 @@ def test_layer_keeps_one_dimension(tmp_path: Path) -> None:
         store.put_many([(("a",), "j", {}, {"t": [1.0, 0.0, 0.0]}, None)])
     with pytest.raises(InvalidInputError, match="not finite"):
         store.put_many([(("a",), "j", {}, {"t": [1.0, math.inf]}, None)])
+    exported = {"namespace": ["a"], "key": "j", "value": {}, "created_at": 1.0, "updated_at": 1.0}
+    with pytest.raises(
+        InvalidInputError, match=r"item record 0 vector 't' is empty or not finite in float32"
+    ):
+        store.import_rows([exported | {"vectors": {"t": [1e308, 0.0]}}])  # inf once stored
     assert store.count() == 1
     store.close()
 

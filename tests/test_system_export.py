@@ -151,6 +151,45 @@ def test_import_refuses_what_is_not_an_export_and_names_the_line(tmp_path: Path)
         assert system.status()["agents"] == {}  # nothing was half-imported
 
 
+def test_an_import_with_a_bad_field_anywhere_changes_nothing_and_names_the_line_and_field(
+    tmp_path: Path,
+) -> None:
+    with MemorySystem.start(
+        Config(data_dir=tmp_path / "src"), embedder=HashEmbedder(), clock=ManualClock(START)
+    ) as system:
+        _fill(system, ManualClock(START))
+        system.items.put(("docs",), "roof", {"t": "solar"}, vectors={"t": [1.0, 0.0]})
+        system.export(tmp_path / "good.jsonl")
+    good = _records(tmp_path / "good.jsonl")
+    kinds = [r["kind"] for r in good]
+    first = {kind: kinds.index(kind) for kind in ("knowledge", "episode", "working", "signal", "item")}
+    spoiled = [
+        ("knowledge", {"created_at": "yesterday"}, r"\(knowledge\): created_at must be a number"),
+        ("knowledge", {"category": "Pitfall"}, r"\(knowledge\): category is not valid"),
+        ("knowledge", {"owner": "../etc"}, r"\(knowledge\): owner "),
+        ("knowledge", {"content": None}, r"\(knowledge\): content must be a string"),
+        ("knowledge", {"id": "x"}, r"\(knowledge\): id "),
+        ("episode", {"at": "nope"}, r"\(episode\): at must be an ISO 8601 time, got 'nope'"),
+        ("episode", {"episode_kind": "Bad Kind"}, r"\(episode\): episode_kind is not valid"),
+        ("working", {"expires_in_s": "soon"}, r"\(working\): expires_in_s must be a number"),
+        ("signal", {"session": "my session"}, r"\(signal\): session "),
+        ("item", {"vectors": {"t": [1e308, 0.0]}}, r"\(item\): vectors\['t'\] must hold only finite numbers"),
+        ("item", {"updated_at": None}, r"\(item\): updated_at must be a number"),
+    ]
+    for case, (kind, change, message) in enumerate(spoiled):
+        records = [dict(r) for r in good]
+        records[first[kind]] |= change
+        bad = tmp_path / "bad.jsonl"
+        bad.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+        target = tmp_path / f"dst-{case}"
+        with MemorySystem.start(Config(data_dir=target), embedder=HashEmbedder()) as system:
+            with pytest.raises(InvalidInputError, match=rf"bad.jsonl line {first[kind] + 1} {message}"):
+                system.import_(bad)
+            assert system.status()["agents"] == {}, change  # no record of any kind was applied
+            assert system.items.search(("docs",)) == []
+            assert system.import_(tmp_path / "good.jsonl")["knowledge"] > 0  # the file itself is fine
+
+
 def test_export_and_archives_never_write_among_the_data_dirs_own_files(tmp_path: Path) -> None:
     data = tmp_path / "d"
     with MemorySystem.start(Config(data_dir=data), embedder=HashEmbedder()) as system:
