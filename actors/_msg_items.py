@@ -12,10 +12,10 @@ from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
 from memstrata.core.item_record import ItemRecord as StoredItem
-from memstrata.core.validation import check_json_value, check_number, check_text, fail
+from memstrata.core.validation import check_json_value, check_number, check_text, fail, has_lone_surrogate
 
 from ._codec import Message, Rule
-from ._msg_fields import Flag, OptQuery, Text, between
+from ._msg_fields import Flag, OptQuery, between
 
 __all__ = [
     "ClearNamespace",
@@ -89,7 +89,20 @@ def check_namespace(value: object, name: str, *, allow_empty: bool = False) -> t
     for label in value:
         if not isinstance(label, str) or not label or _SEP in label:
             raise fail(name, "labels must be non-empty strings without \\x1f", value)
+        if has_lone_surrogate(label):
+            raise fail(name, _NO_SURROGATES, value)
     return tuple(value)
+
+
+_NO_SURROGATES = "must not contain lone surrogates (UTF-8 cannot store them)"
+
+
+def _check_item_key(value: object, name: str) -> str:
+    """An item's key: a name, so a lone surrogate is refused rather than replaced."""
+    key = check_text(value, name)
+    if has_lone_surrogate(key):
+        raise fail(name, _NO_SURROGATES, value)
+    return key
 
 
 def _check_prefix(value: object, name: str) -> tuple[str, ...]:
@@ -137,6 +150,7 @@ def _messages(kind: type[Message]) -> Callable[[object, str], tuple[Any, ...]]:
 
 
 Namespace = Annotated[tuple[str, ...], Rule(check_namespace, normalise=True)]
+ItemKey = Annotated[str, Rule(_check_item_key)]
 Prefix = Annotated[tuple[str, ...], Rule(_check_prefix, normalise=True)]  # () is every namespace
 OptPrefix = Annotated[tuple[str, ...] | None, Rule(_check_prefix, normalise=True, optional=True)]
 JsonObject = Annotated[dict[str, Any], Rule(_check_object)]
@@ -157,7 +171,7 @@ class PutItem(Message):
     """
 
     namespace: Namespace
-    key: Text
+    key: ItemKey
     value: JsonObject
     index: FieldPaths = None
     ttl_minutes: Annotated[float | None, Rule(_check_ttl)] = None
@@ -177,7 +191,7 @@ class GetItem(Message):
     """Read one live item; ``refresh_ttl`` restarts its lifetime."""
 
     namespace: Namespace
-    key: Text
+    key: ItemKey
     refresh_ttl: Flag = False
 
 
@@ -216,7 +230,7 @@ class DeleteItem(Message):
     """Really delete one item (its vectors go with it)."""
 
     namespace: Namespace
-    key: Text
+    key: ItemKey
 
 
 class ItemDeleted(Message):

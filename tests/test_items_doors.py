@@ -92,6 +92,16 @@ def test_bad_input_is_one_clear_error_naming_the_field(data_dir: Path) -> None:
             items.search(limit=-1)
         with pytest.raises(InvalidInputError, match="filter key"):
             items.search(filter={"a b": 1})  # refused by the layer, answered through the actor
+        for call in (  # keys and labels are names: a lone surrogate is refused, never stored
+            lambda: items.put(("users",), "k\ud800", {"v": 1}),
+            lambda: items.get(("users",), "\udfff"),
+            lambda: items.delete(("users",), "\ud800"),
+            lambda: items.put(("users", "a\ud800"), "k", {"v": 1}),
+        ):
+            with pytest.raises(
+                InvalidInputError, match=r"Item\.(key|namespace) must not contain lone surrogates"
+            ):
+                call()
         assert items.search() == []  # nothing was stored by the refused calls
 
 
