@@ -28,6 +28,7 @@ from memstrata.core.validation import check_int, check_number, fail
 __all__ = [
     "MAX_SPAN_S",
     "MAX_WAIT_S",
+    "UNSET",
     "EnvValue",
     "Rule",
     "at_least",
@@ -42,6 +43,7 @@ __all__ = [
     "seconds",
     "set_dotted",
     "type_name",
+    "unless_empty",
 ]
 
 Rule = Callable[[object, str], object]
@@ -137,11 +139,34 @@ def set_dotted(data: dict[str, Any], dotted: str, value: Any, *, from_env: bool)
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
             raise ConfigError(f"config key {dotted!r}: {part!r} is not a table")
-    node[parts[-1]] = EnvValue(value) if from_env else value
+    if from_env:
+        value = EnvValue(value)
+        value.replaces = node.get(parts[-1], UNSET)
+    node[parts[-1]] = value
+
+
+UNSET: Final = object()
+"""A key given no value: it keeps its default."""
 
 
 class EnvValue(str):
-    """A string from the environment: converted to the field's type, not type-checked as str."""
+    """A string from the environment: converted to the field's type, not type-checked as str.
+    ``replaces`` is the file's value it overrides (:data:`UNSET` when the file had none)."""
+
+    replaces: Any = UNSET
+
+
+def unless_empty(raw: Any, hint: Any) -> Any:
+    """``raw``, unless it is an empty environment value for a key that may not be unset (a number,
+    a flag, a string, a path): that counts as not set, so the key keeps its value from the file,
+    else its default (:data:`UNSET`). For a key that may be unset it unsets the key, and for a
+    list it is the empty list: :func:`convert` reads those."""
+    if not isinstance(raw, EnvValue) or raw != "":
+        return raw
+    origin = typing.get_origin(hint)
+    if origin is tuple or (origin in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint)):
+        return raw
+    return raw.replaces
 
 
 def env_source(raw: Any, dotted: str) -> str:
@@ -156,6 +181,8 @@ def convert(raw: Any, hint: Any, key: str, where: str, metadata: Mapping[str, An
     by the rule in its field's ``metadata`` (see :func:`checked`)."""
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
+    if hint is Path and isinstance(raw, str) and not raw.strip():  # Path("") would be the working dir
+        raise ConfigError(f"{where}: config key {key!r} must be a path, got {raw!r}{env_source(raw, key)}")
     if origin in (typing.Union, types.UnionType):
         if isinstance(raw, EnvValue) and raw.lower() in ("", "none", "null") and type(None) in args:
             return None

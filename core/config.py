@@ -32,6 +32,7 @@ from memstrata.core.validation import check_min_score, check_top_k, fail, show
 from ._config_values import (
     MAX_SPAN_S,
     MAX_WAIT_S,
+    UNSET,
     at_least,
     check_fields,
     checked,
@@ -43,6 +44,7 @@ from ._config_values import (
     one_of,
     seconds,
     set_dotted,
+    unless_empty,
 )
 
 __all__ = [
@@ -338,6 +340,8 @@ class Config:
 
     def __post_init__(self) -> None:
         _check_sections(self)
+        if isinstance(self.data_dir, str) and not self.data_dir.strip():  # Path("") is the working dir
+            raise ConfigError(f"config key 'data_dir' must be a path, got {self.data_dir!r}")
         check_fields(self, "")
         lock, ask = self.storage.lock_timeout_s, self.actors.ask_timeout_s
         if lock >= ask:
@@ -466,6 +470,9 @@ def _build(cls: Any, data: Any, prefix: str, where: str, base: Any = None) -> An
         if key not in known:
             raise ConfigError(f"{where}: unknown config key {prefix + key!r}{env_source(raw, prefix + key)}")
         hint = hints[key]
+        raw = unless_empty(raw, hint)  # MEMSTRATA_DATA_DIR= is not the working directory
+        if raw is UNSET:
+            continue
         if dataclasses.is_dataclass(hint):
             values[key] = _build(hint, raw, f"{prefix}{key}.", where, base=getattr(base, key, None))
         else:

@@ -119,6 +119,31 @@ def test_environment_values_are_converted(isolated: Path) -> None:
     assert config.files.sync_interval_s is None
 
 
+def test_an_empty_environment_value_counts_as_not_set(isolated: Path) -> None:
+    default = Config.load(env={})
+    config = Config.load(env={"MEMSTRATA_DATA_DIR": "", "MEMSTRATA_SEARCH__TOP_K": ""})
+    assert config.data_dir == default.data_dir != Path(".")
+    assert config.search.top_k == default.search.top_k
+    path = _write(isolated / "cfg.toml", 'data_dir = "/srv/mem"\n[search]\ntop_k = 3\n')
+    config = Config.load(path, env={"MEMSTRATA_DATA_DIR": "", "MEMSTRATA_SEARCH__TOP_K": ""})
+    assert (config.data_dir, config.search.top_k) == (Path("/srv/mem"), 3)  # the file's values
+    unset = Config.load(env={"MEMSTRATA_FILES__SYNC_INTERVAL_S": "", "MEMSTRATA_FILES__EXTRA_PATHS": ""})
+    assert unset.files.sync_interval_s is None and unset.files.extra_paths == ()
+
+
+def test_an_empty_data_dir_given_explicitly_is_refused_where_it_came_from(isolated: Path) -> None:
+    path = _write(isolated / "cfg.toml", 'data_dir = ""\n')
+    with pytest.raises(ConfigError, match=r"cfg.toml: config key 'data_dir' must be a path, got ''$"):
+        Config.load(path, env={})
+    with pytest.raises(ConfigError, match=r"^configuration: config key 'data_dir' must be a path, got ''$"):
+        Config.load(env={}, data_dir="")
+    with pytest.raises(ConfigError, match=r"got ' ' \(from environment variable MEMSTRATA_DATA_DIR\)$"):
+        Config.load(env={"MEMSTRATA_DATA_DIR": " "})
+    with pytest.raises(ConfigError, match=r"^config key 'data_dir' must be a path, got ''$"):
+        Config(data_dir="")  # type: ignore[arg-type]
+    assert Config.load(env={}, data_dir=".").data_dir == Path(".")  # the working dir, said so
+
+
 def test_unknown_keys_are_named(isolated: Path) -> None:
     path = _write(isolated / "cfg.toml", "[search]\ntopk = 3\n")
     with pytest.raises(ConfigError, match=r"cfg.toml: unknown config key 'search.topk'"):
