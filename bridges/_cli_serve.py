@@ -106,12 +106,19 @@ def serve(ctx: click.Context, workers: int | None, max_line_bytes: int | None, l
 @click.pass_context
 def mcp(ctx: click.Context, agent_id: str | None) -> None:
     """Serve the memory tools over MCP on stdio (needs the 'mcp' extra)."""
+    from memstrata.core.validation import check_agent_id
+
     from ._mcp import require_sdk, run_stdio
 
     require_sdk()
     state = sh.state(ctx)
+    # refused here, before the session starts, rather than by every tool call that would use it
+    if agent_id is not None:
+        agent = check_agent_id(agent_id, "--agent")
+    else:
+        agent = check_agent_id(state.config.bridges.agent_id, "config key 'bridges.agent_id'")
     with state.system() as system, state.workspaces(system) as registry:
-        run_stdio(system, registry, agent_id=agent_id or state.config.bridges.agent_id)
+        run_stdio(system, registry, agent_id=agent)
 
 
 COMMANDS: tuple[click.Command, ...] = (serve, mcp)

@@ -432,6 +432,19 @@ def test_mcp_without_the_sdk_names_the_extra(run: Any, monkeypatch: pytest.Monke
     cli_fails(run("mcp"), 1, "pip install 'memstrata[mcp]'")
 
 
+def test_mcp_refuses_a_bad_agent_id_before_it_starts(
+    run: Any, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("mcp")
+    for agent in ("Bad Agent", ""):
+        result = run("mcp", "--agent", agent, input=b"")
+        cli_fails(result, 2, "--agent must be a")
+        assert result.stderr.rstrip().endswith(f"got {agent!r}") and result.stdout == ""
+    monkeypatch.setenv("MEMSTRATA_BRIDGES__AGENT_ID", "x y")
+    cli_fails(run("mcp", input=b""), 2, "config key 'bridges.agent_id' must be a")
+    assert not (data_dir / "knowledge").exists()  # refused before the memory system started
+
+
 def test_demo_runs_and_reports(run: Any, data_dir: Path) -> None:
     result = cli_ok(run("demo"))
     assert "memstrata demo" in result.stdout
