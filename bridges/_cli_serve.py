@@ -7,8 +7,12 @@ instead (:func:`_protocol_streams`).
 from __future__ import annotations
 
 import contextlib
+import io
 import os
+import select
+import signal
 import sys
+import threading
 from collections.abc import Iterator
 from typing import IO, Any
 
@@ -44,6 +48,64 @@ def _protocol_streams() -> Iterator[tuple[IO[bytes], IO[bytes]]]:
             writer.close()
 
 
+@contextlib.contextmanager
+def _sigterm_during_startup() -> Iterator[_Startup]:
+    """SIGTERM before the server has its own handler (the memory system starts, the model loads)
+    no longer kills the process: it is noted, so the server answers what was already written and
+    stops, and ends with 0 as a SIGTERM while serving does. The handler stays as the server's
+    fallback (it restores it after serving) until the command ends."""
+    startup = _Startup()
+    if threading.current_thread() is not threading.main_thread():
+        yield startup
+        return
+    try:
+        previous = signal.signal(signal.SIGTERM, startup.stop)
+    except (ValueError, OSError):
+        yield startup
+        return
+    try:
+        yield startup
+    finally:
+        with contextlib.suppress(ValueError, OSError, TypeError):
+            signal.signal(signal.SIGTERM, previous)
+
+
+class _Startup:
+    """Whether SIGTERM came before serving began, and the server to stop once there is one."""
+
+    def __init__(self) -> None:
+        self.stopped = False
+        self.server: Any = None
+
+    def stop(self, signum: int, frame: Any) -> None:
+        if self.stopped:  # asked twice: stop waiting
+            raise KeyboardInterrupt
+        self.stopped = True
+        if self.server is not None:  # between startup and the server's own handler
+            self.server.stop()
+
+
+def _written_so_far(reader: IO[bytes], limit: int) -> IO[bytes]:
+    """The lines already written to ``reader`` (stdin, not read yet), read without waiting for
+    more: what a SIGTERM during startup still answers. A last line cut short is left out, unless
+    the input ended there."""
+    try:
+        fd = reader.fileno()
+    except (AttributeError, ValueError, OSError):  # not a real stream (tests): read nothing
+        return io.BytesIO()
+    chunks: list[bytes] = []
+    size, ended = 0, False
+    while size <= limit and select.select([fd], [], [], 0)[0]:
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            ended = True
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    data = b"".join(chunks)
+    return io.BytesIO(data if ended or data.endswith(b"\n") else data[: data.rfind(b"\n") + 1])
+
+
 @click.command()
 @click.option("--workers", type=click.IntRange(1, 64), default=None, help="Thread pool size (default 4).")
 @click.option("--max-line-bytes", type=click.IntRange(min=1024), default=None, help="Longest request line.")
@@ -65,7 +127,11 @@ def serve(ctx: click.Context, workers: int | None, max_line_bytes: int | None, l
     bridges = state.config.bridges
     listener = open_listener(listen) if listen is not None else None  # refuse a bad address first
     try:
-        with state.system() as system, state.workspaces(system) as registry:
+        with (
+            _sigterm_during_startup() as startup,
+            state.system() as system,
+            state.workspaces(system) as registry,
+        ):
             server: JsonLinesServer | None = None
 
             def server_status() -> dict[str, Any]:
@@ -88,11 +154,17 @@ def serve(ctx: click.Context, workers: int | None, max_line_bytes: int | None, l
                 max_line_bytes=max_line_bytes or bridges.max_line_bytes,
                 debug=state.debug,
             )
+            startup.server = server
             if listener is not None:
+                if startup.stopped:  # SIGTERM while starting: no client is served
+                    return
                 click.echo(f"{sh.PROG} serve: listening on {listener.address}", err=True)
                 server.serve_socket(listener)
                 return
             with _protocol_streams() as (reader, writer):
+                if startup.stopped:  # SIGTERM while starting: answer what was written, then stop
+                    server.warn("stopping: answering the requests written while starting")
+                    reader = _written_so_far(reader, server.max_line_bytes)
                 server.serve(reader, writer)
     finally:
         if listener is not None:

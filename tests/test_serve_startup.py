@@ -1,0 +1,89 @@
+"""``memstrata serve`` stopped by SIGTERM while it starts: the requests already written are
+answered and the exit is 0, as for a SIGTERM while serving.
+
+The SIGTERM is sent by the process itself from a hook at a known point of its startup (as the
+memory system starts, before the model loads), once the test's request is in its stdin: nothing
+depends on timing.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import orjson
+
+REPO = Path(__file__).resolve().parent.parent
+TIMEOUT = 120.0
+
+_SIGTERM_AS_IT_STARTS = """
+import os, select, signal, sys
+from memstrata import MemorySystem
+from memstrata.bridges._app import CliState
+from memstrata.bridges.cli import cli
+from tests.fakes import FakeEmbedder
+
+start = MemorySystem.start.__func__
+
+def sigterm_then_start(cls, *args, **kwargs):
+    select.select([sys.stdin], [], [])  # the request is written ...
+    os.kill(os.getpid(), signal.SIGTERM)  # ... then SIGTERM, before the memory system is up
+    return start(cls, *args, **kwargs)
+
+MemorySystem.start = classmethod(sigterm_then_start)
+cli.main(args=sys.argv[1:], obj=CliState(embedder=FakeEmbedder()))
+"""
+
+
+def _wait(proc: subprocess.Popen[bytes]) -> tuple[bytes, bytes]:
+    """Its output once it exits, stdin left open (killed after ``TIMEOUT``, should it hang)."""
+    assert proc.stdout is not None and proc.stderr is not None
+    guard = threading.Timer(TIMEOUT, proc.kill)
+    guard.start()
+    try:
+        out, err = proc.stdout.read(), proc.stderr.read()
+        proc.wait()
+    finally:
+        guard.cancel()
+        assert proc.stdin is not None
+        proc.stdin.close()
+    return out, err
+
+
+def _serve_with_sigterm_at_start(data_dir: Path, *extra: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("MEMSTRATA_CONFIG", None)
+    return subprocess.Popen(
+        [sys.executable, "-c", _SIGTERM_AS_IT_STARTS, "--data-dir", str(data_dir), "serve", *extra],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=REPO,
+        env=env,
+    )
+
+
+def test_sigterm_while_starting_answers_what_was_written_and_exits_0(data_dir: Path) -> None:
+    proc = _serve_with_sigterm_at_start(data_dir)
+    assert proc.stdin is not None
+    requests = [{"jsonrpc": "2.0", "id": i, "method": "list_roots"} for i in (1, 2)]
+    proc.stdin.write(b"".join(orjson.dumps(r) + b"\n" for r in requests) + b'{"id": 3, "meth')
+    proc.stdin.flush()  # stdin stays open: the SIGTERM, not the end of input, stops the server
+    out, err = _wait(proc)
+    assert proc.returncode == 0, err.decode()
+    answers = [orjson.loads(line) for line in out.splitlines()]
+    assert sorted(a["id"] for a in answers) == [1, 2] and all("result" in a for a in answers)  # not 3
+    assert b"answering the requests written while starting" in err
+
+
+def test_sigterm_while_starting_a_socket_server_exits_0(data_dir: Path, tmp_path: Path) -> None:
+    proc = _serve_with_sigterm_at_start(data_dir, "--listen", f"unix:{tmp_path / 's.sock'}")
+    assert proc.stdin is not None
+    proc.stdin.write(b"\n")  # lets the hook go on
+    proc.stdin.flush()
+    out, err = _wait(proc)
+    assert proc.returncode == 0, err.decode()
+    assert out == b"" and b"listening on" not in err
