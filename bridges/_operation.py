@@ -16,8 +16,21 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from memstrata.core.constants import MAX_PATH_CHARS
+from memstrata.core.constants import (
+    AGENT_ID_PATTERN,
+    CATEGORY_PATTERN,
+    MAX_KEY_CHARS,
+    MAX_PATH_CHARS,
+    MAX_SCOPE_CHARS,
+    MAX_TAG_VALUE_CHARS,
+    MAX_TAGS,
+    MAX_TASK_ID_CHARS,
+    MAX_TITLE_CHARS,
+    MAX_TOP_K,
+)
 from memstrata.core.errors import InvalidInputError
+
+from ._schema import pattern, read_date_time
 
 if TYPE_CHECKING:
     from memstrata._workspaces import Workspaces
@@ -29,6 +42,8 @@ __all__ = [
     "HITS",
     "ID_LIMIT",
     "KIND",
+    "NOT_BLANK",
+    "NO_NUL",
     "OBJECT",
     "QUEUED",
     "SCOPE",
@@ -39,6 +54,7 @@ __all__ = [
     "TAGS_SCHEMA",
     "TEXT",
     "TIME",
+    "TITLE",
     "TOP_K",
     "Context",
     "Effect",
@@ -49,14 +65,19 @@ __all__ = [
     "Runner",
     "agent_lane",
     "files_lane",
+    "id_schema",
+    "key_schema",
     "object_schema",
     "parse_time",
     "path_string",
+    "pattern",
     "pick",
     "returns",
     "search_result",
     "session_lane",
     "string",
+    "task_id_schema",
+    "text_schema",
     "times",
 ]
 
@@ -233,28 +254,84 @@ def path_string(description: str) -> dict[str, Any]:
     return string(description, max_length=MAX_PATH_CHARS, minLength=1)
 
 
-AGENT_ID = Param("agent_id", string("The agent whose memory this is.", max_length=ID_LIMIT), True)
-SESSION_ID = Param("session_id", string("The session whose blackboard this is.", max_length=ID_LIMIT), True)
+def _whole(regex: str) -> str:
+    """``regex`` (matched whole by :mod:`memstrata.core.validation`) as a JSON Schema pattern,
+    which matches anywhere unless anchored."""
+    return f"^{regex}$" if "|" not in regex else f"^(?:{regex})$"
+
+
+# The param schemas state the rules of memstrata.core.validation that JSON Schema can say (so a
+# client that validates before sending is refused what the code refuses), built from its
+# constants. What JSON Schema cannot say simply (an id ending with '.', a reserved device name,
+# lone surrogates, a content size in UTF-8 bytes) is still refused by the code, in one line.
+ID_RULE = pattern(
+    _whole(AGENT_ID_PATTERN),
+    f"match {AGENT_ID_PATTERN} (letters, digits, '_', '-' or '.', starting with a letter or digit)",
+)
+CATEGORY_RULE = pattern(
+    _whole(CATEGORY_PATTERN),
+    f"match {CATEGORY_PATTERN} (lowercase letters, digits, '_' and '-', e.g. 'pitfall')",
+)
+NOT_BLANK = pattern(r"\S", "not be blank")
+_NO_CONTROL = r"[^\x00-\x1f\x7f]"
+NO_CONTROL = pattern(f"^{_NO_CONTROL}*$", "not contain control characters")
+NO_NUL = pattern(r"^[^\x00]*$", "not contain NUL characters")
+_TASK_TEXT = rf"{_NO_CONTROL}*[^\s\x00-\x1f\x7f]{_NO_CONTROL}*"
+TASK_RULE = pattern(f"^{_TASK_TEXT}$", "not be blank nor contain control characters")
+OPT_TASK_RULE = pattern(f"^(?:{_TASK_TEXT})?$", "be empty, or not blank and without control characters")
+
+
+def id_schema(description: str) -> dict[str, Any]:
+    """An agent or session id (a file name): the pattern of :data:`AGENT_ID_PATTERN`."""
+    return string(description, pattern=ID_RULE)
+
+
+def task_id_schema(description: str, *, optional: bool = False) -> dict[str, Any]:
+    """A task or task-run id; ``optional``: ``""`` is accepted too and means none."""
+    if optional:
+        return string(description, max_length=MAX_TASK_ID_CHARS, pattern=OPT_TASK_RULE)
+    return string(description, max_length=MAX_TASK_ID_CHARS, minLength=1, pattern=TASK_RULE)
+
+
+def key_schema(description: str, **extra: Any) -> dict[str, Any]:
+    """A working-memory or blackboard key: 1 to :data:`MAX_KEY_CHARS` characters, no NUL."""
+    return string(description, max_length=MAX_KEY_CHARS, **{"minLength": 1, "pattern": NO_NUL, **extra})
+
+
+def text_schema(description: str) -> dict[str, Any]:
+    """Free text that must say something (not empty, not only whitespace)."""
+    return string(description, minLength=1, pattern=NOT_BLANK)
+
+
+AGENT_ID = Param("agent_id", id_schema("The agent whose memory this is."), True)
+SESSION_ID = Param("session_id", id_schema("The session whose blackboard this is."), True)
 TAGS_SCHEMA: dict[str, Any] = {
     "type": "object",
-    "additionalProperties": {"type": "string"},
+    "additionalProperties": {"type": "string", "maxLength": MAX_TAG_VALUE_CHARS},
+    "maxProperties": MAX_TAGS,
     "description": 'Tags as {"key": "value"}; a bare tag has the value "". A filter matches entries '
     'that have every given key with the given value ("" matches any value).',
 }
-TOP_K = {"type": "integer", "minimum": 1, "maximum": 1000, "description": "How many hits at most."}
+TOP_K = {"type": "integer", "minimum": 1, "maximum": MAX_TOP_K, "description": "How many hits at most."}
 SCORE = {
     "type": "number",
     "minimum": 0,
     "maximum": 1,
-    "description": "Leave out hits whose 0-1 score is below this.",
+    "description": "Cosine-similarity floor for the semantic side, 0-1: semantic candidates below it "
+    "are left out; keyword matches are kept whatever their similarity.",
 }
-TIME = string("An ISO 8601 date-time with a time zone, e.g. 2026-05-01T12:00:00Z.", max_length=64)
+TIME = string(
+    "An ISO 8601 date-time with a time zone, e.g. 2026-05-01T12:00:00Z.", max_length=64, format="date-time"
+)
 CATEGORY = string(
     "Category: outcome, pitfall, pattern, codebase, preference, or any [a-z0-9][a-z0-9_-]* name.",
-    max_length=64,
+    pattern=CATEGORY_RULE,
 )
-SCOPE = string("A path-like scope such as /src/auth ('/' is everything).", max_length=1024)
-STORE = string("Which store the entry is in: the agent's id (the default) or 'shared'.", max_length=ID_LIMIT)
+SCOPE = string(
+    "A path-like scope such as /src/auth ('/' is everything).", max_length=MAX_SCOPE_CHARS, pattern=NO_CONTROL
+)
+STORE = id_schema("Which store the entry is in: the agent's id (the default) or 'shared'.")
+TITLE = string("A short title.", max_length=MAX_TITLE_CHARS)
 ENTRY_ID = {"type": "integer", "minimum": 1, "description": "The entry's id within its store."}
 
 OBJECT: dict[str, Any] = {"type": "object"}
@@ -297,11 +374,8 @@ QUEUED = returns(task_id="string", queued="boolean", outbox_id="any")
 
 def parse_time(value: str, name: str) -> dt.datetime:
     """An ISO 8601 date-time that must carry a time zone (``Z`` accepted)."""
-    text = value.strip()
-    if text.endswith(("z", "Z")):
-        text = text[:-1] + "+00:00"
     try:
-        parsed = dt.datetime.fromisoformat(text)
+        parsed = read_date_time(value)
     except ValueError as exc:
         raise InvalidInputError(f"{name} must be an ISO 8601 date-time, got {value[:64]!r}") from exc
     if parsed.tzinfo is None:

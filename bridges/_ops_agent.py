@@ -8,7 +8,6 @@ from . import _convert
 from ._operation import (
     AGENT_ID,
     CATEGORY,
-    ID_LIMIT,
     OBJECT,
     QUEUED,
     SCOPE,
@@ -17,33 +16,37 @@ from ._operation import (
     TAGS_SCHEMA,
     TEXT,
     TIME,
+    TITLE,
     TOP_K,
     Context,
     Effect,
     OperationList,
     Param,
     agent_lane,
+    key_schema,
     path_string,
     pick,
     returns,
     search_result,
     string,
+    task_id_schema,
+    text_schema,
     times,
 )
 
 _OPS = OperationList()
-_KEY = Param("key", string("The key.", max_length=ID_LIMIT), True)
+_KEY = Param("key", key_schema("The key."), True)
 _MISSING = object()
-_TASK_ID = Param("task_id", string("The task's id.", max_length=ID_LIMIT), True)
+_TASK_ID = Param("task_id", task_id_schema("The task's id."), True)
 _TASK_SPACE = Param(
     "task_id",
-    string(
+    task_id_schema(
         "The task whose working-memory space this is (omit: the agent-wide space). Ending the task "
         "clears its space only.",
-        max_length=ID_LIMIT,
+        optional=True,
     ),
 )
-_ONE_RUN = Param("task_run_id", string("Only this task run.", max_length=ID_LIMIT))
+_ONE_RUN = Param("task_run_id", task_id_schema("Only this task run.", optional=True))
 _SINCE = Param("since", {**TIME, "description": "Only episodes at or after this time."})
 _UNTIL = Param("until", {**TIME, "description": "Only episodes before this time."})
 _EPISODE_ID = Param(
@@ -59,11 +62,11 @@ _EPISODE_ID = Param(
     "Record an episode in the agent's episodic memory; returns its {id}.",
     (
         AGENT_ID,
-        Param("content", string(TEXT), True),
-        Param("title", string("A short title.")),
-        Param("task_run_id", string("The task run it belongs to.", max_length=ID_LIMIT)),
+        Param("content", text_schema(TEXT), True),
+        Param("title", TITLE),
+        Param("task_run_id", task_id_schema("The task run it belongs to.", optional=True)),
         Param("tags", TAGS_SCHEMA),
-        Param("kind", string("What kind of episode (note, turn, outcome, ...).", max_length=64)),
+        Param("kind", {**CATEGORY, "description": "What kind of episode (note, turn, outcome, ...)."}),
         Param("at", {**TIME, "description": "When it happened (default: now)."}),
     ),
     returns(id="any"),
@@ -217,7 +220,7 @@ def _promote_episode(ctx: Context, p: dict[str, Any]) -> Any:
     "begin_task",
     "tasks",
     "Pre-task retrieval: the prompt {text, fallback, reason, hits} within the retrieval budget.",
-    (AGENT_ID, _TASK_ID, Param("description", string("What the task is."), True)),
+    (AGENT_ID, _TASK_ID, Param("description", text_schema("What the task is."), True)),
     returns(text="string", fallback="boolean"),
     Effect.READS,
     lane=agent_lane,
@@ -241,12 +244,12 @@ def _write_back(name: str, summary: str, text: Param) -> None:
 _write_back(
     "complete_task",
     "Write back a success: durable once answered, stored as knowledge and an episode.",
-    Param("summary", string("What was done and learned."), True),
+    Param("summary", text_schema("What was done and learned."), True),
 )
 _write_back(
     "fail_task",
     "Write back a failure: durable once answered, stored as a pitfall.",
-    Param("reason", string("Why it failed."), True),
+    Param("reason", text_schema("Why it failed."), True),
 )
 
 
@@ -293,7 +296,7 @@ def _get_working(ctx: Context, p: dict[str, Any]) -> Any:
     "{removed} counts them.",
     (
         AGENT_ID,
-        Param("key", string("The key (omit to clear every key of the space).", max_length=ID_LIMIT)),
+        Param("key", key_schema("The key (omit to clear every key of the space).")),
         _TASK_SPACE,
     ),
     returns(removed="integer"),

@@ -14,23 +14,34 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from memstrata.core.constants import MAX_KEY_CHARS
 from memstrata.core.errors import InvalidInputError
 
 from . import _convert
 from ._operation import (
-    ID_LIMIT,
+    NO_NUL,
     SESSION_ID,
     Context,
     Effect,
     OperationList,
     Param,
+    key_schema,
+    pattern,
     returns,
     session_lane,
     string,
 )
 
 _OPS = OperationList()
-_KEY = Param("key", string("The signal's key.", max_length=1024), True)
+_KEY = Param("key", key_schema("The signal's key."), True)
+_NEW_KEY = Param(
+    "key",
+    key_schema(
+        "The signal's key ('*' is kept for prefix subscriptions).",
+        pattern=pattern(r"^[^\x00*]*$", "not contain NUL or '*' ('*' is kept for prefix subscriptions)"),
+    ),
+    True,
+)
 
 
 @_OPS.add(
@@ -39,9 +50,9 @@ _KEY = Param("key", string("The signal's key.", max_length=1024), True)
     "Publish a blackboard signal (any JSON value); subscribers are notified.",
     (
         SESSION_ID,
-        _KEY,
+        _NEW_KEY,
         Param("value", {"description": "Any JSON value."}, True),
-        Param("publisher", string("Who publishes it.", max_length=ID_LIMIT)),
+        Param("publisher", key_schema("Who publishes it.")),
     ),
     returns(key="string", version="integer"),
     Effect.ADDS,
@@ -77,7 +88,10 @@ def _get_signal(ctx: Context, p: dict[str, Any]) -> Any:
     "list_signals",
     "board",
     "The sorted keys of a session's blackboard, optionally under a prefix.",
-    (SESSION_ID, Param("prefix", string("Only keys starting with this.", max_length=1024))),
+    (
+        SESSION_ID,
+        Param("prefix", string("Only keys starting with this.", max_length=MAX_KEY_CHARS, pattern=NO_NUL)),
+    ),
     {"type": "array", "items": {"type": "string"}},
     Effect.READS,
     lane=session_lane,
@@ -175,7 +189,10 @@ def _connection(ctx: Context, name: str) -> Any:
         SESSION_ID,
         Param(
             "key_or_prefix",
-            string("A key, or a prefix ending in * ('agent:*'; '*' is every key).", max_length=1024),
+            key_schema(
+                "A key, or a prefix ending in * ('agent:*'; '*' is every key).",
+                pattern=pattern(r"^[^\x00*]*\*?$", "not contain NUL, nor '*' but at its end (a prefix)"),
+            ),
             True,
         ),
     ),

@@ -29,6 +29,7 @@ from ._operation import (
     returns,
     search_result,
     string,
+    text_schema,
 )
 
 _OPS = OperationList()
@@ -65,7 +66,7 @@ def _named_entry(entry: Any, params: Mapping[str, Any], shared: bool) -> dict[st
     "Store long-term knowledge; returns its {id, store}. Same content, category and scope -> same id.",
     (
         AGENT_ID,
-        Param("content", string(TEXT), True),
+        Param("content", text_schema(TEXT), True),
         Param("category", CATEGORY),
         Param("tags", TAGS_SCHEMA),
         Param("scope", SCOPE),
@@ -159,7 +160,7 @@ def _list_knowledge(ctx: Context, p: dict[str, Any]) -> Any:
         AGENT_ID,
         Param("entry_id", ENTRY_ID, True),
         Param("store", STORE),
-        Param("content", string("The new text (omit to keep it).")),
+        Param("content", text_schema("The new text (omit to keep it).")),
         Param("category", {**CATEGORY, "description": "The new category (omit to keep it)."}),
         Param(
             "tags",

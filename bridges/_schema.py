@@ -1,13 +1,20 @@
 """Check arguments against the very JSON Schemas the bridges publish.
 
 Tool schemas (for LLMs) and server method params are declared once as JSON Schema; this module
-enforces the subset they use, so what a model is told and what the dispatcher accepts cannot
-drift apart. Failures are one-line :class:`InvalidInputError` messages that name the argument,
-written for a model (or a person) to correct the call.
+enforces the subset they use (``type``, ``anyOf``, ``enum``; strings ``minLength``, ``maxLength``,
+``pattern``, ``format: date-time``; numbers ``minimum``, ``maximum``, ``exclusiveMinimum``,
+``exclusiveMaximum``; objects ``properties``, ``required``, ``additionalProperties``,
+``minProperties``, ``maxProperties``; arrays ``items``, ``minItems``, ``maxItems``), so what a
+model is told and what the dispatcher accepts cannot drift apart. A keyword outside this subset
+would be a promise nobody keeps: :func:`unsupported` names it, and a test runs it on every
+published schema. Failures are one-line :class:`InvalidInputError` messages that name the
+argument, written for a model (or a person) to correct the call.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import functools
 import math
 import re
 from collections.abc import Mapping
@@ -17,7 +24,7 @@ from memstrata.core.errors import InvalidInputError
 
 from ._json import OutOfRange
 
-__all__ = ["check", "describe_type"]
+__all__ = ["check", "describe_type", "pattern", "read_date_time", "unsupported"]
 
 _TYPE_NAMES = {
     "string": "a string",
@@ -136,6 +143,47 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+_HINTS: dict[str, str] = {}
+
+
+def pattern(regex: str, hint: str) -> str:
+    """``regex`` for a schema's ``pattern``, with the words an error uses when a value does not
+    match it ("must {hint}"); the published schema carries only the pattern itself."""
+    _HINTS[regex] = hint
+    return regex
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(regex: str) -> re.Pattern[str]:
+    # ECMA-262's ``$`` (JSON Schema's dialect) matches at the very end only; Python's ``$`` also
+    # before a final newline, which would let "id\n" through a pattern anchored at both ends
+    if regex.endswith("$") and not regex.endswith("\\$"):
+        regex = regex[:-1] + r"\Z"
+    return re.compile(regex)
+
+
+def read_date_time(value: str) -> dt.datetime:
+    """An ISO 8601 date-time (``Z`` accepted for UTC), naive when it has no time zone;
+    ``ValueError`` when it is none. The one reading of ``"format": "date-time"`` in every door."""
+    text = value.strip()
+    if text.endswith(("z", "Z")):
+        text = text[:-1] + "+00:00"
+    return dt.datetime.fromisoformat(text)
+
+
+def _is_date_time(value: str) -> bool:
+    """What a ``date-time`` param must be: an ISO 8601 date-time with a time zone."""
+    try:
+        return read_date_time(value).tzinfo is not None
+    except ValueError:
+        return False
+
+
+_FORMATS = {
+    "date-time": ("be an ISO 8601 date-time with a time zone (e.g. 2026-05-01T12:00:00Z)", _is_date_time)
+}
+
+
 def _check_string(schema: Mapping[str, Any], value: str, path: str, noun: str) -> None:
     label = _label(path, noun)
     if "minLength" in schema and len(value) < schema["minLength"]:
@@ -146,9 +194,13 @@ def _check_string(schema: Mapping[str, Any], value: str, path: str, noun: str) -
         raise InvalidInputError(
             f"{label} is too long ({len(value)} characters, at most {schema['maxLength']})"
         )
-    if "pattern" in schema and not re.search(schema["pattern"], value):
-        hint = schema.get("x-pattern-hint") or f"match {schema['pattern']}"
+    if "pattern" in schema and not _compiled(schema["pattern"]).search(value):
+        hint = _HINTS.get(schema["pattern"]) or f"match the pattern {schema['pattern']}"
         raise InvalidInputError(f"{label} must {hint}, got {_short(value)}")
+    if schema.get("format") in _FORMATS:
+        words, valid = _FORMATS[schema["format"]]
+        if not valid(value):
+            raise InvalidInputError(f"{label} must {words}, got {_short(value)}")
 
 
 def _check_number(schema: Mapping[str, Any], value: float, path: str, noun: str) -> None:
@@ -157,6 +209,10 @@ def _check_number(schema: Mapping[str, Any], value: float, path: str, noun: str)
         raise InvalidInputError(f"{label} must be at least {schema['minimum']}, got {value}")
     if "maximum" in schema and value > schema["maximum"]:
         raise InvalidInputError(f"{label} must be at most {schema['maximum']}, got {value}")
+    if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
+        raise InvalidInputError(f"{label} must be greater than {schema['exclusiveMinimum']}, got {value}")
+    if "exclusiveMaximum" in schema and value >= schema["exclusiveMaximum"]:
+        raise InvalidInputError(f"{label} must be less than {schema['exclusiveMaximum']}, got {value}")
 
 
 def _check_object(
@@ -184,17 +240,64 @@ def _check_object(
             out[key] = item
     if "maxProperties" in schema and len(out) > schema["maxProperties"]:
         raise InvalidInputError(f"{_label(path, noun)} has more than {schema['maxProperties']} entries")
+    if "minProperties" in schema and len(out) < schema["minProperties"]:
+        raise InvalidInputError(f"{_label(path, noun)} has fewer than {schema['minProperties']} entries")
     return out
 
 
 def _check_array(schema: Mapping[str, Any], value: list[Any], path: str, noun: str) -> list[Any]:
     if "maxItems" in schema and len(value) > schema["maxItems"]:
         raise InvalidInputError(f"{_label(path, noun)} has more than {schema['maxItems']} items")
+    if "minItems" in schema and len(value) < schema["minItems"]:
+        raise InvalidInputError(f"{_label(path, noun)} has fewer than {schema['minItems']} items")
     items = schema.get("items")
-    if items is None:
-        return value
-    return [check(items, item, path=f"{path}[{i}]", noun=noun) for i, item in enumerate(value)]
+    if items is not None:
+        value = [check(items, item, path=f"{path}[{i}]", noun=noun) for i, item in enumerate(value)]
+    return value
 
 
 def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
+
+
+_ENFORCED = frozenset(
+    {
+        "type",
+        "anyOf",
+        "enum",
+        "minLength",
+        "maxLength",
+        "pattern",
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "properties",
+        "required",
+        "additionalProperties",
+        "minProperties",
+        "maxProperties",
+        "items",
+        "minItems",
+        "maxItems",
+    }
+)
+_WORDS = frozenset({"description", "title"})  # annotations: they constrain nothing
+
+
+def unsupported(schema: Any, where: str = "schema") -> list[str]:
+    """Every keyword of ``schema`` (and of the schemas inside it) that :func:`check` would not
+    enforce, as ``where: keyword`` lines: a published schema must promise nothing the dispatcher
+    lets through."""
+    if not isinstance(schema, Mapping):
+        return []
+    found = [f"{where}: {key!r}" for key in schema if key not in _ENFORCED | _WORDS and key != "format"]
+    if "format" in schema and schema["format"] not in _FORMATS:
+        found.append(f"{where}: format {schema['format']!r}")
+    for name, sub in schema.get("properties", {}).items():
+        found += unsupported(sub, f"{where}.{name}")
+    for i, option in enumerate(schema.get("anyOf", ())):
+        found += unsupported(option, f"{where}.anyOf[{i}]")
+    for key in ("items", "additionalProperties"):
+        found += unsupported(schema.get(key), f"{where}.{key}")
+    return found

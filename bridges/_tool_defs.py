@@ -12,7 +12,7 @@ Two param shapes differ from the registry's, for every tool and every export ali
   has the value ``""``). The registry's map (``{"key": "value"}``) cannot be written in OpenAI's
   strict mode (an object there must list its properties), an array of ``{"key", "value"}`` objects
   costs a model twice the tokens and forces ``"value": ""`` on bare tags, and strings are what the
-  CLI takes (``--tag key=value``). A key cannot contain ``=``.
+  CLI takes (``--tag key=value``). A key cannot contain ``=``, nor come twice with two values.
 - a JSON ``value`` (working memory, blackboard) is JSON *text*: strict mode cannot express "any JSON
   value". Text that is not valid JSON is kept as that string; an object param given as text (an
   item's value, a filter) is refused with the JSON error instead.
@@ -60,7 +60,9 @@ JSON_TEXT: dict[str, Any] = {
 
 
 def tags_map(value: list[str] | None) -> dict[str, str] | None:
-    """Tool tags (``"key"`` / ``"key=value"`` strings) as the registry's map."""
+    """Tool tags (``"key"`` / ``"key=value"`` strings) as the registry's map. A key given twice
+    with two values is refused (naming the tag), as no value of the two is what was meant; the
+    same tag twice is that tag."""
     if value is None:
         return None
     tags: dict[str, str] = {}
@@ -68,6 +70,10 @@ def tags_map(value: list[str] | None) -> dict[str, str] | None:
         key, _, val = item.partition("=")
         if not key.strip():
             raise InvalidInputError(f"tag {item[:64]!r} has an empty key (write key or key=value)")
+        if tags.get(key, val) != val:
+            raise InvalidInputError(
+                f"tag {key[:64]!r} is given twice with different values ({tags[key][:40]!r} and {val[:40]!r})"
+            )
         tags[key] = val
     return tags
 

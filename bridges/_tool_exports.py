@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ._operation import AGENT_ID
 from ._tool_defs import Tool
 from ._tool_list import TOOLS, find_tool
 
@@ -64,9 +65,7 @@ STRICT_KEYWORDS = frozenset(
 )
 
 _AGENT_ID_ARGUMENT = {
-    "type": "string",
-    "minLength": 1,
-    "maxLength": 200,
+    **AGENT_ID.schema,
     "description": "Which agent's memory to use (default: the server's agent).",
 }
 

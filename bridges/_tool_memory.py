@@ -13,12 +13,12 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from memstrata.core.constants import MAX_PATH_CHARS, MAX_SCOPE_CHARS
+from memstrata.core.constants import MAX_PATH_CHARS, MAX_SCOPE_CHARS, MAX_TAG_VALUE_CHARS
 from memstrata.core.errors import InvalidInputError
 from memstrata.core.validation import check_scope
 
 from . import _convert
-from ._operation import Operation, Param
+from ._operation import NOT_BLANK, Operation, Param
 from ._tool_defs import TAGS, TAGS_FILTER, Tool, ToolContext, operation, tags_map
 
 __all__ = ["MEMORY_CATEGORY", "MEMORY_TOOLS", "NO_MEMORIES"]
@@ -165,8 +165,14 @@ def _memory_get(ctx: ToolContext, args: dict[str, Any]) -> Any:
 
 def _memory_add(ctx: ToolContext, args: dict[str, Any]) -> Any:
     tags = tags_map(args.get("tags")) or {}
-    if args.get("source") is not None:
-        tags["source"] = args["source"]
+    source = args.get("source")
+    if source is not None:
+        if tags.get("source", source) != source:
+            raise InvalidInputError(
+                f"tag 'source' ({tags['source'][:40]!r}) and argument 'source' ({source[:40]!r}) "
+                "disagree: give the source once"
+            )
+        tags["source"] = source
     ident = ctx.agent().store_knowledge(
         args["content"], category=MEMORY_CATEGORY, tags=tags or None, scope=args.get("scope", "/")
     )
@@ -214,7 +220,7 @@ _SCOPE = {
     "maxLength": MAX_SCOPE_CHARS,
     "description": 'Path-like scope such as "/" (default) or "/project/auth".',
 }
-_CONTENT = {"type": "string", "minLength": 1, "maxLength": _TEXT_LIMIT}
+_CONTENT = {"type": "string", "minLength": 1, "maxLength": _TEXT_LIMIT, "pattern": NOT_BLANK}
 _ADD = (
     Param("content", {**_CONTENT, "description": "The memory to save, self-contained."}, True),
     Param(
@@ -223,7 +229,12 @@ _ADD = (
     Param("tags", TAGS),
     Param(
         "source",
-        {"type": "string", "maxLength": 1000, "description": "Where the memory came from (stored as tag)."},
+        {
+            "type": "string",
+            "maxLength": MAX_TAG_VALUE_CHARS,
+            "description": "Where the memory came from (stored as the tag source; a source=... tag in "
+            "tags must then say the same).",
+        },
     ),
 )
 
@@ -259,7 +270,9 @@ MEMORY_TOOLS: tuple[Tool, ...] = (
                     "type": "number",
                     "minimum": 0,
                     "maximum": 1,
-                    "description": "Semantic similarity floor, 0-1 (default 0.35).",
+                    "description": "Cosine-similarity floor for the semantic side, 0-1 (default "
+                    "0.35): semantic candidates below it are left out; keyword matches are kept "
+                    "whatever their similarity.",
                 },
             ),
             Param(

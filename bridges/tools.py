@@ -83,9 +83,10 @@ def _parse_arguments(arguments: Any) -> Any:
 
 def _without_nulls(schema: Mapping[str, Any], arguments: Mapping[str, Any]) -> dict[str, Any]:
     """A strict-mode model sends ``null`` for every optional argument it leaves out: drop those
-    (a required one stays, and fails validation with a clear message)."""
-    required = set(schema["required"])
-    return {k: v for k, v in arguments.items() if v is not None or k in required}
+    (a required one stays, and fails validation with a clear message; so does a name the tool
+    does not declare, which is refused as unknown whatever its value)."""
+    optional = set(schema["properties"]) - set(schema["required"])
+    return {k: v for k, v in arguments.items() if v is not None or k not in optional}
 
 
 def _error(message: str) -> dict[str, str]:

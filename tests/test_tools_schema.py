@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import math
+import re
 from typing import Any
 
 import jsonschema
@@ -86,8 +88,34 @@ _json = st.recursive(
     max_leaves=8,
 )
 _keys = st.sampled_from(
-    ["query", "maxResults", "minScore", "path", "from", "lines", "content", "scope", "tags"]
+    [
+        *("query", "maxResults", "minScore", "path", "from", "lines", "content", "scope", "tags"),
+        *("key", "category", "kind", "session_id", "task_id", "at", "since", "ttl_s"),
+    ]
 )
+
+
+def _ecma_pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Any:
+    """``pattern`` as ECMA-262 reads it (JSON Schema's dialect): a final ``$`` is the very end,
+    where Python's ``re``, which jsonschema uses, also matches before a last newline."""
+    regex = pattern[:-1] + r"\Z" if pattern.endswith("$") else pattern
+    if validator.is_type(instance, "string") and not re.search(regex, instance):
+        yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+_ECMA = jsonschema.validators.extend(jsonschema.Draft202012Validator, {"pattern": _ecma_pattern})
+_FORMATS = jsonschema.FormatChecker(formats=())
+
+
+@_FORMATS.checks("date-time")
+def _date_time(value: object) -> bool:
+    """ISO 8601 with a time zone (the docs' words, written here apart from the checker's)."""
+    if not isinstance(value, str):
+        return True
+    try:
+        return dt.datetime.fromisoformat(value.strip()).tzinfo is not None
+    except ValueError:
+        return False
 
 
 @settings(max_examples=300, deadline=None)
@@ -97,7 +125,7 @@ _keys = st.sampled_from(
 )
 def test_checker_accepts_exactly_what_jsonschema_accepts(name: str, args: dict[str, Any]) -> None:
     schema = next(t["parameters"] for t in tools.tool_schemas() if t["name"] == name)
-    valid = jsonschema.Draft202012Validator(schema).is_valid(args)
+    valid = _ECMA(schema, format_checker=_FORMATS).is_valid(args)
     try:
         check(schema, args)
         accepted = True

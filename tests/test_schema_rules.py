@@ -1,0 +1,237 @@
+"""The published param schemas say the rules the code enforces, and the dispatchers keep them.
+
+Every door validates a call against the very schema it publishes (JSON-RPC params, LLM tool
+arguments, MCP tools), so a rule in a schema is a rule of the door, and a rule of the code that
+JSON Schema can say is in the schema: a client that validates before sending is refused nothing
+the schema allowed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from typing import Any
+
+import jsonschema
+import pytest
+
+from memstrata.bridges import tools
+from memstrata.bridges._operation import AGENT_ID, CATEGORY, SESSION_ID, TIME
+from memstrata.bridges._operations import OPERATIONS, find
+from memstrata.bridges._schema import check, unsupported
+from memstrata.bridges._tool_defs import tags_map
+from memstrata.core.validation import (
+    check_agent_id,
+    check_category,
+    check_key,
+    check_scope,
+    check_session_id,
+    check_task_id,
+    check_text,
+)
+from memstrata.errors import InvalidInputError
+
+
+def _error(name: str, arguments: Any) -> str:
+    result = tools.dispatch(name, arguments, None)
+    assert set(result) == {"error"}, result
+    assert "\n" not in result["error"]
+    return str(result["error"])
+
+
+def _params(op: str) -> dict[str, Any]:
+    return find(op).params_schema()
+
+
+# -- exclusive bounds and the other keywords -----------------------------------------------------
+
+
+def test_a_ttl_of_zero_is_refused_by_every_door_as_the_schema_says() -> None:
+    """``ttl_s`` is ``exclusiveMinimum: 0`` (0 would store a value that is gone at once, as
+    ``put_item``'s ``ttl_minutes`` already refuses): JSON-RPC and the tools refuse 0 by name."""
+    assert _params("set_working")["properties"]["ttl_s"]["exclusiveMinimum"] == 0
+    with pytest.raises(InvalidInputError, match=r"^param 'ttl_s' must be greater than 0, got 0$"):
+        check(_params("set_working"), {"agent_id": "a", "key": "k", "value": 1, "ttl_s": 0}, noun="param")
+    message = _error("working_set", {"key": "k", "value": "1", "ttl_s": 0})
+    assert message == "working_set: argument 'ttl_s' must be greater than 0, got 0"
+    assert "greater than 0" in _error("working_set", {"key": "k", "value": "1", "ttl_s": -0.0})
+    assert "greater than 0" in _error(
+        "item_put", {"namespace": ["n"], "key": "k", "value": "{}", "ttl_minutes": 0}
+    )
+    # a positive ttl passes the schema (the call then fails only for want of a system)
+    assert "no memory system" in _error("working_set", {"key": "k", "value": "1", "ttl_s": 0.001})
+
+
+@pytest.mark.parametrize(
+    ("schema", "value", "needle"),
+    [
+        ({"type": "number", "exclusiveMaximum": 1}, 1, "argument 'x' must be less than 1, got 1"),
+        ({"type": "array", "minItems": 2}, [1], "argument 'x' has fewer than 2 items"),
+        ({"type": "object", "minProperties": 1}, {}, "argument 'x' has fewer than 1 entries"),
+        ({"type": "string", "format": "date-time"}, "soon", "argument 'x' must be an ISO 8601 date-time"),
+        ({"type": "string", "pattern": "^a$"}, "a\n", "argument 'x' must match the pattern ^a$"),
+    ],
+)
+def test_the_checker_enforces_every_keyword_it_knows(schema: dict[str, Any], value: Any, needle: str) -> None:
+    with pytest.raises(InvalidInputError, match="^" + needle.replace("^", r"\^").replace("$", r"\$")):
+        check(schema, value, path="x")
+
+
+def test_no_published_schema_uses_a_keyword_the_checker_ignores() -> None:
+    for op in OPERATIONS:
+        assert unsupported(op.params_schema(), op.name) == []
+    for tool in tools.tool_schemas(agent_id_argument=True):
+        assert unsupported(tool["parameters"], tool["name"]) == []
+    assert unsupported({"type": "array", "uniqueItems": True}) == ["schema: 'uniqueItems'"]
+    assert unsupported({"type": "string", "format": "email"}) == ["schema: format 'email'"]
+
+
+# -- unknown arguments ---------------------------------------------------------------------------
+
+
+def test_an_unknown_argument_is_refused_even_when_it_is_null() -> None:
+    message = _error("working_set", {"key": "k", "value": "1", "bogus": None})
+    assert message.startswith("working_set: unknown argument 'bogus' (expected: key, value, ttl_s, task_id)")
+    assert "unknown argument 'bogus'" in _error("memory_search", '{"query": "q", "bogus": null}')
+
+
+def test_declared_optional_arguments_may_still_be_null() -> None:
+    """OpenAI's strict mode sends every declared optional argument, null when left out."""
+    nulls = {"key": "k", "value": "1", "ttl_s": None, "task_id": None}
+    assert "no memory system" in _error("working_set", nulls)
+    assert "'key' must be a string, got null" in _error("working_set", {"key": None, "value": "1"})
+
+
+# -- min_score says what it does -----------------------------------------------------------------
+
+
+def test_min_score_is_described_as_the_floor_of_the_semantic_side() -> None:
+    described = {
+        op.name: op.param("min_score").description
+        for op in OPERATIONS
+        if "min_score" in op.params_schema()["properties"]
+    }
+    assert {"query_knowledge", "search_files"} <= set(described)
+    tool = next(t for t in tools.tool_schemas(["memory_search"]))["parameters"]["properties"]["minScore"]
+    for text in [*described.values(), tool["description"]]:
+        assert "semantic" in text and "keyword matches are kept" in text, text
+        assert "hits whose 0-1 score" not in text
+
+
+# -- the schemas state the code's rules ------------------------------------------------------------
+
+_SCHEMA_AND_RULE: dict[str, tuple[Any, Callable[[Any, str], Any]]] = {
+    "agent_id": (AGENT_ID.schema, check_agent_id),
+    "session_id": (SESSION_ID.schema, check_session_id),
+    "category": (CATEGORY, check_category),
+    "working key": (_params("set_working")["properties"]["key"], check_key),
+    "task_id": (_params("begin_task")["properties"]["task_id"], check_task_id),
+    "task_run_id": (
+        _params("recall")["properties"]["task_run_id"],
+        lambda v, name: check_task_id(v, name, optional=True),
+    ),
+    "content": (_params("store_knowledge")["properties"]["content"], check_text),
+    "scope": (_params("store_knowledge")["properties"]["scope"], check_scope),
+}
+_SAMPLES = {
+    # the ids' trailing '.' and reserved device names are left to the code (no simple pattern)
+    "agent_id": ["a", "A_1.b-2", "a" * 64, "a" * 65, "", "my agent", "-a", "a/b", "é", "a\n"],
+    "session_id": ["s1", "my session", "s" * 65, "s\x00"],
+    "category": ["pitfall", "planning-pitfall", "a" * 64, "a" * 65, "Pitfall", "", "_x", "pit fall"],
+    "working key": ["k", "a key: with spaces", "k" * 1024, "k" * 1025, "", "a\x00b"],
+    "task_id": ["t1", "a task", "t" * 256, "t" * 257, "", "   ", "a\nb", "a\x7f"],
+    "task_run_id": ["", "run-1", "   ", "a\tb", "r" * 257],
+    "content": ["x", " x ", "", "   ", "\n\t"],
+    "scope": ["/", "/src/auth", "", "a\x01b", "/" * 1025],
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [(name, value) for name, values in _SAMPLES.items() for value in values]
+)
+def test_a_value_is_valid_for_the_schema_exactly_when_the_code_accepts_it(name: str, value: str) -> None:
+    schema, rule = _SCHEMA_AND_RULE[name]
+    try:
+        rule(value, name)
+        accepted = True
+    except InvalidInputError:
+        accepted = False
+    if not value.endswith("\n"):  # jsonschema reads '$' as Python does: before a final newline too
+        assert jsonschema.Draft202012Validator(schema).is_valid(value) is accepted, (name, value)
+    try:
+        check(schema, value, path=name)
+        checked = True
+    except InvalidInputError as exc:
+        assert "\n" not in str(exc) and str(exc).startswith(f"argument {name!r} ")
+        checked = False
+    assert checked is accepted, (name, value)
+
+
+@pytest.mark.parametrize(
+    ("name", "arguments", "needle"),
+    [
+        ("knowledge_store", {"content": "", "category": "pattern"}, "argument 'content' must not be empty"),
+        ("knowledge_store", {"content": "  ", "category": "pattern"}, "argument 'content' must not be blank"),
+        ("knowledge_store", {"content": "x", "category": "Pitfall"}, "argument 'category' must match"),
+        ("blackboard_get", {"session_id": "my session", "key": "k"}, "argument 'session_id' must match"),
+        ("blackboard_publish", {"session_id": "s", "key": "a*", "value": "1"}, "argument 'key' must not"),
+        (
+            "episode_remember",
+            {"content": "x", "at": "yesterday"},
+            "argument 'at' must be an ISO 8601 date-time",
+        ),
+        ("episode_remember", {"content": "x", "at": "2026-05-01T12:00:00"}, "argument 'at' must be an ISO"),
+        ("episode_remember", {"content": "x", "kind": "A note"}, "argument 'kind' must match"),
+        ("episode_list", {"since": "last week"}, "argument 'since' must be an ISO 8601 date-time"),
+        ("working_get", {"key": ""}, "argument 'key' must not be empty"),
+        ("working_set", {"key": "k", "value": "1", "task_id": "a\nb"}, "'task_id' must be empty, or not"),
+    ],
+)
+def test_what_the_schema_refuses_the_tools_refuse_by_name(name: str, arguments: Any, needle: str) -> None:
+    schema = next(t["parameters"] for t in tools.tool_schemas([name]))
+    if "ISO" not in needle:  # jsonschema checks a format only when asked to (an annotation)
+        assert not jsonschema.Draft202012Validator(schema).is_valid(arguments)
+    assert needle in _error(name, arguments)
+
+
+def test_times_are_date_times_with_a_zone_in_every_schema() -> None:
+    assert TIME["format"] == "date-time"
+    ok = dt.datetime(2026, 5, 1, 12, tzinfo=dt.UTC).isoformat()
+    check(TIME, ok)
+    check(TIME, "2026-05-01T12:00:00Z")
+    with pytest.raises(InvalidInputError, match="time zone"):
+        check(TIME, "2026-05-01T12:00:00", path="at")
+
+
+def test_the_agent_id_argument_of_the_mcp_tools_is_the_registry_agent_id() -> None:
+    """One rule for an agent id wherever it is published (it was 256 characters in the OpenRPC
+    document and 200 in the MCP tools, while the code allows 64)."""
+    for tool in tools.tool_schemas(agent_id_argument=True):
+        schema = tool["parameters"]["properties"]["agent_id"]
+        assert {k: v for k, v in schema.items() if k != "description"} == {
+            k: v for k, v in AGENT_ID.schema.items() if k != "description"
+        }
+    rpc = _params("remember")["properties"]["agent_id"]
+    assert jsonschema.Draft202012Validator(rpc).is_valid("a" * 64)
+    assert not jsonschema.Draft202012Validator(rpc).is_valid("a" * 65)
+
+
+# -- tags ------------------------------------------------------------------------------------------
+
+
+def test_a_tag_key_given_twice_with_two_values_is_refused() -> None:
+    with pytest.raises(
+        InvalidInputError, match=r"^tag 'a' is given twice with different values \('1' and '2'\)$"
+    ):
+        tags_map(["a=1", "a=2"])
+    assert tags_map(["a=1", "a=1", "b", "b"]) == {"a": "1", "b": ""}
+    assert "tag 'a' is given twice" in _error("memory_add", {"content": "t", "tags": ["a=1", "a=2"]})
+
+
+def test_memory_add_refuses_a_source_tag_that_disagrees_with_the_source_argument() -> None:
+    message = _error("memory_add", {"content": "t", "tags": ["source=x"], "source": "y"})
+    assert message == (
+        "memory_add: tag 'source' ('x') and argument 'source' ('y') disagree: give the source once"
+    )
+    # the same source twice is that source (the call then needs a system)
+    assert "no memory system" in _error("memory_save", {"content": "t", "tags": ["source=y"], "source": "y"})
