@@ -43,6 +43,20 @@ NAMESPACE = "autogen"
 _TEXT_TYPES = {MemoryMimeType.TEXT.value, MemoryMimeType.MARKDOWN.value}
 
 
+def _with_score(metadata: dict[str, Any], score: float) -> dict[str, Any]:
+    """A memory's metadata with the search ``score`` added where AutoGen's vector memories put it
+    (``metadata["score"]``); a ``score`` of the memory's own is kept, as ``user_score`` (or
+    ``user_user_score``, ..., the first key the metadata does not hold)."""
+    result = dict(metadata)
+    if "score" in metadata:
+        key = "user_score"
+        while key in metadata:
+            key = f"user_{key}"
+        result[key] = metadata["score"]
+    result["score"] = score
+    return result
+
+
 class MemstrataMemoryConfig(BaseModel):
     """The memory's settings; the names match AutoGen's vector memories where they mean the same."""
 
@@ -137,6 +151,8 @@ class MemstrataMemory(Memory, Component[MemstrataMemoryConfig]):
         cancellation_token: CancellationToken | None = None,
         **kwargs: Any,
     ) -> MemoryQueryResult:
+        if not isinstance(query, str | MemoryContent):
+            raise InvalidInputError(f"query must be a string or a MemoryContent, got {type(query).__name__}")
         text = query if isinstance(query, str) else self._text(query)
         k = check_top_k(kwargs.get("k", self._config.k), "k")
 
@@ -152,8 +168,7 @@ class MemstrataMemory(Memory, Component[MemstrataMemoryConfig]):
         for rec in records:
             if rec.score is None or (threshold is not None and rec.score < threshold):
                 continue
-            metadata = dict(rec.value.get("metadata") or {})
-            metadata["score"] = float(rec.score)
+            metadata = _with_score(rec.value.get("metadata") or {}, float(rec.score))
             results.append(
                 MemoryContent(
                     content=rec.value["content"], mime_type=rec.value["mime_type"], metadata=metadata

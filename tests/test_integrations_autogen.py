@@ -72,6 +72,36 @@ def test_threshold_context_update_reset_and_config_round_trip() -> None:
     asyncio.run(scenario())
 
 
+def test_a_score_of_the_memory_s_own_is_kept_beside_the_search_score() -> None:
+    async def scenario() -> None:
+        memory = MemstrataMemory(MemstrataMemoryConfig(), embedder=HashEmbedder())
+        meta = {"score": "A+", "user_score": 3, "grade": 1}
+        await memory.add(MemoryContent(content="the key", mime_type=MemoryMimeType.TEXT, metadata=meta))
+        (found,) = (await memory.query("the key")).results
+        assert found.metadata is not None and isinstance(found.metadata["score"], float)  # as AutoGen's
+        assert {k: v for k, v in found.metadata.items() if k != "score"} == {
+            "user_user_score": "A+",
+            "user_score": 3,
+            "grade": 1,
+        }
+        await memory.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_query_that_is_neither_text_nor_memory_content_is_refused_by_type() -> None:
+    async def scenario() -> None:
+        memory = MemstrataMemory(MemstrataMemoryConfig(), embedder=HashEmbedder())
+        for query, kind in ((5, "int"), (None, "NoneType"), (["key"], "list")):
+            with pytest.raises(
+                InvalidInputError, match=f"^query must be a string or a MemoryContent, got {kind}$"
+            ):
+                await memory.query(query)  # type: ignore[arg-type]
+        await memory.close()
+
+    asyncio.run(scenario())
+
+
 def test_errors_name_the_field_at_fault_and_k_is_not_converted() -> None:
     async def scenario() -> None:
         memory = MemstrataMemory(MemstrataMemoryConfig(), embedder=HashEmbedder())
