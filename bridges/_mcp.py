@@ -34,6 +34,7 @@ from ._rpc_protocol import (
     LineError,
     read_line,
 )
+from ._schema import describe_type
 from ._server import decode_line
 from .tools import TOOLS, dispatch, mcp_annotations, tool_schemas
 
@@ -159,6 +160,20 @@ def _lone_surrogate(value: Any) -> str | None:
     return None
 
 
+def _tool_call_problem(params: dict[str, Any]) -> str | None:
+    """What the SDK refuses in a ``tools/call``'s params, named: its own error says only
+    "Invalid request parameters" (a model that sends its arguments as a JSON string must learn
+    which param is wrong)."""
+    if "name" not in params:
+        return "param 'name' is required"
+    if not isinstance(params["name"], str):
+        return f"param 'name' must be a string, got {describe_type(params['name'])}"
+    arguments = params.get("arguments")
+    if arguments is not None and not isinstance(arguments, dict):
+        return f"param 'arguments' must be an object, got {describe_type(arguments)}"
+    return None
+
+
 def judge_line(line: bytes, *, max_depth: int = MAX_DEPTH) -> tuple[Any, dict[str, Any] | None]:
     """One input line as ``(message, None)`` for the SDK, or ``(None, error response)``.
 
@@ -182,6 +197,9 @@ def judge_line(line: bytes, *, max_depth: int = MAX_DEPTH) -> tuple[Any, dict[st
         return None, _error(
             request_id, ErrorCode.INVALID_PARAMS, f"{method}: params must be an object, got {kind}"
         )
+    problem = _tool_call_problem(params) if method == "tools/call" and params is not None else None
+    if problem is not None:
+        return None, _error(request_id, ErrorCode.INVALID_PARAMS, f"tools/call: {problem}")
     if _ESCAPED_SURROGATE.search(line):
         where = _lone_surrogate(request)
         if where is not None:

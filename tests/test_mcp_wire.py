@@ -85,6 +85,18 @@ HOSTILE: list[tuple[bytes, Any, int]] = [
         ErrorCode.INVALID_PARAMS,
     ),
     (b'{"jsonrpc":"2.0","id":-1e400,"method":"tools/list"}', None, ErrorCode.INVALID_REQUEST),
+    (  # arguments sent as a JSON string: the SDK's own error would name nothing
+        b'{"jsonrpc":"2.0","id":17,"method":"tools/call","params":{"name":"memory_list",'
+        b'"arguments":"{\\"limit\\": 2}"}}',
+        17,
+        ErrorCode.INVALID_PARAMS,
+    ),
+    (
+        b'{"jsonrpc":"2.0","id":18,"method":"tools/call","params":{"arguments":{}}}',
+        18,
+        ErrorCode.INVALID_PARAMS,
+    ),
+    (b'{"jsonrpc":"2.0","id":19,"method":"tools/call","params":{"name":5}}', 19, ErrorCode.INVALID_PARAMS),
 ]
 
 
@@ -113,6 +125,12 @@ def _check(responses: list[dict[str, Any]]) -> None:
     invalid_utf8 = next(r for r in nulls if "UTF-8" in r["error"]["message"])
     assert "invalid UTF-8 at byte" in invalid_utf8["error"]["message"]
     assert "surrogates not allowed" not in invalid_utf8["error"]["message"]
+    named = {rid: by_id[rid][0]["error"]["message"] for rid in (17, 18, 19)}
+    assert named == {
+        17: "tools/call: param 'arguments' must be an object, got a string",
+        18: "tools/call: param 'name' is required",
+        19: "tools/call: param 'name' must be a string, got an integer",
+    }
     (beyond_double,) = by_id[16]
     assert beyond_double["error"]["message"] == (
         "tools/call: number 1e400 in param 'arguments.maxResults' "
