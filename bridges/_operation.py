@@ -43,6 +43,7 @@ __all__ = [
     "ID_LIMIT",
     "KIND",
     "NOT_BLANK",
+    "NO_CONTROL",
     "NO_NUL",
     "OBJECT",
     "QUEUED",

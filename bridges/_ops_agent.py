@@ -46,7 +46,7 @@ _TASK_SPACE = Param(
         optional=True,
     ),
 )
-_ONE_RUN = Param("task_run_id", task_id_schema("Only this task run.", optional=True))
+_ONE_RUN = Param("task_run_id", task_id_schema("Only this task run."))
 _SINCE = Param("since", {**TIME, "description": "Only episodes at or after this time."})
 _UNTIL = Param("until", {**TIME, "description": "Only episodes before this time."})
 _EPISODE_ID = Param(
@@ -64,7 +64,7 @@ _EPISODE_ID = Param(
         AGENT_ID,
         Param("content", text_schema(TEXT), True),
         Param("title", TITLE),
-        Param("task_run_id", task_id_schema("The task run it belongs to.", optional=True)),
+        Param("task_run_id", task_id_schema("The task run it belongs to.")),
         Param("tags", TAGS_SCHEMA),
         Param("kind", {**CATEGORY, "description": "What kind of episode (note, turn, outcome, ...)."}),
         Param("at", {**TIME, "description": "When it happened (default: now)."}),

@@ -32,7 +32,7 @@ from memstrata.core.constants import MAX_TAG_KEY_CHARS, MAX_TAG_VALUE_CHARS, MAX
 from memstrata.core.errors import InvalidInputError, MemstrataError
 
 from ._json import IntegerRangeError, loads
-from ._operation import Context, Operation, Param, object_schema
+from ._operation import Context, Operation, Param, object_schema, pattern
 from ._operations import OPERATIONS
 
 if TYPE_CHECKING:
@@ -42,7 +42,12 @@ __all__ = ["JSON_TEXT", "TAGS", "TAGS_FILTER", "Tool", "ToolContext", "derived",
 
 TAGS: dict[str, Any] = {
     "type": "array",
-    "items": {"type": "string", "minLength": 1, "maxLength": MAX_TAG_KEY_CHARS + 1 + MAX_TAG_VALUE_CHARS},
+    "items": {
+        "type": "string",
+        "minLength": 1,
+        "maxLength": MAX_TAG_KEY_CHARS + 1 + MAX_TAG_VALUE_CHARS,
+        "pattern": pattern(r"^[^=]*[^=\s]", "start with a key that is not blank (key or key=value)"),
+    },
     "maxItems": MAX_TAGS,
     "description": 'Tags as "key=value" or bare "key" strings, e.g. ["area=db", "urgent"].',
 }

@@ -18,7 +18,7 @@ from memstrata.core.errors import InvalidInputError
 from memstrata.core.validation import check_scope
 
 from . import _convert
-from ._operation import NOT_BLANK, Operation, Param
+from ._operation import NO_CONTROL, NOT_BLANK, Operation, Param
 from ._tool_defs import TAGS, TAGS_FILTER, Tool, ToolContext, operation, tags_map
 
 __all__ = ["MEMORY_CATEGORY", "MEMORY_TOOLS", "NO_MEMORIES"]
@@ -218,6 +218,7 @@ _SCOPE = {
     "type": "string",
     "minLength": 1,
     "maxLength": MAX_SCOPE_CHARS,
+    "pattern": NO_CONTROL,
     "description": 'Path-like scope such as "/" (default) or "/project/auth".',
 }
 _CONTENT = {"type": "string", "minLength": 1, "maxLength": _TEXT_LIMIT, "pattern": NOT_BLANK}
@@ -369,7 +370,7 @@ MEMORY_TOOLS: tuple[Tool, ...] = (
             Param(
                 "id",
                 {
-                    "anyOf": [{"type": "integer", "minimum": 0}, {"type": "string", "minLength": 1}],
+                    "anyOf": [{"type": "integer", "minimum": 1}, {"type": "string", "minLength": 1}],
                     "description": "The memory's id, or its memory://<id> path.",
                 },
                 True,

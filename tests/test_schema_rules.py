@@ -126,9 +126,19 @@ _SCHEMA_AND_RULE: dict[str, tuple[Any, Callable[[Any, str], Any]]] = {
     "category": (CATEGORY, check_category),
     "working key": (_params("set_working")["properties"]["key"], check_key),
     "task_id": (_params("begin_task")["properties"]["task_id"], check_task_id),
-    "task_run_id": (
-        _params("recall")["properties"]["task_run_id"],
+    # episodes refuse an empty task run; working memory reads "" as the agent-wide space
+    "task_run_id": (_params("recall")["properties"]["task_run_id"], check_task_id),
+    "working task_id": (
+        _params("set_working")["properties"]["task_id"],
         lambda v, name: check_task_id(v, name, optional=True),
+    ),
+    "tool scope": (
+        next(t for t in tools.tool_schemas(["memory_add"]))["parameters"]["properties"]["scope"],
+        check_scope,
+    ),
+    "tool tag": (
+        next(t for t in tools.tool_schemas(["memory_add"]))["parameters"]["properties"]["tags"]["items"],
+        lambda v, name: tags_map([v]),
     ),
     "content": (_params("store_knowledge")["properties"]["content"], check_text),
     "scope": (_params("store_knowledge")["properties"]["scope"], check_scope),
@@ -141,6 +151,9 @@ _SAMPLES = {
     "working key": ["k", "a key: with spaces", "k" * 1024, "k" * 1025, "", "a\x00b"],
     "task_id": ["t1", "a task", "t" * 256, "t" * 257, "", "   ", "a\nb", "a\x7f"],
     "task_run_id": ["", "run-1", "   ", "a\tb", "r" * 257],
+    "working task_id": ["", "t1", "   ", "a\tb", "r" * 257],
+    "tool scope": ["/", "/a/b", "a\x00b", "\t"],
+    "tool tag": ["a", "a=b", "a=", "a==b", "=b", " =b", "  x=1"],
     "content": ["x", " x ", "", "   ", "\n\t"],
     "scope": ["/", "/src/auth", "", "a\x01b", "/" * 1025],
 }
@@ -184,6 +197,10 @@ def test_a_value_is_valid_for_the_schema_exactly_when_the_code_accepts_it(name: 
         ("episode_remember", {"content": "x", "kind": "A note"}, "argument 'kind' must match"),
         ("episode_list", {"since": "last week"}, "argument 'since' must be an ISO 8601 date-time"),
         ("working_get", {"key": ""}, "argument 'key' must not be empty"),
+        ("memory_delete", {"id": 0}, "argument 'id' must be at least 1, got 0"),
+        ("memory_add", {"content": "x", "tags": ["=b"]}, "argument 'tags[0]' must start with a key"),
+        ("memory_list", {"scope": "a\tb"}, "argument 'scope' must not contain control characters"),
+        ("episode_recall", {"query": "q", "task_run_id": ""}, "argument 'task_run_id' must not be empty"),
         ("working_set", {"key": "k", "value": "1", "task_id": "a\nb"}, "'task_id' must be empty, or not"),
     ],
 )
