@@ -24,7 +24,6 @@ from memstrata.core.validation import (
     check_key,
     check_min_score,
     check_mode,
-    check_number,
     check_optional_text,
     check_scope,
     check_session_id,
@@ -34,6 +33,7 @@ from memstrata.core.validation import (
     check_task_id,
     check_text,
     check_top_k,
+    check_ttl,
 )
 
 from ._codec import Rule
@@ -139,7 +139,7 @@ RowId = Annotated[int, between(1, 2**62)]
 PageSize = Annotated[int, between(0, 10_000)]  # a page of a listing (episodes, knowledge)
 PageStart = Annotated[int, between(0, 2**62)]  # how many rows of the listing come before the page
 MinScore = Annotated[float | None, Rule(check_min_score)]
-Ttl = Annotated[float | None, Rule(check_number)]  # seconds or minutes to live, None: no expiry
+Ttl = Annotated[float | None, Rule(check_ttl)]  # seconds to live, None: no expiry
 Flag = Annotated[bool, Rule(check_bool)]
 Mode = Annotated[str, Rule(check_mode)]
 JsonValue = Annotated[Any, Rule(check_json_value)]

@@ -11,8 +11,15 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
+from memstrata.core.constants import MAX_TTL_MINUTES
 from memstrata.core.item_record import ItemRecord as StoredItem
-from memstrata.core.validation import check_json_value, check_number, check_text, fail, has_lone_surrogate
+from memstrata.core.validation import (
+    check_json_value,
+    check_text,
+    check_ttl,
+    fail,
+    has_lone_surrogate,
+)
 
 from ._codec import Message, Rule
 from ._msg_fields import Flag, OptQuery, between
@@ -43,7 +50,6 @@ _SEP = "\x1f"  # the layer's separator between labels: a label may not hold it
 MAX_ITEM_LIMIT = 1000
 MAX_VECTOR_DIMS = 65_536
 MAX_WRITE_ITEMS = 100_000
-MAX_TTL_MINUTES = 100_000_000  # about 190 years: expiry times stay within every platform's range
 
 
 _FLOAT32_MAX = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max: vectors are stored as float32
@@ -127,10 +133,7 @@ def _check_paths(value: object, name: str) -> tuple[str, ...]:
 
 
 def _check_ttl(value: object, name: str) -> float | None:
-    ttl = check_number(value, name, high=MAX_TTL_MINUTES)
-    if ttl == 0:
-        raise fail(name, "must be a positive number of minutes", value)
-    return ttl
+    return check_ttl(value, name, unit="minutes", high=MAX_TTL_MINUTES)
 
 
 def _messages(kind: type[Message]) -> Callable[[object, str], tuple[Any, ...]]:

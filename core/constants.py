@@ -29,6 +29,7 @@ __all__ = [
     "MAX_TASK_ID_CHARS",
     "MAX_TITLE_CHARS",
     "MAX_TOP_K",
+    "MAX_TTL_MINUTES",
     "MIN_LINE_BYTES",
     "MIN_ROW_ID",
     "MODES",
@@ -87,5 +88,6 @@ MAX_SCOPE_CHARS: Final = 1_024
 MAX_AUTHOR_CHARS: Final = 256
 MAX_PATH_CHARS: Final = 4_096  # a file or folder path given to any door (PATH_MAX on Linux)
 MAX_TITLE_CHARS: Final = 1_000
+MAX_TTL_MINUTES: Final = 100_000_000  # about 190 years: expiry times stay within every platform's range
 MIN_ROW_ID: Final = -(2**63)  # what an SQLite integer can hold
 MAX_ROW_ID: Final = 2**63 - 1

@@ -71,6 +71,7 @@ __all__ = [
     "check_task_id",
     "check_text",
     "check_top_k",
+    "check_ttl",
     "clean_text",
     "fail",
     "has_lone_surrogate",
@@ -403,6 +404,15 @@ def check_number(
         bound = f"from {low:g} to {high:g}" if math.isfinite(high) else f">= {low:g}"
         raise fail(name, f"must be a number {bound}", value)
     return float(value)
+
+
+def check_ttl(value: object, name: str, *, unit: str = "seconds", high: float = math.inf) -> float | None:
+    """A time to live: a positive number of ``unit`` up to ``high``, or ``None`` (no expiry). 0 is
+    refused: a value gone the moment it is stored is a mistake, not a choice."""
+    ttl = check_number(value, name, high=high)
+    if ttl == 0:
+        raise fail(name, f"must be a positive number of {unit}", value)
+    return ttl
 
 
 def check_min_score(value: object, name: str = "min_score") -> float | None:

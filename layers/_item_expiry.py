@@ -11,9 +11,7 @@ from typing import Any
 
 from ._item_records import _AFTER_SEP, SEP, ItemRecord, ItemStoreState, namespace_key
 
-__all__ = ["MAX_TTL_MINUTES", "ItemExpiry"]
-
-MAX_TTL_MINUTES = 100_000_000  # about 190 years: expiry times stay within every platform's range
+__all__ = ["ItemExpiry"]
 
 
 class ItemExpiry(ItemStoreState):

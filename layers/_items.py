@@ -24,11 +24,12 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
+from memstrata.core.constants import MAX_TTL_MINUTES
 from memstrata.core.errors import InvalidInputError
-from memstrata.core.validation import check_json_value
+from memstrata.core.validation import check_json_value, check_ttl
 from memstrata.storage import Database, open_database
 
-from ._item_expiry import MAX_TTL_MINUTES, ItemExpiry
+from ._item_expiry import ItemExpiry
 from ._item_filters import filter_sql
 from ._item_namespaces import NamespaceListing
 from ._item_ranking import ItemRanking
@@ -110,10 +111,7 @@ class ItemStore(ItemExpiry, NamespaceListing, ItemRanking):
                 raise InvalidInputError(f"item key must be a string, got {key!r}")
             if not isinstance(value, dict):
                 raise InvalidInputError(f"item value must be a dict, got {type(value).__name__}")
-            if ttl is not None and (not isinstance(ttl, int | float) or not 0 < ttl <= MAX_TTL_MINUTES):
-                raise InvalidInputError(
-                    f"ttl must be a positive number of minutes up to {MAX_TTL_MINUTES:,}, got {ttl!r}"
-                )
+            check_ttl(ttl, "ttl", unit="minutes", high=MAX_TTL_MINUTES)
             text = check_json_value(value, f"item value for key {key!r}").decode()
             blobs = None
             if vectors is not None:

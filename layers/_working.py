@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from memstrata.core.errors import InvalidInputError
-from memstrata.core.validation import check_json_value, check_key, check_number, check_task_id
+from memstrata.core.validation import check_json_value, check_key, check_task_id, check_ttl
 
 __all__ = ["WorkingItem", "WorkingMemory"]
 
@@ -60,7 +60,7 @@ class WorkingMemory:
         """Store ``value`` under ``key`` in the space of ``task_id`` (``None``: agent-wide); it
         disappears ``ttl_s`` seconds later when given."""
         check_key(key, "working memory key")
-        check_number(ttl_s, "ttl_s")
+        check_ttl(ttl_s, "ttl_s")
         slot = (_task(task_id), key)
         data = check_json_value(value, f"working memory value for key {key!r}")
         if self._max_value_bytes is not None and len(data) > self._max_value_bytes:
@@ -153,7 +153,8 @@ class WorkingMemory:
         out = []
         for task, key in sorted(self._items, key=lambda slot: (slot[0] is not None, slot[0] or "", slot[1])):
             data, expires = self._items[(task, key)]
-            left = None if expires is None else round(float(expires) - now, 6)
+            # a live key has time left: never rounded down to 0, which no write accepts
+            left = None if expires is None else max(round(float(expires) - now, 6), 1e-6)
             out.append(WorkingItem(task, key, orjson.loads(data), left))
         return out
 

@@ -176,6 +176,7 @@ def test_hits_decode_to_layer_objects() -> None:
         (lambda: messages.SetWorkingMemory("a1", "k", object()), "SetWorkingMemory.value"),
         (lambda: messages.SetWorkingMemory("a1", "", 1), "SetWorkingMemory.key"),
         (lambda: messages.SetWorkingMemory("a1", "k", 1, ttl_s=-1), "SetWorkingMemory.ttl_s"),
+        (lambda: messages.SetWorkingMemory("a1", "k", 1, ttl_s=0), "SetWorkingMemory.ttl_s"),
         (lambda: messages.PublishSignal("k*", 1), "PublishSignal.key"),
         (lambda: messages.PublishSignal("k", {1, 2}), "PublishSignal.value"),
         (lambda: messages.PublishSignal("k", 1, session_id="a b"), "PublishSignal.session_id"),

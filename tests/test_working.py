@@ -56,6 +56,18 @@ def test_ttl_follows_the_injected_clock(tick: HandClock, wm: WorkingMemory) -> N
     assert wm.items() == {"long": 2}
 
 
+def test_an_entry_a_moment_from_expiry_still_has_time_left_that_a_write_accepts(
+    tick: HandClock, wm: WorkingMemory
+) -> None:
+    wm.set("k", 1, ttl_s=5)
+    tick.now += 5 - 1e-9  # live, with less time left than the six decimals entries() keep
+    (entry,) = wm.entries()
+    assert entry.expires_in_s is not None and entry.expires_in_s > 0
+    again = WorkingMemory(clock=HandClock())
+    again.set(entry.key, entry.value, ttl_s=entry.expires_in_s)  # as an import sets it
+    assert again.get("k") == 1
+
+
 def test_overwriting_resets_ttl(tick: HandClock, wm: WorkingMemory) -> None:
     wm.set("k", 1, ttl_s=1)
     wm.set("k", 2)
@@ -75,6 +87,8 @@ def test_bad_values_and_ttl() -> None:
         wm.set("k", object())
     with pytest.raises(InvalidInputError, match="ttl_s"):
         wm.set("k", 1, ttl_s=-1)
+    with pytest.raises(InvalidInputError, match="ttl_s must be a positive number of seconds, got 0"):
+        wm.set("k", 1, ttl_s=0)  # gone the moment it is stored: refused, as every door refuses it
     assert len(wm) == 0
 
 
