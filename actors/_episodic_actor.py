@@ -12,7 +12,7 @@ from memstrata.core.constants import (
     EMBED_CHARS,  # what a knowledge entry's vector is made of
 )
 from memstrata.core.errors import EmbeddingError, InvalidInputError
-from memstrata.layers._paths import refused_output
+from memstrata.layers._roots import refused_output
 from memstrata.storage import Embedder, embed_documents
 
 from ._store_base import (

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from memstrata.core.config import Config
 from memstrata.core.errors import ConfigError, InvalidInputError, MemstrataError
 from memstrata.core.validation import check_path
-from memstrata.layers._paths import existing_dir, refused_tree
+from memstrata.layers._roots import existing_dir, refused_tree
 from memstrata.storage import Embedder
 from memstrata.storage._embedding import embed_deadline
 

@@ -42,12 +42,12 @@ from ._index_db import IndexDatabase, SearchRow
 from ._paths import (
     SkipFile,
     SourceRules,
-    check_root_text,
     decode,
     normalise_extra,
     read_source,
     resolve_request,
 )
+from ._roots import check_root_text
 from ._snippet import make_snippet
 from ._sync_plan import Plan, SyncResult
 from ._watch import Watcher

@@ -38,7 +38,7 @@ import orjson
 from memstrata.core.errors import InvalidInputError, StorageError
 from memstrata.core.json_text import loads_or_refuse
 from memstrata.core.validation import check_agent_id, check_content, check_number, check_path, check_row_id
-from memstrata.layers._paths import refused_output
+from memstrata.layers._roots import refused_output
 from memstrata.messages import (
     SHARED,
     ListSignals,

@@ -70,7 +70,7 @@ def detect_kind(root: Path) -> Kind:
 def _normalise_root(path: str | os.PathLike[str], name: str = "path") -> Path:
     """Absolute, symlinks resolved: one folder has one registry key however it is spelled.
     ``name`` is how the caller calls the argument (``path``, ``root``) in an error."""
-    from memstrata.layers._paths import existing_dir
+    from memstrata.layers._roots import existing_dir
 
     return existing_dir(check_path(path, name), name)
 
@@ -222,7 +222,7 @@ class Workspaces(Closeable):
     def _check_indexable(self, path: str | os.PathLike[str], root: Path) -> None:
         """The rule the config applies to its workspaces and codebases, and a path the registry
         can store (the databases hold text, which bytes that are not UTF-8 cannot be)."""
-        from memstrata.layers._paths import check_root_text, refused_tree
+        from memstrata.layers._roots import check_root_text, refused_tree
 
         refused = refused_tree(root, self.data_dir)
         if refused is not None:
