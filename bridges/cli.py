@@ -124,10 +124,20 @@ def _exit(code: int, message: str, exc: BaseException, debug: bool) -> NoReturn:
     sys.exit(code)
 
 
+def _data_dir(ctx: click.Context, param: click.Parameter, value: str | None) -> Path | None:
+    """An empty ``--data-dir ''`` would be the current folder: refused, not guessed."""
+    if value is None:
+        return None
+    if not value.strip():
+        raise click.BadParameter("must not be empty (leave it out for the default data dir)")
+    return Path(value)
+
+
 @click.group(cls=_Cli, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--data-dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=click.Path(file_okay=False),
+    callback=_data_dir,
     envvar="MEMSTRATA_DATA_DIR",
     help="Where memstrata keeps its databases (env MEMSTRATA_DATA_DIR; default: the per-user data dir).",
 )

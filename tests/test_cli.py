@@ -112,6 +112,19 @@ def test_usage_errors_exit_2_with_one_line(run: Any, args: list[str], needle: st
     cli_fails(run(*args), 2, needle)
 
 
+@pytest.mark.parametrize("blank", ["", "  "])
+def test_an_empty_data_dir_is_refused_not_read_as_the_current_folder(
+    run: Any, blank: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    cli_fails(
+        run("--data-dir", blank, "store", "x", "--agent", "a1", "-c", "pattern", data=False), 2, "--data-dir"
+    )
+    assert list(here.iterdir()) == []  # no store was made in the current folder
+
+
 @pytest.mark.parametrize(
     ("args", "needle"),
     [

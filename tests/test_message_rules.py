@@ -90,7 +90,7 @@ def test_each_bad_field_is_named(cls: type[Message]) -> None:
     "cls", [c for c in REQUESTS if "agent_id" in field_rules(c)], ids=lambda c: c.__name__
 )
 def test_a_bad_agent_id_fails_naming_the_field(cls: type[Message]) -> None:
-    with pytest.raises(InvalidInputError, match=rf"^{cls.__name__}\.agent_id must be a agent id"):
+    with pytest.raises(InvalidInputError, match=rf"^{cls.__name__}\.agent_id must be an id of 1-64 letters"):
         cls(**{**_valid(cls), "agent_id": "../etc"})
 
 
