@@ -55,8 +55,8 @@ DOUBLE_RANGE = "the range of a double (magnitude up to about 1.8e308)"
 """The numbers with a fraction or an exponent memstrata accepts, as its messages word them."""
 
 
-class OutOfRange:
-    """Where a parsed value held an integer outside the 64-bit range: its digits, as written."""
+class _Marker:
+    """Where a parsed value held a number memstrata refuses: the number as written."""
 
     __slots__ = ("digits",)
 
@@ -64,19 +64,19 @@ class OutOfRange:
         self.digits = digits
 
     def __repr__(self) -> str:
-        return f"OutOfRange({self.digits})"
+        return f"{type(self).__name__}({self.digits})"
 
 
-class BeyondDouble:
-    """Where a parsed value held a number too large for a double (``1e400``): its text, as written."""
+class OutOfRange(_Marker):
+    """An integer outside the 64-bit range."""
 
-    __slots__ = ("digits",)
+    __slots__ = ()
 
-    def __init__(self, digits: str) -> None:
-        self.digits = digits
 
-    def __repr__(self) -> str:
-        return f"BeyondDouble({self.digits})"
+class BeyondDouble(_Marker):
+    """A number too large for a double (``1e400``)."""
+
+    __slots__ = ()
 
 
 class _Refusal(orjson.JSONDecodeError):
