@@ -223,7 +223,7 @@ def _check_id(value: object, name: str, *, kind: str, allow_shared: bool) -> str
     if not isinstance(value, str) or not _ID_RE.fullmatch(value) or value.endswith("."):
         raise fail(
             name,
-            f"must be an id of 1-64 letters, digits, '_', '-' or '.' "
+            "must be an id of 1-64 letters, digits, '_', '-' or '.' "
             "(starting with a letter or digit, not ending with '.')",
             value,
         )
