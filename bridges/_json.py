@@ -20,14 +20,12 @@ from typing import Any
 import orjson
 
 from memstrata.core.json_text import (
-    DOUBLE_RANGE,
     INT64_RANGE,
-    BeyondDouble,
     IntegerRangeError,
+    Marker,
     NumberError,
     OutOfRange,
-    first_beyond_double,
-    first_out_of_range,
+    first_marked,
     has_long_digit_run,
     loads,
     loads_marking,
@@ -37,16 +35,14 @@ from memstrata.core.jsonable import to_jsonable
 from memstrata.core.validation import has_lone_surrogate
 
 __all__ = [
-    "DOUBLE_RANGE",
     "INT64_RANGE",
     "MAX_DEPTH",
-    "BeyondDouble",
     "IntegerRangeError",
+    "Marker",
     "NumberError",
     "OutOfRange",
     "dumps",
-    "first_beyond_double",
-    "first_out_of_range",
+    "first_marked",
     "has_long_digit_run",
     "json_depth",
     "loads",

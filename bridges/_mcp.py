@@ -10,7 +10,7 @@ in worker threads, so a slow embedding never blocks the session's event loop.
 The stdio transport is memstrata's, not the SDK's: the SDK's drops a line it cannot validate
 (not JSON, invalid UTF-8, too deep, an object as id, params that are not an object, an escaped
 lone surrogate) without answering. Here every line is judged first with the JSON-lines server's
-checks (:func:`memstrata.bridges._server.decode_line`), so each bad line gets exactly one JSON-RPC
+checks (:func:`memstrata.bridges._rpc_protocol.decode_line`), so each bad line gets exactly one JSON-RPC
 error (with its id when it has a usable one, else ``null``) and the session goes on.
 """
 
@@ -32,10 +32,10 @@ from ._rpc_protocol import (
     ErrorCode,
     IdentifiedError,
     LineError,
+    decode_line,
     read_line,
 )
 from ._schema import describe_type
-from ._server import decode_line
 from .tools import TOOLS, dispatch, mcp_annotations, tool_schemas
 
 if TYPE_CHECKING:

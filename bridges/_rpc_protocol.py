@@ -14,15 +14,7 @@ from memstrata.core.errors import (
     SystemStoppedError,
 )
 
-from ._json import (
-    INT64_RANGE,
-    MAX_DEPTH,
-    OutOfRange,
-    first_out_of_range,
-    json_depth,
-    loads_marking,
-    show_digits,
-)
+from ._json import MAX_DEPTH, Marker, first_marked, json_depth, loads_marking, show_digits
 from ._schema import describe_type
 
 __all__ = [
@@ -115,8 +107,9 @@ def read_line(reader: IO[bytes], max_line_bytes: int) -> bytes | None:
 def parse_line(line: bytes, *, max_depth: int = MAX_DEPTH) -> Any:
     """A line parsed as JSON; raises :class:`LineError` (parse error, or nested too deep).
 
-    A request holding an integer beyond 64 bits comes back wrapped, so :func:`check_request`
-    refuses it with its id (a batch's other requests still run).
+    A request holding an integer beyond 64 bits or a number too large for a double (never read
+    as infinity) comes back wrapped, so :func:`check_request` refuses it with its id (a batch's
+    other requests still run).
     """
     try:
         message, marked = loads_marking(line, lone_surrogates=True)
@@ -129,49 +122,49 @@ def parse_line(line: bytes, *, max_depth: int = MAX_DEPTH) -> Any:
     if not marked:
         return message
     if isinstance(message, list):
-        return [_OutOfRangeRequest.wrap(item) for item in message]
-    return _OutOfRangeRequest.wrap(message)
+        return [_RefusedNumber.wrap(item) for item in message]
+    return _RefusedNumber.wrap(message)
 
 
 @dataclass(frozen=True, slots=True)
-class _OutOfRangeRequest:
-    """A request that holds an integer outside the 64-bit range at ``path``."""
+class _RefusedNumber:
+    """A request that holds a number memstrata refuses (:class:`Marker`) at ``path``."""
 
     request: Any
     path: str
-    digits: str
+    number: Marker
 
     @staticmethod
     def wrap(message: Any) -> Any:
-        found = first_out_of_range(message)
-        return message if found is None else _OutOfRangeRequest(message, *found)
+        found = first_marked(message)
+        return message if found is None else _RefusedNumber(message, *found)
 
     def error(self) -> _RequestError:
-        number = f"integer {show_digits(self.digits)}"
+        number, bounds = self.number.shown(), self.number.bounds
         method = self.request.get("method") if isinstance(self.request, dict) else None
         if self.path.startswith("params.") and isinstance(method, str):
             return _RequestError(
                 ErrorCode.INVALID_PARAMS,
-                f"{method[:100]}: {number} in param {self.path[7:]!r} is outside {INT64_RANGE}",
+                f"{method[:100]}: {number} in param {self.path[7:]!r} is outside {bounds}",
             )
-        return _RequestError(ErrorCode.INVALID_REQUEST, f"{number} at {self.path!r} is outside {INT64_RANGE}")
+        return _RequestError(ErrorCode.INVALID_REQUEST, f"{number} at {self.path!r} is outside {bounds}")
 
 
 def check_request(request: Any, *, max_depth: int = MAX_DEPTH, require_id: bool = True) -> dict[str, Any]:
     """A parsed message judged as a request object with a string or integer ``id`` (required
     unless ``require_id`` is false), nested at most ``max_depth`` levels."""
-    out_of_range = request if isinstance(request, _OutOfRangeRequest) else None
-    if out_of_range is not None:
-        request = out_of_range.request
+    refused = request if isinstance(request, _RefusedNumber) else None
+    if refused is not None:
+        request = refused.request
     if not isinstance(request, dict):
         raise _RequestError(
             ErrorCode.INVALID_REQUEST, f"a request must be a JSON object, got {describe_type(request)}"
         )
     request_id = request.get("id")
-    if isinstance(request_id, OutOfRange):
+    if isinstance(request_id, Marker):
         raise _RequestError(
             ErrorCode.INVALID_REQUEST,
-            f"a request's 'id' {show_digits(request_id.digits)} is outside {INT64_RANGE}",
+            f"a request's 'id' {show_digits(request_id.digits)} is outside {request_id.bounds}",
         )
     if ("id" in request or require_id) and (
         isinstance(request_id, bool) or not isinstance(request_id, str | int)
@@ -187,8 +180,8 @@ def check_request(request: Any, *, max_depth: int = MAX_DEPTH, require_id: bool 
             _RequestError(ErrorCode.INVALID_REQUEST, f"request nested deeper than {max_depth} levels"),
             notification="id" not in request,
         )
-    if out_of_range is not None:
-        raise _Identified(request_id, out_of_range.error(), notification="id" not in request)
+    if refused is not None:
+        raise _Identified(request_id, refused.error(), notification="id" not in request)
     return request
 
 

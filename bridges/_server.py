@@ -25,7 +25,6 @@ The wire rules are in :mod:`._rpc_protocol`, one client in :mod:`._rpc_connectio
 from __future__ import annotations
 
 import contextlib
-import re
 import signal
 import socket
 import sys
@@ -39,15 +38,7 @@ from typing import IO, Any
 from memstrata.core.constants import MIN_LINE_BYTES
 from memstrata.core.errors import InvalidInputError
 
-from . import _rpc_protocol
-from ._json import (
-    DOUBLE_RANGE,
-    MAX_DEPTH,
-    BeyondDouble,
-    first_beyond_double,
-    has_long_digit_run,
-    show_digits,
-)
+from ._json import MAX_DEPTH
 from ._rpc_connection import Connection, ServeStats, _Batch, _local, current_connection
 from ._rpc_listen import Listener, open_listener
 from ._rpc_protocol import (
@@ -61,7 +52,10 @@ from ._rpc_protocol import (
     _Identified,
     _one_line,
     _RequestError,
+    check_request,
+    decode_line,
     error_for,
+    parse_line,
     read_line,
 )
 from ._schema import check, describe_type
@@ -82,70 +76,6 @@ __all__ = [
     "parse_line",
     "read_line",
 ]
-
-
-# -- a number too large for a double: refused with the request's id, as an integer beyond 64 bits
-
-_BIG_EXPONENT = re.compile(rb"[0-9][eE]\+?[0-9]{3}")
-"""An exponent of 3 digits: with a long digit run, the only way to write a number beyond a double."""
-
-
-@dataclass(frozen=True, slots=True)
-class _BeyondDoubleRequest:
-    """A request (perhaps wrapped for an integer beyond 64 bits) that holds a number too large
-    for a double at ``path``."""
-
-    request: Any
-    path: str
-    digits: str
-
-
-def parse_line(line: bytes, *, max_depth: int = MAX_DEPTH) -> Any:
-    """:func:`._rpc_protocol.parse_line`; a request holding a number too large for a double (kept
-    as a :class:`BeyondDouble`, never read as infinity) comes back wrapped, so
-    :func:`check_request` refuses it with its id (a batch's other requests still run)."""
-    message = _rpc_protocol.parse_line(line, max_depth=max_depth)
-    if not (_BIG_EXPONENT.search(line) or has_long_digit_run(line)):
-        return message  # no number in the line can be beyond a double: nothing to look for
-    if isinstance(message, list):
-        return [_wrap_beyond_double(item) for item in message]
-    return _wrap_beyond_double(message)
-
-
-def _wrap_beyond_double(message: Any) -> Any:
-    found = first_beyond_double(getattr(message, "request", message))
-    return message if found is None else _BeyondDoubleRequest(message, *found)
-
-
-def check_request(request: Any, *, max_depth: int = MAX_DEPTH, require_id: bool = True) -> dict[str, Any]:
-    """:func:`._rpc_protocol.check_request`, and a request holding a number too large for a
-    double refused: with its id (-32602 naming the param, -32600 elsewhere), or as a
-    :class:`LineError` when that number is the id itself."""
-    if not isinstance(request, _BeyondDoubleRequest):
-        return _rpc_protocol.check_request(request, max_depth=max_depth, require_id=require_id)
-    message = getattr(request.request, "request", request.request)
-    request_id = message.get("id") if isinstance(message, dict) else None
-    if isinstance(request_id, BeyondDouble):
-        raise LineError(
-            ErrorCode.INVALID_REQUEST,
-            f"a request's 'id' {show_digits(request_id.digits)} is outside {DOUBLE_RANGE}",
-        )
-    checked = _rpc_protocol.check_request(request.request, max_depth=max_depth, require_id=require_id)
-    number = f"number {show_digits(request.digits)}"
-    method = checked.get("method")
-    if request.path.startswith("params.") and isinstance(method, str):
-        message = f"{method[:100]}: {number} in param {request.path[7:]!r} is outside {DOUBLE_RANGE}"
-        error = LineError(ErrorCode.INVALID_PARAMS, message)
-    else:
-        error = LineError(
-            ErrorCode.INVALID_REQUEST, f"{number} at {request.path!r} is outside {DOUBLE_RANGE}"
-        )
-    raise IdentifiedError(request_id, error, notification="id" not in checked)
-
-
-def decode_line(line: bytes, *, max_depth: int = MAX_DEPTH, require_id: bool = True) -> dict[str, Any]:
-    """:func:`._rpc_protocol.decode_line`, a number too large for a double refused with the id."""
-    return check_request(parse_line(line, max_depth=max_depth), max_depth=max_depth, require_id=require_id)
 
 
 class _Shutdown(BaseException):

@@ -17,7 +17,7 @@ import json
 import math
 import re
 from collections.abc import Callable, Mapping
-from typing import Any, NoReturn
+from typing import Any, ClassVar, NoReturn
 
 import orjson
 
@@ -32,11 +32,11 @@ __all__ = [
     "DoubleRangeError",
     "IntegerRangeError",
     "JsonText",
+    "Marker",
     "NumberError",
     "OutOfRange",
     "check_json_value",
-    "first_beyond_double",
-    "first_out_of_range",
+    "first_marked",
     "has_long_digit_run",
     "loads",
     "loads_marking",
@@ -55,10 +55,13 @@ DOUBLE_RANGE = "the range of a double (magnitude up to about 1.8e308)"
 """The numbers with a fraction or an exponent memstrata accepts, as its messages word them."""
 
 
-class _Marker:
-    """Where a parsed value held a number memstrata refuses: the number as written."""
+class Marker:
+    """Where a parsed value held a number memstrata refuses: the number as written; ``noun`` and
+    ``bounds`` word the refusal (``integer 1234... is outside the 64-bit range ...``)."""
 
     __slots__ = ("digits",)
+    noun: ClassVar[str]
+    bounds: ClassVar[str]
 
     def __init__(self, digits: str) -> None:
         self.digits = digits
@@ -66,17 +69,23 @@ class _Marker:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.digits})"
 
+    def shown(self) -> str:
+        """``integer 123...`` or ``number 1e400``, a huge one shortened."""
+        return f"{self.noun} {show_digits(self.digits)}"
 
-class OutOfRange(_Marker):
+
+class OutOfRange(Marker):
     """An integer outside the 64-bit range."""
 
     __slots__ = ()
+    noun, bounds = "integer", INT64_RANGE
 
 
-class BeyondDouble(_Marker):
+class BeyondDouble(Marker):
     """A number too large for a double (``1e400``)."""
 
     __slots__ = ()
+    noun, bounds = "number", DOUBLE_RANGE
 
 
 class _Refusal(orjson.JSONDecodeError):
@@ -145,7 +154,7 @@ def loads(data: JsonText) -> Any:
     for NaN or an infinity, an :class:`IntegerRangeError` for an integer beyond 64 bits, a
     :class:`DoubleRangeError` for a number too large for a double."""
     value, marked = loads_marking(data)
-    found = _first_marked(value, (OutOfRange, BeyondDouble)) if marked else None
+    found = first_marked(value) if marked else None
     if found is not None:
         path, marker = found
         text = _text(data)
@@ -252,27 +261,13 @@ def _raise_clearer(exc: orjson.JSONDecodeError) -> NoReturn:
     raise exc
 
 
-def first_out_of_range(value: Any) -> tuple[str, str] | None:
-    """The path (``a.b[0]``, ``""`` for the value itself) and digits of the first
-    :class:`OutOfRange` in a value read by :func:`loads_marking`, in document order; else ``None``."""
-    found = _first_marked(value, OutOfRange)
-    return None if found is None else (found[0], found[1].digits)
-
-
-def first_beyond_double(value: Any) -> tuple[str, str] | None:
-    """The path (``a.b[0]``, ``""`` for the value itself) and text of the first
-    :class:`BeyondDouble` in a value read by :func:`loads_marking`, in document order; else ``None``."""
-    found = _first_marked(value, BeyondDouble)
-    return None if found is None else (found[0], found[1].digits)
-
-
-def _first_marked(
-    value: Any, kinds: type[Any] | tuple[type[Any], ...]
-) -> tuple[str, OutOfRange | BeyondDouble] | None:
+def first_marked(value: Any) -> tuple[str, Marker] | None:
+    """The path (``a.b[0]``, ``""`` for the value itself) and the :class:`Marker` of the first
+    refused number in a value read by :func:`loads_marking`, in document order; else ``None``."""
     stack: list[tuple[Any, str]] = [(value, "")]
     while stack:
         item, path = stack.pop()
-        if isinstance(item, kinds):
+        if isinstance(item, Marker):
             return path, item
         if isinstance(item, dict):
             children = [(child, f"{path}.{key}" if path else key) for key, child in item.items()]
