@@ -72,8 +72,9 @@ def _scripted(data_dir: Path, seed: int | None, clock: ManualClock) -> bytes:
         agent.fail_task("t1", "parallel runs hit the sandbox rate limit")
         agent.set_working("plan", ["serial runs"], ttl_s=600)
         system.blackboard("s").publish("agent:a:status", "idle", "a", wait=True)
-        system.export(data_dir / "export.jsonl")
-        return (data_dir / "export.jsonl").read_bytes()
+        export = data_dir.with_name(f"{data_dir.name}.jsonl")  # beside the data dir, never in it
+        system.export(export)
+        return export.read_bytes()
 
 
 def test_seed_and_clock_make_ids_and_times_reproducible(tmp_path: Path) -> None:
