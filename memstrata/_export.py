@@ -220,7 +220,7 @@ _AS_MESSAGE: dict[str, tuple[type[Message], dict[str, str]]] = {
     "episode": (
         StoreMemory,
         {"agent_id": "agent", "task_run_id": "task_run_id", "content": "content", "title": "title"}
-        | {"tags": "tags", "kind": "episode_kind"},
+        | {"tags": "tags", "kind": "episode_kind", "at": "at"},
     ),
     "working": (
         SetWorkingMemory,
