@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from memstrata.core.constants import MAX_LIST_LIMIT
+
 from . import _convert
 from ._operation import (
     AGENT_ID,
@@ -113,7 +115,8 @@ _PATH = path_string("A file path on the machine that runs memstrata.")
         _SINCE,
         _UNTIL,
         Param(
-            "limit", {"type": "integer", "minimum": 0, "maximum": 10000, "description": "At most this many."}
+            "limit",
+            {"type": "integer", "minimum": 0, "maximum": MAX_LIST_LIMIT, "description": "At most this many."},
         ),
         Param("offset", {"type": "integer", "minimum": 0, "description": "Episodes to skip first."}),
         Param(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from memstrata.core.constants import MAX_LIST_LIMIT
 from memstrata.core.errors import InvalidInputError
 
 from . import _convert
@@ -135,7 +136,10 @@ def _get_knowledge(ctx: Context, p: dict[str, Any]) -> Any:
         Param("category", CATEGORY),
         Param("tags", TAGS_SCHEMA),
         Param("scope", {**SCOPE, "description": "That scope and its descendants."}),
-        Param("limit", {"type": "integer", "minimum": 1, "maximum": 10000, "description": "At most."}),
+        Param(
+            "limit",
+            {"type": "integer", "minimum": 1, "maximum": MAX_LIST_LIMIT, "description": "At most."},
+        ),
         Param("offset", {"type": "integer", "minimum": 0, "description": "Entries to skip."}),
     ),
     {"type": "array", "items": OBJECT},
