@@ -21,10 +21,10 @@ import orjson
 
 from memstrata.core.json_text import (
     INT64_RANGE,
-    IntegerRangeError,
     Marker,
     NumberError,
     OutOfRange,
+    RangeError,
     first_marked,
     has_long_digit_run,
     loads,
@@ -37,10 +37,10 @@ from memstrata.core.validation import has_lone_surrogate
 __all__ = [
     "INT64_RANGE",
     "MAX_DEPTH",
-    "IntegerRangeError",
     "Marker",
     "NumberError",
     "OutOfRange",
+    "RangeError",
     "dumps",
     "first_marked",
     "has_long_digit_run",

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, cast
 from memstrata.core.constants import MAX_TAG_KEY_CHARS, MAX_TAG_VALUE_CHARS, MAX_TAGS
 from memstrata.core.errors import InvalidInputError, MemstrataError
 
-from ._json import IntegerRangeError, loads
+from ._json import RangeError, loads
 from ._operation import Context, Operation, Param, object_schema, pattern
 from ._operations import OPERATIONS
 
@@ -86,10 +86,11 @@ def tags_map(value: list[str] | None) -> dict[str, str] | None:
 def json_value(text: str, name: str = "value", *, object_text: bool = False) -> Any:
     """JSON text as its value; text that is not JSON is the string itself, unless ``object_text``
     (the param is an object, which a string never is: the JSON error says what is wrong). An
-    integer beyond 64 bits is refused: neither a float nor the text is what the model wrote."""
+    integer beyond 64 bits or a number beyond a double is refused: neither a float nor the text
+    is what the model wrote."""
     try:
         return loads(text)
-    except IntegerRangeError as exc:
+    except RangeError as exc:
         raise InvalidInputError(f"argument {name!r}: {exc}") from None
     except ValueError as exc:
         if object_text:

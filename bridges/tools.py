@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from memstrata.core.errors import InvalidInputError, MemstrataError
 from memstrata.core.validation import check_agent_id
 
-from ._json import MAX_DEPTH, IntegerRangeError, dumps, json_depth, loads
+from ._json import MAX_DEPTH, RangeError, dumps, json_depth, loads
 from ._schema import check, describe_type
 from ._tool_defs import Tool, ToolContext
 from ._tool_exports import (
@@ -70,7 +70,7 @@ def _parse_arguments(arguments: Any) -> Any:
             return {}
         try:
             arguments = loads(arguments)
-        except IntegerRangeError as exc:
+        except RangeError as exc:
             raise InvalidInputError(f"arguments: {exc}") from exc
         except ValueError as exc:
             raise InvalidInputError(f"arguments are not valid JSON: {exc}") from exc

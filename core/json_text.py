@@ -35,6 +35,7 @@ __all__ = [
     "Marker",
     "NumberError",
     "OutOfRange",
+    "RangeError",
     "check_json_value",
     "first_marked",
     "has_long_digit_run",
@@ -102,26 +103,23 @@ class NumberError(_Refusal):
     many writers emit them) or an integer beyond 64 bits."""
 
 
-class IntegerRangeError(NumberError):
-    """A JSON text holds an integer outside the 64-bit range (``path`` names where, ``""`` when the
-    whole text is that integer): refused, since orjson would read it as a float."""
+class RangeError(NumberError):
+    """A JSON text holds a number outside what memstrata takes (``path`` names where, ``""`` when
+    the whole text is that number); a door refuses it as it refuses bad input."""
 
-    def __init__(self, path: str, digits: str, doc: str, pos: int) -> None:
+    def __init__(self, path: str, number: Marker, doc: str, pos: int) -> None:
         self.path = path
-        self.digits = digits
+        self.digits = number.digits
         where = f" at {path!r}" if path else ""
-        super().__init__(f"integer {show_digits(digits)}{where} is outside {INT64_RANGE}", doc, pos)
+        super().__init__(f"{number.shown()}{where} is outside {number.bounds}", doc, pos)
 
 
-class DoubleRangeError(NumberError):
-    """A JSON text holds a number too large for a double (``path`` names where, ``""`` when the
-    whole text is that number): refused, never read as infinity."""
+class IntegerRangeError(RangeError):
+    """An integer outside the 64-bit range: refused, since orjson would read it as a float."""
 
-    def __init__(self, path: str, digits: str, doc: str, pos: int) -> None:
-        self.path = path
-        self.digits = digits
-        where = f" at {path!r}" if path else ""
-        super().__init__(f"number {show_digits(digits)}{where} is outside {DOUBLE_RANGE}", doc, pos)
+
+class DoubleRangeError(RangeError):
+    """A number too large for a double: refused, never read as infinity."""
 
 
 def show_digits(digits: str) -> str:
@@ -160,7 +158,7 @@ def loads(data: JsonText) -> Any:
         text = _text(data)
         pos = next((m.start() for m in _TOKEN.finditer(text) if m.group() == marker.digits), 0)
         error = IntegerRangeError if isinstance(marker, OutOfRange) else DoubleRangeError
-        raise error(path, marker.digits, text, pos)
+        raise error(path, marker, text, pos)
     return value
 
 

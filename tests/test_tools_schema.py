@@ -240,6 +240,16 @@ _RANGE = "is outside the 64-bit range (-2**63 to 2**63 - 1)"
             f'{{"namespace": ["n"], "key": "k", "limit": {_HUGE}}}',
             f"arguments: integer {_HUGE} at 'limit' {_RANGE}: line 1 column 43 (char 42)",
         ),
+        (  # JSON text, but no double holds it: refused as well, not kept as the string "1e400"
+            "working_set",
+            {"key": "k", "value": "1e400"},
+            "argument 'value': number 1e400 is outside the range of a double",
+        ),
+        (
+            "item_put",
+            '{"namespace": ["n"], "key": "k", "value": {"n": -2e308}}',
+            "arguments: number -2e308 at 'value.n' is outside the range of a double",
+        ),
     ],
 )
 def test_numbers_json_cannot_carry_are_refused_by_name_never_converted(
