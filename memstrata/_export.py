@@ -214,13 +214,26 @@ def read_export(path: str | os.PathLike[str]) -> Iterator[tuple[str, dict[str, A
 _AS_MESSAGE: dict[str, tuple[type[Message], dict[str, str]]] = {
     "knowledge": (
         StoreKnowledge,
-        {"agent_id": "owner", "content": "content", "category": "category", "tags": "tags"}
-        | {"scope": "scope", "author": "author"},
+        {
+            "agent_id": "owner",
+            "content": "content",
+            "category": "category",
+            "tags": "tags",
+            "scope": "scope",
+            "author": "author",
+        },
     ),
     "episode": (
         StoreMemory,
-        {"agent_id": "agent", "task_run_id": "task_run_id", "content": "content", "title": "title"}
-        | {"tags": "tags", "kind": "episode_kind", "at": "at"},
+        {
+            "agent_id": "agent",
+            "task_run_id": "task_run_id",
+            "content": "content",
+            "title": "title",
+            "tags": "tags",
+            "kind": "episode_kind",
+            "at": "at",
+        },
     ),
     "working": (
         SetWorkingMemory,
@@ -232,8 +245,13 @@ _AS_MESSAGE: dict[str, tuple[type[Message], dict[str, str]]] = {
     ),
     "item": (
         PutItem,
-        {"namespace": "namespace", "key": "key", "value": "value", "ttl_minutes": "ttl_minutes"}
-        | {"vectors": "vectors"},
+        {
+            "namespace": "namespace",
+            "key": "key",
+            "value": "value",
+            "ttl_minutes": "ttl_minutes",
+            "vectors": "vectors",
+        },
     ),
 }
 # UNIX seconds: (field, may be null)
