@@ -409,10 +409,12 @@ def check_number(
 def check_ttl(value: object, name: str, *, unit: str = "seconds", high: float = math.inf) -> float | None:
     """A time to live: a positive number of ``unit`` up to ``high``, or ``None`` (no expiry). 0 is
     refused: a value gone the moment it is stored is a mistake, not a choice."""
-    ttl = check_number(value, name, high=high)
-    if ttl == 0:
-        raise fail(name, f"must be a positive number of {unit}", value)
-    return ttl
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (math.isfinite(value) and 0 < value <= high):
+        bound = f" up to {high:g}" if math.isfinite(high) else ""
+        raise fail(name, f"must be a positive number of {unit}{bound}", value)
+    return float(value)
 
 
 def check_min_score(value: object, name: str = "min_score") -> float | None:
