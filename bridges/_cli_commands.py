@@ -282,7 +282,7 @@ def search(
 @click.pass_context
 def get(ctx: click.Context, path: str, from_line: int, lines: int, root: Path | None, as_json: bool) -> None:
     """Print lines of an indexed file (absolute, relative to the current folder, or to its root)."""
-    from memstrata.core.errors import PathOutsideRootError
+    from memstrata.core.errors import MemstrataError, PathOutsideRootError
 
     local = root is None and not os.path.isabs(os.path.expanduser(path)) and os.path.lexists(path)
     with _indexed(ctx) as registry:
@@ -290,10 +290,13 @@ def get(ctx: click.Context, path: str, from_line: int, lines: int, root: Path | 
             text = registry.get(
                 os.path.abspath(path) if local else path, root=root, from_line=from_line, lines=lines
             )
-        except PathOutsideRootError:
+        except PathOutsideRootError as outside:
             if not local:
                 raise
-            text = registry.get(path, from_line=from_line, lines=lines)
+            try:
+                text = registry.get(path, from_line=from_line, lines=lines)
+            except MemstrataError:  # no root holds it either: the file here is what was meant
+                raise outside from None
     if as_json:
         sh.echo_json(text.as_dict())
     else:

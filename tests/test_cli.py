@@ -214,15 +214,19 @@ def test_get_relative_to_the_current_folder(
     assert cli_ok(run("get", "MEMORY.md", "--lines", "1")).stdout == "# Notes\n"
 
 
-def test_get_refuses_paths_outside_the_roots(run: Any, workspace: Path, tmp_path: Path) -> None:
+def test_get_refuses_paths_outside_the_roots(
+    run: Any, workspace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cli_ok(run("index", str(workspace)))
     secret = tmp_path / "secret.md"
     secret.write_text("top secret", encoding="utf-8")
     cli_fails(run("get", "../secret.md", "--root", str(workspace)), 2, "..")
     cli_fails(run("get", str(secret)), 2, "not inside an indexed root")
     (workspace / "memory" / "link.md").symlink_to(secret)
-    cli_fails(run("get", "memory/link.md"), 2, "link.md")
+    cli_fails(run("get", "memory/link.md"), 2, "symlink that leaves the root")
     cli_fails(run("get", "memory/missing.md"), 2, "missing.md")
+    monkeypatch.chdir(workspace.parent)  # the same link relative to the current folder: the same reason
+    cli_fails(run("get", f"{workspace.name}/memory/link.md"), 2, "symlink that leaves the root")
 
 
 def test_get_json_counts_the_lines_it_returns_a_blank_one_too(run: Any, workspace: Path) -> None:
