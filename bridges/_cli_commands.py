@@ -225,7 +225,7 @@ def index(ctx: click.Context, path: Path, kind: str, progress_every: int, as_jso
     with sh.state(ctx).workspaces() as registry:
         ws, stats = registry.index(path, kind=kind, progress=progress)  # type: ignore[arg-type]
     data = _convert.plain(stats)
-    summary = f"indexed {ws.root} as {ws.kind}: {sync_summary(data)}"
+    summary = f"indexed {sh.shown(ws.root)} as {ws.kind}: {sync_summary(data)}"
     if as_json:  # stdout holds the JSON document: the summary line goes with the progress lines
         click.echo(f"{sh.PROG}: {summary}", err=True)
         sh.echo_json({"root": str(ws.root), "kind": ws.kind, "stats": data})
@@ -265,7 +265,7 @@ def search(
     if not hits:
         click.echo("no matches")
     for rank, hit in enumerate(hits, 1):
-        where = f"{hit.absolute_path}:{hit.start_line}-{hit.end_line}"
+        where = f"{sh.shown(hit.absolute_path)}:{hit.start_line}-{hit.end_line}"
         click.echo(f"{rank}. {hit.score:.2f}  {where}  ({hit.match_type})")
         for line in hit.snippet.strip().splitlines()[:4]:
             click.echo(f"   {sh.one_line(line)}")
@@ -321,7 +321,7 @@ def watch(ctx: click.Context, path: Path, kind: str) -> None:
         data = _convert.plain(stats)
         if isinstance(data, dict) and not (data.get("files_processed") or data.get("files_deleted")):
             return
-        click.echo(f"synced {ws.root}: {sync_summary(data)}")
+        click.echo(f"synced {sh.shown(ws.root)}: {sync_summary(data)}")
 
     def failed(ws: Any, exc: BaseException) -> None:  # one line each; watching goes on
         if isinstance(exc, RootMissingError):
@@ -332,7 +332,7 @@ def watch(ctx: click.Context, path: Path, kind: str) -> None:
     with sh.state(ctx).workspaces() as registry:
         roots = registry.watch(path, kind=kind, on_synced=synced, on_error=failed)  # type: ignore[arg-type]
         for ws in roots:
-            click.echo(f"watching {ws.root} ({ws.kind}); press Ctrl-C to stop")
+            click.echo(f"watching {sh.shown(ws.root)} ({ws.kind}); press Ctrl-C to stop")
         with sh.stop_on_signals(stop.set):
             stop.wait()
     click.echo("stopped watching", err=True)

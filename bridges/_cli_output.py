@@ -16,7 +16,7 @@ from typing import Any, TextIO
 
 import click
 
-from ._cli_shared import PROG, echo_json, one_line
+from ._cli_shared import PROG, echo_json, one_line, shown
 from ._json import dumps
 
 __all__ = [
@@ -72,7 +72,7 @@ def _describe(item: Mapping[str, Any]) -> str:
         value = item.get(key)
         if value not in (None, ""):
             parts.append(str(value))
-    return "  ".join(parts)
+    return shown("  ".join(parts))
 
 
 def _scalar(value: Any) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -33,6 +34,7 @@ __all__ = [
     "json_text",
     "one_line",
     "parse_tags",
+    "shown",
     "state",
     "stop_on_signals",
     "tag_option",
@@ -45,12 +47,12 @@ PROG = "memstrata"
 
 def fail_line(message: str) -> str:
     """An error as the one line the command line prints for it."""
-    return f"{PROG}: error: {' '.join(str(message).split()) or 'failed'}"
+    return f"{PROG}: error: {shown(' '.join(str(message).split())) or 'failed'}"
 
 
 def warning_line(message: str) -> str:
     """A problem met on the way, as the one line the command line prints for it."""
-    return f"{PROG}: warning: {' '.join(str(message).split())}"
+    return f"{PROG}: warning: {shown(' '.join(str(message).split()))}"
 
 
 class FiniteRange(click.FloatRange):
@@ -83,8 +85,19 @@ def echo_result(as_json: bool, value: Any, line: str) -> None:
         click.echo(line)
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def shown(text: object) -> str:
+    """``text`` safe to print to a terminal: control characters (an escape sequence in a file name
+    could recolour the terminal or move its cursor; a newline would forge a line) as ``\\x1b``."""
+    return _CONTROL.sub(lambda found: f"\\x{ord(found[0]):02x}", str(text))
+
+
 def one_line(text: str, width: int = 160) -> str:
-    flat = " ".join(str(text).split())
+    """``text`` on one line of at most ``width`` characters, whitespace runs as one space and
+    other control characters shown as escapes (:func:`shown`)."""
+    flat = shown(" ".join(str(text).split()))
     return flat if len(flat) <= width else flat[: width - 3] + "..."
 
 

@@ -426,6 +426,21 @@ def test_index_prints_progress_lines_and_a_summary_when_piped(run: Callable[...,
     assert orjson.loads(result.stdout)["kind"] == "memory"
 
 
+def test_file_names_are_printed_with_their_control_characters_escaped(
+    run: Callable[..., Result], tmp_path: Path
+) -> None:
+    """An escape sequence in a file name must not reach the terminal (it could recolour it or move
+    its cursor), nor be dropped (the path printed would not exist): it is shown as ``\\x1b``."""
+    (tmp_path / "ws" / "memory").mkdir()
+    (tmp_path / "ws" / "memory" / "red\x1b[31mX\x1b[0m.md").write_text("the escaped note\n", encoding="utf-8")
+    indexed = cli_ok(run("index", "{ws}", "--progress-every", "1", json=False))
+    found = cli_ok(run("search", "escaped note", json=False))
+    for output in (indexed.stderr, found.stdout):
+        assert "\x1b" not in output
+    shown_name = "red\\x1b[31mX\\x1b[0m.md"
+    assert shown_name in indexed.stderr and shown_name in found.stdout
+
+
 def test_progress_lines_every_n_files_or_after_a_pause() -> None:
     now = [0.0]
     out = io.StringIO()
