@@ -9,7 +9,7 @@ so every query here runs unchanged against either.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -24,6 +24,7 @@ __all__ = [
     "EPISODE_KEYWORDS",
     "Episode",
     "EpisodeHit",
+    "context_holders",
     "embed_text",
     "episode_from_row",
     "episodes_schema",
@@ -235,24 +236,16 @@ def has_context(db: Database) -> bool:
     return db.scalar("SELECT 1 FROM episodes_ctx LIMIT 1") is not None
 
 
-def refresh_context(db: Database, ids: Sequence[int]) -> None:
-    """Index the context of the episodes ``ids`` and of their neighbours, whose context now
-    holds them; run inside the transaction that inserted ``ids``.
-
-    The contexts of a whole batch are written at the end, in ascending rowid order: FTS5 keeps
-    pending rows in memory only while rowids ascend and flushes a segment to disk whenever one
-    goes back, and a batch of backdated episodes spread over many task runs wrote its runs one
-    after the other (5,000 episodes into 30,000: 2.6 s of segment flushes). The runs' order is
-    read from their index alone (``episodes_run`` covers it) and only the texts needed are read.
-    """
-    if not ids:
-        return
+def _context_windows(db: Database, ids: Sequence[int]) -> Iterator[tuple[list[int], set[int]]]:
+    """Per task run of ``ids``: its episodes in time order around them (``2 * CONTEXT_TURNS``
+    beyond the first and the last, so each affected episode's own neighbours are there), and the
+    positions in that order of the episodes whose context holds one of ``ids`` (``ids``
+    included). The runs' order is read from their index alone (``episodes_run`` covers it)."""
     runs: dict[str, list[tuple[int, int]]] = {}
     sql = "SELECT task_run_id, at_us, id FROM episodes WHERE task_run_id IS NOT NULL AND id IN"
     for run, at_us, ident in query_in(db, sql, list(ids)):
         runs.setdefault(str(run), []).append((int(at_us), int(ident)))
     reach = 2 * CONTEXT_TURNS  # an affected neighbour needs its own neighbours
-    contexts: dict[int, list[int]] = {}  # an affected episode -> its neighbours, in time order
     for run, keys in runs.items():
         low, high = min(keys), max(keys)
         before = db.query(
@@ -280,6 +273,34 @@ def refresh_context(db: Database, ids: Sequence[int]) -> None:
         for _, ident in keys:
             n = position[ident]
             affected.update(range(max(0, n - CONTEXT_TURNS), min(len(order), n + CONTEXT_TURNS + 1)))
+        yield order, affected
+
+
+def context_holders(db: Database, ids: Sequence[int]) -> list[int]:
+    """The episodes, other than ``ids``, whose context holds one of ``ids``: their neighbours,
+    whose context is to be refreshed (:func:`refresh_context`) once ``ids`` are deleted."""
+    if not ids:
+        return []
+    gone = set(ids)
+    near = {order[n] for order, affected in _context_windows(db, ids) for n in affected}
+    return sorted(near - gone)
+
+
+def refresh_context(db: Database, ids: Sequence[int]) -> None:
+    """Index the context of the episodes ``ids`` and of their neighbours, whose context now
+    holds them; run inside the transaction that inserted ``ids`` (or, given the
+    :func:`context_holders` of deleted episodes, that deleted them).
+
+    The contexts of a whole batch are written at the end, in ascending rowid order: FTS5 keeps
+    pending rows in memory only while rowids ascend and flushes a segment to disk whenever one
+    goes back, and a batch of backdated episodes spread over many task runs wrote its runs one
+    after the other (5,000 episodes into 30,000: 2.6 s of segment flushes). Only the texts
+    needed are read.
+    """
+    if not ids:
+        return
+    contexts: dict[int, list[int]] = {}  # an affected episode -> its neighbours, in time order
+    for order, affected in _context_windows(db, ids):
         for n in affected:
             contexts[order[n]] = order[max(0, n - CONTEXT_TURNS) : n] + order[n + 1 : n + CONTEXT_TURNS + 1]
     needed = sorted({i for near in contexts.values() for i in near})

@@ -40,7 +40,6 @@ from ._episode_records import (
     Episode,
     EpisodeHit,
     from_us,
-    query_in,
     to_us,
 )
 from ._episodic_archives import EpisodicArchives
@@ -233,12 +232,7 @@ class EpisodicMemory(EpisodicArchives, Closeable):
                 target = self._archive_dir / f"{stem}-retired-{stamp}-{n}.sqlite"
             return self._archive_ids(target, ordered, remove=True, selection={"selected_by": "retention"})
         with db.transaction():
-            db.on_rollback(self._drop_matrix)
-            query_in(db, "DELETE FROM episodes WHERE id IN", ordered)
-            self._unindexed(ordered)
-            self._delete_vectors(ordered)
-            if self._matrix is not None:
-                self._matrix.remove(ordered)
+            self._remove(ordered)
         return len(ordered)
 
     def _last_check(self) -> ConsistencyReport:

@@ -108,10 +108,8 @@ class EpisodicArchives(EpisodicSearch):
         try:
             with db.transaction():
                 db.on_rollback(self._drop_matrix)
-                if remove:  # ascending ids: the full-text indexes' deletes cost ~25% less
-                    query_in(db, "DELETE FROM episodes WHERE id IN", sorted(ids))
-                    self._unindexed(ids)
-                    self._delete_vectors(ids)
+                if remove:  # out of every search, neighbours' context included, until restored
+                    self._remove(ids)
                 db.execute(
                     "INSERT OR REPLACE INTO archives(path, archive_uuid, episodes, removed, first_at_us, "
                     "last_at_us, created_us) VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -125,8 +123,6 @@ class EpisodicArchives(EpisodicSearch):
                         to_us(self._now()),
                     ),
                 )
-                if remove and self._matrix is not None:
-                    self._matrix.remove(ids)
         except BaseException:
             with contextlib.suppress(OSError):
                 path.unlink()  # the live store kept everything; the copy is not tracked

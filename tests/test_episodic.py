@@ -963,6 +963,50 @@ def test_context_follows_later_turns_and_deletes(store: EpisodicMemory, data_dir
     assert store._db.scalar("SELECT count(*) FROM episodes_ctx") == 0
 
 
+CONTEXTS = "SELECT e.content, c.context FROM episodes e JOIN episodes_ctx c ON c.rowid = e.id ORDER BY 1"
+
+
+def test_archived_turns_leave_their_neighbours_context_until_restored(
+    store: EpisodicMemory, data_dir: Path
+) -> None:
+    turns = record_dialogue(store)
+    recorded = store._db.query(CONTEXTS)
+    assert ids(store.search("adopted", mode="keyword"))[:3] == turns[:3]  # turn 0, then by context
+    assert store.archive(data_dir / "old.msarchive", before=T0 + timedelta(seconds=2)) == 2
+    # only the archive holds "adopted" now: no live neighbour is found by its words
+    assert store.search("adopted", mode="keyword") == []
+    hits = store.search("adopted", mode="keyword", include_archives=True)
+    assert [(h.episode.id, h.source) for h in hits][:1] == [(turns[0], "archive")]
+    assert all(h.source == "archive" for h in hits)
+    with EpisodicMemory.open(data_dir / "rest.sqlite", FakeEmbedder()) as rest:
+        rest.record_many(
+            {"content": text, "task_run_id": "chat-1", "at": T0 + timedelta(seconds=n)}
+            for n, text in enumerate(DIALOGUE)
+            if n >= 2
+        )
+        assert store._db.query(CONTEXTS) == rest._db.query(CONTEXTS)
+    assert store.restore(data_dir / "old.msarchive") == 2
+    assert store._db.query(CONTEXTS) == recorded
+    assert ids(store.search("adopted", mode="keyword"))[:3] == turns[:3]
+
+
+@pytest.mark.parametrize("archive_dir", [None, "retired"])
+def test_retired_turns_leave_their_neighbours_context(
+    data_dir: Path, fake_embedder: FakeEmbedder, clock: FakeClock, archive_dir: str | None
+) -> None:
+    path = data_dir / "e.sqlite"
+    with EpisodicMemory.open(
+        path, fake_embedder, clock=clock, retention_max_count=4, archive_dir=archive_dir
+    ) as ep:
+        turns = record_dialogue(ep)
+        assert ep.commit() == 2
+        assert [e.id for e in ep.timeline()] == turns[2:]
+        assert ep.search("adopted", mode="keyword") == []
+        context = dict(ep._db.query(CONTEXTS))
+        assert "adopted" not in context[DIALOGUE[2]] and "name her" not in context[DIALOGUE[2]]
+        assert DIALOGUE[4] in context[DIALOGUE[2]]
+
+
 def test_turns_recorded_out_of_order_get_the_same_context(store: EpisodicMemory, data_dir: Path) -> None:
     items = [
         {"content": text, "task_run_id": "chat", "at": T0 + timedelta(seconds=n)}
