@@ -11,10 +11,11 @@ from memstrata.core.constants import (
     ARCHIVES_DIR,
     EMBED_CHARS,  # what a knowledge entry's vector is made of
 )
-from memstrata.core.errors import EmbeddingError, InvalidInputError
+from memstrata.core.errors import ConfigError, EmbeddingError, InvalidInputError
 from memstrata.layers._roots import refused_output
 from memstrata.storage import Embedder, embed_documents
 
+from ._routing import _FOLDER
 from ._store_base import (
     _fields,
     _iso,
@@ -40,7 +41,20 @@ from .messages import (
     StoreMemory,
 )
 
-__all__ = ["EpisodicActor"]
+__all__ = ["EpisodicActor", "check_archive_dir"]
+
+
+def check_archive_dir(archive_dir: str | None, data_dir: Path) -> None:
+    """Refuse ``[episodic] archive_dir`` inside the data dir (other than its archives folder) when
+    the system starts: retention's archives there would sit among the stores, taken for the
+    stores of an agent named after them. A relative folder is relative to the episodic stores'
+    folder, as the layer reads it."""
+    if archive_dir is None:
+        return
+    folder = data_dir / _FOLDER["episodic"] / Path(archive_dir).expanduser()
+    refused = refused_output(folder / "archive.sqlite", data_dir, managed=data_dir / ARCHIVES_DIR)
+    if refused is not None:
+        raise ConfigError(f"config key 'episodic.archive_dir': {archive_dir!r} {refused}")
 
 
 class EpisodicActor(_PersistentActor):

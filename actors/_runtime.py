@@ -38,6 +38,7 @@ from ._clock import Clock, IdSource
 from ._concurrency import Activity, Scheduler
 from ._embedding import BatchingEmbedder
 from ._embedding_services import EmbeddingServices, ModelLoader, load_model
+from ._episodic_actor import check_archive_dir
 from ._outbox import has_pending, new_owner, pending_count, release_owner
 from ._prompt import fallback_prompt, merge_hits
 from ._routing import _FOLDER, _SUPERVISOR_OF, _owner, route
@@ -137,6 +138,7 @@ class Runtime(EmbeddingServices):
                 check_agent_id(name, "codebase name")
             except InvalidInputError as exc:
                 raise ConfigError(f"config key 'codebases.{name}': {exc}") from exc
+        check_archive_dir(config.episodic.archive_dir, self.data_dir)
         self._workspaces: dict[str, Path | None] = {}
         if config.agent.workspace is not None:
             check_tree(config.agent.workspace, "agent.workspace", self.data_dir)

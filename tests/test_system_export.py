@@ -14,7 +14,7 @@ from memstrata import Config, MemorySystem
 from memstrata.bridges._app import CliState
 from memstrata.bridges._operations import find
 from memstrata.bridges.cli import cli
-from memstrata.errors import InvalidInputError
+from memstrata.errors import ConfigError, InvalidInputError
 from memstrata.testing import HashEmbedder, ManualClock
 
 START = dt.datetime(2026, 11, 20, 9, 0, tzinfo=dt.UTC)
@@ -221,6 +221,39 @@ def test_export_and_archives_never_write_among_the_data_dirs_own_files(tmp_path:
     with MemorySystem.start(Config(data_dir=data), embedder=HashEmbedder()) as system:  # nothing replaced
         assert [e.content for e in system.agent("a").list_knowledge()] == ["Charges need idempotency keys"]
         assert system.items.get(("n",), "k").value == {"precious": True}
+
+
+def test_a_configured_archive_dir_inside_the_data_dir_is_refused_at_start(tmp_path: Path) -> None:
+    """Retention's archives among the stores would be taken for a store of an agent named after
+    them: the key is refused when the system starts, as an archive path is when asked."""
+    data = tmp_path / "d"
+    for folder in (str(data / "episodic"), str(data), "../knowledge", str(tmp_path / "into-data" / "x")):
+        (tmp_path / "into-data").unlink(missing_ok=True)
+        (tmp_path / "into-data").symlink_to(data, target_is_directory=True)
+        config = Config.load(
+            data_dir=str(data), episodic__retention_max_count=1, episodic__archive_dir=folder
+        )
+        with pytest.raises(
+            ConfigError, match=r"config key 'episodic.archive_dir': .* inside memstrata's data dir"
+        ):
+            MemorySystem.start(config, embedder=HashEmbedder())
+    allowed = {  # the data dir's archives folder (relative or not), or anywhere outside the data dir
+        "archives": "episodic/archives",
+        str(tmp_path / "d1" / "episodic" / "archives" / "old"): "episodic/archives/old",
+        str(tmp_path / "kept"): "../kept",
+    }
+    for n, (folder, where) in enumerate(allowed.items()):
+        data = tmp_path / f"d{n}"
+        config = Config.load(
+            data_dir=str(data), episodic__retention_max_count=1, episodic__archive_dir=folder
+        )
+        with MemorySystem.start(config, embedder=HashEmbedder()) as system:
+            agent = system.agent("a")
+            agent.remember("the first note")
+            agent.remember("the second note")
+            agent.commit()  # retention keeps one: the first goes to an archive in the folder
+        assert [p.name for p in (data / "episodic").glob("*.sqlite")] == ["a.sqlite"], folder
+        assert len(list((data / where).glob("a-retired-*.sqlite"))) == 1, folder
 
 
 def test_export_and_import_are_operations_and_cli_commands(tmp_path: Path) -> None:
