@@ -117,7 +117,8 @@ class _Delivery:
 
 
 class BlackboardActor(MemoryActor):
-    """A session's blackboard; snapshot to ``blackboard/{session}.sqlite`` when configured."""
+    """A session's blackboard; when configured, loaded from ``blackboard/{session}.sqlite`` at
+    its start and, on stop, the keys it changed are saved there (other processes' keys stay)."""
 
     kind = "blackboard"
 

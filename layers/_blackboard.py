@@ -3,7 +3,8 @@
 Pure and synchronous: it stores values and works out *who* must be told about a change; its
 actor delivers the notifications on a separate thread. Values are JSON data kept as orjson
 bytes, so every reader and subscriber gets its own copy. ``snapshot``/``restore`` persist the
-values (never the subscriptions) to a small SQLite file.
+values (never the subscriptions) to a small SQLite file that several processes may share: a
+snapshot writes only the keys this board changed, so it never drops another process's keys.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 import orjson
 
 from memstrata.core.validation import check_json_value, check_key, check_signal_key, check_signal_pattern
-from memstrata.storage import apply_migrations, open_database
+from memstrata.storage import Database, apply_migrations, open_database
 from memstrata.storage._migrations import Migration, NamedMigration
 
 __all__ = ["BlackboardState", "SignalRecord"]
@@ -70,6 +71,7 @@ class BlackboardState:
         self._clock = clock
         self._values: dict[str, SignalRecord] = {}
         self._deleted: dict[str, int] = {}  # last version of deleted keys, so versions keep growing
+        self._changed: set[str] = set()  # keys published or deleted since the last snapshot
         self._exact: dict[str, set[int]] = {}
         self._prefixes: dict[int, str] = {}
         self._patterns: dict[int, str] = {}
@@ -89,6 +91,7 @@ class BlackboardState:
         last = previous.version if previous else self._deleted.pop(key, 0)
         record = SignalRecord(key, data, publisher_id, last + 1, self._clock())
         self._values[key] = record
+        self._changed.add(key)
         return record, self.subscribers_of(key)
 
     def delete(self, key: str) -> tuple[SignalRecord | None, builtins.list[int]]:
@@ -101,6 +104,7 @@ class BlackboardState:
             return None, []
         record = SignalRecord(key, b"null", None, previous.version + 1, self._clock())
         self._deleted[key] = record.version
+        self._changed.add(key)
         return record, self.subscribers_of(key)
 
     def get(self, key: str) -> SignalRecord | None:
@@ -171,26 +175,65 @@ class BlackboardState:
     # -- persistence ---------------------------------------------------------------------------
 
     def snapshot(self, path: str | Path) -> int:
-        """Replace the snapshot at ``path`` with the current values and the last versions of
-        deleted keys (one transaction); returns how many values."""
+        """Save the keys published or deleted since the last snapshot to the snapshot at ``path``
+        (one write transaction); returns how many values the snapshot then holds.
+
+        Several processes may share the file, so only this board's changes are written: a key it
+        did not change keeps what the file holds (another process's publish or delete). For a key
+        the file holds at a higher version (another process changed it more often since this
+        board loaded it), the file's state wins and this board's change is not written; at an
+        equal or lower version this board's state (its value, or its deletion and version)
+        replaces the file's. So a key's saved version never goes down, and of two changes with
+        the same version the one saved last wins.
+        """
+        changed = sorted(self._changed)
         db = open_database(path, load_vec=False)
         try:
             apply_migrations(db, "blackboard", _SNAPSHOT_MIGRATIONS)
-            with db.transaction():
-                db.execute("DELETE FROM signals")
-                db.executemany(
-                    "INSERT INTO signals(key, value, publisher_id, version, updated_at) "
-                    "VALUES (?, ?, ?, ?, ?)",
-                    [
-                        (r.key, r.data, r.publisher_id, r.version, r.updated_at.isoformat())
-                        for r in self._values.values()
-                    ],
-                )
-                db.execute("DELETE FROM deleted")
-                db.executemany("INSERT INTO deleted(key, version) VALUES (?, ?)", list(self._deleted.items()))
+            with db.transaction():  # BEGIN IMMEDIATE: no other snapshot runs between read and write
+                values, deleted = self._unsaved(db, changed)
+                if values:
+                    db.executemany(
+                        "INSERT OR REPLACE INTO signals(key, value, publisher_id, version, updated_at) "
+                        "VALUES (?, ?, ?, ?, ?)",
+                        [
+                            (r.key, r.data, r.publisher_id, r.version, r.updated_at.isoformat())
+                            for r in values
+                        ],
+                    )
+                    db.executemany("DELETE FROM deleted WHERE key = ?", [(r.key,) for r in values])
+                if deleted:
+                    db.executemany("DELETE FROM signals WHERE key = ?", [(key,) for key, _ in deleted])
+                    db.executemany("INSERT OR REPLACE INTO deleted(key, version) VALUES (?, ?)", deleted)
+                total = int(db.query("SELECT count(*) FROM signals")[0][0])
         finally:
             db.close()
-        return len(self._values)
+        self._changed.difference_update(changed)
+        return total
+
+    def _unsaved(
+        self, db: Database, keys: builtins.list[str]
+    ) -> tuple[builtins.list[SignalRecord], builtins.list[tuple[str, int]]]:
+        """Of the changed ``keys``, the values and the deletions that win over the file's state."""
+        values: builtins.list[SignalRecord] = []
+        deleted: builtins.list[tuple[str, int]] = []
+        for key in keys:
+            record = self._values.get(key)
+            mine = record.version if record is not None else self._deleted.get(key)
+            if mine is None:
+                continue
+            saved = db.query(
+                "SELECT max(version) FROM (SELECT version FROM signals WHERE key = ?"
+                " UNION ALL SELECT version FROM deleted WHERE key = ?)",
+                (key, key),
+            )[0][0]
+            if saved is not None and int(saved) > mine:
+                continue  # another process saved a later change of this key
+            if record is not None:
+                values.append(record)
+            else:
+                deleted.append((key, mine))
+        return values, deleted
 
     def restore(self, path: str | Path) -> int:
         """Load the values saved at ``path``, and go on from the saved versions of deleted keys (a
