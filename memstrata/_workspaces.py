@@ -160,10 +160,18 @@ class Workspaces(Closeable):
         return _row_to_workspace(row)
 
     def forget(self, path: str | os.PathLike[str], kind: Kind | None = None) -> int:
-        """Unregister a root and delete its index files (the folder itself is never touched)."""
-        root = _normalise_root(path)
+        """Unregister a root and delete its index files (the folder itself is never touched). A
+        root whose folder is gone is found by its path as registered (absolute, with the symlinks
+        that still exist resolved), so its index can still be dropped."""
+        try:
+            found = self.find(path, kind)
+        except InvalidInputError:
+            gone = Path(os.path.realpath(os.path.expanduser(check_path(path, "path"))))
+            found = [w for w in self.roots() if w.root == gone and (kind is None or w.kind == kind)]
+            if not found:
+                raise
         removed = 0
-        for ws in self.find(root, kind):
+        for ws in found:
             with self._lock:
                 handle = self._handles.pop((ws.root, ws.kind), None)
             if handle is not None:

@@ -57,6 +57,20 @@ def test_one_root_can_be_indexed_as_both_kinds(registry: Workspaces, tmp_path: P
     assert [w.kind for w in registry.find(root)] == ["memory"]
 
 
+def test_a_root_whose_folder_is_gone_can_be_forgotten(registry: Workspaces, tmp_path: Path) -> None:
+    """A search warns that the folder is missing and says to forget it: forget must then work."""
+    root = write_tree(tmp_path / "gone", {"a.py": "def gone(): return 'gonetoken'\n"})
+    ws, _ = registry.index(root, kind="code")
+    assert ws.db_path.exists()
+    shutil.rmtree(root)
+    with pytest.raises(InvalidInputError, match="does not exist"):
+        registry.forget(tmp_path / "never-indexed")  # a missing folder that no root is: refused
+    with pytest.raises(InvalidInputError, match="does not exist"):
+        registry.forget(root, "memory")  # gone, and not registered as that kind: nothing to match
+    assert registry.forget(root, "code") == 1
+    assert registry.roots() == [] and not ws.db_path.exists()
+
+
 def test_get_reads_a_root_of_both_kinds_through_the_kind_that_serves_the_file(
     registry: Workspaces, tmp_path: Path
 ) -> None:
