@@ -70,16 +70,21 @@ def write_archive(
     model_id: str | None,
     dim: int | None,
     meta: Mapping[str, str | int],
+    archive_uuid: str | None = None,
+    created_at: datetime | None = None,
 ) -> str:
     """Write ``rows`` (selected as ``EPISODE_COLUMNS``) and their vectors to a new archive at
-    ``path``; returns the archive's uuid. Nothing is left behind if anything fails."""
+    ``path``; returns the archive's uuid (``archive_uuid``, random if ``None``). ``created_at``
+    (default: wall time) is the store's clock, so a simulation writes the same bytes. Nothing is
+    left behind if anything fails."""
     if path.exists() or path.is_symlink():
         raise ArchiveError(
             f"archive {path} already exists; an archive is never overwritten, choose a new path"
         )
     if not path.parent.is_dir():
         raise ArchiveError(f"cannot write archive {path}: folder {path.parent} does not exist")
-    archive_uuid = str(uuidlib.uuid4())
+    archive_uuid = str(uuidlib.uuid4()) if archive_uuid is None else archive_uuid
+    created = datetime.now(UTC) if created_at is None else created_at.astimezone(UTC)
     tmp = path.with_name(f".{path.name}.{archive_uuid}.partial")
     try:
         db = open_database(tmp, load_vec=False)
@@ -92,7 +97,7 @@ def write_archive(
                     "format": ARCHIVE_FORMAT,
                     "format_version": ARCHIVE_VERSION,
                     "archive_uuid": archive_uuid,
-                    "created_at": datetime.now(UTC).isoformat(),
+                    "created_at": created.isoformat(),
                     "episodes": len(rows),
                 }
                 if model_id is not None and dim is not None and vectors:

@@ -97,6 +97,8 @@ class EpisodicArchives(EpisodicSearch):
             "source_store_uuid": self.store_uuid,
             "source_path": str(self.path),
         }
+        now = self._now()
+        self._named_here = False  # the archive names the store: its uuid is settled
         archive_uuid = write_archive(
             path,
             rows,
@@ -104,6 +106,8 @@ class EpisodicArchives(EpisodicSearch):
             model_id=model,
             dim=int(dim_text) if dim_text else None,
             meta=meta,
+            archive_uuid=self.new_uuid(),
+            created_at=now,
         )
         try:
             with db.transaction():
@@ -120,7 +124,7 @@ class EpisodicArchives(EpisodicSearch):
                         int(remove),
                         rows[0][2],
                         rows[-1][2],
-                        to_us(self._now()),
+                        to_us(now),
                     ),
                 )
         except BaseException:
