@@ -83,6 +83,7 @@ class EpisodicActor(_PersistentActor):
             status = layer.status() if callable(getattr(layer, "status", None)) else {}
             held += sum(int(a.get("episodes", 0)) for a in status.get("archives", ()))
             layer.new_uuid = runtime.ids.for_scope(f"episode:{self.key}:{held}")
+            layer.name_store(runtime.ids.uuid(f"episodic-store:{self.key}"))  # a new store only
         return layer
 
     def close_layer(self, layer: Any) -> None:
@@ -181,6 +182,7 @@ class EpisodicActor(_PersistentActor):
             if refused is not None:
                 raise InvalidInputError(f"archive path {message.path!r} {refused}: archive elsewhere")
             Path(message.path).parent.mkdir(parents=True, exist_ok=True)
+            self.settle_vectors()
             count = layer.archive(message.path, before=message.before, task_run_id=message.task_run_id)
             return EpisodesArchived(self.key, message.path, int(count))
         if isinstance(message, RestoreEpisodes):
@@ -188,6 +190,7 @@ class EpisodicActor(_PersistentActor):
             self.after_write()
             return EpisodesRestored(self.key, message.path, int(count))
         if isinstance(message, CommitMemory):
+            self.settle_vectors()  # retention may archive
             layer.commit()
             return MemoryCommitted(self.key)
         return super().handle_store(message)

@@ -160,6 +160,13 @@ class _PersistentActor(_HeldWriteBacks):
         why = "is stuck" if stuck else "did not answer in time"
         return f"vectors pending: model {service.model_id!r} {why}; {waiting} new item(s) ranked by keywords"
 
+    def settle_vectors(self) -> None:
+        """Store the vectors being computed before a write that copies rows away (an archive), so
+        what it copies does not depend on the model's timing; waits at most ``embed_timeout_s``
+        (a later vector is stored when it comes, if its row is still there)."""
+        with embed_deadline(self.runtime.config.actors.embed_timeout_s):
+            self._await_vectors()
+
     def pending_vectors(self) -> int:
         counter = getattr(self.layer, "pending_vectors", None)
         try:

@@ -8,9 +8,7 @@ reads is :mod:`._episodic_state`, pending vectors :mod:`._episodic_pending`, arg
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import uuid as uuidlib
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -90,35 +88,28 @@ class EpisodicBase(PendingVectors):
         self._last_error = None
         self._pending_ids = set()
         self._closed = False
-        self._new_uuid: Callable[[], str] = _random_uuid
+        # the uuid of a new episode or archive; a system sets a seeded source so simulations replay
+        self.new_uuid: Callable[[], str] = _random_uuid
         with db.transaction():
             store_uuid = get_meta(db, "store_uuid")
-            self._named_here = store_uuid is None  # this open made the store: its id may follow
+            self._named_here = store_uuid is None  # this open made the store: see name_store
             if store_uuid is None:
                 store_uuid = _random_uuid()
                 set_meta(db, "store_uuid", store_uuid)
         self.store_uuid = store_uuid
         self._setup_vectors()
 
-    @property
-    def new_uuid(self) -> Callable[[], str]:
-        """The uuid of each thing this store names: its episodes and its archives (random by
-        default). A system sets a seeded source so simulations replay exactly: set on a store
-        this open created, before it wrote any archive, the source names the store too (its
-        ``store_uuid`` is derived from the source's next id), so a seeded run leaves the same
-        store and archive files."""
-        return self._new_uuid
-
-    @new_uuid.setter
-    def new_uuid(self, source: Callable[[], str]) -> None:
-        self._new_uuid = source
-        if self._named_here:
-            self._named_here = False
-            digest = hashlib.blake2b(f"store\x00{source()}".encode(), digest_size=16).digest()
-            store_uuid = str(uuidlib.UUID(bytes=digest, version=4))  # never one of its episodes' ids
-            with self._db.transaction():
-                set_meta(self._db, "store_uuid", store_uuid)
-            self.store_uuid = store_uuid
+    def name_store(self, store_uuid: str) -> bool:
+        """Give the store ``store_uuid`` if this open created it and no archive holds its uuid
+        yet (a seeded system names its stores from the seed, so a simulation leaves the same
+        files); a store that existed before keeps its uuid. Returns whether it was named."""
+        if not self._named_here:
+            return False
+        self._named_here = False
+        with self._db.transaction():
+            set_meta(self._db, "store_uuid", store_uuid)
+        self.store_uuid = store_uuid
+        return True
 
     def _setup_vectors(self) -> None:
         """Open the vector table, rebuild it for a new model, then check the store's consistency."""

@@ -11,9 +11,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from memstrata.actors import IdSource
+from memstrata import Config, MemorySystem
+from memstrata.actors import IdSource, route
+from memstrata.actors.messages import ArchiveEpisodes
 from memstrata.layers import EpisodicMemory
 from memstrata.layers._archive import ArchiveFile
+from tests._support import GatedModel
 from tests.fakes import FakeEmbedder
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
@@ -41,8 +44,9 @@ def _run(folder: Path, source: Callable[[], str] | None) -> tuple[bytes, dict[st
     folder.mkdir(parents=True)
     now = T0 + timedelta(days=1)
     with EpisodicMemory.open(folder / "agent.sqlite", FakeEmbedder(), clock=lambda: now) as store:
-        if source is not None:
-            store.new_uuid = source  # what a seeded system does once it has opened the store
+        if source is not None:  # what a seeded system does once it has opened the store
+            store.new_uuid = source
+            assert store.name_store(source())
         for n, text in enumerate(["checkout timed out", "the sandbox rate-limits", "retries fixed it"]):
             store.record(text, task_run_id="t1", at=T0 + timedelta(hours=n))
         assert store.archive(folder / "old.sqlite", before=T0 + timedelta(hours=2)) == 2
@@ -84,11 +88,35 @@ def test_a_source_given_later_never_renames_a_store(data_dir: Path) -> None:
     with EpisodicMemory.open(path, FakeEmbedder()) as store:
         made = store.store_uuid
     with EpisodicMemory.open(path, FakeEmbedder()) as store:
-        store.new_uuid = IdSource(7).for_scope("episode:a:1")  # a restart: the store already exists
+        assert not store.name_store(IdSource(7).uuid("store:a"))  # a restart: the store already exists
         assert store.store_uuid == made
     with EpisodicMemory.open(data_dir / "fresh.sqlite", FakeEmbedder(), clock=lambda: T0) as store:
         store.record("an early note", at=T0 - timedelta(days=1))
         store.archive(data_dir / "early.sqlite")  # the archive holds the store's uuid: it stays
         named = store.store_uuid
-        store.new_uuid = IdSource(7).for_scope("episode:b:0")
+        assert not store.name_store(IdSource(7).uuid("store:b"))
         assert store.store_uuid == named == store.status()["store_uuid"]
+
+
+def test_an_archive_carries_the_vectors_still_being_computed(data_dir: Path) -> None:
+    """An episode's vector is computed by the shared embedding service and stored when it comes:
+    an archive asked for meanwhile waits for it, so what the archive holds (and a seeded run's
+    archive bytes) does not depend on the model's timing."""
+    model = GatedModel()
+    path = data_dir / "archive.sqlite"
+    with MemorySystem.start(Config(data_dir=data_dir / "d"), embedder=model) as system:
+        agent = system.agent("a")
+        model.mode = "hang"
+        agent.remember("checkout timed out behind the payment sandbox")
+        assert model.entered.wait(30)  # its vector is being computed, held by the model
+        runtime = system._runtime
+        archive = ArchiveEpisodes("a", str(path), None, None)
+        asked = runtime.request(*route(archive), archive)  # in the mailbox before the vector's answer
+        model.release.set()
+        assert runtime.wait(asked, 30, "archive").archived == 1
+    archived = ArchiveFile(path, verify=True)
+    try:
+        assert archived.meta["embedding_model"] == model.model_id
+        assert archived.db.execute("SELECT count(*) FROM vectors").fetchone()[0] == 1
+    finally:
+        archived.close()
