@@ -411,7 +411,11 @@ def check_ttl(value: object, name: str, *, unit: str = "seconds", high: float = 
     refused: a value gone the moment it is stored is a mistake, not a choice."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not (math.isfinite(value) and 0 < value <= high):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not (math.isfinite(value) and 0 < value <= high)
+    ):
         bound = f" up to {high:g}" if math.isfinite(high) else ""
         raise fail(name, f"must be a positive number of {unit}{bound}", value)
     return float(value)

@@ -172,7 +172,7 @@ def test_an_import_with_a_bad_field_anywhere_changes_nothing_and_names_the_line_
         ("episode", {"at": "nope"}, r"\(episode\): at must be an ISO 8601 time, got 'nope'"),
         ("episode", {"at": "2026-01-01T00:00:00"}, r"\(episode\): at "),  # no zone: named as in the file
         ("episode", {"episode_kind": "Bad Kind"}, r"\(episode\): episode_kind is not valid"),
-        ("working", {"expires_in_s": "soon"}, r"\(working\): expires_in_s must be a positive number of seconds"),
+        ("working", {"expires_in_s": "soon"}, r"\(working\): expires_in_s must be a positive number"),
         ("signal", {"session": "my session"}, r"\(signal\): session "),
         ("item", {"vectors": {"t": [1e308, 0.0]}}, r"\(item\): vectors\['t'\] must hold only finite numbers"),
         ("item", {"updated_at": None}, r"\(item\): updated_at must be a number"),
