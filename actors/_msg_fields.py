@@ -12,7 +12,7 @@ import datetime as _dt
 import functools
 from typing import Annotated, Any, TypeVar
 
-from memstrata.core.constants import MAX_TITLE_CHARS
+from memstrata.core.constants import MAX_ENTRY_ID, MAX_OFFSET, MAX_TITLE_CHARS
 from memstrata.core.validation import (
     check_agent_id,
     check_author,
@@ -135,9 +135,9 @@ Many = Annotated[tuple[T, ...], Rule(_as_tuple, normalise=True)]  # any iterable
 # -- numbers, flags, values ---------------------------------------------------------------------
 TopK = Annotated[int, Rule(check_top_k)]
 OptTopK = Annotated[int | None, Rule(check_top_k, optional=True)]
-RowId = Annotated[int, between(1, 2**62)]
+RowId = Annotated[int, between(1, MAX_ENTRY_ID)]
 PageSize = Annotated[int, between(0, 10_000)]  # a page of a listing (episodes, knowledge)
-PageStart = Annotated[int, between(0, 2**62)]  # how many rows of the listing come before the page
+PageStart = Annotated[int, between(0, MAX_OFFSET)]  # how many rows of the listing come before the page
 MinScore = Annotated[float | None, Rule(check_min_score)]
 Ttl = Annotated[float | None, Rule(check_ttl)]  # seconds to live, None: no expiry
 Flag = Annotated[bool, Rule(check_bool)]

@@ -11,7 +11,13 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
-from memstrata.core.constants import MAX_TTL_MINUTES
+from memstrata.core.constants import (
+    MAX_KEY_CHARS,
+    MAX_LABEL_CHARS,
+    MAX_NAMESPACE_DEPTH,
+    MAX_OFFSET,
+    MAX_TTL_MINUTES,
+)
 from memstrata.core.item_record import ItemRecord as StoredItem
 from memstrata.core.validation import (
     check_json_value,
@@ -92,9 +98,13 @@ def check_namespace(value: object, name: str, *, allow_empty: bool = False) -> t
         raise fail(name, "must be a list of string labels", value)
     if not value and not allow_empty:
         raise fail(name, "must hold at least one label", value)
+    if len(value) > MAX_NAMESPACE_DEPTH:
+        raise fail(name, f"must hold at most {MAX_NAMESPACE_DEPTH} labels", len(value))
     for label in value:
         if not isinstance(label, str) or not label or _SEP in label:
             raise fail(name, "labels must be non-empty strings without \\x1f", value)
+        if len(label) > MAX_LABEL_CHARS:
+            raise fail(name, f"labels must be at most {MAX_LABEL_CHARS} characters", len(label))
         if has_lone_surrogate(label):
             raise fail(name, _NO_SURROGATES, value)
     return tuple(value)
@@ -106,6 +116,8 @@ _NO_SURROGATES = "must not contain lone surrogates (UTF-8 cannot store them)"
 def _check_item_key(value: object, name: str) -> str:
     """An item's key: a name, so a lone surrogate is refused rather than replaced."""
     key = check_text(value, name)
+    if len(key) > MAX_KEY_CHARS:
+        raise fail(name, f"must be at most {MAX_KEY_CHARS} characters", len(key))
     if has_lone_surrogate(key):
         raise fail(name, _NO_SURROGATES, value)
     return key
@@ -161,7 +173,7 @@ FieldPaths = Annotated[tuple[str, ...] | None, Rule(_check_paths, normalise=True
 OptVector = Annotated[tuple[float, ...] | None, Rule(check_vector, normalise=True, optional=True)]
 Vectors = Annotated[dict[str, tuple[float, ...]] | None, Rule(check_vectors, normalise=True, optional=True)]
 Limit = Annotated[int, between(0, MAX_ITEM_LIMIT)]
-Offset = Annotated[int, between(0, 2**31)]
+Offset = Annotated[int, between(0, MAX_OFFSET)]
 
 
 class PutItem(Message):

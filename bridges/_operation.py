@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Any
 from memstrata.core.constants import (
     AGENT_ID_PATTERN,
     CATEGORY_PATTERN,
+    MAX_ENTRY_ID,
     MAX_KEY_CHARS,
+    MAX_OFFSET,
     MAX_PATH_CHARS,
     MAX_SCOPE_CHARS,
     MAX_TAG_VALUE_CHARS,
@@ -40,7 +42,6 @@ __all__ = [
     "CATEGORY",
     "ENTRY_ID",
     "HITS",
-    "ID_LIMIT",
     "KIND",
     "NOT_BLANK",
     "NO_CONTROL",
@@ -69,11 +70,13 @@ __all__ = [
     "id_schema",
     "key_schema",
     "object_schema",
+    "offset",
     "parse_time",
     "path_string",
     "pattern",
     "pick",
     "returns",
+    "row_id",
     "search_result",
     "session_lane",
     "string",
@@ -238,8 +241,6 @@ class OperationList:
 
 # -- parameter and result vocabulary ----------------------------------------------------------
 
-ID_LIMIT = 256
-
 
 def string(description: str, *, max_length: int | None = None, **extra: Any) -> dict[str, Any]:
     schema: dict[str, Any] = {"type": "string", "description": description, **extra}
@@ -333,7 +334,19 @@ SCOPE = string(
 )
 STORE = id_schema("Which store the entry is in: the agent's id (the default) or 'shared'.")
 TITLE = string("A short title.", max_length=MAX_TITLE_CHARS)
-ENTRY_ID = {"type": "integer", "minimum": 1, "description": "The entry's id within its store."}
+
+
+def row_id(description: str) -> dict[str, Any]:
+    """An entry's or episode's id: what :data:`MAX_ENTRY_ID` allows."""
+    return {"type": "integer", "minimum": 1, "maximum": MAX_ENTRY_ID, "description": description}
+
+
+def offset(description: str) -> dict[str, Any]:
+    """How many rows of a listing to skip: what :data:`MAX_OFFSET` allows."""
+    return {"type": "integer", "minimum": 0, "maximum": MAX_OFFSET, "description": description}
+
+
+ENTRY_ID = row_id("The entry's id within its store.")
 
 OBJECT: dict[str, Any] = {"type": "object"}
 HITS = {"type": "array", "items": OBJECT, "description": "Hits, best first."}

@@ -26,9 +26,11 @@ from ._operation import (
     Param,
     agent_lane,
     key_schema,
+    offset,
     path_string,
     pick,
     returns,
+    row_id,
     search_result,
     string,
     task_id_schema,
@@ -53,7 +55,7 @@ _SINCE = Param("since", {**TIME, "description": "Only episodes at or after this 
 _UNTIL = Param("until", {**TIME, "description": "Only episodes before this time."})
 _EPISODE_ID = Param(
     "episode_id",
-    {"type": "integer", "minimum": 1, "description": "The episode's id in the agent's episodic memory."},
+    row_id("The episode's id in the agent's episodic memory."),
     True,
 )
 
@@ -118,7 +120,7 @@ _PATH = path_string("A file path on the machine that runs memstrata.")
             "limit",
             {"type": "integer", "minimum": 0, "maximum": MAX_LIST_LIMIT, "description": "At most this many."},
         ),
-        Param("offset", {"type": "integer", "minimum": 0, "description": "Episodes to skip first."}),
+        Param("offset", offset("Episodes to skip first.")),
         Param(
             "newest_first",
             {"type": "boolean", "description": "Newest first (default) or, if false, oldest first."},

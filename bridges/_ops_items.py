@@ -10,22 +10,42 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-from ._operation import ID_LIMIT, Context, Effect, OperationList, Param, pick, returns, string
+from memstrata.core.constants import MAX_KEY_CHARS, MAX_LABEL_CHARS, MAX_NAMESPACE_DEPTH
+
+from ._operation import (
+    NOT_BLANK,
+    Context,
+    Effect,
+    OperationList,
+    Param,
+    offset,
+    pattern,
+    pick,
+    returns,
+    string,
+)
 
 _OPS = OperationList()
 
-_LABELS = {"type": "string", "minLength": 1, "maxLength": ID_LIMIT}
-_MAX_DEPTH = 32
+_LABEL_RULE = pattern("^[^\\x1f]+$", "not contain \\x1f")
+_LABELS = {"type": "string", "minLength": 1, "maxLength": MAX_LABEL_CHARS, "pattern": _LABEL_RULE}
 
 
-def _path(description: str) -> dict[str, Any]:
-    return {"type": "array", "items": _LABELS, "maxItems": _MAX_DEPTH, "description": description}
+def _path(description: str, *, min_items: int = 0) -> dict[str, Any]:
+    schema = {"type": "array", "items": _LABELS, "maxItems": MAX_NAMESPACE_DEPTH, "description": description}
+    return {**schema, "minItems": min_items} if min_items else schema
 
 
-NAMESPACE = Param("namespace", _path('The item\'s namespace: a path of labels, e.g. ["users", "u1"].'), True)
-KEY = Param("key", string("The item's key within its namespace.", max_length=1024), True)
+NAMESPACE = Param(
+    "namespace", _path('The item\'s namespace: a path of labels, e.g. ["users", "u1"].', min_items=1), True
+)
+KEY = Param(
+    "key",
+    string("The item's key within its namespace.", max_length=MAX_KEY_CHARS, minLength=1, pattern=NOT_BLANK),
+    True,
+)
 LIMIT = {"type": "integer", "minimum": 0, "maximum": 1000, "description": "How many at most."}
-OFFSET = {"type": "integer", "minimum": 0, "description": "How many to skip first (paging)."}
+OFFSET = offset("How many to skip first (paging).")
 _TIME = {"type": ["string", "null"], "description": "ISO 8601 (UTC)."}
 ITEM: dict[str, Any] = {
     "type": "object",
@@ -171,7 +191,7 @@ def _delete_item(ctx: Context, p: dict[str, Any]) -> Any:
             {
                 "type": "integer",
                 "minimum": 1,
-                "maximum": _MAX_DEPTH,
+                "maximum": 1000,
                 "description": "Cut namespaces to this many labels.",
             },
         ),

@@ -62,6 +62,12 @@ JSON_TEXT: dict[str, Any] = {
     "description": 'The value as JSON text, e.g. 42, "done" or {"step": 3}; text that is not valid JSON '
     "is stored as that string.",
 }
+# a JSON object param sent as text: braces around it (the parse then says what else is wrong)
+JSON_OBJECT_TEXT: dict[str, Any] = {
+    "type": "string",
+    "maxLength": 1_000_000,
+    "pattern": pattern(r"^\s*\{[\s\S]*\}\s*$", "be JSON object text, {...}"),
+}
 
 
 def tags_map(value: list[str] | None) -> dict[str, str] | None:
@@ -193,7 +199,7 @@ def derived(
         if p.name == "tags":
             schema, converters[p.name] = (TAGS_FILTER if op.read_only else TAGS), tags_map
         elif ("type" not in schema and "anyOf" not in schema) or p.name in json_text:  # any JSON
-            schema = JSON_TEXT
+            schema = JSON_OBJECT_TEXT if p.name in json_text else JSON_TEXT
             converters[p.name] = functools.partial(json_value, name=p.name, object_text=p.name in json_text)
         if describe and p.name in describe:
             schema = {**schema, "description": describe[p.name]}

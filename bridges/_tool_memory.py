@@ -13,12 +13,12 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from memstrata.core.constants import MAX_PATH_CHARS, MAX_SCOPE_CHARS, MAX_TAG_VALUE_CHARS
+from memstrata.core.constants import MAX_ENTRY_ID, MAX_PATH_CHARS, MAX_SCOPE_CHARS, MAX_TAG_VALUE_CHARS
 from memstrata.core.errors import InvalidInputError
 from memstrata.core.validation import check_scope
 
 from . import _convert
-from ._operation import NO_CONTROL, NOT_BLANK, Operation, Param
+from ._operation import NO_CONTROL, NOT_BLANK, Operation, Param, offset
 from ._tool_defs import TAGS, TAGS_FILTER, Tool, ToolContext, operation, tags_map
 
 __all__ = ["MEMORY_CATEGORY", "MEMORY_TOOLS", "NO_MEMORIES"]
@@ -355,9 +355,7 @@ MEMORY_TOOLS: tuple[Tool, ...] = (
                 "limit",
                 {"type": "integer", "minimum": 1, "maximum": 200, "description": "At most (default 20)."},
             ),
-            Param(
-                "offset", {"type": "integer", "minimum": 0, "description": "Memories to skip (default 0)."}
-            ),
+            Param("offset", offset("Memories to skip (default 0).")),
         ),
         _memory_list,
         _ops("list_knowledge"),
@@ -370,7 +368,10 @@ MEMORY_TOOLS: tuple[Tool, ...] = (
             Param(
                 "id",
                 {
-                    "anyOf": [{"type": "integer", "minimum": 1}, {"type": "string", "minLength": 1}],
+                    "anyOf": [
+                        {"type": "integer", "minimum": 1, "maximum": MAX_ENTRY_ID},
+                        {"type": "string", "minLength": 1},
+                    ],
                     "description": "The memory's id, or its memory://<id> path.",
                 },
                 True,

@@ -18,8 +18,12 @@ __all__ = [
     "DEFAULT_SESSION",
     "EMBED_CHARS",
     "MAX_AUTHOR_CHARS",
+    "MAX_ENTRY_ID",
     "MAX_KEY_CHARS",
+    "MAX_LABEL_CHARS",
     "MAX_LIST_LIMIT",
+    "MAX_NAMESPACE_DEPTH",
+    "MAX_OFFSET",
     "MAX_PATH_CHARS",
     "MAX_ROW_ID",
     "MAX_SCOPE_CHARS",
@@ -79,7 +83,11 @@ AGENT_ID_PATTERN: Final = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
 CATEGORY_PATTERN: Final = r"[a-z0-9][a-z0-9_-]{0,63}"
 """Knowledge categories and episode kinds (``pitfall``, ``planning-pitfall``, ``note``)."""
 
-MAX_KEY_CHARS: Final = 1_024  # working-memory and blackboard keys
+MAX_KEY_CHARS: Final = 1_024  # working-memory, blackboard and item keys
+MAX_LABEL_CHARS: Final = 1_024  # one label of an item namespace
+MAX_NAMESPACE_DEPTH: Final = 64  # labels in an item namespace
+MAX_ENTRY_ID: Final = 2**62  # the largest knowledge entry or episode id a request may name
+MAX_OFFSET: Final = 2**62  # how many rows a listing may skip
 MAX_TASK_ID_CHARS: Final = 256  # task ids and task-run ids
 MAX_TAGS: Final = 64
 MAX_TAG_KEY_CHARS: Final = 128

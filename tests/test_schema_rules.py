@@ -20,6 +20,13 @@ from memstrata.bridges._operation import AGENT_ID, CATEGORY, SESSION_ID, TIME
 from memstrata.bridges._operations import OPERATIONS, find
 from memstrata.bridges._schema import check, unsupported
 from memstrata.bridges._tool_defs import tags_map
+from memstrata.core.constants import (
+    MAX_ENTRY_ID,
+    MAX_KEY_CHARS,
+    MAX_LABEL_CHARS,
+    MAX_NAMESPACE_DEPTH,
+    MAX_OFFSET,
+)
 from memstrata.core.validation import (
     check_agent_id,
     check_category,
@@ -30,6 +37,7 @@ from memstrata.core.validation import (
     check_text,
 )
 from memstrata.errors import InvalidInputError
+from memstrata.messages import GetKnowledge, ListEpisodes, ListKnowledge, PutItem, SearchItems
 
 
 def _error(name: str, arguments: Any) -> str:
@@ -252,3 +260,67 @@ def test_memory_add_refuses_a_source_tag_that_disagrees_with_the_source_argument
     )
     # the same source twice is that source (the call then needs a system)
     assert "no memory system" in _error("memory_save", {"content": "t", "tags": ["source=y"], "source": "y"})
+
+
+def _accepted(build: Callable[[], Any]) -> bool:
+    try:
+        build()
+    except InvalidInputError:
+        return False
+    return True
+
+
+_BOUNDED: list[tuple[str, str, Callable[[Any], Any], list[Any]]] = [
+    # (operation, param, the message that carries it, samples)
+    (
+        "put_item",
+        "namespace",
+        lambda v: PutItem(v, "k", {}),
+        [
+            ["n"],
+            [],
+            ["a"] * MAX_NAMESPACE_DEPTH,
+            ["a"] * (MAX_NAMESPACE_DEPTH + 1),
+            ["x" * MAX_LABEL_CHARS],
+            ["x" * (MAX_LABEL_CHARS + 1)],
+        ],
+    ),
+    (
+        "put_item",
+        "key",
+        lambda v: PutItem(("n",), v, {}),
+        ["k", "a key", "", "   ", "k" * MAX_KEY_CHARS, "k" * (MAX_KEY_CHARS + 1)],
+    ),
+    ("get_knowledge", "entry_id", lambda v: GetKnowledge("a", v), [1, 0, MAX_ENTRY_ID, MAX_ENTRY_ID + 1]),
+    ("list_knowledge", "offset", lambda v: ListKnowledge("a", offset=v), [0, MAX_OFFSET, MAX_OFFSET + 1]),
+    ("list_episodes", "offset", lambda v: ListEpisodes("a", offset=v), [0, MAX_OFFSET, MAX_OFFSET + 1]),
+    ("search_items", "offset", lambda v: SearchItems(offset=v), [0, MAX_OFFSET, MAX_OFFSET + 1]),
+]
+
+
+@pytest.mark.parametrize(
+    ("op", "param", "value", "build"),
+    [(op, param, value, build) for op, param, build, values in _BOUNDED for value in values],
+    ids=lambda v: str(v)[:24] if not callable(v) else "",
+)
+def test_item_namespaces_and_keys_ids_and_offsets_have_the_code_s_bounds_in_the_schema(
+    op: str, param: str, value: Any, build: Callable[[Any], Any]
+) -> None:
+    schema = _params(op)["properties"][param]
+    accepted = _accepted(lambda: build(value))
+    assert jsonschema.Draft202012Validator(schema).is_valid(value) is accepted, (op, param, value)
+    try:
+        check(schema, value, path=param)
+        checked = True
+    except InvalidInputError:
+        checked = False
+    assert checked is accepted, (op, param, value)
+
+
+def test_a_json_object_param_sent_as_text_says_it_must_be_an_object() -> None:
+    schema = next(t["parameters"] for t in tools.tool_schemas(["item_put"]))
+    for text, valid in (('{"a": 1}', True), (" {} ", True), ("[1]", False), ("", False), ("null", False)):
+        arguments = {"namespace": ["n"], "key": "k", "value": text}
+        assert jsonschema.Draft202012Validator(schema).is_valid(arguments) is valid, text
+        if not valid:
+            assert "argument 'value' must be JSON object text" in _error("item_put", arguments)
