@@ -46,7 +46,10 @@ TAGS: dict[str, Any] = {
         "type": "string",
         "minLength": 1,
         "maxLength": MAX_TAG_KEY_CHARS + 1 + MAX_TAG_VALUE_CHARS,
-        "pattern": pattern(r"^[^=]*[^=\s]", "start with a key that is not blank (key or key=value)"),
+        "pattern": pattern(
+            r"^[^=\x00-\x1f\x7f]*[^=\s\x00-\x1f\x7f][^=\x00-\x1f\x7f]*(?:=[\s\S]*)?$",
+            "start with a key that is not blank nor holds control characters (key or key=value)",
+        ),
     },
     "maxItems": MAX_TAGS,
     "description": 'Tags as "key=value" or bare "key" strings, e.g. ["area=db", "urgent"].',

@@ -33,6 +33,7 @@ from memstrata.core.validation import (
     check_key,
     check_scope,
     check_session_id,
+    check_tags,
     check_task_id,
     check_text,
 )
@@ -146,7 +147,7 @@ _SCHEMA_AND_RULE: dict[str, tuple[Any, Callable[[Any, str], Any]]] = {
     ),
     "tool tag": (
         next(t for t in tools.tool_schemas(["memory_add"]))["parameters"]["properties"]["tags"]["items"],
-        lambda v, name: tags_map([v]),
+        lambda v, name: check_tags(tags_map([v]), name),
     ),
     "content": (_params("store_knowledge")["properties"]["content"], check_text),
     "scope": (_params("store_knowledge")["properties"]["scope"], check_scope),
@@ -161,7 +162,7 @@ _SAMPLES = {
     "task_run_id": ["", "run-1", "   ", "a\tb", "r" * 257],
     "working task_id": ["", "t1", "   ", "a\tb", "r" * 257],
     "tool scope": ["/", "/a/b", "a\x00b", "\t"],
-    "tool tag": ["a", "a=b", "a=", "a==b", "=b", " =b", "  x=1"],
+    "tool tag": ["a", "a=b", "a=", "a==b", "=b", " =b", "  x=1", "a\x01=b", "a\t=b", "x\x7f", "a=b\x01"],
     "content": ["x", " x ", "", "   ", "\n\t"],
     "scope": ["/", "/src/auth", "", "a\x01b", "/" * 1025],
 }
