@@ -189,8 +189,62 @@ def mcp(ctx: click.Context, agent_id: str | None) -> None:
         agent = check_agent_id(agent_id, "--agent")
     else:
         agent = check_agent_id(state.config.bridges.agent_id, "config key 'bridges.agent_id'")
-    with state.system() as system, state.workspaces(system) as registry:
-        run_stdio(system, registry, agent_id=agent)
+    with _SigtermStops() as sigterm, state.system() as system, state.workspaces(system) as registry:
+        if sigterm.serving(system, registry):
+            run_stdio(system, registry, agent_id=agent)
+
+
+class _SigtermStops:
+    """SIGTERM ends ``memstrata mcp`` as a closed session does, with 0: the registry closes and
+    the memory system stops (a blackboard is saved), then the process exits. The stop runs on a
+    thread of its own, so it never waits for a lock the interrupted main thread holds; a SIGTERM
+    while the system starts is kept until it has started. The session reads stdin on a thread
+    that cannot be interrupted, hence the exit once stopped."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._running: tuple[Any, Any] | None = None
+        self._lock = threading.Lock()
+        self._previous: Any = None
+
+    def __enter__(self) -> _SigtermStops:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._received)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            with contextlib.suppress(ValueError, OSError, TypeError):
+                signal.signal(signal.SIGTERM, self._previous)
+
+    def serving(self, system: Any, registry: Any) -> bool:
+        """Whether to serve: not when SIGTERM came while the system started (it stops as the
+        command ends)."""
+        with self._lock:
+            self._running = (system, registry)
+            return not self.requested
+
+    def _received(self, signum: int, frame: Any) -> None:
+        with self._lock:
+            if self.requested:
+                return
+            self.requested = True
+            running = self._running
+        if running is not None:
+            threading.Thread(target=self._stop, args=running, name="memstrata-mcp-stop", daemon=True).start()
+
+    def _stop(self, system: Any, registry: Any) -> None:
+        code = 0
+        try:
+            registry.close()
+            system.stop()
+        except BaseException as exc:  # the stop failed: say so, and end as a failed command does
+            sys.stderr.write(sh.fail_line(f"stopping after SIGTERM failed: {exc}") + "\n")
+            code = 1
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stderr.flush()
+            os._exit(code)
 
 
 COMMANDS: tuple[click.Command, ...] = (serve, mcp)

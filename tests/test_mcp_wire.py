@@ -9,8 +9,11 @@ from __future__ import annotations
 import io
 import json
 import os
+import select
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -219,3 +222,88 @@ def test_sdk_client_gets_an_error_for_a_too_deep_call_and_goes_on(data_dir: Path
                 assert "knowledge_query" in {t.name for t in listed.tools}
 
     anyio.run(session)
+
+
+def _answers(proc: subprocess.Popen[bytes], ids: set[str], limit_s: float = 120) -> dict[str, Any]:
+    """Read ``proc``'s stdout lines until it has answered every id of ``ids`` (the limit only
+    keeps a broken server from hanging the suite)."""
+    assert proc.stdout is not None
+    found: dict[str, Any] = {}
+    buffer = b""
+    deadline = time.monotonic() + limit_s
+    while not ids <= set(found):
+        ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        assert ready, f"no answer for {ids - set(found)} within {limit_s:g} s"
+        chunk = os.read(proc.stdout.fileno(), 1 << 16)
+        assert chunk, "the server ended before answering"
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            message = orjson.loads(line)
+            found[str(message.get("id"))] = message
+    return found
+
+
+def test_sigterm_ends_a_memstrata_mcp_session_as_closing_it_does(data_dir: Path, tmp_path: Path) -> None:
+    """SIGTERM (how a host stops an MCP server that does not end when its input closes) stops the
+    memory system: the command ends with 0, no traceback, and what the session did is kept (a
+    blackboard is saved on stop). The client keeps stdin open: the session is still reading."""
+    config = tmp_path / "memstrata.toml"
+    config.write_text("[actors]\nblackboard_snapshot = true\n", encoding="utf-8")
+    base = [sys.executable, "-m", "memstrata", "--data-dir", str(data_dir), "--config", str(config)]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("MEMSTRATA_DEBUG", None)
+    publish = {
+        "jsonrpc": "2.0",
+        "id": "pub",
+        "method": "tools/call",
+        "params": {
+            "name": "blackboard_publish",
+            "arguments": {"session_id": "s1", "key": "k", "value": '"kept"'},
+        },
+    }
+    proc = subprocess.Popen(
+        [*base, "mcp", "--agent", "wire"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=data_dir,
+        env=env,
+    )
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write(_lines(_INIT, _INITIALIZED, publish))
+        proc.stdin.flush()
+        answered = _answers(proc, {"init", "pub"})
+        assert "error" not in answered["pub"] and not answered["pub"]["result"].get("isError"), answered
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0, proc.stderr.read()[-2000:] if proc.stderr else ""
+        err = proc.stderr.read() if proc.stderr else b""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+    assert b"Traceback" not in err, err[-2000:]
+    got = subprocess.run(
+        [*base, "board", "get", "-s", "s1", "--key", "k", "--json"],
+        capture_output=True,
+        cwd=data_dir,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert got.returncode == 0 and orjson.loads(got.stdout)["value"] == "kept", got.stderr[-2000:]
+
+
+def test_a_sigterm_while_the_system_starts_ends_mcp_before_serving() -> None:
+    """The signal is kept while the system starts; once it runs, the session is not served and
+    the command ends (stopping the system as it leaves)."""
+    from memstrata.bridges._cli_serve import _SigtermStops
+
+    early = _SigtermStops()
+    early._received(signal.SIGTERM, None)  # no system yet: nothing to stop, only noted
+    assert early.requested and not early.serving(object(), object())
+    assert _SigtermStops().serving(object(), object())  # no signal: the session is served
