@@ -11,7 +11,7 @@ from memstrata.core.constants import (
     ARCHIVES_DIR,
     EMBED_CHARS,  # what a knowledge entry's vector is made of
 )
-from memstrata.core.errors import ConfigError, EmbeddingError, InvalidInputError
+from memstrata.core.errors import ArchiveError, ConfigError, EmbeddingError, InvalidInputError
 from memstrata.layers._roots import refused_output
 from memstrata.storage import Embedder, embed_documents
 
@@ -181,7 +181,10 @@ class EpisodicActor(_PersistentActor):
             refused = refused_output(message.path, data_dir, managed=data_dir / ARCHIVES_DIR)
             if refused is not None:
                 raise InvalidInputError(f"archive path {message.path!r} {refused}: archive elsewhere")
-            Path(message.path).parent.mkdir(parents=True, exist_ok=True)
+            try:
+                Path(message.path).parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:  # the caller's path: an error of the call, not a crash of the store
+                raise ArchiveError(f"cannot write archive {message.path}: {exc.strerror or exc}") from exc
             self.settle_vectors()
             count = layer.archive(message.path, before=message.before, task_run_id=message.task_run_id)
             return EpisodesArchived(self.key, message.path, int(count))

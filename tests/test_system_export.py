@@ -14,7 +14,7 @@ from memstrata import Config, MemorySystem
 from memstrata.bridges._app import CliState
 from memstrata.bridges._operations import find
 from memstrata.bridges.cli import cli
-from memstrata.errors import ConfigError, InvalidInputError
+from memstrata.errors import ArchiveError, ConfigError, InvalidInputError
 from memstrata.testing import HashEmbedder, ManualClock
 
 START = dt.datetime(2026, 11, 20, 9, 0, tzinfo=dt.UTC)
@@ -221,6 +221,21 @@ def test_export_and_archives_never_write_among_the_data_dirs_own_files(tmp_path:
     with MemorySystem.start(Config(data_dir=data), embedder=HashEmbedder()) as system:  # nothing replaced
         assert [e.content for e in system.agent("a").list_knowledge()] == ["Charges need idempotency keys"]
         assert system.items.get(("n",), "k").value == {"precious": True}
+
+
+def test_an_archive_path_that_cannot_be_made_is_an_error_of_the_call_not_a_crash(tmp_path: Path) -> None:
+    """A folder that cannot be made (under a file, or a path the system forbids) answers with a
+    one-line ArchiveError: the store did not crash, so no number of such calls degrades the agent."""
+    (tmp_path / "a-file").write_text("x", encoding="utf-8")
+    with MemorySystem.start(Config(data_dir=tmp_path / "d"), embedder=HashEmbedder()) as system:
+        agent = system.agent("a")
+        agent.remember("the sandbox rate-limits parallel runs")
+        for _ in range(6):  # more than the restarts a crashing store is allowed before degrading
+            with pytest.raises(ArchiveError, match=r"^cannot write archive .*a-file/sub/x\.sqlite: "):
+                agent.archive_episodes(tmp_path / "a-file" / "sub" / "x.sqlite")
+        assert system.status()["degraded"] == {}
+        assert [e.content for e in agent.list_episodes()] == ["the sandbox rate-limits parallel runs"]
+        assert agent.store_knowledge("still writable", category="note") > 0
 
 
 def test_a_configured_archive_dir_inside_the_data_dir_is_refused_at_start(tmp_path: Path) -> None:
