@@ -76,8 +76,30 @@ class Envelope:
 
 
 class Inbox(queue.Queue[Any]):
-    """pykka's mailbox plus one operation: take the envelopes waiting at its head that a
-    predicate accepts, so an actor can handle a run of similar messages together, in order."""
+    """pykka's mailbox plus two operations: take the envelopes waiting at its head that a
+    predicate accepts, so an actor can handle a run of similar messages together, in order; and
+    :meth:`close`, after which a message put is refused (``pykka.ActorDeadError``) rather than
+    left where no one reads it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.closed = False
+
+    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+        with self.mutex:  # unbounded: never waits for room
+            if self.closed:
+                raise pykka.ActorDeadError("the actor has stopped")
+            self._put(item)
+            self.unfinished_tasks += 1
+            self.not_empty.notify()
+
+    def close(self) -> list[Any]:
+        """Refuse every later message; the ones still waiting, in order."""
+        with self.mutex:
+            self.closed = True
+            left = list(self.queue)
+            self.queue.clear()
+        return left
 
     def take_while(self, accept: Callable[[Any], bool], limit: int) -> list[Any]:
         taken: list[Any] = []
@@ -207,6 +229,7 @@ class ActorRuntime(Protocol):
     def ref(self, kind: str, key: str) -> pykka.ActorRef[Any]: ...
     def post(self, ref: pykka.ActorRef[Any], message: Any, reply: Future[Any] | None = None) -> bool: ...
     def request(self, kind: str, key: str, message: Any) -> Future[Any]: ...
+    def redeliver(self, kind: str, key: str, envelopes: list[Envelope]) -> None: ...
 
 
 class MemoryActor(pykka.ThreadingActor):
@@ -271,7 +294,19 @@ class MemoryActor(pykka.ThreadingActor):
             self.runtime.activity.done()
 
     def on_stop(self) -> None:
-        self._drop_layer()
+        """Close the layer; messages that came after the stop (callers racing with ``retire``)
+        go to the actor that replaces this one, never nowhere."""
+        left = self.actor_inbox.close() if isinstance(self.actor_inbox, Inbox) else []
+        try:
+            self._drop_layer()
+        finally:
+            ours = [e.message for e in left if isinstance(getattr(e, "message", None), Envelope)]
+            for envelope in left:  # pykka's own asks (a second stop, a status): answered as pykka does
+                reply_to = getattr(envelope, "reply_to", None)
+                if reply_to is not None and not isinstance(envelope.message, Envelope):
+                    dead = pykka.ActorDeadError(f"{self} stopped before handling the message")
+                    reply_to.set_exception(exc_info=(pykka.ActorDeadError, dead, None))
+            self.runtime.redeliver(self.kind, self.key, ours)
 
     def _drop_layer(self) -> None:
         layer, self.layer = self.layer, None

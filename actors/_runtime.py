@@ -36,6 +36,7 @@ from ._base import Envelope, Status, Supervision
 from ._blackboard import SubscribeWithCallback
 from ._clock import Clock, IdSource
 from ._concurrency import Activity, Scheduler
+from ._delivery import deliver, redeliver
 from ._embedding import BatchingEmbedder
 from ._embedding_services import EmbeddingServices, ModelLoader, load_model
 from ._episodic_actor import check_archive_dir
@@ -254,8 +255,12 @@ class Runtime(EmbeddingServices):
     def request(self, kind: str, key: str, message: Any) -> Future[Any]:
         """Send ``message`` to the ``(kind, key)`` actor; its answer arrives on the future."""
         future: Future[Any] = Future()
-        self.post(self.ref(kind, key), message, future)
+        deliver(self, kind, key, message, future)  # an actor retired meanwhile is replaced
         return future
+
+    def redeliver(self, kind: str, key: str, envelopes: list[Envelope]) -> None:
+        """Requests left in a stopped actor's mailbox go to its replacement (:mod:`._delivery`)."""
+        redeliver(self, kind, key, envelopes)
 
     # -- the public message interface ------------------------------------------------------------
 
@@ -268,8 +273,7 @@ class Runtime(EmbeddingServices):
         self.check_open()
         if isinstance(message, SubscribeSignal):
             raise InvalidInputError("SubscribeSignal needs a callback: use ask(message, callback=...)")
-        kind, key = route(message)
-        self.post(self.ref(kind, key), message)
+        deliver(self, *route(message), message)
 
     def ask(
         self,

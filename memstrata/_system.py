@@ -292,10 +292,11 @@ class MemorySystem:
             return board
 
     def retire(self, agent_id: str, timeout: float | None = None) -> None:
-        """Stop an agent's actors after they drain their mailboxes (they restart on next use)."""
+        """Stop an agent's actors after they drain their mailboxes (they restart on next use).
+        Calls racing with it are answered, by the actors that replace the stopped ones."""
         self._runtime.check_open()
         check_agent_id(agent_id)
-        self._runtime.wait_idle(timeout or self.config.actors.stop_timeout_s)
+        self._runtime.wait_idle(timeout or self.config.actors.stop_timeout_s)  # write-backs land first
         self._runtime.retire(agent_id, timeout or self.config.actors.stop_timeout_s)
 
     def revive(self, agent_id: str) -> bool:

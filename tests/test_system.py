@@ -18,6 +18,7 @@ from memstrata.core.constants import MAX_TOP_K
 from memstrata.errors import InvalidInputError, RequestTimeoutError, SystemStoppedError
 from memstrata.layers import EpisodeHit, KnowledgeHit, KnowledgeStore
 from memstrata.messages import (
+    GetKnowledge,
     GetWorkingMemory,
     KnowledgeResult,
     QueryKnowledge,
@@ -318,6 +319,71 @@ def test_a_retired_agent_comes_back_with_its_memory(system: MemorySystem) -> Non
     assert "a1" not in system.status()["agents"]
     contents = {h.entry.content for h in agent.query_knowledge("retiring retirement", include_shared=False)}
     assert contents == {"kept across retirement", "finished before retiring"}
+
+
+def test_requests_that_race_with_retire_are_answered_by_the_actor_that_replaces_it(
+    data_dir: Path, fake_embedder: FakeEmbedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request that reaches an actor's mailbox after its stop message (another thread retires
+    the agent meanwhile) is handed to the replacement actor: answered, stored once, and no
+    longer counted in flight. Before, it waited for the ask timeout and stayed in flight."""
+    from memstrata.actors._knowledge_actor import KnowledgeStoreActor
+
+    held, release = threading.Event(), threading.Event()
+    handle = KnowledgeStoreActor.handle
+
+    def holding(self: KnowledgeStoreActor, message: object) -> object:
+        if isinstance(message, GetKnowledge) and message.entry_id == 424242:
+            held.set()
+            release.wait(60)
+        return handle(self, message)
+
+    monkeypatch.setattr(KnowledgeStoreActor, "handle", holding)
+    with MemorySystem.start(Config(data_dir=data_dir), embedder=fake_embedder) as system:
+        agent = system.agent("a1")
+        agent.store_knowledge("stored before retiring", category="pattern")
+        runtime = system._runtime
+        inbox = runtime.ref("knowledge", "a1").actor_inbox
+        queued = {"stop": threading.Event(), "store": threading.Event()}
+        put = inbox.put
+
+        def watched(item: object, *args: object, **kwargs: object) -> None:
+            put(item, *args, **kwargs)
+            inner = getattr(getattr(item, "message", None), "message", None)
+            if type(getattr(item, "message", None)).__name__ == "_ActorStop":
+                queued["stop"].set()
+            elif isinstance(inner, StoreKnowledge):
+                queued["store"].set()
+
+        monkeypatch.setattr(inbox, "put", watched)
+        answers: dict[str, object] = {}
+
+        def call(name: str, fn: object) -> threading.Thread:
+            def run() -> None:
+                try:
+                    answers[name] = fn()  # type: ignore[operator]
+                except Exception as exc:
+                    answers[name] = exc
+
+            thread = threading.Thread(target=run)
+            thread.start()
+            return thread
+
+        holder = call("held", lambda: agent.get_knowledge(424242))
+        assert held.wait(30)  # the actor is busy: what comes next waits in its mailbox
+        # the runtime's retire: the facade's first waits for the held call to be answered
+        retiring = call("retire", lambda: runtime.retire("a1", 30))
+        assert queued["stop"].wait(30)  # the stop message is in the mailbox, behind the held call
+        racing = call("store", lambda: agent.store_knowledge("stored while retiring", category="pattern"))
+        assert queued["store"].wait(30)  # ... and the racing write behind the stop
+        release.set()
+        for thread in (holder, retiring, racing):
+            thread.join(60)
+        assert answers["held"] is None and answers["retire"] == []  # every actor stopped in time
+        assert isinstance(answers["store"], int), answers["store"]
+        assert system.wait_idle(30)
+        contents = sorted(e.content for e in agent.list_knowledge())
+        assert contents == ["stored before retiring", "stored while retiring"]
 
 
 def test_an_unusable_data_dir_is_a_clear_error(tmp_path: Path) -> None:
