@@ -24,10 +24,16 @@ from memstrata import MemorySystem
 from memstrata.config import Config
 from memstrata.errors import ConfigError, EmbedderUnavailableError, InvalidInputError, SystemStoppedError
 
-__all__ = ["Opened", "missing", "open_system"]
+__all__ = ["InputTypeError", "Opened", "missing", "open_system"]
 
 MEMORY = ":memory:"
 FILE_SUFFIX = ".memstrata"
+
+
+class InputTypeError(InvalidInputError, TypeError):
+    """An argument of the wrong type (or a value that is not JSON): memstrata's
+    ``InvalidInputError`` and also the ``TypeError`` the frameworks' own backends raise there, so
+    code written for either catches it."""
 
 
 def missing(module: str, extra: str, exc: ImportError) -> ImportError:

@@ -6,7 +6,9 @@ also searchable memory (``agent.recall(query, task_run_id=session_id)``). Record
 for the model: the system's episodic actor stores the episode and computes its vector apart.
 ``get_items(limit)`` reads the latest ``limit`` live episodes of the run from its index;
 ``pop_item`` and ``clear_session`` delete episodes for good (no search and no later archive
-returns them).
+returns them). A write that is cancelled (``add_items``, ``pop_item``, ``clear_session``) lets the
+cancellation through only once its outcome is known, as the SDK's ``SQLiteSession`` does: what
+the caller sees after a ``CancelledError`` is the history as it stays.
 """
 
 from __future__ import annotations
@@ -14,16 +16,17 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
-from memstrata.core.validation import check_json_value, fail, show
+from memstrata.core.validation import check_json_value, show
 from memstrata.errors import InvalidInputError, SystemStoppedError
 from memstrata.messages import StoreMemory
 
-from ._common import missing, open_system
+from ._common import InputTypeError, missing, open_system
 
 try:
     from agents.memory import session_settings as _settings
@@ -31,13 +34,38 @@ try:
 except ImportError as exc:  # the adapter is optional: say which extra brings it
     raise missing("agents", "openai-agents", exc) from exc
 
-__all__ = ["AGENT_ID", "KIND", "MemstrataSession"]
+__all__ = ["AGENT_ID", "KIND", "InputTypeError", "MemstrataSession", "SessionClosedError"]
 
 AGENT_ID = "openai-agents"
 """The agent whose episodic memory keeps the history unless another is named."""
 KIND = "turn"
 _PAGE = 10_000  # the most episodes one list request returns
 _TICK = dt.timedelta(microseconds=1)
+_T = TypeVar("_T")
+
+
+class SessionClosedError(SystemStoppedError, RuntimeError):
+    """A call on a closed session: memstrata's ``SystemStoppedError`` and also the
+    ``RuntimeError`` the SDK's ``SQLiteSession`` raises there."""
+
+
+async def _settled(write: Callable[..., _T], *args: Any) -> _T:
+    """Runs ``write`` in a worker thread; a cancellation of the caller waits for the write's
+    outcome (committed or failed) before it propagates, so no write lands after the caller saw
+    ``CancelledError`` (the SDK's ``SQLiteSession`` does the same). A write cannot be stopped
+    halfway: its thread runs it to the end either way."""
+    task = asyncio.ensure_future(asyncio.to_thread(write, *args))
+    cancelled: asyncio.CancelledError | None = None
+    while not task.done():
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError as exc:  # again and again: still wait for the outcome
+            cancelled = cancelled or exc
+    if cancelled is not None:
+        if not task.cancelled():
+            task.exception()  # retrieved, so asyncio does not report it as never retrieved
+        raise cancelled
+    return task.result()
 
 
 class MemstrataSession(SessionABC):
@@ -61,7 +89,9 @@ class MemstrataSession(SessionABC):
         agent_id: str = AGENT_ID,
         embedder: Any = None,
     ) -> None:
-        if not isinstance(session_id, str) or not session_id:
+        if not isinstance(session_id, str):
+            raise InputTypeError(f"session_id must be a non-empty string, got {session_id!r}")
+        if not session_id:
             raise InvalidInputError(f"session_id must be a non-empty string, got {session_id!r}")
         StoreMemory(agent_id, session_id, "-")  # the ids' own checks, before anything starts
         if system is not None and db_path is not None:
@@ -75,7 +105,8 @@ class MemstrataSession(SessionABC):
             )
         except (TypeError, ValueError) as exc:  # the SDK's own checks; pydantic's run over lines
             reason = " ".join(str(exc).split())
-            raise InvalidInputError(
+            error = InputTypeError if isinstance(exc, TypeError) else InvalidInputError  # as the SDK's
+            raise error(
                 f"session_settings must be a SessionSettings or a dict of its fields: {reason}"
             ) from exc
         self._opened = open_system(
@@ -94,7 +125,7 @@ class MemstrataSession(SessionABC):
 
     def _check_open(self) -> Any:
         if self._closed:
-            raise SystemStoppedError(f"MemstrataSession {self.session_id!r} is closed")
+            raise SessionClosedError(f"MemstrataSession {self.session_id!r} is closed")
         return self._agent
 
     def _latest(self, count: int) -> list[Any]:
@@ -112,7 +143,7 @@ class MemstrataSession(SessionABC):
 
     def _read(self, limit: int | None) -> list[Any]:
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
-            raise fail("limit", "must be an integer or None (negative: all items)", limit)
+            raise InputTypeError(f"limit must be an integer or None (negative: all items), got {show(limit)}")
         n = _settings.resolve_session_limit(limit, self.session_settings)
         if n is not None and n <= 0 and limit is not None and limit < 0:
             n = None  # a negative limit means all, as SQLite reads it
@@ -151,7 +182,7 @@ class MemstrataSession(SessionABC):
             try:  # strict: a key that is not a string is refused, not turned into one
                 data = orjson.dumps(item)
             except TypeError as exc:
-                raise InvalidInputError(f"items[{n}] is not JSON: {exc}") from exc
+                raise InputTypeError(f"items[{n}] is not JSON: {exc}") from exc
             if b"null" in data:  # orjson writes NaN and infinity as null: the shared check finds them
                 check_json_value(item, f"items[{n}]")
             if len(data) > self._max_bytes:
@@ -171,10 +202,8 @@ class MemstrataSession(SessionABC):
     async def add_items(self, items: list[Any]) -> None:
         """Record the items in order, as episodes of the run (not waiting for their vectors)."""
         if not isinstance(items, list | tuple):  # list() would split a str or dict into characters or keys
-            raise InvalidInputError(
-                f"items must be a list of items, got {type(items).__name__} {show(items)}"
-            )
-        await asyncio.to_thread(self._add, tuple(items))
+            raise InputTypeError(f"items must be a list of items, got {type(items).__name__} {show(items)}")
+        await _settled(self._add, tuple(items))
 
     def _pop(self) -> Any:
         while True:
@@ -188,7 +217,7 @@ class MemstrataSession(SessionABC):
 
     async def pop_item(self) -> Any:
         """Remove the most recent item for good and return it (``None`` when there is none)."""
-        return await asyncio.to_thread(self._pop)
+        return await _settled(self._pop)
 
     def _clear(self) -> None:
         while True:
@@ -200,7 +229,7 @@ class MemstrataSession(SessionABC):
 
     async def clear_session(self) -> None:
         """Delete every item of the conversation for good."""
-        await asyncio.to_thread(self._clear)
+        await _settled(self._clear)
 
     def close(self) -> None:
         """Lets a private system go (a given one keeps running); later calls are refused."""

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import math
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,7 +18,7 @@ from agents.memory import SessionSettings
 from agents.testing import ScriptedModel, assistant_message
 
 from memstrata.errors import InvalidInputError, SystemStoppedError
-from memstrata.integrations.openai_agents import MemstrataSession
+from memstrata.integrations.openai_agents import InputTypeError, MemstrataSession, SessionClosedError
 
 set_tracing_disabled(True)  # no network: nothing is exported
 
@@ -191,3 +193,99 @@ def test_arguments_of_the_wrong_type_are_refused_by_name() -> None:
         with pytest.raises(InvalidInputError, match=r"^session_settings must be") as caught:
             MemstrataSession("s", session_settings=settings)
         assert "\n" not in str(caught.value)
+
+
+def test_the_wrong_types_raise_what_the_sdk_raises_too() -> None:
+    """Code written for the SDK's SQLiteSession catches TypeError (unknown settings, an item that
+    is not JSON) and RuntimeError (a closed session): it catches memstrata's errors too."""
+
+    async def scenario() -> None:
+        session = MemstrataSession("s")
+        with pytest.raises(TypeError, match=r"^items\[0\] is not JSON") as caught:
+            await session.add_items([{"role": "user", "content": object()}])
+        assert isinstance(caught.value, InvalidInputError) and isinstance(caught.value, InputTypeError)
+        with pytest.raises(TypeError, match=r"^items must be a list"):
+            await session.add_items("abc")  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"^limit must be an integer"):
+            await session.get_items(limit="3")  # type: ignore[arg-type]
+        session.close()
+        for call in (session.get_items(), session.add_items([]), session.pop_item(), session.clear_session()):
+            with pytest.raises(RuntimeError, match="is closed") as closed:
+                await call
+            assert isinstance(closed.value, SystemStoppedError)
+            assert isinstance(closed.value, SessionClosedError)
+
+    asyncio.run(scenario())
+    with pytest.raises(TypeError, match=r"^session_settings must be"):
+        MemstrataSession("s", session_settings={"limitt": 1})  # the SDK: TypeError, unknown field
+    with pytest.raises(ValueError, match=r"^session_settings must be") as caught:
+        MemstrataSession("s", session_settings={"limit": "many"})  # the SDK: pydantic's ValueError
+    assert not isinstance(caught.value, TypeError)
+    with pytest.raises(TypeError, match=r"^session_id must be"):
+        MemstrataSession(5)  # type: ignore[arg-type]
+
+
+class _Gate:
+    """Holds a session's writes in their thread until the test lets them go."""
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.entered.set()
+        assert self.release.wait(60), "the test never let the write go"
+        return self._call(*args, **kwargs)
+
+
+async def _cancel_while_held(gate: _Gate, write: Any) -> asyncio.Task[Any]:
+    """Starts ``write``, cancels it (twice) while the gate holds it in its thread, and checks the
+    cancellation does not get through before the write's outcome is known."""
+    task = asyncio.ensure_future(write)
+    assert await asyncio.to_thread(gate.entered.wait, 60)
+    task.cancel()
+    for _ in range(20):  # loop turns, not time: a cancelled plain to_thread would be done here
+        await asyncio.sleep(0)
+    task.cancel()  # a second cancellation is absorbed as well
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not task.done(), "the cancellation got through while the write was still running"
+    gate.release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    return task
+
+
+def test_a_cancelled_write_lets_the_cancellation_through_only_once_its_outcome_is_known(
+    tmp_path: Path,
+) -> None:
+    """As the SDK's SQLiteSession: a cancelled add_items, pop_item or clear_session never lands
+    after the caller saw CancelledError, so a rewind right after it pops the right item."""
+
+    async def scenario() -> None:
+        session = MemstrataSession("c", tmp_path / "h")
+        await session.add_items([{"content": "first"}])
+        agent = session.agent
+        ask = agent.ask
+        agent.ask = gate = _Gate(ask)
+        await _cancel_while_held(gate, session.add_items([{"content": "cancelled"}]))
+        agent.ask = ask
+        # the write is committed, before the caller learned of the cancellation
+        assert [i["content"] for i in await session.get_items()] == ["first", "cancelled"]
+        assert await session.pop_item() == {"content": "cancelled"}  # what Runner's rewind does
+        assert [i["content"] for i in await session.get_items()] == ["first"]
+
+        await session.add_items([{"content": "second"}])
+        delete = agent.delete_episode
+        agent.delete_episode = gate = _Gate(delete)
+        await _cancel_while_held(gate, session.pop_item())
+        assert [i["content"] for i in await session.get_items()] == ["first"]
+
+        agent.delete_episode = gate = _Gate(delete)
+        await _cancel_while_held(gate, session.clear_session())
+        agent.delete_episode = delete
+        assert await session.get_items() == []
+        session.close()
+
+    asyncio.run(scenario())
