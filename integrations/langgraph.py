@@ -103,9 +103,26 @@ def _bound(op: str, value: float) -> dict[str, float] | None:
     return None  # "$ne": every item differs from infinity
 
 
+def _merge(kept: dict[str, Any], name: str, value: Any) -> None:
+    """Adds one test to a field's operators: of two bounds on one side the stricter stays."""
+    if name not in kept:
+        kept[name] = value
+    elif name == "$ne":
+        if kept[name] != value:  # one "$ne" per field in a filter
+            raise InvalidInputError(
+                f"a filter cannot hold both $ne {kept[name]!r} and a range on null (which is $ne None)"
+            )
+    else:
+        kept[name] = (min if name.startswith("$l") else max)(kept[name], value)
+
+
 def _finite(filter: dict[str, Any] | None) -> dict[str, Any] | None:
-    """``filter`` with its infinite and NaN operands rewritten (see :func:`_bound`), integers
-    beyond 64 bits as reals."""
+    """``filter`` as memstrata's item filter reads it, with the results of LangGraph's
+    ``SqliteStore``: infinite and NaN operands rewritten (see :func:`_bound`), integers beyond 64
+    bits as reals, and a range on ``None`` as SQLite evaluates it there (``None`` becomes a blob,
+    which sorts above every JSON value: ``$gt``/``$gte`` pass nothing, ``$lt``/``$lte`` every
+    value that is not null). Equality with ``None`` passes a null or missing field in both, as
+    in ``SqliteStore`` and ``InMemoryStore``."""
     if not filter:
         return filter
     out: dict[str, Any] = {}
@@ -120,15 +137,14 @@ def _finite(filter: dict[str, Any] | None) -> dict[str, Any] | None:
                     value = float(value)
                 except OverflowError:
                     value = math.inf if value > 0 else -math.inf
-            if not isinstance(value, float) or math.isfinite(value):
-                kept[op] = value
-                continue
-            bound = _bound(op, value)
-            if bound is None:
-                continue
-            for name, limit in bound.items():  # the stricter of two bounds on one side
-                old = kept.get(name)
-                kept[name] = limit if old is None else (min if name.startswith("$l") else max)(old, limit)
+            if value is None and op in ("$gt", "$gte", "$lt", "$lte"):
+                bound: dict[str, Any] | None = dict(_NEVER) if op in ("$gt", "$gte") else {"$ne": None}
+            elif not isinstance(value, float) or math.isfinite(value):
+                bound = {op: value}
+            else:
+                bound = _bound(op, value)
+            for name, limit in (bound or {}).items():
+                _merge(kept, name, limit)
         if kept:
             out[field] = kept if (ops is not cond or len(kept) != 1 or "$eq" not in kept) else kept["$eq"]
     return out

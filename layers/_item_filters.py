@@ -1,8 +1,14 @@
 """Filters on an item's JSON value, as SQL that SQLite evaluates before any ranking.
 
-Equality and range operators (``$eq``, ``$ne``, ``$gt``, ...) on keys and nested keys; lists and
-objects compare as canonical JSON. Exact: the filter narrows the candidates, so an item is never
-lost behind a global top-k.
+Equality and range operators (``$eq``, ``$ne``, ``$gt``, ...) on keys and nested keys. A
+comparison meets only values of the filter value's JSON type: ``{"$gt": 2}`` passes numbers
+(never a string, boolean, list or object, which SQLite would otherwise order above or beside
+them), ``{"$lt": "m"}`` strings; ``$ne`` passes everything ``$eq`` does not (other types and a
+missing field included). Lists and objects compare as canonical JSON, by ``$eq``/``$ne`` only;
+booleans by ``$eq``/``$ne`` only. ``None`` (JSON null) stands for "null or missing":
+``{"f": None}`` passes an item whose ``f`` is null or absent, ``{"f": {"$ne": None}}`` one that
+holds any other value; range operators refuse ``None``. Exact: the filter narrows the
+candidates, so an item is never lost behind a global top-k.
 """
 
 from __future__ import annotations
@@ -31,19 +37,25 @@ def _json_path(field: str) -> str:
     return "$" + "".join('."' + p.replace('"', '""') + '"' for p in parts)
 
 
+_NUMBER = "coalesce(json_type(i.value, ?), '') IN ('integer', 'real')"
+_TEXT = "coalesce(json_type(i.value, ?), '') = 'text'"
+_LIST = "coalesce(json_type(i.value, ?), '') = 'array'"
+_OBJECT = "coalesce(json_type(i.value, ?), '') = 'object'"
+
+
 def _compare(path: str, op: str, value: Any, params: list[Any]) -> str:
-    """One comparison of the value at ``path``; lists and objects compare as canonical JSON."""
+    """One comparison of the value at ``path``, of the filter value's own JSON type only (a
+    number never meets a string, a boolean, a list or an object, whatever SQLite's order of
+    types would say); lists and objects compare as canonical JSON; ``None`` (JSON null) matches
+    a null or a missing field alike."""
     if op not in _OPS:
         raise InvalidInputError(f"unknown filter operator {op!r}: use one of {', '.join(_OPS)}")
     sql_op = _OPS[op]
-    if isinstance(value, dict | list):
-        if op not in ("$eq", "$ne"):
-            raise InvalidInputError(f"operator {op!r} does not apply to a list or object filter value")
-        params.extend([path, orjson.dumps(value).decode()])
-        return f"json_extract(i.value, ?) {'IS' if op == '$eq' else 'IS NOT'} json(?)"
     if value is None:
+        if op not in ("$eq", "$ne"):
+            raise InvalidInputError(f"operator {op!r} does not apply to a null filter value")
         params.append(path)
-        return f"json_type(i.value, ?) {'=' if op == '$eq' else '!='} 'null'"
+        return f"json_extract(i.value, ?) IS {'' if op == '$eq' else 'NOT '}NULL"
     if isinstance(value, bool):
         params.append(path)
         kind = "true" if value else "false"
@@ -52,14 +64,23 @@ def _compare(path: str, op: str, value: Any, params: list[Any]) -> str:
         if op == "$ne":
             return f"coalesce(json_type(i.value, ?), '') != '{kind}'"
         raise InvalidInputError(f"operator {op!r} does not apply to a boolean filter value")
-    if not isinstance(value, str | int | float):
+    if isinstance(value, dict | list):
+        if op not in ("$eq", "$ne"):
+            raise InvalidInputError(f"operator {op!r} does not apply to a list or object filter value")
+        kind, operand = (_LIST if isinstance(value, list) else _OBJECT), "json(?)"
+        value = orjson.dumps(value).decode()
+    elif isinstance(value, str):
+        kind, operand = _TEXT, "?"
+    elif isinstance(value, int | float):
+        kind, operand = _NUMBER, "?"
+        if isinstance(value, int) and not -(2**63) <= value < 2**63:
+            value = float(value)  # beyond SQLite's integers: compared as a real
+    else:
         raise InvalidInputError(f"filter value {value!r} is not JSON")
-    if isinstance(value, int) and not -(2**63) <= value < 2**63:
-        value = float(value)  # beyond SQLite's integers: compared as a real
-    params.extend([path, value])
-    if op == "$ne":
-        return "json_extract(i.value, ?) IS NOT ?"
-    return f"json_extract(i.value, ?) {sql_op} ?"
+    params.extend([path, path, value])
+    test = f"{kind} AND json_extract(i.value, ?) {'=' if op == '$ne' else sql_op} {operand}"
+    # a field of another type (or none) differs from the value; a range never passes it
+    return f"NOT ({test})" if op == "$ne" else f"({test})"
 
 
 def filter_sql(filter: Mapping[str, Any] | None, params: list[Any]) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 pytest.importorskip("langgraph.store.base", reason="the langgraph extra is not installed")
 
 from langgraph.store.base import BaseStore, PutOp
+from langgraph.store.memory import InMemoryStore
 
 from memstrata import MemorySystem
 from memstrata.config import Config
@@ -128,3 +130,92 @@ def test_index_without_embed_uses_the_systems_shared_embedder(tmp_path: Path) ->
         store.put(("k",), "b", {"t": "violet meadow"})
         assert store.search(("k",), query="harbor lantern")[0].key == "a"
         store.close()
+
+
+def _keys_by_filter(store: BaseStore, filters: list[dict[str, object]]) -> dict[str, object]:
+    """What each filter finds in the store (an error as its class name, as InMemoryStore raises
+    on some)."""
+    for key, value in {
+        "null": {"status": None, "v": "b"},
+        "missing": {"other": 1},
+        "set": {"status": "done", "v": "a"},
+        "num": {"v": 3},
+        "real": {"v": 2.75},
+        "list": {"v": [1, 2]},
+        "obj": {"v": {"a": 1}},
+    }.items():
+        store.put(("d",), key, value)
+    found: dict[str, object] = {}
+    for flt in filters:
+        try:
+            found[repr(flt)] = sorted(h.key for h in store.search(("d",), filter=flt, limit=50))
+        except Exception as exc:
+            found[repr(flt)] = type(exc).__name__
+    return found
+
+
+def _sqlite_store_keys(filters: list[dict[str, object]]) -> dict[str, object]:
+    from langgraph.store.sqlite import SqliteStore
+
+    conn = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+    try:
+        store = SqliteStore(conn)
+        store.setup()
+        return _keys_by_filter(store, filters)
+    finally:
+        conn.close()
+
+
+NULL_FILTERS: list[dict[str, object]] = [
+    {"status": None},
+    {"status": {"$eq": None}},
+    {"status": {"$ne": None}},
+    {"v": {"$gte": None}},
+    {"v": {"$gt": None}},
+    {"v": {"$lt": None}},
+    {"v": {"$lte": None}},
+]
+
+
+def test_filters_with_none_find_what_langgraphs_own_stores_find() -> None:
+    """None (null) matches a null or missing field in SqliteStore and InMemoryStore alike; a range
+    on None is SqliteStore's (None is a blob there: above every value; InMemoryStore raises)."""
+    pytest.importorskip("langgraph.store.sqlite", reason="langgraph-checkpoint-sqlite is not installed")
+    with MemstrataStore(":memory:", embedder=_EMB) as store:
+        ours = _keys_by_filter(store, NULL_FILTERS)
+    assert ours == _sqlite_store_keys(NULL_FILTERS)
+    in_memory = _keys_by_filter(InMemoryStore(), NULL_FILTERS[:3])
+    assert {k: ours[k] for k in in_memory} == in_memory
+    assert ours[repr({"status": None})] == ["list", "missing", "null", "num", "obj", "real"]
+    assert ours[repr({"status": {"$ne": None}})] == ["set"]
+    assert ours[repr({"v": {"$gte": None}})] == []
+    assert ours[repr({"v": {"$lt": None}})] == ["list", "null", "num", "obj", "real", "set"]
+    with MemstrataStore(":memory:", embedder=_EMB) as store, pytest.raises(InvalidInputError, match=r"\$ne"):
+        store.search(("d",), filter={"v": {"$lt": None, "$ne": 3}})
+
+
+def test_a_range_on_a_number_or_a_string_meets_only_values_of_that_type() -> None:
+    """SQLite orders every string, list and object above every number: memstrata compares like
+    with like (SqliteStore agrees on $gt 2.5, and casts text to a number for $lt 100)."""
+    pytest.importorskip("langgraph.store.sqlite", reason="langgraph-checkpoint-sqlite is not installed")
+    filters: list[dict[str, object]] = [
+        {"v": {"$gt": 2.5}},
+        {"v": {"$gte": 3, "$lt": 100}},
+        {"v": {"$lt": 100}},
+        {"v": {"$gt": "a"}},
+        {"v": {"$lte": "b"}},
+        {"v": 3},
+        {"v": {"$ne": 3}},
+        {"v": "a"},
+    ]
+    with MemstrataStore(":memory:", embedder=_EMB) as store:
+        ours = _keys_by_filter(store, filters)
+    sqlite_store = _sqlite_store_keys(filters)
+    assert ours[repr({"v": {"$gt": 2.5}})] == sqlite_store[repr({"v": {"$gt": 2.5}})] == ["num", "real"]
+    assert ours[repr({"v": {"$gte": 3, "$lt": 100}})] == ["num"]
+    assert ours[repr({"v": {"$lt": 100}})] == ["num", "real"]  # SqliteStore: every value, text as 0
+    assert ours[repr({"v": {"$gt": "a"}})] == ["null"]  # the string "b", not the object
+    assert ours[repr({"v": {"$lte": "b"}})] == ["null", "set"]  # no number, no list
+    assert ours[repr({"v": 3})] == ["num"]
+    assert ours[repr({"v": {"$ne": 3}})] == ["list", "missing", "null", "obj", "real", "set"]
+    assert ours[repr({"v": "a"})] == ["set"]

@@ -74,6 +74,47 @@ def test_filter_operators(items: ItemStore) -> None:
         items.search(("n",), filter={"n') OR 1=1 --": 1})
 
 
+def test_filters_compare_like_with_like_and_null_means_null_or_missing(items: ItemStore) -> None:
+    """SQLite orders text, lists and objects above numbers and reads true as 1: a filter value
+    meets only values of its own JSON type. Null and a missing field are one to a filter, so $eq
+    and $ne on any value split the items between them."""
+    values: dict[str, object] = {
+        "int": 3,
+        "real": 2.5,
+        "big": 1e300,
+        "text": "abc",
+        "digits": "5",
+        "true": True,
+        "list": [1, 2],
+        "list_text": "[1,2]",
+        "obj": {"a": 1},
+        "null": None,
+    }
+    items.put_many([(("t",), k, {"v": v}, None, None) for k, v in values.items()])
+    items.put_many([(("t",), "missing", {"w": 1}, None, None)])
+    every = {*values, "missing"}
+
+    def keys(flt: dict[str, object]) -> set[str]:
+        return {r.key for r in items.search(("t",), filter=flt, limit=50)}
+
+    assert keys({"v": {"$gt": 2}}) == {"int", "real", "big"}
+    assert keys({"v": {"$lt": 100}}) == {"int", "real"}
+    assert keys({"v": {"$gte": 0.5, "$lte": 1}}) == set()  # not true
+    assert keys({"v": 1}) == set() and keys({"v": True}) == {"true"}
+    assert keys({"v": {"$gt": "a"}}) == {"text"}  # not the list, the object or a number
+    assert keys({"v": {"$lt": "b"}}) == {"text", "digits", "list_text"}
+    assert keys({"v": [1, 2]}) == {"list"} and keys({"v": "[1,2]"}) == {"list_text"}
+    assert keys({"v": {"a": 1}}) == {"obj"}
+    assert keys({"v": None}) == keys({"v": {"$eq": None}}) == {"null", "missing"}
+    assert keys({"v": {"$ne": None}}) == every - {"null", "missing"}
+    for value in (3, "abc", [1, 2], {"a": 1}, True, None):
+        assert keys({"v": value}) | keys({"v": {"$ne": value}}) == every
+        assert not keys({"v": value}) & keys({"v": {"$ne": value}})
+    for op in ("$gt", "$gte", "$lt", "$lte"):
+        with pytest.raises(InvalidInputError, match=rf"\{op}' does not apply to a null"):
+            items.search(("t",), filter={"v": {op: None}})
+
+
 def test_best_field_score_ranks_and_offset_pages(items: ItemStore) -> None:
     items.put_many(
         [
