@@ -21,7 +21,7 @@ from memstrata.core.validation import check_top_k
 from memstrata.errors import InvalidInputError
 from memstrata.storage import Embedder, load_embedder
 
-from ._common import missing, open_system
+from ._common import InputTypeError, missing, open_system
 
 try:
     from autogen_core import CancellationToken, Component
@@ -37,7 +37,7 @@ try:
 except ImportError as exc:  # the adapter is optional: say which extra brings it
     raise missing("autogen_core", "autogen", exc) from exc
 
-__all__ = ["NAMESPACE", "MemstrataMemory", "MemstrataMemoryConfig"]
+__all__ = ["NAMESPACE", "InputTypeError", "MemstrataMemory", "MemstrataMemoryConfig"]
 
 NAMESPACE = "autogen"
 _TEXT_TYPES = {MemoryMimeType.TEXT.value, MemoryMimeType.MARKDOWN.value}
@@ -134,7 +134,7 @@ class MemstrataMemory(Memory, Component[MemstrataMemoryConfig]):
             try:
                 orjson.dumps(value[part])
             except TypeError as exc:
-                raise InvalidInputError(f"memory {part} is not JSON: {exc}") from exc
+                raise InputTypeError(f"memory {part} is not JSON: {exc}") from exc
 
         def write() -> None:
             if self._embedder is None:  # the actor embeds "content" as _text reads it
@@ -151,10 +151,18 @@ class MemstrataMemory(Memory, Component[MemstrataMemoryConfig]):
         cancellation_token: CancellationToken | None = None,
         **kwargs: Any,
     ) -> MemoryQueryResult:
+        """The memories nearest ``query`` in meaning, best first: at most ``k`` (``top_k``, the
+        name Redis memory reads, is the same; given both, they must agree), none for a blank query."""
         if not isinstance(query, str | MemoryContent):
-            raise InvalidInputError(f"query must be a string or a MemoryContent, got {type(query).__name__}")
+            raise InputTypeError(f"query must be a string or a MemoryContent, got {type(query).__name__}")
         text = query if isinstance(query, str) else self._text(query)
-        k = check_top_k(kwargs.get("k", self._config.k), "k")
+        if "k" in kwargs and "top_k" in kwargs and kwargs["k"] != kwargs["top_k"]:
+            given = f"k={kwargs['k']!r}, top_k={kwargs['top_k']!r}"
+            raise InvalidInputError(f"give k or top_k (the same count), not both: {given}")
+        name = "top_k" if "top_k" in kwargs else "k"
+        k = check_top_k(kwargs.get(name, self._config.k), name)
+        if not text.strip():  # nothing to be near: as "" finds nothing, so does "  "
+            return MemoryQueryResult(results=[])
 
         def read() -> list[Any]:
             if self._embedder is None:

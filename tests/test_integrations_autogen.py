@@ -121,3 +121,34 @@ def test_errors_name_the_field_at_fault_and_k_is_not_converted() -> None:
     asyncio.run(scenario())
     with pytest.raises(ValueError, match="k"):
         MemstrataMemoryConfig(k=1001)
+
+
+def test_top_k_is_k_a_blank_query_finds_nothing_and_a_wrong_type_is_a_type_error() -> None:
+    """As AutoGen's Redis memory reads them: ``top_k`` is the count; a dict query is a TypeError."""
+
+    async def scenario() -> None:
+        memory = MemstrataMemory(MemstrataMemoryConfig(k=5), embedder=HashEmbedder())
+        for text in ("my favorite fruit are apples", "I also like cherries", "I like plums as well"):
+            await memory.add(MemoryContent(content=text, mime_type=MemoryMimeType.TEXT))
+        assert len((await memory.query("what fruits do I like?")).results) == 3
+        assert len((await memory.query("what fruits do I like?", top_k=2)).results) == 2
+        assert len((await memory.query("what fruits do I like?", k=1, top_k=1)).results) == 1
+        with pytest.raises(InvalidInputError, match=r"^give k or top_k .*k=1, top_k=2"):
+            await memory.query("fruit", k=1, top_k=2)
+        with pytest.raises(InvalidInputError, match=r"^top_k must be an integer from 1 to 1000"):
+            await memory.query("fruit", top_k=0)
+        for blank in ("", "   ", "\n\t"):
+            assert (await memory.query(blank)).results == []
+        assert (await memory.query(MemoryContent(content=" ", mime_type=MemoryMimeType.TEXT))).results == []
+        with pytest.raises(
+            TypeError, match=r"^query must be a string or a MemoryContent, got dict$"
+        ) as caught:
+            await memory.query({"question": "what fruit?"})  # type: ignore[arg-type]
+        assert isinstance(caught.value, InvalidInputError)
+        with pytest.raises(TypeError, match=r"^memory metadata is not JSON"):
+            await memory.add(
+                MemoryContent(content="k", mime_type=MemoryMimeType.TEXT, metadata={"x": object()})
+            )
+        await memory.close()
+
+    asyncio.run(scenario())
