@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -12,11 +14,23 @@ from typing import IO, Any, Protocol
 from ._json import dumps
 from ._rpc_protocol import _error, error_for
 
-__all__ = ["MAX_BACKLOG", "Connection", "ServeStats", "current_connection"]
+__all__ = [
+    "MAX_BACKLOG",
+    "MAX_IN_FLIGHT",
+    "MAX_UNWRITTEN_BYTES",
+    "Connection",
+    "ServeStats",
+    "current_connection",
+]
 
-_MAX_IN_FLIGHT = 1024
+MAX_IN_FLIGHT = 1024
+"""Requests of one client running or answered but not written yet; past that its reader waits."""
+MAX_UNWRITTEN_BYTES = 64 << 20
+"""Bytes of answers waiting to be written to one client; past that its reader waits, and its
+requests already read wait to start (each client runs at most ``workers`` requests at once)."""
 MAX_BACKLOG = 10_000
-"""Notifications waiting for one slow client before its subscriptions are ended."""
+"""Notifications waiting for one slow client (queued or being written) before its subscriptions
+are ended."""
 
 
 @dataclass(slots=True)
@@ -32,6 +46,7 @@ class _Server(Protocol):
     """What a connection uses of its server (:class:`memstrata.bridges._server.JsonLinesServer`)."""
 
     stats: ServeStats
+    workers: int
     _stats_lock: threading.Lock
 
     def warn(self, message: str) -> None: ...
@@ -52,7 +67,9 @@ class Connection:
 
     Every line (response, batch, notification) is queued whole and written by one thread, so lines
     never interleave; operations keep per-client state here (``subscriptions``) and register
-    ``on_close`` clean-ups, run when the client goes away.
+    ``on_close`` clean-ups, run when the client goes away. An answer counts against the client's
+    limits until it is written: past them its reader waits (:meth:`wait_room`), so a client that
+    does not read costs bounded memory.
     """
 
     def __init__(self, server: _Server, writer: IO[bytes], name: str) -> None:
@@ -61,16 +78,29 @@ class Connection:
         self.subscriptions: dict[tuple[str, int], Any] = {}  # (session, id) -> has .end()
         self.transport: socket.socket | None = None  # a socket client's socket
         self.writer = writer
-        self._out: deque[bytes] = deque()
-        self._output = threading.Condition()
+        # one lock for the output and the counts the reader waits on
+        lock = threading.RLock()
+        self._out: deque[tuple[bytes, bool]] = deque()  # (line, is a notification)
+        self._output = threading.Condition(lock)  # the writer waits for lines
+        self._room = threading.Condition(lock)  # the reader waits for room, close() for the writer
         self._output_closed = False
         self._write_failed = False
-        self._backlog = 0
+        self._writer_done = False
+        self._backlog = 0  # notifications queued or being written
+        self._answers = 0  # answer lines queued or being written
+        self._answer_bytes = 0
+        self._stopping = False
+        self._grace = 0.0
+        self._max_in_flight = MAX_IN_FLIGHT
+        self._max_unwritten = MAX_UNWRITTEN_BYTES
+        self.reading_held = threading.Event()
+        """Set while the reader waits for the client to take its answers (backpressure)."""
         self._lane_lock = threading.Lock()
         self._lanes: dict[str, deque[Callable[[], None]]] = {}
-        self._in_flight = threading.Semaphore(_MAX_IN_FLIGHT)
-        self._idle = threading.Condition()
-        self._pending = 0
+        self._idle = threading.Condition(lock)
+        self._pending = 0  # requests read and not finished
+        self._running = 0  # of those, handed to the pool
+        self._parked: deque[Callable[[], None]] = deque()  # ready, waiting to be handed over
         self._cleanups: list[Callable[[], None]] = []
         self._thread = threading.Thread(target=self._write_loop, name=f"memstrata-out-{name}", daemon=True)
         self._thread.start()
@@ -126,33 +156,55 @@ class Connection:
         with self._output:
             if self._output_closed or self._write_failed:
                 return False
-            self._out.append(line)
+            self._out.append((line, notification))
             if notification:
                 self._backlog += 1
+            else:
+                self._answers += 1
+                self._answer_bytes += len(line)
             self._output.notify()
         return True
 
     def _write_loop(self) -> None:
-        while True:
-            with self._output:
-                while not self._out and not self._output_closed:
-                    self._output.wait()
-                if not self._out:
-                    return
-                lines = list(self._out)
-                self._out.clear()
-                self._backlog = 0
-            if self._write_failed:
-                continue
-            try:
-                for line in lines:
-                    self.writer.write(line)
-                self.writer.flush()
-            except (OSError, ValueError) as exc:
+        try:
+            while True:
                 with self._output:
-                    self._write_failed = True
+                    while not self._out and not self._output_closed:
+                        self._output.wait()
+                    if not self._out:
+                        return
+                    lines = list(self._out)
                     self._out.clear()
-                self.server.warn(f"{self.name}: cannot write any more ({exc}); draining until end of input")
+                failed: Exception | None = None
+                if not self._write_failed:
+                    try:
+                        for line, _notification in lines:
+                            self.writer.write(line)
+                        self.writer.flush()
+                    except (OSError, ValueError) as exc:
+                        failed = exc
+                with self._output:  # written (or dropped): room for more
+                    if failed is not None:
+                        self._write_failed = True
+                        self._out.clear()
+                        self._backlog = self._answers = self._answer_bytes = 0
+                    else:
+                        for line, notification in lines:
+                            if notification:
+                                self._backlog -= 1
+                            else:
+                                self._answers -= 1
+                                self._answer_bytes -= len(line)
+                    self._room.notify_all()
+                self._unpark()
+                if failed is not None:
+                    self.server.warn(
+                        f"{self.name}: cannot write any more ({failed}); draining until end of input"
+                    )
+        finally:
+            with self._output:
+                self._writer_done = True
+                self._room.notify_all()
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -167,9 +219,44 @@ class Connection:
     def on_close(self, cleanup: Callable[[], None]) -> None:
         self._cleanups.append(cleanup)
 
+    def _has_room(self) -> bool:
+        """Whether one more request may be read: requests running plus answers not written yet
+        stay under :data:`MAX_IN_FLIGHT`, and those answers under :data:`MAX_UNWRITTEN_BYTES`."""
+        if self._stopping:  # the rest of the line being read; nothing is read after it
+            return True
+        if self._pending + self._answers >= self._max_in_flight:
+            return False
+        return self._answer_bytes < self._max_unwritten
+
+    def wait_room(self) -> bool:
+        """Wait (the reader, before reading on) until the client has taken enough of its answers;
+        False once the server stops reading (:meth:`stop_reading`)."""
+        with self._room:
+            self._hold()
+            return not self._stopping
+
+    def _hold(self) -> None:
+        if self._has_room():
+            return
+        self.reading_held.set()
+        try:
+            while not self._has_room():
+                self._room.wait()
+        finally:
+            self.reading_held.clear()
+
+    def stop_reading(self, grace: float) -> None:
+        """The server stops: the reader stops waiting for room, and :meth:`close` waits at most
+        ``grace`` seconds for the client to take its answers, then shuts its socket."""
+        with self._room:
+            self._stopping = True
+            self._grace = grace
+            self._room.notify_all()
+        self._unpark()  # what was read runs, whether or not the client reads
+
     def _dispatch(self, job: Callable[[], None], lane: str | None) -> None:
-        self._in_flight.acquire()
-        with self._idle:
+        with self._room:
+            self._hold()
             self._pending += 1
 
         def run() -> None:
@@ -185,7 +272,31 @@ class Connection:
                     queue.append(run)
                     return
                 self._lanes[lane] = deque()
-        self.server._submit(run)
+        self._start_job(run)
+
+    def _may_start(self) -> bool:
+        if self._running >= self.server.workers:  # more would only wait in the pool's queue
+            return False
+        return self._stopping or self._write_failed or self._answer_bytes < self._max_unwritten
+
+    def _start_job(self, job: Callable[[], None]) -> None:
+        """Hand a request to the pool, or park it while this client has enough running or too
+        many bytes of answers unwritten (so those stay near :data:`MAX_UNWRITTEN_BYTES`)."""
+        with self._room:
+            if self._parked or not self._may_start():
+                self._parked.append(job)
+                return
+            self._running += 1
+        self.server._submit(job)
+
+    def _unpark(self) -> None:
+        jobs: list[Callable[[], None]] = []
+        with self._room:
+            while self._parked and self._may_start():
+                jobs.append(self._parked.popleft())
+                self._running += 1
+        for job in jobs:
+            self.server._submit(job)
 
     def _finished(self, lane: str | None) -> None:
         if lane is not None:
@@ -195,12 +306,14 @@ class Connection:
                 if following is None:
                     del self._lanes[lane]
             if following is not None:
-                self.server._submit(following)
-        self._in_flight.release()
+                self._start_job(following)
         with self._idle:
             self._pending -= 1
+            self._running -= 1
+            self._room.notify_all()
             if self._pending == 0:
                 self._idle.notify_all()
+        self._unpark()
 
     def wait_idle(self) -> None:
         with self._idle:
@@ -208,7 +321,10 @@ class Connection:
                 self._idle.wait()
 
     def close(self) -> None:
-        """After the last request: end its subscriptions, write what is queued, stop the writer."""
+        """After the last request: end its subscriptions, write what is queued, stop the writer.
+        Once the server stops (:meth:`stop_reading`), a client that does not take what is queued
+        within the grace period has its socket shut, so the blocked write fails and nothing waits
+        for it any longer."""
         self.wait_idle()
         while self.subscriptions:  # each has end(): no notification once it returns
             _key, subscription = self.subscriptions.popitem()
@@ -225,7 +341,30 @@ class Connection:
         with self._output:
             self._output_closed = True
             self._output.notify()
+        if not self._wait_writer() and self.transport is not None:
+            self.server.warn(
+                f"{self.name}: did not take its answers within {self._grace:g} s of stopping; disconnected"
+            )
+            with contextlib.suppress(OSError):
+                self.transport.shutdown(socket.SHUT_RDWR)
         self._thread.join()
+
+    def _wait_writer(self) -> bool:
+        """Wait for the writer to end: without limit while serving, ``grace`` seconds once the
+        server stops (counted from then, or from now if it stopped already); False if it has not."""
+        deadline: float | None = None
+        with self._room:
+            while not self._writer_done:
+                if not self._stopping:
+                    self._room.wait()
+                    continue
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + self._grace
+                if now >= deadline:
+                    return False
+                self._room.wait(deadline - now)
+        return True
 
 
 class _Batch:

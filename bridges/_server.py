@@ -16,7 +16,10 @@ Each client is a :class:`Connection` with its own lanes, its own subscriptions a
 thread, so a response and a pushed notification never share a line and a slow reader never
 stalls the others. The same protocol is served on stdin/stdout (:meth:`JsonLinesServer.serve`)
 or on a local socket to many clients at once (:meth:`JsonLinesServer.serve_socket`). End of
-input drains the requests in flight; SIGTERM stops reading, drains, and returns.
+input drains the requests in flight; SIGTERM stops reading, drains, and returns. A client that
+does not read its answers is not read either once :data:`MAX_IN_FLIGHT` of its requests are
+running or answered but not written (or :data:`MAX_UNWRITTEN_BYTES` of answers wait); once the
+server stops, it gets ``stop_grace`` seconds to take them before its socket is shut.
 
 The wire rules are in :mod:`._rpc_protocol`, one client in :mod:`._rpc_connection`, the sockets in
 :mod:`._rpc_listen`; this module holds the serving loop and re-exports their public names.
@@ -39,7 +42,15 @@ from memstrata.core.constants import MIN_LINE_BYTES
 from memstrata.core.errors import InvalidInputError
 
 from ._json import MAX_DEPTH
-from ._rpc_connection import Connection, ServeStats, _Batch, _local, current_connection
+from ._rpc_connection import (
+    MAX_IN_FLIGHT,
+    MAX_UNWRITTEN_BYTES,
+    Connection,
+    ServeStats,
+    _Batch,
+    _local,
+    current_connection,
+)
 from ._rpc_listen import Listener, open_listener
 from ._rpc_protocol import (
     _REQUEST_KEYS,
@@ -62,6 +73,9 @@ from ._schema import check, describe_type
 
 __all__ = [
     "DEFAULT_MAX_LINE_BYTES",
+    "MAX_IN_FLIGHT",
+    "MAX_UNWRITTEN_BYTES",
+    "STOP_GRACE_S",
     "Connection",
     "ErrorCode",
     "IdentifiedError",
@@ -76,6 +90,10 @@ __all__ = [
     "parse_line",
     "read_line",
 ]
+
+
+STOP_GRACE_S = 10.0
+"""Once the server stops, how long a client's answers wait to be read before its socket is shut."""
 
 
 class _Shutdown(BaseException):
@@ -102,9 +120,12 @@ class JsonLinesServer:
         max_depth: int = MAX_DEPTH,
         debug: bool = False,
         log: IO[str] | None = None,
+        stop_grace: float = STOP_GRACE_S,
     ) -> None:
         if workers < 1:
             raise InvalidInputError(f"workers must be at least 1, got {workers}")
+        if not stop_grace >= 0:
+            raise InvalidInputError(f"stop_grace must be at least 0 seconds, got {stop_grace}")
         if max_line_bytes < MIN_LINE_BYTES:
             raise InvalidInputError(f"max_line_bytes must be at least {MIN_LINE_BYTES}, got {max_line_bytes}")
         self.methods = dict(methods)
@@ -112,6 +133,7 @@ class JsonLinesServer:
         self.max_line_bytes = max_line_bytes
         self.max_depth = max_depth
         self.debug = debug
+        self.stop_grace = stop_grace
         self._log = log
         self.stats = ServeStats()
         self._stats_lock = threading.Lock()
@@ -264,6 +286,8 @@ class JsonLinesServer:
 
     def _read_loop(self, connection: Connection, reader: IO[bytes], *, interruptible: bool) -> None:
         while not self._stop_requested:
+            if not connection.wait_room():  # backpressure: the client reads its answers first
+                return
             if interruptible:
                 self._interruptible = True
             try:
@@ -303,6 +327,7 @@ class JsonLinesServer:
                     previous[signum] = signal.signal(signum, _stop)
         self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="memstrata-serve")
         try:
+            self._start_workers()
             yield
         finally:
             try:
@@ -311,6 +336,18 @@ class JsonLinesServer:
                 for signum, handler in previous.items():
                     with contextlib.suppress(ValueError, OSError, TypeError):
                         signal.signal(signum, handler)
+
+    def _start_workers(self) -> None:
+        """Start every worker now (each waits at a gate until all have started), so serving
+        never needs a new thread for a request: one thread too many can cost a client, not a
+        request already read."""
+        assert self._pool is not None
+        gate = threading.Event()
+        try:
+            for _ in range(self.workers):
+                self._pool.submit(gate.wait)
+        finally:
+            gate.set()
 
     def serve(self, reader: IO[bytes], writer: IO[bytes]) -> ServeStats:
         """Serve one client until end of input (or SIGTERM/SIGINT in the main thread)."""
@@ -344,30 +381,48 @@ class JsonLinesServer:
                     finally:
                         self._interruptible = False
                     self._count("connections")
-                    name = f"client-{self.stats.connections}"
-                    connection = self._open(client.makefile("wb"), name)  # seen by the shutdown below
-                    connection.transport = client
-                    thread = threading.Thread(
-                        target=self._serve_client,
-                        args=(connection, client),
-                        name=f"memstrata-{name}",
-                        daemon=True,
-                    )
-                    thread.start()
+                    thread = self._accepted(client, f"client-{self.stats.connections}")
                     threads = [t for t in threads if t.is_alive()]
-                    threads.append(thread)
+                    if thread is not None:
+                        threads.append(thread)
             except _Shutdown:
                 pass
             finally:
                 self.warn("stopping: finishing the requests in flight")
                 listener.close()
                 for connection in self.connections:
+                    connection.stop_reading(self.stop_grace)  # a reader waiting for room stops too
                     if connection.transport is not None:  # end of input for its reader: drain, close
                         with contextlib.suppress(OSError):
                             connection.transport.shutdown(socket.SHUT_RD)
                 for thread in threads:
                     thread.join()
         return self.stats
+
+    def _accepted(self, client: socket.socket, name: str) -> threading.Thread | None:
+        """Serve a new client on threads of its own; refuse it (closed, one line logged) when a
+        thread cannot be started, e.g. at a pids or memory limit: the others are still served."""
+        writer = client.makefile("wb")
+        connection: Connection | None = None
+        try:
+            connection = self._open(writer, name)  # seen by the shutdown of serve_socket
+            connection.transport = client
+            thread = threading.Thread(
+                target=self._serve_client,
+                args=(connection, client),
+                name=f"memstrata-{name}",
+                daemon=True,
+            )
+            thread.start()
+        except RuntimeError as exc:  # "can't start new thread"
+            self.warn(f"{name}: refused, cannot start a thread for it ({exc})")
+            if connection is not None:
+                self._close(connection)  # nothing queued: its writer ends at once
+            for stream in (writer, client):
+                with contextlib.suppress(OSError):
+                    stream.close()
+            return None
+        return thread
 
     def stop(self) -> None:
         """Stop accepting clients (from another thread); :meth:`serve_socket` then drains."""
