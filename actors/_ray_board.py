@@ -12,6 +12,7 @@ ids their subscribers hold, so an unsubscribe sent before the crash still finds 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -29,7 +30,9 @@ from .messages import (
     UnsubscribeSignal,
 )
 
-__all__ = ["JournaledBoardSupervisor", "RelaySubscribe", "SavedRelays"]
+__all__ = ["JournaledBoardSupervisor", "RelayFailed", "RelaySubscribe", "SavedRelays"]
+
+log = logging.getLogger("memstrata.actors")
 
 _TABLES = (
     "CREATE TABLE IF NOT EXISTS ray_relays ("
@@ -44,6 +47,15 @@ class RelaySubscribe(SubscribeWithCallback):
 
     relay: str = ""
     client_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RelayFailed:
+    """Internal: the callback of a subscriber in another process raised (its relay thread is
+    ending); counted in the board's status as the local engine counts a callback that raised."""
+
+    subscription_id: int | None
+    error: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +126,9 @@ class JournaledBoardActor(BlackboardActor):
             if isinstance(answer, SignalUnsubscribed):
                 return dataclasses.replace(answer, subscription_id=client)
             return answer
+        if isinstance(message, RelayFailed):
+            self._relay_failed(message)
+            return None
         if isinstance(message, SubscriberFailed):
             held = next((c for c, i in self._internal.items() if i == message.subscription_id), None)
             if held is not None:
@@ -145,6 +160,15 @@ class JournaledBoardActor(BlackboardActor):
                         (message.key, answer.version),
                     )
         return answer
+
+    def _relay_failed(self, message: RelayFailed) -> None:
+        delivery = self._delivery
+        with delivery._lock:
+            delivery.errors += 1
+            delivery.last_error = f"subscription {message.subscription_id}: {message.error}"
+        log.warning(
+            "blackboard subscriber %s raised and was removed: %s", message.subscription_id, message.error
+        )
 
     def _subscribe(self, message: RelaySubscribe) -> Any:
         answer = super().handle(message)

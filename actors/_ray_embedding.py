@@ -21,12 +21,13 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from memstrata.core.config import Config, EmbeddingConfig
-from memstrata.core.errors import EmbeddingError
+from memstrata.core.errors import EmbeddingError, MemstrataError
 from memstrata.storage import Embedder
 from memstrata.storage._embedder_identity import ModelIdentity
 
 from ._embedding import BatchingEmbedder
 from ._embedding_services import ModelLoader, load_model
+from ._ray_connect import carried, one_line
 
 __all__ = ["NodeEmbedder", "RemoteEmbedder", "embedder_name", "node_embedder"]
 
@@ -113,10 +114,17 @@ class RemoteEmbedder(ModelIdentity):
         return cls(service, info[0], int(info[1]), timeout_s), None
 
     def _get(self, pending: Any) -> Any:
+        """The node embedder's answer; its failure as the error the model raised there (a
+        memstrata error crosses as it is), never Ray's wrapper with the remote traceback."""
         try:
             return ray.get(pending, timeout=self._timeout_s)
         except ray.exceptions.GetTimeoutError as exc:
             raise EmbeddingError(f"the node's embedder did not answer within {self._timeout_s:g} s") from exc
+        except ray.exceptions.RayError as exc:
+            cause = carried(exc)
+            if isinstance(cause, MemstrataError):
+                raise cause from None
+            raise EmbeddingError(f"the node's embedder failed: {one_line(exc)}") from None
 
     def embed_documents(self, texts: Sequence[str]) -> Any:
         return np.asarray(self._get(self._service.embed_documents.remote(list(texts))), dtype=np.float32)

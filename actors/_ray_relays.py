@@ -24,7 +24,7 @@ from typing import Any
 import ray
 
 from ._blackboard import SubscribeWithCallback
-from ._ray_board import RelaySubscribe, SavedRelays
+from ._ray_board import RelayFailed, RelaySubscribe, SavedRelays
 from .messages import SignalSubscribed, SignalUnsubscribed, SubscribeSignal, UnsubscribeSignal
 
 __all__ = ["POLL_S", "RELAY_IDLE_S", "RelayEndpoint", "run_relay"]
@@ -145,8 +145,14 @@ class RelayEndpoint:
                 self._queues.pop(relay, None)
                 self._polled.pop(relay, None)
 
-    async def drop_relay(self, relay: str) -> None:
+    async def drop_relay(self, relay: str, error: str | None = None) -> None:
+        """Unsubscribe ``relay``; ``error``: its subscriber's callback raised this (counted in
+        the board's ``subscriber_errors``, as the local engine counts it)."""
         sub = next((s for s, r in self._relay_of.items() if r == relay), None)
+        if error is not None:
+            failed = RelayFailed(sub, error)
+            with contextlib.suppress(Exception):
+                await self._answer(failed, self.runtime.request("blackboard", self.key, failed))
         if sub is not None:
             with contextlib.suppress(Exception):
                 message = UnsubscribeSignal(sub, self.key)
@@ -191,6 +197,6 @@ def run_relay(
             except Exception as exc:
                 log.warning("a subscriber raised and is unsubscribed: %s", exc)
                 closed.set()
-                with contextlib.suppress(Exception):
-                    handle.drop_relay.remote(relay)
+                with contextlib.suppress(Exception):  # counted and unsubscribed in the board
+                    ray.get(handle.drop_relay.remote(relay, f"{type(exc).__name__}: {exc}"), timeout=_RETRY_S)
                 return

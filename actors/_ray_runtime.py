@@ -30,6 +30,7 @@ import os
 import threading
 import time
 import uuid
+import weakref
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,6 @@ from memstrata.core.config import Config, EmbeddingConfig
 from memstrata.core.errors import (
     ActorCrashedError,
     InvalidInputError,
-    MemstrataError,
     RequestTimeoutError,
     SystemStoppedError,
 )
@@ -63,10 +63,11 @@ from ._ray_admin import (
     end_cluster,
     host_names,
     host_reports,
+    nodes,
     round_trip_s,
 )
 from ._ray_board import JournaledBoardSupervisor
-from ._ray_connect import connect, joined
+from ._ray_connect import carried, connect, joined, one_line
 from ._ray_embedding import node_embedder
 from ._ray_order import SenderOrder
 from ._ray_relays import RelayEndpoint, run_relay
@@ -100,6 +101,25 @@ def _strategy(where: str) -> dict[str, Any]:
         label_key, _, label_value = rest.partition("=")
         return {"label_selector": {label_key: label_value}}
     return {"scheduling_strategy": "SPREAD"}
+
+
+def unplaceable(where: str) -> str | None:
+    """Why no alive node of the cluster can take a host placed ``where``; ``None`` if one can."""
+    kind, _, rest = where.partition(":")
+    if kind not in ("resource", "label"):
+        return None
+    try:
+        alive = [node for node in nodes() if node["alive"]]
+    except Exception:  # the cluster cannot be asked: no claim either way
+        return None
+    if kind == "resource":
+        if any(rest in node["resources"] for node in alive):
+            return None
+        return f"no alive node declares the resource {rest!r}"
+    label_key, _, label_value = rest.partition("=")
+    if any(node["labels"].get(label_key) == label_value for node in alive):
+        return None
+    return f"no alive node has the label {label_key}={label_value}"
 
 
 class _RayRef:
@@ -160,6 +180,8 @@ class RayRuntime(Runtime):
             )
             plain.stop()
         self._hosts: dict[str, Any] = {}  # host name -> Ray actor handle
+        self._placements: dict[str, str] = {}  # host name -> its placement
+        self._asked: weakref.WeakKeyDictionary[Future[Any], str] = weakref.WeakKeyDictionary()
         self._relays: dict[str, threading.Event] = {}
         self._caller = uuid.uuid4().hex  # this runtime, as a sender whose order hosts keep
         self._sequence: dict[str, int] = {}  # host name -> the number of the next message to it
@@ -205,11 +227,31 @@ class RayRuntime(Runtime):
                 num_cpus=0,
                 **_strategy(where),
             ).remote(self.config, group, key, self._model, self._loader, self.ids.seed)
-        except Exception as exc:
-            raise RequestTimeoutError(f"cannot reach the Ray actor {name!r}: {exc}") from exc
+        except Exception as exc:  # Ray refused its options or is gone: not a late answer
+            raise ActorCrashedError(
+                f"cannot start the Ray actor {name!r} (placement {where!r}): {one_line(exc)}"
+            ) from exc
         with self._lock:
             self._hosts.setdefault(name, handle)
+            self._placements[name] = where
         return _RayRef(handle, kind, key, name)
+
+    def wait(self, future: Future[Any], timeout: float | None, what: str) -> Any:
+        """:meth:`Runtime.wait`; a request to a host that no node can take (its placement names a
+        resource or label no alive node has: a typo, or its node is gone) fails saying so, one
+        line naming the placement, instead of as a late answer."""
+        try:
+            return super().wait(future, timeout, what)
+        except RequestTimeoutError as exc:
+            with self._lock:
+                name = self._asked.get(future)
+                where = None if name is None else self._placements.get(name)
+            why = None if where is None else unplaceable(where)
+            if why is None:
+                raise
+            raise ActorCrashedError(
+                f"{what}: the Ray actor {name!r} cannot be placed: {why} (placement {where!r})"
+            ) from exc
 
     def post(self, ref: Any, message: Any, reply: Future[Any] | None = None) -> bool:
         if not isinstance(ref, _RayRef):
@@ -226,6 +268,9 @@ class RayRuntime(Runtime):
                 self._sequence[ref.name] = seq + 1  # only a submitted message uses its number
             if relay is not None:
                 self._start_relay(ref, relay, message.callback)
+            if reply is not None:
+                with self._lock:
+                    self._asked[reply] = ref.name  # for wait(): which host a late answer is from
         except Exception as exc:
             self.activity.done()
             if reply is not None:
@@ -251,17 +296,17 @@ class RayRuntime(Runtime):
         return True
 
     def _error(self, ref: _RayRef, exc: BaseException) -> BaseException:
-        """A Ray failure as the error the local engine would raise."""
-        cause = getattr(exc, "cause", None)
-        if isinstance(cause, MemstrataError | ValueError):
+        """A Ray failure as the error the local engine would raise (one line, as its are)."""
+        cause = carried(exc)
+        if cause is not None:
             return cause
         if isinstance(exc, ray.exceptions.RayActorError | ray.exceptions.ActorUnavailableError):
             with self._lock:
                 self._hosts.pop(ref.name, None)  # the next request looks the actor up again
             with self._submit:
                 self._sequence.pop(ref.name, None)  # and numbers from 0 for the restarted host
-            return ActorCrashedError(f"{ref} died or its node is gone: {type(exc).__name__}: {exc}")
-        return ActorCrashedError(f"{ref}: {type(exc).__name__}: {exc}")
+            return ActorCrashedError(f"{ref} died or its node is gone: {one_line(exc)}")
+        return ActorCrashedError(f"{ref}: {one_line(exc)}")
 
     # -- blackboard subscriptions across nodes ----------------------------------------------------
 
@@ -439,8 +484,18 @@ class Host(SenderOrder, RelayEndpoint, HostLifecycle):
         )
         self._relays_init()
         self._order_init(bool(ray.get_runtime_context().was_current_actor_reconstructed))
-        if "agent" in kinds and has_pending(self.runtime.path("outbox", key)):
-            self.runtime.ref("agent", key)  # the task actor replays what a crash left in the outbox
+        if "agent" in kinds:
+            self._replay_outbox(key)
+
+    def _replay_outbox(self, key: str) -> None:
+        """Start the task actor when the outbox holds what a crash left (it replays it). An
+        outbox that cannot be read is logged, as the local engine's start does: the agent's other
+        actors still serve, and its task calls get the outbox's error."""
+        try:
+            if has_pending(self.runtime.path("outbox", key)):
+                self.runtime.ref("agent", key)
+        except Exception as exc:
+            log.error("cannot replay outbox of %s: %s", key, exc)
 
     async def call(self, kind: str, key: str, message: Any, caller: str, seq: int) -> Any:
         """Handle ``message`` in the local actor (after the caller's earlier messages); answered

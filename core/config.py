@@ -261,6 +261,14 @@ def _ray_name(value: object, name: str) -> object:
     return value
 
 
+# Ray's own resources (CPU, memory, accelerators): a host asks for none of them (num_cpus = 0),
+# and Ray refuses them by this name in a placement's "resources", so they cannot place a host
+_RAY_RESOURCES = frozenset(
+    {"CPU", "GPU", "TPU", "NPU", "HPU", "neuron_cores", "memory", "object_store_memory"}
+    | {"FURIOSA", "MBLT", "RBLN", "TTNPU"}
+)
+
+
 def _is_placement(value: str) -> bool:
     """A placement reads ``spread``, ``resource:NAME`` or ``label:KEY=VALUE``."""
     kind, _, rest = value.partition(":")
@@ -272,17 +280,36 @@ def _is_placement(value: str) -> bool:
     )
 
 
+def _builtin_resource(name: str, where: str, value: object) -> None:
+    """A placement on one of Ray's own resources is refused, saying what to use instead."""
+    kind, _, resource = where.partition(":")
+    if kind == "resource" and resource in _RAY_RESOURCES:
+        raise fail(
+            name,
+            f"cannot place on {resource!r}, one of Ray's own resources (a host takes none of them); "
+            "declare a custom resource on the nodes (ray start --resources '{\"NAME\": 1}') "
+            "and use 'resource:NAME', or a node label",
+            value,
+        )
+
+
 def _placement(value: object, name: str) -> object:
     if not isinstance(value, str) or not _is_placement(value):
         raise fail(name, "must be 'spread', 'resource:NAME' or 'label:KEY=VALUE'", value)
+    _builtin_resource(name, value, value)
     return value
 
 
 def _pins(value: object, name: str) -> object:
-    for pin in value if isinstance(value, tuple) else (value,):
+    if not isinstance(value, list | tuple):
+        raise fail(
+            name, "must be a list of 'agent_id=resource:NAME' or 'agent_id=label:KEY=VALUE' items", value
+        )
+    for pin in value:
         agent, sep, where = pin.partition("=") if isinstance(pin, str) else ("", "", "")
         if not sep or not agent or where == "spread" or not _is_placement(where):
             raise fail(name, "items must read 'agent_id=resource:NAME' or 'agent_id=label:KEY=VALUE'", pin)
+        _builtin_resource(name, where, pin)
     return value
 
 
@@ -308,6 +335,8 @@ class ClusterConfig:
 
     def __post_init__(self) -> None:
         check_fields(self, "cluster.")
+        if isinstance(self.pins, list):  # a list, as TOML gives it: kept as the tuple it is typed
+            object.__setattr__(self, "pins", tuple(self.pins))
 
     def placement_of(self, agent_id: str) -> str:
         """The placement of ``agent_id``'s actors: its pin, else ``placement``."""

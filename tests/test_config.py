@@ -360,6 +360,8 @@ _BAD_WORDS = [
     ("cluster.namespace", "a b", "1-64 letters"),
     ("cluster.placement", "resource:", "'spread', 'resource:NAME' or 'label:KEY=VALUE'"),
     ("cluster.pins", "a=resource:n,b=spread", "items must read 'agent_id=resource:NAME'"),
+    ("cluster.placement", "resource:CPU", "'CPU', one of Ray's own resources"),
+    ("cluster.pins", "a=resource:n,b=resource:GPU", "'GPU', one of Ray's own resources"),
 ]
 
 
@@ -386,6 +388,39 @@ def test_string_keys_name_the_key_and_the_variable_wherever_the_value_comes_from
         ConfigError, match=rf"^configuration: config key '{re.escape(key)}' .*{re.escape(rule)}"
     ):
         Config.load(env={}, **{f"{section}__{name}": value})
+
+
+def test_cluster_pins_are_a_list_from_arguments_a_file_or_the_environment(isolated: Path) -> None:
+    """Pins given as a list (as TOML gives them) place their agents; a lone string is refused
+    naming the key, never taken and then ignored; Ray's own resources are no placement."""
+    pins = ["billing=resource:node_a", "search=label:zone=b"]
+    made = ClusterConfig(pins=pins)  # type: ignore[arg-type]
+    assert made.pins == tuple(pins)
+    assert made.placement_of("billing") == "resource:node_a"
+    assert made.placement_of("search") == "label:zone=b"
+    assert made.placement_of("other") == "spread"
+    assert ClusterConfig(pins=tuple(pins)) == made
+    path = _write(isolated / "cfg.toml", f"[cluster]\npins = {json.dumps(pins)}\n")
+    assert Config.load(path, env={}).cluster.placement_of("billing") == "resource:node_a"
+    assert Config.load(env={}, cluster__pins=pins).cluster.pins == tuple(pins)
+    for make in (
+        lambda: ClusterConfig(pins="billing=resource:node_a"),  # type: ignore[arg-type]
+        lambda: Config.load(env={}, cluster__pins="billing=resource:node_a"),
+        lambda: Config.load(
+            _write(isolated / "one.toml", '[cluster]\npins = "billing=resource:x"\n'), env={}
+        ),
+    ):
+        with pytest.raises(ConfigError, match=r"config key 'cluster\.pins' ") as caught:
+            make()
+        assert "\n" not in str(caught.value)
+    for resource in ("CPU", "GPU", "memory"):
+        with pytest.raises(
+            ConfigError, match=rf"'cluster\.placement' cannot place on '{resource}'"
+        ) as caught:
+            ClusterConfig(placement=f"resource:{resource}")
+        assert "\n" not in str(caught.value) and "resource:NAME" in str(caught.value)
+        with pytest.raises(ConfigError, match=rf"'cluster\.pins' cannot place on '{resource}'"):
+            ClusterConfig(pins=(f"a=resource:{resource}",))
 
 
 def test_every_numeric_key_declares_its_range() -> None:
