@@ -184,14 +184,21 @@ def test_a_request_starts_only_once_the_answers_before_it_are_written(
     served.stop()
 
 
+def _stalled(serve: Any, monkeypatch: pytest.MonkeyPatch, stop_grace: float) -> tuple[Any, socket.socket]:
+    """A server whose one client has sent 20 requests and reads nothing: 4 are read and run, and
+    the writer is stuck on their answers (too big for the socket's buffers)."""
+    monkeypatch.setattr(connection_module, "MAX_IN_FLIGHT", 4)
+    served, _calls = serve(workers=2, stop_grace=stop_grace)
+    slow = served.connect()
+    slow.sendall(_requests(20))
+    assert served.only_connection().reading_held.wait(WAIT)
+    return served, slow
+
+
 def test_stop_disconnects_a_client_that_does_not_take_its_answers_within_the_grace(
     serve: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(connection_module, "MAX_IN_FLIGHT", 4)
-    served, _calls = serve(workers=2, stop_grace=0.0)
-    slow = served.connect()
-    slow.sendall(_requests(20))
-    assert served.only_connection().reading_held.wait(WAIT)  # its writer is stuck on an answer
+    served, slow = _stalled(serve, monkeypatch, stop_grace=0.0)
     served.stop()  # returns although the client never reads
     assert "client-1: did not take its answers within 0 s of stopping; disconnected" in served.log.getvalue()
     slow.close()
@@ -200,11 +207,7 @@ def test_stop_disconnects_a_client_that_does_not_take_its_answers_within_the_gra
 def test_stop_lets_a_client_take_its_answers_within_the_grace(
     serve: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(connection_module, "MAX_IN_FLIGHT", 4)
-    served, _calls = serve(workers=2, stop_grace=3600.0)
-    slow = served.connect()
-    slow.sendall(_requests(20))
-    assert served.only_connection().reading_held.wait(WAIT)
+    served, slow = _stalled(serve, monkeypatch, stop_grace=3600.0)
     served.server.stop()  # stops reading: the 4 requests read are answered, the rest are not
     with slow.makefile("rb") as reader:
         answers = [orjson.loads(line) for line in reader]  # to the end: the server closes it
