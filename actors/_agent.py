@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import logging
 from collections import Counter
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -50,8 +49,6 @@ from .messages import (
 )
 
 __all__ = ["AgentActor", "describe_error"]
-
-log = logging.getLogger("memstrata.actors")
 
 _MAX_OPEN_TASKS = 10_000
 _PART_LABELS = {
