@@ -47,6 +47,7 @@ __all__ = [
     "NO_CONTROL",
     "NO_NUL",
     "OBJECT",
+    "QUERY",
     "QUEUED",
     "SCOPE",
     "SCORE",
@@ -307,6 +308,7 @@ def text_schema(description: str) -> dict[str, Any]:
 
 AGENT_ID = Param("agent_id", id_schema("The agent whose memory this is."), True)
 SESSION_ID = Param("session_id", id_schema("The session whose blackboard this is."), True)
+QUERY = Param("query", string("What to look for."), True)
 TAGS_SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": {"type": "string", "maxLength": MAX_TAG_VALUE_CHARS},

@@ -8,6 +8,7 @@ from . import _convert
 from ._operation import (
     KIND,
     OBJECT,
+    QUERY,
     SCORE,
     SEARCH_RESULT,
     TOP_K,
@@ -71,7 +72,7 @@ def _forget_root(ctx: Context, p: dict[str, Any]) -> Any:
     "files",
     "Search every indexed folder (or one); hits with root, path and line range.",
     (
-        Param("query", string("What to look for."), True),
+        QUERY,
         Param("root", path_string("Only this indexed folder.")),
         Param("max_results", {**TOP_K, "description": "How many hits at most."}),
         Param("min_score", SCORE),

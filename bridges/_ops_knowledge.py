@@ -14,6 +14,7 @@ from ._operation import (
     CATEGORY,
     ENTRY_ID,
     OBJECT,
+    QUERY,
     SCOPE,
     SCORE,
     SEARCH_RESULT,
@@ -30,7 +31,6 @@ from ._operation import (
     pick,
     returns,
     search_result,
-    string,
     text_schema,
 )
 
@@ -90,7 +90,7 @@ def _store_knowledge(ctx: Context, p: dict[str, Any]) -> Any:
     "Hybrid search of long-term knowledge; hits best first, each naming its store.",
     (
         AGENT_ID,
-        Param("query", string("What to look for."), True),
+        QUERY,
         Param("category", CATEGORY),
         Param("top_k", TOP_K),
         Param("tags", TAGS_SCHEMA),
