@@ -19,7 +19,8 @@ or on a local socket to many clients at once (:meth:`JsonLinesServer.serve_socke
 input drains the requests in flight; SIGTERM stops reading, drains, and returns. A client that
 does not read its answers is not read either once :data:`MAX_IN_FLIGHT` of its requests are
 running or answered but not written (or :data:`MAX_UNWRITTEN_BYTES` of answers wait); once the
-server stops, it gets ``stop_grace`` seconds to take them before its socket is shut.
+server stops, it gets ``stop_grace`` seconds to take them before its socket is shut. Out of file
+descriptors, new clients wait in the socket's backlog until a client leaves.
 
 The wire rules are in :mod:`._rpc_protocol`, one client in :mod:`._rpc_connection`, the sockets in
 :mod:`._rpc_listen`; this module holds the serving loop and re-exports their public names.
@@ -28,6 +29,7 @@ The wire rules are in :mod:`._rpc_protocol`, one client in :mod:`._rpc_connectio
 from __future__ import annotations
 
 import contextlib
+import errno
 import signal
 import socket
 import sys
@@ -95,6 +97,11 @@ __all__ = [
 STOP_GRACE_S = 10.0
 """Once the server stops, how long a client's answers wait to be read before its socket is shut."""
 
+ACCEPT_RETRY_S = 1.0
+"""Out of file descriptors or memory, accept is tried again when a client leaves or this often."""
+
+_OUT_OF_ROOM = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
 
 class _Shutdown(BaseException):
     """Raised in the main thread by SIGTERM: stop reading, drain, stop cleanly."""
@@ -142,6 +149,7 @@ class JsonLinesServer:
         self._interruptible = False
         self._connections: set[Connection] = set()
         self._connections_lock = threading.Condition()
+        self._left = 0  # connections closed so far
         self._listener: Listener | None = None
 
     @property
@@ -367,19 +375,28 @@ class JsonLinesServer:
         """Serve every client that connects until SIGTERM/SIGINT (or :meth:`stop`); each one has
         its own lanes and subscriptions, and one leaving never stops the others."""
         threads: list[threading.Thread] = []
+        waiting = False  # for room to accept a client: said once, and once when it ends
         self._listener = listener
         with self._running():
             try:
                 while not self._stop_requested:
                     self._interruptible = True
+                    left = self._left
                     try:
                         client, _address = listener.sock.accept()
-                    except OSError:
+                    except OSError as exc:
                         if self._stop_requested:
                             break
-                        raise
+                        if exc.errno not in _OUT_OF_ROOM:
+                            raise
+                        self._wait_for_room(exc, waiting, left)
+                        waiting = True
+                        continue
                     finally:
                         self._interruptible = False
+                    if waiting:
+                        self.warn("accepting clients again")
+                        waiting = False
                     self._count("connections")
                     thread = self._accepted(client, f"client-{self.stats.connections}")
                     threads = [t for t in threads if t.is_alive()]
@@ -398,6 +415,18 @@ class JsonLinesServer:
                 for thread in threads:
                     thread.join()
         return self.stats
+
+    def _wait_for_room(self, error: OSError, said: bool, left: int) -> None:
+        """Out of file descriptors or memory: new clients wait in the socket's backlog until a
+        client leaves after ``left`` had (or :data:`ACCEPT_RETRY_S` passes: what is short may be
+        freed elsewhere), while the clients already connected are served."""
+        if not said:
+            self.warn(
+                f"cannot accept a client ({error.strerror or error}): new clients wait until one "
+                "leaves; the connected ones are served"
+            )
+        with self._connections_lock:
+            self._connections_lock.wait_for(lambda: self._stop_requested or self._left > left, ACCEPT_RETRY_S)
 
     def _accepted(self, client: socket.socket, name: str) -> threading.Thread | None:
         """Serve a new client on threads of its own; refuse it (closed, one line logged) when a
@@ -427,6 +456,8 @@ class JsonLinesServer:
     def stop(self) -> None:
         """Stop accepting clients (from another thread); :meth:`serve_socket` then drains."""
         self._stop_requested = True
+        with self._connections_lock:  # wakes a wait for room to accept
+            self._connections_lock.notify_all()
         listener = self._listener
         if listener is not None:  # wakes the accept() of serve_socket
             with contextlib.suppress(OSError):
@@ -458,4 +489,5 @@ class JsonLinesServer:
         finally:
             with self._connections_lock:
                 self._connections.discard(connection)
+                self._left += 1
                 self._connections_lock.notify_all()

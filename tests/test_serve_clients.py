@@ -1,6 +1,6 @@
 """``serve --listen`` and clients that misbehave: one that does not read its answers is not read
-either (its memory stays bounded), cannot hold up a stop, and a client the process has no thread
-for is refused alone.
+either (its memory stays bounded), cannot hold up a stop, a client the process has no thread
+for is refused alone, and one it has no file descriptor for waits until another leaves.
 
 Nothing waits on time: the server's state is seen through events (the reader held for room) and
 counts, answers are larger than any socket buffer so a client that does not read them stalls the
@@ -10,6 +10,7 @@ writer, and the limits and the grace period are set small by each test.
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import os
 import socket
@@ -22,6 +23,7 @@ import orjson
 import pytest
 
 import memstrata.bridges._rpc_connection as connection_module
+import memstrata.bridges._server as server_module
 from memstrata.bridges._server import Connection, JsonLinesServer, Method, open_listener
 
 WAIT = 30.0
@@ -73,12 +75,17 @@ def _table(calls: _Calls) -> dict[str, Method]:
 
 
 class _Served:
-    def __init__(self, server: JsonLinesServer, path: str, log: io.StringIO) -> None:
+    def __init__(
+        self, server: JsonLinesServer, path: str, log: io.StringIO, wrap: Callable[[Any], Any] | None
+    ) -> None:
         self.server = server
         self.path = path
         self.log = log
         self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, args=(open_listener(f"unix:{path}"),), daemon=True)
+        listener = open_listener(f"unix:{path}")
+        if wrap is not None:
+            listener.sock = wrap(listener.sock)
+        self.thread = threading.Thread(target=self._run, args=(listener,), daemon=True)
         self.thread.start()
 
     def _run(self, listener: Any) -> None:
@@ -110,11 +117,11 @@ def serve() -> Iterator[Callable[..., tuple[_Served, _Calls]]]:
     folder = tempfile.mkdtemp(prefix="ms-")  # short: socket paths are limited to ~100 bytes
     started: list[_Served] = []
 
-    def start(**options: Any) -> tuple[_Served, _Calls]:
+    def start(wrap: Callable[[Any], Any] | None = None, **options: Any) -> tuple[_Served, _Calls]:
         calls = _Calls()
         log = io.StringIO()
         server = JsonLinesServer(_table(calls), log=log, **options)
-        served = _Served(server, os.path.join(folder, "s.sock"), log)
+        served = _Served(server, os.path.join(folder, "s.sock"), log, wrap)
         started.append(served)
         return served, calls
 
@@ -249,3 +256,58 @@ def test_a_client_without_a_thread_is_refused_and_the_others_are_served(
     first.close()
     assert served.server.wait_connections(lambda n: n == 0, WAIT)
     served.stop()  # no error: the server kept serving
+
+
+# -- no file descriptor left to accept a client --------------------------------------------------
+
+
+class _FullAt:
+    """A listening socket whose ``at``-th accept fails as at the process's file limit (EMFILE)."""
+
+    def __init__(self, sock: socket.socket, at: int) -> None:
+        self._sock = sock
+        self._at = at
+        self._calls = 0
+        self.failed = threading.Event()
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        self._calls += 1
+        if self._calls == self._at:
+            self.failed.set()
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return self._sock.accept()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+def test_out_of_descriptors_a_new_client_waits_until_one_leaves(
+    serve: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server_module, "ACCEPT_RETRY_S", 10 * WAIT)  # only a client leaving wakes it
+    full: list[_FullAt] = []
+    served, _calls = serve(wrap=lambda sock: full.append(_FullAt(sock, at=2)) or full[0], workers=2)
+    first = served.connect()
+    first_reader = first.makefile("rb")
+    assert _call(first, first_reader, 1)["result"] == {}
+    assert full[0].failed.wait(WAIT)  # the accept after the first client's failed
+    second = served.connect()  # waits in the backlog
+    assert _call(first, first_reader, 2)["result"] == {}  # the connected client is still served
+    first_reader.close()
+    first.close()
+    with second.makefile("rb") as reader:
+        assert _call(second, reader, 3)["result"] == {}
+    assert "cannot accept a client (Too many open files): new clients wait" in served.log.getvalue()
+    assert served.log.getvalue().count("cannot accept a client") == 1
+    assert "accepting clients again" in served.log.getvalue()
+    second.close()
+    served.stop()  # no error: the server kept serving
+
+
+def test_stop_ends_a_wait_for_room_to_accept(serve: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(server_module, "ACCEPT_RETRY_S", 10 * WAIT)
+    full: list[_FullAt] = []
+    served, _calls = serve(wrap=lambda sock: full.append(_FullAt(sock, at=1)) or full[0])
+    assert full[0].failed.wait(WAIT)
+    served.stop()  # within WAIT, though the retry is ten times as far
+    assert served.server.stats.connections == 0
