@@ -13,7 +13,7 @@ import select
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 import click
@@ -24,8 +24,9 @@ __all__ = ["COMMANDS"]
 
 
 @contextlib.contextmanager
-def _protocol_streams() -> Iterator[tuple[IO[bytes], IO[bytes]]]:
-    """stdin/stdout for the protocol; stray writes to fd 1 (a library's print) go to stderr."""
+def _protocol_streams(abandoned: Callable[[], bool]) -> Iterator[tuple[IO[bytes], IO[bytes]]]:
+    """stdin/stdout for the protocol; stray writes to fd 1 (a library's print) go to stderr. Once
+    ``abandoned()``, a thread is blocked writing to the protocol's stdout: it is left alone."""
     stdin = sys.stdin.buffer
     try:
         out_fd = sys.stdout.fileno()
@@ -40,12 +41,14 @@ def _protocol_streams() -> Iterator[tuple[IO[bytes], IO[bytes]]]:
     try:
         yield stdin, writer
     finally:
-        with contextlib.suppress(OSError, ValueError):
-            writer.flush()
+        if not abandoned():
+            with contextlib.suppress(OSError, ValueError):
+                writer.flush()
         with contextlib.suppress(OSError):
             os.dup2(private, out_fd)
-        with contextlib.suppress(OSError, ValueError):
-            writer.close()
+        if not abandoned():
+            with contextlib.suppress(OSError, ValueError):
+                writer.close()
 
 
 @contextlib.contextmanager
@@ -126,6 +129,7 @@ def serve(ctx: click.Context, workers: int | None, max_line_bytes: int | None, l
     state = sh.state(ctx)
     bridges = state.config.bridges
     listener = open_listener(listen) if listen is not None else None  # refuse a bad address first
+    abandoned = False
     try:
         with (
             _sigterm_during_startup() as startup,
@@ -161,14 +165,20 @@ def serve(ctx: click.Context, workers: int | None, max_line_bytes: int | None, l
                 click.echo(f"{sh.PROG} serve: listening on {listener.address}", err=True)
                 server.serve_socket(listener)
                 return
-            with _protocol_streams() as (reader, writer):
+            serving = server
+            with _protocol_streams(lambda: serving.output_abandoned) as (reader, writer):
                 if startup.stopped:  # SIGTERM while starting: answer what was written, then stop
                     server.warn("stopping: answering the requests written while starting")
                     reader = _written_so_far(reader, server.max_line_bytes)
                 server.serve(reader, writer)
+            abandoned = server.output_abandoned
     finally:
         if listener is not None:
             listener.close()
+    if abandoned:  # the system has stopped; only the exit could wait for the blocked writer
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        os._exit(0)
 
 
 @click.command()

@@ -91,6 +91,8 @@ class Connection:
         self._answer_bytes = 0
         self._stopping = False
         self._grace = 0.0
+        self.output_abandoned = False
+        """Set when the server stopped and this stdio client did not take its answers in time."""
         self._max_in_flight = MAX_IN_FLIGHT
         self._max_unwritten = MAX_UNWRITTEN_BYTES
         self.reading_held = threading.Event()
@@ -341,10 +343,13 @@ class Connection:
         with self._output:
             self._output_closed = True
             self._output.notify()
-        if not self._wait_writer() and self.transport is not None:
-            self.server.warn(
-                f"{self.name}: did not take its answers within {self._grace:g} s of stopping; disconnected"
-            )
+        if not self._wait_writer():
+            late = f"{self.name}: did not take its answers within {self._grace:g} s of stopping"
+            if self.transport is None:  # a pipe: nothing can end the blocked write, so leave it
+                self.server.warn(f"{late}; they are dropped")
+                self.output_abandoned = True
+                return
+            self.server.warn(f"{late}; disconnected")
             with contextlib.suppress(OSError):
                 self.transport.shutdown(socket.SHUT_RDWR)
         self._thread.join()

@@ -150,6 +150,7 @@ class JsonLinesServer:
         self._connections: set[Connection] = set()
         self._connections_lock = threading.Condition()
         self._left = 0  # connections closed so far
+        self.output_abandoned = False  # stdio: answers left unwritten to a client that stopped reading
         self._listener: Listener | None = None
 
     @property
@@ -358,7 +359,10 @@ class JsonLinesServer:
             gate.set()
 
     def serve(self, reader: IO[bytes], writer: IO[bytes]) -> ServeStats:
-        """Serve one client until end of input (or SIGTERM/SIGINT in the main thread)."""
+        """Serve one client until end of input (or SIGTERM/SIGINT in the main thread). Once
+        stopped by a signal, a client that does not read its answers within ``stop_grace``
+        seconds loses them: :attr:`output_abandoned` is then true and ``writer`` is left to a
+        thread blocked on it, so the caller must neither flush nor close it."""
         with self._running():
             connection = self._open(writer, "stdio")
             try:
@@ -368,7 +372,9 @@ class JsonLinesServer:
             finally:
                 if self._stop_requested:
                     self.warn("stopping: finishing the requests in flight")
+                    connection.stop_reading(self.stop_grace)
                 self._close(connection)
+                self.output_abandoned = connection.output_abandoned
         return self.stats
 
     def serve_socket(self, listener: Listener) -> ServeStats:

@@ -3,16 +3,18 @@ answered and the exit is 0, as for a SIGTERM while serving.
 
 The SIGTERM is sent by the process itself from a hook at a known point of its startup (as the
 memory system starts, before the model loads), once the test's request is in its stdin: nothing
-depends on timing.
+depends on timing. And SIGTERM ends a server whose client stopped reading its answers.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -87,3 +89,59 @@ def test_sigterm_while_starting_a_socket_server_exits_0(data_dir: Path, tmp_path
     out, err = _wait(proc)
     assert proc.returncode == 0, err.decode()
     assert out == b"" and b"listening on" not in err
+
+
+# -- SIGTERM while a stdio client does not read its answers --------------------------------------
+
+_NO_GRACE = """
+import sys
+import memstrata.bridges._server as server_module
+from memstrata.bridges._app import CliState
+from memstrata.bridges.cli import cli
+from tests.fakes import FakeEmbedder
+
+class NoGrace(server_module.JsonLinesServer):  # the client gets no time to take its answers
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, stop_grace=0.0, **kwargs)
+
+server_module.JsonLinesServer = NoGrace
+cli.main(args=sys.argv[1:], obj=CliState(embedder=FakeEmbedder()))
+"""
+
+
+def test_sigterm_ends_serve_when_its_client_stops_reading_stdout(data_dir: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("MEMSTRATA_CONFIG", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _NO_GRACE, "--data-dir", str(data_dir), "serve"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=REPO,
+        env=env,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    content = "memory " * 300_000  # 2.1 MB: an answer no pipe holds
+
+    def send(request_id: int, method: str, **params: Any) -> None:
+        assert proc.stdin is not None
+        request = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
+        proc.stdin.write(orjson.dumps(request) + b"\n")
+        proc.stdin.flush()
+
+    send(1, "store_knowledge", agent_id="a", content=content)
+    entry_id = orjson.loads(proc.stdout.readline())["result"]["id"]
+    send(2, "get_knowledge", agent_id="a", entry_id=entry_id)
+    assert proc.stdout.read(1) == b"{"  # the answer is being written; the rest is never read
+    proc.send_signal(signal.SIGTERM)
+    guard = threading.Timer(TIMEOUT, proc.kill)
+    guard.start()
+    try:
+        err = proc.stderr.read() if proc.stderr is not None else b""
+        proc.wait()
+    finally:
+        guard.cancel()
+        proc.stdin.close()
+        proc.stdout.close()
+    assert proc.returncode == 0, err.decode()
+    assert b"stdio: did not take its answers within 0 s of stopping; they are dropped" in err
