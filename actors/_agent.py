@@ -121,7 +121,7 @@ class AgentActor(AgentWriteBack):
     def open_layer(self) -> Any:
         outbox = Outbox(self.runtime.path("outbox", self.key), owner=self.runtime.instance)
         # rows left over by a crash (of this process or of this actor) are processed again
-        self.runtime.post(self.actor_ref, Replay())
+        self.runtime.post(self.actor_ref, Replay(), owner=self.owner)
         return outbox
 
     def refuses_when_degraded(self, message: Any) -> bool:
@@ -254,7 +254,7 @@ class AgentActor(AgentWriteBack):
         me, rid = self.actor_ref, retrieval.rid
 
         def deadline() -> None:
-            self.runtime.post(me, _RetrievalDeadline(rid))
+            self.runtime.post(me, _RetrievalDeadline(rid), owner=self.owner)
 
         retrieval.timer = self.runtime.scheduler.call_later(retrieval.timeout_s, deadline, on_clock=True)
         return DEFERRED
@@ -274,7 +274,8 @@ class AgentActor(AgentWriteBack):
             return
         retrieval.waiting.add(part)
         me, rid = self.actor_ref, retrieval.rid
-        future.add_done_callback(lambda f: self.runtime.post(me, _RetrievalPart(rid, part, f)))
+        owner = self.owner
+        future.add_done_callback(lambda f: self.runtime.post(me, _RetrievalPart(rid, part, f), owner=owner))
 
     def _retrieval_part(self, message: _RetrievalPart) -> None:
         retrieval = self._retrievals.get(message.rid)

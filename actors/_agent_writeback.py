@@ -105,14 +105,15 @@ class AgentWriteBack(MemoryActor):
             if notes:
                 try:
                     note = NoteOutcome(row.task_id, row.kind, row.text, row.at)
-                    self.runtime.post(self.runtime.ref("workspace", self.key), note)
+                    self.runtime.post(self.runtime.ref("workspace", self.key), note, owner=self.owner)
                 except Exception as exc:  # the outcome is stored; only its note is missing
                     log.warning("agent %s: daily memory note not written: %s", self.key, exc)
         if self.runtime.config.for_agent(self.key).clear_working_memory_on_task_end:
             working = self.runtime.existing("working", self.key)
             if working is not None:  # only the ended tasks' spaces: concurrent tasks keep theirs
                 for task_id in dict.fromkeys(row.task_id for row in rows):
-                    self.runtime.post(working, ClearWorkingMemory(self.key, task_id=task_id))
+                    clear = ClearWorkingMemory(self.key, task_id=task_id)
+                    self.runtime.post(working, clear, owner=self.owner)
 
     def _part_message(self, row: OutboxRow, part: str, replay: bool) -> Any:
         completed = row.kind == "completed"
@@ -149,7 +150,7 @@ class AgentWriteBack(MemoryActor):
             self._inflight.pop(row.id, None)
 
     def _post_part(self, me: Any, row_id: int, part: str, future: Future[Any]) -> None:
-        self.runtime.post(me, _WriteBackPart(row_id, part, future))
+        self.runtime.post(me, _WriteBackPart(row_id, part, future), owner=self.owner)
 
     def _write_back_parts(self, messages: list[_WriteBackPart]) -> None:
         """Stored parts of many rows, marked done in one transaction (nothing is changed before
@@ -190,12 +191,12 @@ class AgentWriteBack(MemoryActor):
             return
         self.counters["writeback_retries"] += 1
         delay = 0.05 * (2 ** (row.attempts - 1))
-        self.runtime.activity.begin()  # a retry due later is work in flight
+        self.runtime.activity.begin(self.owner)  # a retry due later is work in flight
 
         def fire(me: Any = self.actor_ref) -> None:
             try:
-                self.runtime.post(me, _RetryWriteBack(row_id))
+                self.runtime.post(me, _RetryWriteBack(row_id), owner=self.owner)
             finally:
-                self.runtime.activity.done()
+                self.runtime.activity.done(self.owner)
 
         self.runtime.scheduler.call_later(delay, fire)

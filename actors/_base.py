@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from ._clock import Clock, IdSource
     from ._concurrency import Activity, Scheduler
 
-__all__ = ["DEFERRED", "ActorRuntime", "Envelope", "Inbox", "MemoryActor", "Supervision"]
+__all__ = ["DEFERRED", "ActorRuntime", "Envelope", "Inbox", "MemoryActor", "Supervision", "owner_of"]
 
 log = logging.getLogger("memstrata.actors")
 
@@ -185,6 +185,14 @@ class Supervision:
             return {f"{k}:{key}": s.total_restarts for (k, key), s in self._children.items() if s.crashes}
 
 
+def owner_of(kind: str, key: str) -> str:
+    """Whom the ``(kind, key)`` actor belongs to, what ``retire`` stops together: an agent,
+    ``session:{id}`` (a blackboard) or ``codebase:{name}``."""
+    if kind == "blackboard":
+        return f"session:{key}"
+    return f"codebase:{key}" if kind == "codebase" else key
+
+
 class ActorRuntime(Protocol):
     """What an actor uses of the runtime that created it (``Runtime`` is the implementation).
 
@@ -227,7 +235,9 @@ class ActorRuntime(Protocol):
     def codebases_of(self, agent_id: str) -> list[str]: ...
     def existing(self, kind: str, key: str) -> pykka.ActorRef[Any] | None: ...
     def ref(self, kind: str, key: str) -> pykka.ActorRef[Any]: ...
-    def post(self, ref: pykka.ActorRef[Any], message: Any, reply: Future[Any] | None = None) -> bool: ...
+    def post(
+        self, ref: pykka.ActorRef[Any], message: Any, reply: Future[Any] | None = None, *, owner: str
+    ) -> bool: ...
     def request(self, kind: str, key: str, message: Any) -> Future[Any]: ...
     def redeliver(self, kind: str, key: str, envelopes: list[Envelope]) -> None: ...
 
@@ -256,13 +266,13 @@ class MemoryActor(pykka.ThreadingActor):
         super().__init__()
         self.runtime = runtime
         self.key = key
-        self.owner = owner if owner is not None else key
+        self.owner = owner if owner is not None else owner_of(self.kind, key)
         self.layer: Any = None
         self.handled = 0
         self.storage_errors = 0
         self.last_storage_error: str | None = None
         self.started_at = time.monotonic()
-        runtime.activity.begin()  # starting up is work in flight until on_start has run
+        runtime.activity.begin(self.owner)  # starting up is work in flight until on_start has run
 
     def __str__(self) -> str:
         return f"{type(self).__name__}({self.key})"
@@ -291,7 +301,7 @@ class MemoryActor(pykka.ThreadingActor):
         except Exception as exc:  # reopened on the next message; counted like a crash
             self._crashed(exc, "opening")
         finally:
-            self.runtime.activity.done()
+            self.runtime.activity.done(self.owner)
 
     def on_stop(self) -> None:
         """Close the layer; messages that came after the stop (callers racing with ``retire``)
@@ -333,7 +343,7 @@ class MemoryActor(pykka.ThreadingActor):
             try:
                 self._deliver(message)
             finally:
-                self.runtime.activity.done()
+                self.runtime.activity.done(self.owner)
             return None
 
         def accept(item: Any) -> bool:
@@ -349,7 +359,7 @@ class MemoryActor(pykka.ThreadingActor):
         try:
             self._deliver_batch(envelopes)
         finally:
-            self.runtime.activity.done(len(envelopes))
+            self.runtime.activity.done(self.owner, len(envelopes))
         return None
 
     def batch_key(self, message: Any) -> Hashable | None:

@@ -64,8 +64,15 @@ class SubscriberFailed:
 class _Delivery:
     """A FIFO of (subscription, signal) served by one thread."""
 
-    def __init__(self, session_id: str, activity: Activity, on_failure: Callable[[int, BaseException], None]):
+    def __init__(
+        self,
+        session_id: str,
+        activity: Activity,
+        owner: str,
+        on_failure: Callable[[int, BaseException], None],
+    ):
         self._activity = activity
+        self._owner = owner
         self._on_failure = on_failure
         self._callbacks: dict[int, SignalCallback] = {}
         self._lock = threading.Lock()
@@ -85,7 +92,7 @@ class _Delivery:
             return self._callbacks.pop(sub_id, None) is not None
 
     def post(self, sub_id: int, signal: Signal) -> None:
-        self._activity.begin()
+        self._activity.begin(self._owner)
         self._queue.put((sub_id, signal))
 
     def _run(self) -> None:
@@ -107,7 +114,7 @@ class _Delivery:
                     with contextlib.suppress(Exception):
                         self._on_failure(sub_id, exc)
             finally:
-                self._activity.done()
+                self._activity.done(self._owner)
 
     def close(self, timeout: float) -> None:
         """Deliver what is queued, then stop (bounded by ``timeout``)."""
@@ -123,11 +130,12 @@ class BlackboardActor(MemoryActor):
     kind = "blackboard"
 
     def __init__(self, runtime: Any, key: str, owner: str | None = None) -> None:
-        super().__init__(runtime, key, owner if owner is not None else f"session:{key}")
-        self._delivery = _Delivery(key, runtime.activity, self._subscriber_failed)
+        super().__init__(runtime, key, owner)
+        self._delivery = _Delivery(key, runtime.activity, self.owner, self._subscriber_failed)
 
     def _subscriber_failed(self, sub_id: int, exc: BaseException) -> None:
-        self.runtime.post(self.actor_ref, SubscriberFailed(sub_id, f"{type(exc).__name__}: {exc}"))
+        failed = SubscriberFailed(sub_id, f"{type(exc).__name__}: {exc}")
+        self.runtime.post(self.actor_ref, failed, owner=self.owner)
 
     def open_layer(self) -> Any:
         from memstrata.layers import BlackboardState

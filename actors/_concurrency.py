@@ -1,8 +1,10 @@
 """Small concurrency helpers: an idle detector and a timer thread.
 
 ``Activity`` counts units of work in flight across all actors (a message enqueued and not yet
-handled, a subscriber callback not yet run); ``wait_idle`` waits on a condition until the count
-reaches zero, so tests synchronise on the system itself instead of sleeping. A handler that sends
+handled, a subscriber callback not yet run), in all and per owner (an agent, ``session:{id}``,
+``codebase:{name}``: whose actor will do the work); ``wait_idle`` waits on a condition until the
+count (of everyone, or of one owner) reaches zero, so tests synchronise on the system itself
+instead of sleeping, and retiring one agent waits for its own work only. A handler that sends
 follow-up messages counts them before its own unit ends, so the count never touches zero while
 work is still being passed along.
 
@@ -20,6 +22,7 @@ import itertools
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -29,21 +32,30 @@ log = logging.getLogger("memstrata.actors")
 
 
 class Activity:
-    """Counts work in flight; ``wait_idle`` returns once nothing is left (or the timeout ends)."""
+    """Counts work in flight, in all and by owner; ``wait_idle`` returns once nothing is left
+    (or the timeout ends)."""
 
     def __init__(self) -> None:
         self._count = 0
+        self._owned: Counter[str] = Counter()
         self._cond = threading.Condition()
 
-    def begin(self, n: int = 1) -> None:
+    def begin(self, owner: str, n: int = 1) -> None:
         with self._cond:
             self._count += n
+            self._owned[owner] += n
 
-    def done(self, n: int = 1) -> None:
+    def done(self, owner: str, n: int = 1) -> None:
         with self._cond:
             self._count -= n
+            left = self._owned[owner] - n
+            if left > 0:
+                self._owned[owner] = left
+            else:
+                self._owned.pop(owner, None)
             if self._count <= 0:
                 self._count = 0
+            if self._count == 0 or left <= 0:
                 self._cond.notify_all()
 
     @property
@@ -51,9 +63,12 @@ class Activity:
         with self._cond:
             return self._count
 
-    def wait_idle(self, timeout: float | None = None) -> bool:
+    def wait_idle(self, timeout: float | None = None, owner: str | None = None) -> bool:
+        """Whether nothing is in flight (``owner``: nothing of that owner's) within ``timeout``."""
         with self._cond:
-            return self._cond.wait_for(lambda: self._count == 0, timeout=timeout)
+            if owner is None:
+                return self._cond.wait_for(lambda: self._count == 0, timeout=timeout)
+            return self._cond.wait_for(lambda: self._owned[owner] <= 0, timeout=timeout)
 
 
 class TimerHandle:

@@ -19,7 +19,7 @@ import pykka
 
 from memstrata.core.errors import SystemStoppedError
 
-from ._base import Envelope
+from ._base import Envelope, owner_of
 
 __all__ = ["deliver", "redeliver"]
 
@@ -31,18 +31,19 @@ def deliver(runtime: Any, kind: str, key: str, message: Any, reply: Future[Any] 
     until it is handled; its answer goes to ``reply``. Errors of starting the actor (the system
     stopped, a timeout) are raised."""
     ref = runtime.ref(kind, key)
+    owner = owner_of(kind, key)
     if not isinstance(ref, pykka.ActorRef):  # a remote actor (Ray): its runtime sends it
-        runtime.post(ref, message, reply)
+        runtime.post(ref, message, reply, owner=owner)
         return
     envelope = Envelope(message, reply)
-    runtime.activity.begin()
+    runtime.activity.begin(owner)
     try:
         sent = _send(runtime, kind, key, envelope, ref)
     except BaseException:
-        runtime.activity.done()
+        runtime.activity.done(owner)
         raise
     if not sent:
-        _refused(runtime, envelope, SystemStoppedError(f"the {kind} actor for {key!r} kept stopping"))
+        _refused(runtime, envelope, owner, SystemStoppedError(f"the {kind} actor for {key!r} kept stopping"))
 
 
 def redeliver(runtime: Any, kind: str, key: str, envelopes: list[Envelope]) -> None:
@@ -52,6 +53,8 @@ def redeliver(runtime: Any, kind: str, key: str, envelopes: list[Envelope]) -> N
     if not envelopes:
         return
 
+    owner = owner_of(kind, key)
+
     def send_all() -> None:
         for envelope in envelopes:
             try:
@@ -60,7 +63,7 @@ def redeliver(runtime: Any, kind: str, key: str, envelopes: list[Envelope]) -> N
                 error: BaseException = SystemStoppedError(f"the {kind} actor for {key!r} kept stopping")
             except Exception as exc:  # the system stopped meanwhile, or the actor cannot start
                 error = exc
-            _refused(runtime, envelope, error)
+            _refused(runtime, envelope, owner, error)
 
     threading.Thread(target=send_all, name=f"memstrata-redeliver-{kind}-{key}", daemon=True).start()
 
@@ -77,9 +80,9 @@ def _send(runtime: Any, kind: str, key: str, envelope: Envelope, ref: Any = None
     return False
 
 
-def _refused(runtime: Any, envelope: Envelope, error: BaseException) -> None:
+def _refused(runtime: Any, envelope: Envelope, owner: str, error: BaseException) -> None:
     """``envelope`` will not be handled: its caller gets ``error``, and it is no longer in flight."""
     if envelope.reply is not None and not envelope.reply.done():
         with contextlib.suppress(Exception):
             envelope.reply.set_exception(error)
-    runtime.activity.done()
+    runtime.activity.done(owner)

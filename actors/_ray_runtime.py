@@ -253,10 +253,10 @@ class RayRuntime(Runtime):
                 f"{what}: the Ray actor {name!r} cannot be placed: {why} (placement {where!r})"
             ) from exc
 
-    def post(self, ref: Any, message: Any, reply: Future[Any] | None = None) -> bool:
+    def post(self, ref: Any, message: Any, reply: Future[Any] | None = None, *, owner: str) -> bool:
         if not isinstance(ref, _RayRef):
-            return super().post(ref, message, reply)
-        self.activity.begin()
+            return super().post(ref, message, reply, owner=owner)
+        self.activity.begin(owner)
         try:
             with self._submit:  # numbered and submitted together: the numbers follow the order
                 seq = self._sequence.get(ref.name, 0)
@@ -272,7 +272,7 @@ class RayRuntime(Runtime):
                 with self._lock:
                     self._asked[reply] = ref.name  # for wait(): which host a late answer is from
         except Exception as exc:
-            self.activity.done()
+            self.activity.done(owner)
             if reply is not None:
                 set_exception(reply, SystemStoppedError(f"{ref} cannot be reached: {exc}"))
             return False
@@ -290,7 +290,7 @@ class RayRuntime(Runtime):
                 if reply is not None:
                     set_result(reply, value)
             finally:
-                self.activity.done()
+                self.activity.done(owner)
 
         pending.future().add_done_callback(arrived)
         return True
@@ -358,14 +358,17 @@ class RayRuntime(Runtime):
                 found.update((str(kind), str(key)) for kind, key in answer)
         return sorted(found)
 
-    def wait_idle(self, timeout: float | None = None) -> bool:
+    def wait_idle(self, timeout: float | None = None, owner: str | None = None) -> bool:
         """In a driver: this process's requests, then the hosts it sent them to idle too (a
-        write-back runs in its agent's host after the driver was answered)."""
+        write-back runs in its agent's host after the driver was answered); ``owner`` (an
+        agent): only the requests to that agent's actors and its hosts."""
         started = time.monotonic()
-        if not super().wait_idle(timeout):
+        if not super().wait_idle(timeout, owner):
             return False
         with self._lock:
             names = sorted(self._hosts)
+        if owner is not None:
+            names = [name for name in names if name in self._hosts_of(owner)]
         if self._local or not names:
             return True
         left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))

@@ -78,14 +78,6 @@ _EPISODIC_REQUESTS = (
 _BOARD_REQUESTS = (PublishSignal, QuerySignal, SubscribeSignal, UnsubscribeSignal, ListSignals, DeleteSignal)
 
 
-def _owner(key: tuple[str, str]) -> str:
-    """Who an actor belongs to: an agent, ``session:{id}`` or ``codebase:{name}``."""
-    kind, name = key
-    if kind == "blackboard":
-        return f"session:{name}"
-    return f"codebase:{name}" if kind == "codebase" else name
-
-
 def route(message: Message) -> tuple[str, str]:
     """The ``(kind, key)`` of the actor that handles ``message``."""
     if isinstance(message, _KNOWLEDGE_REQUESTS):

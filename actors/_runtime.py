@@ -32,7 +32,7 @@ from memstrata.core.errors import (
 from memstrata.storage import Embedder
 
 from ._agent import describe_error
-from ._base import Envelope, Status, Supervision
+from ._base import Envelope, Status, Supervision, owner_of
 from ._blackboard import SubscribeWithCallback
 from ._clock import Clock, IdSource
 from ._concurrency import Activity, Scheduler
@@ -42,7 +42,7 @@ from ._embedding_services import EmbeddingServices, ModelLoader, load_model
 from ._episodic_actor import check_archive_dir
 from ._outbox import has_pending, new_owner, pending_count, release_owner
 from ._prompt import fallback_prompt, merge_hits
-from ._routing import _FOLDER, _SUPERVISOR_OF, _owner, route
+from ._routing import _FOLDER, _SUPERVISOR_OF, route
 from ._store_factory import StoreFactory
 from ._store_messages import BoundedSearch, Searched
 from ._supervisors import (
@@ -236,16 +236,20 @@ class Runtime(EmbeddingServices):
         if not known and kind in ("workspace", "codebase"):
             view = self.config.of_agent(key) if kind == "workspace" else self.config
             if view.sync.on_session_start:
-                self.post(ref, SyncFiles())  # the session starts: bring the index up to date
+                # the session starts: bring the index up to date
+                self.post(ref, SyncFiles(), owner=owner_of(kind, key))
         return ref
 
-    def post(self, ref: pykka.ActorRef[Any], message: Any, reply: Future[Any] | None = None) -> bool:
-        """Put ``message`` in ``ref``'s mailbox (counted as work in flight); False if it is gone."""
-        self.activity.begin()
+    def post(
+        self, ref: pykka.ActorRef[Any], message: Any, reply: Future[Any] | None = None, *, owner: str
+    ) -> bool:
+        """Put ``message`` in ``ref``'s mailbox (counted as work in flight of ``owner``, the
+        actor's: see :func:`owner_of`); False if it is gone."""
+        self.activity.begin(owner)
         try:
             ref.tell(Envelope(message, reply))
         except pykka.ActorDeadError:
-            self.activity.done()
+            self.activity.done(owner)
             if reply is not None:
                 with contextlib.suppress(Exception):
                     reply.set_exception(SystemStoppedError(f"{ref} has stopped"))
@@ -411,12 +415,14 @@ class Runtime(EmbeddingServices):
                 "list[str]", self.supervisors[name].ask(StopChildren(timeout, owner), timeout=timeout + 5)
             )
         with self._lock:
-            for k in [k for k in self._refs if _owner(k) == owner]:
+            for k in [k for k in self._refs if owner_of(*k) == owner]:
                 del self._refs[k]
         return late
 
-    def wait_idle(self, timeout: float | None = None) -> bool:
-        return self.activity.wait_idle(timeout)
+    def wait_idle(self, timeout: float | None = None, owner: str | None = None) -> bool:
+        """Whether nothing is in flight (``owner``: for that agent's, session's or codebase's
+        actors) within ``timeout``."""
+        return self.activity.wait_idle(timeout, owner)
 
     def stop(self, timeout: float | None = None) -> StopReport:
         """Refuse new requests, drain every mailbox, then stop the actors in order and close."""
@@ -496,7 +502,7 @@ class Runtime(EmbeddingServices):
         pending = []
         for kind, key, ref in self.children():
             future: Future[Any] = Future()
-            if self.post(ref, Status(), future):
+            if self.post(ref, Status(), future, owner=owner_of(kind, key)):
                 pending.append(((kind, key), future))
         deadline = time.monotonic() + timeout
         result: dict[tuple[str, str], dict[str, Any]] = {}

@@ -182,7 +182,7 @@ class _PersistentActor(_HeldWriteBacks):
             if not isinstance(inbox, queue.Queue) or inbox.empty():
                 self._request_vectors()
             elif not self._ask_posted:  # more messages wait: ask once they are handled
-                self._ask_posted = self.runtime.post(self.actor_ref, _AskVectors())
+                self._ask_posted = self.runtime.post(self.actor_ref, _AskVectors(), owner=self.owner)
         elif not self._catch_up_due and self.pending_vectors() > 0:
             self._schedule_catch_up()
 
@@ -204,15 +204,15 @@ class _PersistentActor(_HeldWriteBacks):
         future = service.submit_documents(self._texts_to_embed(ids, texts))
         self._requests[token] = _VectorRequest(ids, texts, future)
         self._in_flight.update(ids)
-        runtime, me = self.runtime, self.actor_ref
-        runtime.activity.begin()
+        runtime, me, owner = self.runtime, self.actor_ref, self.owner
+        runtime.activity.begin(owner)
 
         def answered(_: Future[FloatArray]) -> None:
             try:
                 if not runtime.stopped:
-                    runtime.post(me, VectorsReady(token))
+                    runtime.post(me, VectorsReady(token), owner=owner)
             finally:
-                runtime.activity.done()
+                runtime.activity.done(owner)
 
         future.add_done_callback(answered)
 
@@ -305,11 +305,11 @@ class _PersistentActor(_HeldWriteBacks):
     def _schedule_catch_up(self) -> None:
         delay = min(_CATCH_UP_MAX_S, _CATCH_UP_FIRST_S * 2**self._catch_up_misses)
         self._catch_up_due = True
-        runtime, me = self.runtime, self.actor_ref
+        runtime, me, owner = self.runtime, self.actor_ref, self.owner
 
         def fire() -> None:
             if not runtime.stopped:
-                runtime.post(me, CatchUp())
+                runtime.post(me, CatchUp(), owner=owner)
 
         runtime.scheduler.call_later(delay, fire)
 

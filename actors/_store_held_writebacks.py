@@ -93,7 +93,7 @@ class _HeldWriteBacks(MemoryActor):
             self._held = []
             self._restart_hold_timer()
         self._held.append(_Held(envelopes))
-        self.runtime.activity.begin(len(envelopes))  # work in flight until written
+        self.runtime.activity.begin(self.owner, len(envelopes))  # work in flight until written
         if not any(h.future is not None and not h.answered() for h in self._held):
             self._ask_held()
 
@@ -109,26 +109,26 @@ class _HeldWriteBacks(MemoryActor):
         future = self._service.submit_documents(texts)
         for group in groups:
             group.future = future
-        runtime, me = self.runtime, self.actor_ref
-        runtime.activity.begin()  # the answer is work in flight
+        runtime, me, owner = self.runtime, self.actor_ref, self.owner
+        runtime.activity.begin(owner)  # the answer is work in flight
 
         def answered(_: Future[FloatArray]) -> None:
             try:
                 if not runtime.stopped:
-                    runtime.post(me, _FlushHeld())
+                    runtime.post(me, _FlushHeld(), owner=owner)
             finally:
-                runtime.activity.done()
+                runtime.activity.done(owner)
 
         future.add_done_callback(answered)
 
     def _restart_hold_timer(self) -> None:
         if self._hold_timer is not None:
             self._hold_timer.cancel()
-        runtime, me = self.runtime, self.actor_ref
+        runtime, me, owner = self.runtime, self.actor_ref, self.owner
 
         def fire() -> None:
             if not runtime.stopped:
-                runtime.post(me, _FlushHeld(bound=True))
+                runtime.post(me, _FlushHeld(bound=True), owner=owner)
 
         self._hold_timer = runtime.scheduler.call_later(_HOLD_S, fire)
 
@@ -183,7 +183,7 @@ class _HeldWriteBacks(MemoryActor):
         finally:
             self._ready.clear()
             self._inline.clear()
-            self.runtime.activity.done(len(envelopes))
+            self.runtime.activity.done(self.owner, len(envelopes))
 
     def _with_vectors(
         self, messages: list[Any], write: Callable[[list[Any], FloatArray | None], list[int]]

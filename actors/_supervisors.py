@@ -21,7 +21,7 @@ import pykka
 from memstrata.core.errors import SystemStoppedError
 
 from ._agent import AgentActor
-from ._base import MemoryActor
+from ._base import MemoryActor, owner_of
 from ._blackboard import BlackboardActor
 from ._episodic_actor import EpisodicActor
 from ._items_actor import ItemsActor
@@ -100,7 +100,7 @@ class Supervisor(pykka.ThreadingActor):
         chosen = {
             k: ref
             for k, ref in self.children.items()
-            if owner is None or (ref.is_alive() and _owner_of(k) == owner)
+            if owner is None or (ref.is_alive() and owner_of(*k) == owner)
         }
         deadline = time.monotonic() + timeout_s
         futures = {}
@@ -118,13 +118,6 @@ class Supervisor(pykka.ThreadingActor):
         for k in chosen:
             self.children.pop(k, None)
         return late
-
-
-def _owner_of(key: tuple[str, str]) -> str:
-    kind, name = key
-    if kind == "blackboard":
-        return f"session:{name}"
-    return f"codebase:{name}" if kind == "codebase" else name
 
 
 class KnowledgeSupervisor(Supervisor):

@@ -323,9 +323,6 @@ class CodebaseActor(_FileIndexActor):
     kind = "codebase"
     source = "code"
 
-    def __init__(self, runtime: Any, key: str, owner: str | None = None) -> None:
-        super().__init__(runtime, key, owner if owner is not None else f"codebase:{key}")
-
     def root(self) -> Path:
         return self.runtime.codebase_root(self.key)
 

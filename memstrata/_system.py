@@ -292,11 +292,13 @@ class MemorySystem:
             return board
 
     def retire(self, agent_id: str, timeout: float | None = None) -> None:
-        """Stop an agent's actors after they drain their mailboxes (they restart on next use).
-        Calls racing with it are answered, by the actors that replace the stopped ones."""
+        """Stop an agent's actors once its own work in flight is done and their mailboxes are
+        drained (they restart on next use). Other agents' work does not hold it up; calls racing
+        with it are answered, by the actors that replace the stopped ones."""
         self._runtime.check_open()
         check_agent_id(agent_id)
-        self._runtime.wait_idle(timeout or self.config.actors.stop_timeout_s)  # write-backs land first
+        # its own write-backs land first; other agents' traffic does not hold it up
+        self._runtime.wait_idle(timeout or self.config.actors.stop_timeout_s, owner=agent_id)
         self._runtime.retire(agent_id, timeout or self.config.actors.stop_timeout_s)
 
     def revive(self, agent_id: str) -> bool:
@@ -307,7 +309,7 @@ class MemorySystem:
         if agent_id != SHARED:
             from memstrata.actors._agent import Replay
 
-            self._runtime.post(self._runtime.ref("agent", agent_id), Replay())
+            self._runtime.post(self._runtime.ref("agent", agent_id), Replay(), owner=agent_id)
         return was
 
     # -- export and import ---------------------------------------------------------------------

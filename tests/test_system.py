@@ -321,6 +321,43 @@ def test_a_retired_agent_comes_back_with_its_memory(system: MemorySystem) -> Non
     assert contents == {"kept across retirement", "finished before retiring"}
 
 
+def test_retire_waits_for_its_own_agents_work_not_for_the_others(
+    data_dir: Path, fake_embedder: FakeEmbedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another agent's request in flight does not hold up retiring ``a1`` (before, retire waited
+    for the whole system to be idle: under steady traffic, its whole stop timeout); ``a1``'s
+    write-back is stored when retire returns."""
+    from memstrata.actors._knowledge_actor import KnowledgeStoreActor
+
+    held, release = threading.Event(), threading.Event()
+    handle = KnowledgeStoreActor.handle
+
+    def holding(self: KnowledgeStoreActor, message: object) -> object:
+        if isinstance(message, GetKnowledge) and message.entry_id == 424242:
+            held.set()
+            release.wait(120)
+        return handle(self, message)
+
+    monkeypatch.setattr(KnowledgeStoreActor, "handle", holding)
+    with MemorySystem.start(Config(data_dir=data_dir), embedder=fake_embedder) as system:
+        busy = threading.Thread(target=lambda: system.agent("b1").get_knowledge(424242))
+        busy.start()
+        assert held.wait(30)  # b1's request is in flight until released
+        agent = system.agent("a1")
+        agent.complete_task("t1", "finished before retiring")
+        retiring = threading.Thread(target=lambda: system.retire("a1", timeout=600))
+        retiring.start()
+        retiring.join(60)
+        finished = not retiring.is_alive()
+        release.set()
+        busy.join(30)
+        retiring.join(30)
+        assert finished, "retire waited for another agent's request"
+        assert "a1" not in system.status()["agents"]
+        assert ["finished before retiring" in e.content for e in agent.list_episodes()] == [True]
+        assert system.wait_idle(30)
+
+
 def test_requests_that_race_with_retire_are_answered_by_the_actor_that_replaces_it(
     data_dir: Path, fake_embedder: FakeEmbedder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
