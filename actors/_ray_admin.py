@@ -21,6 +21,7 @@ import ray
 from memstrata.core.config import Config
 
 from ._base import Supervision
+from ._embedding import BatchingEmbedder
 
 __all__ = [
     "ClusterSupervision",
@@ -90,6 +91,11 @@ def ask_hosts(
     return answers
 
 
+def _model_status(embedder: Any) -> dict[str, Any] | None:
+    """How a host's model is doing (ok, stuck, faulty), as its batching service saw it."""
+    return embedder.model_status() if isinstance(embedder, BatchingEmbedder) else None
+
+
 def host_reports(namespace: str, timeout: float, round_trip_s: float) -> dict[str, dict[str, Any]]:
     """Every host's report (its node, process, actors' status, restarts and degraded agents),
     asked of all hosts at once; ``{"error": ...}`` for one that does not answer within
@@ -143,6 +149,7 @@ def cluster_summary(namespace: str, reports: dict[str, dict[str, Any]]) -> dict[
             "actors": sorted(f"{kind}:{key}" for kind, key in report["actors"]),
             "restarts": report["restarts"],
             "degraded": report["degraded"],
+            "model": report.get("model"),
         }
         for name, report in reports.items()
     }
@@ -300,6 +307,7 @@ class HostLifecycle:
             "actors": actors,
             "restarts": runtime.supervision.restarts(),
             "degraded": runtime.supervision.degraded(),
+            "model": _model_status(runtime.embedder),
         }
 
     async def close(self, timeout: float) -> list[str]:

@@ -37,7 +37,7 @@ from memstrata.storage import Embedder, load_embedder
 from ._agent_handle import Agent, _timeout
 from ._board_handle import Blackboard, Subscription
 from ._items import Items
-from ._system_status import system_status
+from ._system_status import host_model_warnings, system_status
 
 __all__ = ["Agent", "Blackboard", "MemorySystem", "Subscription"]
 
@@ -373,6 +373,7 @@ class MemorySystem:
         cluster = getattr(self._runtime, "cluster_status", None)
         if cluster is not None and not self._runtime.stopped:
             report["cluster"] = cluster()
+            report["warnings"][:0] = host_model_warnings(report["cluster"])
         return report
 
     def __repr__(self) -> str:

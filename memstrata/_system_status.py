@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from memstrata.core.config import Config, EmbeddingConfig
     from memstrata.storage import Embedder
 
-__all__ = ["configured_embedding", "offline_status", "system_status"]
+__all__ = ["configured_embedding", "host_model_warnings", "offline_status", "system_status"]
 
 
 def system_status(runtime: Runtime) -> dict[str, Any]:
@@ -83,17 +83,9 @@ def system_status(runtime: Runtime) -> dict[str, Any]:
                 f"agents {who}: model {state['model']!r} is faulty since {state['since']} "
                 f"(last error: {state['last_error']}): vectors are retried"
             )
-    if model_state.get("state") == "stuck":
-        warnings.insert(
-            0,
-            f"{model_state['reason']}: writes are stored with vectors pending, searches rank by keywords",
-        )
-    elif model_state.get("state") == "faulty":
-        warnings.insert(
-            0,
-            f"model {model_state['model']!r} is faulty since {model_state['since']} "
-            f"(last error: {model_state['last_error']}): vectors are retried",
-        )
+    model_warning = _model_warning(model_state)
+    if model_warning is not None:
+        warnings.insert(0, model_warning)
     return {
         "data_dir": str(runtime.data_dir),
         "stopped": runtime.stopped or not runtime.accepting,
@@ -112,6 +104,33 @@ def system_status(runtime: Runtime) -> dict[str, Any]:
         "in_flight": runtime.activity.in_flight,
         "warnings": warnings,
     }
+
+
+def _model_warning(state: Mapping[str, Any]) -> str | None:
+    """The first warning of ``status()`` when the model is stuck or faulty, else ``None``."""
+    if state.get("state") == "stuck":
+        return f"{state['reason']}: writes are stored with vectors pending, searches rank by keywords"
+    if state.get("state") == "faulty":
+        return (
+            f"model {state['model']!r} is faulty since {state['since']} "
+            f"(last error: {state['last_error']}): vectors are retried"
+        )
+    return None
+
+
+def host_model_warnings(cluster: Mapping[str, Any]) -> list[str]:
+    """On the Ray engine each host reaches its node's model: the local engine's model warning
+    for each model and state the hosts report, earliest first, naming the hosts."""
+    found: dict[tuple[str, str], list[tuple[str, Mapping[str, Any]]]] = {}
+    for name, host in cluster.get("hosts", {}).items():
+        state = host.get("model") or {}
+        if state.get("state") in ("stuck", "faulty"):
+            found.setdefault((str(state["model"]), str(state["state"])), []).append((name, state))
+    warnings = []
+    for hosts in found.values():
+        earliest = min((state for _, state in hosts), key=lambda state: str(state["since"]))
+        warnings.append(f"{_model_warning(earliest)} (hosts {', '.join(sorted(name for name, _ in hosts))})")
+    return sorted(warnings)
 
 
 def offline_status(config: Config, embedder: Embedder | None = None) -> dict[str, Any]:

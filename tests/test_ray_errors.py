@@ -187,10 +187,18 @@ def test_a_failing_model_is_reported_in_one_line(cluster: Any, data_dir: Path) -
         assert "model exploded" in _one_line(hits.degraded)
         prompt = agent.begin_task("t1", "payment module")
         assert "model exploded" in _one_line(prompt.reason)
-        warnings = system.status()["warnings"]
+        status = system.status()
+        warnings = status["warnings"]
         assert any("model exploded" in _one_line(w) for w in warnings), warnings
         for warning in warnings:
             _one_line(warning)
+        # the local engine's first line, from the host that reached the node's model
+        assert warnings[0].startswith(f"model {HashEmbedder().model_id!r} is faulty since "), warnings
+        assert "(last error: " in warnings[0] and "model exploded" in warnings[0], warnings
+        assert warnings[0].endswith(": vectors are retried (hosts agent:m1)"), warnings
+        assert sum("is faulty since" in w for w in warnings) == 1, warnings
+        (host,) = [name for name in status["cluster"]["hosts"] if name == "agent:m1"]
+        assert status["cluster"]["hosts"][host]["model"]["state"] == "faulty"
     finally:
         assert system.stop_cluster(60) == []
 
