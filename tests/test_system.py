@@ -321,24 +321,33 @@ def test_a_retired_agent_comes_back_with_its_memory(system: MemorySystem) -> Non
     assert contents == {"kept across retirement", "finished before retiring"}
 
 
-def test_retire_waits_for_its_own_agents_work_not_for_the_others(
-    data_dir: Path, fake_embedder: FakeEmbedder, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Another agent's request in flight does not hold up retiring ``a1`` (before, retire waited
-    for the whole system to be idle: under steady traffic, its whole stop timeout); ``a1``'s
-    write-back is stored when retire returns."""
+def _hold_get_knowledge(
+    monkeypatch: pytest.MonkeyPatch, entry_id: int
+) -> tuple[threading.Event, threading.Event]:
+    """A knowledge actor asked for ``entry_id`` sets the first event and holds its mailbox until
+    the second is set (at most 120 s)."""
     from memstrata.actors._knowledge_actor import KnowledgeStoreActor
 
     held, release = threading.Event(), threading.Event()
     handle = KnowledgeStoreActor.handle
 
     def holding(self: KnowledgeStoreActor, message: object) -> object:
-        if isinstance(message, GetKnowledge) and message.entry_id == 424242:
+        if isinstance(message, GetKnowledge) and message.entry_id == entry_id:
             held.set()
             release.wait(120)
         return handle(self, message)
 
     monkeypatch.setattr(KnowledgeStoreActor, "handle", holding)
+    return held, release
+
+
+def test_retire_waits_for_its_own_agents_work_not_for_the_others(
+    data_dir: Path, fake_embedder: FakeEmbedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another agent's request in flight does not hold up retiring ``a1`` (before, retire waited
+    for the whole system to be idle: under steady traffic, its whole stop timeout); ``a1``'s
+    write-back is stored when retire returns."""
+    held, release = _hold_get_knowledge(monkeypatch, 424242)
     with MemorySystem.start(Config(data_dir=data_dir), embedder=fake_embedder) as system:
         busy = threading.Thread(target=lambda: system.agent("b1").get_knowledge(424242))
         busy.start()
@@ -364,18 +373,7 @@ def test_requests_that_race_with_retire_are_answered_by_the_actor_that_replaces_
     """A request that reaches an actor's mailbox after its stop message (another thread retires
     the agent meanwhile) is handed to the replacement actor: answered, stored once, and no
     longer counted in flight. Before, it waited for the ask timeout and stayed in flight."""
-    from memstrata.actors._knowledge_actor import KnowledgeStoreActor
-
-    held, release = threading.Event(), threading.Event()
-    handle = KnowledgeStoreActor.handle
-
-    def holding(self: KnowledgeStoreActor, message: object) -> object:
-        if isinstance(message, GetKnowledge) and message.entry_id == 424242:
-            held.set()
-            release.wait(60)
-        return handle(self, message)
-
-    monkeypatch.setattr(KnowledgeStoreActor, "handle", holding)
+    held, release = _hold_get_knowledge(monkeypatch, 424242)
     with MemorySystem.start(Config(data_dir=data_dir), embedder=fake_embedder) as system:
         agent = system.agent("a1")
         agent.store_knowledge("stored before retiring", category="pattern")
