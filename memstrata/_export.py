@@ -289,6 +289,27 @@ def check_record(where: str, record: dict[str, Any], *, max_content_bytes: int) 
         raise InvalidInputError(f"{where} ({kind}): {message}") from None
 
 
+def _check_item_dims(
+    where: str, record: dict[str, Any], first: tuple[str, int] | None
+) -> tuple[str, int] | None:
+    """Refuse an item whose vectors differ in length from the first item vector of the file
+    (an item store holds one dimension); returns the first vector's place and length."""
+    vectors = record.get("vectors") if record["kind"] == "item" else None
+    if not isinstance(vectors, dict):
+        return first
+    for field, vector in vectors.items():
+        if not isinstance(vector, list):
+            continue  # the item layer refuses it, before anything is imported
+        if first is None:
+            first = (where, len(vector))
+        elif len(vector) != first[1]:
+            raise InvalidInputError(
+                f"{where} (item): vector {field!r} has {len(vector)} dimensions, the one at {first[0]} "
+                f"has {first[1]}: an item store holds one dimension"
+            )
+    return first
+
+
 def _episode_time(where: str, value: object) -> datetime:
     if isinstance(value, str):
         with contextlib.suppress(ValueError):
@@ -313,8 +334,10 @@ def import_records(
 
     runtime.check_open()
     records = []
+    dims: tuple[str, int] | None = None  # the first item vector's place and length
     for where, record in lines:
         check_record(where, record, max_content_bytes=runtime.config.max_content_bytes)
+        dims = _check_item_dims(where, record, dims)
         records.append(record)
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     signals: list[dict[str, Any]] = []
@@ -336,6 +359,15 @@ def import_records(
             continue
         actor = {"knowledge": "knowledge", "episode": "episodic", "working": "working"}[kind]
         groups.setdefault((actor, owner), []).append(record)
+    if items:  # first: the one check that needs the store (its vectors' dimension) fails before anything
+        try:
+            added = runtime.wait(
+                runtime.request("items", ITEMS_KEY, ImportRecords(tuple(items))), timeout, "import items"
+            )
+        except InvalidInputError as exc:
+            source = "" if dims is None else f"{dims[0].rsplit(' line ', 1)[0]}: "
+            raise InvalidInputError(f"{source}{exc}: nothing was imported") from None
+        counts["item"] += int(added)
     for (actor, owner), group in sorted(groups.items()):
         added = runtime.wait(
             runtime.request(actor, owner, ImportRecords(tuple(group))), timeout, f"import {actor} {owner}"
@@ -347,10 +379,5 @@ def import_records(
         message = PublishSignal(record["key"], record["value"], record.get("publisher"), record["session"])
         runtime.wait(runtime.request("blackboard", record["session"], message), timeout, "import signal")
         counts["signal"] += 1
-    if items:
-        added = runtime.wait(
-            runtime.request("items", ITEMS_KEY, ImportRecords(tuple(items))), timeout, "import items"
-        )
-        counts["item"] += int(added)
     runtime.wait_idle(timeout)
     return counts

@@ -191,6 +191,39 @@ def test_an_import_with_a_bad_field_anywhere_changes_nothing_and_names_the_line_
             assert system.import_(tmp_path / "good.jsonl")["knowledge"] > 0  # the file itself is fine
 
 
+def test_item_vectors_of_another_dimension_change_nothing(tmp_path: Path) -> None:
+    """The one check that needs the store (its item vectors' length) runs before anything of the
+    file is applied; vectors of two lengths within the file are refused naming both lines."""
+    with MemorySystem.start(
+        Config(data_dir=tmp_path / "src"), embedder=HashEmbedder(), clock=ManualClock(START)
+    ) as system:
+        _fill(system, ManualClock(START))
+        system.items.put(("docs",), "roof", {"t": "solar"}, vectors={"t": [1.0, 0.0, 0.0]})
+        system.items.put(("docs",), "wall", {"t": "brick"}, vectors={"t": [0.0, 1.0, 0.0]})
+        system.export(tmp_path / "three.jsonl")
+    records = _records(tmp_path / "three.jsonl")
+    with MemorySystem.start(Config(data_dir=tmp_path / "dst"), embedder=HashEmbedder()) as system:
+        system.items.put(("other",), "held", {"t": "x"}, vectors={"t": [1.0, 0.0]})
+        with pytest.raises(
+            InvalidInputError, match=r"three.jsonl: item vectors must all have one dimension: "
+        ):
+            system.import_(tmp_path / "three.jsonl")
+        assert system.status()["agents"] == {}  # knowledge, episodes, working memory: none applied
+        assert system.blackboard("checkout").list() == []
+        assert [item.key for item in system.items.search(("docs",))] == []
+    lines = [i for i, r in enumerate(records) if r["kind"] == "item"]
+    records[lines[1]]["vectors"]["t"] = [0.0, 1.0]
+    (tmp_path / "mixed.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    with MemorySystem.start(Config(data_dir=tmp_path / "dst2"), embedder=HashEmbedder()) as system:
+        with pytest.raises(
+            InvalidInputError,
+            match=rf"mixed.jsonl line {lines[1] + 1} \(item\): vector 't' has 2 dimensions, "
+            rf"the one at .*mixed.jsonl line {lines[0] + 1} has 3",
+        ):
+            system.import_(tmp_path / "mixed.jsonl")
+        assert system.status()["agents"] == {}
+
+
 def test_export_and_archives_never_write_among_the_data_dirs_own_files(tmp_path: Path) -> None:
     data = tmp_path / "d"
     with MemorySystem.start(Config(data_dir=data), embedder=HashEmbedder()) as system:
