@@ -125,11 +125,16 @@ def _click_param(op: Operation, p: Param) -> click.Parameter:
     return click.Option(decls, required=p.required, help=help_text, **extra)
 
 
+def _json_text(p: Param) -> bool:
+    """Whether the option is written as JSON (any value, or an object other than tags)."""
+    kind = p.schema.get("type")
+    return (kind is None or (kind == "object" and p.name != "tags")) and p.schema.get("enum") is None
+
+
 def _value(op: Operation, p: Param, raw: Any) -> Any:
     """A click value as the operation's param value, validated by the param's schema."""
     option = p.name.upper() if _positional(op, p) else f"--{_flag(p)}"
-    json_text = p.schema.get("type") is None or (p.schema.get("type") == "object" and p.name != "tags")
-    if json_text and p.schema.get("enum") is None and isinstance(raw, str):
+    if _json_text(p) and isinstance(raw, str):
         raw = sh.json_text(raw, option)
     elif p.schema.get("type") == "array":
         raw = list(raw)
@@ -155,7 +160,7 @@ def params_of(op: Operation, given: Mapping[str, Any]) -> dict[str, Any]:
         if raw is None or raw == ():
             continue
         value = _value(op, p, raw)
-        if value is not None:
+        if value is not None or _json_text(p):  # JSON null, given, is a value
             params[p.name] = value
     return params
 

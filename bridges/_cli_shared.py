@@ -102,16 +102,14 @@ def one_line(text: str, width: int = 160) -> str:
 
 
 def parse_tags(values: Sequence[str], option: str = "--tag") -> dict[str, str] | None:
-    """``--tag k=v`` (or a bare ``--tag k``, value ``""``) as a tags mapping; ``None`` if none."""
-    tags: dict[str, str] = {}
-    for item in values:
-        key, _, value = item.partition("=")
-        if not key.strip():
-            raise click.BadParameter(
-                f"tag {item!r} has an empty key (use key=value)", param_hint=f"'{option}'"
-            )
-        tags[key.strip()] = value
-    return tags or None
+    """``--tag k=v`` (or a bare ``--tag k``, value ``""``) as a tags mapping, read as the tools
+    read their tag strings (:func:`._tool_defs.tags_map`); ``None`` if none."""
+    from ._tool_defs import tags_map
+
+    try:
+        return tags_map(list(values)) or None
+    except InvalidInputError as exc:
+        raise click.BadParameter(str(exc), param_hint=f"'{option}'") from exc
 
 
 def json_text(raw: str, option: str) -> Any:

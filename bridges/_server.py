@@ -208,6 +208,9 @@ class JsonLinesServer:
                     f"unknown method {name[:100]!r} (available: {', '.join(sorted(self.methods))})",
                 )
             params = request.get("params")
+            if isinstance(params, dict):  # an optional param given as null is left out
+                required = method.params.get("required", ())
+                params = {k: v for k, v in params.items() if v is not None or k in required}
             try:
                 params = check(method.params, {} if params is None else params, noun="param")
             except InvalidInputError as exc:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from memstrata.core.constants import ARCHIVES_DIR
 from memstrata.core.errors import InvalidInputError
-from memstrata.core.validation import check_path
+from memstrata.core.validation import check_bool, check_path
 from memstrata.messages import (
     SHARED,
     ArchiveEpisodes,
@@ -100,7 +100,7 @@ class Agent:
     ) -> int:
         """Add an entry to this agent's store (or, with ``shared=True``, the shared store, with
         this agent as its author); returns its id. Same content, category and scope -> same id."""
-        target = SHARED if shared else self.id
+        target = SHARED if check_bool(shared, "shared") else self.id
         message = StoreKnowledge(target, content, category, tags, scope, author=self.id)  # type: ignore[arg-type]
         return int(self._ask(message, timeout).entry_id)
 
@@ -143,6 +143,7 @@ class Agent:
     def _store(self, store: str | None, shared: bool) -> str:
         """The store an entry id refers to: ``store`` (this agent's id or ``"shared"``) or, for
         callers of the older form, ``shared=True``; both given must agree."""
+        check_bool(shared, "shared")
         if store is None:
             return SHARED if shared else self.id
         if store not in (self.id, SHARED):

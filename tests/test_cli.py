@@ -95,6 +95,10 @@ def test_query_filters_and_modes(run: Any) -> None:
         (["query", "x", "--agent", "a1", "--top-k", "0"], "'--top-k'"),
         (["query", "x", "--agent", "a1", "--min-score", "2"], "'--min-score'"),
         (["store", "x", "--agent", "a1", "-c", "pattern", "--tag", "=v"], "empty key"),
+        (
+            ["store", "x", "--agent", "a1", "-c", "pattern", "--tag", "a=1", "--tag", "a=2"],
+            "tag 'a' is given twice with different values ('1' and '2')",  # as the tools say
+        ),
         (["nosuchcommand"], "No such command 'nosuchcommand'"),
         (["store", "x", "--agent", "a1", "-c", "pattern", "--bogus"], "No such option '--bogus'"),
         (["recall", "x", "--agent", "a1", "--since", "2024-05-01T12:00:00"], "time zone"),
@@ -466,3 +470,17 @@ def test_demo_runs_and_reports(run: Any, data_dir: Path) -> None:
     result = cli_ok(run("demo"))
     assert "memstrata demo" in result.stdout
     assert (data_dir / "demo").is_dir()
+
+
+def test_a_json_null_value_is_a_value(run: Any) -> None:
+    stored = _json(run("working", "set", "-a", "a1", "--key", "k", "--value", "null", "--json"))
+    assert stored == {"key": "k", "stored": True}
+    assert (
+        _json(run("board", "publish", "-s", "s1", "--key", "k", "--value", "null", "--json"))["version"] == 1
+    )
+
+
+def test_tags_are_read_as_the_tools_read_them(run: Any) -> None:
+    cli_ok(run("store", "x", "--agent", "a1", "-c", "pattern", "--tag", " env =prod"))
+    (entry,) = _json(run("knowledge", "list", "-a", "a1", "--json"))
+    assert entry["tags"] == {" env ": "prod"}  # as the tools store " env =prod": no key is rewritten

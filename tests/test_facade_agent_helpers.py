@@ -114,3 +114,14 @@ def test_both_searches_refuse_top_k_zero_as_every_door_does(data_dir: Path) -> N
                 agent.recall("numpy", top_k=top_k)
         assert len(agent.query_knowledge("numpy version", top_k=None)) == 1  # None: search.top_k
         assert len(agent.recall("numpy", top_k=1)) == 1
+
+
+def test_shared_must_be_a_boolean_as_at_every_other_door(data_dir: Path) -> None:
+    """``shared="no"`` was truthy: the entry went to the shared store, where every agent finds it."""
+    with MemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder()) as system:
+        agent = system.agent("a1")
+        with pytest.raises(InvalidInputError, match="shared must be true or false, got 'no'"):
+            agent.store_knowledge("private note", shared="no")  # type: ignore[arg-type]
+        with pytest.raises(InvalidInputError, match="shared must be true or false, got 1"):
+            agent.list_knowledge(shared=1)  # type: ignore[arg-type]
+        assert system.agent("b1").query_knowledge("private note", include_shared=True) == []

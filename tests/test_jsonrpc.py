@@ -137,6 +137,24 @@ def test_an_empty_batch_is_invalid_and_a_batch_of_notifications_is_silent() -> N
 _CONTENT_DESCRIPTOR = {"name", "schema"}
 
 
+def test_an_optional_param_given_as_null_is_left_out_and_a_required_one_is_refused() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer"}, "label": {"type": "string"}},
+        "required": ["n"],
+    }
+    table = {"echo": Method("echo", schema, lambda p: p)}
+    data = b"".join(
+        orjson.dumps(r) + b"\n" for r in (_rq(1, "echo", n=1, label=None), _rq(2, "echo", n=None, label="x"))
+    )
+    out = io.BytesIO()
+    JsonLinesServer(table, workers=1).serve(io.BytesIO(data), out)
+    answers = {a["id"]: a for a in map(orjson.loads, out.getvalue().splitlines())}
+    assert answers[1]["result"] == {"n": 1}  # as if left out: the Python API's default
+    assert answers[2]["error"]["code"] == ErrorCode.INVALID_PARAMS
+    assert "'n' must be an integer, got null" in answers[2]["error"]["message"]
+
+
 def test_rpc_discover_is_an_openrpc_document_of_every_operation() -> None:
     out = io.BytesIO()
     methods = build_methods(None, None)  # type: ignore[arg-type]  # rpc.discover needs neither
