@@ -129,15 +129,19 @@ class MemstrataSession(SessionABC):
         return self._agent
 
     def _latest(self, count: int) -> list[Any]:
-        """The latest ``count`` live episodes of the run, oldest first (``-1``: all)."""
+        """The latest ``count`` items of the conversation, oldest first (``-1``: all): the run's
+        live episodes of kind ``turn`` (a note the agent remembered in the run is not an item)."""
         agent = self._check_open()
         found: list[Any] = []
+        seen = 0
         while count < 0 or len(found) < count:
             page = _PAGE if count < 0 else min(_PAGE, count - len(found))
-            got = agent.list_episodes(task_run_id=self.session_id, limit=page, offset=len(found))
-            found += got
+            got = agent.list_episodes(task_run_id=self.session_id, limit=page, offset=seen)
+            seen += len(got)
+            found += [episode for episode in got if episode.kind == KIND]
             if len(got) < page:
                 break
+        found = found if count < 0 else found[:count]
         found.reverse()
         return found
 
@@ -157,13 +161,13 @@ class MemstrataSession(SessionABC):
         return await asyncio.to_thread(self._read, limit)
 
     def _stamps(self, count: int) -> list[dt.datetime]:
-        """Times strictly after the run's latest episode, so the timeline keeps the order the
-        items were added in even if the clock steps back."""
+        """Times strictly after the run's latest item (stored, or given out by this object and
+        maybe not stored yet), so the timeline keeps the order the items were added in even if
+        the clock steps back or another session object adds to the same conversation."""
         with self._lock:
-            last = self._last_at
-            if last is None:
-                latest = self._latest(1)
-                last = latest[0].at if latest else None
+            latest = self._latest(1)
+            times = [t for t in (self._last_at, latest[0].at if latest else None) if t is not None]
+            last = max(times) if times else None
             now = self._opened.system.clock.now()
             out = []
             for _ in range(count):
@@ -210,10 +214,11 @@ class MemstrataSession(SessionABC):
             latest = self._latest(1)
             if not latest:
                 return None
+            item = orjson.loads(latest[0].content)  # before it is deleted: a bad one stays
             if self._agent.delete_episode(latest[0].id):
                 with self._lock:
                     self._last_at = None  # re-read: the next item may reuse the freed time
-                return orjson.loads(latest[0].content)
+                return item
 
     async def pop_item(self) -> Any:
         """Remove the most recent item for good and return it (``None`` when there is none)."""

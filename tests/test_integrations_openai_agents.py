@@ -111,6 +111,36 @@ def test_history_is_episodic_memory_and_deletion_is_for_good(tmp_path: Path) -> 
         asyncio.run(scenario(system))
 
 
+def test_a_note_remembered_in_the_run_is_not_an_item_and_two_sessions_keep_one_order(tmp_path: Path) -> None:
+    """A note the agent remembers with the conversation's id as its task run is left alone by
+    get_items, pop_item and clear_session (it broke them: not JSON, and popped first); two
+    session objects of one conversation add in one order, on a clock that stands still."""
+    from memstrata import Config, MemorySystem
+    from memstrata.actors import ManualClock
+    from memstrata.testing import HashEmbedder
+
+    async def scenario(system: MemorySystem) -> None:
+        first = MemstrataSession("chat-42", system=system, agent_id="helper")
+        second = MemstrataSession("chat-42", system=system, agent_id="helper")
+        await first.add_items([{"n": 1}])
+        system.agent("helper").remember("user prefers tea", task_run_id="chat-42")
+        for n in range(2, 8):
+            await (first if n % 2 else second).add_items([{"n": n}])
+        assert await first.get_items() == [{"n": n} for n in range(1, 8)]
+        assert await second.get_items(limit=2) == [{"n": 6}, {"n": 7}]
+        assert await second.pop_item() == {"n": 7}
+        await first.clear_session()
+        assert await second.get_items() == [] and await second.pop_item() is None
+        notes = system.agent("helper").list_episodes(task_run_id="chat-42")
+        assert [e.content for e in notes] == ["user prefers tea"]
+        first.close()
+        second.close()
+
+    clock = ManualClock(dt.datetime(2030, 1, 1, tzinfo=dt.UTC))  # never advanced
+    with MemorySystem.start(Config(data_dir=tmp_path / "d"), embedder=HashEmbedder(), clock=clock) as system:
+        asyncio.run(scenario(system))
+
+
 def test_order_survives_a_clock_stepping_back_and_long_histories_page(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
