@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -128,6 +129,11 @@ class Blackboard:
         """
         if not callable(callback):
             raise InvalidInputError(f"callback must be callable, got {type(callback).__name__}")
+        if inspect.iscoroutinefunction(callback) or inspect.iscoroutinefunction(type(callback).__call__):
+            raise InvalidInputError(
+                "callback is a coroutine function, which this thread would never await: "
+                "iterate AsyncBlackboard.subscribe(...) instead, or pass a plain function"
+            )
         subscription = Subscription(self._system, self.session_id, key_or_prefix)
         deliver = subscription._delivering(callback)
         reply = self._system.ask(SubscribeSignal(key_or_prefix, self.session_id), callback=deliver)

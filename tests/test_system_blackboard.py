@@ -213,3 +213,21 @@ def test_snapshot_on_stop_and_restore_on_start(data_dir: Path) -> None:
     with MemorySystem.start(off, embedder=FakeEmbedder()) as system:
         system.blackboard("s1").publish("k", 1)
     assert not (data_dir / "other" / "blackboard").exists()
+
+
+def test_a_coroutine_callback_is_refused_rather_than_never_run(system: MemorySystem) -> None:
+    """The delivery thread calls callbacks; a coroutine function's call would only make a
+    coroutine nobody awaits, so the subscription would look active and deliver nothing."""
+    board = system.blackboard("s-async")
+
+    async def on_change(signal: object) -> None:
+        raise AssertionError("never awaited")
+
+    class Handler:
+        async def __call__(self, signal: object) -> None:
+            raise AssertionError("never awaited")
+
+    for callback in (on_change, Handler()):
+        with pytest.raises(InvalidInputError, match="callback is a coroutine function"):
+            board.subscribe("k*", callback)
+    assert system.status()["blackboards"].get("s-async", {}).get("subscribers", 0) == 0
