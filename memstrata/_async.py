@@ -24,6 +24,7 @@ import functools
 import inspect
 import logging
 import threading
+import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -398,6 +399,24 @@ class _Starting:
             await self._system.stop()
 
 
+_POOLS: weakref.WeakKeyDictionary[MemorySystem, _Pool] = weakref.WeakKeyDictionary()
+_POOLS_LOCK = threading.Lock()
+
+
+def _pool_of(system: MemorySystem, given: _Pool | None) -> _Pool:
+    """The system's one call pool (``given`` becomes it, if it has none yet). A stop through the
+    synchronous object also ends the subscriptions and releases it."""
+    with _POOLS_LOCK:
+        pool = _POOLS.get(system)
+        if pool is None or pool.closed:
+            pool = given or _Pool()
+            _POOLS[system] = pool
+            system._when_stopped(pool.close)
+        elif given is not None and given is not pool:
+            given.close()
+    return pool
+
+
 class AsyncMemorySystem(_Handle):
     """The asyncio twin of :class:`memstrata.MemorySystem`.
 
@@ -410,12 +429,11 @@ class AsyncMemorySystem(_Handle):
     sync: MemorySystem
 
     def __init__(self, system: MemorySystem, pool: _Pool | None = None) -> None:
-        """Wrap a running :class:`MemorySystem` (its owner still stops it, through either object)."""
-        super().__init__(system, pool or _Pool())
+        """Wrap a running :class:`MemorySystem` (its owner still stops it, through either object).
+        Every wrapper of one system shares one thread pool, however many are made."""
+        super().__init__(system, _pool_of(system, pool))
         self._agents: dict[str, AsyncAgent] = {}
         self._boards: dict[str, AsyncBlackboard] = {}
-        # a stop through the synchronous object also ends the subscriptions and releases the pool
-        system._when_stopped(self._pool.close)
 
     start = staticmethod(_starter(MemorySystem.start))
 

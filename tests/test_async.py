@@ -326,3 +326,21 @@ def test_a_subscription_whose_entry_is_cancelled_is_removed(
     finally:
         release.set()
     assert (board_status["subscribers"], board_status["delivered"]) == (0, 0)
+
+
+def test_wrappers_of_one_system_share_one_pool(data_dir: Path) -> None:
+    """Wrapping a running system per request made a pool per wrapper, each kept (with its idle
+    threads) until the system stopped."""
+    with MemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder()) as system:
+
+        async def scenario() -> None:
+            wrappers = [AsyncMemorySystem(system) for _ in range(20)]
+            for n, wrapper in enumerate(wrappers):
+                await wrapper.agent("a1").remember(f"note {n}")
+            assert len({id(w._pool) for w in wrappers}) == 1
+            assert AsyncMemorySystem(system)._pool is wrappers[0]._pool
+
+        asyncio.run(scenario())
+        assert len(system.agent("a1").list_episodes()) == 20
+        pool = AsyncMemorySystem(system)._pool
+    assert pool.closed  # the system's stop released it
