@@ -11,20 +11,22 @@ same path shares that one system (counted: the last to close stops it). Given ``
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import shutil
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from memstrata import MemorySystem
 from memstrata.config import Config
 from memstrata.errors import ConfigError, EmbedderUnavailableError, InvalidInputError, SystemStoppedError
 
-__all__ = ["InputTypeError", "Opened", "missing", "open_system"]
+__all__ = ["InputTypeError", "Opened", "missing", "open_system", "settled"]
 
 MEMORY = ":memory:"
 FILE_SUFFIX = ".memstrata"
@@ -34,6 +36,28 @@ class InputTypeError(InvalidInputError, TypeError):
     """An argument of the wrong type (or a value that is not JSON): memstrata's
     ``InvalidInputError`` and also the ``TypeError`` the frameworks' own backends raise there, so
     code written for either catches it."""
+
+
+_T = TypeVar("_T")
+
+
+async def settled(write: Callable[..., _T], *args: Any) -> _T:
+    """Runs ``write`` in a worker thread; a cancellation of the caller waits for the write's
+    outcome (committed or failed) before it propagates, so no write lands after the caller saw
+    ``CancelledError`` (the OpenAI Agents SDK's ``SQLiteSession`` does the same). A write cannot be stopped
+    halfway: its thread runs it to the end either way."""
+    task = asyncio.ensure_future(asyncio.to_thread(write, *args))
+    cancelled: asyncio.CancelledError | None = None
+    while not task.done():
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError as exc:  # again and again: still wait for the outcome
+            cancelled = cancelled or exc
+    if cancelled is not None:
+        if not task.cancelled():
+            task.exception()  # retrieved, so asyncio does not report it as never retrieved
+        raise cancelled
+    return task.result()
 
 
 def missing(module: str, extra: str, exc: ImportError) -> ImportError:

@@ -21,7 +21,7 @@ from memstrata.core.validation import check_top_k
 from memstrata.errors import InvalidInputError
 from memstrata.storage import Embedder, load_embedder
 
-from ._common import InputTypeError, missing, open_system
+from ._common import InputTypeError, missing, open_system, settled
 
 try:
     from autogen_core import CancellationToken, Component
@@ -143,7 +143,7 @@ class MemstrataMemory(Memory, Component[MemstrataMemoryConfig]):
             vector = self._embedder.embed_documents([text])[0].tolist()
             self._items.put(self._namespace, uuid.uuid4().hex, value, vectors={"content": vector})
 
-        await asyncio.to_thread(write)
+        await settled(write)
 
     async def query(
         self,
@@ -197,7 +197,7 @@ class MemstrataMemory(Memory, Component[MemstrataMemoryConfig]):
         return UpdateContextResult(memories=found)
 
     async def clear(self) -> None:
-        await asyncio.to_thread(self._items.clear, self._namespace)
+        await settled(self._items.clear, self._namespace)
 
     async def reset(self) -> None:
         """Deletes every memory of the collection; refused unless ``allow_reset``."""

@@ -27,7 +27,7 @@ from memstrata.core.closing import Closeable
 from memstrata.errors import InvalidInputError
 from memstrata.messages import PutItem
 
-from ._common import missing, open_system
+from ._common import missing, open_system, settled
 
 try:
     from langgraph.store.base import (
@@ -239,7 +239,7 @@ class MemstrataStore(BaseStore, Closeable):
         return self._run(list(ops))
 
     async def abatch(self, ops: Iterable[Any]) -> list[Any]:
-        return await asyncio.to_thread(self._run, list(ops))
+        return await settled(self._run, list(ops))
 
     def _run(self, ops: list[Any]) -> list[Any]:
         results: list[Any] = [None] * len(ops)

@@ -16,9 +16,8 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import threading
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import orjson
 
@@ -26,7 +25,7 @@ from memstrata.core.validation import check_json_value, show
 from memstrata.errors import InvalidInputError, SystemStoppedError
 from memstrata.messages import StoreMemory
 
-from ._common import InputTypeError, missing, open_system
+from ._common import InputTypeError, missing, open_system, settled
 
 try:
     from agents.memory import session_settings as _settings
@@ -41,31 +40,11 @@ AGENT_ID = "openai-agents"
 KIND = "turn"
 _PAGE = 10_000  # the most episodes one list request returns
 _TICK = dt.timedelta(microseconds=1)
-_T = TypeVar("_T")
 
 
 class SessionClosedError(SystemStoppedError, RuntimeError):
     """A call on a closed session: memstrata's ``SystemStoppedError`` and also the
     ``RuntimeError`` the SDK's ``SQLiteSession`` raises there."""
-
-
-async def _settled(write: Callable[..., _T], *args: Any) -> _T:
-    """Runs ``write`` in a worker thread; a cancellation of the caller waits for the write's
-    outcome (committed or failed) before it propagates, so no write lands after the caller saw
-    ``CancelledError`` (the SDK's ``SQLiteSession`` does the same). A write cannot be stopped
-    halfway: its thread runs it to the end either way."""
-    task = asyncio.ensure_future(asyncio.to_thread(write, *args))
-    cancelled: asyncio.CancelledError | None = None
-    while not task.done():
-        try:
-            await asyncio.wait({task})
-        except asyncio.CancelledError as exc:  # again and again: still wait for the outcome
-            cancelled = cancelled or exc
-    if cancelled is not None:
-        if not task.cancelled():
-            task.exception()  # retrieved, so asyncio does not report it as never retrieved
-        raise cancelled
-    return task.result()
 
 
 class MemstrataSession(SessionABC):
@@ -207,7 +186,7 @@ class MemstrataSession(SessionABC):
         """Record the items in order, as episodes of the run (not waiting for their vectors)."""
         if not isinstance(items, list | tuple):  # list() would split a str or dict into characters or keys
             raise InputTypeError(f"items must be a list of items, got {type(items).__name__} {show(items)}")
-        await _settled(self._add, tuple(items))
+        await settled(self._add, tuple(items))
 
     def _pop(self) -> Any:
         while True:
@@ -222,7 +201,7 @@ class MemstrataSession(SessionABC):
 
     async def pop_item(self) -> Any:
         """Remove the most recent item for good and return it (``None`` when there is none)."""
-        return await _settled(self._pop)
+        return await settled(self._pop)
 
     def _clear(self) -> None:
         while True:
@@ -234,7 +213,7 @@ class MemstrataSession(SessionABC):
 
     async def clear_session(self) -> None:
         """Delete every item of the conversation for good."""
-        await _settled(self._clear)
+        await settled(self._clear)
 
     def close(self) -> None:
         """Lets a private system go (a given one keeps running); later calls are refused."""

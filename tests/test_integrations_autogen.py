@@ -152,3 +152,20 @@ def test_top_k_is_k_a_blank_query_finds_nothing_and_a_wrong_type_is_a_type_error
         await memory.close()
 
     asyncio.run(scenario())
+
+
+def test_a_cancelled_add_is_stored_before_the_cancellation_reaches_the_caller() -> None:
+    async def scenario() -> None:
+        memory = MemstrataMemory(MemstrataMemoryConfig(k=50), embedder=HashEmbedder())
+        for n in range(20):
+            content = MemoryContent(content=f"fact number {n}", mime_type=MemoryMimeType.TEXT)
+            task = asyncio.create_task(memory.add(content))
+            await asyncio.sleep(0)  # the call begins
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        found = await memory.query("fact number")
+        assert sorted(str(m.content) for m in found.results) == sorted(f"fact number {n}" for n in range(20))
+        await memory.close()
+
+    asyncio.run(scenario())

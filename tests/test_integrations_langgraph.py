@@ -219,3 +219,20 @@ def test_a_range_on_a_number_or_a_string_meets_only_values_of_that_type() -> Non
     assert ours[repr({"v": 3})] == ["num"]
     assert ours[repr({"v": {"$ne": 3}})] == ["list", "missing", "null", "obj", "real", "set"]
     assert ours[repr({"v": "a"})] == ["set"]
+
+
+def test_a_cancelled_aput_is_written_before_the_cancellation_reaches_the_caller() -> None:
+    """Cancelled once it began, every write lands, and before the caller sees CancelledError
+    (a plain worker thread dropped or kept it at random)."""
+
+    async def scenario() -> None:
+        async with AsyncMemstrataStore.from_conn_string(":memory:") as store:
+            for n in range(20):
+                task = asyncio.create_task(store.aput(("c",), f"k{n}", {"n": n}))
+                await asyncio.sleep(0)  # the call begins
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                assert await store.aget(("c",), f"k{n}") is not None, n
+
+    asyncio.run(scenario())
