@@ -19,11 +19,12 @@ import datetime
 import math
 import sys
 import threading
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from memstrata.core.closing import Closeable
+from memstrata.core.constants import MAX_TOP_K
 from memstrata.errors import InvalidInputError
 from memstrata.messages import PutItem
 
@@ -114,6 +115,22 @@ def _merge(kept: dict[str, Any], name: str, value: Any) -> None:
             )
     else:
         kept[name] = (min if name.startswith("$l") else max)(kept[name], value)
+
+
+_R = TypeVar("_R")
+
+
+def _paged(fetch: Callable[[int, int], list[_R]], limit: int, offset: int) -> list[_R]:
+    """``limit`` results from ``offset``, in pages the item store answers (at most
+    ``MAX_TOP_K`` each): LangGraph's own stores take any limit."""
+    found: list[_R] = []
+    while len(found) < limit:
+        page = min(MAX_TOP_K, limit - len(found))
+        got = fetch(page, offset + len(found))
+        found += got
+        if len(got) < page:
+            break
+    return found
 
 
 def _finite(filter: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -317,13 +334,14 @@ class MemstrataStore(BaseStore, Closeable):
         vector = None
         if op.query and self.embeddings is not None:
             vector = self._vectors([self.embeddings.embed_query(op.query)])[0]
-        records = self._items.search(
-            tuple(op.namespace_prefix),
-            filter=_finite(op.filter),
-            limit=op.limit,
-            offset=op.offset,
-            query_vector=vector,
-            refresh_ttl=bool(op.refresh_ttl) and self._refresh_on_read,
+        prefix, where = tuple(op.namespace_prefix), _finite(op.filter)
+        refresh = bool(op.refresh_ttl) and self._refresh_on_read
+        records = _paged(
+            lambda limit, offset: self._items.search(
+                prefix, filter=where, limit=limit, offset=offset, query_vector=vector, refresh_ttl=refresh
+            ),
+            op.limit,
+            op.offset,
         )
         return [_search_item(r) for r in records]
 
@@ -336,8 +354,12 @@ class MemstrataStore(BaseStore, Closeable):
                 suffix = tuple(cond.path)
             else:
                 raise InvalidInputError(f"unknown namespace match type {cond.match_type!r}")
-        return self._items.list_namespaces(
-            prefix=prefix, suffix=suffix, max_depth=op.max_depth, limit=op.limit, offset=op.offset
+        return _paged(
+            lambda limit, offset: self._items.list_namespaces(
+                prefix=prefix, suffix=suffix, max_depth=op.max_depth, limit=limit, offset=offset
+            ),
+            op.limit,
+            op.offset,
         )
 
     # time to live -------------------------------------------------------------------------

@@ -236,3 +236,21 @@ def test_a_cancelled_aput_is_written_before_the_cancellation_reaches_the_caller(
                 assert await store.aget(("c",), f"k{n}") is not None, n
 
     asyncio.run(scenario())
+
+
+def test_any_limit_is_paged_through_the_item_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The item store answers at most MAX_TOP_K (1,000) per request; LangGraph's own stores take
+    any limit, so the adapter pages (here in pages of 7)."""
+    import memstrata.integrations.langgraph as module
+
+    with MemstrataStore.from_conn_string(":memory:") as store:
+        for n in range(20):
+            store.put(("docs", f"d{n % 3}"), f"k{n:02d}", {"n": n})
+        assert len(store.search(("docs",), limit=5000)) == 20  # the real bound, one page
+        monkeypatch.setattr(module, "MAX_TOP_K", 7)
+        everything = store.search(("docs",), limit=5000)
+        assert sorted(item.key for item in everything) == [f"k{n:02d}" for n in range(20)]
+        assert [i.key for i in store.search(("docs",), limit=9, offset=5)] == [
+            i.key for i in everything[5:14]
+        ]
+        assert len(store.list_namespaces(prefix=("docs",), limit=5000)) == 3
