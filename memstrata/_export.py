@@ -139,6 +139,7 @@ def export_records(runtime: Runtime, *, timeout: float) -> list[dict[str, Any]]:
     if (runtime.data_dir / ITEMS_FILE).exists() or any(k == "items" for k, _ in running):
         records += runtime.wait(runtime.request("items", ITEMS_KEY, ExportRecords()), timeout, "export items")
     records[1:] = sorted(records[1:], key=_sort_key)
+    records[0]["records"] = len(records) - 1  # an import of a file cut short can tell
     return records
 
 
@@ -185,7 +186,9 @@ def export_target(path: str | os.PathLike[str], data_dir: Path) -> Path:
 
 def read_export(path: str | os.PathLike[str]) -> Iterator[tuple[str, dict[str, Any]]]:
     """The records of an export file, each with where it is (``"PATH line N"``), checked line by
-    line for JSON and a known kind (a bad line names its number)."""
+    line for JSON and a known kind (a bad line names its number). The first line must be the
+    header; when it counts the records (every export since the count was added does), a file
+    with fewer or more is refused once read: it was cut short, or added to."""
     source = Path(check_path(path)).expanduser()
     try:
         if not stat.S_ISREG(source.stat().st_mode):  # a device or a pipe could stream forever
@@ -193,20 +196,40 @@ def read_export(path: str | os.PathLike[str]) -> Iterator[tuple[str, dict[str, A
         handle = source.open("rb")
     except OSError as exc:
         raise InvalidInputError(f"cannot read the export {source}: {exc}") from exc
+    header: dict[str, Any] | None = None
+    count = 0
     with handle:
         for number, line in enumerate(handle, 1):
-            if not line.strip():
+            if number > 1 and not line.strip():
                 continue
-            record = loads_or_refuse(line, f"{source} line {number}")
+            record = loads_or_refuse(line, f"{source} line {number}") if line.strip() else None
+            if number == 1:
+                if (
+                    not isinstance(record, dict)
+                    or record.get("format") != FORMAT
+                    or record.get("version") != VERSION
+                ):
+                    raise InvalidInputError(
+                        f"{source} is not a memstrata export (version {VERSION}): "
+                        f"its first line is {line[:80]!r}"
+                    )
+                header = record
             if not isinstance(record, dict) or not isinstance(record.get("kind"), str):
                 raise InvalidInputError(f"{source} line {number} is not an object with a 'kind'")
-            if number == 1 and (record.get("format") != FORMAT or record.get("version") != VERSION):
-                raise InvalidInputError(
-                    f"{source} is not a memstrata export (version {VERSION}): its first line is {line[:80]!r}"
-                )
             if record["kind"] not in _KIND_ORDER:
                 raise InvalidInputError(f"{source} line {number} has unknown kind {record['kind']!r}")
+            count += number > 1
             yield f"{source} line {number}", record
+    if header is None:
+        raise InvalidInputError(f"{source} is empty: not a memstrata export")
+    expected = header.get("records")
+    if expected is not None and (isinstance(expected, bool) or not isinstance(expected, int)):
+        raise InvalidInputError(f"{source} line 1: records must be an integer, got {expected!r}")
+    if expected is not None and expected != count:
+        raise InvalidInputError(
+            f"{source} holds {count} records where its header says {expected}: "
+            f"{'cut short' if count < expected else 'added to'}; nothing was imported"
+        )
 
 
 # the message each kind of record amounts to when imported, with the record's name for each of

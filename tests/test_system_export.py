@@ -57,7 +57,7 @@ def test_export_holds_every_kind_sorted_and_import_restores_it(tmp_path: Path) -
         lines = system.export(tmp_path / "a.jsonl")
     records = _records(tmp_path / "a.jsonl")
     assert len(records) == lines
-    assert records[0] == {"format": "memstrata-export", "kind": "export", "version": 1}
+    assert records[0] == {"format": "memstrata-export", "kind": "export", "version": 1, "records": lines - 1}
     kinds = [r["kind"] for r in records]
     assert kinds == sorted(kinds, key=["export", "knowledge", "episode", "working", "signal"].index)
     knowledge = [r for r in records if r["kind"] == "knowledge"]
@@ -105,6 +105,8 @@ def test_export_holds_every_kind_sorted_and_import_restores_it(tmp_path: Path) -
                 row = {k: v for k, v in row.items() if k != "id"}  # renumbered; the uuid is kept
             if row["kind"] == "signal":
                 row = {k: v for k, v in row.items() if k not in ("version", "updated_at")}
+            if row["kind"] == "export":
+                row = {k: v for k, v in row.items() if k != "records"}  # the archived one is not here
             out.append(row)
         return out
 
@@ -222,6 +224,34 @@ def test_item_vectors_of_another_dimension_change_nothing(tmp_path: Path) -> Non
         ):
             system.import_(tmp_path / "mixed.jsonl")
         assert system.status()["agents"] == {}
+
+
+def test_a_file_cut_short_empty_or_without_its_header_first_is_refused(tmp_path: Path) -> None:
+    with MemorySystem.start(
+        Config(data_dir=tmp_path / "src"), embedder=HashEmbedder(), clock=ManualClock(START)
+    ) as system:
+        _fill(system, ManualClock(START))
+        system.export(tmp_path / "whole.jsonl")
+    lines = (tmp_path / "whole.jsonl").read_bytes().splitlines(keepends=True)
+    cases = {
+        "cut.jsonl": (
+            b"".join(lines[:4]),
+            rf"holds 3 records where its header says {len(lines) - 1}: cut short",
+        ),
+        "more.jsonl": (b"".join([*lines, lines[-1]]), rf"holds {len(lines)} records .* added to"),
+        "empty.jsonl": (b"", "is empty: not a memstrata export"),
+        "blank.jsonl": (b"\n" + b"".join(lines[1:]), "is not a memstrata export"),
+    }
+    with MemorySystem.start(Config(data_dir=tmp_path / "dst"), embedder=HashEmbedder()) as system:
+        for name, (data, message) in cases.items():
+            (tmp_path / name).write_bytes(data)
+            with pytest.raises(InvalidInputError, match=message):
+                system.import_(tmp_path / name)
+            assert system.status()["agents"] == {}, name  # nothing applied
+        headless = [orjson.loads(lines[0]), *map(orjson.loads, lines[1:4])]
+        del headless[0]["records"]  # a file from before the count: read as it is
+        (tmp_path / "old.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in headless))
+        assert sum(system.import_(tmp_path / "old.jsonl").values()) == 3
 
 
 def test_export_and_archives_never_write_among_the_data_dirs_own_files(tmp_path: Path) -> None:
