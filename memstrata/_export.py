@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import os
 import stat
@@ -120,26 +121,38 @@ def export_records(runtime: Runtime, *, timeout: float) -> list[dict[str, Any]]:
             records += runtime.wait(
                 runtime.request(kind, key, ExportRecords()), timeout, f"export working {key}"
             )
-        elif kind == "blackboard":
-            keys = runtime.wait(runtime.request(kind, key, ListSignals(None, key)), timeout, "export").keys
-            for name in keys:
-                value = runtime.wait(runtime.request(kind, key, QuerySignal(name, key)), timeout, "export")
-                if value.found:
-                    records.append(
-                        {
-                            "kind": "signal",
-                            "session": key,
-                            "key": name,
-                            "value": value.value,
-                            "publisher": value.publisher_id,
-                            "version": value.version,
-                            "updated_at": value.updated_at.isoformat() if value.updated_at else None,
-                        }
-                    )
+    # boards that run, and with snapshots those saved by an earlier run (loaded when asked)
+    if runtime.config.actors.blackboard_snapshot:
+        boards = _owners(runtime, "blackboard", running)
+    else:
+        boards = {key for kind, key in running if kind == "blackboard"}
+    for session in sorted(boards):
+        records += _board_records(runtime, session, timeout)
     if (runtime.data_dir / ITEMS_FILE).exists() or any(k == "items" for k, _ in running):
         records += runtime.wait(runtime.request("items", ITEMS_KEY, ExportRecords()), timeout, "export items")
     records[1:] = sorted(records[1:], key=_sort_key)
     records[0]["records"] = len(records) - 1  # an import of a file cut short can tell
+    return records
+
+
+def _board_records(runtime: Runtime, session: str, timeout: float) -> list[dict[str, Any]]:
+    """The ``signal`` records of one session's blackboard."""
+    ask = functools.partial(runtime.request, "blackboard", session)
+    records = []
+    for name in runtime.wait(ask(ListSignals(None, session)), timeout, "export").keys:
+        value = runtime.wait(ask(QuerySignal(name, session)), timeout, "export")
+        if value.found:
+            records.append(
+                {
+                    "kind": "signal",
+                    "session": session,
+                    "key": name,
+                    "value": value.value,
+                    "publisher": value.publisher_id,
+                    "version": value.version,
+                    "updated_at": value.updated_at.isoformat() if value.updated_at else None,
+                }
+            )
     return records
 
 

@@ -254,6 +254,23 @@ def test_a_file_cut_short_empty_or_without_its_header_first_is_refused(tmp_path:
         assert sum(system.import_(tmp_path / "old.jsonl").values()) == 3
 
 
+def test_a_saved_blackboard_is_exported_by_a_later_process(tmp_path: Path) -> None:
+    """With snapshots, a board saved by an earlier run is memory too: the export of a process
+    that has not touched the session (memstrata export, a backup job) holds it."""
+    import dataclasses
+
+    config = Config(data_dir=tmp_path / "d")
+    config = dataclasses.replace(config, actors=dataclasses.replace(config.actors, blackboard_snapshot=True))
+    with MemorySystem.start(config, embedder=HashEmbedder()) as system:
+        system.blackboard("release").publish("status", "green", "ci", wait=True)
+    with MemorySystem.start(config, embedder=HashEmbedder()) as system:
+        system.export(tmp_path / "later.jsonl")
+    signals = [r for r in _records(tmp_path / "later.jsonl") if r["kind"] == "signal"]
+    assert [(r["session"], r["key"], r["value"], r["publisher"]) for r in signals] == [
+        ("release", "status", "green", "ci")
+    ]
+
+
 def test_export_and_archives_never_write_among_the_data_dirs_own_files(tmp_path: Path) -> None:
     data = tmp_path / "d"
     with MemorySystem.start(Config(data_dir=data), embedder=HashEmbedder()) as system:
