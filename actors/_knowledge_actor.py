@@ -124,12 +124,16 @@ class KnowledgeStoreActor(_PersistentActor):
 
     def _import(self, records: Sequence[dict[str, Any]]) -> int:
         """Entries in id order, each dated as exported: created by an ``add`` at ``created_at``,
-        then (when it changed later) refreshed by the same ``add`` at ``updated_at``."""
+        then (when it changed later) refreshed by the same ``add`` at ``updated_at``. Into an
+        empty store they keep their ids, gaps included."""
         layer = self.layer
         saved = getattr(layer, "clock", None)
         added = 0
+        keep_ids = layer.count() == 0
         try:
             for record in sorted(records, key=lambda r: int(r.get("id", 0))):
+                if keep_ids and record.get("id") is not None:
+                    layer.next_id_at_least(int(record["id"]))
                 args = {
                     "category": record["category"],
                     "tags": record.get("tags") or None,

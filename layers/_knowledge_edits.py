@@ -169,3 +169,16 @@ class KnowledgeEdits(KnowledgeWrites):
             if gone and self._vectors is not None:
                 self._vectors.delete_many([entry_id])
         return bool(gone)
+
+    def next_id_at_least(self, entry_id: int) -> None:
+        """The next new entry takes at least ``entry_id`` (an import keeping the ids of an
+        export, gaps included); ids already given out are never given again."""
+        self._check_open()
+        wanted = check_row_id(entry_id) - 1
+        with self._db.transaction():
+            self._db.execute(
+                "INSERT INTO sqlite_sequence (name, seq) SELECT ?, 0"
+                " WHERE NOT EXISTS (SELECT 1 FROM sqlite_sequence WHERE name = ?)",
+                (TABLE, TABLE),
+            )
+            self._db.execute("UPDATE sqlite_sequence SET seq = max(seq, ?) WHERE name = ?", (wanted, TABLE))

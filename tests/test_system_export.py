@@ -271,6 +271,21 @@ def test_a_saved_blackboard_is_exported_by_a_later_process(tmp_path: Path) -> No
     ]
 
 
+def test_knowledge_keeps_its_ids_gaps_included_when_imported_into_an_empty_store(tmp_path: Path) -> None:
+    with MemorySystem.start(Config(data_dir=tmp_path / "src"), embedder=HashEmbedder()) as system:
+        agent = system.agent("a1")
+        ids = [agent.store_knowledge(f"fact {n}", category="pattern") for n in range(5)]
+        agent.delete_knowledge(ids[0])
+        agent.delete_knowledge(ids[2])
+        system.export(tmp_path / "gaps.jsonl")
+        kept = {e.id: e.content for e in agent.list_knowledge()}
+    with MemorySystem.start(Config(data_dir=tmp_path / "dst"), embedder=HashEmbedder()) as system:
+        system.import_(tmp_path / "gaps.jsonl")
+        agent = system.agent("a1")
+        assert {e.id: e.content for e in agent.list_knowledge()} == kept  # ids 2, 4 and 5
+        assert agent.store_knowledge("a new fact", category="pattern") == max(kept) + 1
+
+
 def test_export_and_archives_never_write_among_the_data_dirs_own_files(tmp_path: Path) -> None:
     data = tmp_path / "d"
     with MemorySystem.start(Config(data_dir=data), embedder=HashEmbedder()) as system:
