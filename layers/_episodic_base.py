@@ -97,7 +97,33 @@ class EpisodicBase(PendingVectors):
                 store_uuid = _random_uuid()
                 set_meta(db, "store_uuid", store_uuid)
         self.store_uuid = store_uuid
+        self._find_moved_archives()
         self._setup_vectors()
+
+    def _find_moved_archives(self) -> None:
+        """An archive whose recorded path is gone but whose file (same archive uuid) stands in
+        this store's archives folder, as after the data dir was moved, is recorded there."""
+        if str(self._db.path) == ":memory:":
+            return
+        folder = self._db.path.parent / "archives"  # the data dir's episodic/archives
+        moved = []
+        for path, archive_uuid in self._db.query("SELECT path, archive_uuid FROM archives"):
+            candidate = folder / Path(path).name
+            if Path(path).is_file() or not candidate.is_file() or str(candidate) == path:
+                continue
+            try:
+                found = ArchiveFile(candidate, verify=False)
+            except Exception:  # not an archive: the recorded one stays missing, as status says
+                continue
+            try:
+                if found.archive_uuid == archive_uuid:
+                    moved.append((str(candidate), path))
+            finally:
+                found.close()
+        if moved:
+            with self._db.transaction():
+                self._db.executemany("UPDATE OR IGNORE archives SET path = ? WHERE path = ?", moved)
+            log.info("episodic store %s: %d archive(s) found in their new place", self._db.path, len(moved))
 
     def name_store(self, store_uuid: str) -> bool:
         """Give the store ``store_uuid`` if this open created it and no archive holds its uuid

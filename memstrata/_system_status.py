@@ -264,6 +264,9 @@ def _warnings(
                 check = store.get("consistency")
                 if isinstance(check, Mapping) and check.get("problems"):
                     out.append(f"{where}: repaired on open: {'; '.join(map(str, check['problems']))}")
+                for archive in store.get("archives") or ():  # its episodes leave searches and exports
+                    if isinstance(archive, Mapping) and archive.get("problem"):
+                        out.append(f"{where}: archive {archive.get('path')}: {archive['problem']}")
             for problem in ("last_sync_error", "last_note_error"):  # workspaces
                 if state.get(problem):
                     out.append(f"{where}: {state[problem]}")

@@ -286,6 +286,30 @@ def test_knowledge_keeps_its_ids_gaps_included_when_imported_into_an_empty_store
         assert agent.store_knowledge("a new fact", category="pattern") == max(kept) + 1
 
 
+def test_a_moved_data_dir_keeps_its_archives_and_a_missing_archive_is_a_warning(tmp_path: Path) -> None:
+    """Archives are recorded by path; after the data dir moved, those in its own archives folder
+    are found in their new place (before, their episodes left exports without a word)."""
+    import shutil
+
+    with MemorySystem.start(Config(data_dir=tmp_path / "old"), embedder=HashEmbedder()) as system:
+        agent = system.agent("a1")
+        agent.remember("the first deploy failed", at=START - dt.timedelta(days=400))
+        agent.remember("the second deploy worked", at=START)
+        archived = agent.archive_episodes(before=START - dt.timedelta(days=1))
+        assert archived.archived == 1
+        lines = system.export(tmp_path / "before.jsonl")
+    shutil.move(tmp_path / "old", tmp_path / "new")
+    with MemorySystem.start(Config(data_dir=tmp_path / "new"), embedder=HashEmbedder()) as system:
+        assert system.export(tmp_path / "after.jsonl") == lines
+        assert _records(tmp_path / "after.jsonl") == _records(tmp_path / "before.jsonl")
+        assert system.status()["warnings"] == []
+        moved = Path(archived.path.replace(str(tmp_path / "old"), str(tmp_path / "new")))
+        moved.unlink()
+    with MemorySystem.start(Config(data_dir=tmp_path / "new"), embedder=HashEmbedder()) as system:
+        system.agent("a1").list_episodes()
+        assert f"a1 episodic: archive {moved}: the file is missing" in system.status()["warnings"]
+
+
 def test_export_and_archives_never_write_among_the_data_dirs_own_files(tmp_path: Path) -> None:
     data = tmp_path / "d"
     with MemorySystem.start(Config(data_dir=data), embedder=HashEmbedder()) as system:
