@@ -105,6 +105,10 @@ def query(
             hits = [
                 _convert.knowledge_hit(h) for h in system.agent(agent_id).query_knowledge(query, **options)
             ]
+    else:  # nothing to search, but what a search would refuse is refused
+        from memstrata.messages import QueryKnowledge
+
+        QueryKnowledge(agent_id, query, **options)
     echo_hits(
         hits,
         as_json,

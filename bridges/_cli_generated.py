@@ -15,6 +15,7 @@ top-level commands already serve (``index``, ``search``, ``get``, ``status``, ``
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Mapping
 from typing import Any, cast
@@ -168,6 +169,29 @@ def params_of(op: Operation, given: Mapping[str, Any]) -> dict[str, Any]:
 _RUN = object()
 
 
+def _check_as_a_read(op: Operation, params: Mapping[str, Any]) -> None:
+    """Refuse what the read's message would refuse (a scope with ``..``, a range that ends before
+    it starts, ...), as the running system does, though no system is started to answer it."""
+    from memstrata.messages import ListEpisodes, ListKnowledge, QueryKnowledge, SearchMemory
+
+    from ._operation import parse_time
+
+    message = {
+        "query_knowledge": QueryKnowledge,
+        "list_knowledge": ListKnowledge,
+        "recall": SearchMemory,
+        "list_episodes": ListEpisodes,
+    }.get(op.name)
+    if message is None:
+        return
+    fields = {f.name for f in dataclasses.fields(message)}
+    given = {k: v for k, v in params.items() if k in fields}
+    for name in ("since", "until"):
+        if isinstance(given.get(name), str):
+            given[name] = parse_time(given[name], name)
+    message(**given)
+
+
 def _empty_answer(state: CliState, op: Operation, params: Mapping[str, Any]) -> Any:
     """What a read of an agent with no store on disk answers, without starting the system.
 
@@ -186,6 +210,7 @@ def _empty_answer(state: CliState, op: Operation, params: Mapping[str, Any]) -> 
         return _RUN
     if params.get("include_shared") and state.store_exists(kind, "shared", shared=True):
         return _RUN
+    _check_as_a_read(op, params)
     result = op.result
     if "hits" in result.get("properties", {}):
         return search_result([], [])

@@ -484,3 +484,33 @@ def test_tags_are_read_as_the_tools_read_them(run: Any) -> None:
     cli_ok(run("store", "x", "--agent", "a1", "-c", "pattern", "--tag", " env =prod"))
     (entry,) = _json(run("knowledge", "list", "-a", "a1", "--json"))
     assert entry["tags"] == {" env ": "prod"}  # as the tools store " env =prod": no key is rewritten
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (
+            [
+                "episodes",
+                "list",
+                "-a",
+                "new",
+                "--since",
+                "2025-01-03T00:00:00Z",
+                "--until",
+                "2025-01-02T00:00:00Z",
+            ],
+            "is after until",
+        ),
+        (["knowledge", "list", "-a", "new", "--scope", "/a/../b"], "must not contain '..' segments"),
+        (["knowledge", "query", "-a", "new", "x", "--tag", "k" * 200], "must be 1-128 characters"),
+        (["query", "x", "--agent", "new", "--scope", "/a/../b"], "must not contain '..' segments"),
+        (["query", "x", "--agent", "new", "--category", "Bad Cat"], "category is not valid"),
+    ],
+)
+def test_a_read_of_an_agent_without_a_store_refuses_what_a_store_would(
+    run: Any, args: list[str], needle: str
+) -> None:
+    """Nothing to read answers "nothing found" without starting the system; bad input is still
+    refused (exit 2), as once the agent has data and at every other door."""
+    cli_fails(run(*args, "--json"), 2, needle)
