@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from memstrata.core.errors import InvalidInputError
+from memstrata.core.errors import ConfigError, InvalidInputError
 from memstrata.storage import embed_documents, embed_query
 
 from ._base import MemoryActor
@@ -127,7 +127,15 @@ class ItemsActor(MemoryActor):
         if isinstance(message, SearchItems):
             vector: Any = message.query_vector
             if message.query is not None:
-                vector = embed_query(self._embedder("SearchItems.query"), message.query).tolist()
+                embedder = self._embedder("SearchItems.query")
+                vector = embed_query(embedder, message.query).tolist()
+                held = layer.vector_dim()
+                if held is not None and held != len(vector):  # the configured model is not the one stored
+                    raise ConfigError(
+                        f"the item store's vectors have {held} dimensions and the model "
+                        f"{getattr(embedder, 'model_id', '?')!r} gives {len(vector)}: they were made by "
+                        f"another model; put the items again, or search with a {held}-number query_vector"
+                    )
             records = layer.search(
                 message.prefix,
                 query_vector=vector,

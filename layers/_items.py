@@ -142,11 +142,16 @@ class ItemStore(ItemExpiry, NamespaceListing, ItemRanking):
                     )
         return gone
 
+    def vector_dim(self) -> int | None:
+        """The length of the stored vectors (one per store), ``None`` while there are none."""
+        held = self._db.scalar("SELECT length(vec) / 4 FROM item_vectors LIMIT 1")
+        return None if held is None else int(held)
+
     def _check_dims(self, dims: set[int]) -> None:
         """One dimension per store: every vector, stored or new, has the same length."""
         if not dims:
             return
-        held = self._db.scalar("SELECT length(vec) / 4 FROM item_vectors LIMIT 1")
+        held = self.vector_dim()
         if held is not None:
             dims = {*dims, int(held)}
         if len(dims) > 1:

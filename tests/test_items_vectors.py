@@ -149,3 +149,21 @@ def test_an_export_without_items_has_no_item_lines_and_makes_no_item_file(tmp_pa
         system.export(tmp_path / "out.jsonl")
     assert b'"kind":"item"' not in (tmp_path / "out.jsonl").read_bytes()
     assert not (tmp_path / "d" / "items.sqlite").exists()
+
+
+def test_a_model_of_another_dimension_is_named_not_blamed_on_the_query(tmp_path: Path) -> None:
+    """Items embedded by the system's model, then a model of another size: a text search says
+    the model changed (a ConfigError, answered; the actor does not crash), and a query vector of
+    the stored size still searches."""
+    from memstrata.errors import ConfigError
+
+    with MemorySystem.start(Config(data_dir=tmp_path), embedder=FakeEmbedder(dim=64)) as system:
+        system.items.put(("docs",), "roof", {"text": "solar panels on the roof"}, index=["text"])
+        system.wait_idle(30)
+    with MemorySystem.start(Config(data_dir=tmp_path), embedder=FakeEmbedder(dim=32)) as system:
+        for _ in range(2):  # answered each time, never counted as a crash
+            with pytest.raises(ConfigError, match=r"vectors have 64 dimensions and the model .* gives 32"):
+                system.items.search(("docs",), query="solar roof")
+        assert system.status()["restarts"] == {}
+        found = system.items.search(("docs",), query_vector=[1.0] + [0.0] * 63)
+        assert [item.key for item in found] == ["roof"]
