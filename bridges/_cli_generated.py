@@ -172,16 +172,17 @@ _RUN = object()
 def _check_as_a_read(op: Operation, params: Mapping[str, Any]) -> None:
     """Refuse what the read's message would refuse (a scope with ``..``, a range that ends before
     it starts, ...), as the running system does, though no system is started to answer it."""
-    from memstrata.messages import ListEpisodes, ListKnowledge, QueryKnowledge, SearchMemory
+    from memstrata.messages import ListEpisodes, ListKnowledge, Message, QueryKnowledge, SearchMemory
 
     from ._operation import parse_time
 
-    message = {
+    reads: dict[str, type[Message]] = {
         "query_knowledge": QueryKnowledge,
         "list_knowledge": ListKnowledge,
         "recall": SearchMemory,
         "list_episodes": ListEpisodes,
-    }.get(op.name)
+    }
+    message = reads.get(op.name)
     if message is None:
         return
     fields = {f.name for f in dataclasses.fields(message)}
