@@ -19,6 +19,8 @@ import uuid
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
+from memstrata.core.validation import check_aware
+
 __all__ = ["Clock", "IdSource", "ManualClock", "SystemClock"]
 
 
@@ -47,9 +49,7 @@ class ManualClock:
     """A clock that moves only when told to (``advance``), for tests and simulations."""
 
     def __init__(self, start: _dt.datetime | None = None) -> None:
-        if start is not None and start.tzinfo is None:
-            raise ValueError("ManualClock start must be timezone-aware")
-        self._now = start or _dt.datetime(2025, 1, 1, tzinfo=_dt.UTC)
+        self._now = _dt.datetime(2025, 1, 1, tzinfo=_dt.UTC) if start is None else check_aware(start, "start")
         self._mono = 0.0
         self._lock = threading.Lock()
         self._listeners: list[Callable[[], None]] = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +44,19 @@ def test_hash_embedder_ranks_shared_words_first_but_is_not_semantic() -> None:
 def test_hash_embedder_rejects_bad_dimensions(dim: object) -> None:
     with pytest.raises(ValueError, match="dim must be"):
         HashEmbedder(dim)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("start", "needle"),
+    [
+        (1.7e9, "start must be a timezone-aware datetime, got float"),
+        ("2025-01-01T00:00:00Z", "start must be a timezone-aware datetime, got str"),
+        (datetime(2025, 1, 1), "start must be timezone-aware"),
+    ],
+)
+def test_manual_clock_refuses_a_start_that_is_not_an_aware_datetime(start: object, needle: str) -> None:
+    with pytest.raises(ValueError, match=needle):  # an InvalidInputError, never an AttributeError
+        ManualClock(start)  # type: ignore[arg-type]
 
 
 def test_a_system_runs_on_the_testing_tools(tmp_path: Path) -> None:
