@@ -214,12 +214,15 @@ class EpisodicActor(_PersistentActor):
         }
 
     def _export(self) -> list[dict[str, Any]]:
-        """Live episodes, then the episodes of every readable archive (named by file name)."""
+        """Live episodes, then the episodes of every readable archive (named by file name) that
+        are not live again (restored: the archive keeps its copy, as searches skip it)."""
         from memstrata.layers._archive import ArchiveFile
         from memstrata.layers._episode_records import episode_from_row
 
         layer = self.layer
-        out = [self._record(e, None) for e in layer.timeline(limit=None)]
+        live = layer.timeline(limit=None)
+        out = [self._record(e, None) for e in live]
+        live_uuids = {e.uuid for e in live}
         status = layer.status() if callable(getattr(layer, "status", None)) else {}
         for archive in status.get("archives", ()):
             if not archive.get("available"):
@@ -230,7 +233,7 @@ class EpisodicActor(_PersistentActor):
                 rows = opened.rows()
             finally:
                 opened.close()
-            gone = layer.deleted_uuids([str(r[1]) for r in rows])  # deleted for good since
+            gone = layer.deleted_uuids([str(r[1]) for r in rows]) | live_uuids  # deleted for good, or live
             out += [
                 self._record(episode_from_row(r, path.name), path.name) for r in rows if str(r[1]) not in gone
             ]

@@ -310,6 +310,23 @@ def test_a_moved_data_dir_keeps_its_archives_and_a_missing_archive_is_a_warning(
         assert f"a1 episodic: archive {moved}: the file is missing" in system.status()["warnings"]
 
 
+def test_a_restored_episode_is_exported_once(tmp_path: Path) -> None:
+    """Restoring leaves the archive file as it is (archives never change); its copy of an episode
+    that is live again is not exported beside the live one, as no search returns it twice."""
+    with MemorySystem.start(Config(data_dir=tmp_path / "d"), embedder=HashEmbedder()) as system:
+        agent = system.agent("a1")
+        agent.remember("episode one", at=START - dt.timedelta(days=2))
+        agent.remember("episode two", at=START - dt.timedelta(days=1))
+        archived = agent.archive_episodes(before=START)
+        assert archived.archived == 2 and agent.restore_episodes(archived.path) == 2
+        system.export(tmp_path / "once.jsonl")
+    episodes = [r for r in _records(tmp_path / "once.jsonl") if r["kind"] == "episode"]
+    assert sorted((r["content"], r["archive"]) for r in episodes) == [
+        ("episode one", None),
+        ("episode two", None),
+    ]
+
+
 def test_export_and_archives_never_write_among_the_data_dirs_own_files(tmp_path: Path) -> None:
     data = tmp_path / "d"
     with MemorySystem.start(Config(data_dir=data), embedder=HashEmbedder()) as system:
