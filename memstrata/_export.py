@@ -231,7 +231,8 @@ def read_export(path: str | os.PathLike[str]) -> Iterator[tuple[str, dict[str, A
                 raise InvalidInputError(f"{source} line {number} is not an object with a 'kind'")
             if record["kind"] not in _KIND_ORDER:
                 raise InvalidInputError(f"{source} line {number} has unknown kind {record['kind']!r}")
-            count += number > 1
+            if number > 1:
+                count += 1
             yield f"{source} line {number}", record
     if header is None:
         raise InvalidInputError(f"{source} is empty: not a memstrata export")
