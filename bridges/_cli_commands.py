@@ -388,9 +388,23 @@ def export_cmd(ctx: click.Context, path: Path, as_json: bool) -> None:
 @click.pass_context
 def import_cmd(ctx: click.Context, path: Path, as_json: bool) -> None:
     """Restore a file written by 'memstrata export' into the data dir."""
-    with sh.state(ctx).system() as system, heartbeat("import", sys.stderr):
+    state = sh.state(ctx)
+    with state.system() as system, heartbeat("import", sys.stderr):
         counts = system.import_(path)
     sh.echo_result(as_json, counts, "imported " + ", ".join(f"{n} {kind}" for kind, n in counts.items()))
+    lost = []  # values that live in a running system's memory end with this command's system
+    if counts.get("working"):
+        lost.append(f"{counts['working']} working-memory value(s)")
+    if counts.get("signal") and not state.config.actors.blackboard_snapshot:
+        lost.append(f"{counts['signal']} blackboard value(s) (actors.blackboard_snapshot keeps boards)")
+    if lost:
+        click.echo(
+            sh.warning_line(
+                f"{' and '.join(lost)} lasted only while this command ran: import them into the "
+                "running system that uses them (its import operation, or MemorySystem.import_)"
+            ),
+            err=True,
+        )
 
 
 @click.command()

@@ -424,5 +424,20 @@ def test_export_and_import_are_operations_and_cli_commands(tmp_path: Path) -> No
     )
     assert imported.exit_code == 0, imported.output
     assert "1 knowledge" in imported.output
+    assert "lasted only" not in imported.stderr  # knowledge is on disk: nothing to warn of
+    with_values = tmp_path / "values.jsonl"
+    records = _records(tmp_path / "e.jsonl")
+    records[0]["records"] += 2
+    records += [
+        {"kind": "working", "agent": "x", "key": "k", "value": 1},
+        {"kind": "signal", "session": "s1", "key": "k", "value": 2, "publisher": None, "version": 1},
+    ]
+    with_values.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    warned = runner.invoke(cli, [*other, "import", str(with_values)], obj=CliState(embedder=HashEmbedder()))
+    assert warned.exit_code == 0, warned.output
+    assert (
+        "memstrata: warning: 1 working-memory value(s) and 1 blackboard value(s) "
+        "(actors.blackboard_snapshot keeps boards) lasted only while this command ran" in warned.stderr
+    )
     missing = runner.invoke(cli, [*other, "import", str(tmp_path / "nope.jsonl")], obj=state)
     assert missing.exit_code == 2
