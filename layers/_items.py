@@ -153,11 +153,11 @@ class ItemStore(ItemExpiry, NamespaceListing, ItemRanking):
             return
         held = self.vector_dim()
         if held is not None:
-            dims = {*dims, int(held)}
+            dims = {*dims, held}
         if len(dims) > 1:
             raise InvalidInputError(
                 f"item vectors must all have one dimension: got {sorted(dims)}"
-                + ("" if held is None else f" (the store holds {int(held)})")
+                + ("" if held is None else f" (the store holds {held})")
             )
 
     def export_rows(self) -> list[dict[str, Any]]:

@@ -79,10 +79,7 @@ def system_status(runtime: Runtime) -> dict[str, Any]:
         elif state.get("state") == "stuck":
             warnings.append(f"agents {who}: {state['reason']}: vectors pending, searches by keywords")
         elif state.get("state") == "faulty":
-            warnings.append(
-                f"agents {who}: model {state['model']!r} is faulty since {state['since']} "
-                f"(last error: {state['last_error']}): vectors are retried"
-            )
+            warnings.append(f"agents {who}: {_model_warning(state)}")
     model_warning = _model_warning(model_state)
     if model_warning is not None:
         warnings.insert(0, model_warning)
@@ -120,7 +117,7 @@ def _model_warning(state: Mapping[str, Any]) -> str | None:
 
 def host_model_warnings(cluster: Mapping[str, Any]) -> list[str]:
     """On the Ray engine each host reaches its node's model: the local engine's model warning
-    for each model and state the hosts report, earliest first, naming the hosts."""
+    for each model and state the hosts report (dated by the earliest of them), naming the hosts."""
     found: dict[tuple[str, str], list[tuple[str, Mapping[str, Any]]]] = {}
     for name, host in cluster.get("hosts", {}).items():
         state = host.get("model") or {}
