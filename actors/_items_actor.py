@@ -2,16 +2,22 @@
 
 It owns the :class:`~memstrata.layers._items.ItemStore` (opened in its own thread) and embeds the
 ``index`` fields of the items it stores, and the queries of searches, with the shared embedder, so
-the adapters of every agent in a process share one model and one batching queue.
+the adapters of every agent in a process share one model and one batching queue. The store
+records which model computed each vector: after a change of model, the vectors the old one
+computed are computed again before the first search or embedded write (a vector of another
+model ranks by another meaning, even at the same length); vectors given with the items are
+the callers' and stay as they are.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
 
-from memstrata.core.errors import ConfigError, InvalidInputError
+from memstrata.core.errors import ConfigError, InvalidInputError, MemstrataError
 from memstrata.storage import embed_documents, embed_query
 
 from ._base import MemoryActor
@@ -41,6 +47,9 @@ __all__ = ["ITEMS_FILE", "ITEMS_KEY", "ItemsActor"]
 
 ITEMS_FILE = "items.sqlite"
 ITEMS_KEY = ":items"  # no agent id can take this name, so retiring an agent never stops it
+_REFRESH_BATCH = 256  # items whose vectors are computed again per embedding request
+
+log = logging.getLogger("memstrata.actors")
 
 
 def field_text(value: dict[str, Any], path: str) -> str | None:
@@ -60,6 +69,8 @@ class ItemsActor(MemoryActor):
     """Translates item messages into calls on the item layer; queued puts share one transaction."""
 
     kind = "items"
+    _vectors_current = False  # the store's computed vectors are the system model's
+    _refresh_failed = False  # said in the log once
 
     def open_layer(self) -> Any:
         from memstrata.layers._items import ItemStore
@@ -80,29 +91,91 @@ class ItemsActor(MemoryActor):
     def batch_key(self, message: Any) -> str | None:
         return "put" if isinstance(message, PutItem) else None
 
-    def _rows(self, puts: list[PutItem]) -> list[Any]:
-        """Layer rows for puts: the ``index`` fields embedded in one request, or the vectors
-        the caller computed."""
+    def _embed_fields(self, items: Sequence[tuple[dict[str, Any], Sequence[str]]], what: str) -> list[Any]:
+        """Per ``(value, field paths)``, ``{path: vector}`` for the paths that hold text (one
+        embedding request for all), or ``None`` when none does."""
         texts: list[str] = []
         plan: list[list[tuple[str, int]]] = []
-        for message in puts:
+        for value, paths in items:
             fields = []
-            for path in message.index or ():
-                text = field_text(message.value, path)
+            for path in paths:
+                text = field_text(value, path)
                 if text is not None:
                     fields.append((path, len(texts)))
                     texts.append(text)
             plan.append(fields)
-        vectors: Any = []
-        if texts:
-            vectors = embed_documents(self._embedder("PutItem.index"), texts)
-        rows = []
-        for message, fields in zip(puts, plan, strict=True):
-            vecs: Any = {path: vectors[i].tolist() for path, i in fields} if fields else None
-            if message.vectors is not None:
-                vecs = message.vectors
-            rows.append((message.namespace, message.key, message.value, vecs, message.ttl_minutes))
+        vectors: Any = embed_documents(self._embedder(what), texts) if texts else []
+        return [{path: vectors[i].tolist() for path, i in fields} if fields else None for fields in plan]
+
+    def _refresh_vectors(self, *, needed: bool) -> None:
+        """Compute again, with the system's model, the vectors another model computed (see the
+        module), a batch of items per embedding request, before any vector is used. Where only
+        a caller's vectors take part (not ``needed``), a failure leaves the vectors as they are
+        (said once in the log) and the request goes on."""
+        embedder = self.runtime.embedder
+        if self._vectors_current or embedder is None:
+            return
+        model, done = embedder.model_id, 0
+        try:
+            while stale := self.layer.stale_items(model, embedder.dim, limit=_REFRESH_BATCH):
+                vectors = self._embed_fields([(value, fields) for _, value, fields in stale], "item vectors")
+                self.layer.replace_vectors(
+                    [
+                        (item_id, field, (found or {}).get(field))
+                        for (item_id, _, fields), found in zip(stale, vectors, strict=True)
+                        for field in fields
+                    ],
+                    model,
+                )
+                done += len(stale)
+                log.info("item store: vectors of %d items computed again with %s", done, model)
+        except MemstrataError as exc:
+            if needed:
+                raise
+            if not self._refresh_failed:
+                log.warning("item store: vectors of another model kept as they are: %s", exc)
+            self._refresh_failed = True
+            return
+        self._vectors_current = True
+
+    def _rows(self, puts: list[PutItem]) -> list[Any]:
+        """Layer rows for puts: the vectors the caller gave, or the ``index`` fields embedded in
+        one request and marked with the model that computed them."""
+        indexed = [m for m in puts if m.vectors is None and m.index]
+        if indexed or any(m.vectors for m in puts):
+            self._refresh_vectors(needed=bool(indexed))
+        computed = iter(self._embed_fields([(m.value, m.index or ()) for m in indexed], "PutItem.index"))
+        model = None if self.runtime.embedder is None else self.runtime.embedder.model_id
+        rows: list[Any] = []
+        for message in puts:
+            row = (message.namespace, message.key, message.value, message.vectors, message.ttl_minutes)
+            vectors = next(computed) if message.vectors is None and message.index else None
+            rows.append(row if vectors is None else (*row[:3], vectors, row[4], model))
         return rows
+
+    def _imported(self, records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Exported items whose vectors another model computed, with this system's model's
+        instead (the fields their vectors were of); the rest as they are."""
+        embedder = self.runtime.embedder
+        out = list(records)
+        if any(r.get("vectors") for r in records):
+            self._refresh_vectors(needed=any(r.get("vectors_model") for r in records))
+        if embedder is None:
+            return out
+        stale = [
+            n
+            for n, r in enumerate(records)
+            if isinstance(r.get("vectors_model"), str)
+            and r["vectors_model"] != embedder.model_id
+            and isinstance(r.get("vectors"), dict)
+            and isinstance(r.get("value"), dict)
+        ]
+        computed = self._embed_fields(
+            [(records[n]["value"], list(records[n]["vectors"])) for n in stale], "import"
+        )
+        for n, vectors in zip(stale, computed, strict=True):
+            out[n] = {**records[n], "vectors": vectors or {}, "vectors_model": embedder.model_id}
+        return out
 
     def handle_batch(self, messages: list[Any]) -> list[Any]:
         """Queued puts in one transaction and one embedding request."""
@@ -120,12 +193,13 @@ class ItemsActor(MemoryActor):
         if isinstance(message, ExportRecords):
             return [{"kind": "item", **row} for row in layer.export_rows()]
         if isinstance(message, ImportRecords):
-            return layer.import_rows(message.records)
+            return layer.import_rows(self._imported(message.records))
         if isinstance(message, GetItem):
             record = layer.get(message.namespace, message.key, refresh_ttl=message.refresh_ttl)
             return ItemValue(message.namespace, message.key, record)
         if isinstance(message, SearchItems):
             vector: Any = message.query_vector
+            self._refresh_vectors(needed=message.query is not None)
             if message.query is not None:
                 embedder = self._embedder("SearchItems.query")
                 vector = embed_query(embedder, message.query).tolist()

@@ -22,39 +22,19 @@ from typing import TYPE_CHECKING, Any
 from memstrata.core.errors import InvalidInputError, MemstrataError
 from memstrata.core.validation import check_agent_id
 
+from . import _tool_exports
 from ._json import MAX_DEPTH, RangeError, dumps, json_depth, loads
 from ._schema import check, describe_type
 from ._tool_defs import Tool, ToolContext
-from ._tool_exports import (
-    anthropic_tools,
-    mcp_annotations,
-    openai_responses_tools,
-    openai_tools,
-    strict_schema,
-    tool_schemas,
-    tools_markdown,
-)
+from ._tool_exports import *  # noqa: F403 - the formats, listed once in their module
 from ._tool_list import TOOL_NAMES, TOOLS
 from ._tool_memory import MEMORY_CATEGORY
 
 if TYPE_CHECKING:
     from memstrata._workspaces import Workspaces
 
-__all__ = [
-    "MEMORY_CATEGORY",
-    "TOOLS",
-    "TOOL_NAMES",
-    "Tool",
-    "anthropic_tools",
-    "dispatch",
-    "dispatch_json",
-    "mcp_annotations",
-    "openai_responses_tools",
-    "openai_tools",
-    "strict_schema",
-    "tool_schemas",
-    "tools_markdown",
-]
+__all__ = ["MEMORY_CATEGORY", "TOOLS", "TOOL_NAMES", "Tool", "dispatch", "dispatch_json"]
+__all__.extend(_tool_exports.__all__)
 
 _BY_NAME = {t.name: t for t in TOOLS}
 _SCHEMAS = {t.name: t.schema() for t in TOOLS}

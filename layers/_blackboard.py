@@ -20,8 +20,7 @@ from typing import Any
 import orjson
 
 from memstrata.core.validation import check_json_value, check_key, check_signal_key, check_signal_pattern
-from memstrata.storage import Database, apply_migrations, open_database
-from memstrata.storage._migrations import Migration, NamedMigration
+from memstrata.storage import Database, Migration, NamedMigration, apply_migrations, open_database
 
 __all__ = ["BlackboardState", "SignalRecord"]
 

@@ -32,8 +32,8 @@ from memstrata.storage import (
     get_meta,
     load_embedder,
     open_database,
+    refresh_keyword_terms,
 )
-from memstrata.storage._migrations import refresh_keyword_terms
 
 from ._archive import ARCHIVE_FORMAT, ARCHIVE_VERSION
 from ._episode_records import (

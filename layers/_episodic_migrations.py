@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from memstrata.storage import Database
-from memstrata.storage._migrations import Migration, NamedMigration
+from memstrata.storage import Database, Migration, NamedMigration
 
 from ._episode_records import CONTEXT_SCHEMA, episodes_schema, refresh_context
 

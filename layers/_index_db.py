@@ -41,9 +41,9 @@ from memstrata.storage import (
     hybrid_search,
     open_database,
     record_embedding,
+    refresh_keyword_terms,
     set_meta,
 )
-from memstrata.storage._migrations import refresh_keyword_terms
 
 from ._chunk import CHUNKER_VERSION, ESTIMATE_NAME, TokenCounter, estimate_tokens, model_token_counter
 from ._chunk_file import chunk_file

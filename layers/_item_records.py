@@ -16,7 +16,7 @@ from memstrata.core.errors import InvalidInputError
 from memstrata.core.item_record import ItemRecord
 from memstrata.storage import Database
 
-__all__ = ["SEP", "ItemRecord", "ItemRow", "ItemStoreState", "namespace_key"]
+__all__ = ["SEP", "ComputedItemRow", "ItemRecord", "ItemRow", "ItemStoreState", "namespace_key"]
 
 SEP = "\x1f"  # between namespace labels; a label may not contain it
 _AFTER_SEP = chr(ord(SEP) + 1)
@@ -44,7 +44,10 @@ class ItemStoreState:
 
 
 ItemRow = tuple[Sequence[str], str, dict[str, Any], Mapping[str, Sequence[float]] | None, float | None]
-"""(namespace, key, value, vectors per field or None, ttl in minutes or None)"""
+"""(namespace, key, value, vectors per field or None, ttl in minutes or None): vectors given
+by the caller, kept as they are"""
+ComputedItemRow = tuple[Sequence[str], str, dict[str, Any], Mapping[str, Sequence[float]], float | None, str]
+"""An :data:`ItemRow` whose vectors the model named last computed from the value's fields"""
 
 
 def _record(row: Any, score: float | None = None) -> ItemRecord:

@@ -27,13 +27,14 @@ import orjson
 from memstrata.core.constants import MAX_TTL_MINUTES
 from memstrata.core.errors import InvalidInputError
 from memstrata.core.validation import check_json_value, check_ttl
-from memstrata.storage import Database, open_database
+from memstrata.storage import Database, NamedMigration, apply_migrations, open_database
 
 from ._item_expiry import ItemExpiry
 from ._item_filters import filter_sql
 from ._item_namespaces import NamespaceListing
 from ._item_ranking import ItemRanking
-from ._item_records import _AFTER_SEP, SEP, ItemRecord, _record, namespace_key
+from ._item_records import _AFTER_SEP, SEP, ComputedItemRow, ItemRecord, ItemRow, _record, namespace_key
+from ._item_vectors import ItemVectors, vector_blob
 
 __all__ = ["ItemStore"]
 
@@ -58,9 +59,14 @@ CREATE TABLE IF NOT EXISTS item_vectors (
     PRIMARY KEY (item_id, field)
 );
 """
+_MIGRATIONS = (
+    NamedMigration("items", _SCHEMA),  # IF NOT EXISTS: stores made before migrations were counted
+    # the model that computed a vector from its field, null for a vector given with the item
+    NamedMigration("vector-model", "ALTER TABLE item_vectors ADD COLUMN model TEXT"),
+)
 
 
-class ItemStore(ItemExpiry, NamespaceListing, ItemRanking):
+class ItemStore(ItemExpiry, NamespaceListing, ItemRanking, ItemVectors):
     """Items in one SQLite file (or ``:memory:``). Thread-safe: one lock serialises the connection.
 
     ``clock`` returns seconds (``time.time`` by default); expiry compares against it.
@@ -73,8 +79,8 @@ class ItemStore(ItemExpiry, NamespaceListing, ItemRanking):
         self._lock = threading.RLock()
         self._writes = 0  # own writes; other connections' show in PRAGMA data_version
         self._mirror: tuple[tuple[int, int], npt.NDArray[np.int64], npt.NDArray[np.float32]] | None = None
-        with self._lock, self._db.transaction():
-            self._db.executescript(_SCHEMA)
+        with self._lock:
+            apply_migrations(self._db, "items", _MIGRATIONS)
 
     @property
     def path(self) -> Path:
@@ -87,25 +93,22 @@ class ItemStore(ItemExpiry, NamespaceListing, ItemRanking):
 
     # writes -------------------------------------------------------------------------------
 
-    # writes -------------------------------------------------------------------------------
-
     def put_many(
         self,
-        rows: Iterable[
-            tuple[Sequence[str], str, dict[str, Any], Mapping[str, Sequence[float]] | None, float | None]
-        ],
+        rows: Iterable[ItemRow | ComputedItemRow],
         *,
         delete: Iterable[tuple[Sequence[str], str]] = (),
     ) -> int:
-        """Upsert ``(namespace, key, value, vectors, ttl_minutes)`` rows in one transaction,
-        after deleting the ``delete`` keys in it; returns how many of those existed.
+        """Upsert ``(namespace, key, value, vectors, ttl_minutes[, model])`` rows in one
+        transaction, after deleting the ``delete`` keys in it; returns how many of those existed.
 
         ``vectors`` ``None`` keeps no vector (stored, not searchable by meaning); a mapping
-        replaces the item's vectors by one per field. ``ttl_minutes`` ``None``: never expires.
+        replaces the item's vectors by one per field, the caller's own unless a ``model`` says
+        it computed them from those fields. ``ttl_minutes`` ``None``: never expires.
         """
         now = self._clock()
         prepared = []
-        for namespace, key, value, vectors, ttl in rows:
+        for namespace, key, value, vectors, ttl, *computed in rows:
             ns = namespace_key(namespace)
             if not isinstance(key, str):
                 raise InvalidInputError(f"item key must be a string, got {key!r}")
@@ -116,14 +119,14 @@ class ItemStore(ItemExpiry, NamespaceListing, ItemRanking):
             blobs = None
             if vectors is not None:
                 blobs = [
-                    (f, _vector_blob(v, f"vector of field {f!r} of key {key!r}")) for f, v in vectors.items()
+                    (f, vector_blob(v, f"vector of field {f!r} of key {key!r}")) for f, v in vectors.items()
                 ]
-            prepared.append((ns, key, text, blobs, ttl))
+            prepared.append((ns, key, text, blobs, ttl, computed[0] if computed else None))
         gone_keys = [(namespace_key(ns), key) for ns, key in delete]
         with self._lock, self._db.transaction():
             gone = self._delete_keys(gone_keys)
             self._check_dims({len(b) // 4 for p in prepared for _, b in p[3] or ()})
-            for ns, key, text, blobs, ttl in prepared:
+            for ns, key, text, blobs, ttl, model in prepared:
                 expires = now + ttl * 60.0 if ttl is not None else None
                 row = self._db.execute(
                     "INSERT INTO items (ns, key, value, created_at, updated_at, expires_at, ttl_minutes)"
@@ -137,28 +140,10 @@ class ItemStore(ItemExpiry, NamespaceListing, ItemRanking):
                 self._db.execute("DELETE FROM item_vectors WHERE item_id = ?", (item_id,))
                 if blobs:
                     self._db.executemany(
-                        "INSERT INTO item_vectors (item_id, field, vec) VALUES (?, ?, ?)",
-                        [(item_id, f, b) for f, b in blobs],
+                        "INSERT INTO item_vectors (item_id, field, vec, model) VALUES (?, ?, ?, ?)",
+                        [(item_id, f, b, model) for f, b in blobs],
                     )
         return gone
-
-    def vector_dim(self) -> int | None:
-        """The length of the stored vectors (one per store), ``None`` while there are none."""
-        held = self._db.scalar("SELECT length(vec) / 4 FROM item_vectors LIMIT 1")
-        return None if held is None else int(held)
-
-    def _check_dims(self, dims: set[int]) -> None:
-        """One dimension per store: every vector, stored or new, has the same length."""
-        if not dims:
-            return
-        held = self.vector_dim()
-        if held is not None:
-            dims = {*dims, held}
-        if len(dims) > 1:
-            raise InvalidInputError(
-                f"item vectors must all have one dimension: got {sorted(dims)}"
-                + ("" if held is None else f" (the store holds {held})")
-            )
 
     def export_rows(self) -> list[dict[str, Any]]:
         """Every stored item (expired ones not yet swept too) with its times, lifetime and
@@ -169,10 +154,12 @@ class ItemStore(ItemExpiry, NamespaceListing, ItemRanking):
                 " ORDER BY ns, key"
             )
             vecs: dict[int, dict[str, list[float]]] = {}
-            for item_id, field, blob in self._db.query(
-                "SELECT item_id, field, vec FROM item_vectors ORDER BY item_id, field"
+            models: dict[int, str | None] = {}
+            for item_id, field, blob, model in self._db.query(
+                "SELECT item_id, field, vec, model FROM item_vectors ORDER BY item_id, field"
             ):
                 vecs.setdefault(int(item_id), {})[field] = np.frombuffer(blob, dtype=np.float32).tolist()
+                models[int(item_id)] = model
         return [
             {
                 "namespace": r[1].split(SEP),
@@ -183,12 +170,14 @@ class ItemStore(ItemExpiry, NamespaceListing, ItemRanking):
                 "expires_at": r[6],
                 "ttl_minutes": r[7],
                 "vectors": vecs.get(int(r[0])),
+                "vectors_model": models.get(int(r[0])),
             }
             for r in rows
         ]
 
     def import_rows(self, rows: Sequence[Mapping[str, Any]]) -> int:
-        """Upsert exported items keeping their times, expiry and vectors; returns how many."""
+        """Upsert exported items keeping their times, expiry, vectors and the model that
+        computed them (``vectors_model``, null or absent: the caller's); returns how many."""
         prepared = []
         for n, row in enumerate(rows):
             try:
@@ -197,19 +186,24 @@ class ItemStore(ItemExpiry, NamespaceListing, ItemRanking):
                 times = [row["created_at"], row["updated_at"]]
                 expires, ttl = row.get("expires_at"), row.get("ttl_minutes")
                 vectors = row.get("vectors") or {}
+                model = row.get("vectors_model")
             except (KeyError, TypeError) as exc:
                 raise InvalidInputError(f"item record {n} lacks a field: {exc}") from exc
             if not isinstance(key, str) or not isinstance(value, dict):
                 raise InvalidInputError(f"item record {n}: key must be a string and value an object")
             if not all(isinstance(t, int | float) for t in times) or not isinstance(vectors, dict):
                 raise InvalidInputError(f"item record {n}: bad times or vectors")
-            blobs = [(f, _vector_blob(v, f"item record {n} vector {f!r}")) for f, v in vectors.items()]
+            if model is not None and not isinstance(model, str):
+                raise InvalidInputError(
+                    f"item record {n}: vectors_model must be a string or null, not {model!r}"
+                )
+            blobs = [(f, vector_blob(v, f"item record {n} vector {f!r}")) for f, v in vectors.items()]
             text = check_json_value(value, f"item record {n} value").decode()
-            prepared.append((ns, key, text, *times, expires, ttl, blobs))
+            prepared.append((ns, key, text, *times, expires, ttl, blobs, model))
         with self._lock, self._db.transaction():
             self._writes += 1
             self._check_dims({len(b) // 4 for p in prepared for _, b in p[7]})
-            for ns, key, text, created, updated, expires, ttl, blobs in prepared:
+            for ns, key, text, created, updated, expires, ttl, blobs, model in prepared:
                 item_id = self._db.execute(
                     "INSERT INTO items (ns, key, value, created_at, updated_at, expires_at, ttl_minutes)"
                     " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (ns, key)"
@@ -220,8 +214,8 @@ class ItemStore(ItemExpiry, NamespaceListing, ItemRanking):
                 ).fetchone()[0]
                 self._db.execute("DELETE FROM item_vectors WHERE item_id = ?", (item_id,))
                 self._db.executemany(
-                    "INSERT INTO item_vectors (item_id, field, vec) VALUES (?, ?, ?)",
-                    [(item_id, f, b) for f, b in blobs],
+                    "INSERT INTO item_vectors (item_id, field, vec, model) VALUES (?, ?, ?, ?)",
+                    [(item_id, f, b, model) for f, b in blobs],
                 )
         return len(prepared)
 
@@ -346,16 +340,3 @@ class ItemStore(ItemExpiry, NamespaceListing, ItemRanking):
             return int(
                 self._db.scalar("SELECT count(*) FROM items WHERE ns = ?", (namespace_key(namespace),))
             )
-
-
-def _vector_blob(vector: object, what: str) -> bytes:
-    """A vector as stored: float32 bytes. Refused when empty or not finite once in float32 (a
-    float64 such as 1e308 overflows to inf there, and would poison every later search)."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        try:
-            row = np.asarray(vector, dtype=np.float32).ravel()
-        except (TypeError, ValueError) as exc:
-            raise InvalidInputError(f"{what} is not a list of numbers: {exc}") from None
-    if row.size == 0 or not np.isfinite(row).all():
-        raise InvalidInputError(f"{what} is empty or not finite in float32 (|x| <= 3.4e38)")
-    return row.tobytes()

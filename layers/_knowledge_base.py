@@ -29,10 +29,10 @@ from memstrata.storage import (
     embedding_mismatch,
     get_meta,
     record_embedding,
+    refresh_keyword_terms,
     text_hash,
 )
 from memstrata.storage._embedding import usable_rows
-from memstrata.storage._migrations import refresh_keyword_terms
 
 from ._knowledge_schema import (
     BATCH,

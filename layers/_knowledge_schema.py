@@ -18,11 +18,12 @@ from memstrata.storage import (
     DEFAULT_VECTOR_WEIGHT,
     FTS_TOKENIZER,
     KeywordTable,
+    Migration,
+    NamedMigration,
     cjk_runs,
     identifier_words,
     text_hash,
 )
-from memstrata.storage._migrations import Migration, NamedMigration
 
 __all__ = ["CATEGORIES", "KnowledgeEntry", "KnowledgeHit", "SearchTuning"]
 

@@ -5,14 +5,17 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import math
+import sqlite3
+import struct
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
 
 from memstrata import Config, MemorySystem
 from memstrata.actors import ManualClock
-from memstrata.errors import InvalidInputError
+from memstrata.errors import ConfigError, InvalidInputError
 from memstrata.layers._items import ItemStore
 from memstrata.messages import DeleteItem, PutItem, SearchItems, WriteItems, decode, encode
 from tests.fakes import FakeEmbedder
@@ -151,19 +154,101 @@ def test_an_export_without_items_has_no_item_lines_and_makes_no_item_file(tmp_pa
     assert not (tmp_path / "d" / "items.sqlite").exists()
 
 
-def test_a_model_of_another_dimension_is_named_not_blamed_on_the_query(tmp_path: Path) -> None:
-    """Items embedded by the system's model, then a model of another size: a text search says
-    the model changed (a ConfigError, answered; the actor does not crash), and a query vector of
-    the stored size still searches."""
-    from memstrata.errors import ConfigError
+def _exported_items(system: MemorySystem, path: Path) -> dict[str, dict[str, Any]]:
+    system.export(path)
+    records = [orjson.loads(line) for line in path.read_bytes().splitlines()]
+    return {r["key"]: r for r in records if r["kind"] == "item"}
 
-    with MemorySystem.start(Config(data_dir=tmp_path), embedder=FakeEmbedder(dim=64)) as system:
+
+def test_vectors_of_another_model_are_computed_again_and_the_callers_are_kept(tmp_path: Path) -> None:
+    """Items embedded by the system's model, then another model, of the same length or not:
+    the vectors the old model computed are computed again before the first search; the vectors
+    a caller gave stay as given."""
+    config = Config(data_dir=tmp_path / "d")
+    with MemorySystem.start(config, embedder=FakeEmbedder(dim=64, model_id="m1")) as system:
         system.items.put(("docs",), "roof", {"text": "solar panels on the roof"}, index=["text"])
-        system.wait_idle(30)
-    with MemorySystem.start(Config(data_dir=tmp_path), embedder=FakeEmbedder(dim=32)) as system:
+        system.items.put(("docs",), "cellar", {"text": "wine in the cellar", "n": 1}, index=["text", "n"])
+        system.items.put(("docs",), "plain", {"text": "no vectors"})
+    same_length = FakeEmbedder(dim=64, model_id="m2")
+    with MemorySystem.start(config, embedder=same_length) as system:
+        assert [i.key for i in system.items.search(("docs",), query="solar roof", limit=1)] == ["roof"]
+        assert same_length.texts_embedded == 3  # roof's text, cellar's text and its number
+        items = _exported_items(system, tmp_path / "m2.jsonl")
+    assert {k: r["vectors_model"] for k, r in items.items()} == {"cellar": "m2", "plain": None, "roof": "m2"}
+    shorter = FakeEmbedder(dim=32, model_id="m3")
+    with MemorySystem.start(config, embedder=shorter) as system:
+        system.items.put(("docs",), "mine", {"text": "solar"}, vectors={"t": [1.0] + [0.0] * 31})
+        hits = system.items.search(("docs",), query="wine in the cellar", limit=1)
+        assert [i.key for i in hits] == ["cellar"] and hits[0].score == pytest.approx(1.0)
+        items = _exported_items(system, tmp_path / "m3.jsonl")
+    lengths = {k: {f: len(v) for f, v in r["vectors"].items()} for k, r in items.items() if r["vectors"]}
+    assert lengths == {"cellar": {"n": 32, "text": 32}, "mine": {"t": 32}, "roof": {"text": 32}}
+    assert items["mine"]["vectors"] == {"t": [1.0] + [0.0] * 31} and items["mine"]["vectors_model"] is None
+
+
+def test_vectors_given_with_items_of_another_length_than_the_new_model_are_named(tmp_path: Path) -> None:
+    """A caller's vectors cannot be computed again: when the new model's length differs, text
+    searches say so (a ConfigError, answered; the actor does not crash), and a query vector of
+    the stored length still searches."""
+    config = Config(data_dir=tmp_path / "d")
+    with MemorySystem.start(config, embedder=FakeEmbedder(dim=64)) as system:
+        system.items.put(("docs",), "roof", {"text": "solar panels on the roof"}, index=["text"])
+        system.items.put(("docs",), "given", {}, vectors={"t": [1.0] + [0.0] * 63})
+    with MemorySystem.start(
+        Config(data_dir=tmp_path / "d"), embedder=FakeEmbedder(dim=32, model_id="m2")
+    ) as system:
         for _ in range(2):  # answered each time, never counted as a crash
-            with pytest.raises(ConfigError, match=r"vectors have 64 dimensions and the model .* gives 32"):
+            with pytest.raises(ConfigError, match=r"given with the items \(64 numbers\).* gives 32"):
                 system.items.search(("docs",), query="solar roof")
         assert system.status()["restarts"] == {}
-        found = system.items.search(("docs",), query_vector=[1.0] + [0.0] * 63)
-        assert [item.key for item in found] == ["roof"]
+        found = system.items.search(("docs",), query_vector=[1.0] + [0.0] * 63, limit=1)
+        assert [item.key for item in found] == ["given"]
+
+
+def test_an_import_computes_again_the_vectors_of_another_model(tmp_path: Path) -> None:
+    with MemorySystem.start(Config(data_dir=tmp_path / "a"), embedder=FakeEmbedder(dim=64)) as system:
+        system.items.put(("docs",), "roof", {"text": "solar panels on the roof"}, index=["text"])
+        system.items.put(("docs",), "cellar", {"text": "wine in the cellar"}, index=["text"])
+        system.export(tmp_path / "out.jsonl")
+    with MemorySystem.start(
+        Config(data_dir=tmp_path / "b"), embedder=FakeEmbedder(dim=32, model_id="m2")
+    ) as other:
+        assert other.import_(tmp_path / "out.jsonl")["item"] == 2
+        assert [i.key for i in other.items.search(("docs",), query="wine cellar", limit=1)] == ["cellar"]
+        items = _exported_items(other, tmp_path / "again.jsonl")
+    assert {k: (len(r["vectors"]["text"]), r["vectors_model"]) for k, r in items.items()} == {
+        "cellar": (32, "m2"),
+        "roof": (32, "m2"),
+    }
+
+
+def test_a_store_made_before_vectors_named_their_model_opens_with_its_vectors_the_callers(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "items.sqlite"
+    with sqlite3.connect(path) as old:  # the schema of stores made before the migrations
+        old.executescript(
+            "CREATE TABLE items (id INTEGER PRIMARY KEY, ns TEXT NOT NULL, key TEXT NOT NULL,"
+            " value TEXT NOT NULL, created_at REAL NOT NULL, updated_at REAL NOT NULL, expires_at REAL,"
+            " ttl_minutes REAL, UNIQUE (ns, key));"
+            "CREATE TABLE item_vectors (item_id INTEGER NOT NULL REFERENCES items (id) ON DELETE CASCADE,"
+            " field TEXT NOT NULL, vec BLOB NOT NULL, PRIMARY KEY (item_id, field));"
+            "INSERT INTO items VALUES (1, 'docs', 'k', '{\"t\": \"x\"}', 1.0, 1.0, NULL, NULL);"
+        )
+        old.execute("INSERT INTO item_vectors VALUES (1, 't', ?)", (struct.pack("2f", 1.0, 0.0),))
+    old.close()
+    store = ItemStore(path)
+    assert store.stale_items("any", 2) == []  # the caller's, as far as anyone can tell
+    store.put_many([(("docs",), "j", {"t": "y"}, {"t": [0.0, 1.0]}, None, "m1")])
+    assert store.stale_items("m2", 2) == [(2, {"t": "y"}, ["t"])]
+    store.replace_vectors([(2, "t", [0.6, 0.8])], "m2")
+    assert store.stale_items("m2", 2) == []
+    assert [r.key for r in store.search(("docs",), query_vector=[0.6, 0.8])] == ["j", "k"]
+    with pytest.raises(ConfigError, match=r"differ in length \(\[2, 3\]\): nothing was changed"):
+        store.replace_vectors([(2, "t", [1.0, 0.0, 0.0])], "m2")
+    kept = {r["key"]: (r["vectors"], r["vectors_model"]) for r in store.export_rows()}
+    assert kept == {
+        "j": ({"t": [pytest.approx(0.6), pytest.approx(0.8)]}, "m2"),
+        "k": ({"t": [1.0, 0.0]}, None),
+    }
+    store.close()
