@@ -105,7 +105,7 @@ class _Delivery:
                 try:
                     callback(signal)
                     self.delivered += 1
-                except Exception as exc:
+                except BaseException as exc:  # CancelledError, SystemExit too: the thread serves the others
                     with self._lock:
                         self._callbacks.pop(sub_id, None)
                         self.errors += 1

@@ -6,7 +6,7 @@ import datetime as _dt
 from typing import Any
 
 from memstrata.core.constants import DEFAULT_SESSION
-from memstrata.core.validation import check_json_value
+from memstrata.core.validation import json_copy
 
 from ._codec import Message
 from ._msg_fields import Many, OptKey, OptKeyPrefix, RowId, SessionId, SignalKey, SignalPattern
@@ -36,8 +36,8 @@ class PublishSignal(Message):
     publisher_id: OptKey = None
     session_id: SessionId = DEFAULT_SESSION
 
-    def _check(self) -> None:
-        check_json_value(self.value, f"PublishSignal.value for key {self.key!r}")
+    def _check(self) -> None:  # the message's own copy: the sender may go on changing its object
+        object.__setattr__(self, "value", json_copy(self.value, f"PublishSignal.value for key {self.key!r}"))
 
 
 class SignalPublished(Message):

@@ -20,7 +20,6 @@ from memstrata.core.validation import (
     check_category,
     check_datetime,
     check_int,
-    check_json_value,
     check_key,
     check_min_score,
     check_mode,
@@ -34,6 +33,7 @@ from memstrata.core.validation import (
     check_text,
     check_top_k,
     check_ttl,
+    json_copy,
 )
 
 from ._codec import Rule
@@ -142,4 +142,4 @@ MinScore = Annotated[float | None, Rule(check_min_score)]
 Ttl = Annotated[float | None, Rule(check_ttl)]  # seconds to live, None: no expiry
 Flag = Annotated[bool, Rule(check_bool)]
 Mode = Annotated[str, Rule(check_mode)]
-JsonValue = Annotated[Any, Rule(check_json_value)]
+JsonValue = Annotated[Any, Rule(json_copy, normalise=True)]  # the message's own copy

@@ -20,11 +20,11 @@ from memstrata.core.constants import (
 )
 from memstrata.core.item_record import ItemRecord as StoredItem
 from memstrata.core.validation import (
-    check_json_value,
     check_text,
     check_ttl,
     fail,
     has_lone_surrogate,
+    json_copy,
 )
 
 from ._codec import Message, Rule
@@ -101,8 +101,9 @@ def check_namespace(value: object, name: str, *, allow_empty: bool = False) -> t
     if len(value) > MAX_NAMESPACE_DEPTH:
         raise fail(name, f"must hold at most {MAX_NAMESPACE_DEPTH} labels", len(value))
     for label in value:
-        if not isinstance(label, str) or not label or _SEP in label:
-            raise fail(name, "labels must be non-empty strings without \\x1f", value)
+        if not isinstance(label, str) or not label or _SEP in label or "\x00" in label:
+            # \x1f joins the stored labels; SQLite's substr() miscounts text holding \x00
+            raise fail(name, "labels must be non-empty strings without \\x00 or \\x1f", value)
         if len(label) > MAX_LABEL_CHARS:
             raise fail(name, f"labels must be at most {MAX_LABEL_CHARS} characters", len(label))
         if has_lone_surrogate(label):
@@ -128,11 +129,11 @@ def _check_prefix(value: object, name: str) -> tuple[str, ...]:
 
 
 def _check_object(value: object, name: str) -> dict[str, Any]:
-    """A JSON object (an item's value, a filter)."""
+    """A JSON object (an item's value, a filter), as the message's own copy."""
     if not isinstance(value, dict):
         raise fail(name, "must be a JSON object", value)
-    check_json_value(value, name)
-    return value
+    copy: dict[str, Any] = json_copy(value, name)
+    return copy
 
 
 def _check_paths(value: object, name: str) -> tuple[str, ...]:
@@ -168,7 +169,7 @@ Namespace = Annotated[tuple[str, ...], Rule(check_namespace, normalise=True)]
 ItemKey = Annotated[str, Rule(_check_item_key)]
 Prefix = Annotated[tuple[str, ...], Rule(_check_prefix, normalise=True)]  # () is every namespace
 OptPrefix = Annotated[tuple[str, ...] | None, Rule(_check_prefix, normalise=True, optional=True)]
-JsonObject = Annotated[dict[str, Any], Rule(_check_object)]
+JsonObject = Annotated[dict[str, Any], Rule(_check_object, normalise=True)]
 FieldPaths = Annotated[tuple[str, ...] | None, Rule(_check_paths, normalise=True, optional=True)]
 OptVector = Annotated[tuple[float, ...] | None, Rule(check_vector, normalise=True, optional=True)]
 Vectors = Annotated[dict[str, tuple[float, ...]] | None, Rule(check_vectors, normalise=True, optional=True)]
@@ -225,7 +226,7 @@ class SearchItems(Message):
 
     prefix: Prefix = ()
     query: OptQuery = None
-    filter: Annotated[dict[str, Any] | None, Rule(_check_object, optional=True)] = None
+    filter: Annotated[dict[str, Any] | None, Rule(_check_object, normalise=True, optional=True)] = None
     limit: Limit = 10
     offset: Offset = 0
     query_vector: OptVector = None

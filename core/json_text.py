@@ -39,6 +39,7 @@ __all__ = [
     "check_json_value",
     "first_marked",
     "has_long_digit_run",
+    "json_copy",
     "loads",
     "loads_marking",
     "loads_or_refuse",
@@ -309,7 +310,7 @@ def check_json_value(value: object, name: str) -> bytes:
     (orjson writes up to 2**64 - 1, but SQLite's JSON functions and every door hold 64 bits
     signed), and anything orjson cannot write."""
     try:
-        data = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
+        data = orjson.dumps(value)  # object keys must be text: 1 and "1" would become one key
     except (TypeError, orjson.JSONEncodeError) as exc:
         _refuse_beyond_int64(value, name)
         raise InvalidInputError(f"{name} must be JSON-serialisable data: {exc}") from exc
@@ -323,6 +324,13 @@ def check_json_value(value: object, name: str) -> bytes:
     if has_long_digit_run(data):  # only then can an integer fall outside the range
         _refuse_beyond_int64(value, name)
     return data
+
+
+def json_copy(value: object, name: str) -> Any:
+    """The JSON data ``value`` is, as a new object that shares nothing with it (checked as
+    :func:`check_json_value` checks it): a message holding it stays as it was sent when its
+    sender goes on changing its own object (tuples come back as lists)."""
+    return orjson.loads(check_json_value(value, name))
 
 
 def _refuse_beyond_int64(value: object, name: str) -> None:

@@ -43,7 +43,7 @@ from memstrata.core.constants import (
     SHARED,
 )
 from memstrata.core.errors import InvalidInputError
-from memstrata.core.json_text import check_json_value
+from memstrata.core.json_text import check_json_value, json_copy
 
 __all__ = [
     "check_agent_id",
@@ -76,6 +76,7 @@ __all__ = [
     "fail",
     "has_lone_surrogate",
     "is_plain_content",
+    "json_copy",
     "show",
     "show_path",
 ]

@@ -6,6 +6,7 @@ expired items are invisible to reads at once and deleted by :meth:`ItemExpiry.sw
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,18 +32,16 @@ class ItemExpiry(ItemStoreState):
 
     # reads --------------------------------------------------------------------------------
 
-    def _refresh(self, ids: list[int], now: float) -> None:
+    def _refreshed(self, records: list[ItemRecord], now: float) -> list[ItemRecord]:
+        """``records`` with their lifetimes started again at ``now``: stored, and in the records
+        returned (a reader that refreshes sees the expiry it set)."""
+        out = []
         with self._db.transaction():
-            self._db.executemany(
-                "UPDATE items SET expires_at = ? + ttl_minutes * 60.0"
-                " WHERE id = ? AND ttl_minutes IS NOT NULL",
-                [(now, i) for i in ids],
-            )
-
-    def _refresh_records(self, records: list[ItemRecord], now: float) -> None:
-        with self._db.transaction():
-            self._db.executemany(
-                "UPDATE items SET expires_at = ? + ttl_minutes * 60.0"
-                " WHERE ns = ? AND key = ? AND ttl_minutes IS NOT NULL",
-                [(now, SEP.join(r.namespace), r.key) for r in records],
-            )
+            for record in records:
+                row = self._db.execute(
+                    "UPDATE items SET expires_at = ? + ttl_minutes * 60.0"
+                    " WHERE ns = ? AND key = ? AND ttl_minutes IS NOT NULL RETURNING expires_at",
+                    (now, SEP.join(record.namespace), record.key),
+                ).fetchone()
+                out.append(record if row is None else dataclasses.replace(record, expires_at=row[0]))
+        return out

@@ -29,8 +29,8 @@ def namespace_key(namespace: Sequence[str]) -> str:
     for label in namespace:
         if not isinstance(label, str) or not label:
             raise InvalidInputError(f"namespace labels must be non-empty strings, got {namespace!r}")
-        if SEP in label:
-            raise InvalidInputError(f"namespace label {label!r} contains the reserved character \\x1f")
+        if SEP in label or "\x00" in label:  # SQLite's substr() miscounts text holding \x00
+            raise InvalidInputError(f"namespace label {label!r} holds a reserved character (\\x00 or \\x1f)")
     return SEP.join(namespace)
 
 

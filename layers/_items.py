@@ -146,8 +146,9 @@ class ItemStore(ItemExpiry, NamespaceListing, ItemRanking, ItemVectors):
         return gone
 
     def export_rows(self) -> list[dict[str, Any]]:
-        """Every stored item (expired ones not yet swept too) with its times, lifetime and
-        vectors, as plain JSON-ready dicts, by namespace then key."""
+        """Every stored item (expired ones not yet swept too) with its times, lifetime, vectors
+        and ``seq``, its place in the order items were first stored (which :meth:`tail` and
+        :meth:`pop_last` follow), as plain JSON-ready dicts, by namespace then key."""
         with self._lock:
             rows = self._db.query(
                 "SELECT id, ns, key, value, created_at, updated_at, expires_at, ttl_minutes FROM items"
@@ -160,6 +161,7 @@ class ItemStore(ItemExpiry, NamespaceListing, ItemRanking, ItemVectors):
             ):
                 vecs.setdefault(int(item_id), {})[field] = np.frombuffer(blob, dtype=np.float32).tolist()
                 models[int(item_id)] = model
+        seq = {item_id: n for n, item_id in enumerate(sorted(int(r[0]) for r in rows))}
         return [
             {
                 "namespace": r[1].split(SEP),
@@ -171,13 +173,16 @@ class ItemStore(ItemExpiry, NamespaceListing, ItemRanking, ItemVectors):
                 "ttl_minutes": r[7],
                 "vectors": vecs.get(int(r[0])),
                 "vectors_model": models.get(int(r[0])),
+                "seq": seq[int(r[0])],
             }
             for r in rows
         ]
 
     def import_rows(self, rows: Sequence[Mapping[str, Any]]) -> int:
         """Upsert exported items keeping their times, expiry, vectors and the model that
-        computed them (``vectors_model``, null or absent: the caller's); returns how many."""
+        computed them (``vectors_model``, null or absent: the caller's); returns how many. New
+        items are stored in ``seq`` order (absent: in the order given), so the order they were
+        first stored in survives an export."""
         prepared = []
         for n, row in enumerate(rows):
             try:
@@ -187,23 +192,27 @@ class ItemStore(ItemExpiry, NamespaceListing, ItemRanking, ItemVectors):
                 expires, ttl = row.get("expires_at"), row.get("ttl_minutes")
                 vectors = row.get("vectors") or {}
                 model = row.get("vectors_model")
+                seq = row.get("seq", n)
             except (KeyError, TypeError) as exc:
                 raise InvalidInputError(f"item record {n} lacks a field: {exc}") from exc
             if not isinstance(key, str) or not isinstance(value, dict):
                 raise InvalidInputError(f"item record {n}: key must be a string and value an object")
             if not all(isinstance(t, int | float) for t in times) or not isinstance(vectors, dict):
                 raise InvalidInputError(f"item record {n}: bad times or vectors")
+            if not isinstance(seq, int) or isinstance(seq, bool):
+                raise InvalidInputError(f"item record {n}: seq must be an integer: {seq!r}")
             if model is not None and not isinstance(model, str):
                 raise InvalidInputError(
                     f"item record {n}: vectors_model must be a string or null, not {model!r}"
                 )
             blobs = [(f, vector_blob(v, f"item record {n} vector {f!r}")) for f, v in vectors.items()]
             text = check_json_value(value, f"item record {n} value").decode()
-            prepared.append((ns, key, text, *times, expires, ttl, blobs, model))
+            prepared.append((seq, ns, key, text, *times, expires, ttl, blobs, model))
+        prepared.sort(key=lambda p: p[0])  # stable: rows without a seq keep their order
         with self._lock, self._db.transaction():
             self._writes += 1
-            self._check_dims({len(b) // 4 for p in prepared for _, b in p[7]})
-            for ns, key, text, created, updated, expires, ttl, blobs, model in prepared:
+            self._check_dims({len(b) // 4 for p in prepared for _, b in p[8]})
+            for _, ns, key, text, created, updated, expires, ttl, blobs, model in prepared:
                 item_id = self._db.execute(
                     "INSERT INTO items (ns, key, value, created_at, updated_at, expires_at, ttl_minutes)"
                     " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (ns, key)"
@@ -266,9 +275,9 @@ class ItemStore(ItemExpiry, NamespaceListing, ItemRanking, ItemVectors):
                 " WHERE ns = ? AND key = ? AND (expires_at IS NULL OR expires_at > ?)",
                 (ns, key, now),
             ).fetchone()
-            if row is not None and refresh_ttl:
-                self._refresh([row[0]], now)
-            return None if row is None else _record(row)
+            if row is None:
+                return None
+            return self._refreshed([_record(row)], now)[0] if refresh_ttl else _record(row)
 
     def tail(self, namespace: Sequence[str], limit: int | None = None) -> list[ItemRecord]:
         """The last ``limit`` live items of a namespace in insertion order (all when ``None``);
@@ -330,7 +339,7 @@ class ItemStore(ItemExpiry, NamespaceListing, ItemRanking, ItemVectors):
             else:
                 records = self._ranked(cols, sql_where, params, query_vector, limit, offset)
             if refresh_ttl and records:
-                self._refresh_records(records, now)
+                records = self._refreshed(records, now)
         return records
 
     def count(self, namespace: Sequence[str] | None = None) -> int:

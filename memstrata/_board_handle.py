@@ -43,7 +43,7 @@ class Subscription:
         def deliver(signal: Signal) -> Any:
             try:
                 return callback(signal)
-            except Exception:
+            except BaseException:  # whatever it raises, the board removes it (and goes on)
                 self._failed.set()
                 raise
 

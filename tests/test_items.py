@@ -9,6 +9,7 @@ import pytest
 
 from memstrata.errors import InvalidInputError
 from memstrata.layers._items import ItemStore
+from memstrata.messages import PutItem
 from tests._support import HandClock
 
 
@@ -156,6 +157,20 @@ def test_ttl_expiry_refresh_and_sweep(tmp_path: Path) -> None:
     assert store.sweep() == 1 and store.count() == 1
 
 
+def test_a_read_that_refreshes_the_lifetime_returns_the_new_expiry(tmp_path: Path) -> None:
+    clock = HandClock()
+    store = ItemStore(tmp_path / "t.sqlite", clock=clock)
+    store.put_many(
+        [(("t",), "a", {}, None, 1.0), (("t",), "b", {}, None, 1.0), (("t",), "c", {}, None, None)]
+    )
+    clock.now += 30
+    got = store.get(("t",), "a", refresh_ttl=True)
+    assert got is not None and got.expires_at == clock.now + 60
+    found = {r.key: r.expires_at for r in store.search(("t",), refresh_ttl=True)}
+    assert found == {"a": clock.now + 60, "b": clock.now + 60, "c": None}
+    assert {r.key: r.expires_at for r in store.search(("t",))} == found  # as stored
+
+
 def test_list_namespaces_prefix_suffix_depth(items: ItemStore) -> None:
     for ns in [("a", "b", "c"), ("a", "b", "d"), ("a", "x"), ("z", "b")]:
         items.put_many([(ns, "k", {}, None, None)])
@@ -206,6 +221,10 @@ def test_labels_with_control_characters_are_not_confused_with_children(items: It
     assert items.list_namespaces(prefix=("a",)) == [("a",), ("a", "b")]
     with pytest.raises(InvalidInputError, match="reserved"):
         items.put_many([(("a\x1fb",), "k", {}, None, None)])
+    with pytest.raises(InvalidInputError, match="reserved"):  # substr() miscounts text with \x00
+        items.put_many([(("team\x00x", "child"), "k", {}, None, None)])
+    with pytest.raises(InvalidInputError, match=r"PutItem.namespace labels must be .* without \\x00"):
+        PutItem(("team\x00x",), "k", {})
 
 
 def test_list_namespaces_walk_agrees_with_a_brute_force_listing(tmp_path: Path) -> None:

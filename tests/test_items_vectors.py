@@ -146,6 +146,23 @@ def test_export_and_import_keep_items_with_times_expiry_and_vectors(tmp_path: Pa
     assert (tmp_path / "again.jsonl").read_bytes() == (tmp_path / "out.jsonl").read_bytes()
 
 
+def test_an_import_keeps_the_order_items_were_first_stored_in(tmp_path: Path) -> None:
+    """tail and pop follow the order items were first stored in, which the key order of an
+    export file is not: the export says it (seq), the import keeps it."""
+    start = MemorySystem.start
+    with start(Config(data_dir=tmp_path / "a"), embedder=FakeEmbedder(), clock=ManualClock(_T0)) as system:
+        for key in ("turn-c", "turn-a", "turn-b"):
+            system.items.put(("chat",), key, {"text": key})
+        system.items.put(("chat",), "turn-c", {"text": "changed"})  # an update keeps its place
+        system.export(tmp_path / "out.jsonl")
+        before = [i.key for i in system.items.tail(("chat",))]
+    with start(Config(data_dir=tmp_path / "b"), embedder=FakeEmbedder(), clock=ManualClock(_T0)) as other:
+        other.import_(tmp_path / "out.jsonl")
+        assert [i.key for i in other.items.tail(("chat",))] == before == ["turn-c", "turn-a", "turn-b"]
+        popped = other.items.pop_last(("chat",))
+        assert popped is not None and popped.key == "turn-b"
+
+
 def test_an_export_without_items_has_no_item_lines_and_makes_no_item_file(tmp_path: Path) -> None:
     with MemorySystem.start(Config(data_dir=tmp_path / "d"), embedder=FakeEmbedder()) as system:
         system.agent("a1").remember("something happened")

@@ -342,3 +342,19 @@ def test_the_protocol_module_lists_every_message_of_every_message_module() -> No
         missing = set(module.__all__) - set(protocol.__all__)
         assert not missing, f"{name}: {sorted(missing)}"
         assert all(getattr(public, n) is getattr(module, n) for n in module.__all__)
+
+
+def test_messages_hold_their_own_copy_of_a_json_value() -> None:
+    """A message sent without waiting is read later, on an actor's thread: the sender's object
+    may have changed by then, so the message keeps what it was at construction."""
+    value: dict[str, Any] = {"steps": [1, 2], "kind": "plan"}
+    sent = [
+        messages.SetWorkingMemory("a1", "plan", value),
+        messages.PutItem(("n",), "k", value),
+        messages.PublishSignal("k", value),
+    ]
+    query = messages.SearchItems(("n",), filter=value)
+    value["steps"].append(3)
+    value["kind"] = "changed"
+    assert [m.value for m in sent] == [{"steps": [1, 2], "kind": "plan"}] * 3
+    assert query.filter == {"steps": [1, 2], "kind": "plan"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import threading
 from collections.abc import Iterator
@@ -112,14 +113,49 @@ def test_callbacks_run_on_a_delivery_thread(system: MemorySystem) -> None:
     assert recorder.threads and threading.get_ident() not in recorder.threads
 
 
-def test_a_raising_subscriber_is_removed_without_harming_others(system: MemorySystem) -> None:
+def test_a_value_changed_after_publish_returns_is_published_as_it_was(system: MemorySystem) -> None:
+    """publish() returns before the board stores the value: what it stores and delivers is the
+    value at the call, not the caller's object as it is later."""
+    board = system.blackboard("s1")
+    seen = Recorder()
+    board.subscribe("state", seen)
+    state: dict[str, Any] = {"step": 0, "log": []}
+    for step in range(1, 6):
+        state["step"] = step
+        state["log"].append(step)
+        board.publish("state", state)
+    state["step"] = "MUTATED"
+    state["log"].append({1, 2})  # not JSON: were the value read later, the publish would be lost
+    assert system.wait_idle(5)
+    assert [v["step"] for _, v in seen.pairs()] == [1, 2, 3, 4, 5]
+    assert board.get("state") == {"step": 5, "log": [1, 2, 3, 4, 5]}
+
+
+def test_object_keys_must_be_text_so_none_collide(system: MemorySystem) -> None:
+    board = system.blackboard("s1")
+    with pytest.raises(InvalidInputError, match=r"PublishSignal.value for key 'k' must be JSON"):
+        board.publish("k", {1: "int key", "1": "str key"})
+    with pytest.raises(InvalidInputError, match=r"SetWorkingMemory.value must be JSON"):
+        system.agent("a1").set_working("plan", {True: "yes", "true": "also"})
+    assert system.wait_idle(5) and board.get("k") is None
+
+
+_RAISED = [ValueError("subscriber bug"), asyncio.CancelledError("bridge gone"), SystemExit(3)]
+
+
+@pytest.mark.parametrize("error", _RAISED)
+def test_a_raising_subscriber_is_removed_without_harming_others(
+    system: MemorySystem, error: BaseException
+) -> None:
+    """Whatever a callback raises (a cancelled asyncio bridge raises a BaseException), the
+    delivery thread removes it and goes on serving the others."""
     board = system.blackboard("s1")
     good = Recorder()
     calls = []
 
     def bad(signal: Signal) -> None:
         calls.append(signal.value)
-        raise ValueError("subscriber bug")
+        raise error
 
     kept = board.subscribe("k", good)
     removed = board.subscribe("k", bad)
@@ -134,7 +170,7 @@ def test_a_raising_subscriber_is_removed_without_harming_others(system: MemorySy
     status = system.status()
     assert status["blackboard_subscriber_errors"] == 1
     assert status["blackboards"]["s1"]["subscribers"] == 1
-    assert "subscriber bug" in status["blackboards"]["s1"]["last_subscriber_error"]
+    assert type(error).__name__ in status["blackboards"]["s1"]["last_subscriber_error"]
 
 
 def test_unsubscribe_stops_deliveries(system: MemorySystem) -> None:
