@@ -2,8 +2,8 @@
 
 Most users never import this package: the facade hides it. Orchestrators that want the pieces
 (a clock for simulations, the batching embedder, the prompt builder) find them here. Each name
-is imported on first use: a process that needs one piece (``memstrata query`` merges hits with
-:func:`merge_hits`) does not import the actor tree (~60 ms).
+is imported on first use: a process that needs one piece does not import the actor tree
+(~60 ms).
 """
 
 if __name__ != "memstrata.actors":  # nothing generic may be importable at top level
@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 from memstrata.core.lazy import lazy_attributes
 
 if TYPE_CHECKING:
+    from memstrata.layers import merge_hits
+
     from ._agent import AgentActor
     from ._base import MemoryActor, Supervision
     from ._blackboard import BlackboardActor
@@ -21,7 +23,7 @@ if TYPE_CHECKING:
     from ._embedding import BatchingEmbedder, EmbeddingStats
     from ._episodic_actor import EpisodicActor
     from ._knowledge_actor import KnowledgeStoreActor
-    from ._prompt import build_prompt, fallback_prompt, merge_hits, xml_attr, xml_name, xml_text
+    from ._prompt import build_prompt, fallback_prompt, xml_attr, xml_name, xml_text
     from ._runtime import Runtime, StopReport, route
     from ._store_factory import LayerStores, StoreFactory
     from ._supervisors import (
@@ -48,7 +50,7 @@ _LAZY = {
     "KnowledgeStoreActor": "._knowledge_actor",
     "build_prompt": "._prompt",
     "fallback_prompt": "._prompt",
-    "merge_hits": "._prompt",
+    "merge_hits": "memstrata.layers._knowledge_merge",  # the knowledge layer's, named here too
     "xml_attr": "._prompt",
     "xml_name": "._prompt",
     "xml_text": "._prompt",

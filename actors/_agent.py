@@ -29,13 +29,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memstrata.core.constants import EMBED_CHARS, MAX_TOP_K  # EMBED_CHARS: what a query's vector is made of
+from memstrata.layers import merge_hits
 from memstrata.storage import prefetch_query
 
 from ._agent_writeback import AgentWriteBack, _RetryWriteBack, _WriteBackPart, describe_error
 from ._base import DEFERRED, set_result
 from ._concurrency import TimerHandle
 from ._outbox import Outbox
-from ._prompt import build_prompt, fallback_prompt, merge_hits
+from ._prompt import build_prompt, fallback_prompt
 from ._store_messages import BoundedSearch, Searched
 from ._workspace import SearchFiles
 from .messages import (
@@ -303,7 +304,12 @@ class AgentActor(AgentWriteBack):
             retrieval.timer.cancel()
         task = retrieval.task
         hits = merge_hits(
-            retrieval.results.get("own", ()), retrieval.results.get("shared", ()), retrieval.top_k
+            retrieval.results.get("own", ()),
+            retrieval.results.get("shared", ()),
+            retrieval.top_k,
+            query=task.query or task.description,
+            search=self.runtime.config.search,
+            one_model=self.runtime.one_model(self.key, SHARED),
         )
         notes = []
         for part in dict.fromkeys([*_PART_LABELS, *retrieval.parts]):

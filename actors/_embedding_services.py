@@ -85,6 +85,12 @@ class EmbeddingServices:
         """:meth:`embedding_of` without the reason."""
         return self.embedding_of(agent_id)[0]
 
+    def one_model(self, first: str, second: str) -> bool:
+        """Whether the two agents' (or ``shared``'s) stores embed with one model, so that the
+        similarities of their hits compare (also when either runs keyword-only)."""
+        a, b = self.embedder_for(first), self.embedder_for(second)
+        return a is None or b is None or a.model_id == b.model_id
+
     def _new_service(self, settings: EmbeddingConfig) -> tuple[BatchingEmbedder | None, str | None]:
         """A batching service for ``settings``: around the shared model when only the batching
         differs, else around the model loaded for it (none: keyword-only, with the reason)."""

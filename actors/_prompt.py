@@ -28,7 +28,6 @@ from typing import Any
 __all__ = [
     "build_prompt",
     "fallback_prompt",
-    "merge_hits",
     "xml_attr",
     "xml_name",
     "xml_text",
@@ -147,26 +146,3 @@ def build_prompt(
         fallback_prompt(description),
     ]
     return "\n".join(lines)
-
-
-def merge_hits(own: Sequence[Any], shared: Sequence[Any], top_k: int) -> list[Any]:
-    """Fuse an agent's hits with the shared store's hits, best first, at most ``top_k``.
-
-    Both lists come from the same hybrid search with the same parameters, so their normalised
-    RRF scores are on the same scale (1.0 = first in both the vector and the keyword list). Hits
-    are ordered by that score, ties broken by cosine similarity (comparable across stores: same
-    model), then the agent's own entry first. Content that appears in both stores with the same
-    category is kept once (the agent's own copy).
-    """
-    ranked: list[tuple[tuple[float, float, int, int], Any]] = []
-    seen: set[tuple[str, str]] = set()
-    for source, hits in enumerate((own, shared)):
-        for rank, hit in enumerate(hits):
-            identity = (str(hit.entry.content), str(hit.entry.category))
-            if identity in seen:
-                continue
-            seen.add(identity)
-            similarity = hit.similarity if getattr(hit, "similarity", None) is not None else -1.0
-            ranked.append(((-float(hit.score), -float(similarity), source, rank), hit))
-    ranked.sort(key=lambda item: item[0])
-    return [hit for _, hit in ranked[:top_k]]

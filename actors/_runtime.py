@@ -29,6 +29,7 @@ from memstrata.core.errors import (
     RequestTimeoutError,
     SystemStoppedError,
 )
+from memstrata.layers import merge_hits
 from memstrata.storage import Embedder
 
 from ._agent import describe_error
@@ -41,7 +42,7 @@ from ._embedding import BatchingEmbedder
 from ._embedding_services import EmbeddingServices, ModelLoader, load_model
 from ._episodic_actor import check_archive_dir
 from ._outbox import has_pending, new_owner, pending_count, release_owner
-from ._prompt import fallback_prompt, merge_hits
+from ._prompt import fallback_prompt
 from ._routing import _FOLDER, _SUPERVISOR_OF, route
 from ._store_factory import StoreFactory
 from ._store_messages import BoundedSearch, Searched
@@ -349,7 +350,14 @@ class Runtime(EmbeddingServices):
                 log.warning(
                     "shared knowledge query failed; answering with %s's own hits: %s", message.agent_id, exc
                 )
-        merged = merge_hits(own_result.hits, shared_hits, message.top_k)
+        merged = merge_hits(
+            own_result.hits,
+            shared_hits,
+            message.top_k,
+            query=message.query,
+            search=self.config.search,
+            one_model=self.one_model(message.agent_id, SHARED),
+        )
         return Searched(KnowledgeResult(message.agent_id, tuple(merged)), degraded)
 
     def search_memory(self, message: SearchMemory, *, timeout: float | None = None) -> Searched:

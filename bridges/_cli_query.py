@@ -262,6 +262,6 @@ def query_knowledge(
         return None
     if not merge:
         return own
-    from memstrata.actors._prompt import merge_hits
+    from memstrata.layers import merge_hits
 
-    return list(merge_hits(own, shared, top_k))
+    return list(merge_hits(own, shared, top_k, query=query, search=config.search))

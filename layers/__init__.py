@@ -15,12 +15,14 @@ if TYPE_CHECKING:
     from ._file_results import FileHit, SyncStats
     from ._files import Codebase, MemoryFiles
     from ._knowledge import KnowledgeEntry, KnowledgeHit, KnowledgeStore
+    from ._knowledge_merge import merge_hits
     from ._working import WorkingMemory
 
 _LAZY = {
     "KnowledgeStore": "._knowledge",
     "KnowledgeEntry": "._knowledge",
     "KnowledgeHit": "._knowledge",
+    "merge_hits": "._knowledge_merge",
     "EpisodicMemory": "._episodic",
     "Episode": "._episodic",
     "EpisodeHit": "._episodic",
@@ -45,6 +47,7 @@ __all__ = [
     "MemoryFiles",
     "SyncStats",
     "WorkingMemory",
+    "merge_hits",
 ]
 
 

@@ -1,15 +1,14 @@
-"""Prompt shape and escaping, and fusion of an agent's hits with the shared store's."""
+"""Prompt shape and escaping."""
 
 from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
 
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from memstrata.actors import build_prompt, fallback_prompt, merge_hits, xml_name
+from memstrata.actors import build_prompt, fallback_prompt, xml_name
 from memstrata.layers import KnowledgeEntry, KnowledgeHit
 
 
@@ -69,30 +68,6 @@ def test_xml_names_are_valid_and_distinct(key: str) -> None:
 def test_any_text_makes_a_well_formed_prompt(content: str, description: str) -> None:
     text = build_prompt(description or "x", [hit(content or "c", 0.3, tags={content or "k": description})])
     ET.fromstring(f"<root>{text}</root>")
-
-
-def test_merge_orders_by_score_then_similarity_and_prefers_the_agent() -> None:
-    own = [
-        hit("mine", 0.9, similarity=0.4),
-        hit("same", 0.5, entry_id=2),
-        hit("tie", 0.6, similarity=0.3, entry_id=3),
-    ]
-    shared = [
-        hit("theirs", 0.95),
-        hit("same", 0.99, entry_id=9),
-        hit("tie2", 0.6, similarity=0.8, entry_id=4),
-    ]
-    merged = merge_hits(own, shared, 10)
-    assert [h.entry.content for h in merged] == ["theirs", "mine", "tie2", "tie", "same"]
-    assert merged[-1] is own[1]  # the agent's copy of duplicated content wins
-    assert len(merge_hits(own, shared, 2)) == 2
-
-
-@pytest.mark.parametrize("top_k", [1, 3])
-def test_merge_with_one_side_empty(top_k: int) -> None:
-    own = [hit(f"e{i}", 1 - i / 10, entry_id=i) for i in range(5)]
-    assert merge_hits(own, [], top_k) == own[:top_k]
-    assert merge_hits([], own, top_k) == own[:top_k]
 
 
 def test_every_kind_of_entry_shares_one_context_escaped() -> None:

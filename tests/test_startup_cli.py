@@ -244,7 +244,7 @@ def test_merging_hits_imports_no_actor() -> None:
     importing the actor tree."""
     probe = _python(
         "import json, sys\n"
-        "from memstrata.actors._prompt import merge_hits\n"
+        "from memstrata.layers import merge_hits\n"
         "import memstrata.actors\n"
         "loaded = [m for m in ('memstrata.actors._agent', 'memstrata.actors._runtime', 'pykka') "
         "if m in sys.modules]\n"
