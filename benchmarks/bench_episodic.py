@@ -192,7 +192,7 @@ def run(ctx: Context) -> list[Row]:
                 "ms",
                 baseline=measured["hybrid search"],
                 baseline_name="hybrid search",
-                notes="decay deepens both candidate lists until no episode outside them can reach the top k",
+                notes="decay deepens the candidate lists until the top k is that of the full-depth lists",
             )
         )
 

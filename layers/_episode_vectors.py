@@ -41,6 +41,7 @@ class EpisodeRanking:
         self._ranges = ranges
         self._scored: ScoredRows | None = None
         self._top: tuple[IntArray, FloatArray, IntArray] | None = None
+        self._lookup: tuple[IntArray, IntArray, FloatArray] | None = None  # see ranks_of
 
     def __len__(self) -> int:
         return len(self._rows())
@@ -60,6 +61,31 @@ class EpisodeRanking:
             return settle_unheld(db, flt, ids, mirror.allows(ids, where, ranges), unheld=True)
 
         return keep
+
+    def ranks_of(self, ids: IntArray) -> IntArray:
+        """1-based ranks of ``ids`` in the ranking read to its end (0: not an allowed row), as
+        :meth:`top` places them (ties in insertion order), without ranking every row: the rows
+        scored better, plus those scored the same and stored before."""
+        rows = self._rows()
+        if self._lookup is None:  # once per search: ids sorted (with their row), scores sorted
+            allowed = rows.rowids[rows.positions]
+            by_id = np.argsort(allowed, kind="stable")
+            self._lookup = (allowed[by_id], by_id, np.sort(rows.scores))
+        sorted_ids, row_of, ascending = self._lookup
+        out = np.zeros(len(ids), dtype=np.int64)
+        if not len(sorted_ids) or not len(ids):
+            return out
+        at = np.minimum(np.searchsorted(sorted_ids, ids), len(sorted_ids) - 1)
+        found = np.flatnonzero(sorted_ids[at] == ids)
+        rows_at = row_of[at[found]]
+        scores = rows.scores[rows_at]
+        above = len(ascending) - np.searchsorted(ascending, scores, side="right")
+        tied = np.searchsorted(ascending, scores, side="right") - np.searchsorted(ascending, scores)
+        before = np.zeros(len(found), dtype=np.int64)
+        for n in np.flatnonzero(tied > 1).tolist():  # equal scores are rare: count them one by one
+            before[n] = np.count_nonzero(rows.scores[: rows_at[n]] == scores[n])
+        out[found] = above + before + 1
+        return out
 
     def top(self, k: int) -> tuple[IntArray, FloatArray, IntArray]:
         """The best ``k`` as arrays ``(ids, similarities, at_us)``; ties keep insertion order."""

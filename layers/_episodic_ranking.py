@@ -5,9 +5,7 @@ fused by :func:`storage.fuse`, optionally decayed by age (see :class:`_Search`).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -19,7 +17,6 @@ from memstrata.core.errors import (
 from memstrata.storage import (
     PLAIN_RRF_K,
     Filter,
-    FusedArrays,
     KeywordQuery,
     best_score,
     fuse,
@@ -34,6 +31,7 @@ from ._episode_records import (
     episode_from_row,
     query_in,
 )
+from ._episodic_lists import MARGIN, Fused, Ints, Keys, Ranked, fused_prefix, settled, source_top, with_times
 from ._episodic_state import _Source
 
 
@@ -59,10 +57,15 @@ class _Search:
     earlier archive also holds, is dropped (matched by uuid).
 
     With recency decay, an old episode ranked first can fall below a recent one ranked far
-    down both lists, so the lists deepen (x4 per round) until no episode outside them could
-    reach the top ``k``; past ``MAX_DEPTH`` the vector list is the whole exact ranking and the
-    keyword list stops at ``MAX_DEPTH``. Episodes are int64 keys ``source << 40 | id`` and
-    fusion runs in numpy, so deep rounds stay cheap.
+    down both lists, so the lists deepen (x4 per round, or to the depth a bound asks for) until
+    the top ``k`` is that of the full-depth ranking, scores included: every one of them is in
+    every list not read to its end (its score is whole), and no other episode, seen in one list
+    only or in none, could reach the ``k``-th even ranked just below where each list was read.
+    Past ``MAX_DEPTH`` the vector list is the whole exact ranking and the keyword list stops at
+    ``MAX_DEPTH`` (the full-depth ranking). A shallower list is always a prefix of that one, ties
+    included (:meth:`source_top`, :func:`settled`), so a smaller ``k`` returns a prefix of a
+    larger one. Episodes are int64 keys ``source << 40 | id`` and fusion runs in numpy, so deep
+    rounds stay cheap.
     """
 
     def __init__(
@@ -102,7 +105,7 @@ class _Search:
         self.depth = max(search.depth, top_k)
         self.shadowed: dict[int, bool] = {}
         self.owner: dict[str, int] = {}
-        self.keyword_cache: dict[int, tuple[int, list[_Ranked]]] = {}
+        self.keyword_cache: dict[int, tuple[int, list[Ranked]]] = {}
 
     def run(self) -> list[EpisodeHit]:
         if not self.weights:
@@ -112,55 +115,135 @@ class _Search:
         newest_log_decay: float | None = None
         while True:
             full = depth > MAX_DEPTH
-            vkeys, vsims, vat, vector_more = self._vector_list(depth, full=full)
-            kkeys, kat, keyword_more = self._keyword_list(min(depth, MAX_DEPTH))
-            lists: list[_Keys] = []
-            ats: list[_Ints] = []
+            exact = self.half_life_us is not None and not full  # a prefix of the full-depth lists
+            vkeys, vsims, vat, vector_more = self._vector_list(depth, full=full, exact=exact)
+            if exact and len(self.sources) == 1:
+                # one source: its keyword list is fetched whole (to MAX_DEPTH) once, so it is
+                # used whole, as the full-depth ranking has it: no keyword rank is left unknown
+                kkeys, kat, _ = self._keyword_list(MAX_DEPTH)
+                keyword_more = False
+            else:
+                kkeys, kat, keyword_more = self._keyword_list(min(depth, MAX_DEPTH), exact=exact)
+            lists: list[Keys] = []
+            ats: list[Ints] = []
+            mores: list[bool] = []
             if self.use_vectors:
                 lists.append(vkeys)
                 ats.append(vat)
+                mores.append(vector_more)
             if self.use_keywords:
                 lists.append(kkeys)
                 ats.append(kat)
-            fused = _Fused.of(fuse(lists, self.weights, self.rrf_k), ats)
+                mores.append(keyword_more)
+            fused = Fused.of(fuse(lists, self.weights, self.rrf_k), ats)
             if self.half_life_us is None:
                 order = np.lexsort((fused.first, -fused.scores))
                 scores = fused.scores[order]
                 break
             # log space: a decay of 0.5 ** (a year / an hour) underflows, yet still ranks
-            logs = np.log(fused.scores) + self._log_decay(fused.at)
+            decay = self._log_decay(fused.at)
+            logs = np.log(fused.scores) + decay
             order = np.lexsort((fused.first, -fused.at, -logs))
-            if full:
-                scores = np.exp(logs[order])
-                break
-            mores = [vector_more] if self.use_vectors else []
-            if self.use_keywords:
-                mores.append(keyword_more)
-            unseen = sum(w for w, more in zip(self.weights, mores, strict=True) if more)
-            if unseen == 0:
+            # what an episode absent from a list not read to its end may still gain from it
+            gaps = [
+                w / (self.rrf_k + len(keys) + 1) / best if more else 0.0
+                for w, keys, more in zip(self.weights, lists, mores, strict=True)
+            ]
+            if full or not any(gaps):
                 scores = np.exp(logs[order])
                 break
             if newest_log_decay is None:
                 newest_log_decay = float(self._log_decay(np.array([self._newest_at()], dtype=np.int64))[0])
-            if len(order) < self.top_k:
-                depth *= 4
-                continue
-            # an unseen episode scores at most unseen / (k + depth + 1) / best, decayed as the newest
-            kth = float(logs[order[self.top_k - 1]]) - newest_log_decay
-            if kth >= math.log(unseen / (self.rrf_k + depth + 1) / best):
+            needed = self._needed_depth(depth, fused, decay, gaps, newest_log_decay)
+            if needed is None:  # ranks looked up may have changed scores: rank again
+                logs = np.log(fused.scores) + decay
+                order = np.lexsort((fused.first, -fused.at, -logs))
                 scores = np.exp(logs[order])
                 break
-            # the k-th score only grows with depth, so this depth is always enough
-            log_needed = math.log(unseen / best) - kth  # log(k + depth + 1) that would do
-            if log_needed > math.log(self.rrf_k + MAX_DEPTH + 1):
-                depth = MAX_DEPTH + 1
-            else:
-                needed = math.ceil(math.exp(log_needed)) - self.rrf_k - 1
-                depth = max(depth + 1, min(depth * 4, needed))
+            depth = needed if needed > MAX_DEPTH else max(depth + 1, min(depth * 4, needed))
         top = order[: self.top_k]
         return self._hits(fused, top, scores[: self.top_k], vsims)
 
-    def _log_decay(self, at_us: _Ints) -> npt.NDArray[np.float64]:
+    def _needed_depth(
+        self,
+        depth: int,
+        fused: Fused,
+        decay: npt.NDArray[np.float64],
+        gaps: list[float],
+        newest_log_decay: float,
+    ) -> int | None:
+        """``None`` when the top ``k`` of lists read to ``depth`` is the full-depth one, scores
+        included; else the depth to read next (past ``MAX_DEPTH``: the full ranking).
+
+        An episode absent from a list not read to its end may rank just below its last entry
+        there and gain that list's gap: a top-``k`` episode with a gap has no final score yet,
+        and any other (one seen, or one in no list, decayed as the newest) must stay below the
+        ``k``-th even with its gaps. The ``k``-th score only grows with depth. With one source,
+        the vector ranks such episodes lack are looked up (:meth:`_look_up`) rather than found by
+        reading deeper: a recent keyword hit far down the vector list costs no deep round."""
+        k = self.top_k
+        best = best_score(self.weights, self.rrf_k)
+        known = np.zeros(len(fused.keys), dtype=bool)  # vector rank looked up (0: not ranked)
+        vector_gap = gaps[0] if self.use_vectors else 0.0
+        while True:
+            logs = np.log(fused.scores) + decay
+            order = np.lexsort((fused.first, -fused.at, -logs))
+            if len(order) < k:
+                return depth * 4
+            missing = np.zeros(len(fused.keys), dtype=np.float64)  # what each may still gain
+            weight = np.zeros(len(fused.keys), dtype=np.float64)  # the weight of the lists it lacks
+            for n, (w, gap, ranks) in enumerate(zip(self.weights, gaps, fused.ranks, strict=True)):
+                if gap:
+                    absent = (ranks == 0) & ~known if n == 0 and self.use_vectors else ranks == 0
+                    missing += absent * gap
+                    weight += absent * (w / best)
+            unsure = order[:k][missing[order[:k]] > 0]  # top-k scores not whole yet
+            kth = float(logs[order[k - 1]]) - MARGIN
+            rivals = order[k:][missing[order[k:]] > 0]
+            upper = np.log(fused.scores[rivals] + missing[rivals]) + decay[rivals]
+            if not len(unsure):
+                unsure = rivals[upper >= kth]
+                if not len(unsure) and kth > math.log(sum(gaps)) + newest_log_decay:
+                    return None
+            lookup = unsure[(fused.ranks[0][unsure] == 0) & ~known[unsure]] if vector_gap else unsure[:0]
+            if not len(lookup) or not self._look_up(fused, lookup, best):
+                break
+            known[lookup] = True
+        if len(order[:k][missing[order[:k]] > 0]):  # a top-k score is not whole yet: find it
+            return depth * 4
+        # a gap is weight / (rrf_k + depth + 1): the depth at which each bound falls below the k-th
+        unseen = sum(w for w, gap in zip(self.weights, gaps, strict=True) if gap) / best
+        log_needed = math.log(unseen) - (kth - newest_log_decay)  # log(rrf_k + depth + 1)
+        if log_needed > math.log(self.rrf_k + MAX_DEPTH + 1):
+            return MAX_DEPTH + 1  # even MAX_DEPTH leaves room for an unseen episode
+        needed = math.ceil(math.exp(log_needed)) - self.rrf_k
+        if len(rivals):
+            with np.errstate(over="ignore"):
+                room = np.exp(kth - decay[rivals]) - fused.scores[rivals]
+            if not (room > 0).all():
+                return depth * 4  # a rival at or above the k-th already: only finding it settles it
+            reach = float((weight[rivals] / room).max())
+            needed = max(needed, min(MAX_DEPTH, math.ceil(reach) - self.rrf_k))
+        return needed
+
+    def _look_up(self, fused: Fused, at: Ints, best: float) -> bool:
+        """Give the fused entries ``at`` their rank in the full vector ranking of the one source
+        (0: not in it), with the score and first appearance that rank gives them, as the
+        full-depth fusion would; ``False`` when there is no single source to look in."""
+        if len(self.sources) != 1 or self.sources[0].ranking is None:
+            return False
+        ranks = self.sources[0].ranking.ranks_of(fused.keys[at] & _MASK)
+        fused.ranks[0][at] = ranks
+        found = ranks > 0
+        fused.first[at[found]] = ranks[found] - 1  # the vector list comes first
+        raw = np.zeros(len(at), dtype=np.float64)  # summed list by list, as fuse's bincount does
+        for w, list_ranks in zip(self.weights, fused.ranks, strict=True):
+            r = list_ranks[at]
+            raw = np.where(r > 0, raw + w / (self.rrf_k + r.astype(np.float64)), raw)
+        fused.scores[at] = raw / best
+        return True
+
+    def _log_decay(self, at_us: Ints) -> npt.NDArray[np.float64]:
         """``log(0.5 ** (age / half_life))``; episodes dated in the future do not decay."""
         assert self.half_life_us is not None
         age = np.maximum(0, self.now_us - at_us).astype(np.float64)
@@ -176,18 +259,25 @@ class _Search:
 
     # -- candidate lists -----------------------------------------------------------------------
 
-    def _vector_list(self, depth: int, *, full: bool) -> tuple[_Keys, FloatArray, _Ints, bool]:
+    def _vector_list(
+        self, depth: int, *, full: bool, exact: bool = False
+    ) -> tuple[Keys, FloatArray, Ints, bool]:
+        """The merged vector list, best first, and whether it goes on. ``exact``: a prefix of
+        the full ranking (ties as there), maybe shorter than ``depth`` (see :func:`settled`)."""
         empty = np.zeros(0, dtype=np.int64)
         if not self.use_vectors:
             return empty, np.zeros(0, dtype=np.float32), empty, False
         keys, sims, ats = [], [], []
+        frontier: list[tuple[int, float]] = []
         more = False
         for index, source in enumerate(self.sources):
             if source.ranking is None:
                 continue
             size = len(source.ranking) if full else depth
-            ids, scores, at = source.ranking.top(size)
-            more = more or len(source.ranking) > size
+            ids, scores, at, going = source_top(source.ranking, size, exact=exact)
+            more = more or going
+            if going and len(scores):
+                frontier.append((index, float(scores[-1])))
             keys.append((np.int64(index) << _SHIFT) | ids)
             sims.append(scores)
             ats.append(at)
@@ -198,12 +288,18 @@ class _Search:
             keep = self._unshadowed(key)
             key, sim, at_all = key[keep], sim[keep], at_all[keep]
             order = np.argsort(-sim, kind="stable")  # source order breaks ties
-            if not full and len(order) > depth:
-                order, more = order[:depth], True
+            cut = depth
+            if exact:
+                cut = min(cut, settled(sim[order], key[order] >> _SHIFT, frontier))
+            if not full and len(order) > cut:
+                order, more = order[:cut], True
             key, sim, at_all = key[order], sim[order], at_all[order]
         return key, sim, at_all, more
 
-    def _keyword_list(self, depth: int) -> tuple[_Keys, _Ints, bool]:
+    def _keyword_list(self, depth: int, *, exact: bool = False) -> tuple[Keys, Ints, bool]:
+        """The keyword list (its sub-lists merged across sources, then fused), best first, and
+        whether it goes on. ``exact``: a prefix of the list read to ``MAX_DEPTH``, maybe shorter
+        than ``depth`` (see :func:`settled`)."""
         empty = np.zeros(0, dtype=np.int64)
         if not self.use_keywords:
             return empty, empty, False
@@ -211,14 +307,21 @@ class _Search:
         more = any(len(sub[0]) > depth or len(sub[0]) >= limit for limit, lists in fetched for sub in lists)
         per_source = [[sub.cut(depth) for sub in lists] for _, lists in fetched]
         count = max((len(lists) for lists in per_source), default=0)
-        subkeys: list[_Keys] = []
-        subats: list[_Ints] = []
+        subkeys: list[Keys] = []
+        subats: list[Ints] = []
+        going: list[bool] = []  # whether each sub-list has entries past what is kept of it
         for n in range(count):
             parts = [
                 (index, lists[n])
                 for index, lists in enumerate(per_source)
                 if n < len(lists) and len(lists[n].ids)
             ]
+            frontier = [
+                (index, float(lists[n].scores[depth - 1]))
+                for index, (_, lists) in enumerate(fetched)
+                if n < len(lists) and len(lists[n].ids) > depth
+            ]
+            going.append(bool(frontier))
             if not parts:
                 subkeys.append(empty)
                 subats.append(empty)
@@ -230,18 +333,26 @@ class _Search:
                 keep = self._unshadowed(key)
                 key, score, at = key[keep], score[keep], at[keep]
                 order = np.argsort(-score, kind="stable")
-                if len(order) > depth:
-                    order, more = order[:depth], True
+                cut = depth
+                if exact:
+                    cut = min(cut, settled(score[order], key[order] >> _SHIFT, frontier))
+                if len(order) > cut:
+                    order, more, going[-1] = order[:cut], True, True
                 key, at = key[order], at[order]
             subkeys.append(key.astype(np.int64))
             subats.append(at)
         if len(subkeys) == 1:
             return subkeys[0], subats[0], more
-        fused = _Fused.of(fuse(subkeys, [1.0] * len(subkeys), PLAIN_RRF_K), subats)
-        order = np.lexsort((fused.first, -fused.scores))[:depth]
+        fused = Fused.of(fuse(subkeys, [1.0] * len(subkeys), PLAIN_RRF_K), subats)
+        order = np.lexsort((fused.first, -fused.scores))
+        cut = depth
+        if exact:
+            cut = min(cut, fused_prefix(fused, order, subkeys, going))
+        if len(order) > cut:
+            order, more = order[:cut], True
         return fused.keys[order], fused.at[order], more
 
-    def _source_keywords(self, index: int, depth: int) -> tuple[int, list[_Ranked]]:
+    def _source_keywords(self, index: int, depth: int) -> tuple[int, list[Ranked]]:
         """One source's keyword sub-lists, at least ``depth`` long where possible, and the limit
         they were fetched with. BM25 scores every match whatever the limit, so with decay (which
         may deepen) they are fetched once at the deepest limit and sliced in later rounds."""
@@ -258,7 +369,7 @@ class _Search:
         try:
             assert source.keywords is not None
             found = source.keywords.lists(self.text, limit, flt, query=self.keywords, keep=keep)
-            lists = [_with_times(source, ids, scores) for ids, scores in found]
+            lists = [with_times(source, ids, scores) for ids, scores in found]
         except MemstrataError as exc:
             if source.label is None:
                 raise
@@ -267,7 +378,7 @@ class _Search:
         self.keyword_cache[index] = (limit, lists)
         return limit, lists
 
-    def _unshadowed(self, keys: _Keys) -> npt.NDArray[np.bool_]:
+    def _unshadowed(self, keys: Keys) -> npt.NDArray[np.bool_]:
         """Mask dropping archived copies of episodes that are live or held by an earlier archive."""
         unknown: dict[int, list[int]] = {}
         for key in keys.tolist():
@@ -290,7 +401,7 @@ class _Search:
     # -- results -------------------------------------------------------------------------------
 
     def _hits(
-        self, fused: _Fused, top: _Ints, scores: npt.NDArray[np.float64], similarities: FloatArray
+        self, fused: Fused, top: Ints, scores: npt.NDArray[np.float64], similarities: FloatArray
     ) -> list[EpisodeHit]:
         keys = fused.keys[top].tolist()
         wanted: dict[int, list[int]] = {}
@@ -309,7 +420,7 @@ class _Search:
             n = int(top[position])
             vrank = (int(fused.ranks[0][n]) or None) if self.use_vectors else None
             krank = (int(fused.ranks[-1][n]) or None) if self.use_keywords else None
-            sim = float(similarities[vrank - 1]) if vrank else None
+            sim = float(similarities[vrank - 1]) if vrank and vrank <= len(similarities) else None
             matrix = self.sources[key >> _SHIFT].matrix
             if sim is None and matrix is not None and self.query_vector is not None:
                 sim = matrix.similarity(key & _MASK, self.query_vector)
@@ -326,55 +437,5 @@ class _Search:
         return hits
 
 
-_Keys = npt.NDArray[np.int64]
-_Ints = npt.NDArray[np.int64]
 _SHIFT = 40  # an episode key is ``source << 40 | id``
 _MASK = (1 << _SHIFT) - 1
-
-
-class _Ranked(NamedTuple):
-    """A keyword sub-list of one source: episode ids best first, their scores and times."""
-
-    ids: _Keys
-    scores: npt.NDArray[np.float64]
-    at: _Ints
-
-    def cut(self, depth: int) -> _Ranked:
-        return _Ranked(self.ids[:depth], self.scores[:depth], self.at[:depth])
-
-
-def _with_times(source: _Source, ids: _Keys, scores: npt.NDArray[np.float64]) -> _Ranked:
-    """Ranked episodes with their times (``at_us``): from the vector mirror for the episodes it
-    holds (a recency-decayed search ranks thousands), from the table for the others; one
-    removed meanwhile is dropped."""
-    ids = np.asarray(ids, dtype=np.int64)
-    scores = np.asarray(scores, dtype=np.float64)
-    if source.matrix is not None:
-        at, known = source.matrix.times(ids)
-    else:
-        at, known = np.zeros(len(ids), dtype=np.int64), np.zeros(len(ids), dtype=bool)
-    missing = np.flatnonzero(~known)
-    if len(missing):
-        asked = ids[missing].tolist()
-        found = dict(query_in(source.db, "SELECT id, at_us FROM episodes WHERE id IN", asked))
-        at[missing] = [found.get(i, 0) for i in asked]
-        known[missing] = [i in found for i in asked]
-        ids, scores, at = ids[known], scores[known], at[known]
-    return _Ranked(ids, scores, at)
-
-
-@dataclass(slots=True)
-class _Fused:
-    """:func:`storage.fuse`'s result with each key's episode time (for recency decay)."""
-
-    keys: _Keys  # distinct keys
-    scores: npt.NDArray[np.float64]  # fused, normalised to 0..1
-    first: _Ints  # first appearance across the lists (ties keep it)
-    at: _Ints
-    ranks: list[_Ints]  # 1-based rank in each list, 0 where absent
-
-    @classmethod
-    def of(cls, fused: FusedArrays, ats: Sequence[_Ints]) -> _Fused:
-        every = np.concatenate(ats) if ats else np.zeros(0, dtype=np.int64)
-        at = every[fused.first] if len(every) else np.zeros(0, dtype=np.int64)
-        return cls(fused.keys, fused.scores, fused.first, at.astype(np.int64), fused.ranks)
