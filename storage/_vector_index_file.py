@@ -2,7 +2,10 @@
 
 A new process does not rebuild its mirror from SQLite when an index file is beside the database
 (:mod:`._index_files`): the file is mapped, validated against the database (its token, the change
-log position it reflects, a spot check of rows) and caught up from the log like a live mirror.
+log position it reflects and that entry's random stamp, a spot check of rows) and caught up from
+the log like a live mirror. The token and the position alone cannot tell a database restored from
+a backup, whose later writes reach the file's position with the same rowids, from the one the
+file was written for; the stamp, drawn anew for every entry, can.
 Apart from :mod:`._vector_sync`, which decides when the file is written and read.
 """
 
@@ -58,6 +61,7 @@ class MirrorFiles(MirrorRows):
     _files_seq = -1  # change-log position of the index file this process last read or wrote
     _files_due = False  # the mirror was built here: write the file once it settles
     _files_hooked = False
+    _log_stamped = False  # the change log has its ``stamp`` column (see ``_vector_sync``)
 
     @property
     def _files_path(self) -> Path | None:
@@ -122,14 +126,13 @@ class MirrorFiles(MirrorRows):
         token = ensure_token(self.db)
         if token is None:
             return
-        last = self.db.query(f"SELECT item, op FROM {self.log_table} WHERE seq = ?", (self._log_seq,))
         fields, arrays = mirror_arrays(mirror)
         meta = {
             "kind": "vectors",
             "table": self.table,
             "token": token,
             "seq": self._log_seq,
-            "last": [int(last[0][0]), int(last[0][1])] if last else None,
+            "last": self._log_entry(self._log_seq),
             "mirror": fields,
         }
         room = max(1024, int(mirror.size * _FILE_SPARE))
@@ -207,9 +210,15 @@ class MirrorFiles(MirrorRows):
         if newest < seq:
             return self._reject(f"index file {path} is ahead of the database (restored?)", False)
         if seq > 0:
-            at = self.db.query(f"SELECT item, op FROM {self.log_table} WHERE seq = ?", (seq,))
-            if not at or last is None or [int(at[0][0]), int(at[0][1])] != list(last):
+            at = self._log_entry(seq)
+            if at is None or not isinstance(last, list):
                 return self._reject(f"index file {path} is older than the change log reaches", False)
+            if at != [*last, None][:3]:  # a file from before the stamps recorded [item, op]
+                return self._reject(
+                    f"index file {path} saw another history than the database's change log "
+                    "(a database restored from a backup?)",
+                    False,
+                )
         elif newest and oldest > 1:
             return self._reject(f"index file {path} is older than the change log reaches", False)
         entries = self.db.query(f"SELECT item, op FROM {self.log_table} WHERE seq > ?", (seq,))
@@ -238,6 +247,16 @@ class MirrorFiles(MirrorRows):
         if problem is not None:
             return self._reject(f"index file {path} {problem}; rebuilding it", True)
         return mirror, seq, newest, changed
+
+    def _log_entry(self, seq: int) -> list[int | None] | None:
+        """The change-log entry at ``seq`` as an index file records it: item, op and stamp (None
+        for an entry from before the stamps); ``None`` when there is none."""
+        stamp = "stamp" if self._log_stamped else "NULL"
+        found = self.db.query(f"SELECT item, op, {stamp} FROM {self.log_table} WHERE seq = ?", (seq,))
+        if not found:
+            return None
+        item, op, value = found[0]
+        return [int(item), int(op), None if value is None else int(value)]
 
     def _spot_check(self, mirror: Mirror, changed: set[int]) -> str | None:
         """Compare a sample of the file's rows (not changed since) with the database: vector

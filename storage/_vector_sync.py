@@ -1,7 +1,10 @@
 """Keeping a :class:`VectorIndex`'s in-memory mirror in line with the durable vectors.
 
 Every write runs through :meth:`MirrorUpkeep._write`, which appends the changed rowids to the
-change log in the same transaction and brings a current mirror along. A mirror remembers the last
+change log in the same transaction and brings a current mirror along. Each entry carries a random
+``stamp``: an index file records the stamp of the entry it reflects, so that a database restored
+from a backup, whose later writes reach the same positions with the same rowids, is not taken for
+the history the file saw (:mod:`._vector_index_file`). A mirror remembers the last
 change-log entry it reflects. When another connection commits (``PRAGMA data_version`` moves) it
 reads only the newer entries and re-reads those rows; it reloads everything only when the log
 cannot explain the gap (pruned past it, a ``reset``). Rollbacks on the same connection are
@@ -39,6 +42,30 @@ class MirrorUpkeep(MirrorFiles, StoredLists):
 
     # -- the change log, written with every write -------------------------------------------
 
+    def _create_log(self) -> None:
+        """Create the change log and the stored lists' table, or give a change log from before
+        the stamps its ``stamp`` column (entries already there keep none: NULL); in the caller's
+        write transaction, at open."""
+        self.db.execute(
+            f"CREATE TABLE IF NOT EXISTS {self.log_table} (seq INTEGER PRIMARY KEY AUTOINCREMENT, "
+            "item INTEGER NOT NULL, op INTEGER NOT NULL, stamp INTEGER)"
+        )
+        if not self._log_is_stamped():
+            self.db.execute(f"ALTER TABLE {self.log_table} ADD COLUMN stamp INTEGER")
+        # the inverted lists last built, so that the next process need not build them
+        self.db.execute(
+            f"CREATE TABLE IF NOT EXISTS {self.partition_table} "
+            "(id INTEGER PRIMARY KEY CHECK (id = 1), seq INTEGER NOT NULL, dim INTEGER NOT NULL, "
+            "trained_rows INTEGER NOT NULL, centroids BLOB NOT NULL, rowids BLOB NOT NULL, "
+            "sizes BLOB NOT NULL)"
+        )
+
+    def _log_is_stamped(self) -> bool:
+        """Whether the change log has its ``stamp`` column (a read-only database from before it
+        has none: its entries are compared without stamps)."""
+        found = self.db.scalar("SELECT 1 FROM pragma_table_info(?) WHERE name = 'stamp'", (self.log_table,))
+        return found is not None
+
     def _write(
         self, write: Callable[[], Callable[[Mirror], None] | None], logged: Sequence[int], op: int
     ) -> None:
@@ -75,8 +102,11 @@ class MirrorUpkeep(MirrorFiles, StoredLists):
     def _log(self, rowids: Sequence[int], op: int) -> int:
         """Append change-log entries; returns the newest seq. Old entries are pruned here."""
         if rowids:  # one statement, in the given order (json_each yields its rows by rowid)
+            stamp = ", stamp" if self._log_stamped else ""
+            value = ", random()" if self._log_stamped else ""  # SQLite's, seeded from the OS
             self.db.execute(
-                f"INSERT INTO {self.log_table}(item, op) SELECT value, {op} FROM json_each(?) ORDER BY rowid",
+                f"INSERT INTO {self.log_table}(item, op{stamp}) SELECT value, {op}{value} "
+                "FROM json_each(?) ORDER BY rowid",
                 (json.dumps([int(r) for r in rowids]),),
             )
         oldest, newest = self.db.query(

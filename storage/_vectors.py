@@ -150,7 +150,8 @@ class VectorIndex(MirrorUpkeep):
                 "rebuild it with VectorIndex.reset()"
             )
         has_log = self._table_exists(self.log_table) and self._table_exists(self.partition_table)
-        if backend is None or (not has_log and not self.db.read_only):
+        stamped = has_log and self._log_is_stamped()
+        if backend is None or (not stamped and not self.db.read_only):
             with self.db.transaction():
                 if backend is None:
                     backend = "vec0" if self.db.native_vectors else "blob"
@@ -158,19 +159,9 @@ class VectorIndex(MirrorUpkeep):
                     self._create(backend)
                     set_meta(self.db, key, backend)
                     set_meta(self.db, f"vector_dim:{self.name}", self.dim)
-                self.db.execute(
-                    f"CREATE TABLE IF NOT EXISTS {self.log_table} "
-                    "(seq INTEGER PRIMARY KEY AUTOINCREMENT, item INTEGER NOT NULL, op INTEGER NOT NULL)"
-                )
-                # the inverted lists last built, so that the next process need not build them
-                self.db.execute(
-                    f"CREATE TABLE IF NOT EXISTS {self.partition_table} "
-                    "(id INTEGER PRIMARY KEY CHECK (id = 1), seq INTEGER NOT NULL, dim INTEGER NOT NULL, "
-                    "trained_rows INTEGER NOT NULL, centroids BLOB NOT NULL, rowids BLOB NOT NULL, "
-                    "sizes BLOB NOT NULL)"
-                )
-            has_log = True
-        self._has_log = has_log
+                self._create_log()
+            has_log = stamped = True
+        self._has_log, self._log_stamped = has_log, stamped
         self.backend = backend
         if self.available:
             self._apply_pending_deletes()

@@ -1,0 +1,148 @@
+"""The vector matrix of an index file carries a checksum of the rows written (its spare rows are a
+hole): a flipped number in a row the spot check does not read is caught at open, and the file is
+rebuilt with the one-line warning any damage gets."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from memstrata.storage import Database, VectorIndex, _index_files, open_database
+
+DIM = 8
+META = {"cat": "text"}
+ROWS = 400
+
+
+@pytest.fixture(autouse=True)
+def small_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Index files for any size (the default skips stores that load fast anyway)."""
+    monkeypatch.setattr(_index_files, "MIN_ROWS", 1)
+
+
+def _vectors(seed: int, n: int) -> npt.NDArray[np.float32]:
+    return np.random.default_rng(seed).standard_normal((n, DIM)).astype(np.float32)
+
+
+def _open(path: Path) -> tuple[Database, VectorIndex]:
+    db = open_database(path)
+    return db, VectorIndex(db, "items", DIM, metadata=META, approximate_from=None)
+
+
+def _file(path: Path) -> Path:
+    return path.with_name(path.name + ".index") / "vectors-items"
+
+
+def _top(index: VectorIndex, query: npt.NDArray[np.float32]) -> list[int]:
+    return [h.rowid for h in index.search(query, 5, exact=True)]
+
+
+@pytest.fixture
+def built(tmp_path: Path) -> Iterator[Path]:
+    """A store of 400 vectors whose mirror was built and whose index file was written."""
+    path = tmp_path / "v.sqlite"
+    db, index = _open(path)
+    index.upsert_many(list(range(1, ROWS + 1)), _vectors(1, ROWS), [{"cat": "a"}] * ROWS)
+    index.search(np.ones(DIM, dtype=np.float32), 3)
+    assert index.files_saved == 1 and _file(path).exists()
+    db.close()
+    yield path
+
+
+def _matrix_entry(path: Path) -> tuple[dict[str, Any], int, int]:
+    """The header entry of the file's matrix, where its data starts, and its row count."""
+    found = _index_files.read_index(path)
+    assert found is not None
+    header = path.read_bytes()[: found.offsets["matrix"]]
+    prefix = struct.Struct("<16sQI4x")  # magic, header length, header CRC32
+    length = prefix.unpack(header[: prefix.size])[1]
+    entries = json.loads(header[prefix.size : prefix.size + length])["arrays"]
+    entry = next(e for e in entries if e["name"] == "matrix")
+    offset, rows = found.offsets["matrix"], int(found.meta["mirror"]["size"])
+    del found
+    return entry, offset, rows
+
+
+def _flip(path: Path, offset: int, row: int, column: int = 0) -> None:
+    """Flip the sign of one number of the file's matrix, in place."""
+    at = offset + (row * DIM + column) * 4
+    with open(path, "r+b") as f:
+        f.seek(at)
+        value = np.frombuffer(f.read(4), dtype="<f4").copy()
+        f.seek(at)
+        f.write((-value).tobytes())
+
+
+def test_a_flipped_number_of_the_matrix_is_caught_and_the_file_rebuilt(
+    built: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    db, index = _open(built)
+    query = _vectors(1, ROWS)[100]
+    expected = _top(index, query)  # the database's own answer (the file is still sound)
+    db.close()
+    entry, offset, rows = _matrix_entry(_file(built))
+    assert entry["shape"][0] > rows  # the spare rows the mirror grows into
+    _flip(_file(built), offset, 100)  # a row between two spot-checked ones
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="memstrata.storage"):
+        db, index = _open(built)
+        try:
+            assert _top(index, query) == expected
+            assert index.files_loaded == 0 and index.files_rejected == 1 and index.reloads == 1
+        finally:
+            db.close()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "is damaged (array matrix checksum mismatch)" in warnings[0], warnings
+    db, index = _open(built)  # the rebuild wrote a sound file
+    try:
+        assert _top(index, query) == expected and index.files_loaded == 1
+    finally:
+        db.close()
+
+
+def test_rows_appended_into_the_spare_rows_leave_the_file_as_checked(built: Path) -> None:
+    """A process that mapped the file appends into its own copy of the spare rows: the file,
+    and so its checksum of the rows written, stays as written; damage to its last written row is
+    still caught."""
+    before = _file(built).read_bytes()
+    entry, offset, rows = _matrix_entry(_file(built))
+    assert entry["sum_rows"] == rows == ROWS
+    db, index = _open(built)
+    try:
+        _top(index, np.ones(DIM, dtype=np.float32))  # the mirror, mapped from the file
+        added = _vectors(2, 20)
+        index.upsert_many(list(range(ROWS + 1, ROWS + 21)), added, [{"cat": "b"}] * 20)
+        assert index.files_loaded == 1 and _top(index, added[3])[0] == ROWS + 4
+        assert _file(built).read_bytes() == before  # appended in memory, not in the file
+        assert _index_files.read_index(_file(built)) is not None  # the checksum still holds
+    finally:
+        db.close()
+    entry, offset, rows = _matrix_entry(_file(built))
+    _flip(_file(built), offset, rows - 2, column=DIM - 1)
+    with pytest.raises(_index_files.DamagedFile, match="matrix checksum mismatch"):
+        _index_files.read_index(_file(built))
+
+
+def test_the_checksum_read_from_the_file_equals_the_checksum_of_the_array() -> None:
+    """The matrix's checksum is read from the file in blocks, each weighted by where it starts."""
+    rng = np.random.default_rng(3)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "f"
+        for size in (0, 5, 8, 1023 * 8 + 3, (1 << 20) + 13, 2 * (1 << 20) + 8):
+            data = rng.integers(0, 256, size, dtype=np.uint8)
+            path.write_bytes(b"x" * 17 + data.tobytes())
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                assert _index_files._file_checksum(fd, 17, size) == _index_files.checksum(data), size
+            finally:
+                os.close(fd)
