@@ -13,7 +13,13 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from memstrata.core.constants import MAX_ENTRY_ID, MAX_PATH_CHARS, MAX_SCOPE_CHARS, MAX_TAG_VALUE_CHARS
+from memstrata.core.constants import (
+    MAX_ENTRY_ID,
+    MAX_PATH_CHARS,
+    MAX_SCOPE_CHARS,
+    MAX_TAG_VALUE_CHARS,
+    MAX_TOP_K,
+)
 from memstrata.core.errors import InvalidInputError
 from memstrata.core.validation import check_scope
 
@@ -40,8 +46,11 @@ def _iso(seconds: Any) -> Any:
     return _convert.plain(seconds)
 
 
-def _line_count(text: str) -> int:
-    return max(1, text.count("\n") + (0 if text.endswith("\n") else 1))
+def _lines(text: str) -> list[str]:
+    """A saved memory's lines as memory files count them (``\r\n`` and ``\r`` end a line too;
+    form feeds and other separators do not), without their line ends."""
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    return lines[:-1] if len(lines) > 1 and not lines[-1] else lines
 
 
 def _memory_path(ident: int) -> str:
@@ -78,11 +87,24 @@ def _in_scope(path: str, scope: str) -> bool:
     return scope == "/" or ("/" + path).startswith(scope + "/")
 
 
+def _files_in_scope(files: Any, query: str, limit: int, floor: float | None, scope: str | None) -> Any:
+    """The files' hits of which the best ``limit`` in ``scope`` are: asked for more (x4 each
+    time, up to :data:`MAX_TOP_K`) until that many are in scope or the search has no more."""
+    asked = limit
+    while True:
+        found = files.search(query, max_results=asked, min_score=floor)
+        inside = sum(1 for hit in found if scope is None or _in_scope(hit.path, scope))
+        if inside >= limit or len(found) < asked or asked >= MAX_TOP_K:
+            return found
+        asked = min(asked * 4, MAX_TOP_K)
+
+
 def _memory_search(ctx: ToolContext, args: dict[str, Any]) -> Any:
     files = ctx.files()
     config = files.config
     limit = args.get("maxResults", config.search.max_results)
-    min_score = args.get("minScore", config.search.min_score)
+    given_floor = args.get("minScore")  # files: code roots get a floor only when it is given
+    min_score = config.search.min_score if given_floor is None else given_floor
     scope = None if args.get("scope") is None else check_scope(args["scope"])
     tags = tags_map(args.get("tags"))
     query = args["query"]
@@ -91,7 +113,7 @@ def _memory_search(ctx: ToolContext, args: dict[str, Any]) -> Any:
     warnings: list[str] = []
     roots = files.roots()
     if roots and not tags:  # files carry no tags: a tag filter leaves them out
-        found = files.search(query, max_results=limit, min_score=min_score)
+        found = _files_in_scope(files, query, limit, given_floor, scope)
         complete = bool(getattr(found, "complete", True))
         warnings.extend(str(w) for w in getattr(found, "warnings", None) or ())
         hits.extend(
@@ -120,7 +142,7 @@ def _memory_search(ctx: ToolContext, args: dict[str, Any]) -> Any:
                 {
                     "path": _memory_path(h.entry.id),
                     "startLine": 1,
-                    "endLine": _line_count(content),
+                    "endLine": len(_lines(content)),
                     "score": round(float(h.score), 4),
                     "snippet": content[:snippet_chars],
                 }
@@ -148,9 +170,8 @@ def _memory_get(ctx: ToolContext, args: dict[str, Any]) -> Any:
     count = args.get("lines", 50)
     if path.startswith(MEMORY_SCHEME):
         entry = _saved_memory(ctx, _coerce_id(_memory_id(path)))
-        lines = str(entry.content).splitlines(keepends=True)
-        chunk = lines[start - 1 : start - 1 + count]
-        return {"path": path, "from": start, "lines": len(chunk), "text": "".join(chunk)}
+        chunk = _lines(str(entry.content))[start - 1 : start - 1 + count]
+        return {"path": path, "from": start, "lines": len(chunk), "text": "\n".join(chunk)}
     files = ctx.files()
     if not files.roots():
         return {"error": NO_MEMORIES}
@@ -272,8 +293,9 @@ MEMORY_TOOLS: tuple[Tool, ...] = (
                     "minimum": 0,
                     "maximum": 1,
                     "description": "Cosine-similarity floor for the semantic side, 0-1 (default "
-                    "0.35): semantic candidates below it are left out; keyword matches are kept "
-                    "whatever their similarity.",
+                    "0.35 for memory files and saved memories; source trees get a floor only when "
+                    "it is given): semantic candidates below it are left out; keyword matches are "
+                    "kept whatever their similarity.",
                 },
             ),
             Param(

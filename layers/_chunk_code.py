@@ -309,6 +309,8 @@ class _Segmenter(_LineSegmenter):
         pending: tuple[int, int] | None = None  # comments/attributes waiting for their node
         for node in nodes:
             s, e = max(node.start_point[0] + 1, lo), min(_end_row(node) + 1, hi)
+            if s > e:  # no line of the range: a zero-width node past the last line (an ERROR at EOF)
+                continue
             while e > s and not self.lines[e - 1].strip():  # blank lines a node swallowed (Markdown)
                 e -= 1
             last = pending[1] if pending is not None else (spans[-1][1] if spans else lo - 1)

@@ -18,6 +18,7 @@ searchable until that file's new ones are committed.
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,6 +52,8 @@ from ._index_schema import COLUMN_WEIGHTS, COLUMNS, MIGRATIONS, TABLE
 from ._index_writes import ChunkWriter, _Pending
 from ._paths import SkipFile, SourceReader, SourceRules, decode
 from ._sync_plan import Plan, SyncResult, plan_sync
+
+log = logging.getLogger("memstrata.files")
 
 __all__ = ["IndexDatabase", "SearchRow"]
 
@@ -246,13 +249,23 @@ class IndexDatabase:
                     if progress is not None:
                         progress(done, total, entry.rel)
                     continue
-                language, chunks = chunk_file(
-                    entry.rel,
-                    decode(data),
-                    tokens=self.config.chunking.tokens,
-                    overlap=self.config.chunking.overlap,
-                    count=self.counter,
-                )
+                try:
+                    language, chunks = chunk_file(
+                        entry.rel,
+                        decode(data),
+                        tokens=self.config.chunking.tokens,
+                        overlap=self.config.chunking.overlap,
+                        count=self.counter,
+                    )
+                except Exception as exc:  # a chunker's fault with one file must not stop the tree
+                    log.warning("%s: could not be chunked, left out of the index: %r", entry.rel, exc)
+                    skip = SkipFile(f"could not be chunked ({type(exc).__name__}: {exc})", sticky=True)
+                    result.skipped.append((entry.rel, skip.reason))
+                    self.writes.skip(entry, skip, row, checked_ns, result)
+                    done += 1
+                    if progress is not None:
+                        progress(done, total, entry.rel)
+                    continue
                 purged = row is not None and row.sha256 == sha and row.skipped is None
                 pending.append(_Pending(entry, st, sha, checked_ns, language, chunks, purged))
                 pending_chunks += len(chunks)

@@ -335,6 +335,21 @@ def test_broken_source_still_chunks_exactly() -> None:
     assert chunks[0].start_line == 1 and chunks[-1].end_line == 7
 
 
+def test_a_zero_width_error_node_past_the_last_line_is_passed_over() -> None:
+    """An unclosed class, stray lines and a continued #define at the end of the file: tree-sitter
+    ends the tree with a zero-width ERROR node one row past the last line."""
+    body = "".join(f"    int value_{i} = compute({i}, {i + 1});\n" for i in range(80))
+    text = (
+        "*/\npublic class X {\n" + body + "\x0b\n    return x\nclass A:\n    return x\n    return x\n \n"
+        "package main\n#define X(a) \\\n]\npackage main\n{\n|a|b|\n\x0c\n@deco\n@deco\né\n|a|b|\n"
+        "#define X(a) \\\n"
+    )
+    chunks = chunk_syntax(text, ".cpp", tokens=400, overlap=80)
+    assert chunks is not None and chunks
+    _check_exact(text, chunks)
+    assert chunks[-1].end_line == len(split_lines(text))
+
+
 def test_crlf_and_empty_input() -> None:
     assert chunk_syntax("", ".go", tokens=50, overlap=0) == []
     text = "package a\r\n\r\nfunc F() int {\r\n\treturn 1\r\n}\r\n"

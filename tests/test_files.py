@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
@@ -604,6 +605,30 @@ def test_special_huge_binary_and_unreadable_files_are_skipped(
             assert again.files_processed == 0 and dict(again.skipped)["memory/binary.md"].startswith("binary")
     finally:
         locked.chmod(0o644)
+
+
+def test_a_file_the_chunker_fails_on_is_skipped_and_the_rest_indexed(
+    mf: MemoryFiles, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chunker's fault with one file (an unforeseen syntax tree) leaves that file out with
+    its reason; the sync and the searches after it go on."""
+    import memstrata.layers._index_db as index_db
+
+    real = index_db.chunk_file
+
+    def failing(path: str, *args: Any, **kwargs: Any) -> Any:
+        if path == "memory/odd.md":
+            raise IndexError("list index out of range")
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(index_db, "chunk_file", failing)
+    write(workspace / "memory" / "odd.md", "# Odd\n\nparseHttpRequest again\n")
+    stats = mf.sync()
+    assert (
+        dict(stats.skipped)["memory/odd.md"] == "could not be chunked (IndexError: list index out of range)"
+    )
+    assert "memory/2024-05-01.md" in paths(mf.search("parseHttpRequest gateway"))
+    assert mf.sync().files_processed == 0  # not tried again until the file changes
 
 
 def test_read_only_workspace_is_indexed_without_writing_into_it(

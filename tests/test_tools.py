@@ -11,6 +11,7 @@ import pytest
 from memstrata import Config, MemorySystem
 from memstrata._workspaces import Workspaces
 from memstrata.bridges import tools
+from tests._support import write_tree
 from tests.fakes import FakeEmbedder
 
 
@@ -49,7 +50,7 @@ def test_add_search_get_list_delete(env: Any) -> None:
     )
     hits = call(env, "memory_search", {"query": "ferrets"})["hits"]
     assert hits[0]["path"] == added["path"] and hits[0]["startLine"] == 1 and hits[0]["endLine"] == 3
-    assert call(env, "memory_get", {"path": added["path"], "from": 2, "lines": 1})["text"] == "Line two\n"
+    assert call(env, "memory_get", {"path": added["path"], "from": 2, "lines": 1})["text"] == "Line two"
     listed = call(env, "memory_list", {})
     assert [m["id"] for m in listed] == [saved["id"], added["id"]]  # newest first
     assert listed[0]["tags"] == {"source": "chat"}
@@ -104,6 +105,53 @@ def test_search_merges_files_and_saved_memories(env: Any, tmp_path: Path) -> Non
     assert got["text"] == "Planted basil next to the tomatoes." and got["from"] == 1
     outside = call(env, "memory_get", {"path": "../../etc/passwd"})
     assert "error" in outside
+
+
+def test_a_saved_memory_has_the_lines_memory_get_reads(env: Any) -> None:
+    """Lines end at \\n, \\r\\n and \\r, as in memory files; a form feed or a line separator
+    is text: the range a search gives reads the whole memory back."""
+    content = "Deploy steps: build\x0cthen push\u2028then tag\r\nrelease\rdone\n"
+    added = call(env, "memory_add", {"content": content})
+    hit = call(env, "memory_search", {"query": "deploy steps"})["hits"][0]
+    assert (hit["path"], hit["startLine"], hit["endLine"]) == (added["path"], 1, 3)
+    got = call(env, "memory_get", {"path": added["path"], "from": 1, "lines": 3})
+    assert (
+        got["lines"] == 3 and got["text"] == "Deploy steps: build\x0cthen push\u2028then tag\nrelease\ndone"
+    )
+
+
+def test_a_scope_keeps_its_best_files_when_better_ones_lie_outside_it(env: Any, tmp_path: Path) -> None:
+    _, registry = env
+    notes = {f"memory/n{i}.md": "gateway retries gateway retries gateway\n" for i in range(8)}
+    root = write_tree(tmp_path / "ws", {**notes, "memory/sub/target.md": "one gateway note\n"})
+    registry.index(root)
+    args = {"query": "gateway retries", "maxResults": 3, "minScore": 0}
+    assert all("/memory/sub/" not in h["path"] for h in call(env, "memory_search", args)["hits"])
+    scoped = call(env, "memory_search", {**args, "scope": "/memory/sub"})["hits"]
+    assert [h["path"] for h in scoped] == [str(root.resolve() / "memory/sub/target.md")]
+
+
+class _Synonyms(FakeEmbedder):
+    """ "automobile" means "car": a match by meaning that shares no word."""
+
+    def _vector(self, text: str) -> Any:
+        return super()._vector(text.lower().replace("automobile", "car"))
+
+
+def test_a_source_tree_gets_a_similarity_floor_only_when_one_is_given(data_dir: Path, tmp_path: Path) -> None:
+    """As ``memstrata search`` and ``search_files``: code embeds with lower similarities than
+    prose, so the default floor of memory files would drop its matches by meaning."""
+    embedder = _Synonyms()
+    root = write_tree(tmp_path / "src", {"garage.py": "def park(car):\n    return car\n"})
+    query = {"query": "automobile storage lookup policy handler"}
+    with (
+        MemorySystem.start(Config(data_dir=data_dir), embedder=embedder) as system,
+        Workspaces(data_dir, config=system.config, embedder=embedder) as registry,
+    ):
+        registry.index(root, kind="code")
+        [hit] = call((system, registry), "memory_search", query)["hits"]
+        assert hit["path"].endswith("garage.py") and hit["score"] > 0
+        assert call((system, registry), "memory_search", {**query, "minScore": 0.9})["hits"] == []
 
 
 def test_memory_get_counts_a_blank_line_and_refuses_a_lone_surrogate(env: Any, tmp_path: Path) -> None:
