@@ -109,26 +109,31 @@ class ItemsActor(MemoryActor):
 
     def _refresh_vectors(self, *, needed: bool) -> None:
         """Compute again, with the system's model, the vectors another model computed (see the
-        module), a batch of items per embedding request, before any vector is used. Where only
-        a caller's vectors take part (not ``needed``), a failure leaves the vectors as they are
+        module), before any vector is used: every one before any is stored (the store never holds
+        two lengths), a batch of items per embedding request, progress in the log. Where only a
+        caller's vectors take part (not ``needed``), a failure leaves the vectors as they are
         (said once in the log) and the request goes on."""
         embedder = self.runtime.embedder
         if self._vectors_current or embedder is None:
             return
-        model, done = embedder.model_id, 0
+        model = embedder.model_id
         try:
-            while stale := self.layer.stale_items(model, embedder.dim, limit=_REFRESH_BATCH):
-                vectors = self._embed_fields([(value, fields) for _, value, fields in stale], "item vectors")
+            stale = self.layer.stale_items(model, embedder.dim)
+            computed: list[Any] = []
+            for start in range(0, len(stale), _REFRESH_BATCH):
+                part = stale[start : start + _REFRESH_BATCH]
+                computed += self._embed_fields([(value, fields) for _, value, fields in part], "item vectors")
+                log.info("item store: vectors of %d of %d items computed again with %s",
+                         start + len(part), len(stale), model)  # fmt: skip
+            if stale:
                 self.layer.replace_vectors(
                     [
                         (item_id, field, (found or {}).get(field))
-                        for (item_id, _, fields), found in zip(stale, vectors, strict=True)
+                        for (item_id, _, fields), found in zip(stale, computed, strict=True)
                         for field in fields
                     ],
                     model,
                 )
-                done += len(stale)
-                log.info("item store: vectors of %d items computed again with %s", done, model)
         except MemstrataError as exc:
             if needed:
                 raise

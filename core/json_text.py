@@ -296,6 +296,10 @@ def _first_path(value: Any, found: Callable[[Any], bool]) -> tuple[str, Any] | N
     return None
 
 
+def _keys_not_text(item: Any) -> bool:
+    return isinstance(item, Mapping) and any(not isinstance(key, str) for key in item)
+
+
 def _not_finite(item: Any) -> bool:
     return isinstance(item, float) and not math.isfinite(item)
 
@@ -310,10 +314,20 @@ def check_json_value(value: object, name: str) -> bytes:
     (orjson writes up to 2**64 - 1, but SQLite's JSON functions and every door hold 64 bits
     signed), and anything orjson cannot write."""
     try:
-        data = orjson.dumps(value)  # object keys must be text: 1 and "1" would become one key
+        data = orjson.dumps(value)
     except (TypeError, orjson.JSONEncodeError) as exc:
         _refuse_beyond_int64(value, name)
-        raise InvalidInputError(f"{name} must be JSON-serialisable data: {exc}") from exc
+        if "Dict key must be str" not in str(exc):
+            raise InvalidInputError(f"{name} must be JSON-serialisable data: {exc}") from exc
+        # object keys must be text (1 and "1" would become one key); a str subclass (a StrEnum
+        # member) is text, written as its value
+        found = _first_path(value, _keys_not_text)
+        if found is not None:
+            key = next(k for k in found[1] if not isinstance(k, str))
+            raise InvalidInputError(
+                f"{name} must have text object keys; found {key!r} ({type(key).__name__}) in value{found[0]}"
+            ) from None
+        data = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
     if b"null" in data:  # orjson writes NaN and infinity as null: only then look for them
         found = _first_path(value, _not_finite)
         if found is not None:

@@ -61,17 +61,18 @@ class ItemVectors(ItemStoreState):
                 + ("" if held is None else f" (the store holds {held})")
             )
 
-    def stale_items(self, model: str, dim: int, *, limit: int = 256) -> list[StaleItem]:
-        """Up to ``limit`` items with vectors computed by another model than ``model``, oldest
-        first. Refused (:class:`ConfigError`) when the callers' own vectors have another length
+    def stale_items(self, model: str, dim: int) -> list[StaleItem]:
+        """Every item with vectors that another model, or ``model`` at another length, computed,
+        by id. Refused (:class:`ConfigError`) when the callers' own vectors have another length
         than ``dim``: computing the others again would leave the store two dimensions."""
         with self._lock:
             theirs = self._db.scalar("SELECT length(vec) / 4 FROM item_vectors WHERE model IS NULL LIMIT 1")
             rows = self._db.query(
-                "SELECT v.item_id, i.value, group_concat(v.field, char(31)) FROM item_vectors v"
-                " JOIN items i ON i.id = v.item_id WHERE v.model IS NOT NULL AND v.model != ?"
-                " GROUP BY v.item_id ORDER BY v.item_id LIMIT ?",
-                (model, limit),
+                "SELECT v.item_id, i.value, json_group_array(v.field) FROM item_vectors v"
+                " JOIN items i ON i.id = v.item_id"
+                " WHERE v.model IS NOT NULL AND (v.model != ? OR length(v.vec) != ?)"
+                " GROUP BY v.item_id ORDER BY v.item_id",
+                (model, dim * 4),
             )
         if rows and theirs is not None and int(theirs) != dim:
             raise ConfigError(
@@ -79,11 +80,12 @@ class ItemVectors(ItemStoreState):
                 f"vectors of another model; the model {model!r} gives {dim}: put those items again "
                 "with vectors of this length, or without vectors"
             )
-        return [(int(r[0]), orjson.loads(r[1]), r[2].split("\x1f")) for r in rows]
+        return [(int(r[0]), orjson.loads(r[1]), orjson.loads(r[2])) for r in rows]
 
     def replace_vectors(self, vectors: Sequence[tuple[int, str, Sequence[float] | None]], model: str) -> None:
-        """Store ``(item id, field, vector)`` as computed by ``model``, in one transaction; a
-        ``None`` vector drops the field's (its text is gone from the value)."""
+        """Store ``(item id, field, vector)`` as computed by ``model``, all in one transaction
+        (the store never holds two lengths); a ``None`` vector drops the field's (its text is
+        gone from the value)."""
         rows = [(i, f, None if v is None else vector_blob(v, f"vector of {f!r}")) for i, f, v in vectors]
         with self._lock, self._db.transaction():
             self._writes += 1
@@ -92,13 +94,9 @@ class ItemVectors(ItemStoreState):
                     self._db.execute(_DROP, (item_id, field))
                 else:
                     self._db.execute(_SET, (blob, model, item_id, field))
-            # vectors of an older model may still be there (a refresh goes in batches): the
-            # callers' vectors and this model's must agree
-            dims = self._db.query(
-                "SELECT DISTINCT length(vec) / 4 FROM item_vectors WHERE model IS NULL OR model = ?", (model,)
-            )
+            dims = self._db.query("SELECT DISTINCT length(vec) / 4 FROM item_vectors")
             if len(dims) > 1:
                 raise ConfigError(
-                    f"the model {model!r} and the item store's vectors differ in length "
+                    f"the model {model!r}'s vectors and the item store's others differ in length "
                     f"({sorted(int(d[0]) for d in dims)}): nothing was changed"
                 )

@@ -7,15 +7,18 @@ import itertools
 import math
 import sqlite3
 import struct
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import orjson
 import pytest
 
 from memstrata import Config, MemorySystem
 from memstrata.actors import ManualClock
-from memstrata.errors import ConfigError, InvalidInputError
+from memstrata.errors import ConfigError, InvalidInputError, MemstrataError
 from memstrata.layers._items import ItemStore
 from memstrata.messages import DeleteItem, PutItem, SearchItems, WriteItems, decode, encode
 from tests.fakes import FakeEmbedder
@@ -269,3 +272,50 @@ def test_a_store_made_before_vectors_named_their_model_opens_with_its_vectors_th
         "k": ({"t": [1.0, 0.0]}, None),
     }
     store.close()
+
+
+class _FailsAfter(FakeEmbedder):
+    """A model whose document calls fail with "model crashed" once ``good_calls`` have run."""
+
+    def __init__(self, good_calls: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.good_calls = good_calls
+
+    def embed_documents(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        if self.calls >= self.good_calls:
+            raise RuntimeError("model crashed")
+        return super().embed_documents(texts)
+
+
+def test_a_model_failing_midway_leaves_every_vector_as_it_was(tmp_path: Path) -> None:
+    """The vectors of 300 items are computed again in two embedding requests; the second fails:
+    nothing is stored (the store never holds two lengths), and the next search tries again."""
+    config = Config(data_dir=tmp_path / "d")
+    with MemorySystem.start(config, embedder=FakeEmbedder(dim=16, model_id="m1")) as system:
+        system.items.write(
+            [PutItem(("ns",), f"k{i:03}", {"text": f"apple {i}"}, ("text",)) for i in range(300)]
+        )
+    flaky = _FailsAfter(1, dim=8, model_id="m2")
+    with MemorySystem.start(config, embedder=flaky) as system:
+        with pytest.raises(MemstrataError, match="model crashed"):
+            system.items.search(("ns",), query="apple 3")
+        items = _exported_items(system, tmp_path / "after-failure.jsonl")
+        assert {(len(r["vectors"]["text"]), r["vectors_model"]) for r in items.values()} == {(16, "m1")}
+        assert len(system.items.search(("ns",), query_vector=[1.0] * 16, limit=3)) == 3
+        flaky.good_calls = 10**9  # the model is back
+        assert system.items.search(("ns",), query="apple 3", limit=1)[0].key == "k003"
+        items = _exported_items(system, tmp_path / "after-recovery.jsonl")
+    assert {(len(r["vectors"]["text"]), r["vectors_model"]) for r in items.values()} == {(8, "m2")}
+
+
+def test_a_field_path_holding_the_separator_and_a_model_of_the_same_name_but_another_length(
+    tmp_path: Path,
+) -> None:
+    config = Config(data_dir=tmp_path / "d")
+    with MemorySystem.start(config, embedder=FakeEmbedder(dim=16, model_id="m1")) as system:
+        system.items.put(("ns",), "odd", {"a\x1fb": "solar roof", "c": "wine"}, index=["a\x1fb", "c"])
+    with MemorySystem.start(config, embedder=FakeEmbedder(dim=8, model_id="m1")) as system:  # same name
+        hits = system.items.search(("ns",), query="solar roof", limit=1)
+        assert [h.key for h in hits] == ["odd"] and hits[0].score == pytest.approx(1.0)
+        items = _exported_items(system, tmp_path / "out.jsonl")
+    assert {f: len(v) for f, v in items["odd"]["vectors"].items()} == {"a\x1fb": 8, "c": 8}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import enum
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -133,11 +134,19 @@ def test_a_value_changed_after_publish_returns_is_published_as_it_was(system: Me
 
 def test_object_keys_must_be_text_so_none_collide(system: MemorySystem) -> None:
     board = system.blackboard("s1")
-    with pytest.raises(InvalidInputError, match=r"PublishSignal.value for key 'k' must be JSON"):
+    with pytest.raises(
+        InvalidInputError, match=r"PublishSignal.value for key 'k' must have text object keys"
+    ):
         board.publish("k", {1: "int key", "1": "str key"})
-    with pytest.raises(InvalidInputError, match=r"SetWorkingMemory.value must be JSON"):
-        system.agent("a1").set_working("plan", {True: "yes", "true": "also"})
+    with pytest.raises(InvalidInputError, match=r"SetWorkingMemory.value must have text .* in value\['a'\]"):
+        system.agent("a1").set_working("plan", {"a": {True: "yes", "true": "also"}})
     assert system.wait_idle(5) and board.get("k") is None
+
+    class Field(enum.StrEnum):  # a str subclass is text: written as its value
+        NAME = "name"
+
+    board.publish("k", {Field.NAME: "ada"}, wait=True)
+    assert board.get("k") == {"name": "ada"}
 
 
 _RAISED = [ValueError("subscriber bug"), asyncio.CancelledError("bridge gone"), SystemExit(3)]
