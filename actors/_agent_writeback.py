@@ -153,17 +153,20 @@ class AgentWriteBack(MemoryActor):
         self.runtime.post(me, _WriteBackPart(row_id, part, future), owner=self.owner)
 
     def _write_back_parts(self, messages: list[_WriteBackPart]) -> None:
-        """Stored parts of many rows, marked done in one transaction (nothing is changed before
-        it commits, so a failure leaves each message to be handled alone)."""
-        stored = [(m.row_id, m.part) for m in messages if m.future.exception() is None]
-        finished = self.layer.mark_done_many(stored)
-        self.counters["written_back"] += len(finished)
+        """Stored parts of many rows, marked done in one transaction (a failure leaves each
+        message to be handled alone). The parts leave the in-flight set first: should marking
+        them fail for good (a crash), a replay sends them again (deduplicated), rather than
+        skipping a part no answer will ever come for again."""
         for message in messages:
             inflight = self._inflight.get(message.row_id)
             if inflight is not None:
                 inflight.discard(message.part)
                 if not inflight:
                     del self._inflight[message.row_id]
+        stored = [(m.row_id, m.part) for m in messages if m.future.exception() is None]
+        finished = self.layer.mark_done_many(stored)
+        self.counters["written_back"] += len(finished)
+        for message in messages:
             error = message.future.exception()
             if error is not None:
                 self._part_failed(message.row_id, message.part, error)

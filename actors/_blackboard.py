@@ -132,17 +132,23 @@ class BlackboardActor(MemoryActor):
     def __init__(self, runtime: Any, key: str, owner: str | None = None) -> None:
         super().__init__(runtime, key, owner)
         self._delivery = _Delivery(key, runtime.activity, self.owner, self._subscriber_failed)
+        self._board: Any = None  # the state, kept across a crash (see open_layer)
 
     def _subscriber_failed(self, sub_id: int, exc: BaseException) -> None:
         failed = SubscriberFailed(sub_id, f"{type(exc).__name__}: {exc}")
         self.runtime.post(self.actor_ref, failed, owner=self.owner)
 
     def open_layer(self) -> Any:
+        """The board's state; after a crash, the same one: it is the board (values, versions,
+        subscriptions, their ids), which no store could give back whole."""
+        if self._board is not None:
+            return self._board
         from memstrata.layers import BlackboardState
 
         state = BlackboardState(clock=self.runtime.clock.now)
         if self.runtime.config_actors("blackboard_snapshot"):
             state.restore(self.runtime.path("blackboard", self.key))
+        self._board = state
         return state
 
     def close_layer(self, layer: Any) -> None:

@@ -351,11 +351,16 @@ class _PersistentActor(_HeldWriteBacks):
             written = [messages[i] for i in accepted]
             with self._writing():
                 answers = write(written)
-            self._committed(written, answers)
             for index, answer in zip(accepted, answers, strict=True):
                 results[index] = answer
-            if not all(id(m) in self._inline for m in written):  # else none is pending
-                self.after_write()
+            try:
+                self._committed(written, answers)
+                if not all(id(m) in self._inline for m in written):  # else none is pending
+                    self.after_write()
+            except Exception as exc:
+                # committed: the answers stand (handing the messages over again would write them
+                # twice); the fault is this actor's, its layer reopens as after any crash
+                self._crashed(exc, "after a committed write")
         return results
 
     def _committed(self, messages: list[Any], answers: list[Any]) -> None:

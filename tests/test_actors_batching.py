@@ -15,7 +15,7 @@ import pytest
 
 import memstrata.actors._agent as agent_module
 from memstrata import Config, MemorySystem
-from memstrata.actors import BatchingEmbedder, LayerStores
+from memstrata.actors import BatchingEmbedder, KnowledgeStoreActor, LayerStores
 from memstrata.actors._outbox import Outbox
 from memstrata.errors import InvalidInputError, StorageError
 from memstrata.layers import EpisodicMemory, KnowledgeStore
@@ -235,6 +235,39 @@ def test_a_batch_that_fails_is_handled_again_message_by_message(data_dir: Path) 
         assert all(isinstance(r, int) for r in results) and len(set(results)) == 4
         assert {e.content for e in agent.list_knowledge(limit=10)} == {"held at the gate", *texts}
         assert "storage_errors" not in system.status()["agents"]["a1"]["knowledge"]
+
+
+def test_a_batch_that_fails_after_its_commit_is_not_written_again(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The work after a batch's commit (asking for its vectors) fails: the batch's answers
+    stand, nothing is handed over again one by one (it would be written twice), and the actor
+    restarts as after any crash."""
+    stores = GatedStores()
+    real = KnowledgeStoreActor._committed
+
+    def failing(self: Any, messages: list[Any], answers: list[Any]) -> None:
+        if len(messages) > 1:
+            raise RuntimeError("asking for the vectors failed")
+        real(self, messages, answers)
+
+    monkeypatch.setattr(KnowledgeStoreActor, "_committed", failing)
+    with MemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder(), stores=stores) as system:
+        agent = system.agent("a1")
+        first, _ = in_threads([lambda: agent.store_knowledge("held at the gate", category="pattern")])
+        assert stores.entered["knowledge"].wait(5)
+        texts = [f"lesson {i}" for i in range(4)]
+        threads, results = in_threads(
+            [(lambda t=t: agent.store_knowledge(t, category="pattern")) for t in texts]
+        )
+        wait_until(lambda: mailbox(system, "knowledge", "a1", StoreKnowledge) == len(texts))
+        stores.gates["knowledge"].set()
+        join(first + threads)
+        assert stores.batches == [("knowledge", 4)]
+        assert all(isinstance(r, int) for r in results) and len(set(results)) == 4
+        contents = [e.content for e in agent.list_knowledge(limit=10)]
+        assert sorted(contents) == sorted(["held at the gate", *texts])  # each once
+        assert system.status()["restarts"] == {"knowledge:a1": 1}
 
 
 def test_a_write_back_is_embedded_once_and_its_episodes_are_batched(data_dir: Path) -> None:

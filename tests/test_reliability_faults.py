@@ -374,3 +374,29 @@ def test_an_embedding_error_in_vector_only_episode_search_is_not_an_empty_answer
             memory.search("vector only", mode="vector")
         assert [h.match_type for h in memory.search("vector only searches")] == ["keyword"]
         assert memory.status()["last_error"] is not None
+
+
+def test_a_crash_while_a_write_back_is_marked_done_leaves_no_row_behind(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent actor crashes marking a stored part done: the replay after its restart sends
+    the part again (deduplicated) and finishes the row, in this process, not at the next start."""
+    real = Outbox.mark_done_many
+    calls = iter([True])
+
+    def failing_once(self: Outbox, parts: Any) -> Any:
+        if next(calls, False):
+            raise RuntimeError("injected crash")
+        return real(self, parts)
+
+    monkeypatch.setattr(Outbox, "mark_done_many", failing_once)
+    system = MemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder())
+    try:
+        agent = system.agent("a1")
+        agent.complete_task("t1", "the only summary")
+        assert system.wait_idle(10)
+        assert system.status()["agents"]["a1"]["agent"]["outbox_pending"] == 0
+        assert len(agent.list_knowledge()) == 1 and len(agent.list_episodes()) == 1
+    finally:
+        report = system.stop()
+    assert report.left == ()

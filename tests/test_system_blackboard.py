@@ -182,6 +182,43 @@ def test_a_raising_subscriber_is_removed_without_harming_others(
     assert type(error).__name__ in status["blackboards"]["s1"]["last_subscriber_error"]
 
 
+def test_a_board_that_crashes_goes_on_with_its_values_versions_and_subscribers(
+    system: MemorySystem, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The board is its state: a crash restarts the actor with the same one, so nothing is
+    lost, versions go on, subscribers keep receiving and subscription ids never repeat."""
+    from memstrata.errors import ActorCrashedError
+    from memstrata.layers import BlackboardState
+
+    board = system.blackboard("s1")
+    old = Recorder()
+    first = board.subscribe("agent:*", old)
+    for value in ("v0", "v1", "v2"):
+        board.publish("agent:a", value, wait=True)
+    real = BlackboardState.publish
+    calls = iter([True])
+
+    def failing_once(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if next(calls, False):
+            raise RuntimeError("injected crash")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(BlackboardState, "publish", failing_once)
+    with pytest.raises(ActorCrashedError, match="injected crash"):
+        board.publish("agent:a", "boom", wait=True)
+    assert system.status()["restarts"] == {"blackboard:s1": 1}
+    assert board.publish("agent:a", "v3", wait=True) == 4
+    assert board.list("agent:") == ["agent:a"]
+    new = Recorder()
+    second = board.subscribe("other:*", new)
+    assert second.id != first.id
+    assert first.unsubscribe() is True  # removes the old subscription only
+    board.publish("other:x", 1, wait=True)
+    assert system.wait_idle(5)
+    assert [v for _, v in old.pairs()] == ["v0", "v1", "v2", "v3"]
+    assert new.pairs() == [("other:x", 1)] and second.active
+
+
 def test_unsubscribe_stops_deliveries(system: MemorySystem) -> None:
     board = system.blackboard("s1")
     recorder = Recorder()
