@@ -173,6 +173,22 @@ class IndexDatabase:
 
     # -- sync ----------------------------------------------------------------------------------
 
+    def _chunk(self, rel: str, data: bytes) -> tuple[str, list[Any]]:
+        """The file's language and chunks. A chunker's fault with one file is that file's
+        :class:`SkipFile` (its reason kept, not tried again until the file changes), never the
+        whole sync's."""
+        try:
+            return chunk_file(
+                rel,
+                decode(data),
+                tokens=self.config.chunking.tokens,
+                overlap=self.config.chunking.overlap,
+                count=self.counter,
+            )
+        except Exception as exc:
+            log.warning("%s: could not be chunked, left out of the index: %r", rel, exc)
+            raise SkipFile(f"could not be chunked ({type(exc).__name__}: {exc})", sticky=True) from exc
+
     def plan(self) -> Plan:
         return plan_sync(self.db, self.root, self.rules, self.signature)
 
@@ -229,6 +245,15 @@ class IndexDatabase:
                 checked_ns = time.time_ns()
                 try:
                     data, st = reader.read(entry.target, self.rules.max_bytes)
+                    sha = hashlib.sha256(data).digest()
+                    unchanged = (
+                        row is not None
+                        and row.sha256 == sha
+                        and row.skipped is None
+                        and row.signature == self.signature
+                    )
+                    if not unchanged:
+                        language, chunks = self._chunk(entry.rel, data)
                 except SkipFile as skip:
                     result.skipped.append((entry.rel, skip.reason))
                     self.writes.skip(entry, skip, row, checked_ns, result)
@@ -236,32 +261,9 @@ class IndexDatabase:
                     if progress is not None:
                         progress(done, total, entry.rel)
                     continue
-                sha = hashlib.sha256(data).digest()
-                if (
-                    row is not None
-                    and row.sha256 == sha
-                    and row.skipped is None
-                    and row.signature == self.signature
-                ):
+                if unchanged:
                     touched.append((st.st_size, st.st_mtime_ns, st.st_mode, checked_ns, entry.rel))
                     result.files_unchanged += 1
-                    done += 1
-                    if progress is not None:
-                        progress(done, total, entry.rel)
-                    continue
-                try:
-                    language, chunks = chunk_file(
-                        entry.rel,
-                        decode(data),
-                        tokens=self.config.chunking.tokens,
-                        overlap=self.config.chunking.overlap,
-                        count=self.counter,
-                    )
-                except Exception as exc:  # a chunker's fault with one file must not stop the tree
-                    log.warning("%s: could not be chunked, left out of the index: %r", entry.rel, exc)
-                    skip = SkipFile(f"could not be chunked ({type(exc).__name__}: {exc})", sticky=True)
-                    result.skipped.append((entry.rel, skip.reason))
-                    self.writes.skip(entry, skip, row, checked_ns, result)
                     done += 1
                     if progress is not None:
                         progress(done, total, entry.rel)

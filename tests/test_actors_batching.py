@@ -217,23 +217,29 @@ def test_queued_stores_share_one_transaction_and_each_caller_gets_its_answer(dat
         assert set(entries) == {"held at the gate", "retry with backoff", "cache the lookups", "pin it"}
 
 
+def _four_queued_behind_a_held_store(system: MemorySystem, stores: GatedStores) -> list[str]:
+    """One store held at the gate, four queued behind it (one batch), then the gate opens:
+    the four texts (each caller got its own id)."""
+    agent = system.agent("a1")
+    first, _ = in_threads([lambda: agent.store_knowledge("held at the gate", category="pattern")])
+    assert stores.entered["knowledge"].wait(5)
+    texts = [f"lesson {i}" for i in range(4)]
+    threads, results = in_threads([(lambda t=t: agent.store_knowledge(t, category="pattern")) for t in texts])
+    wait_until(lambda: mailbox(system, "knowledge", "a1", StoreKnowledge) == len(texts))
+    stores.gates["knowledge"].set()
+    join(first + threads)
+    assert stores.batches == [("knowledge", 4)]
+    assert all(isinstance(r, int) for r in results) and len(set(results)) == 4
+    return texts
+
+
 def test_a_batch_that_fails_is_handled_again_message_by_message(data_dir: Path) -> None:
     stores = GatedStores()
     stores.failing_batches = 1
     with MemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder(), stores=stores) as system:
-        agent = system.agent("a1")
-        first, _ = in_threads([lambda: agent.store_knowledge("held at the gate", category="pattern")])
-        assert stores.entered["knowledge"].wait(5)
-        texts = [f"lesson {i}" for i in range(4)]
-        threads, results = in_threads(
-            [(lambda t=t: agent.store_knowledge(t, category="pattern")) for t in texts]
-        )
-        wait_until(lambda: mailbox(system, "knowledge", "a1", StoreKnowledge) == len(texts))
-        stores.gates["knowledge"].set()
-        join(first + threads)
-        assert stores.batches == [("knowledge", 4)]  # it failed, then each message went alone
-        assert all(isinstance(r, int) for r in results) and len(set(results)) == 4
-        assert {e.content for e in agent.list_knowledge(limit=10)} == {"held at the gate", *texts}
+        texts = _four_queued_behind_a_held_store(system, stores)  # it failed, then each went alone
+        stored = {e.content for e in system.agent("a1").list_knowledge(limit=10)}
+        assert stored == {"held at the gate", *texts}
         assert "storage_errors" not in system.status()["agents"]["a1"]["knowledge"]
 
 
@@ -253,19 +259,8 @@ def test_a_batch_that_fails_after_its_commit_is_not_written_again(
 
     monkeypatch.setattr(KnowledgeStoreActor, "_committed", failing)
     with MemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder(), stores=stores) as system:
-        agent = system.agent("a1")
-        first, _ = in_threads([lambda: agent.store_knowledge("held at the gate", category="pattern")])
-        assert stores.entered["knowledge"].wait(5)
-        texts = [f"lesson {i}" for i in range(4)]
-        threads, results = in_threads(
-            [(lambda t=t: agent.store_knowledge(t, category="pattern")) for t in texts]
-        )
-        wait_until(lambda: mailbox(system, "knowledge", "a1", StoreKnowledge) == len(texts))
-        stores.gates["knowledge"].set()
-        join(first + threads)
-        assert stores.batches == [("knowledge", 4)]
-        assert all(isinstance(r, int) for r in results) and len(set(results)) == 4
-        contents = [e.content for e in agent.list_knowledge(limit=10)]
+        texts = _four_queued_behind_a_held_store(system, stores)
+        contents = [e.content for e in system.agent("a1").list_knowledge(limit=10)]
         assert sorted(contents) == sorted(["held at the gate", *texts])  # each once
         assert system.status()["restarts"] == {"knowledge:a1": 1}
 
