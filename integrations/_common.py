@@ -24,9 +24,10 @@ from typing import Any, TypeVar
 
 from memstrata import MemorySystem
 from memstrata.config import Config
+from memstrata.core.validation import check_json_value
 from memstrata.errors import ConfigError, EmbedderUnavailableError, InvalidInputError, SystemStoppedError
 
-__all__ = ["InputTypeError", "Opened", "missing", "open_system", "settled"]
+__all__ = ["InputTypeError", "Opened", "json_bytes", "missing", "open_system", "settled"]
 
 MEMORY = ":memory:"
 FILE_SUFFIX = ".memstrata"
@@ -36,6 +37,15 @@ class InputTypeError(InvalidInputError, TypeError):
     """An argument of the wrong type (or a value that is not JSON): memstrata's
     ``InvalidInputError`` and also the ``TypeError`` the frameworks' own backends raise there, so
     code written for either catches it."""
+
+
+def json_bytes(value: Any, what: str) -> bytes:
+    """``value`` as JSON, or :class:`InputTypeError` naming ``what`` and, from memstrata's one
+    check, where in it the fault is (an integer beyond 64 bits, a key that is not text, NaN)."""
+    try:
+        return check_json_value(value, what)
+    except InvalidInputError as exc:
+        raise InputTypeError(f"{what} is not JSON: {str(exc).removeprefix(what + ' ')}") from None
 
 
 _T = TypeVar("_T")

@@ -21,7 +21,7 @@ from memstrata.core.validation import check_top_k
 from memstrata.errors import InvalidInputError
 from memstrata.storage import Embedder, load_embedder
 
-from ._common import InputTypeError, missing, open_system, settled
+from ._common import InputTypeError, json_bytes, missing, open_system, settled
 
 try:
     from autogen_core import CancellationToken, Component
@@ -131,10 +131,7 @@ class MemstrataMemory(Memory, Component[MemstrataMemoryConfig]):
         mime = content.mime_type.value if isinstance(content.mime_type, MemoryMimeType) else content.mime_type
         value = {"content": content.content, "mime_type": mime, "metadata": content.metadata or {}}
         for part in ("content", "metadata"):  # each checked apart, so the error names the one at fault
-            try:
-                orjson.dumps(value[part])
-            except TypeError as exc:
-                raise InputTypeError(f"memory {part} is not JSON: {exc}") from exc
+            json_bytes(value[part], f"memory {part}")
 
         def write() -> None:
             if self._embedder is None:  # the actor embeds "content" as _text reads it

@@ -21,11 +21,11 @@ from typing import Any
 
 import orjson
 
-from memstrata.core.validation import check_json_value, show
+from memstrata.core.validation import show
 from memstrata.errors import InvalidInputError, SystemStoppedError
 from memstrata.messages import StoreMemory
 
-from ._common import InputTypeError, missing, open_system, settled
+from ._common import InputTypeError, json_bytes, missing, open_system, settled
 
 try:
     from agents.memory import session_settings as _settings
@@ -162,12 +162,7 @@ class MemstrataSession(SessionABC):
             return
         texts = []
         for n, item in enumerate(items):
-            try:  # strict: a key that is not a string is refused, not turned into one
-                data = orjson.dumps(item)
-            except TypeError as exc:
-                raise InputTypeError(f"items[{n}] is not JSON: {exc}") from exc
-            if b"null" in data:  # orjson writes NaN and infinity as null: the shared check finds them
-                check_json_value(item, f"items[{n}]")
+            data = json_bytes(item, f"items[{n}]")  # a key that is not text is refused, not turned into one
             if len(data) > self._max_bytes:
                 raise InvalidInputError(f"items[{n}] is over max_content_bytes ({self._max_bytes:,} bytes)")
             texts.append(data.decode())

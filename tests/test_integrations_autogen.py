@@ -149,6 +149,10 @@ def test_top_k_is_k_a_blank_query_finds_nothing_and_a_wrong_type_is_a_type_error
             await memory.add(
                 MemoryContent(content="k", mime_type=MemoryMimeType.TEXT, metadata={"x": object()})
             )
+        with pytest.raises(TypeError, match=r"^memory metadata is not JSON: .* at value\['order_id'\]"):
+            await memory.add(
+                MemoryContent(content="k", mime_type=MemoryMimeType.TEXT, metadata={"order_id": 2**64})
+            )
         await memory.close()
 
     asyncio.run(scenario())

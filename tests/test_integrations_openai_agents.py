@@ -234,6 +234,12 @@ def test_the_wrong_types_raise_what_the_sdk_raises_too() -> None:
         with pytest.raises(TypeError, match=r"^items\[0\] is not JSON") as caught:
             await session.add_items([{"role": "user", "content": object()}])
         assert isinstance(caught.value, InvalidInputError) and isinstance(caught.value, InputTypeError)
+        big = {"role": "tool", "output": {"order_id": 2**64}}
+        with pytest.raises(
+            TypeError, match=r"^items\[1\] is not JSON: .*found 18446744073709551616 at value"
+        ):
+            await session.add_items([{"role": "user", "content": "kept out too"}, big])
+        assert await session.get_items() == []  # nothing of the call is stored
         with pytest.raises(TypeError, match=r"^items must be a list"):
             await session.add_items("abc")  # type: ignore[arg-type]
         with pytest.raises(TypeError, match=r"^limit must be an integer"):
