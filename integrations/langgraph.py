@@ -198,6 +198,11 @@ class MemstrataStore(BaseStore, Closeable):
             dims = config.get("dims")
             if dims is not None and (isinstance(dims, bool) or not isinstance(dims, int) or dims < 1):
                 raise InvalidInputError(f"index dims must be a positive integer, got {dims!r}")
+            distance = config.get("distance_type", "cosine")  # PostgresStore's setting
+            if distance != "cosine":
+                raise InvalidInputError(
+                    f"index distance_type must be 'cosine' (memstrata ranks by cosine), got {distance!r}"
+                )
             self.index_config = config
         self._opened = open_system(target, embedder=embedder, what="MemstrataStore target")
         system = self._opened.system

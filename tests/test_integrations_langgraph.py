@@ -125,7 +125,10 @@ def test_index_without_embed_uses_the_systems_shared_embedder(tmp_path: Path) ->
         with pytest.raises(InvalidInputError, match="256 dimensions for text 0, not 64"):
             private.put(("k",), "a", {"t": "x"})
         private.close()
-        store = MemstrataStore(system, index={"fields": ["t"]})
+        for distance in ("l2", "inner_product"):  # PostgresStore's other distances: refused by name
+            with pytest.raises(InvalidInputError, match=f"distance_type must be 'cosine'.*got '{distance}'"):
+                MemstrataStore(system, index={"fields": ["t"], "distance_type": distance})
+        store = MemstrataStore(system, index={"fields": ["t"], "distance_type": "cosine"})
         store.put(("k",), "a", {"t": "the harbor lantern"})
         store.put(("k",), "b", {"t": "violet meadow"})
         assert store.search(("k",), query="harbor lantern")[0].key == "a"
