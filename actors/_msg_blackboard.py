@@ -11,22 +11,6 @@ from memstrata.core.validation import json_copy
 from ._codec import Message
 from ._msg_fields import Many, OptKey, OptKeyPrefix, RowId, SessionId, SignalKey, SignalPattern
 
-__all__ = [
-    "DeleteSignal",
-    "ListSignals",
-    "PublishSignal",
-    "QuerySignal",
-    "Signal",
-    "SignalDeleted",
-    "SignalList",
-    "SignalPublished",
-    "SignalSubscribed",
-    "SignalUnsubscribed",
-    "SignalValue",
-    "SubscribeSignal",
-    "UnsubscribeSignal",
-]
-
 
 class PublishSignal(Message):
     """Set ``key`` on a session's blackboard and notify its subscribers."""

@@ -30,26 +30,6 @@ if typing.TYPE_CHECKING:
     from memstrata.layers import Episode, EpisodeHit
 
 
-__all__ = [
-    "ArchiveEpisodes",
-    "CommitMemory",
-    "DeleteEpisode",
-    "EpisodeDeleted",
-    "EpisodeItem",
-    "EpisodeList",
-    "EpisodesArchived",
-    "EpisodesRestored",
-    "GetEpisode",
-    "ListEpisodes",
-    "MemoryCommitted",
-    "MemorySearchResult",
-    "MemoryStored",
-    "RestoreEpisodes",
-    "SearchMemory",
-    "StoreMemory",
-]
-
-
 FilePath = Annotated[str, Rule(check_path)]
 
 

@@ -30,28 +30,6 @@ from memstrata.core.validation import (
 from ._codec import Message, Rule
 from ._msg_fields import Flag, OptQuery, between
 
-__all__ = [
-    "ClearNamespace",
-    "DeleteItem",
-    "GetItem",
-    "ItemDeleted",
-    "ItemList",
-    "ItemStored",
-    "ItemValue",
-    "ItemsSwept",
-    "ItemsWritten",
-    "ListNamespaces",
-    "NamespaceCleared",
-    "NamespaceList",
-    "PopItem",
-    "PutItem",
-    "SearchItems",
-    "StoredItem",
-    "SweepItems",
-    "TailItems",
-    "WriteItems",
-]
-
 _SEP = "\x1f"  # the layer's separator between labels: a label may not hold it
 MAX_ITEM_LIMIT = 1000
 MAX_VECTOR_DIMS = 65_536

@@ -30,22 +30,6 @@ if typing.TYPE_CHECKING:
     from memstrata.layers import KnowledgeEntry, KnowledgeHit
 
 
-__all__ = [
-    "DeleteKnowledge",
-    "GetKnowledge",
-    "KnowledgeDeleted",
-    "KnowledgeItem",
-    "KnowledgeList",
-    "KnowledgeResult",
-    "KnowledgeStored",
-    "KnowledgeUpdated",
-    "ListKnowledge",
-    "QueryKnowledge",
-    "StoreKnowledge",
-    "UpdateKnowledge",
-]
-
-
 class StoreKnowledge(Message):
     """Add an entry to ``agent_id``'s knowledge store (``"shared"`` targets the shared store)."""
 

@@ -12,16 +12,6 @@ if typing.TYPE_CHECKING:
     from memstrata.layers import EpisodeHit, KnowledgeHit
 
 
-__all__ = [
-    "FileContext",
-    "TaskAssigned",
-    "TaskCompleted",
-    "TaskFailed",
-    "TaskPrompt",
-    "WriteBackQueued",
-]
-
-
 class TaskAssigned(Message):
     """A task for an agent: answered with a :class:`TaskPrompt` built from its knowledge.
 

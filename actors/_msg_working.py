@@ -8,14 +8,6 @@ from typing import Any
 from ._codec import Message
 from ._msg_fields import AgentId, JsonValue, Key, OptKey, Ttl, WorkingTaskId
 
-__all__ = [
-    "ClearWorkingMemory",
-    "GetWorkingMemory",
-    "SetWorkingMemory",
-    "WorkingMemoryCleared",
-    "WorkingMemoryValue",
-]
-
 
 class SetWorkingMemory(Message):
     """Set a key in ``agent_id``'s working memory, in the space of ``task_id`` (``None``: the

@@ -8,10 +8,11 @@ times) hold their normal form. The wire format is in :mod:`._codec`. Users impor
 :mod:`memstrata.messages`.
 """
 
-# ruff: noqa: F403, F405 - the messages come from their modules by star import (each module lists them once)
+# ruff: noqa: F403, F405 - the messages come from their modules by star import; __all__ below is their one list
 from __future__ import annotations
 
 from memstrata.core.constants import AGENT_ID_PATTERN, CATEGORY_PATTERN, MAX_TOP_K, MODES, SHARED
+from memstrata.core.item_record import ItemRecord as StoredItem
 from memstrata.core.validation import check_agent_id, check_json_value, check_session_id
 
 from ._codec import Message, decode, encode, message_types
