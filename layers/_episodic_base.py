@@ -16,7 +16,6 @@ from pathlib import Path
 from memstrata.core.config import Config
 from memstrata.core.errors import EmbeddingError
 from memstrata.storage import (
-    CheckSpec,
     CheckTarget,
     ConsistencyReport,
     Database,
@@ -170,7 +169,7 @@ class EpisodicBase(PendingVectors):
 
     def _start_check(self) -> None:
         """The open's check: at once on a small store, beside the first calls on a large one."""
-        self._open_check = OpenCheck(self._db, CheckSpec.of(self._db, **self._check_args()), self.check)
+        self._open_check = OpenCheck(self._db, self._check_args(), self.check)
 
     def _rebuild_vectors(self, embedder: Embedder) -> None:
         """Re-embed every episode for a new model; the old vectors stay until the new set is ready."""

@@ -14,7 +14,6 @@ import numpy.typing as npt
 from memstrata.core.constants import EMBED_CHARS
 from memstrata.core.errors import EmbedderUnavailableError, EmbeddingError, InvalidInputError, StorageError
 from memstrata.storage import (
-    CheckSpec,
     CheckTarget,
     ConsistencyReport,
     Database,
@@ -90,7 +89,7 @@ class KnowledgeBase:
         self._opened = False
         self._vectors = self._open_vectors()
         # examined beside the first calls on a large store (storage.OpenCheck)
-        self._open_check = OpenCheck(db, CheckSpec.of(db, **self._check_args()), self._check_consistency)
+        self._open_check = OpenCheck(db, self._check_args(), self._check_consistency)
         if embedder is not None:
             self._start_vectors(embedder)
         self._opened = True

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ._connection import Database, open_database
-from ._consistency import CheckSpec, ConsistencyReport, examine_consistency
+from ._consistency import CheckSpec, CheckTarget, ConsistencyReport, examine_consistency
 
 __all__ = ["BACKGROUND_FROM_BYTES", "OpenCheck"]
 
@@ -45,10 +45,11 @@ class OpenCheck:
     """One store's open-time check (see the module docstring).
 
     ``check`` runs the repairing :func:`check_consistency` on the owner's connection and returns
-    its report; ``spec`` says what it compares, for the examination on another connection.
+    its report; ``target`` is what it compares (as the store passes it to
+    :func:`check_consistency`), for the examination on another connection.
     """
 
-    def __init__(self, db: Database, spec: CheckSpec, check: Callable[[], ConsistencyReport]) -> None:
+    def __init__(self, db: Database, target: CheckTarget, check: Callable[[], ConsistencyReport]) -> None:
         self._check = check
         self._report: ConsistencyReport | None = None
         self._examined: list[ConsistencyReport | None] = []
@@ -59,6 +60,7 @@ class OpenCheck:
         if _in_memory(db) or db.path.stat().st_size < BACKGROUND_FROM_BYTES:
             self._report = self._run_check()
             return
+        spec = CheckSpec.of(db, **target)  # plain names: the examination's connection uses them
         self._thread = threading.Thread(
             target=self._examine, args=(db.path, spec), name="memstrata-open-check", daemon=True
         )
