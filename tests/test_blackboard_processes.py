@@ -27,19 +27,30 @@ from tests.fakes import FakeEmbedder
 ORDERS = pytest.mark.parametrize("first", [0, 1], ids=["first-stops-first", "second-stops-first"])
 
 
-def _seeded(path: Path) -> None:
+@pytest.fixture
+def board_file(tmp_path: Path) -> Path:
+    """A session's snapshot file: shared, gone-by-0, gone-by-1 and kept at v1, was-deleted
+    deleted at v2."""
+    path = tmp_path / "board.sqlite"
     seed = BlackboardState()
     for key in ("shared", "gone-by-0", "gone-by-1", "kept"):
         seed.publish(key, f"seed {key}")
     seed.publish("was-deleted", 1)
     seed.delete("was-deleted")  # v2
     seed.snapshot(path)
+    return path
 
 
 def _loaded(path: Path) -> BlackboardState:
     board = BlackboardState()
     board.restore(path)
     return board
+
+
+def _snapshot_both(boards: list[BlackboardState], first: int, path: Path) -> None:
+    """Both boards save to ``path``, ``boards[first]`` first."""
+    boards[first].snapshot(path)
+    boards[1 - first].snapshot(path)
 
 
 def _saved(path: Path) -> dict[str, tuple[object, int]]:
@@ -56,34 +67,29 @@ def _deleted_versions(path: Path) -> dict[str, int]:
 
 
 @ORDERS
-def test_two_boards_on_one_file_keep_each_others_publishes_and_deletes(tmp_path: Path, first: int) -> None:
-    path = tmp_path / "board.sqlite"
-    _seeded(path)
-    boards = [_loaded(path), _loaded(path)]  # both running, each loaded the file at its start
+def test_two_boards_on_one_file_keep_each_others_publishes_and_deletes(board_file: Path, first: int) -> None:
+    boards = [_loaded(board_file), _loaded(board_file)]  # both running, each loaded the file at its start
     for i, board in enumerate(boards):
         board.publish(f"from-{i}", i)
         assert board.delete(f"gone-by-{i}")[0] is not None  # v2
     boards[1].publish("was-deleted", "back")  # v3: continues the deleted key's count
-    boards[first].snapshot(path)
-    boards[1 - first].snapshot(path)
-    assert _saved(path) == {
+    _snapshot_both(boards, first, board_file)
+    assert _saved(board_file) == {
         "shared": ("seed shared", 1),
         "kept": ("seed kept", 1),
         "from-0": (0, 1),
         "from-1": (1, 1),
         "was-deleted": ("back", 3),
     }
-    assert _deleted_versions(path) == {"gone-by-0": 2, "gone-by-1": 2}
-    after = _loaded(path)  # a later start goes on with each deleted key's count
+    assert _deleted_versions(board_file) == {"gone-by-0": 2, "gone-by-1": 2}
+    after = _loaded(board_file)  # a later start goes on with each deleted key's count
     assert after.publish("gone-by-0", "again")[0].version == 3
     assert after.publish("gone-by-1", "again")[0].version == 3
 
 
 @ORDERS
-def test_a_key_both_changed_keeps_the_higher_version(tmp_path: Path, first: int) -> None:
-    path = tmp_path / "board.sqlite"
-    _seeded(path)
-    boards = [_loaded(path), _loaded(path)]
+def test_a_key_both_changed_keeps_the_higher_version(board_file: Path, first: int) -> None:
+    boards = [_loaded(board_file), _loaded(board_file)]
     boards[0].publish("shared", "zero")  # v2
     boards[1].publish("shared", "one, once")  # v2
     boards[1].publish("shared", "one, twice")  # v3: more changes than board 0 made
@@ -96,48 +102,42 @@ def test_a_key_both_changed_keeps_the_higher_version(tmp_path: Path, first: int)
     boards[0].publish("gone-by-1", "zero, once")  # v2
     boards[0].publish("gone-by-1", "zero, twice")  # v3
     boards[1].delete("gone-by-1")  # v2: lower than board 0's publish
-    boards[first].snapshot(path)
-    boards[1 - first].snapshot(path)
-    saved = _saved(path)
+    _snapshot_both(boards, first, board_file)
+    saved = _saved(board_file)
     assert saved["shared"] == ("one, twice", 3)
     assert saved["kept"] == ("one", 3)
     assert saved["gone-by-1"] == ("zero, twice", 3)
-    assert "gone-by-0" not in saved and _deleted_versions(path)["gone-by-0"] == 3
-    assert "gone-by-1" not in _deleted_versions(path) and "kept" not in _deleted_versions(path)
+    assert "gone-by-0" not in saved and _deleted_versions(board_file)["gone-by-0"] == 3
+    assert "gone-by-1" not in _deleted_versions(board_file) and "kept" not in _deleted_versions(board_file)
 
 
 @ORDERS
-def test_of_two_changes_with_the_same_version_the_one_saved_last_wins(tmp_path: Path, first: int) -> None:
-    path = tmp_path / "board.sqlite"
-    _seeded(path)
-    boards = [_loaded(path), _loaded(path)]
+def test_of_two_changes_with_the_same_version_the_one_saved_last_wins(board_file: Path, first: int) -> None:
+    boards = [_loaded(board_file), _loaded(board_file)]
     boards[0].publish("shared", "zero")  # v2
     boards[1].publish("shared", "one")  # v2
     boards[0].delete("kept")  # v2, deleted
     boards[1].publish("kept", "one")  # v2
-    boards[first].snapshot(path)
-    boards[1 - first].snapshot(path)
+    _snapshot_both(boards, first, board_file)
     last = 1 - first
-    saved = _saved(path)
+    saved = _saved(board_file)
     assert saved["shared"] == (["zero", "one"][last], 2)
     if last == 0:
-        assert "kept" not in saved and _deleted_versions(path)["kept"] == 2
+        assert "kept" not in saved and _deleted_versions(board_file)["kept"] == 2
     else:
-        assert saved["kept"] == ("one", 2) and "kept" not in _deleted_versions(path)
+        assert saved["kept"] == ("one", 2) and "kept" not in _deleted_versions(board_file)
 
 
-def test_a_snapshot_writes_only_what_changed_since_the_last_one(tmp_path: Path) -> None:
-    path = tmp_path / "board.sqlite"
-    _seeded(path)
-    mine, other = _loaded(path), _loaded(path)
+def test_a_snapshot_writes_only_what_changed_since_the_last_one(board_file: Path) -> None:
+    mine, other = _loaded(board_file), _loaded(board_file)
     mine.publish("shared", "mine")  # v2
-    assert mine.snapshot(path) == 4
+    assert mine.snapshot(board_file) == 4
     other.publish("shared", "other")  # v2 as well: it loaded the file before
     other.delete("kept")
-    assert other.snapshot(path) == 3
-    assert mine.snapshot(path) == 3  # nothing changed here since: the other's changes stay
-    assert _saved(path)["shared"] == ("other", 2)
-    assert "kept" not in _saved(path)
+    assert other.snapshot(board_file) == 3
+    assert mine.snapshot(board_file) == 3  # nothing changed here since: the other's changes stay
+    assert _saved(board_file)["shared"] == ("other", 2)
+    assert "kept" not in _saved(board_file)
 
 
 # -- whole systems on one data dir ----------------------------------------------------------------
