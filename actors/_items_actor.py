@@ -159,8 +159,9 @@ class ItemsActor(MemoryActor):
         return rows
 
     def _imported(self, records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Exported items whose vectors another model computed, with this system's model's
-        instead (the fields their vectors were of); the rest as they are."""
+        """Exported items whose vectors another model computed (or one of the same name at
+        another length), with this system's model's instead (the fields their vectors were of);
+        the rest as they are."""
         embedder = self.runtime.embedder
         out = list(records)
         if any(r.get("vectors") for r in records):
@@ -171,9 +172,9 @@ class ItemsActor(MemoryActor):
             n
             for n, r in enumerate(records)
             if isinstance(r.get("vectors_model"), str)
-            and r["vectors_model"] != embedder.model_id
             and isinstance(r.get("vectors"), dict)
             and isinstance(r.get("value"), dict)
+            and (r["vectors_model"] != embedder.model_id or _other_length(r["vectors"], embedder.dim))
         ]
         computed = self._embed_fields(
             [(records[n]["value"], list(records[n]["vectors"])) for n in stale], "import"
@@ -254,3 +255,8 @@ class ItemsActor(MemoryActor):
         if self.layer is not None:
             base["count"] = int(self.layer.count())
         return base
+
+
+def _other_length(vectors: dict[str, Any], dim: int) -> bool:
+    """Whether an exported item's vectors are of another length than ``dim``."""
+    return any(isinstance(v, list) and len(v) != dim for v in vectors.values())

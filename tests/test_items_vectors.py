@@ -242,6 +242,20 @@ def test_an_import_computes_again_the_vectors_of_another_model(tmp_path: Path) -
     }
 
 
+def test_an_import_computes_again_the_vectors_of_a_model_of_the_same_name_at_another_length(
+    tmp_path: Path,
+) -> None:
+    with MemorySystem.start(Config(data_dir=tmp_path / "a"), embedder=FakeEmbedder(dim=64)) as system:
+        system.items.put(("docs",), "cellar", {"text": "wine in the cellar"}, index=["text"])
+        system.export(tmp_path / "out.jsonl")
+    with MemorySystem.start(Config(data_dir=tmp_path / "b"), embedder=FakeEmbedder(dim=32)) as other:
+        assert FakeEmbedder(dim=32).model_id == FakeEmbedder(dim=64).model_id
+        assert other.import_(tmp_path / "out.jsonl")["item"] == 1
+        assert [i.key for i in other.items.search(("docs",), query="wine cellar", limit=1)] == ["cellar"]
+        items = _exported_items(other, tmp_path / "again.jsonl")
+    assert {k: len(r["vectors"]["text"]) for k, r in items.items()} == {"cellar": 32}
+
+
 def test_a_store_made_before_vectors_named_their_model_opens_with_its_vectors_the_callers(
     tmp_path: Path,
 ) -> None:
