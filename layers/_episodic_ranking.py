@@ -284,9 +284,10 @@ class _Search:
         key = np.concatenate(keys) if keys else empty
         sim = np.concatenate(sims) if sims else np.zeros(0, dtype=np.float32)
         at_all = np.concatenate(ats) if ats else empty
-        if len(keys) > 1:
+        if len(key) and int(key.max()) >> _SHIFT:  # an archive's copies may be shadowed
             keep = self._unshadowed(key)
             key, sim, at_all = key[keep], sim[keep], at_all[keep]
+        if len(keys) > 1:
             order = np.argsort(-sim, kind="stable")  # source order breaks ties
             cut = depth
             if exact:
@@ -329,9 +330,10 @@ class _Search:
             key = np.concatenate([(np.int64(i) << _SHIFT) | ranked.ids for i, ranked in parts])
             score = np.concatenate([ranked.scores for _, ranked in parts])
             at = np.concatenate([ranked.at for _, ranked in parts])
-            if len(parts) > 1:
+            if parts[-1][0]:  # an archive's copies may be shadowed, even where it alone matches
                 keep = self._unshadowed(key)
                 key, score, at = key[keep], score[keep], at[keep]
+            if len(parts) > 1:
                 order = np.argsort(-score, kind="stable")
                 cut = depth
                 if exact:

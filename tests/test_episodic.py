@@ -963,6 +963,23 @@ def test_context_follows_later_turns_and_deletes(store: EpisodicMemory, data_dir
     assert store._db.scalar("SELECT count(*) FROM episodes_ctx") == 0
 
 
+@pytest.mark.parametrize("remove", [False, True], ids=["kept-live", "archived-and-restored"])
+@pytest.mark.parametrize("mode", ["hybrid", "vector", "keyword"])
+def test_a_deleted_episode_is_not_found_in_an_archive_written_before(
+    store: EpisodicMemory, data_dir: Path, remove: bool, mode: str
+) -> None:
+    """Only the archive holds the deleted episode's words: its copy there is dropped all the same."""
+    secret = store.record("secret payroll numbers", at=T0)
+    other = store.record("unrelated note", at=T0 + timedelta(days=1))
+    store.archive(data_dir / "x.msarchive", remove=remove)
+    if remove:
+        assert store.restore(data_dir / "x.msarchive") == 2
+    assert store.delete(secret)
+    hits = store.search("secret payroll", include_archives=True, mode=mode)
+    assert secret not in ids(hits)
+    assert other in ids(store.search("unrelated note", include_archives=True, mode=mode))
+
+
 CONTEXTS = "SELECT e.content, c.context FROM episodes e JOIN episodes_ctx c ON c.rowid = e.id ORDER BY 1"
 
 
