@@ -21,7 +21,9 @@ import orjson
 
 from memstrata.core.errors import InvalidInputError
 
-__all__ = ["filter_sql"]
+__all__ = ["CANONICAL_JSON", "canonical_json", "filter_sql"]
+
+CANONICAL_JSON = "memstrata_canonical_json"  # the SQL function the item store registers
 
 _FILTER_KEY = re.compile(r"[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*")
 _OPS = {"$eq": "=", "$ne": "!=", "$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<="}
@@ -67,8 +69,11 @@ def _compare(path: str, op: str, value: Any, params: list[Any]) -> str:
     if isinstance(value, dict | list):
         if op not in ("$eq", "$ne"):
             raise InvalidInputError(f"operator {op!r} does not apply to a list or object filter value")
-        kind, operand = (_LIST if isinstance(value, list) else _OBJECT), "json(?)"
-        value = orjson.dumps(value).decode()
+        kind, operand = (_LIST if isinstance(value, list) else _OBJECT), "?"
+        value = canonical_json(orjson.dumps(value).decode())
+        params.extend([path, path, value])
+        test = f"{kind} AND {CANONICAL_JSON}(json_extract(i.value, ?)) = ?"
+        return f"NOT ({test})" if op == "$ne" else f"({test})"
     elif isinstance(value, str):
         kind, operand = _TEXT, "?"
     elif isinstance(value, int | float):
@@ -93,3 +98,21 @@ def filter_sql(filter: Mapping[str, Any] | None, params: list[Any]) -> list[str]
         else:
             clauses.append(_compare(path, "$eq", cond, params))
     return clauses
+
+
+def canonical_json(text: str | None) -> str | None:
+    """A JSON list or object in one form whatever its key order: keys sorted, and a float that
+    is a whole number written as the integer (``2.0`` and ``2`` are one JSON number)."""
+    if text is None:
+        return None
+    return orjson.dumps(_canonical(orjson.loads(text)), option=orjson.OPT_SORT_KEYS).decode()
+
+
+def _canonical(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _canonical(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_canonical(v) for v in value]
+    if isinstance(value, float) and value.is_integer() and -(2**63) <= value < 2**63:
+        return int(value)
+    return value

@@ -30,7 +30,7 @@ from memstrata.core.validation import check_json_value, check_ttl
 from memstrata.storage import Database, NamedMigration, apply_migrations, open_database
 
 from ._item_expiry import ItemExpiry
-from ._item_filters import filter_sql
+from ._item_filters import CANONICAL_JSON, canonical_json, filter_sql
 from ._item_namespaces import NamespaceListing
 from ._item_ranking import ItemRanking
 from ._item_records import _AFTER_SEP, SEP, ComputedItemRow, ItemRecord, ItemRow, _record, namespace_key
@@ -79,6 +79,8 @@ class ItemStore(ItemExpiry, NamespaceListing, ItemRanking, ItemVectors):
         self._lock = threading.RLock()
         self._writes = 0  # own writes; other connections' show in PRAGMA data_version
         self._mirror: tuple[tuple[int, int], npt.NDArray[np.int64], npt.NDArray[np.float32]] | None = None
+        # filters compare lists and objects in one form, whatever their key order
+        self._db.conn.create_function(CANONICAL_JSON, 1, canonical_json, deterministic=True)
         with self._lock:
             apply_migrations(self._db, "items", _MIGRATIONS)
 

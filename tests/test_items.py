@@ -116,6 +116,22 @@ def test_filters_compare_like_with_like_and_null_means_null_or_missing(items: It
             items.search(("t",), filter={"v": {op: None}})
 
 
+def test_lists_and_objects_in_a_filter_match_whatever_their_key_order(items: ItemStore) -> None:
+    """Two objects Python holds equal are one to a filter, nested in lists too, and a whole
+    number is one number whether written 2 or 2.0."""
+    items.put_many([(("o",), "k", {"meta": {"a": 2, "b": 1.0}, "l": [{"y": 1, "x": [2.0]}]}, None, None)])
+    items.put_many([(("o",), "other", {"meta": {"a": 2}, "l": []}, None, None)])
+
+    def keys(flt: dict[str, object]) -> set[str]:
+        return {r.key for r in items.search(("o",), filter=flt, limit=50)}
+
+    assert keys({"meta": {"b": 1, "a": 2.0}}) == {"k"}
+    assert keys({"meta": {"$ne": {"b": 1, "a": 2}}}) == {"other"}
+    assert keys({"l": [{"x": [2], "y": 1}]}) == {"k"}
+    assert keys({"meta": {"a": 2, "b": 1.5}}) == set()
+    assert keys({"meta": {"a": 2}}) == {"other"}
+
+
 def test_best_field_score_ranks_and_offset_pages(items: ItemStore) -> None:
     items.put_many(
         [
