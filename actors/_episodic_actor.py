@@ -78,11 +78,8 @@ class EpisodicActor(_PersistentActor):
         runtime = self.runtime
         layer = runtime.stores.open_episodic(*self._store_args(), runtime.clock.now)
         if hasattr(layer, "new_uuid") and runtime.ids.seed is not None:
-            # seeded ids continue after what the store holds, so a restart never reuses one
-            held = int(layer.count())
-            status = layer.status() if callable(getattr(layer, "status", None)) else {}
-            held += sum(int(a.get("episodes", 0)) for a in status.get("archives", ()))
-            layer.new_uuid = runtime.ids.for_scope(f"episode:{self.key}:{held}")
+            # each open draws from its own seeded sequence, so a restart never reuses a uuid
+            layer.new_uuid = runtime.ids.for_scope(f"episode:{self.key}:{layer.count_open()}")
             layer.name_store(runtime.ids.uuid(f"episodic-store:{self.key}"))  # a new store only
         return layer
 

@@ -136,6 +136,15 @@ class EpisodicBase(PendingVectors):
         self.store_uuid = store_uuid
         return True
 
+    def count_open(self) -> int:
+        """Count this open among the store's opens, 1 for the first. A seeded system draws each
+        open's uuids from a sequence named after it, so no restart hands out a uuid again, however
+        many episodes were deleted or archived since."""
+        with self._db.transaction():
+            opens = int(get_meta(self._db, "opens") or 0) + 1
+            set_meta(self._db, "opens", str(opens))
+        return opens
+
     def _setup_vectors(self) -> None:
         """Open the vector table, rebuild it for a new model, then check the store's consistency."""
         db = self._db

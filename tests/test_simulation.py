@@ -113,6 +113,25 @@ def test_a_restart_with_the_same_seed_never_reuses_an_episode_id(tmp_path: Path)
         assert len(system.agent("a").recall("note")) == 2
 
 
+def test_a_restart_after_a_delete_with_the_same_seed_gives_a_new_episode_a_new_uuid(tmp_path: Path) -> None:
+    """Deletes bring the store back to an earlier count of episodes; a uuid drawn again would
+    make an import of a backup skip the backed-up episode as already there."""
+    config = Config(data_dir=tmp_path / "data")
+    uuids = []
+    for text in ("the sandbox rate-limits parallel runs", "an unrelated later note"):
+        with MemorySystem.start(config, embedder=HashEmbedder(), clock=ManualClock(), seed=42) as system:
+            agent = system.agent("qa")
+            episode_id = agent.remember(text)
+            uuids.append(agent.get_episode(episode_id).uuid)
+            if not (tmp_path / "backup.jsonl").exists():
+                system.export(tmp_path / "backup.jsonl")
+                assert agent.delete_episode(episode_id)
+    assert uuids[0] != uuids[1]
+    with MemorySystem.start(config, embedder=HashEmbedder(), clock=ManualClock(), seed=42) as system:
+        assert system.import_(tmp_path / "backup.jsonl")["episode"] == 1
+        assert len(system.agent("qa").list_episodes()) == 2
+
+
 class _Gate:
     """A knowledge store whose searches wait until the test opens the gate."""
 
