@@ -10,7 +10,7 @@ objects: no string encoding). Without a running system, a private one is started
 from __future__ import annotations
 
 import asyncio
-import uuid
+import hashlib
 from typing import Any
 
 import orjson
@@ -133,12 +133,16 @@ class MemstrataMemory(Memory, Component[MemstrataMemoryConfig]):
         for part in ("content", "metadata"):  # each checked apart, so the error names the one at fault
             json_bytes(value[part], f"memory {part}")
 
+        # the key is the memory's content hash: a simulation's runs write the same keys, and the
+        # same memory added twice is kept once
+        key = hashlib.sha256(orjson.dumps(value, option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
+
         def write() -> None:
             if self._embedder is None:  # the actor embeds "content" as _text reads it
-                self._items.put(self._namespace, uuid.uuid4().hex, value, index=["content"])
+                self._items.put(self._namespace, key, value, index=["content"])
                 return
             vector = self._embedder.embed_documents([text])[0].tolist()
-            self._items.put(self._namespace, uuid.uuid4().hex, value, vectors={"content": vector})
+            self._items.put(self._namespace, key, value, vectors={"content": vector})
 
         await settled(write)
 

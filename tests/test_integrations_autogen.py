@@ -42,6 +42,29 @@ def test_metadata_of_any_json_type_is_kept_as_is(tmp_path: Path) -> None:
     asyncio.run(scenario())
 
 
+def test_two_runs_write_the_same_keys_and_a_memory_added_twice_is_kept_once(tmp_path: Path) -> None:
+    """A simulation's runs must write the same bytes: a memory's key is its content hash."""
+
+    async def run(folder: Path) -> list[str]:
+        config = MemstrataMemoryConfig(collection_name="c", persistence_path=str(folder), k=10)
+        memory = MemstrataMemory(config, embedder=HashEmbedder())
+        for text in ("the cellar key hangs by the door", "the roof has solar panels"):
+            await memory.add(MemoryContent(content=text, mime_type="text/plain", metadata={"n": 1}))
+        await memory.add(
+            MemoryContent(content="the roof has solar panels", mime_type="text/plain", metadata={"n": 1})
+        )
+        await memory.add(
+            MemoryContent(content="the roof has solar panels", mime_type="text/plain", metadata={"n": 2})
+        )
+        assert len((await memory.query("roof solar panels")).results) == 3
+        keys = sorted(item.key for item in memory._items.search(("autogen", "c"), limit=10))
+        await memory.close()
+        return keys
+
+    first, second = asyncio.run(run(tmp_path / "one")), asyncio.run(run(tmp_path / "two"))
+    assert first == second and len(set(first)) == 3
+
+
 def test_threshold_context_update_reset_and_config_round_trip() -> None:
     async def scenario() -> None:
         memory = MemstrataMemory(MemstrataMemoryConfig(score_threshold=0.5), embedder=HashEmbedder())
