@@ -79,19 +79,39 @@ class MirrorScoring:
         self._int8.update(self.matrix, self.size)
         return self._int8
 
-    def _exact_scores(self, positions: IntArray, query: FloatArray) -> FloatArray:
-        """Float32 similarities of the rows at ``positions``; a few rows still as the index file
-        has them are read from the file rather than touched through the map."""
+    def _reported(self, positions: IntArray, query: FloatArray, rowids: IntArray) -> Found:
+        """The hits a search returns, scored once more row by row in float64 and ranked by that,
+        equal scores by rowid: what a caller sees does not depend on the kernel, the thread split
+        or the storage position that found each row (a rebuilt mirror orders its rows otherwise
+        than one loaded from its index file), so a run replays exactly."""
+        if not len(positions):
+            return positions, np.zeros(0, dtype=np.float32)
+        rows = self._rows_at(positions).astype(np.float64)
+        scores = np.einsum("ij,j->i", rows, query.astype(np.float64)).astype(np.float32)
+        order = np.lexsort((rowids[positions], -scores))
+        return positions[order], scores[order]
+
+    def _rows_at(self, positions: IntArray) -> FloatArray:
+        """Float32 rows at ``positions``; a few rows still as the index file has them are read
+        from the file rather than touched through the map."""
         file, held = self.file, self.file_rows
         if file is None or not held or len(positions) > _FILE_READ_MAX:
-            return dot_rows(self.matrix, positions, query)
+            rows: FloatArray = self.matrix[positions]
+            return rows
         inside = positions < held
         rows = np.empty((len(positions), self.dim), dtype=np.float32)
         rows[inside] = file.read(positions[inside])
         outside = ~inside
         if outside.any():
             rows[outside] = self.matrix[positions[outside]]
-        scores: FloatArray = np.einsum("ij,j->i", rows, query)
+        return rows
+
+    def _exact_scores(self, positions: IntArray, query: FloatArray) -> FloatArray:
+        """Float32 similarities of the rows at ``positions``; a few rows still as the index file
+        has them are read from the file rather than touched through the map."""
+        if self.file is None or not self.file_rows or len(positions) > _FILE_READ_MAX:
+            return dot_rows(self.matrix, positions, query)
+        scores: FloatArray = np.einsum("ij,j->i", self._rows_at(positions), query)
         return scores
 
     def _best(

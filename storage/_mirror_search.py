@@ -154,7 +154,8 @@ class MirrorSearch(MirrorScoring):
     ) -> Ranked:
         """:meth:`search` as arrays. Under a partition, searches without ``candidates`` scan the
         lists nearest the query unless ``exact``."""
-        positions, scores = self._find(query, k, where, candidates, exact, dict(ranges or {}))
+        positions, _ = self._find(query, k, where, candidates, exact, dict(ranges or {}))
+        positions, scores = self._reported(positions, self._unit_query(query), self.rowids)
         return Ranked(self.rowids[positions], scores, positions)
 
     def scored(self, query: FloatArray, where: Mapping[str, Any], ranges: Ranges | None = None) -> ScoredRows:
@@ -164,9 +165,13 @@ class MirrorSearch(MirrorScoring):
         size = self.size
         if size == 0 or codes is None:
             return ScoredRows(self.rowids, *_empty())
-        query = unit_rows(query.reshape(1, -1))[0] if self.unit else query.astype(np.float32, copy=False)
+        query = self._unit_query(query)
         positions, scores = self._exact_allowed(query, self._match(codes, dict(ranges or {}), 0, size), size)
         return ScoredRows(self.rowids, positions, scores.copy())  # kept: the scan's buffer is reused
+
+    def _unit_query(self, query: FloatArray) -> FloatArray:
+        """The query as the rows are kept: L2-normalised in a mirror of unit rows."""
+        return unit_rows(query.reshape(1, -1))[0] if self.unit else query.astype(np.float32, copy=False)
 
     def _exact_allowed(
         self, query: FloatArray, valid: BoolArray | None, size: int
@@ -205,7 +210,7 @@ class MirrorSearch(MirrorScoring):
     ) -> _Found:
         if self.size == 0 or k <= 0:
             return _empty()
-        query = unit_rows(query.reshape(1, -1))[0] if self.unit else query.astype(np.float32, copy=False)
+        query = self._unit_query(query)
         codes = self._codes_of(where)
         if codes is None:
             return _empty()
