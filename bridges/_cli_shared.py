@@ -19,7 +19,7 @@ import click
 from memstrata.core.errors import InvalidInputError
 
 from ._app import CliState
-from ._json import NumberError, dumps, loads
+from ._json import NumberError, dumps, loads_value, not_json
 
 __all__ = [
     "PROG",
@@ -113,14 +113,15 @@ def parse_tags(values: Sequence[str], option: str = "--tag") -> dict[str, str] |
 
 
 def json_text(raw: str, option: str) -> Any:
-    """A JSON option's value; text that is not JSON, or that holds NaN or an integer beyond 64 bits
-    (which would be read as a float), is a usage error naming the option."""
+    """A JSON option's value, read as ``memstrata serve`` reads one (escaped lone surrogates read);
+    text that is not JSON, or that holds NaN or an integer beyond 64 bits (which would be read as
+    a float), or is nested too deep, is a usage error naming the option and why."""
     try:
-        return loads(raw)
+        return loads_value(raw)
     except ValueError as exc:
         raise click.BadParameter(
             str(exc)
-            if isinstance(exc, NumberError)
+            if isinstance(exc, NumberError) or not not_json(exc)
             else f"must be JSON (a string needs its quotes: '\"text\"'), got {raw[:64]!r}",
             param_hint=f"'{option}'",
         ) from exc

@@ -47,6 +47,8 @@ __all__ = [
     "json_depth",
     "loads",
     "loads_marking",
+    "loads_value",
+    "not_json",
     "show_digits",
     "to_jsonable",
 ]
@@ -55,6 +57,35 @@ MAX_DEPTH = 64
 """Deepest nesting of arrays and objects accepted from the outside world."""
 
 _OPTIONS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
+
+
+class DepthError(orjson.JSONDecodeError):
+    """A JSON value nested deeper than :data:`MAX_DEPTH`."""
+
+    def __init__(self) -> None:
+        message = f"nested deeper than {MAX_DEPTH} levels"
+        super().__init__(message, "", 0)
+        self.args = (message,)  # no position: the whole value is too deep
+
+
+def loads_value(data: str | bytes) -> Any:
+    """JSON text from outside (arguments, a value given as text), read as ``memstrata serve``
+    reads a message: escaped lone surrogates are read, bytes must be UTF-8, and nesting deeper
+    than :data:`MAX_DEPTH` is refused. Raises ``orjson.JSONDecodeError``; :func:`not_json` tells
+    text that is not JSON at all from JSON no door takes."""
+    value = loads(data, lone_surrogates=True)
+    if json_depth(value) > MAX_DEPTH:
+        raise DepthError
+    return value
+
+
+def not_json(exc: ValueError) -> bool:
+    """Whether ``exc`` (from :func:`loads_value`) says the text is not JSON (NaN and invalid
+    UTF-8 included), rather than JSON that is refused: a number beyond 64 bits or a double, or
+    nesting deeper than a door reads."""
+    if isinstance(exc, RangeError | DepthError):
+        return False
+    return "depth limit" not in str(exc) and "recursion limit" not in str(exc)
 
 
 def _default(value: Any) -> Any:

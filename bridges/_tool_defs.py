@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, cast
 from memstrata.core.constants import MAX_TAG_KEY_CHARS, MAX_TAG_VALUE_CHARS, MAX_TAGS
 from memstrata.core.errors import InvalidInputError, MemstrataError
 
-from ._json import RangeError, loads
+from ._json import loads_value, not_json
 from ._operation import Context, Operation, Param, object_schema, pattern
 from ._operations import OPERATIONS
 
@@ -96,12 +96,12 @@ def json_value(text: str, name: str = "value", *, object_text: bool = False) -> 
     """JSON text as its value; text that is not JSON is the string itself, unless ``object_text``
     (the param is an object, which a string never is: the JSON error says what is wrong). An
     integer beyond 64 bits or a number beyond a double is refused: neither a float nor the text
-    is what the model wrote."""
+    is what the model wrote; so is JSON nested deeper than the doors read."""
     try:
-        return loads(text)
-    except RangeError as exc:
-        raise InvalidInputError(f"argument {name!r}: {exc}") from None
+        return loads_value(text)
     except ValueError as exc:
+        if not not_json(exc):  # JSON, but refused: storing the text would not be what was meant
+            raise InvalidInputError(f"argument {name!r}: {exc}") from None
         if object_text:
             raise InvalidInputError(f"argument {name!r} is not JSON object text: {exc}") from None
         return text

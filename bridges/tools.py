@@ -44,12 +44,12 @@ def _parse_arguments(arguments: Any) -> Any:
     if arguments is None:
         return {}
     if isinstance(arguments, bytes | bytearray | memoryview):
-        arguments = bytes(arguments).decode("utf-8", "replace")
-    if isinstance(arguments, str):
+        arguments = bytes(arguments)  # read as UTF-8 by loads_value, which names a bad byte
+    if isinstance(arguments, str | bytes):
         if not arguments.strip():
             return {}
-        try:
-            arguments = loads(arguments)
+        try:  # escaped lone surrogates read, as memstrata serve reads them
+            arguments = loads(arguments, lone_surrogates=True)
         except RangeError as exc:
             raise InvalidInputError(f"arguments: {exc}") from exc
         except ValueError as exc:

@@ -148,11 +148,12 @@ _BEYOND_DOUBLE = "number is infinity when parsed as double"
 """orjson's message for a number too large for a double."""
 
 
-def loads(data: JsonText) -> Any:
+def loads(data: JsonText, *, lone_surrogates: bool = False) -> Any:
     """Parse JSON; raises ``orjson.JSONDecodeError`` (a ``ValueError``): a :class:`NumberError`
     for NaN or an infinity, an :class:`IntegerRangeError` for an integer beyond 64 bits, a
-    :class:`DoubleRangeError` for a number too large for a double."""
-    value, marked = loads_marking(data)
+    :class:`DoubleRangeError` for a number too large for a double. ``lone_surrogates``: as in
+    :func:`loads_marking`."""
+    value, marked = loads_marking(data, lone_surrogates=lone_surrogates)
     found = first_marked(value) if marked else None
     if found is not None:
         path, marker = found

@@ -144,6 +144,14 @@ def test_invalid_values_exit_2_with_one_line(run: Any, args: list[str], needle: 
     cli_fails(run(*args), 2, needle)
 
 
+def test_the_docs_error_example_is_what_the_command_prints(run: Any) -> None:
+    """docs/bridges.md shows one error line of the command line as it is printed."""
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "bridges.md").read_text(encoding="utf-8")
+    command, shown, code = docs.split("$ memstrata store x --agent a1 --category", 1)[1].splitlines()[:3]
+    assert command == ' "Bad Cat"; echo $?' and code == "2"
+    cli_fails(run("store", "x", "--agent", "a1", "--category", "Bad Cat"), 2, shown)
+
+
 @pytest.mark.parametrize(
     "content",
     [

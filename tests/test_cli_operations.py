@@ -493,6 +493,8 @@ def test_long_work_prints_still_working_lines_until_it_ends() -> None:
         ),
         ('{"n": NaN}', "NaN is not a JSON number (numbers must be finite): line 1 column 7 (char 6)"),
         ("text", "must be JSON (a string needs its quotes: '\"text\"'), got 'text'"),
+        ("[" * 70 + "]" * 70, "nested deeper than 64 levels"),
+        ("[" * 1100 + "]" * 1100, "depth limit exceeded: line 1 column 1026 (char 1025)"),
     ],
 )
 def test_a_json_option_names_what_json_cannot_carry(text: str, message: str) -> None:
@@ -502,6 +504,7 @@ def test_a_json_option_names_what_json_cannot_carry(text: str, message: str) -> 
         sh.json_text(text, "--value")
     assert raised.value.format_message() == f"Invalid value for '--value': {message}"
     assert sh.json_text(f"[{2**63 - 1}, {-(2**63)}]", "--value") == [2**63 - 1, -(2**63)]
+    assert sh.json_text('"a\\ud800"', "--value") == "a\ud800"  # JSON: the value's own rules judge it
 
 
 def test_an_integer_beyond_64_bits_is_refused_at_the_command_line_and_nothing_is_stored(

@@ -211,3 +211,33 @@ def test_json_text_keeps_every_64_bit_integer_exactly(env: Any) -> None:
     refused = call(env, "working_set", {"key": "k", "value": str(2**63)})
     assert f"integer {2**63} is outside the 64-bit range" in refused["error"]
     assert call(env, "working_get", {"key": "k"})["found"] is False
+
+
+def test_arguments_as_text_or_bytes_are_read_as_memstrata_serve_reads_them(env: Any) -> None:
+    """What a model writes: escaped lone surrogates are read, as from a dict; bytes that are not
+    UTF-8 are refused by place, never stored with replacement characters."""
+    as_dict = call(env, "knowledge_store", {"content": "caf\udc80 au lait", "category": "note"})
+    as_text = call(env, "knowledge_store", '{"content": "caf\\udc80 au lait", "category": "note"}')
+    assert "error" not in as_dict and as_text == as_dict  # the same content: the same entry
+    refused = call(env, "knowledge_store", b'{"content": "caf\xe9 au lait", "category": "note"}')
+    assert refused == {"error": "knowledge_store: arguments are not valid JSON: invalid UTF-8 at byte 16"}
+    assert len(env[0].agent("a1").list_knowledge()) == 1
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        ("[" * 70 + "]" * 70, "argument 'value': nested deeper than 64 levels"),
+        ("[" * 1100 + "]" * 1100, "argument 'value': depth limit exceeded"),
+    ],
+)
+def test_a_json_value_too_deep_is_refused_not_stored_as_its_text(env: Any, value: str, error: str) -> None:
+    for name, arguments in (
+        ("working_set", {"key": "k", "value": value}),
+        ("blackboard_publish", {"session_id": "s1", "key": "k", "value": value}),
+    ):
+        result = call(env, name, arguments)
+        assert error in result.get("error", ""), (name, result)
+    assert call(env, "working_get", {"key": "k"})["found"] is False
+    assert call(env, "working_set", {"key": "k", "value": "[1, 2"})["stored"] is True  # not JSON: the text
+    assert call(env, "working_get", {"key": "k"})["value"] == "[1, 2"
