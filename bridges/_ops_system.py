@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from ._operation import Context, Effect, OperationList, Param, path_string, returns
@@ -19,13 +20,16 @@ _PATH = Param(
     "export",
     "system",
     "Write every agent's knowledge, the shared store, episodes (archives too), working memory, "
-    "blackboards and items to a file as sorted JSON lines, for diffs, backups and moves.",
+    "blackboards and items to a file as sorted JSON lines, for diffs, backups and moves; "
+    "answers the file's absolute path.",
     (_PATH,),
     returns(path="string", lines="integer"),
     Effect.READS,
 )
 def _export(ctx: Context, p: dict[str, Any]) -> Any:
-    return {"path": p["path"], "lines": ctx.system.export(p["path"])}
+    lines = ctx.system.export(p["path"])
+    # where the file is: a relative path is the server's folder's, which its client cannot know
+    return {"path": str(Path(p["path"]).expanduser().absolute()), "lines": lines}
 
 
 @_OPS.add(

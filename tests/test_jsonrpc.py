@@ -542,3 +542,18 @@ def test_search_files_filters_memory_roots_by_language_and_refuses_an_unknown_on
     assert unknown["error"]["code"] == ErrorCode.INVALID_PARAMS and "\n" not in message
     assert message.startswith("search_files: language 'cobol' is not a known language: use one of c, ")
     assert "markdown" in message and "python" in message
+
+
+def test_an_export_to_a_relative_path_answers_where_the_file_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server's folder is not its client's: the answer names the file absolutely."""
+    from tests._support import system_with_notes
+
+    here = tmp_path / "server-folder"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    with system_with_notes(tmp_path) as (system, registry):
+        (answer,) = _answers(system, registry, [("export", {"path": "backup.jsonl"})])
+    assert answer["result"]["path"] == str(here / "backup.jsonl")
+    assert (here / "backup.jsonl").is_file() and answer["result"]["lines"] > 0
