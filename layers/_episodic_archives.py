@@ -193,12 +193,15 @@ class EpisodicArchives(EpisodicSearch):
                     ids.append(next_id)
                     next_id += 1
             self._insert_rows(ids, items, vectors)
+        if vectors is None and self._embedder is not None:
+            self._pending_ids.update(ids)  # deferred: the owner computes them (pending_texts)
         return len(todo)
 
     def _restore_vectors(
         self, rows: Sequence[Any], stored: Mapping[int, bytes], model: str | None, dim: int | None
     ) -> FloatArray | None:
-        """The archive's own vectors when the same model made them, else fresh ones (or none)."""
+        """The archive's own vectors when the same model made them, else fresh ones: none when
+        vectors are deferred (:attr:`defer_vectors`: the owner computes them) or no model runs."""
         embedder = self._embedder
         if embedder is not None:
             current_model, current_dim = embedder.model_id, embedder.dim
@@ -208,6 +211,6 @@ class EpisodicArchives(EpisodicSearch):
         if model == current_model and dim == current_dim and all(int(r[0]) in stored for r in rows):
             blob = b"".join(stored[int(r[0])] for r in rows)
             return np.frombuffer(blob, dtype=np.float32).reshape(len(rows), current_dim).copy()
-        if embedder is None:
+        if embedder is None or self.defer_vectors:
             return None
         return self._embed(embedder, [(r[5], r[6], r[2]) for r in rows])

@@ -269,3 +269,27 @@ def test_submit_documents_shares_the_cache_and_fails_fast_when_stuck_or_closed()
         service.close()
     closed = service.submit_documents(["epsilon text"])
     assert closed.done() and isinstance(closed.exception(), EmbeddingError)
+
+
+def test_a_restore_into_a_store_that_defers_vectors_leaves_them_pending(tmp_path: Path) -> None:
+    """An archive made by another model (or without vectors) is restored without calling the
+    model: the episodes' vectors are pending, for the owner to compute apart."""
+    other = FakeEmbedder(model_id="another-model")
+    with EpisodicMemory.open(tmp_path / "old.sqlite", other, config=Config(data_dir=tmp_path)) as old:
+        old.record("gamma ray burst observed")
+        old.archive(tmp_path / "gamma.msarchive")
+    model = FakeEmbedder()
+    memory = EpisodicMemory.open(
+        tmp_path / "e.sqlite", model, config=Config(data_dir=tmp_path), defer_vectors=True
+    )
+    try:
+        assert memory.restore(tmp_path / "gamma.msarchive") == 1
+        assert model.calls == 0 and memory.pending_vectors() == 1
+        ids, texts = zip(*memory.pending_texts(10), strict=True)
+        assert memory.store_vectors(list(ids), list(texts), model.embed_documents(list(texts))) == 1
+        assert (
+            memory.search("gamma ray burst", mode="vector", top_k=1)[0].episode.content
+            == "gamma ray burst observed"
+        )
+    finally:
+        memory.close()
