@@ -396,15 +396,22 @@ def check_number(
     """A finite ``int`` or ``float`` (not ``bool``) from ``low`` to ``high``; ``None`` if optional."""
     if value is None and optional:
         return None
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or not low <= value <= high
-    ):
+    number = _as_float(value)
+    if number is None or not math.isfinite(number) or not low <= number <= high:
         bound = f"from {low:g} to {high:g}" if math.isfinite(high) else f">= {low:g}"
         raise fail(name, f"must be a number {bound}", value)
-    return float(value)
+    return number
+
+
+def _as_float(value: object) -> float | None:
+    """An ``int`` or ``float`` (not ``bool``) as a float; ``None`` for anything else, an integer
+    beyond a double's range included (``float()`` would raise ``OverflowError``)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        return None
 
 
 def check_ttl(value: object, name: str, *, unit: str = "seconds", high: float = math.inf) -> float | None:
@@ -412,14 +419,11 @@ def check_ttl(value: object, name: str, *, unit: str = "seconds", high: float = 
     refused: a value gone the moment it is stored is a mistake, not a choice."""
     if value is None:
         return None
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not (math.isfinite(value) and 0 < value <= high)
-    ):
+    number = _as_float(value)
+    if number is None or not (math.isfinite(number) and 0 < number <= high):
         bound = f" up to {high:g}" if math.isfinite(high) else ""
         raise fail(name, f"must be a positive number of {unit}{bound}", value)
-    return float(value)
+    return number
 
 
 def check_min_score(value: object, name: str = "min_score") -> float | None:

@@ -183,9 +183,13 @@ def test_top_k_bound_is_the_one_constant() -> None:
 def test_numbers_are_finite() -> None:
     assert validation.check_number(None, "ttl_s") is None
     assert validation.check_number(2, "ttl_s") == 2.0
-    for bad in (math.nan, math.inf, -math.inf, -1, True, "1"):
+    for bad in (math.nan, math.inf, -math.inf, -1, True, "1", 10**400):
         with pytest.raises(InvalidInputError, match="ttl_s"):
             validation.check_number(bad, "ttl_s")
+    for bad in (0, -1, math.inf, 10**400, -(10**400)):  # beyond a double: refused, never OverflowError
+        with pytest.raises(InvalidInputError, match="ttl_s must be a positive number of seconds"):
+            validation.check_ttl(bad, "ttl_s")
+    assert validation.check_ttl(10**300, "ttl_s") == 1e300
     assert validation.check_min_score(-1) == -1.0
     for bad in (1.5, math.nan):
         with pytest.raises(InvalidInputError, match="min_score"):
