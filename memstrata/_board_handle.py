@@ -38,9 +38,13 @@ class Subscription:
         self._failed = threading.Event()  # set on the delivery thread when the callback raised
 
     def _delivering(self, callback: Callable[[Signal], Any]) -> Callable[[Signal], Any]:
-        """``callback``, turning this handle inactive when it raises (the board then removes it)."""
+        """``callback``, turning this handle inactive when it raises (the board then removes it),
+        and never called once unsubscribed (a stopping system delivers what is queued without
+        asking the board to remove the subscription first)."""
 
         def deliver(signal: Signal) -> Any:
+            if not self._active:
+                return None
             try:
                 return callback(signal)
             except BaseException:  # whatever it raises, the board removes it (and goes on)

@@ -24,7 +24,7 @@ from memstrata.messages import (
     SubscribeSignal,
     UnsubscribeSignal,
 )
-from tests._support import in_threads
+from tests._support import eventually, in_threads
 from tests.fakes import FakeEmbedder
 
 
@@ -231,6 +231,32 @@ def test_unsubscribe_stops_deliveries(system: MemorySystem) -> None:
     board.publish("k", 2)
     assert system.wait_idle(5)
     assert recorder.pairs() == [("k", 1)]
+
+
+def test_no_callback_starts_after_unsubscribe_returns_while_the_system_stops(data_dir: Path) -> None:
+    """A stopping system delivers what is queued; a subscription ended meanwhile gets none of it."""
+    system = MemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder())
+    board = system.blackboard("s1")
+    entered, gate = threading.Event(), threading.Event()
+    seen: list[Any] = []
+
+    def held(signal: Signal) -> None:
+        seen.append(signal.value)
+        entered.set()
+        assert gate.wait(30)
+
+    subscription = board.subscribe("k", held)
+    for n in range(4):
+        board.publish("k", n)
+    assert entered.wait(30)  # 0 is being delivered, 1-3 wait behind it
+    stopper = threading.Thread(target=system.stop, kwargs={"timeout": 30})
+    stopper.start()
+    assert eventually(lambda: system.stopped)
+    assert subscription.unsubscribe() is True
+    gate.set()
+    stopper.join(60)
+    assert not stopper.is_alive()
+    assert seen == [0]
 
 
 def test_subscribers_get_their_own_copies(system: MemorySystem) -> None:
