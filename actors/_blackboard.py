@@ -96,6 +96,7 @@ class _Delivery:
         self._queue.put((sub_id, signal))
 
     def _run(self) -> None:
+        _DELIVERY_THREAD.active = True
         for sub_id, signal in iter(self._queue.get, None):  # None: the board stops
             try:
                 with self._lock:
@@ -121,6 +122,15 @@ class _Delivery:
         self._queue.put(None)
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=timeout)
+
+
+_DELIVERY_THREAD = threading.local()
+
+
+def on_delivery_thread() -> bool:
+    """Whether the caller is a subscriber's callback, on a board's delivery thread (where waiting
+    for the system to be idle would wait for the caller itself)."""
+    return bool(getattr(_DELIVERY_THREAD, "active", False))
 
 
 class BlackboardActor(MemoryActor):

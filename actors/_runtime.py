@@ -26,6 +26,7 @@ from memstrata.core.config import Config
 from memstrata.core.errors import (
     ConfigError,
     InvalidInputError,
+    MemstrataError,
     RequestTimeoutError,
     SystemStoppedError,
 )
@@ -34,7 +35,7 @@ from memstrata.storage import Embedder
 
 from ._agent import describe_error
 from ._base import Envelope, Status, Supervision, owner_of
-from ._blackboard import SubscribeWithCallback
+from ._blackboard import SubscribeWithCallback, on_delivery_thread
 from ._clock import Clock, IdSource
 from ._concurrency import Activity, Scheduler
 from ._delivery import deliver, redeliver
@@ -430,11 +431,13 @@ class Runtime(EmbeddingServices):
     def wait_idle(self, timeout: float | None = None, owner: str | None = None) -> bool:
         """Whether nothing is in flight (``owner``: for that agent's, session's or codebase's
         actors) within ``timeout``."""
+        _not_from_a_callback("wait_idle")
         return self.activity.wait_idle(timeout, owner)
 
     def stop(self, timeout: float | None = None) -> StopReport:
         """Refuse new requests, drain every mailbox, then stop the actors in order and close."""
         limit = self.config.actors.stop_timeout_s if timeout is None else timeout
+        _not_from_a_callback("stop")
         with self._stop_lock:
             if self._stopped.is_set():
                 return StopReport(True, (), 0.0)
@@ -522,3 +525,12 @@ class Runtime(EmbeddingServices):
             except Exception as exc:
                 result[ident] = {"error": describe_error(exc)}
         return result
+
+
+def _not_from_a_callback(call: str) -> None:
+    """Refuse ``call`` from a subscriber's callback: the callback is work it would wait for."""
+    if on_delivery_thread():
+        raise MemstrataError(
+            f"{call}() cannot be called from a blackboard subscriber's callback: it waits for that "
+            "callback to return; call it from another thread"
+        )

@@ -14,7 +14,7 @@ import pytest
 
 from memstrata import Config, MemorySystem
 from memstrata.config import ActorsConfig
-from memstrata.errors import InvalidInputError
+from memstrata.errors import InvalidInputError, MemstrataError
 from memstrata.messages import (
     ListSignals,
     PublishSignal,
@@ -257,6 +257,30 @@ def test_no_callback_starts_after_unsubscribe_returns_while_the_system_stops(dat
     stopper.join(60)
     assert not stopper.is_alive()
     assert seen == [0]
+
+
+def test_stop_or_wait_idle_from_a_callback_is_refused_at_once(data_dir: Path) -> None:
+    """Either would wait for the callback calling it: a clear error instead of a stop that
+    waits out its whole timeout and reports the board as late."""
+    system = MemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder())
+    board = system.blackboard("s1")
+    refused: dict[str, str] = {}
+
+    def control(signal: Signal) -> None:
+        for name, call in (("wait_idle", system.wait_idle), ("stop", system.stop)):
+            try:
+                call()
+            except MemstrataError as exc:
+                refused[name] = str(exc)
+
+    board.subscribe("ctl:*", control)
+    board.publish("ctl:shutdown", True)
+    assert system.wait_idle(30)
+    assert set(refused) == {"wait_idle", "stop"}
+    assert refused["stop"].startswith("stop() cannot be called from a blackboard subscriber's callback")
+    assert not system.stopped
+    report = system.stop(timeout=30)
+    assert report.drained and report.late == ()
 
 
 def test_subscribers_get_their_own_copies(system: MemorySystem) -> None:
