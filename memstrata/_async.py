@@ -33,7 +33,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 from memstrata.actors import StopReport
 from memstrata.core.config import Config
-from memstrata.core.errors import InvalidInputError
+from memstrata.core.errors import InvalidInputError, SystemStoppedError
 from memstrata.messages import Signal
 
 from ._agent_handle import Agent
@@ -72,7 +72,8 @@ class _Pool(ThreadPoolExecutor):
     def __init__(self) -> None:
         super().__init__(max_workers=_POOL_THREADS, thread_name_prefix="memstrata-async")
         self._running: set[Future[Any]] = set()
-        self._subscriptions: set[AsyncSubscription] = set()
+        # weakly: a subscription nobody iterates any more (an ``async for`` left) is let go
+        self._subscriptions: weakref.WeakSet[AsyncSubscription] = weakref.WeakSet()
         self._lock = threading.Lock()
         self.closed = False
 
@@ -234,7 +235,8 @@ class AsyncSubscription(_Handle):
     the session's delivery thread. Leave the ``async with`` block (or call :meth:`unsubscribe`)
     to stop deliveries; iteration then ends once the queue is drained. It also ends when the
     system stops (the signals queued before are still yielded), so a consumer never waits for
-    a signal that cannot come.
+    a signal that cannot come. A bare ``async for`` starts the subscription itself; once nothing
+    holds the iterator (the loop was left) or its event loop has ended, the subscription ends.
     """
 
     def __init__(self, board: Blackboard, key_or_prefix: str, pool: _Pool) -> None:
@@ -254,9 +256,19 @@ class AsyncSubscription(_Handle):
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Signal | None] = asyncio.Queue()
         self._loop, self._queue = loop, queue
+        reader = weakref.ref(self)
+        made: list[Subscription] = []
 
         def deliver(signal: Signal) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, signal)
+            try:
+                if reader() is not None:
+                    loop.call_soon_threadsafe(queue.put_nowait, signal)
+                    return
+            except RuntimeError:  # its event loop is closed
+                pass
+            # nobody can read it (an ``async for`` left, or its loop ended): deliveries stop
+            if made:
+                made[0].unsubscribe()
 
         self._pool.opened(self)
         subscribe = functools.partial(self._board.subscribe, self.pattern, deliver)
@@ -266,6 +278,8 @@ class AsyncSubscription(_Handle):
             self._pool.forget(self)
             self._end()  # nothing will be delivered: iteration ends at once
             raise
+        made.append(self.sync)
+        weakref.finalize(self, _let_go, self._pool, made[0])
         if self._over:  # unsubscribed, or the system stopped, while it was being made
             await self._run(self.sync.unsubscribe)
 
@@ -316,6 +330,19 @@ class AsyncSubscription(_Handle):
 
     def __repr__(self) -> str:
         return f"<AsyncSubscription {self.id} {self.pattern!r} on {self._board.session_id}>"
+
+
+def _let_go(pool: _Pool, subscription: Subscription) -> None:
+    """End a subscription nobody iterates any more (its :class:`AsyncSubscription` is gone, as
+    after leaving an ``async for``), on the pool: the event loop that let it go never waits."""
+    with contextlib.suppress(RuntimeError):  # the pool is shut down: the system has stopped
+        if not pool.closed and subscription.active:
+            pool.submit(_quietly_unsubscribe, subscription)
+
+
+def _quietly_unsubscribe(subscription: Subscription) -> None:
+    with contextlib.suppress(SystemStoppedError):
+        subscription.unsubscribe()
 
 
 class AsyncBlackboard(_Handle):

@@ -344,3 +344,27 @@ def test_wrappers_of_one_system_share_one_pool(data_dir: Path) -> None:
         assert len(system.agent("a1").list_episodes()) == 20
         pool = AsyncMemorySystem(system)._pool
     assert pool.closed  # the system's stop released it
+
+
+def test_leaving_an_async_for_ends_its_subscription(data_dir: Path) -> None:
+    """A bare ``async for`` started the subscription itself; leaving it (or its event loop
+    ending) ends it: no subscriber left behind, no delivery failing on a closed loop."""
+    from tests._support import eventually
+
+    with MemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder()) as system:
+        board = system.blackboard("s1")
+        board.publish("job:1", "queued", wait=True)
+
+        async def first_job() -> Any:
+            async for signal in AsyncMemorySystem(system).blackboard("s1").subscribe("job:*"):
+                return signal.value
+            return None
+
+        def subscribers() -> int:
+            return int(system.status()["blackboards"]["s1"]["subscribers"])
+
+        assert asyncio.run(first_job()) == "queued"
+        assert eventually(lambda: subscribers() == 0)
+        board.publish("job:2", "queued", wait=True)
+        assert system.wait_idle(30)
+        assert system.status()["blackboard_subscriber_errors"] == 0 and subscribers() == 0
