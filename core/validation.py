@@ -345,8 +345,10 @@ def check_tags(value: object, name: str = "tags") -> dict[str, str]:
 def check_scope(value: object, name: str = "scope") -> str:
     """A normalised path-like scope: ``/`` or ``/a/b`` (no trailing slash, no empty segments).
 
-    ``"src//auth/"`` becomes ``"/src/auth"``, ``"."`` segments are dropped, ``""`` is ``"/"``;
-    ``".."`` segments, control characters and lone surrogates are rejected.
+    ``"src//auth/"`` becomes ``"/src/auth"``, each segment is stripped of surrounding spaces
+    (``"/src/auth /"`` is ``"/src/auth"``, so a normal scope normalises to itself), ``"."``
+    segments are dropped, ``""`` is ``"/"``; ``".."`` segments, control characters and lone
+    surrogates are rejected.
     """
     if not isinstance(value, str):
         raise InvalidInputError(f"{name} must be a str like '/src/auth', got {type(value).__name__}")
@@ -354,7 +356,7 @@ def check_scope(value: object, name: str = "scope") -> str:
         raise InvalidInputError(f"{name} is {len(value)} characters, over the limit of {MAX_SCOPE_CHARS}")
     if _CONTROL.search(value) or has_lone_surrogate(value):
         raise InvalidInputError(f"{name} {show(value)} contains control characters or lone surrogates")
-    parts = [p for p in value.strip().split("/") if p not in ("", ".")]
+    parts = [p for p in (segment.strip() for segment in value.split("/")) if p not in ("", ".")]
     if ".." in parts:
         raise InvalidInputError(f"{name} {show(value)} must not contain '..' segments")
     return "/" + "/".join(parts)

@@ -151,13 +151,22 @@ def test_tag_values_are_free_text_repaired() -> None:
 
 
 @pytest.mark.parametrize(
-    ("given", "normal"), [("/", "/"), ("", "/"), ("src/auth", "/src/auth"), ("/a//b/./c/", "/a/b/c")]
+    ("given", "normal"),
+    [
+        ("/", "/"),
+        ("", "/"),
+        ("src/auth", "/src/auth"),
+        ("/a//b/./c/", "/a/b/c"),
+        ("/src/auth /", "/src/auth"),
+        (" / src / my dir /", "/src/my dir"),
+    ],
 )
 def test_scopes_are_normalised(given: str, normal: str) -> None:
     assert validation.check_scope(given) == normal
+    assert validation.check_scope(normal) == normal  # a normal scope normalises to itself
 
 
-@pytest.mark.parametrize("bad", ["/a/../b", "..", "/a\x00", "/x\ud800", 5, "/" + "a" * 1024])
+@pytest.mark.parametrize("bad", ["/a/../b", "..", "/a/ .. /b", "/a\x00", "/x\ud800", 5, "/" + "a" * 1024])
 def test_bad_scopes(bad: object) -> None:
     with pytest.raises(InvalidInputError, match="scope"):
         validation.check_scope(bad)
