@@ -82,14 +82,18 @@ def _relevance(score: Any) -> str:
 
 
 def _attributes(pairs: Iterable[tuple[str, str]], tags: Mapping[str, str] | None) -> str:
+    """The element's own attributes, then one per tag. A tag whose name is taken, reserved or
+    begins with ``xml`` (XML's own, ``xmlns`` a namespace declaration) gets ``tag-`` prefixes
+    until its name is free: every tag is shown, and no tag changes what the element is."""
+    pairs = list(pairs)
     parts = [f'{name}="{xml_attr(value)}"' for name, value in pairs]
     used = {name for name, _ in pairs}
     for key in sorted(tags or {}):
         name = xml_name(key)
-        if name in _RESERVED:
+        if name in _RESERVED or name.lower().startswith("xml"):
             name = f"tag-{name}"
-        if name in used:
-            continue
+        while name in used:
+            name = f"tag-{name}"
         used.add(name)
         parts.append(f'{name}="{xml_attr(str(tags[key]))}"')  # type: ignore[index]
     return " ".join(parts)

@@ -50,6 +50,20 @@ def test_everything_is_escaped_and_parses() -> None:
     assert entry.get(xml_name("2bad key")) == "v"
 
 
+def test_every_tag_is_shown_and_none_changes_what_the_element_is() -> None:
+    """``xmlns`` would declare a namespace (a parser then finds no ``entry``), and a literal
+    ``tag-category`` beside a ``category`` tag would collide with its renamed attribute."""
+    tags = {"xmlns": "urn:team", "XMLfoo": "x", "category": "A", "tag-category": "B", "relevance": "r"}
+    text = build_prompt("t", [hit("payment retries use backoff", 0.9, tags=tags)])
+    root = ET.fromstring(f"<root>{text}</root>")
+    entry = root.find("knowledge-context/entry")
+    assert entry is not None and entry.get("category") == "pitfall"
+    shown = {name: value for name, value in entry.attrib.items() if name not in ("category", "relevance")}
+    assert sorted(shown.values()) == sorted(tags.values())
+    assert shown["tag-xmlns"] == "urn:team" and shown["tag-category"] == "A"
+    assert shown["tag-tag-category"] == "B"
+
+
 def test_relevance_is_clamped_to_two_decimals() -> None:
     text = build_prompt("t", [hit("a", 1.7), hit("b", -0.2, entry_id=2), hit("c", 0.005, entry_id=3)])
     assert re.findall(r'relevance="([^"]+)"', text) == ["1.00", "0.00", "0.01"]
