@@ -143,6 +143,8 @@ class Runtime(EmbeddingServices):
                 raise ConfigError(f"config key 'codebases.{name}': {exc}") from exc
         check_archive_dir(config.episodic.archive_dir, self.data_dir)
         self._workspaces: dict[str, Path | None] = {}
+        # each agent's working memory, kept here so that it outlives its actor (a crash, a retire)
+        self.working_memories: dict[str, Any] = {}
         if config.agent.workspace is not None:
             check_tree(config.agent.workspace, "agent.workspace", self.data_dir)
         for agent_id in config.agents:

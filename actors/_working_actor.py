@@ -18,19 +18,26 @@ __all__ = ["WorkingMemoryActor"]
 
 
 class WorkingMemoryActor(MemoryActor):
-    """One agent's working memory (in memory only)."""
+    """One agent's working memory (in memory only). The memory outlives the actor: a crash, or
+    the agent retired and used again, goes on with the same values; it ends with the system."""
 
     kind = "working"
 
     def open_layer(self) -> Any:
         from memstrata.layers import WorkingMemory
 
-        return WorkingMemory(
+        kept: dict[str, Any] | None = getattr(self.runtime, "working_memories", None)
+        if kept is not None and self.key in kept:
+            return kept[self.key]
+        layer = WorkingMemory(
             clock=self.runtime.clock.monotonic, max_value_bytes=self.runtime.config.max_content_bytes
         )
+        if kept is not None:
+            kept[self.key] = layer
+        return layer
 
     def close_layer(self, layer: Any) -> None:
-        layer.clear_all()
+        """Nothing to close: the values stay for the actor that follows (see the class)."""
 
     def handle(self, message: Any) -> Any:
         layer = self.layer
