@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from memstrata.core.constants import MAX_TAGS
 from memstrata.core.errors import InvalidInputError, StorageError
 from memstrata.core.validation import (
     check_author,
@@ -249,6 +250,7 @@ class KnowledgeWrites(KnowledgeBase):
                     row_id, first = new_rows[item.key]
                     if item.tags:
                         first.tags = {**first.tags, **item.tags}  # items are never shared: rebinding is safe
+                        _check_merged(len(first.tags), "items of one batch alike: merging their tags")
                         first.retag()
                     first.author = first.author or item.author
                 else:
@@ -357,7 +359,14 @@ class KnowledgeWrites(KnowledgeBase):
         self._bm25.added([(r, i.content, i.tag_text, i.ident) for r, i in news])
 
     def _refresh_rows(self, refresh: Mapping[int, _Item], now: float) -> None:
-        """Dedup hits: bump ``updated_at``, merge tags, fill a missing author."""
+        """Dedup hits: bump ``updated_at``, merge tags, fill a missing author. Tags that would
+        take an entry past :data:`MAX_TAGS` are refused, and the whole batch with them."""
+        merging = [row_id for row_id, item in refresh.items() if item.tags]
+        current = self._tags_of(merging) if merging else {}
+        for row_id in merging:
+            merged = len({**current.get(row_id, {}), **refresh[row_id].tags})
+            where = f"entry {row_id} holds the same content, category and scope: merging these tags"
+            _check_merged(merged, f"{where} into its own")
         self._db.executemany(
             f"UPDATE {TABLE} SET updated_at = ?, author = coalesce(author, ?) WHERE id = ?",
             [(now, item.author, row_id) for row_id, item in refresh.items()],
@@ -381,3 +390,12 @@ class KnowledgeWrites(KnowledgeBase):
         ]  # fmt: skip
         self._db.on_rollback(self._bm25.reset)
         self._bm25.changed(changed)
+
+
+def _check_merged(count: int, what: str) -> None:
+    """Refuse a merge of tags past :data:`MAX_TAGS`: the entry could not be written again as it
+    is (an update, an import of its export)."""
+    if count > MAX_TAGS:
+        raise InvalidInputError(
+            f"{what} would give {count} tags, over the limit of {MAX_TAGS}: nothing was stored"
+        )

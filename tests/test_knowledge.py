@@ -217,6 +217,38 @@ def test_dedup_returns_existing_id_and_merges_tags(
     assert store.count() == 3
 
 
+def test_a_merge_past_the_tag_limit_is_refused_and_changes_nothing(store: KnowledgeStore) -> None:
+    """An entry of more than 64 tags could not be written again as it is (an update with its
+    own tags, an import of its export): the store that would make one is refused whole."""
+    first = store.add("Use idempotency keys", category="pattern", tags={f"a{n}": "" for n in range(40)})
+    before = store.get(first)
+    with pytest.raises(
+        InvalidInputError, match=rf"entry {first} holds the same content.*80 tags, over the limit of 64"
+    ):
+        store.add("Use idempotency keys", category="pattern", tags={f"b{n}": "" for n in range(40)})
+    assert store.get(first) == before
+    with pytest.raises(
+        InvalidInputError, match="items of one batch alike: merging their tags would give 80 tags"
+    ):
+        store.add_many(
+            [
+                {
+                    "content": "retry with backoff",
+                    "category": "pattern",
+                    "tags": {f"a{n}": "" for n in range(40)},
+                },
+                {
+                    "content": "retry with backoff",
+                    "category": "pattern",
+                    "tags": {f"b{n}": "" for n in range(40)},
+                },
+            ]
+        )
+    assert store.count() == 1
+    same = store.add("Use idempotency keys", category="pattern", tags={f"a{n}": "x" for n in range(30)})
+    assert same == first and len(store.get(first).tags) == 40  # replacing values stays within
+
+
 def test_same_content_elsewhere_reuses_the_vector(store: KnowledgeStore, fake_embedder: FakeEmbedder) -> None:
     store.add("shared wisdom about caches", category="pattern")
     embedded = fake_embedder.texts_embedded
