@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from memstrata.core.closing import Closeable
 from memstrata.core.config import Config
+from memstrata.core.constants import MAX_TAGS
 from memstrata.core.errors import (
     EmbedderUnavailableError,
     InvalidInputError,
@@ -52,8 +53,15 @@ __all__ = ["DEFAULT", "Episode", "EpisodeHit", "EpisodicMemory", "promotion_tags
 
 def promotion_tags(episode: Episode) -> dict[str, str]:
     """The tags of a knowledge entry promoted from ``episode``: its own, plus ``episode_id`` and
-    ``task_run_id`` (``""`` when it had none), so the entry says where it came from."""
-    return {**episode.tags, "episode_id": str(episode.id), "task_run_id": episode.task_run_id or ""}
+    ``task_run_id`` (``""`` when it had none), so the entry says where it came from. An
+    episode with too many tags to add those two is refused by name."""
+    tags = {**episode.tags, "episode_id": str(episode.id), "task_run_id": episode.task_run_id or ""}
+    if len(tags) > MAX_TAGS:
+        raise InvalidInputError(
+            f"episode {episode.id} has {len(episode.tags)} tags: with episode_id and task_run_id "
+            f"its knowledge entry would have {len(tags)}, over the limit of {MAX_TAGS}"
+        )
+    return tags
 
 
 class _KnowledgeSink(Protocol):

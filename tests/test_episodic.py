@@ -786,6 +786,10 @@ def test_promote_calls_the_knowledge_contract(store: EpisodicMemory) -> None:
     ident = store.record("lesson", task_run_id="r", tags={"k": "v"})
     assert store.promote([ident], sink, category="pitfall") == [1]
     assert sink.calls == [("lesson", "pitfall", {"k": "v", "episode_id": str(ident), "task_run_id": "r"})]
+    crowded = store.record("crowded", tags={f"t{n}": "" for n in range(63)})
+    with pytest.raises(InvalidInputError, match=rf"episode {crowded} has 63 tags: .* would have 65, over"):
+        store.promote([crowded], sink, category="pitfall")
+    assert len(sink.calls) == 1
 
 
 # -- retention, durability, modes ---------------------------------------------------------------
