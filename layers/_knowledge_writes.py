@@ -361,17 +361,15 @@ class KnowledgeWrites(KnowledgeBase):
     def _refresh_rows(self, refresh: Mapping[int, _Item], now: float) -> None:
         """Dedup hits: bump ``updated_at``, merge tags, fill a missing author. Tags that would
         take an entry past :data:`MAX_TAGS` are refused, and the whole batch with them."""
-        merging = [row_id for row_id, item in refresh.items() if item.tags]
-        current = self._tags_of(merging) if merging else {}
-        for row_id in merging:
-            merged = len({**current.get(row_id, {}), **refresh[row_id].tags})
+        tagged = {row_id: item.tags for row_id, item in refresh.items() if item.tags}
+        current = self._tags_of(list(tagged)) if tagged else {}
+        for row_id, tags in tagged.items():
             where = f"entry {row_id} holds the same content, category and scope: merging these tags"
-            _check_merged(merged, f"{where} into its own")
+            _check_merged(len({**current.get(row_id, {}), **tags}), f"{where} into its own")
         self._db.executemany(
             f"UPDATE {TABLE} SET updated_at = ?, author = coalesce(author, ?) WHERE id = ?",
             [(now, item.author, row_id) for row_id, item in refresh.items()],
         )
-        tagged = {row_id: item.tags for row_id, item in refresh.items() if item.tags}
         if not tagged:
             return
         self._db.executemany(
