@@ -143,7 +143,7 @@ def _finite(filter: dict[str, Any] | None) -> dict[str, Any] | None:
     if not filter:
         return filter
     out: dict[str, Any] = {}
-    for field, cond in filter.items():
+    for field, cond in _contained(filter).items():
         ops = cond if isinstance(cond, dict) and all(str(k).startswith("$") for k in cond) else None
         if ops is None:
             ops = {"$eq": cond}
@@ -164,6 +164,26 @@ def _finite(filter: dict[str, Any] | None) -> dict[str, Any] | None:
                 _merge(kept, name, limit)
         if kept:
             out[field] = kept if (ops is not cond or len(kept) != 1 or "$eq" not in kept) else kept["$eq"]
+    return out
+
+
+def _contained(filter: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """An object in a filter as LangGraph's ``InMemoryStore`` reads it: ``{"meta": {"user":
+    "ada"}}`` passes an item whose ``meta`` holds ``user`` ``"ada"``, whatever else it holds;
+    each of its keys becomes a dotted path. An object mixing operators and keys is refused, as
+    LangGraph's SQL stores refuse it."""
+    out: dict[str, Any] = {}
+    for field, cond in filter.items():
+        path = f"{prefix}{field}"
+        if prefix and "." in str(field):
+            raise InvalidInputError(f"filter key {field!r} inside {prefix[:-1]!r} holds a '.'")
+        operators = [k for k in cond if str(k).startswith("$")] if isinstance(cond, dict) else []
+        if not isinstance(cond, dict) or not cond or len(operators) == len(cond):
+            out[path] = cond
+        elif operators:
+            raise InvalidInputError(f"filter {path!r} mixes operators and keys: {sorted(map(str, cond))}")
+        else:
+            out.update(_contained(cond, f"{path}."))
     return out
 
 

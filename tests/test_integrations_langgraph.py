@@ -197,6 +197,36 @@ def test_filters_with_none_find_what_langgraphs_own_stores_find() -> None:
         store.search(("d",), filter={"v": {"$lt": None, "$ne": 3}})
 
 
+def test_an_object_in_a_filter_matches_as_in_memory_store_matches_it() -> None:
+    """``{"meta": {"user": "ada"}}`` passes every item whose ``meta`` holds that key and value,
+    nested objects and operators inside included; an object mixing operators and keys is
+    refused by name."""
+    items = {
+        "both": {"meta": {"user": "ada", "lang": "en", "n": {"x": 2}}},
+        "user": {"meta": {"user": "ada"}},
+        "other": {"meta": {"user": "bob", "lang": "en"}},
+        "flat": {"meta": "ada"},
+    }
+    filters: list[dict[str, object]] = [
+        {"meta": {"user": "ada"}},
+        {"meta": {"user": "ada", "lang": "en"}},
+        {"meta": {"n": {"x": 2}}},
+        {"meta": {"n": {"x": {"$gt": 1}}}},
+        {"meta": {"lang": "en"}, "other": None},
+    ]
+    found = []
+    for store in (InMemoryStore(), MemstrataStore(":memory:", embedder=_EMB)):
+        for key, value in items.items():
+            store.put(("d",), key, value)
+        found.append([sorted(i.key for i in store.search(("d",), filter=f)) for f in filters])
+        if isinstance(store, MemstrataStore):
+            with pytest.raises(InvalidInputError, match=r"filter 'meta' mixes operators and keys"):
+                store.search(("d",), filter={"meta": {"$ne": 1, "user": "ada"}})
+            store.close()
+    assert found[0] == found[1]
+    assert found[1][0] == ["both", "user"]
+
+
 def test_a_range_on_a_number_or_a_string_meets_only_values_of_that_type() -> None:
     """SQLite orders every string, list and object above every number: memstrata compares like
     with like (SqliteStore agrees on $gt 2.5, and casts text to a number for $lt 100)."""
