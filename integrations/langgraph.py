@@ -281,28 +281,40 @@ class MemstrataStore(BaseStore, Closeable):
         return self._run(list(ops))
 
     async def abatch(self, ops: Iterable[Any]) -> list[Any]:
-        return await settled(self._run, list(ops))
+        return await settled(self._run, list(ops), asyncio.get_running_loop())
 
-    def _run(self, ops: list[Any]) -> list[Any]:
+    def _embedded(self, texts: list[str], loop: asyncio.AbstractEventLoop | None, *, query: bool) -> Any:
+        """The index's vectors of ``texts`` (of the one query text). An ``embed`` given as an async
+        function only (LangGraph takes one) is awaited on the caller's event loop, which waits
+        for this worker thread meanwhile (see :func:`settled`)."""
+        model = self.embeddings
+        assert model is not None
+        async_only = isinstance(model, _embed.EmbeddingsLambda) and not hasattr(model, "func")
+        if loop is not None and async_only:
+            call = model.aembed_query(texts[0]) if query else model.aembed_documents(texts)
+            return asyncio.run_coroutine_threadsafe(call, loop).result()
+        return model.embed_query(texts[0]) if query else model.embed_documents(texts)
+
+    def _run(self, ops: list[Any], loop: asyncio.AbstractEventLoop | None = None) -> list[Any]:
         results: list[Any] = [None] * len(ops)
         pending: list[Any] = []
         for i, op in enumerate(ops):
             if isinstance(op, PutOp):
                 pending.append(op)
                 continue
-            self._flush(pending)
+            self._flush(pending, loop)
             if isinstance(op, GetOp):
                 rec = self._items.get(
                     op.namespace, op.key, refresh_ttl=bool(op.refresh_ttl) and self._refresh_on_read
                 )
                 results[i] = None if rec is None else _item(rec)
             elif isinstance(op, SearchOp):
-                results[i] = self._search(op)
+                results[i] = self._search(op, loop)
             elif isinstance(op, ListNamespacesOp):
                 results[i] = self._list(op)
             else:
                 raise InvalidInputError(f"unknown store operation {type(op).__name__}")
-        self._flush(pending)
+        self._flush(pending, loop)
         return results
 
     def _vectors(self, values: list[Sequence[float]]) -> list[tuple[float, ...]]:
@@ -320,7 +332,7 @@ class MemstrataStore(BaseStore, Closeable):
             out.append(vec)
         return out
 
-    def _flush(self, puts: list[Any]) -> None:
+    def _flush(self, puts: list[Any], loop: asyncio.AbstractEventLoop | None = None) -> None:
         """Apply puts in order (last write of a key wins) in one message, embedding every text
         in one call."""
         if not puts:
@@ -343,7 +355,7 @@ class MemstrataStore(BaseStore, Closeable):
                     texts.append(text)
         vectors: dict[tuple[tuple[str, ...], str], dict[str, tuple[float, ...]]] = {}
         if texts:
-            rows = self._vectors(self.embeddings.embed_documents(texts))
+            rows = self._vectors(self._embedded(texts, loop, query=False))
             if len(rows) != len(texts):
                 raise InvalidInputError(f"index embed returned {len(rows)} vectors for {len(texts)} texts")
             for (k, field), vec in zip(owners, rows, strict=True):
@@ -355,10 +367,10 @@ class MemstrataStore(BaseStore, Closeable):
         ]
         self._items.write(messages, deletes)
 
-    def _search(self, op: Any) -> list[Any]:
+    def _search(self, op: Any, loop: asyncio.AbstractEventLoop | None = None) -> list[Any]:
         vector = None
         if op.query and self.embeddings is not None:
-            vector = self._vectors([self.embeddings.embed_query(op.query)])[0]
+            vector = self._vectors([self._embedded([op.query], loop, query=True)])[0]
         prefix, where = tuple(op.namespace_prefix), _finite(op.filter)
         refresh = bool(op.refresh_ttl) and self._refresh_on_read
         records = _paged(

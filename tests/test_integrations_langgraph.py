@@ -107,6 +107,33 @@ def test_async_store_and_loop_guard() -> None:
     asyncio.run(scenario())
 
 
+def test_an_async_embed_function_is_awaited_as_in_memory_store_awaits_it() -> None:
+    """LangGraph takes an async function as the index's ``embed``: the async methods await it."""
+    calls: list[int] = []
+
+    async def embed(texts: list[str]) -> list[list[float]]:
+        calls.append(len(texts))
+        return [_EMB.embed_query(t).tolist() for t in texts]
+
+    index = {"dims": 64, "embed": embed, "fields": ["text"]}
+
+    async def work(store: BaseStore) -> list[tuple[str, float]]:
+        await store.aput(("docs",), "a", {"text": "solar roofs"})
+        await store.aput(("docs",), "b", {"text": "wine cellar"})
+        return [
+            (h.key, round(h.score or 0.0, 4)) for h in await store.asearch(("docs",), query="solar roofs")
+        ]
+
+    async def scenario() -> None:
+        expected = await work(InMemoryStore(index=index))  # type: ignore[arg-type]
+        async with AsyncMemstrataStore.from_conn_string(":memory:", index=index) as store:  # type: ignore[arg-type]
+            calls.clear()
+            assert await work(store) == expected
+        assert calls == [1, 1, 1] and expected[0] == ("a", 1.0)
+
+    asyncio.run(scenario())
+
+
 def test_store_on_a_running_system_persists_in_its_data_dir(tmp_path: Path) -> None:
     with MemorySystem.start(Config(data_dir=tmp_path / "data"), embedder=HashEmbedder()) as system:
         store = MemstrataStore(system)
