@@ -123,7 +123,7 @@ class MemstrataMemory(Memory, Component[MemstrataMemoryConfig]):
         if mime == MemoryMimeType.JSON.value:
             if not isinstance(content.content, dict):
                 raise InvalidInputError("JSON content must be a dict")
-            return orjson.dumps(content.content).decode()
+            return json_bytes(content.content, "memory content").decode()
         raise InvalidInputError(f"Unsupported content type: {mime}")
 
     async def add(self, content: MemoryContent, cancellation_token: CancellationToken | None = None) -> None:

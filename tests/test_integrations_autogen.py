@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import decimal
 from pathlib import Path
 
 import pytest
@@ -134,6 +135,11 @@ def test_errors_name_the_field_at_fault_and_k_is_not_converted() -> None:
             await memory.add(
                 MemoryContent(content="key", mime_type=MemoryMimeType.TEXT, metadata={"x": "\udfff"})
             )
+        for bad in ({"a": {1, 2}}, {"price": decimal.Decimal("1.5")}):
+            with pytest.raises(
+                InvalidInputError, match=r"^memory content is not JSON: .*not JSON serializable"
+            ):
+                await memory.add(MemoryContent(content=bad, mime_type=MemoryMimeType.JSON))
         await memory.add(MemoryContent(content="the key hangs by the door", mime_type=MemoryMimeType.TEXT))
         for k in ("2", 2.7, True, 0, 1001):
             with pytest.raises(InvalidInputError, match=r"^k must be an integer from 1 to 1000"):
