@@ -149,6 +149,8 @@ def open_system(target: Any, *, embedder: Any = None, what: str = "target") -> O
                 folder = folder.with_name(folder.name + FILE_SUFFIX)  # the file is left alone
             key = str(folder)
         entry = _PRIVATE.get(key)
+        if entry is not None and not entry.system.stopped and embedder is not None:
+            _check_same_model(embedder, entry.system.embedder, f"{what} {str(target)!r}")
         if entry is None or entry.system.stopped:
             model = embedder if embedder is not None else _default_model()
             try:
@@ -160,6 +162,23 @@ def open_system(target: Any, *, embedder: Any = None, what: str = "target") -> O
             entry = _PRIVATE[key] = _Private(system, temporary=folder if temporary else None)
         entry.users += 1
         return Opened(entry.system, key, entry)
+
+
+def _check_same_model(given: Any, running: Any, where: str) -> None:
+    """Refuse a model other than the one the path's system already runs: the system embeds
+    with its own, so the given one would be silently ignored."""
+    same = running is given or (
+        running is not None
+        and getattr(given, "model_id", None) == running.model_id
+        and getattr(given, "dim", None) == running.dim
+    )
+    if not same:
+        name = "none (keyword-only)" if running is None else f"{running.model_id!r} ({running.dim} dims)"
+        raise ConfigError(
+            f"{where} is already open with the model {name}: another model "
+            f"({getattr(given, 'model_id', type(given).__name__)!r}) cannot share it; give the same "
+            "model, none, or another path"
+        )
 
 
 def _release(key: str, entry: _Private) -> None:

@@ -47,6 +47,27 @@ def test_one_private_system_per_path_stopped_by_its_last_user(tmp_path: Path) ->
     three.release()
 
 
+def test_a_path_already_open_refuses_another_model_rather_than_ignore_it(tmp_path: Path) -> None:
+    """The path's system embeds with its own model: another one given would never be called."""
+    one = open_system(tmp_path / "data", embedder=HashEmbedder(64))
+    try:
+        same = open_system(tmp_path / "data", embedder=HashEmbedder(64))  # the same model: shared
+        assert same.system is one.system
+        same.release()
+        for other in (HashEmbedder(32), _Named(64)):
+            with pytest.raises(ConfigError, match=r"is already open with the model .* cannot share it"):
+                open_system(tmp_path / "data", embedder=other, what="MemstrataStore target")
+        assert not one.system.stopped
+    finally:
+        one.release()
+
+
+class _Named(HashEmbedder):
+    @property
+    def model_id(self) -> str:
+        return "another-model"
+
+
 def test_memory_systems_are_temporary_and_a_file_path_gets_a_folder_beside_it(tmp_path: Path) -> None:
     temp = open_system(":memory:", embedder=HashEmbedder())
     folder = temp.system.data_dir
