@@ -11,17 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from pydantic import BaseModel, Field
 
 from memstrata.core.constants import MAX_TOP_K
 from memstrata.core.validation import check_top_k
-from memstrata.errors import InvalidInputError
+from memstrata.errors import InvalidInputError, SystemStoppedError
 from memstrata.storage import Embedder, load_embedder
 
 from ._common import InputTypeError, json_bytes, missing, open_system, settled
+
+if TYPE_CHECKING:
+    from memstrata._items import Items
 
 try:
     from autogen_core import CancellationToken, Component
@@ -105,7 +108,7 @@ class MemstrataMemory(Memory, Component[MemstrataMemoryConfig]):
         if self._embedder is None and shared is None:
             self._opened.release()
             raise InvalidInputError("MemstrataMemory needs an embedding model: the system runs keyword-only")
-        self._items = self._opened.system.items
+        self._closed = False
 
     @property
     def collection_name(self) -> str:
@@ -209,8 +212,16 @@ class MemstrataMemory(Memory, Component[MemstrataMemoryConfig]):
         await self.clear()
 
     async def close(self) -> None:
-        """Lets a private system go (a running system given stays as it is)."""
+        """Lets a private system go (a running system given stays as it is); the memory then
+        refuses every call (``SystemStoppedError``), whoever else shares its system."""
+        self._closed = True
         await asyncio.to_thread(self._opened.release)
+
+    @property
+    def _items(self) -> Items:
+        if self._closed:
+            raise SystemStoppedError(f"this {type(self).__name__} is closed")
+        return self._opened.system.items
 
     def _to_config(self) -> MemstrataMemoryConfig:
         return self._config

@@ -21,14 +21,17 @@ import sys
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from memstrata.core.closing import Closeable
 from memstrata.core.constants import MAX_TOP_K
-from memstrata.errors import InvalidInputError
+from memstrata.errors import InvalidInputError, SystemStoppedError
 from memstrata.messages import PutItem
 
 from ._common import missing, open_system, settled
+
+if TYPE_CHECKING:
+    from memstrata._items import Items
 
 try:
     from langgraph.store.base import (
@@ -242,7 +245,7 @@ class MemstrataStore(BaseStore, Closeable):
         except BaseException:
             self._opened.release()
             raise
-        self._items = system.items
+        self._closed = False
         self.ttl_config = ttl
         # a read refreshes expiry only when the config turns refresh_on_read on (LangGraph's
         # SQLite store reads it so: the per-call flag alone does not extend a lifetime)
@@ -271,9 +274,17 @@ class MemstrataStore(BaseStore, Closeable):
         """Nothing to do: the schema is created on open (kept for LangGraph's store protocol)."""
 
     def close(self) -> None:
-        """Stops the sweeper and lets a private system go (a given one keeps running)."""
+        """Stops the sweeper and lets a private system go (a given one keeps running); the store
+        then refuses every call (``SystemStoppedError``), whoever else shares its system."""
         MemstrataStore.stop_ttl_sweeper(self, timeout=5)
+        self._closed = True
         self._opened.release()
+
+    @property
+    def _items(self) -> Items:
+        if self._closed:
+            raise SystemStoppedError(f"this {type(self).__name__} is closed")
+        return self._opened.system.items
 
     # operations --------------------------------------------------------------------------
 

@@ -62,6 +62,32 @@ def test_a_path_already_open_refuses_another_model_rather_than_ignore_it(tmp_pat
         one.release()
 
 
+def test_a_closed_store_or_memory_refuses_calls_whoever_shares_its_system(tmp_path: Path) -> None:
+    """As a closed Agents SDK session does: what happens after close no longer depends on
+    another adapter holding the same path's system."""
+    from memstrata.errors import SystemStoppedError
+    from memstrata.integrations.autogen import MemstrataMemory, MemstrataMemoryConfig
+    from memstrata.integrations.langgraph import MemstrataStore
+
+    path = str(tmp_path / "data")
+    keeper = MemstrataStore(path, embedder=HashEmbedder())
+    store = MemstrataStore(path, embedder=HashEmbedder())
+    store.put(("a",), "k", {"v": 1})
+    store.close()
+    with pytest.raises(SystemStoppedError, match="this MemstrataStore is closed"):
+        store.get(("a",), "k")
+    assert keeper.get(("a",), "k") is not None  # the shared system runs on for the others
+
+    async def memory_after_close() -> None:
+        memory = MemstrataMemory(MemstrataMemoryConfig(persistence_path=path), embedder=HashEmbedder())
+        await memory.close()
+        with pytest.raises(SystemStoppedError, match="this MemstrataMemory is closed"):
+            await memory.query("anything")
+
+    asyncio.run(memory_after_close())
+    keeper.close()
+
+
 class _Named(HashEmbedder):
     @property
     def model_id(self) -> str:
