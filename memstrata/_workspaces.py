@@ -307,7 +307,7 @@ class Workspaces(Closeable):
             complete = complete and bool(getattr(found, "complete", True))
             hits.extend(_hit(ws, h) for h in found)
         hits.sort(key=lambda h: -h.score)
-        return WorkspaceHits(hits[:limit], complete=complete, warnings=warnings)
+        return WorkspaceHits(_distinct(hits)[:limit], complete=complete, warnings=warnings)
 
     def get(
         self,
@@ -331,34 +331,34 @@ class Workspaces(Closeable):
                 inside = [w for w in candidates if _is_within(absolute, w.root)]
             if not inside:
                 raise PathOutsideRootError(f"path {raw!r} is not inside an indexed root")
-            inside.sort(key=lambda w: len(str(w.root)), reverse=True)
-            relative = os.path.relpath(absolute, inside[0].root)
-            ws = self._serving([w for w in inside if w.root == inside[0].root], relative)
+            inside.sort(key=lambda w: len(str(w.root)), reverse=True)  # the deepest root first
+            ws, relative = self._serving([(w, os.path.relpath(absolute, w.root)) for w in inside])
         else:
-            relative = raw
             existing = [w for w in candidates if _exists_under(w.root, raw)]
             _refuse_ambiguous(raw, existing)
-            ws = self._serving(existing, relative) if existing else candidates[0]
+            ws, relative = self._serving([(w, raw) for w in existing]) if existing else (candidates[0], raw)
         with self._using(ws) as layer:
             found = layer.get_lines(relative, from_line=from_line, lines=lines)
         return FileText(ws.root, ws.kind, Path(relative).as_posix(), from_line, len(found), "\n".join(found))
 
-    def _serving(self, kinds: list[Workspace], relative: str) -> Workspace:
-        """Of one root registered as more than one kind, the kind whose rules serve ``relative``
-        (a ``.py`` file of a folder indexed as memory and as code is the code index's); the
-        first registered when none does, whose layer then says why."""
+    def _serving(self, places: list[tuple[Workspace, str]]) -> tuple[Workspace, str]:
+        """Of the roots holding a file (the deepest first, a root of two kinds twice), the first
+        whose rules serve it, with its path there (a ``.py`` file of a folder indexed as memory
+        and as code is the code index's; a memory workspace inside a code root does not hide the
+        code root's files), so get serves what a search returns; the first when none does, whose
+        layer then says why."""
         from memstrata.layers._paths import normalise_relative
 
-        if len(kinds) > 1:
-            try:
-                rel = normalise_relative(relative)
-            except InvalidInputError:  # the layer refuses it with the same words
-                return kinds[0]
-            for ws in kinds:
+        if len(places) > 1:
+            for ws, relative in places:
+                try:
+                    rel = normalise_relative(relative)
+                except InvalidInputError:  # the layer refuses it with the same words
+                    break
                 with self._using(ws) as layer:
                     if layer.rules.allows(rel):
-                        return ws
-        return kinds[0]
+                        return ws, relative
+        return places[0]
 
     def watch(
         self,
@@ -441,6 +441,19 @@ def _refuse_ambiguous(path: str, holders: list[Workspace]) -> None:
             f"path {path!r} is in more than one indexed root ({', '.join(map(repr, roots))}): "
             "name its root (root; --root on the command line) or give its absolute path"
         )
+
+
+def _distinct(hits: list[WorkspaceHit]) -> list[WorkspaceHit]:
+    """Each file's lines once, at their best score: roots that overlap (one inside another, a
+    folder indexed as both kinds) find the same lines in each."""
+    seen: set[tuple[Path, int, int]] = set()
+    out = []
+    for hit in hits:
+        place = (hit.absolute_path, hit.start_line, hit.end_line)
+        if place not in seen:
+            seen.add(place)
+            out.append(hit)
+    return out
 
 
 def _missing_warning(ws: Workspace) -> str:

@@ -90,6 +90,32 @@ def test_get_reads_a_root_of_both_kinds_through_the_kind_that_serves_the_file(
         registry.get("parser.py")  # the one kind left says why it does not serve it
 
 
+def test_a_memory_workspace_inside_a_code_root_serves_both_and_lines_come_once(
+    registry: Workspaces, tmp_path: Path
+) -> None:
+    """An agent's notes inside its repository: get serves every hit a search returns, from
+    whichever root serves the file, and lines two roots both hold come back once."""
+    repo = write_tree(
+        tmp_path / "agent",
+        {
+            "README.md": "# Agent\n\nthe retry helper lives in tools\n",
+            "workspace/MEMORY.md": "# Notes\n\nthe retry helper needs a jitter\n",
+            "workspace/tools.py": "def retry_helper():\n    return 'jitter'\n",
+        },
+    )
+    registry.index(repo, kind="code")
+    registry.index(repo / "workspace", kind="memory")
+    hits = registry.search("retry helper jitter", max_results=20, min_score=0)
+    places = [(h.absolute_path, h.start_line, h.end_line) for h in hits]
+    assert len(places) == len(set(places))
+    assert repo.resolve() / "workspace" / "tools.py" in {p for p, _, _ in places}
+    for hit in hits:
+        text = registry.get(str(hit.absolute_path), from_line=hit.start_line, lines=1)
+        assert text.lines == 1, hit
+    assert registry.get(str(repo / "workspace" / "tools.py")).kind == "code"
+    assert registry.get(str(repo / "workspace" / "MEMORY.md")).kind == "memory"  # the deepest first
+
+
 def test_registry_persists(data_dir: Path, tmp_path: Path) -> None:
     root = write_tree(tmp_path / "ws", {"MEMORY.md": "# A\n\nalpha\n"})
     with Workspaces(data_dir, embedder=FakeEmbedder()) as first:
