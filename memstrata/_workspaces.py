@@ -60,9 +60,14 @@ _MIGRATIONS = [
 ]
 
 
-def detect_kind(root: Path) -> Kind:
-    """A memory workspace when it holds ``MEMORY.md`` (or ``memory.md``) or ``memory/``, else code."""
-    if (root / "MEMORY.md").is_file() or (root / "memory.md").is_file() or (root / "memory").is_dir():
+def detect_kind(root: Path, data_dir: Path | None = None) -> Kind:
+    """A memory workspace when it holds ``MEMORY.md`` (or ``memory.md``) or ``memory/``, else
+    code. A ``memory/`` folder that is memstrata's own ``data_dir`` (as ``Config(data_dir=
+    "./memory")`` makes in a project) does not count: it holds databases, not notes."""
+    if (root / "MEMORY.md").is_file() or (root / "memory.md").is_file():
+        return "memory"
+    notes = root / "memory"
+    if notes.is_dir() and (data_dir is None or notes.resolve() != Path(data_dir).resolve()):
         return "memory"
     return "code"
 
@@ -221,7 +226,7 @@ class Workspaces(Closeable):
             raise InvalidInputError(f"kind must be 'auto', 'memory' or 'code', got {kind!r}")
         root = _normalise_root(path)
         self._check_indexable(path, root)
-        chosen: Kind = detect_kind(root) if kind == "auto" else kind
+        chosen: Kind = detect_kind(root, self.data_dir) if kind == "auto" else kind
         ws = self._register(root, chosen)
         with self._using(ws) as layer:
             stats = layer.sync(progress=progress)

@@ -32,6 +32,17 @@ def test_kind_detection(tmp_path: Path) -> None:
     assert detect_kind(write_tree(tmp_path / "a", {"MEMORY.md": "x"})) == "memory"
     assert detect_kind(write_tree(tmp_path / "b", {"memory/2025-01-01.md": "x"})) == "memory"
     assert detect_kind(write_tree(tmp_path / "c", {"src/app.py": "x = 1\n"})) == "code"
+    project = write_tree(tmp_path / "d", {"src/app.py": "x = 1\n", "memory/knowledge/a1.sqlite": ""})
+    assert detect_kind(project, project / "memory") == "code"  # memstrata's data dir, not notes
+    assert detect_kind(project, tmp_path / "elsewhere") == "memory"
+
+
+def test_a_project_holding_the_data_dir_as_memory_is_indexed_as_code(tmp_path: Path) -> None:
+    """``Config(data_dir="./memory")`` in a project: auto-detection indexes the project's code."""
+    project = write_tree(tmp_path / "shop", {"src/cart.py": "def total(items):\n    return sum(items)\n"})
+    with Workspaces(project / "memory", embedder=FakeEmbedder()) as registry:
+        ws, stats = registry.index(project)
+        assert ws.kind == "code" and stats.files_processed == 1
 
 
 def test_index_registers_once_and_resyncs(registry: Workspaces, tmp_path: Path) -> None:
