@@ -227,6 +227,11 @@ class _FileIndex(Closeable):
             self._last_sync_at = time.time()
         return stats
 
+    @property
+    def sync_error(self) -> str | None:
+        """Why the last sync before a search failed (its results may be stale), or ``None``."""
+        return self._lazy_error
+
     def _lazy_sync(self) -> bool:
         """Before a search: sync what changed, waiting at most ``files.lazy_sync_wait_s``.
         False when files may be left unindexed (the budget ran out, or a sync still runs)."""
@@ -255,8 +260,10 @@ class _FileIndex(Closeable):
                     self._watcher.clear_dirty()
             self._lazy_error = None
         except MemstrataError as exc:
-            # a search still answers from what is indexed; status() shows why it may be stale
+            # a search still answers from what is indexed, marked incomplete; status() and
+            # sync_error say why it may be stale
             self._lazy_error = f"sync before search failed: {type(exc).__name__}: {exc}"
+            complete = False
         finally:
             self._sync_lock.release()
             self._last_check = time.monotonic()

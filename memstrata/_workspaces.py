@@ -310,6 +310,9 @@ class Workspaces(Closeable):
                 warnings.append(_missing_warning(ws))  # removed while it was being searched
                 continue
             complete = complete and bool(getattr(found, "complete", True))
+            problem = getattr(layer, "sync_error", None)
+            if problem:  # answered from what was indexed before: say so
+                warnings.append(f"{ws.root} ({ws.kind}): {problem}")
             hits.extend(_hit(ws, h) for h in found)
         hits.sort(key=lambda h: -h.score)
         return WorkspaceHits(_distinct(hits)[:limit], complete=complete, warnings=warnings)

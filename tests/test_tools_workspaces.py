@@ -127,6 +127,22 @@ def test_a_memory_workspace_inside_a_code_root_serves_both_and_lines_come_once(
     assert registry.get(str(repo / "workspace" / "MEMORY.md")).kind == "memory"  # the deepest first
 
 
+def test_a_search_whose_sync_fails_says_its_results_may_be_stale(
+    registry: Workspaces, tmp_path: Path
+) -> None:
+    """The root swapped for a symlink: the search answers from what was indexed, incomplete and
+    with a warning naming the root and why, never as if it were up to date."""
+    root = write_tree(tmp_path / "ws", {"MEMORY.md": "# A\n\nalpha beta\n"})
+    registry.index(root)
+    assert registry.search("alpha").warnings == []
+    root.rename(tmp_path / "ws.bak")
+    root.symlink_to(tmp_path / "ws.bak")
+    found = registry.search("alpha")
+    assert [h.path for h in found] == ["MEMORY.md"] and found.complete is False
+    assert len(found.warnings) == 1 and "sync before search failed" in found.warnings[0]
+    assert found.warnings[0].startswith(f"{tmp_path.resolve() / 'ws'} (memory): ")
+
+
 def test_registry_persists(data_dir: Path, tmp_path: Path) -> None:
     root = write_tree(tmp_path / "ws", {"MEMORY.md": "# A\n\nalpha\n"})
     with Workspaces(data_dir, embedder=FakeEmbedder()) as first:
