@@ -18,7 +18,7 @@ import logging
 import os
 import sys
 import traceback
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Iterator, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -70,6 +70,14 @@ class _Cli(click.Group):
                     self.add_command(group, name)
         return self.commands
 
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        with _reader_may_leave():  # `memstrata --help | head`
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with _reader_may_leave():
+            return super().invoke(ctx)
+
     def main(
         self,
         args: Sequence[str] | None = None,
@@ -97,6 +105,9 @@ class _Cli(click.Group):
             hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
             _exit(2, exc.format_message() + hint, exc, debug)
         except click.Abort as exc:
+            if isinstance(exc.__cause__, KeyboardInterrupt):  # click's form of Ctrl-C
+                click.echo(f"{_PROG}: interrupted", err=True)
+                sys.exit(130)
             _exit(1, "aborted", exc, debug)
         except click.ClickException as exc:
             _exit(exc.exit_code, exc.format_message(), exc, debug)
@@ -115,6 +126,18 @@ class _Cli(click.Group):
             _exit(1, str(exc), exc, debug)
         except Exception as exc:
             _exit(1, f"unexpected {type(exc).__name__}: {exc} (run with --debug for details)", exc, debug)
+
+
+@contextlib.contextmanager
+def _reader_may_leave() -> Iterator[None]:
+    """The reader of stdout went away (``| head``): not an error, exit 0 quietly. Caught here,
+    before click, whose own handling exits 1 without a word."""
+    try:
+        yield
+    except BrokenPipeError:
+        with contextlib.suppress(OSError):  # nothing more reaches the closed pipe, not even a flush
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise click.exceptions.Exit(0) from None
 
 
 def _exit(code: int, message: str, exc: BaseException, debug: bool) -> NoReturn:

@@ -261,3 +261,41 @@ def test_an_in_process_query_writes_its_whole_answer_before_the_process_ends(dat
     assert proc.wait(timeout=TIMEOUT) == 0
     assert proc.stderr.read() == b""
     proc.stderr.close()
+
+
+@pytest.mark.parametrize("args", [("--help",), ("roots", "list", "--json"), ("status", "--json")])
+def test_a_reader_gone_before_the_output_is_no_error(data_dir: Path, args: tuple[str, ...]) -> None:
+    """``memstrata ... | head``: the pipe's reader closed before anything was written. Exit 0,
+    nothing on stderr (a script under ``set -o pipefail`` goes on)."""
+    read, write = os.pipe()
+    os.close(read)  # closed before the process starts: its first write meets a broken pipe
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "memstrata", "--data-dir", str(data_dir), *args],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            cwd=data_dir,
+            env=_env(),
+            timeout=TIMEOUT,
+            check=False,
+        )
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (0, b"")
+
+
+def test_ctrl_c_exits_130_saying_interrupted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C reaches click as KeyboardInterrupt, which it turns into Abort: memstrata's exit is
+    130 with its own line, not 1 ("aborted", a runtime failure)."""
+    from click.testing import CliRunner
+
+    from memstrata.bridges import _status
+    from memstrata.bridges.cli import cli
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_status, "empty", interrupted)  # a status of a data dir not made yet
+    result = CliRunner().invoke(cli, ["--data-dir", str(Path(tempfile.mkdtemp()) / "none"), "status"])
+    # click first ends the terminal's "^C" echo with a newline
+    assert (result.exit_code, result.stderr) == (130, "\nmemstrata: interrupted\n")
