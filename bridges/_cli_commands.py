@@ -201,7 +201,7 @@ def _indexed(ctx: click.Context) -> Iterator[Workspaces]:
 
 
 @click.command()
-@click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("path", type=sh.PathParam(exists=True, file_okay=False, path_type=Path))
 @click.option(
     "--kind",
     type=click.Choice(["auto", "memory", "code"]),
@@ -239,7 +239,7 @@ def index(ctx: click.Context, path: Path, kind: str, progress_every: int, as_jso
 
 @click.command()
 @click.argument("query")
-@click.option("--root", type=click.Path(path_type=Path), default=None, help="Only this indexed root.")
+@click.option("--root", type=sh.PathParam(path_type=Path), default=None, help="Only this indexed root.")
 @click.option("--top-k", "-k", type=click.IntRange(1, 1000), default=None, help="How many hits (default 6).")
 @click.option("--min-score", type=sh.FiniteRange(0, 1), default=None, help="Cosine floor (semantic side).")
 @click.option("--language", default=None, help="Only files in this language (e.g. python, markdown).")
@@ -281,7 +281,7 @@ def search(
     "--from", "from_line", type=click.IntRange(min=1), default=1, show_default=True, help="First line."
 )
 @click.option("--lines", type=click.IntRange(min=1), default=50, show_default=True, help="How many lines.")
-@click.option("--root", type=click.Path(path_type=Path), default=None, help="The indexed root PATH is in.")
+@click.option("--root", type=sh.PathParam(path_type=Path), default=None, help="The indexed root PATH is in.")
 @sh.json_option
 @click.pass_context
 def get(ctx: click.Context, path: str, from_line: int, lines: int, root: Path | None, as_json: bool) -> None:
@@ -308,7 +308,7 @@ def get(ctx: click.Context, path: str, from_line: int, lines: int, root: Path | 
 
 
 @click.command()
-@click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("path", type=sh.PathParam(exists=True, file_okay=False, path_type=Path))
 @click.option("--kind", type=click.Choice(["auto", "memory", "code"]), default="auto", show_default=True)
 @click.pass_context
 def watch(ctx: click.Context, path: Path, kind: str) -> None:
@@ -372,7 +372,7 @@ def status(ctx: click.Context, verbose: bool, as_json: bool) -> None:
 
 
 @click.command("export")
-@click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("path", type=sh.PathParam(dir_okay=False, path_type=Path))
 @sh.json_option
 @click.pass_context
 def export_cmd(ctx: click.Context, path: Path, as_json: bool) -> None:
@@ -383,7 +383,7 @@ def export_cmd(ctx: click.Context, path: Path, as_json: bool) -> None:
 
 
 @click.command("import")
-@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("path", type=sh.PathParam(exists=True, dir_okay=False, path_type=Path))
 @sh.json_option
 @click.pass_context
 def import_cmd(ctx: click.Context, path: Path, as_json: bool) -> None:

@@ -112,6 +112,16 @@ def parse_tags(values: Sequence[str], option: str = "--tag") -> dict[str, str] |
         raise click.BadParameter(str(exc), param_hint=f"'{option}'") from exc
 
 
+class PathParam(click.Path):
+    """click's ``Path``, refusing an empty value, which ``Path("")`` would read as the current
+    folder (``search --root ''`` would search wherever the command runs)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and value == "":
+            self.fail("must not be empty", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 def json_text(raw: str, option: str) -> Any:
     """A JSON option's value, read as ``memstrata serve`` reads one (escaped lone surrogates read);
     text that is not JSON, or that holds NaN or an integer beyond 64 bits (which would be read as

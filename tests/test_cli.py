@@ -138,6 +138,9 @@ def test_an_empty_data_dir_is_refused_not_read_as_the_current_folder(
         (["store", "   ", "--agent", "a1", "-c", "pattern"], "content"),
         (["query", "x", "--agent", "a b"], "agent_id"),
         (["remember", "x", "--agent", ""], "agent_id"),
+        (["search", "payment", "--root", ""], "Invalid value for '--root': must not be empty"),
+        (["get", "x.md", "--root", ""], "Invalid value for '--root': must not be empty"),
+        (["export", ""], "Invalid value for 'PATH': must not be empty"),
     ],
 )
 def test_invalid_values_exit_2_with_one_line(run: Any, args: list[str], needle: str) -> None:
