@@ -123,7 +123,9 @@ def find_file(path: str | Path | None, env: Mapping[str, str]) -> Path | None:
         path = env["MEMSTRATA_CONFIG"]
     if path is not None:
         candidate = Path(path).expanduser()
-        if not candidate.is_file():
+        if candidate.is_dir():
+            raise ConfigError(f"config file {candidate} is a folder, not a file")
+        if not candidate.exists():  # a pipe (`--config <(...)`, /dev/stdin) exists and is read
             raise ConfigError(f"config file {candidate} does not exist")
         return candidate
     for candidate in (Path.cwd() / "memstrata.toml", Path.home() / ".config" / "memstrata" / "config.toml"):

@@ -91,6 +91,20 @@ def test_missing_explicit_file_is_an_error(isolated: Path) -> None:
         Config.load(isolated / "nope.toml", env={})
     with pytest.raises(ConfigError, match=r"gone\.toml does not exist"):
         Config.load(env={"MEMSTRATA_CONFIG": str(isolated / "gone.toml")})
+    (isolated / "folder.toml").mkdir()
+    with pytest.raises(ConfigError, match=r"config file .*folder\.toml is a folder, not a file"):
+        Config.load(isolated / "folder.toml", env={})
+
+
+def test_a_config_given_through_a_pipe_is_read(isolated: Path) -> None:
+    """``--config <(generate-config)`` and ``/dev/stdin`` name a pipe: it exists and is read."""
+    read, write = os.pipe()
+    os.write(write, b"[search]\ntop_k = 7\n")
+    os.close(write)
+    try:
+        assert Config.load(f"/dev/fd/{read}", env={}).search.top_k == 7
+    finally:
+        os.close(read)
 
 
 def test_invalid_toml_names_the_file(isolated: Path) -> None:
