@@ -507,4 +507,8 @@ def _build(cls: Any, data: Any, prefix: str, where: str, base: Any = None) -> An
         else:
             values[key] = convert(raw, hint, prefix + key, where, known[key].metadata)
     start = base if base is not None else cls()
-    return replace(start, **values)
+    try:
+        return replace(start, **values)
+    except ConfigError as exc:  # a rule between two keys: name the file and the variables
+        given = "".join(env_source(raw, prefix + key) for key, raw in data.items())
+        raise ConfigError(f"{where}: {exc}{given}") from None

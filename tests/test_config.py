@@ -107,6 +107,22 @@ def test_a_config_given_through_a_pipe_is_read(isolated: Path) -> None:
         os.close(read)
 
 
+def test_a_rule_between_two_keys_names_the_file_and_the_variable(isolated: Path) -> None:
+    """As every other config error does: where the values came from, file or environment."""
+    path = _write(isolated / "c.toml", "[chunking]\ntokens = 10\noverlap = 10\n")
+    with pytest.raises(
+        ConfigError, match=rf"^{re.escape(str(path))}: config key 'chunking.overlap' must be below"
+    ):
+        Config.load(path, env={})
+    path = _write(isolated / "t.toml", "[actors]\nembed_timeout_s = 40\n")
+    with pytest.raises(
+        ConfigError, match=rf"^{re.escape(str(path))}: actors.embed_timeout_s \(40 s\) must be below"
+    ):
+        Config.load(path, env={})
+    with pytest.raises(ConfigError, match=r"\(from environment variable MEMSTRATA_CHUNKING__OVERLAP\)$"):
+        Config.load(env={"MEMSTRATA_CHUNKING__OVERLAP": "500"})
+
+
 def test_invalid_toml_names_the_file(isolated: Path) -> None:
     path = _write(isolated / "bad.toml", "[search\ntop_k = ")
     with pytest.raises(ConfigError, match=r"bad\.toml is not valid TOML"):
