@@ -371,6 +371,8 @@ class Config:
         _check_sections(self)
         if isinstance(self.data_dir, str) and not self.data_dir.strip():  # Path("") is the working dir
             raise ConfigError(f"config key 'data_dir' must be a path, got {self.data_dir!r}")
+        if Path(self.data_dir).expanduser().is_file():  # every door says so, not only the one that writes
+            raise ConfigError(f"config key 'data_dir' is a file, not a folder: {str(self.data_dir)!r}")
         check_fields(self, "")
         lock, ask = self.storage.lock_timeout_s, self.actors.ask_timeout_s
         if lock >= ask:

@@ -123,6 +123,19 @@ def test_a_rule_between_two_keys_names_the_file_and_the_variable(isolated: Path)
         Config.load(env={"MEMSTRATA_CHUNKING__OVERLAP": "500"})
 
 
+def test_a_data_dir_that_is_a_file_is_refused_wherever_it_was_set(isolated: Path) -> None:
+    """Not only by the command line's --data-dir: a read-only command would report an empty,
+    healthy store, and only a write would fail, with an OS error."""
+    target = _write(isolated / "not-a-folder", "x")
+    path = _write(isolated / "c.toml", f"data_dir = {str(target)!r}\n")
+    message = rf"config key 'data_dir' is a file, not a folder: {re.escape(repr(str(target)))}"
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: {message}"):
+        Config.load(path, env={})
+    with pytest.raises(ConfigError, match=message):
+        Config(data_dir=target)
+    assert target.read_text(encoding="utf-8") == "x"
+
+
 def test_invalid_toml_names_the_file(isolated: Path) -> None:
     path = _write(isolated / "bad.toml", "[search\ntop_k = ")
     with pytest.raises(ConfigError, match=r"bad\.toml is not valid TOML"):
