@@ -453,3 +453,17 @@ def in_threads(target: Callable[[Any], object], args: Iterable[Any], timeout: fl
     for t in threads:
         t.join(timeout)
         assert not t.is_alive(), f"{target.__name__}({t.name}) did not end"
+
+
+def fail_once(monkeypatch: pytest.MonkeyPatch, owner: type, name: str) -> None:
+    """``owner.name`` raises ``RuntimeError("injected crash")`` at its next call, then works as
+    before: the crash of the actor that calls it, once."""
+    real = getattr(owner, name)
+    calls = iter([True])
+
+    def failing_once(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if next(calls, False):
+            raise RuntimeError("injected crash")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(owner, name, failing_once)

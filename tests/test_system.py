@@ -326,24 +326,16 @@ def test_working_memory_outlives_a_retire_and_a_crash(
 ) -> None:
     """Working memory lives in the process, not in its actor: retiring the agent, or its working
     memory actor crashing, keeps the agent-wide values and those of a running task."""
-    from typing import Any
-
     from memstrata.errors import ActorCrashedError
     from memstrata.layers import WorkingMemory
+    from tests._support import fail_once
 
     agent = system.agent("a1")
     agent.set_working("plan", {"step": 3})
     agent.set_working("cursor", 7, task_id="t1")
     system.retire("a1")
     assert agent.get_working("plan") == {"step": 3} and agent.get_working("cursor", task_id="t1") == 7
-    real, calls = WorkingMemory.set, iter([True])
-
-    def failing_once(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if next(calls, False):
-            raise RuntimeError("injected crash")
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(WorkingMemory, "set", failing_once)
+    fail_once(monkeypatch, WorkingMemory, "set")
     with pytest.raises(ActorCrashedError, match="injected crash"):
         agent.set_working("other", 1)
     assert system.status()["restarts"] == {"working:a1": 1}

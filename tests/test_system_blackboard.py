@@ -24,7 +24,7 @@ from memstrata.messages import (
     SubscribeSignal,
     UnsubscribeSignal,
 )
-from tests._support import eventually, in_threads
+from tests._support import eventually, fail_once, in_threads
 from tests.fakes import FakeEmbedder
 
 
@@ -195,15 +195,7 @@ def test_a_board_that_crashes_goes_on_with_its_values_versions_and_subscribers(
     first = board.subscribe("agent:*", old)
     for value in ("v0", "v1", "v2"):
         board.publish("agent:a", value, wait=True)
-    real = BlackboardState.publish
-    calls = iter([True])
-
-    def failing_once(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if next(calls, False):
-            raise RuntimeError("injected crash")
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(BlackboardState, "publish", failing_once)
+    fail_once(monkeypatch, BlackboardState, "publish")
     with pytest.raises(ActorCrashedError, match="injected crash"):
         board.publish("agent:a", "boom", wait=True)
     assert system.status()["restarts"] == {"blackboard:s1": 1}
