@@ -33,6 +33,7 @@ from ._config_values import (
     MAX_SPAN_S,
     MAX_WAIT_S,
     UNSET,
+    EnvValue,
     at_least,
     check_fields,
     checked,
@@ -445,9 +446,12 @@ class Config:
             raise ConfigError(f"{where}: 'codebases' must be a table of name = \"path\"")
         codebases: dict[str, str] = {}
         for name, path in codebases_raw.items():
+            if isinstance(path, EnvValue) and path == "":
+                continue  # MEMSTRATA_CODEBASES__X= is not set, as every empty variable
             if not isinstance(path, str) or not path.strip():
                 raise ConfigError(
                     f"{where}: config key 'codebases.{name}' must be a path string, got {path!r}"
+                    f"{env_source(path, f'codebases.{name}')}"
                 )
             codebases[str(name)] = str(path)
         return replace(config, agents=agents, codebases=codebases, agent_sections=sections)
@@ -492,7 +496,8 @@ _NOT_CONFIG_ENV = {"MEMSTRATA_MODEL_DIR", "MEMSTRATA_CONFIG", "MEMSTRATA_DEBUG"}
 
 def _build(cls: Any, data: Any, prefix: str, where: str, base: Any = None) -> Any:
     if not isinstance(data, Mapping):
-        raise ConfigError(f"{where}: {prefix.rstrip('.') or 'config'} must be a table")
+        name = prefix.rstrip(".") or "config"
+        raise ConfigError(f"{where}: {name} must be a table{env_source(data, name)}")
     hints = typing.get_type_hints(cls)
     skip = ("agents", "codebases", "agent_sections") if cls is Config else ()
     known = {f.name: f for f in fields(cls) if f.name not in skip}

@@ -136,6 +136,19 @@ def test_a_data_dir_that_is_a_file_is_refused_wherever_it_was_set(isolated: Path
     assert target.read_text(encoding="utf-8") == "x"
 
 
+def test_a_section_or_codebase_from_the_environment_is_named_or_left_unset() -> None:
+    """A variable set to a whole section names itself; an empty one is not set, as for every
+    other key (``MEMSTRATA_CODEBASES__SHOP=`` does not refuse the start)."""
+    with pytest.raises(
+        ConfigError, match=r"search must be a table \(from environment variable MEMSTRATA_SEARCH\)$"
+    ):
+        Config.load(env={"MEMSTRATA_SEARCH": "5"})
+    assert dict(Config.load(env={"MEMSTRATA_CODEBASES__SHOP": ""}).codebases) == {}
+    assert dict(Config.load(env={"MEMSTRATA_CODEBASES__SHOP": "/src/shop"}).codebases) == {
+        "shop": "/src/shop"
+    }
+
+
 def test_invalid_toml_names_the_file(isolated: Path) -> None:
     path = _write(isolated / "bad.toml", "[search\ntop_k = ")
     with pytest.raises(ConfigError, match=r"bad\.toml is not valid TOML"):
