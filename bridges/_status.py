@@ -52,6 +52,7 @@ def collect_offline(config: Any, embedder: Any = None) -> dict[str, Any]:
     return {
         "version": __version__,
         "data_dir": str(config.data_dir),
+        "exists": True,  # as in the report of a data dir not made yet: a field always there
         "storage": driver_info().as_dict(),
         "system": system,
         "stores": offline_counts(data_dir, mode_of if embedder is None else None, native),

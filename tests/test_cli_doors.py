@@ -61,6 +61,9 @@ def test_read_commands_create_nothing(tmp_path: Path) -> None:
     status = _memstrata(missing, "status", "--json")
     assert status.returncode == 0, status.stderr
     assert orjson.loads(status.stdout)["exists"] is False and not missing.exists()
+    present = _memstrata(data, "status", "--json")  # the same fields, whether the dir exists or not
+    assert present.returncode == 0 and orjson.loads(present.stdout)["exists"] is True
+    assert set(orjson.loads(present.stdout)) == set(orjson.loads(status.stdout))
 
 
 @contextlib.contextmanager
