@@ -64,8 +64,8 @@ class EpisodeRanking:
 
     def ranks_of(self, ids: IntArray) -> IntArray:
         """1-based ranks of ``ids`` in the ranking read to its end (0: not an allowed row), as
-        :meth:`top` places them (ties in insertion order), without ranking every row: the rows
-        scored better, plus those scored the same and stored before."""
+        :meth:`top` places them (ties by episode id), without ranking every row: the rows
+        scored better, plus those scored the same with a smaller id."""
         rows = self._rows()
         if self._lookup is None:  # once per search: ids sorted (with their row), scores sorted
             allowed = rows.rowids[rows.positions]
@@ -82,13 +82,14 @@ class EpisodeRanking:
         above = len(ascending) - np.searchsorted(ascending, scores, side="right")
         tied = np.searchsorted(ascending, scores, side="right") - np.searchsorted(ascending, scores)
         before = np.zeros(len(found), dtype=np.int64)
+        allowed = rows.rowids[rows.positions]
         for n in np.flatnonzero(tied > 1).tolist():  # equal scores are rare: count them one by one
-            before[n] = np.count_nonzero(rows.scores[: rows_at[n]] == scores[n])
+            before[n] = np.count_nonzero((rows.scores == scores[n]) & (allowed < ids[found[n]]))
         out[found] = above + before + 1
         return out
 
     def top(self, k: int) -> tuple[IntArray, FloatArray, IntArray]:
-        """The best ``k`` as arrays ``(ids, similarities, at_us)``; ties keep insertion order."""
+        """The best ``k`` as arrays ``(ids, similarities, at_us)``; ties by episode id."""
         rows = self._rows()
         k = min(max(k, 0), len(rows))
         if self._top is None or len(self._top[0]) < k:

@@ -31,7 +31,7 @@ from ._ivf import Partition
 from ._mirror_scoring import Found, MirrorScoring
 from ._row_slices import group_mask, merged, runs, slice_rows
 from ._sign_codes import candidates
-from ._vector_kernels import dot, dot_rows, unit_rows
+from ._vector_kernels import dot, dot_each_row, dot_rows, unit_rows
 
 __all__ = ["MirrorSearch", "Ranges", "Ranked", "ScoredRows", "VectorHit"]
 
@@ -83,19 +83,27 @@ class ScoredRows:
 
     rowids: IntArray  # of the mirror, as when scored
     positions: IntArray  # ascending: storage order
-    scores: FloatArray
+    scores: FloatArray  # row by row, the same bits wherever a row is stored (see scored)
 
     def __len__(self) -> int:
         return len(self.positions)
 
     def top(self, k: int) -> Ranked:
-        """The best ``k``, best first; equal scores keep storage order (as :meth:`MirrorSearch.rank`)."""
+        """The best ``k``, best first; equal scores by rowid (as :meth:`MirrorSearch.rank`), so
+        a mirror holding its rows in another order ranks them the same."""
         if k <= 0 or not len(self.positions):
             empty = np.zeros(0, dtype=np.int64)
             return Ranked(empty, np.zeros(0, dtype=np.float32), empty)
-        chosen, scores = MirrorScoring._top(self.scores, k, None)
+        scores, rowids = self.scores, self.rowids[self.positions]
+        k = min(k, len(scores))
+        if k < len(scores):  # every row tied with the k-th takes part, then rowids decide
+            kth = np.partition(scores, len(scores) - k)[len(scores) - k]
+            chosen = np.flatnonzero(scores >= kth)
+        else:
+            chosen = np.arange(len(scores))
+        chosen = chosen[np.lexsort((rowids[chosen], -scores[chosen]))][:k]
         positions = self.positions[chosen]
-        return Ranked(self.rowids[positions], scores, positions)
+        return Ranked(self.rowids[positions], scores[chosen], positions)
 
 
 _Found = Found
@@ -166,8 +174,24 @@ class MirrorSearch(MirrorScoring):
         if size == 0 or codes is None:
             return ScoredRows(self.rowids, *_empty())
         query = self._unit_query(query)
-        positions, scores = self._exact_allowed(query, self._match(codes, dict(ranges or {}), 0, size), size)
-        return ScoredRows(self.rowids, positions, scores.copy())  # kept: the scan's buffer is reused
+        positions, scores = self._replayable(query, self._match(codes, dict(ranges or {}), 0, size), size)
+        return ScoredRows(self.rowids, positions, scores)
+
+    def _replayable(
+        self, query: FloatArray, valid: BoolArray | None, size: int
+    ) -> tuple[IntArray, FloatArray]:
+        """Positions of the rows ``valid`` allows and their similarities, each computed row by
+        row by einsum: the same bits whatever the row's position, the batch it is in or the
+        machine's load (BLAS, which the other scans may pick by timing, sums in another order),
+        so a ranking read from them replays exactly."""
+        if valid is None:
+            return np.arange(size, dtype=np.int64), dot_each_row(self.matrix, [0], [size], query)
+        starts, ends = runs(valid)
+        if len(starts) <= _RUNS_MAX:  # in place, run by run (a time range)
+            scores = dot_each_row(self.matrix, starts.tolist(), ends.tolist(), query)
+            return slice_rows(starts.astype(np.int64), ends.astype(np.int64)), scores
+        positions = np.flatnonzero(valid)
+        return positions, dot_rows(self.matrix, positions, query)  # einsum, block by block
 
     def _unit_query(self, query: FloatArray) -> FloatArray:
         """The query as the rows are kept: L2-normalised in a mirror of unit rows."""

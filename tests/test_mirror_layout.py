@@ -307,3 +307,46 @@ def test_hits_and_similarities_do_not_depend_on_where_a_row_is_stored() -> None:
     everything = {h.rowid: h.similarity for h in rebuilt.search(query, 60, {}, None)}
     lessons = rebuilt.search(query, 30, {"cat": "lesson"}, None)
     assert all(everything[h.rowid] == h.similarity for h in lessons)  # bit for bit
+
+
+def test_a_ranking_scored_once_is_the_same_whatever_the_storage_order() -> None:
+    """What an episodic search ranks from (``scored``): the same bits for each row, equal ones by
+    rowid, whether the rows are stored in rowid order or in reverse, scanned whole or in the
+    runs of a range filter; and the ``k`` best, ties at the cut included, by rowid."""
+    rng = np.random.default_rng(5)
+    n = 40
+    rows = rng.standard_normal((n, DIM)).astype(np.float32)
+    for rowid in (7, 12, 33):  # identical to rowid 3
+        rows[rowid - 1] = rows[2]
+    metas: dict[str, list[Any]] = {"run": ["r"] * n, "at": list(range(n))}
+    ordered = Mirror(DIM, ["run"], group=False, ranges=["at"], unit=False)
+    moved = Mirror(DIM, ["run"], group=False, ranges=["at"], unit=False)
+    ordered.put_many(list(range(1, n + 1)), rows, metas)
+    moved.put_many(list(range(n, 0, -1)), rows[::-1].copy(), {k: v[::-1] for k, v in metas.items()})
+    query = rows[2] + 0.01 * rng.standard_normal(DIM).astype(np.float32)
+    for ranges in (None, {"at": (5, 35)}):
+        found = [m.scored(query, {}, ranges) for m in (ordered, moved)]
+        by_rowid = [dict(zip(f.rowids[f.positions].tolist(), f.scores.tolist(), strict=True)) for f in found]
+        assert by_rowid[0] == by_rowid[1]  # bit for bit
+        for k in (1, 2, 3, 5, n):
+            tops = [f.top(k) for f in found]
+            assert tops[0].rowids.tolist() == tops[1].rowids.tolist(), (ranges, k)
+        twins = [r for r in (3, 7, 12, 33) if ranges is None or 5 <= r - 1 < 35]
+        assert found[1].top(len(twins)).rowids.tolist() == twins
+
+
+def test_an_episode_ranking_places_equal_similarities_by_id_in_top_and_ranks_of() -> None:
+    """``ranks_of`` is where ``top`` puts an episode read to its end, equal ones by id, also
+    for an episode whose vector was replaced (moved to the tail of the matrix)."""
+    from memstrata.layers._episode_vectors import EpisodeVectors
+
+    rng = np.random.default_rng(9)
+    rows = rng.standard_normal((30, DIM)).astype(np.float32)
+    rows[[4, 9, 20]] = rows[1]  # ids 5, 10 and 21 tie with id 2
+    vectors = EpisodeVectors(DIM)
+    vectors.add(list(range(1, 31)), rows, list(range(30)), [None] * 30)
+    vectors.add([2], rows[1:2], [1], [None])  # id 2 replaced by the same vector: now stored last
+    ranking = vectors.rank(rows[1])
+    ids, _, _ = ranking.top(30)
+    assert ids[:4].tolist() == [2, 5, 10, 21]
+    assert ranking.ranks_of(ids).tolist() == list(range(1, 31))
