@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from memstrata.core.constants import APPROXIMATE_FROM, MAX_TOP_K, MIN_LINE_BYTES, SYNCHRONOUS_MODES
-from memstrata.core.errors import ConfigError
-from memstrata.core.validation import check_min_score, check_top_k, fail, show
+from memstrata.core.errors import ConfigError, InvalidInputError
+from memstrata.core.validation import check_agent_id, check_min_score, check_top_k, fail, show
 
 from ._config_values import (
     MAX_SPAN_S,
@@ -432,6 +432,10 @@ class Config:
         sections: dict[str, dict[str, Any]] = {}
         for agent_id, values in agents_raw.items():
             prefix = f"agents.{agent_id}."
+            try:  # a section no agent could ever read is a mistake, not a setting
+                check_agent_id(agent_id, "agent id")
+            except InvalidInputError as exc:
+                raise ConfigError(f"{where}: config section 'agents.{agent_id}': {exc}") from None
             if not isinstance(values, Mapping):
                 raise ConfigError(f"{where}: {prefix.rstrip('.')} must be a table")
             own = {k: v for k, v in values.items() if k not in _AGENT_SECTIONS}

@@ -149,6 +149,18 @@ def test_a_section_or_codebase_from_the_environment_is_named_or_left_unset() -> 
     }
 
 
+def test_an_agent_section_no_agent_could_read_is_refused_by_name(isolated: Path) -> None:
+    """``[agents."Bad Id"]`` was accepted and never applied: no agent can have that id."""
+    for section in ('"Bad Id"', "shared", '"../up"'):
+        path = _write(isolated / "a.toml", f"[agents.{section}]\nretrieval_top_k = 3\n")
+        with pytest.raises(
+            ConfigError, match=rf"^{re.escape(str(path))}: config section 'agents\.[^']+': agent id"
+        ):
+            Config.load(path, env={})
+    good = _write(isolated / "b.toml", "[agents.a1]\nretrieval_top_k = 3\n")
+    assert Config.load(good, env={}).for_agent("a1").retrieval_top_k == 3
+
+
 def test_invalid_toml_names_the_file(isolated: Path) -> None:
     path = _write(isolated / "bad.toml", "[search\ntop_k = ")
     with pytest.raises(ConfigError, match=r"bad\.toml is not valid TOML"):
