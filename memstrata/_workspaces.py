@@ -260,6 +260,13 @@ class Workspaces(Closeable):
             return self.roots()
         selected = self.find(root, name="root")
         if not selected:
+            given = Path(os.path.abspath(os.path.expanduser(os.fspath(root))))
+            place = given.parent.resolve() / given.name  # as it was registered, link or not
+            if given.is_symlink() and any(w.root == place for w in self.roots()):
+                raise InvalidInputError(
+                    f"root {os.fspath(root)!r} was indexed as a folder and is now a symlink to "
+                    f"{str(given.resolve())!r}: index that folder, or put the root back"
+                )
             raise InvalidInputError(f"root {os.fspath(root)!r} is not indexed (run: memstrata index PATH)")
         return selected
 

@@ -141,6 +141,8 @@ def test_a_search_whose_sync_fails_says_its_results_may_be_stale(
     assert [h.path for h in found] == ["MEMORY.md"] and found.complete is False
     assert len(found.warnings) == 1 and "sync before search failed" in found.warnings[0]
     assert found.warnings[0].startswith(f"{tmp_path.resolve() / 'ws'} (memory): ")
+    with pytest.raises(InvalidInputError, match=r"was indexed as a folder and is now a symlink to .*ws\.bak"):
+        registry.get("MEMORY.md", root=root)
 
 
 def test_registry_persists(data_dir: Path, tmp_path: Path) -> None:
