@@ -520,6 +520,7 @@ def _build(cls: Any, data: Any, prefix: str, where: str, base: Any = None) -> An
     start = base if base is not None else cls()
     try:
         return replace(start, **values)
-    except ConfigError as exc:  # a rule between two keys: name the file and the variables
-        given = "".join(env_source(raw, prefix + key) for key, raw in data.items())
+    except ConfigError as exc:  # a rule between two keys: name the file and their variables
+        named = [(key, raw) for key, raw in data.items() if prefix + key in str(exc)]
+        given = "".join(env_source(raw, prefix + key) for key, raw in named)
         raise ConfigError(f"{where}: {exc}{given}") from None

@@ -121,6 +121,11 @@ def test_a_rule_between_two_keys_names_the_file_and_the_variable(isolated: Path)
         Config.load(path, env={})
     with pytest.raises(ConfigError, match=r"\(from environment variable MEMSTRATA_CHUNKING__OVERLAP\)$"):
         Config.load(env={"MEMSTRATA_CHUNKING__OVERLAP": "500"})
+    unrelated = {"MEMSTRATA_ACTORS__MAX_RESTARTS": "5", "MEMSTRATA_ACTORS__EMBED_TIMEOUT_S": "40"}
+    with pytest.raises(ConfigError) as raised:
+        Config.load(env=unrelated)
+    assert str(raised.value).endswith("(from environment variable MEMSTRATA_ACTORS__EMBED_TIMEOUT_S)")
+    assert "MAX_RESTARTS" not in str(raised.value)  # only the variables of the keys at fault
 
 
 def test_a_data_dir_that_is_a_file_is_refused_wherever_it_was_set(isolated: Path) -> None:
