@@ -95,6 +95,11 @@ class Opened:
     def private(self) -> bool:
         return self._key is not None
 
+    @property
+    def released(self) -> bool:
+        """Whether the adapter let the system go (it was closed)."""
+        return self._released
+
     def release(self) -> None:
         if self._released:
             return

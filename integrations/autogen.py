@@ -108,7 +108,6 @@ class MemstrataMemory(Memory, Component[MemstrataMemoryConfig]):
         if self._embedder is None and shared is None:
             self._opened.release()
             raise InvalidInputError("MemstrataMemory needs an embedding model: the system runs keyword-only")
-        self._closed = False
 
     @property
     def collection_name(self) -> str:
@@ -214,12 +213,11 @@ class MemstrataMemory(Memory, Component[MemstrataMemoryConfig]):
     async def close(self) -> None:
         """Lets a private system go (a running system given stays as it is); the memory then
         refuses every call (``SystemStoppedError``), whoever else shares its system."""
-        self._closed = True
         await asyncio.to_thread(self._opened.release)
 
     @property
     def _items(self) -> Items:
-        if self._closed:
+        if self._opened.released:
             raise SystemStoppedError(f"this {type(self).__name__} is closed")
         return self._opened.system.items
 

@@ -245,7 +245,6 @@ class MemstrataStore(BaseStore, Closeable):
         except BaseException:
             self._opened.release()
             raise
-        self._closed = False
         self.ttl_config = ttl
         # a read refreshes expiry only when the config turns refresh_on_read on (LangGraph's
         # SQLite store reads it so: the per-call flag alone does not extend a lifetime)
@@ -277,12 +276,11 @@ class MemstrataStore(BaseStore, Closeable):
         """Stops the sweeper and lets a private system go (a given one keeps running); the store
         then refuses every call (``SystemStoppedError``), whoever else shares its system."""
         MemstrataStore.stop_ttl_sweeper(self, timeout=5)
-        self._closed = True
         self._opened.release()
 
     @property
     def _items(self) -> Items:
-        if self._closed:
+        if self._opened.released:
             raise SystemStoppedError(f"this {type(self).__name__} is closed")
         return self._opened.system.items
 

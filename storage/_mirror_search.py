@@ -162,8 +162,9 @@ class MirrorSearch(MirrorScoring):
     ) -> Ranked:
         """:meth:`search` as arrays. Under a partition, searches without ``candidates`` scan the
         lists nearest the query unless ``exact``."""
+        query = self._unit_query(query)
         positions, _ = self._find(query, k, where, candidates, exact, dict(ranges or {}))
-        positions, scores = self._reported(positions, self._unit_query(query), self.rowids)
+        positions, scores = self._reported(positions, query, self.rowids)
         return Ranked(self.rowids[positions], scores, positions)
 
     def scored(self, query: FloatArray, where: Mapping[str, Any], ranges: Ranges | None = None) -> ScoredRows:
@@ -232,9 +233,9 @@ class MirrorSearch(MirrorScoring):
         exact: bool,
         ranges: Ranges,
     ) -> _Found:
+        """Positions of the best ``k`` (``query`` as the rows are kept: :meth:`_unit_query`)."""
         if self.size == 0 or k <= 0:
             return _empty()
-        query = self._unit_query(query)
         codes = self._codes_of(where)
         if codes is None:
             return _empty()
