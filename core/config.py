@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
 import tomllib
 import typing
 from collections.abc import Mapping
@@ -27,8 +26,9 @@ from typing import Any
 
 from memstrata.core.constants import APPROXIMATE_FROM, MAX_TOP_K, MIN_LINE_BYTES, SYNCHRONOUS_MODES
 from memstrata.core.errors import ConfigError, InvalidInputError
-from memstrata.core.validation import check_agent_id, check_min_score, check_top_k, fail, show
+from memstrata.core.validation import check_agent_id, check_min_score, check_top_k, show
 
+from ._cluster_rules import check_pins, check_placement, check_ray_address, check_ray_name
 from ._config_values import (
     MAX_SPAN_S,
     MAX_WAIT_S,
@@ -242,78 +242,6 @@ class BridgesConfig:
         check_fields(self, "bridges.")
 
 
-_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-_HOST_PORT = re.compile(r"[A-Za-z0-9_.-]+:[0-9]{1,5}")
-
-
-def _ray_address(value: object, name: str) -> object:
-    if not isinstance(value, str) or not (
-        value in ("auto", "local")
-        or (value.startswith("ray://") and _HOST_PORT.fullmatch(value[6:]))
-        or _HOST_PORT.fullmatch(value)
-    ):
-        raise fail(name, "must be 'auto', 'local', 'ray://host:port' or 'host:port'", value)
-    return value
-
-
-def _ray_name(value: object, name: str) -> object:
-    if not isinstance(value, str) or not _NAME.fullmatch(value):
-        raise fail(name, "must be 1-64 letters, digits, '_', '.' or '-'", value)
-    return value
-
-
-# Ray's own resources (CPU, memory, accelerators): a host asks for none of them (num_cpus = 0),
-# and Ray refuses them by this name in a placement's "resources", so they cannot place a host
-_RAY_RESOURCES = frozenset(
-    {"CPU", "GPU", "TPU", "NPU", "HPU", "neuron_cores", "memory", "object_store_memory"}
-    | {"FURIOSA", "MBLT", "RBLN", "TTNPU"}
-)
-
-
-def _is_placement(value: str) -> bool:
-    """A placement reads ``spread``, ``resource:NAME`` or ``label:KEY=VALUE``."""
-    kind, _, rest = value.partition(":")
-    label_key, eq, label_value = rest.partition("=")
-    return bool(
-        value == "spread"
-        or (kind == "resource" and _NAME.fullmatch(rest))
-        or (kind == "label" and eq and _NAME.fullmatch(label_key) and _NAME.fullmatch(label_value))
-    )
-
-
-def _builtin_resource(name: str, where: str, value: object) -> None:
-    """A placement on one of Ray's own resources is refused, saying what to use instead."""
-    kind, _, resource = where.partition(":")
-    if kind == "resource" and resource in _RAY_RESOURCES:
-        raise fail(
-            name,
-            f"cannot place on {resource!r}, one of Ray's own resources (a host takes none of them); "
-            "declare a custom resource on the nodes (ray start --resources '{\"NAME\": 1}') "
-            "and use 'resource:NAME', or a node label",
-            value,
-        )
-
-
-def _placement(value: object, name: str) -> object:
-    if not isinstance(value, str) or not _is_placement(value):
-        raise fail(name, "must be 'spread', 'resource:NAME' or 'label:KEY=VALUE'", value)
-    _builtin_resource(name, value, value)
-    return value
-
-
-def _pins(value: object, name: str) -> object:
-    if not isinstance(value, list | tuple):
-        raise fail(
-            name, "must be a list of 'agent_id=resource:NAME' or 'agent_id=label:KEY=VALUE' items", value
-        )
-    for pin in value:
-        agent, sep, where = pin.partition("=") if isinstance(pin, str) else ("", "", "")
-        if not sep or not agent or where == "spread" or not _is_placement(where):
-            raise fail(name, "items must read 'agent_id=resource:NAME' or 'agent_id=label:KEY=VALUE'", pin)
-        _builtin_resource(name, where, pin)
-    return value
-
-
 @dataclass(frozen=True)
 class ClusterConfig:
     """Where the actors run: this process (``local``, pykka) or a Ray cluster (``ray``, the
@@ -322,14 +250,14 @@ class ClusterConfig:
     engine: str = checked("local", one_of(("local", "ray")))
     # "auto" (a cluster `ray start` runs on this machine, or this process's Ray connection),
     # "ray://host:port" (Ray Client), "host:port" (the head's GCS) or "local" (a private one-node Ray)
-    address: str = checked("auto", _ray_address)
+    address: str = checked("auto", check_ray_address)
     # every named actor of memstrata lives in this Ray namespace
-    namespace: str = checked("memstrata", _ray_name)
+    namespace: str = checked("memstrata", check_ray_name)
     # "spread" (over the nodes), "resource:NAME" (nodes that declare the custom resource NAME) or
     # "label:KEY=VALUE" (nodes with that label)
-    placement: str = checked("spread", _placement)
+    placement: str = checked("spread", check_placement)
     # per-agent placement, "agent_id=resource:NAME" or "agent_id=label:KEY=VALUE" (per-node data dirs)
-    pins: tuple[str, ...] = checked((), _pins)
+    pins: tuple[str, ...] = checked((), check_pins)
     # "agent": one Ray actor per agent hosting its knowledge, episodic, working and task actors;
     # "layer": one Ray actor per layer per agent
     group: str = checked("agent", one_of(("agent", "layer")))

@@ -25,6 +25,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Literal, TypeGuard, overload
 
+from memstrata.core._text import clean_text, fail, has_lone_surrogate, show, show_path
 from memstrata.core.constants import (
     AGENT_ID_PATTERN,
     CATEGORY_PATTERN,
@@ -83,7 +84,6 @@ __all__ = [
 
 _ID_RE = re.compile(AGENT_ID_PATTERN)
 _CATEGORY_RE = re.compile(CATEGORY_PATTERN)
-_SURROGATE = re.compile("[\ud800-\udfff]")
 _CONTROL = re.compile("[\x00-\x1f\x7f]")
 # names some file systems refuse whatever the extension (ids become file names)
 _DEVICE_NAMES = frozenset(
@@ -91,43 +91,7 @@ _DEVICE_NAMES = frozenset(
 )
 
 
-# -- messages -----------------------------------------------------------------------------------
-
-
-def show(value: object, limit: int = 80) -> str:
-    """``repr(value)``, cut to ``limit`` characters so one huge argument keeps its error one line."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def fail(name: str, what: str, value: object) -> InvalidInputError:
-    """``InvalidInputError("{name} {what}, got {value!r}")`` (the value cut short)."""
-    return InvalidInputError(f"{name} {what}, got {show(value)}")
-
-
-def show_path(path: str) -> str:
-    """``path`` as printable UTF-8 for reports and errors: bytes that are not UTF-8 (which Python
-    holds as lone surrogates) become backslash escapes (``caf\\xe9.py``), the rest is kept."""
-    if not has_lone_surrogate(path):
-        return path
-    try:
-        raw = os.fsencode(path)
-    except UnicodeEncodeError:  # a surrogate no file name decodes to: escape it as text
-        return path.encode("utf-8", "backslashreplace").decode("utf-8")
-    return raw.decode("utf-8", "backslashreplace")
-
-
 # -- text ---------------------------------------------------------------------------------------
-
-
-def has_lone_surrogate(text: str) -> bool:
-    """True when ``text`` holds a UTF-16 surrogate that UTF-8 cannot encode."""
-    return _SURROGATE.search(text) is not None
-
-
-def clean_text(text: str) -> str:
-    """``text`` with every lone surrogate replaced by U+FFFD (everything else unchanged)."""
-    return _SURROGATE.sub("\ufffd", text) if has_lone_surrogate(text) else text
 
 
 def check_text(value: object, name: str, *, allow_empty: bool = False) -> str:
