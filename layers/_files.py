@@ -32,7 +32,7 @@ from memstrata.core.errors import (
     MemstrataError,
     StorageError,
 )
-from memstrata.core.validation import check_language
+from memstrata.core.validation import check_int, check_language, check_min_score, check_mode, check_text
 from memstrata.storage import Embedder, load_embedder
 
 from ._chunk import split_lines
@@ -94,30 +94,6 @@ def default_db_path(config: Config, kind: str, root: Path) -> Path:
     database per tree, outside the tree."""
     digest = hashlib.sha256(str(root).encode("utf-8", "surrogateescape")).hexdigest()[:12]
     return Path(config.data_dir) / "files" / f"{kind}-{_slug(root.name)}-{digest}.sqlite"
-
-
-def _check_int(name: str, value: object, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise InvalidInputError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
-    return value
-
-
-def _check_score(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not -1.0 <= float(value) <= 1.0:
-        raise InvalidInputError(f"min_score must be a number in [-1, 1], got {value!r}")
-    return float(value)
-
-
-def _check_query(query: object) -> str:
-    if not isinstance(query, str):
-        raise InvalidInputError(f"query must be a string, got {type(query).__name__}")
-    return query
-
-
-def _check_mode(mode: object) -> str:
-    if mode not in ("hybrid", "vector", "keyword"):
-        raise InvalidInputError(f"mode must be 'hybrid', 'vector' or 'keyword', got {mode!r}")
-    return str(mode)
 
 
 class _FileIndex(Closeable):
@@ -274,7 +250,7 @@ class _FileIndex(Closeable):
     def _search(
         self, query: object, top_k: int, min_score: float | None, mode: str, language: str | None
     ) -> FileHits:
-        text = _check_query(query)
+        text = check_text(query, "query", allow_empty=True)
         if not text.strip():
             return FileHits()
         complete = self._lazy_sync()
@@ -308,8 +284,8 @@ class _FileIndex(Closeable):
     def get_lines(self, path: str, *, from_line: int = 1, lines: int = 50) -> list[str]:
         """:meth:`get` as the list of lines read, without their line breaks: its length tells a
         blank line (``[""]``) from the end of the file (``[]``), which the joined text cannot."""
-        _check_int("from_line", from_line, 1, 2**31)
-        _check_int("lines", lines, 1, _MAX_LINES)
+        check_int(from_line, "from_line", 1, 2**31)
+        check_int(lines, "lines", 1, _MAX_LINES)
         rel, target = resolve_request(self.root, path, self.rules)
         try:  # checked above, read here through descriptors again: a swap in between only fails
             data, _ = read_source(self.root, target, self.rules.max_bytes)
@@ -457,11 +433,11 @@ class MemoryFiles(_FileIndex):
         :meth:`Codebase.search` does (notes are ``markdown``, or ``text`` for ``.txt``).
         """
         search = self.config.search
-        top_k = _check_int(
-            "max_results", search.max_results if max_results is None else max_results, 1, _MAX_RESULTS
+        top_k = check_int(
+            search.max_results if max_results is None else max_results, "max_results", 1, _MAX_RESULTS
         )
-        floor = _check_score(search.min_score if min_score is None else min_score)
-        return self._search(query, top_k, floor, _check_mode(mode), _check_language(language, self.config))
+        floor = check_min_score(search.min_score if min_score is None else min_score)
+        return self._search(query, top_k, floor, check_mode(mode), _check_language(language, self.config))
 
 
 class Codebase(_FileIndex):
@@ -498,6 +474,6 @@ class Codebase(_FileIndex):
         ``"rust"``, ...; extensions like ``"py"`` work too; an unknown one is refused, naming
         the known ones). ``min_score`` defaults to none:
         code embeds with lower similarities than prose, and ranks matter more than a floor."""
-        top = _check_int("top_k", top_k, 1, _MAX_RESULTS)
-        floor = None if min_score is None else _check_score(min_score)
-        return self._search(query, top, floor, _check_mode(mode), _check_language(language, self.config))
+        top = check_int(top_k, "top_k", 1, _MAX_RESULTS)
+        floor = check_min_score(min_score)
+        return self._search(query, top, floor, check_mode(mode), _check_language(language, self.config))
