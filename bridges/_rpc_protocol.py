@@ -15,7 +15,7 @@ from memstrata.core.errors import (
 )
 
 from ._json import MAX_DEPTH, Marker, first_marked, json_depth, loads_marking, show_digits
-from ._schema import describe_type
+from ._schema import check, describe_type
 
 __all__ = [
     "DEFAULT_MAX_LINE_BYTES",
@@ -26,6 +26,7 @@ __all__ = [
     "check_request",
     "decode_line",
     "error_for",
+    "judge_request",
     "parse_line",
     "read_line",
 ]
@@ -210,3 +211,52 @@ LineError = _RequestError
 """A line that cannot be answered with an id: answer it with ``"id": null`` (``code``, message)."""
 IdentifiedError = _Identified
 """A line whose id is known: answer it with ``request_id`` (``error.code``, message)."""
+
+
+@dataclass(slots=True)
+class _Call:
+    request_id: Any
+    notification: bool
+    method: Method
+    params: dict[str, Any]
+
+
+def judge_request(request: Any, methods: Mapping[str, Method], *, max_depth: int = MAX_DEPTH) -> _Call:
+    """One request object judged; raises ``_RequestError``/``_Identified`` when it is not one."""
+    request = check_request(request, max_depth=max_depth, require_id=False)
+    notification = "id" not in request
+    request_id = request.get("id")
+    try:
+        if "jsonrpc" in request and request["jsonrpc"] != "2.0":
+            raise _RequestError(
+                ErrorCode.INVALID_REQUEST,
+                f"'jsonrpc' must be \"2.0\", got {str(request['jsonrpc'])[:20]!r}",
+            )
+        unknown = sorted(set(request) - _REQUEST_KEYS)
+        if unknown:
+            raise _RequestError(
+                ErrorCode.INVALID_REQUEST,
+                f"unknown request field {unknown[0]!r} (expected jsonrpc, id, method, params)",
+            )
+        name = request.get("method")
+        if not isinstance(name, str):
+            raise _RequestError(
+                ErrorCode.INVALID_REQUEST, f"'method' must be a string, got {describe_type(name)}"
+            )
+        method = methods.get(name)
+        if method is None:
+            raise _RequestError(
+                ErrorCode.METHOD_NOT_FOUND,
+                f"unknown method {name[:100]!r} (available: {', '.join(sorted(methods))})",
+            )
+        params = request.get("params")
+        if isinstance(params, dict):  # an optional param given as null is left out
+            required = method.params.get("required", ())
+            params = {k: v for k, v in params.items() if v is not None or k in required}
+        try:
+            params = check(method.params, {} if params is None else params, noun="param")
+        except InvalidInputError as exc:
+            raise _RequestError(ErrorCode.INVALID_PARAMS, f"{name}: {_one_line(str(exc))}") from exc
+    except _RequestError as exc:
+        raise _Identified(request_id, exc, notification=notification) from None
+    return _Call(request_id, notification, method, params)

@@ -37,7 +37,6 @@ import threading
 import traceback
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import IO, Any
 
 from memstrata.core.constants import MIN_LINE_BYTES
@@ -55,23 +54,21 @@ from ._rpc_connection import (
 )
 from ._rpc_listen import Listener, open_listener
 from ._rpc_protocol import (
-    _REQUEST_KEYS,
     DEFAULT_MAX_LINE_BYTES,
     ErrorCode,
     IdentifiedError,
     LineError,
     Method,
+    _Call,
     _error,
     _Identified,
-    _one_line,
     _RequestError,
-    check_request,
     decode_line,
     error_for,
+    judge_request,
     parse_line,
     read_line,
 )
-from ._schema import check, describe_type
 
 __all__ = [
     "DEFAULT_MAX_LINE_BYTES",
@@ -105,14 +102,6 @@ _OUT_OF_ROOM = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOME
 
 class _Shutdown(BaseException):
     """Raised in the main thread by SIGTERM: stop reading, drain, stop cleanly."""
-
-
-@dataclass(slots=True)
-class _Call:
-    request_id: Any
-    notification: bool
-    method: Method
-    params: dict[str, Any]
 
 
 class JsonLinesServer:
@@ -177,48 +166,6 @@ class JsonLinesServer:
         assert self._pool is not None
         self._pool.submit(job)
 
-    # -- judging a line ------------------------------------------------------------------------
-
-    def _call(self, request: Any) -> _Call:
-        """One request object judged; raises ``_RequestError``/``_Identified`` when it is not one."""
-        request = check_request(request, max_depth=self.max_depth, require_id=False)
-        notification = "id" not in request
-        request_id = request.get("id")
-        try:
-            if "jsonrpc" in request and request["jsonrpc"] != "2.0":
-                raise _RequestError(
-                    ErrorCode.INVALID_REQUEST,
-                    f"'jsonrpc' must be \"2.0\", got {str(request['jsonrpc'])[:20]!r}",
-                )
-            unknown = sorted(set(request) - _REQUEST_KEYS)
-            if unknown:
-                raise _RequestError(
-                    ErrorCode.INVALID_REQUEST,
-                    f"unknown request field {unknown[0]!r} (expected jsonrpc, id, method, params)",
-                )
-            name = request.get("method")
-            if not isinstance(name, str):
-                raise _RequestError(
-                    ErrorCode.INVALID_REQUEST, f"'method' must be a string, got {describe_type(name)}"
-                )
-            method = self.methods.get(name)
-            if method is None:
-                raise _RequestError(
-                    ErrorCode.METHOD_NOT_FOUND,
-                    f"unknown method {name[:100]!r} (available: {', '.join(sorted(self.methods))})",
-                )
-            params = request.get("params")
-            if isinstance(params, dict):  # an optional param given as null is left out
-                required = method.params.get("required", ())
-                params = {k: v for k, v in params.items() if v is not None or k in required}
-            try:
-                params = check(method.params, {} if params is None else params, noun="param")
-            except InvalidInputError as exc:
-                raise _RequestError(ErrorCode.INVALID_PARAMS, f"{name}: {_one_line(str(exc))}") from exc
-        except _RequestError as exc:
-            raise _Identified(request_id, exc, notification=notification) from None
-        return _Call(request_id, notification, method, params)
-
     # -- execution -----------------------------------------------------------------------------
 
     def _run(self, connection: Connection, call: _Call, batch: _Batch | None) -> None:
@@ -278,7 +225,7 @@ class JsonLinesServer:
 
     def _handle_one(self, connection: Connection, message: Any, batch: _Batch | None) -> None:
         try:
-            call = self._call(message)
+            call = judge_request(message, self.methods, max_depth=self.max_depth)
         except (_RequestError, _Identified) as exc:
             error = exc.error if isinstance(exc, _Identified) else exc
             request_id = exc.request_id if isinstance(exc, _Identified) else None
