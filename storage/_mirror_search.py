@@ -20,7 +20,6 @@ run, in place, and only a scattered one gathers its rows. No id list crosses fro
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,12 +27,13 @@ import numpy.typing as npt
 
 from ._distinct import distinct
 from ._ivf import Partition
+from ._mirror_hits import Ranked, ScoredRows, VectorHit
 from ._mirror_scoring import Found, MirrorScoring
 from ._row_slices import group_mask, merged, runs, slice_rows
 from ._sign_codes import candidates
 from ._vector_kernels import dot, dot_each_row, dot_rows, unit_rows
 
-__all__ = ["MirrorSearch", "Ranges", "Ranked", "ScoredRows", "VectorHit"]
+__all__ = ["MirrorSearch", "Ranges"]
 
 FloatArray = npt.NDArray[np.float32]
 IntArray = npt.NDArray[np.int64]
@@ -54,56 +54,6 @@ _GAP_ROWS = 24  # rows between two slices to scan that cost less scanned than on
 # candidates ~2 ms. A 20 % category: 23 ms scored against 2 ms sieved, recall@10 1.0 both.
 _SIGN_SHARE = 0.15
 _SIGN_ROWS = 8192  # rows allowed from which a filter whose codes are read alone sieves
-
-
-@dataclass(frozen=True, slots=True)
-class VectorHit:
-    rowid: int
-    similarity: float  # cosine similarity, -1..1
-
-
-@dataclass(frozen=True, slots=True)
-class Ranked:
-    """A search's hits as arrays, best first: rowids, cosine similarities, mirror positions
-    (valid until the mirror next changes; read its other columns there)."""
-
-    rowids: IntArray
-    scores: FloatArray
-    positions: IntArray
-
-    def hits(self) -> list[VectorHit]:
-        return [VectorHit(r, s) for r, s in zip(self.rowids.tolist(), self.scores.tolist(), strict=True)]
-
-
-@dataclass(frozen=True, slots=True)
-class ScoredRows:
-    """Every row a filter allows, scored exactly against one query: ranked to any depth by
-    :meth:`top` without scanning again (a recency-decayed search deepens its list up to the
-    whole ranking, and scanned every row once per round)."""
-
-    rowids: IntArray  # of the mirror, as when scored
-    positions: IntArray  # ascending: storage order
-    scores: FloatArray  # row by row, the same bits wherever a row is stored (see scored)
-
-    def __len__(self) -> int:
-        return len(self.positions)
-
-    def top(self, k: int) -> Ranked:
-        """The best ``k``, best first; equal scores by rowid (as :meth:`MirrorSearch.rank`), so
-        a mirror holding its rows in another order ranks them the same."""
-        if k <= 0 or not len(self.positions):
-            empty = np.zeros(0, dtype=np.int64)
-            return Ranked(empty, np.zeros(0, dtype=np.float32), empty)
-        scores, rowids = self.scores, self.rowids[self.positions]
-        k = min(k, len(scores))
-        if k < len(scores):  # every row tied with the k-th takes part, then rowids decide
-            kth = np.partition(scores, len(scores) - k)[len(scores) - k]
-            chosen = np.flatnonzero(scores >= kth)
-        else:
-            chosen = np.arange(len(scores))
-        chosen = chosen[np.lexsort((rowids[chosen], -scores[chosen]))][:k]
-        positions = self.positions[chosen]
-        return Ranked(self.rowids[positions], scores[chosen], positions)
 
 
 _Found = Found

@@ -17,9 +17,10 @@ import numpy.typing as npt
 from ._file_rows import FileRows
 from ._int8_rows import Int8Rows
 from ._ivf import Partition
+from ._mirror_hits import ScoredRows, VectorHit
 from ._mirror_layout import MirrorLayout
 from ._mirror_rows import RowIndex
-from ._mirror_search import Ranges, ScoredRows, VectorHit
+from ._mirror_search import Ranges
 from ._sign_codes import SignCodes, sign_codes
 
 __all__ = ["PROBE_LISTS", "STATE_VERSION", "Mirror", "Ranges", "RowIndex", "ScoredRows", "VectorHit"]
