@@ -17,15 +17,17 @@ if TYPE_CHECKING:
     from memstrata.layers import merge_hits
 
     from ._agent import AgentActor
-    from ._base import MemoryActor, Supervision
+    from ._base import MemoryActor
     from ._blackboard import BlackboardActor
     from ._clock import Clock, IdSource, ManualClock, SystemClock
     from ._embedding import BatchingEmbedder, EmbeddingStats
     from ._episodic_actor import EpisodicActor
     from ._knowledge_actor import KnowledgeStoreActor
     from ._prompt import build_prompt, fallback_prompt, xml_attr, xml_name, xml_text
-    from ._runtime import Runtime, StopReport, route
+    from ._runtime import Runtime, route
+    from ._shutdown import StopReport
     from ._store_factory import LayerStores, StoreFactory
+    from ._supervision import Supervision
     from ._supervisors import (
         AgentSupervisor,
         BlackboardSupervisor,
@@ -38,7 +40,6 @@ if TYPE_CHECKING:
 _LAZY = {
     "AgentActor": "._agent",
     "MemoryActor": "._base",
-    "Supervision": "._base",
     "BlackboardActor": "._blackboard",
     "Clock": "._clock",
     "IdSource": "._clock",
@@ -55,10 +56,11 @@ _LAZY = {
     "xml_name": "._prompt",
     "xml_text": "._prompt",
     "Runtime": "._runtime",
-    "StopReport": "._runtime",
     "route": "._runtime",
+    "StopReport": "._shutdown",
     "LayerStores": "._store_factory",
     "StoreFactory": "._store_factory",
+    "Supervision": "._supervision",
     "AgentSupervisor": "._supervisors",
     "BlackboardSupervisor": "._supervisors",
     "KnowledgeSupervisor": "._supervisors",

@@ -20,8 +20,8 @@ import ray
 
 from memstrata.core.config import Config
 
-from ._base import Supervision
 from ._embedding import BatchingEmbedder
+from ._supervision import Supervision
 
 __all__ = [
     "ClusterSupervision",

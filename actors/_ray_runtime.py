@@ -63,63 +63,25 @@ from ._ray_admin import (
     end_cluster,
     host_names,
     host_reports,
-    nodes,
     round_trip_s,
 )
 from ._ray_board import JournaledBoardSupervisor
 from ._ray_connect import carried, connect, joined, one_line
 from ._ray_embedding import node_embedder
 from ._ray_order import SenderOrder
+from ._ray_placement import _strategy, host_name, unplaceable
 from ._ray_relays import RelayEndpoint, run_relay
-from ._runtime import Runtime, StopReport
+from ._runtime import Runtime
+from ._shutdown import StopReport
 from ._store_factory import LayerStores
 
-__all__ = ["RayRuntime", "cluster_report", "connect", "end_cluster", "host_name", "joined"]
+__all__ = ["RayRuntime", "cluster_report", "connect", "end_cluster", "joined"]
 
 log = logging.getLogger("memstrata.actors")
 
 _AGENT_KINDS = ("knowledge", "episodic", "working", "agent")
 _HOSTED = (*_AGENT_KINDS, "blackboard", "items")  # every kind but the files' (local to their user)
 _HOST_CONCURRENCY = 1000  # calls a host serves at once (its pykka actors still take one at a time)
-
-
-def host_name(config: Config, kind: str, key: str) -> str:
-    """The Ray name of the host of ``(kind, key)``: the agent id or session id is in it."""
-    if kind == "blackboard":
-        return f"blackboard:{key}"
-    if kind == "items":
-        return "items"
-    return f"agent:{key}" if config.cluster.group == "agent" else f"{kind}:{key}"
-
-
-def _strategy(where: str) -> dict[str, Any]:
-    """Ray actor options for a placement (see ``ClusterConfig.placement``)."""
-    kind, _, rest = where.partition(":")
-    if kind == "resource":
-        return {"resources": {rest: 0.001}}
-    if kind == "label":
-        label_key, _, label_value = rest.partition("=")
-        return {"label_selector": {label_key: label_value}}
-    return {"scheduling_strategy": "SPREAD"}
-
-
-def unplaceable(where: str) -> str | None:
-    """Why no alive node of the cluster can take a host placed ``where``; ``None`` if one can."""
-    kind, _, rest = where.partition(":")
-    if kind not in ("resource", "label"):
-        return None
-    try:
-        alive = [node for node in nodes() if node["alive"]]
-    except Exception:  # the cluster cannot be asked: no claim either way
-        return None
-    if kind == "resource":
-        if any(rest in node["resources"] for node in alive):
-            return None
-        return f"no alive node declares the resource {rest!r}"
-    label_key, _, label_value = rest.partition("=")
-    if any(node["labels"].get(label_key) == label_value for node in alive):
-        return None
-    return f"no alive node has the label {label_key}={label_value}"
 
 
 class _RayRef:

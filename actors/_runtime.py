@@ -26,7 +26,6 @@ from memstrata.core.config import Config
 from memstrata.core.errors import (
     ConfigError,
     InvalidInputError,
-    MemstrataError,
     RequestTimeoutError,
     SystemStoppedError,
 )
@@ -34,19 +33,21 @@ from memstrata.layers import merge_hits
 from memstrata.storage import Embedder
 
 from ._agent import describe_error
-from ._base import Envelope, Status, Supervision, owner_of
-from ._blackboard import SubscribeWithCallback, on_delivery_thread
+from ._base import Envelope, Status, owner_of
+from ._blackboard import SubscribeWithCallback
 from ._clock import Clock, IdSource
 from ._concurrency import Activity, Scheduler
 from ._delivery import deliver, redeliver
 from ._embedding import BatchingEmbedder
 from ._embedding_services import EmbeddingServices, ModelLoader, load_model
 from ._episodic_actor import check_archive_dir
-from ._outbox import has_pending, new_owner, pending_count, release_owner
+from ._outbox import has_pending, new_owner
 from ._prompt import fallback_prompt
 from ._routing import _FOLDER, _SUPERVISOR_OF, route
+from ._shutdown import Shutdown
 from ._store_factory import StoreFactory
 from ._store_messages import BoundedSearch, Searched
+from ._supervision import Supervision
 from ._supervisors import (
     AgentSupervisor,
     BlackboardSupervisor,
@@ -55,7 +56,6 @@ from ._supervisors import (
     KnowledgeSupervisor,
     MemorySupervisor,
     Spawn,
-    StopChildren,
 )
 from ._workspace import SyncFiles, check_tree
 from .messages import (
@@ -70,27 +70,16 @@ from .messages import (
     check_agent_id,
 )
 
-__all__ = ["ModelLoader", "Runtime", "StopReport", "load_model", "route"]
+__all__ = ["ModelLoader", "Runtime", "load_model", "route"]
 
 
 log = logging.getLogger("memstrata.actors")
 
-_STOP_ORDER = ("agent", "knowledge", "memory", "files", "blackboard")
 # how much longer than the retrieval timeout a caller of TaskAssigned waits for the agent actor
 PROMPT_MARGIN_S = 1.0
-_STOP_STAGE_MIN_S = 0.2  # each stop stage gets at least this, so stop(timeout) ends by ~timeout + 1.2 s
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class StopReport:
-    drained: bool  # every mailbox was empty before the actors stopped
-    late: tuple[str, ...]  # actors that did not stop within the timeout
-    seconds: float
-    # what is left for the next start, kept durable: "agent a1: 2 write-back(s) in the outbox"
-    left: tuple[str, ...] = ()
-
-
-class Runtime(EmbeddingServices):
+class Runtime(EmbeddingServices, Shutdown):
     """One system's actors and shared services."""
 
     def __init__(
@@ -400,7 +389,7 @@ class Runtime(EmbeddingServices):
             reason = f"error: {describe_error(exc)}"
         return TaskPrompt(fallback_prompt(message.description), (), True, reason, agent_id, message.task_id)
 
-    # -- agents, idle, stop ----------------------------------------------------------------------
+    # -- agents (idle and stop: see Shutdown) ----------------------------------------------------
 
     def replay_outboxes(self) -> list[str]:
         """Start the agent actor of every agent whose outbox still holds write-backs."""
@@ -417,82 +406,6 @@ class Runtime(EmbeddingServices):
             except Exception as exc:
                 log.error("cannot replay outbox %s: %s", path, exc)
         return started
-
-    def retire(self, owner: str, timeout: float) -> list[str]:
-        """Stop every actor of one agent (or ``session:{id}``), draining their mailboxes first."""
-        late: list[str] = []
-        for name in _STOP_ORDER:
-            late += cast(
-                "list[str]", self.supervisors[name].ask(StopChildren(timeout, owner), timeout=timeout + 5)
-            )
-        with self._lock:
-            for k in [k for k in self._refs if owner_of(*k) == owner]:
-                del self._refs[k]
-        return late
-
-    def wait_idle(self, timeout: float | None = None, owner: str | None = None) -> bool:
-        """Whether nothing is in flight (``owner``: for that agent's, session's or codebase's
-        actors) within ``timeout``."""
-        _not_from_a_callback("wait_idle")
-        return self.activity.wait_idle(timeout, owner)
-
-    def stop(self, timeout: float | None = None) -> StopReport:
-        """Refuse new requests, drain every mailbox, then stop the actors in order and close."""
-        limit = self.config.actors.stop_timeout_s if timeout is None else timeout
-        _not_from_a_callback("stop")
-        with self._stop_lock:
-            if self._stopped.is_set():
-                return StopReport(True, (), 0.0)
-            started = time.monotonic()
-            self.accepting = False
-            drained = self.activity.wait_idle(limit)
-            if not drained:
-                log.error("stop: %d requests still in flight after %g s", self.activity.in_flight, limit)
-            late: list[str] = []
-            for name in _STOP_ORDER:
-                # a hard bound: a stage whose time is used up still asks its actors to stop, briefly
-                remaining = max(_STOP_STAGE_MIN_S, limit - (time.monotonic() - started))
-                try:
-                    stopped = self.supervisors[name].ask(
-                        StopChildren(remaining), timeout=remaining + _STOP_STAGE_MIN_S
-                    )
-                    late += cast("list[str]", stopped)
-                except Exception as exc:
-                    late.append(f"{name} supervisor: {exc}")
-                with contextlib.suppress(Exception):
-                    self.supervisors[name].stop(
-                        block=True, timeout=max(_STOP_STAGE_MIN_S, limit - (time.monotonic() - started))
-                    )
-            self._stopped.set()
-            release_owner(self.instance)
-            with self._services_lock:
-                services = [service for service, _ in self._services.values() if service is not None]
-            if self._owns_embedder and isinstance(self.embedder, BatchingEmbedder):
-                services.insert(0, self.embedder)
-            for service in services:
-                # a stuck model call is left to its daemon thread: stop() does not wait for it
-                service.close(timeout=max(0.0, limit - (time.monotonic() - started)))
-            self.scheduler.close()
-            return StopReport(drained, tuple(late), time.monotonic() - started, self._left())
-
-    def _left(self) -> tuple[str, ...]:
-        """Write-backs left in the outboxes, durable there: replayed by the next start."""
-        folder = self.data_dir / _FOLDER["agent"]
-        left: list[str] = []
-        if folder.is_dir():
-            for path in sorted(folder.glob("*.sqlite")):
-                try:
-                    count = pending_count(path)
-                except Exception as exc:
-                    left.append(f"agent {path.stem}: outbox unreadable ({exc})")
-                    continue
-                if count:
-                    left.append(f"agent {path.stem}: {count} write-back(s) in the outbox")
-        return tuple(left)
-
-    @property
-    def stopped(self) -> bool:
-        return self._stopped.is_set()
 
     # -- status --------------------------------------------------------------------------------
 
@@ -527,12 +440,3 @@ class Runtime(EmbeddingServices):
             except Exception as exc:
                 result[ident] = {"error": describe_error(exc)}
         return result
-
-
-def _not_from_a_callback(call: str) -> None:
-    """Refuse ``call`` from a subscriber's callback: the callback is work it would wait for."""
-    if on_delivery_thread():
-        raise MemstrataError(
-            f"{call}() cannot be called from a blackboard subscriber's callback: it waits for that "
-            "callback to return; call it from another thread"
-        )
