@@ -7,6 +7,7 @@ thread; the Ray engine's driver extends it to read and clear the marks its hosts
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -29,7 +30,8 @@ class Supervision:
     """Restart budget and degraded owners, shared by a system's supervisors (thread-safe).
 
     A child that crashes asks :meth:`child_failed` whether to restart. More than
-    ``max_restarts`` restarts of one child within ``window_s`` marks its owner degraded.
+    ``max_restarts`` restarts of one child within ``window_s`` marks its owner degraded (an
+    infinite window counts every restart since the start).
     """
 
     def __init__(self, *, max_restarts: int, window_s: float, clock: Callable[[], float]) -> None:
@@ -51,8 +53,9 @@ class Supervision:
                 state.restarts.popleft()
             if len(state.restarts) >= self.max_restarts:
                 state.degraded = True
+                within = f"within {self.window_s:g} s" if math.isfinite(self.window_s) else "since it started"
                 self._degraded[owner] = (
-                    f"{kind} actor crashed {len(state.restarts) + 1} times within {self.window_s:g} s "
+                    f"{kind} actor crashed {len(state.restarts) + 1} times {within} "
                     f"(last: {state.last_error})"
                 )
                 return False
