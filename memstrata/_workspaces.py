@@ -26,6 +26,7 @@ from memstrata.core.config import Config
 from memstrata.core.errors import InvalidInputError, PathOutsideRootError, StorageError
 from memstrata.core.validation import check_language, check_path, show_path
 
+from ._workspace_paths import _exists_under, _is_within, _refuse_ambiguous, _through_root_link
 from ._workspace_results import (
     KINDS,
     FileText,
@@ -447,17 +448,6 @@ class Workspaces(Closeable):
             raise StorageError("the workspace registry is closed")
 
 
-def _refuse_ambiguous(path: str, holders: list[Workspace]) -> None:
-    """A relative path found under more than one root names no file: refused rather than read
-    from whichever root was registered first. One folder registered as two kinds is one root."""
-    roots = list(dict.fromkeys(str(w.root) for w in holders))
-    if len(roots) > 1:
-        raise InvalidInputError(
-            f"path {path!r} is in more than one indexed root ({', '.join(map(repr, roots))}): "
-            "name its root (root; --root on the command line) or give its absolute path"
-        )
-
-
 def _distinct(hits: list[WorkspaceHit]) -> list[WorkspaceHit]:
     """Each file's lines once, at their best score: roots that overlap (one inside another, a
     folder indexed as both kinds) find the same lines in each."""
@@ -485,37 +475,3 @@ def _close_layer(handle: _Handle) -> None:
         handle.watching = False
     with contextlib.suppress(Exception):
         handle.layer.close()
-
-
-def _exists_under(root: Path, rel: str) -> bool:
-    """Whether ``rel`` names something in ``root``, looked up through directory descriptors
-    without following symlinks (only picks the root; the layer's ``get`` does the checks)."""
-    from memstrata.layers._safe_fs import exists
-
-    return exists(root, os.path.normpath(rel).replace(os.sep, "/"))
-
-
-def _through_root_link(path: str, roots: list[Workspace]) -> str:
-    """``path`` with its shortest leading part that resolves to a root (as ``index`` resolves
-    it) replaced by that root, else ``path`` itself. Only that part is resolved: a part that
-    leads inside a root but not to it ends the search, and what follows the root is the layer's
-    to check (a symlink in it that leaves the root is refused by ``get``)."""
-    known = {w.root for w in roots}
-    head, *rest = Path(path).parts
-    prefix = Path(head)
-    for n, part in enumerate(rest):
-        prefix /= part
-        try:
-            resolved = prefix.resolve(strict=True)
-        except (OSError, RuntimeError):
-            return path
-        if resolved in known:
-            return str(resolved.joinpath(*rest[n + 1 :]))
-        if any(_is_within(str(resolved), root) for root in known):
-            return path
-    return path
-
-
-def _is_within(path: str, root: Path) -> bool:
-    root_text = str(root)
-    return path == root_text or path.startswith(root_text.rstrip(os.sep) + os.sep)
