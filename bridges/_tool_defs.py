@@ -38,8 +38,20 @@ from ._operations import OPERATIONS
 if TYPE_CHECKING:
     from memstrata._workspaces import Workspaces
 
-__all__ = ["JSON_TEXT", "TAGS", "TAGS_FILTER", "Tool", "ToolContext", "derived", "json_value", "tags_map"]
+__all__ = [
+    "JSON_TEXT",
+    "TAGS",
+    "TAGS_FILTER",
+    "TAG_LIMITS",
+    "Tool",
+    "ToolContext",
+    "derived",
+    "json_value",
+    "tags_map",
+]
 
+# what the pattern below cannot say: the bounds on each side of the "="
+TAG_LIMITS = f"a key holds at most {MAX_TAG_KEY_CHARS} characters, a value {MAX_TAG_VALUE_CHARS:,}"
 TAGS: dict[str, Any] = {
     "type": "array",
     "items": {
@@ -52,7 +64,7 @@ TAGS: dict[str, Any] = {
         ),
     },
     "maxItems": MAX_TAGS,
-    "description": 'Tags as "key=value" or bare "key" strings, e.g. ["area=db", "urgent"].',
+    "description": f'Tags as "key=value" or bare "key" strings, e.g. ["area=db", "urgent"]; {TAG_LIMITS}.',
 }
 TAGS_FILTER: dict[str, Any] = {
     **TAGS,

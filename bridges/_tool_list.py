@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from memstrata.core.errors import InvalidInputError
 
-from ._tool_defs import Tool, derived
+from ._tool_defs import TAG_LIMITS, Tool, derived
 from ._tool_memory import MEMORY_TOOLS
 
 __all__ = ["TOOLS", "TOOL_NAMES", "WANTED", "find_tool"]
@@ -37,7 +37,7 @@ _DERIVED = (
         "stays. Returns the entry as it now is, or null when there is no such id.",
         describe={
             "tags": 'The new tags as "key=value" or bare "key" strings, replacing all of them ([] clears '
-            "them; omit to keep them)."
+            f"them; omit to keep them); {TAG_LIMITS}."
         },
     ),
     derived(

@@ -11,6 +11,7 @@ import pytest
 from memstrata import Config, MemorySystem
 from memstrata._workspaces import Workspaces
 from memstrata.bridges import tools
+from memstrata.core.constants import MAX_TAG_KEY_CHARS
 from tests._support import write_tree
 from tests.fakes import FakeEmbedder
 
@@ -241,3 +242,11 @@ def test_a_json_value_too_deep_is_refused_not_stored_as_its_text(env: Any, value
     assert call(env, "working_get", {"key": "k"})["found"] is False
     assert call(env, "working_set", {"key": "k", "value": "[1, 2"})["stored"] is True  # not JSON: the text
     assert call(env, "working_get", {"key": "k"})["value"] == "[1, 2"
+
+
+def test_a_tag_key_beyond_its_limit_is_refused_by_name(env: Any) -> None:
+    key = "k" * (MAX_TAG_KEY_CHARS + 1)
+    result = call(env, "knowledge_store", {"content": "x", "category": "pattern", "tags": [f"{key}=v"]})
+    assert set(result) == {"error"}
+    assert "tags key 'kkkk" in result["error"] and f"1-{MAX_TAG_KEY_CHARS} characters" in result["error"]
+    assert call(env, "knowledge_list", {}) == []

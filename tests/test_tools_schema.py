@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from memstrata.bridges import tools
 from memstrata.bridges._schema import check
+from memstrata.core.constants import MAX_TAG_KEY_CHARS
 from memstrata.errors import InvalidInputError
 
 # the tool families and their verbs, written out apart from the definitions they check
@@ -283,3 +284,17 @@ def test_dispatch_without_a_system_reports_it() -> None:
 
 def test_dispatch_json_returns_text() -> None:
     assert tools.dispatch_json("nope", {}, None).startswith('{"error":"unknown tool')
+
+
+def test_tag_limits_the_schema_cannot_express_are_stated() -> None:
+    """A tag's key and value bounds live on each side of its ``=``, beyond what a schema pattern
+    says: a model learns them from the description."""
+    writes = [
+        (tool["name"], prop)
+        for tool in tools.tool_schemas()
+        for name, prop in tool["parameters"]["properties"].items()
+        if name == "tags" and "bare key matches" not in prop["description"]
+    ]
+    assert writes
+    for name, prop in writes:
+        assert f"at most {MAX_TAG_KEY_CHARS} characters" in prop["description"], name
