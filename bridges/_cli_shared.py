@@ -104,6 +104,8 @@ def one_line(text: str, width: int = 160) -> str:
 def parse_tags(values: Sequence[str], option: str = "--tag") -> dict[str, str] | None:
     """``--tag k=v`` (or a bare ``--tag k``, value ``""``) as a tags mapping, read as the tools
     read their tag strings (:func:`._tool_defs.tags_map`); ``None`` if none."""
+    if not values:  # most commands give none: the tools' module is not imported for nothing
+        return None
     from ._tool_defs import tags_map
 
     try:

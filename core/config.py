@@ -445,9 +445,8 @@ def _build(cls: Any, data: Any, prefix: str, where: str, base: Any = None) -> An
             values[key] = _build(hint, raw, f"{prefix}{key}.", where, base=getattr(base, key, None))
         else:
             values[key] = convert(raw, hint, prefix + key, where, known[key].metadata)
-    start = base if base is not None else cls()
-    try:
-        return replace(start, **values)
+    try:  # built from the values when no base: a default (the data dir's lookup) given is not made
+        return cls(**values) if base is None else replace(base, **values)
     except ConfigError as exc:  # a rule between two keys: name the file and their variables
         named = [(key, raw) for key, raw in data.items() if prefix + key in str(exc)]
         given = "".join(env_source(raw, prefix + key) for key, raw in named)
