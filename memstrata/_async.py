@@ -35,7 +35,7 @@ from memstrata.core.errors import InvalidInputError, SystemStoppedError
 from memstrata.messages import Signal
 
 from ._agent_handle import Agent
-from ._async_calls import _Handle, _Pool, _Same, _submit, _twin, _undone_if_cancelled
+from ._async_calls import AsyncHandle, CallPool, SyncAttribute, submit_call, twin, undone_if_cancelled
 from ._board_handle import Blackboard, Subscription
 from ._items import Items
 from ._system import MemorySystem
@@ -46,38 +46,38 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-class AsyncAgent(_Handle):
+class AsyncAgent(AsyncHandle):
     """One agent's memory, as coroutines (see :class:`memstrata.Agent`)."""
 
     sync: Agent
-    id = _Same[str]()
+    id = SyncAttribute[str]()
 
-    store_knowledge = _twin(Agent.store_knowledge)
-    query_knowledge = _twin(Agent.query_knowledge)
-    list_knowledge = _twin(Agent.list_knowledge)
-    get_knowledge = _twin(Agent.get_knowledge)
-    update_knowledge = _twin(Agent.update_knowledge)
-    delete_knowledge = _twin(Agent.delete_knowledge)
-    remember = _twin(Agent.remember)
-    recall = _twin(Agent.recall)
-    commit = _twin(Agent.commit)
-    list_episodes = _twin(Agent.list_episodes)
-    get_episode = _twin(Agent.get_episode)
-    delete_episode = _twin(Agent.delete_episode)
-    archive_episodes = _twin(Agent.archive_episodes)
-    restore_episodes = _twin(Agent.restore_episodes)
-    promote_episode = _twin(Agent.promote_episode)
-    begin_task = _twin(Agent.begin_task)
-    complete_task = _twin(Agent.complete_task)
-    fail_task = _twin(Agent.fail_task)
-    set_working = _twin(Agent.set_working)
-    get_working = _twin(Agent.get_working)
-    clear_working = _twin(Agent.clear_working)
-    tell = _twin(Agent.tell)
-    ask = _twin(Agent.ask)
+    store_knowledge = twin(Agent.store_knowledge)
+    query_knowledge = twin(Agent.query_knowledge)
+    list_knowledge = twin(Agent.list_knowledge)
+    get_knowledge = twin(Agent.get_knowledge)
+    update_knowledge = twin(Agent.update_knowledge)
+    delete_knowledge = twin(Agent.delete_knowledge)
+    remember = twin(Agent.remember)
+    recall = twin(Agent.recall)
+    commit = twin(Agent.commit)
+    list_episodes = twin(Agent.list_episodes)
+    get_episode = twin(Agent.get_episode)
+    delete_episode = twin(Agent.delete_episode)
+    archive_episodes = twin(Agent.archive_episodes)
+    restore_episodes = twin(Agent.restore_episodes)
+    promote_episode = twin(Agent.promote_episode)
+    begin_task = twin(Agent.begin_task)
+    complete_task = twin(Agent.complete_task)
+    fail_task = twin(Agent.fail_task)
+    set_working = twin(Agent.set_working)
+    get_working = twin(Agent.get_working)
+    clear_working = twin(Agent.clear_working)
+    tell = twin(Agent.tell)
+    ask = twin(Agent.ask)
 
 
-class AsyncSubscription(_Handle):
+class AsyncSubscription(AsyncHandle):
     """A blackboard subscription delivering signals to an async iterator.
 
     The current matching values come first, then every change in publication order. Signals
@@ -89,7 +89,7 @@ class AsyncSubscription(_Handle):
     holds the iterator (the loop was left) or its event loop has ended, the subscription ends.
     """
 
-    def __init__(self, board: Blackboard, key_or_prefix: str, pool: _Pool) -> None:
+    def __init__(self, board: Blackboard, key_or_prefix: str, pool: CallPool) -> None:
         super().__init__(None, pool)
         self._board = board
         self.pattern = key_or_prefix
@@ -123,7 +123,7 @@ class AsyncSubscription(_Handle):
         self._pool.opened(self)
         subscribe = functools.partial(self._board.subscribe, self.pattern, deliver)
         try:
-            self.sync = await _undone_if_cancelled(self._pool, subscribe, Subscription.unsubscribe)
+            self.sync = await undone_if_cancelled(self._pool, subscribe, Subscription.unsubscribe)
         except BaseException:
             self._pool.forget(self)
             self._end()  # nothing will be delivered: iteration ends at once
@@ -182,7 +182,7 @@ class AsyncSubscription(_Handle):
         return f"<AsyncSubscription {self.id} {self.pattern!r} on {self._board.session_id}>"
 
 
-def _let_go(pool: _Pool, subscription: Subscription) -> None:
+def _let_go(pool: CallPool, subscription: Subscription) -> None:
     """End a subscription nobody iterates any more (its :class:`AsyncSubscription` is gone, as
     after leaving an ``async for``), on the pool: the event loop that let it go never waits."""
     with contextlib.suppress(RuntimeError):  # the pool is shut down: the system has stopped
@@ -195,17 +195,17 @@ def _quietly_unsubscribe(subscription: Subscription) -> None:
         subscription.unsubscribe()
 
 
-class AsyncBlackboard(_Handle):
+class AsyncBlackboard(AsyncHandle):
     """A session's blackboard, as coroutines (see :class:`memstrata.Blackboard`)."""
 
     sync: Blackboard
-    session_id = _Same[str]()
+    session_id = SyncAttribute[str]()
 
-    publish = _twin(Blackboard.publish)
-    get = _twin(Blackboard.get)
-    signal = _twin(Blackboard.signal)
-    list = _twin(Blackboard.list)
-    delete = _twin(Blackboard.delete)
+    publish = twin(Blackboard.publish)
+    get = twin(Blackboard.get)
+    signal = twin(Blackboard.signal)
+    list = twin(Blackboard.list)
+    delete = twin(Blackboard.delete)
 
     def subscribe(self, key_or_prefix: str) -> AsyncSubscription:
         """Signals of ``key_or_prefix`` (a key, or ``prefix*``) as an async iterator."""
@@ -214,21 +214,21 @@ class AsyncBlackboard(_Handle):
         return AsyncSubscription(self.sync, key_or_prefix, self._pool)
 
 
-class AsyncItems(_Handle):
+class AsyncItems(AsyncHandle):
     """The system's item store, as coroutines (see :class:`memstrata._items.Items`)."""
 
     sync: Items
 
-    put = _twin(Items.put)
-    write = _twin(Items.write)
-    get = _twin(Items.get)
-    search = _twin(Items.search)
-    delete = _twin(Items.delete)
-    tail = _twin(Items.tail)
-    pop_last = _twin(Items.pop_last)
-    clear = _twin(Items.clear)
-    list_namespaces = _twin(Items.list_namespaces)
-    sweep = _twin(Items.sweep)
+    put = twin(Items.put)
+    write = twin(Items.write)
+    get = twin(Items.get)
+    search = twin(Items.search)
+    delete = twin(Items.delete)
+    tail = twin(Items.tail)
+    pop_last = twin(Items.pop_last)
+    clear = twin(Items.clear)
+    list_namespaces = twin(Items.list_namespaces)
+    sweep = twin(Items.sweep)
 
 
 def _starter(start: Callable[P, MemorySystem]) -> Callable[P, _Starting]:
@@ -253,10 +253,10 @@ class _Starting:
         self._system: AsyncMemorySystem | None = None
 
     async def _open(self) -> AsyncMemorySystem:
-        pool = _Pool()
+        pool = CallPool()
         try:
             # a cancelled start (a wait_for timeout, say) stops the system it started
-            system = await _undone_if_cancelled(pool, self._start, MemorySystem.stop)
+            system = await undone_if_cancelled(pool, self._start, MemorySystem.stop)
         except BaseException:
             pool.close()  # an undo already queued still runs
             raise
@@ -276,17 +276,17 @@ class _Starting:
             await self._system.stop()
 
 
-_POOLS: weakref.WeakKeyDictionary[MemorySystem, _Pool] = weakref.WeakKeyDictionary()
+_POOLS: weakref.WeakKeyDictionary[MemorySystem, CallPool] = weakref.WeakKeyDictionary()
 _POOLS_LOCK = threading.Lock()
 
 
-def _pool_of(system: MemorySystem, given: _Pool | None) -> _Pool:
+def _pool_of(system: MemorySystem, given: CallPool | None) -> CallPool:
     """The system's one call pool (``given`` becomes it, if it has none yet). A stop through the
     synchronous object also ends the subscriptions and releases it."""
     with _POOLS_LOCK:
         pool = _POOLS.get(system)
         if pool is None or pool.closed:
-            pool = given or _Pool()
+            pool = given or CallPool()
             _POOLS[system] = pool
             system._when_stopped(pool.close)
         elif given is not None and given is not pool:
@@ -294,7 +294,7 @@ def _pool_of(system: MemorySystem, given: _Pool | None) -> _Pool:
     return pool
 
 
-class AsyncMemorySystem(_Handle):
+class AsyncMemorySystem(AsyncHandle):
     """The asyncio twin of :class:`memstrata.MemorySystem`.
 
     ``async with AsyncMemorySystem.start(config) as system:`` starts it (the model loads off the
@@ -305,7 +305,7 @@ class AsyncMemorySystem(_Handle):
 
     sync: MemorySystem
 
-    def __init__(self, system: MemorySystem, pool: _Pool | None = None) -> None:
+    def __init__(self, system: MemorySystem, pool: CallPool | None = None) -> None:
         """Wrap a running :class:`MemorySystem` (its owner still stops it, through either object).
         Every wrapper of one system shares one thread pool, however many are made."""
         super().__init__(system, _pool_of(system, pool))
@@ -332,14 +332,14 @@ class AsyncMemorySystem(_Handle):
         return await self._stopping(functools.partial(self.sync.stop_cluster, timeout))
 
     async def _stopping(self, stop: Callable[[], R]) -> R:
-        call = _submit(self._pool, stop)
+        call = submit_call(self._pool, stop)
         # on the call itself, not after the await: a cancelled stop still ends and releases
         call.add_done_callback(lambda _: self._pool.close())
         return await asyncio.shield(call)
 
-    stopped = _Same[bool]()
-    config = _Same[Config]()
-    data_dir = _Same[Path]()
+    stopped = SyncAttribute[bool]()
+    config = SyncAttribute[Config]()
+    data_dir = SyncAttribute[Path]()
 
     def agent(self, agent_id: str) -> AsyncAgent:
         """The handle of agent ``agent_id`` (validated at once; its actors start on first use)."""
@@ -372,12 +372,12 @@ class AsyncMemorySystem(_Handle):
                 return False
         return await self._run(functools.partial(self.sync.wait_idle, timeout))
 
-    retire = _twin(MemorySystem.retire)
-    revive = _twin(MemorySystem.revive)
-    ask = _twin(MemorySystem.ask)
-    status = _twin(MemorySystem.status)
-    export = _twin(MemorySystem.export)
-    import_ = _twin(MemorySystem.import_)
+    retire = twin(MemorySystem.retire)
+    revive = twin(MemorySystem.revive)
+    ask = twin(MemorySystem.ask)
+    status = twin(MemorySystem.status)
+    export = twin(MemorySystem.export)
+    import_ = twin(MemorySystem.import_)
 
     async def tell(self, message: Any) -> None:
         """Send a message without waiting for its answer (validated in the caller's task)."""

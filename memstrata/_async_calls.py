@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar,
 if TYPE_CHECKING:
     from ._async import AsyncSubscription
 
-__all__: list[str] = []  # the plumbing of the asyncio twin (memstrata._async imports its names)
+__all__ = ["AsyncHandle", "CallPool", "SyncAttribute", "submit_call", "twin", "undone_if_cancelled"]
 
 log = logging.getLogger("memstrata")
 
@@ -33,11 +33,11 @@ R = TypeVar("R")
 _POOL_THREADS = 64
 
 
-def _twin(method: Callable[Concatenate[Any, P], R]) -> Callable[Concatenate[Any, P], Coroutine[Any, Any, R]]:
+def twin(method: Callable[Concatenate[Any, P], R]) -> Callable[Concatenate[Any, P], Coroutine[Any, Any, R]]:
     """The coroutine version of a synchronous handle method (same name, params and docstring)."""
     name = method.__name__
 
-    async def call(handle: _Handle, /, *args: P.args, **kwargs: P.kwargs) -> R:
+    async def call(handle: AsyncHandle, /, *args: P.args, **kwargs: P.kwargs) -> R:
         bound: Callable[P, R] = getattr(handle.sync, name)
         return await handle._run(functools.partial(bound, *args, **kwargs))
 
@@ -45,7 +45,7 @@ def _twin(method: Callable[Concatenate[Any, P], R]) -> Callable[Concatenate[Any,
     return call
 
 
-class _Pool(ThreadPoolExecutor):
+class CallPool(ThreadPoolExecutor):
     """The system's call pool. It knows which calls are still running, so ``wait_idle`` also
     waits for a call whose awaiting task was cancelled (the call goes on, see the module doc),
     and which subscriptions are open, so that their iterations end when the system stops."""
@@ -94,14 +94,14 @@ class _Pool(ThreadPoolExecutor):
         self.shutdown(wait=False)
 
 
-def _submit(pool: _Pool, call: Callable[[], R]) -> asyncio.Future[R]:
+def submit_call(pool: CallPool, call: Callable[[], R]) -> asyncio.Future[R]:
     """``call`` off the event loop: on the system's pool or, once the system has stopped and
     released it, on the loop's default executor, so a late call gets the stopped system's own
     answer (``SystemStoppedError`` for most, as in the synchronous API)."""
     return asyncio.get_running_loop().run_in_executor(None if pool.closed else pool, call)
 
 
-async def _undone_if_cancelled(pool: _Pool, make: Callable[[], R], undo: Callable[[R], object]) -> R:
+async def undone_if_cancelled(pool: CallPool, make: Callable[[], R], undo: Callable[[R], object]) -> R:
     """``make()`` off the event loop for a task that may be cancelled before the result arrives.
     What a cancelled task's call makes (a started system, a subscription) is then passed to
     ``undo``, on the pool: nobody else holds it, so nobody else could."""
@@ -119,13 +119,13 @@ async def _undone_if_cancelled(pool: _Pool, make: Callable[[], R], undo: Callabl
         return result
 
     try:
-        return await asyncio.shield(_submit(pool, call))
+        return await asyncio.shield(submit_call(pool, call))
     except asyncio.CancelledError:
         with lock:
             cancelled = True
             handed = list(made)  # made just before the cancel, not yet received
         for result in handed:
-            _submit(pool, functools.partial(_quietly, undo, result))
+            submit_call(pool, functools.partial(_quietly, undo, result))
         raise
 
 
@@ -137,26 +137,26 @@ def _quietly(undo: Callable[[R], object], result: R) -> None:
         log.warning("could not undo what a cancelled call made (%r)", result, exc_info=True)
 
 
-class _Handle:
+class AsyncHandle:
     """Shared plumbing: the synchronous object and the pool its calls run on."""
 
     sync: Any
 
-    def __init__(self, sync: Any, pool: _Pool) -> None:
+    def __init__(self, sync: Any, pool: CallPool) -> None:
         self.sync = sync
         self._pool = pool
 
     async def _run(self, call: Callable[[], R]) -> R:
         # shielded: a cancelled caller stops waiting, but a call already sent still runs
-        return await asyncio.shield(_submit(self._pool, call))
+        return await asyncio.shield(submit_call(self._pool, call))
 
     def __repr__(self) -> str:
         return f"<Async{repr(self.sync)[1:]}"
 
 
-class _Same(Generic[R]):
+class SyncAttribute(Generic[R]):
     """A read-only attribute of a handle: the synchronous object's attribute of the same name
-    (``id = _Same[str]()``), answered at once, not on the pool."""
+    (``id = SyncAttribute[str]()``), answered at once, not on the pool."""
 
     def __init__(self) -> None:
         self._name = ""
@@ -165,12 +165,12 @@ class _Same(Generic[R]):
         self._name = name
 
     @overload
-    def __get__(self, handle: None, owner: type) -> _Same[R]: ...
+    def __get__(self, handle: None, owner: type) -> SyncAttribute[R]: ...
 
     @overload
-    def __get__(self, handle: _Handle, owner: type | None = None) -> R: ...
+    def __get__(self, handle: AsyncHandle, owner: type | None = None) -> R: ...
 
-    def __get__(self, handle: _Handle | None, owner: type | None = None) -> R | _Same[R]:
+    def __get__(self, handle: AsyncHandle | None, owner: type | None = None) -> R | SyncAttribute[R]:
         if handle is None:
             return self
         value: R = getattr(handle.sync, self._name)

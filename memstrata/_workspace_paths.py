@@ -16,10 +16,10 @@ from memstrata.core.errors import InvalidInputError
 if TYPE_CHECKING:
     from ._workspace_results import Workspace
 
-__all__: list[str] = []  # the path lookups of Workspaces.get (memstrata._workspaces imports them)
+__all__ = ["exists_under", "is_within", "refuse_ambiguous", "through_root_link"]
 
 
-def _refuse_ambiguous(path: str, holders: list[Workspace]) -> None:
+def refuse_ambiguous(path: str, holders: list[Workspace]) -> None:
     """A relative path found under more than one root names no file: refused rather than read
     from whichever root was registered first. One folder registered as two kinds is one root."""
     roots = list(dict.fromkeys(str(w.root) for w in holders))
@@ -30,7 +30,7 @@ def _refuse_ambiguous(path: str, holders: list[Workspace]) -> None:
         )
 
 
-def _exists_under(root: Path, rel: str) -> bool:
+def exists_under(root: Path, rel: str) -> bool:
     """Whether ``rel`` names something in ``root``, looked up through directory descriptors
     without following symlinks (only picks the root; the layer's ``get`` does the checks)."""
     from memstrata.layers._safe_fs import exists
@@ -38,7 +38,7 @@ def _exists_under(root: Path, rel: str) -> bool:
     return exists(root, os.path.normpath(rel).replace(os.sep, "/"))
 
 
-def _through_root_link(path: str, roots: list[Workspace]) -> str:
+def through_root_link(path: str, roots: list[Workspace]) -> str:
     """``path`` with its shortest leading part that resolves to a root (as ``index`` resolves
     it) replaced by that root, else ``path`` itself. Only that part is resolved: a part that
     leads inside a root but not to it ends the search, and what follows the root is the layer's
@@ -54,11 +54,11 @@ def _through_root_link(path: str, roots: list[Workspace]) -> str:
             return path
         if resolved in known:
             return str(resolved.joinpath(*rest[n + 1 :]))
-        if any(_is_within(str(resolved), root) for root in known):
+        if any(is_within(str(resolved), root) for root in known):
             return path
     return path
 
 
-def _is_within(path: str, root: Path) -> bool:
+def is_within(path: str, root: Path) -> bool:
     root_text = str(root)
     return path == root_text or path.startswith(root_text.rstrip(os.sep) + os.sep)

@@ -26,7 +26,7 @@ from memstrata.core.config import Config
 from memstrata.core.errors import InvalidInputError, PathOutsideRootError, StorageError
 from memstrata.core.validation import check_language, check_path, show_path
 
-from ._workspace_paths import _exists_under, _is_within, _refuse_ambiguous, _through_root_link
+from ._workspace_paths import exists_under, is_within, refuse_ambiguous, through_root_link
 from ._workspace_results import (
     KINDS,
     FileText,
@@ -341,17 +341,17 @@ class Workspaces(Closeable):
         expanded = os.path.expanduser(raw)
         if os.path.isabs(expanded):
             absolute = os.path.normpath(expanded)
-            inside = [w for w in candidates if _is_within(absolute, w.root)]
+            inside = [w for w in candidates if is_within(absolute, w.root)]
             if not inside:  # e.g. through a symlink to a root, as `index` resolves it
-                absolute = _through_root_link(absolute, candidates)
-                inside = [w for w in candidates if _is_within(absolute, w.root)]
+                absolute = through_root_link(absolute, candidates)
+                inside = [w for w in candidates if is_within(absolute, w.root)]
             if not inside:
                 raise PathOutsideRootError(f"path {raw!r} is not inside an indexed root")
             inside.sort(key=lambda w: len(str(w.root)), reverse=True)  # the deepest root first
             ws, relative = self._serving([(w, os.path.relpath(absolute, w.root)) for w in inside])
         else:
-            existing = [w for w in candidates if _exists_under(w.root, raw)]
-            _refuse_ambiguous(raw, existing)
+            existing = [w for w in candidates if exists_under(w.root, raw)]
+            refuse_ambiguous(raw, existing)
             ws, relative = self._serving([(w, raw) for w in existing]) if existing else (candidates[0], raw)
         with self._using(ws) as layer:
             found = layer.get_lines(relative, from_line=from_line, lines=lines)
