@@ -14,7 +14,7 @@ from memstrata.core.config import Config
 
 from ._ray_admin import nodes
 
-__all__ = ["host_name", "unplaceable"]
+__all__ = ["host_name", "placement_options", "unplaceable"]
 
 
 def host_name(config: Config, kind: str, key: str) -> str:
@@ -26,7 +26,7 @@ def host_name(config: Config, kind: str, key: str) -> str:
     return f"agent:{key}" if config.cluster.group == "agent" else f"{kind}:{key}"
 
 
-def _strategy(where: str) -> dict[str, Any]:
+def placement_options(where: str) -> dict[str, Any]:
     """Ray actor options for a placement (see ``ClusterConfig.placement``)."""
     kind, _, rest = where.partition(":")
     if kind == "resource":

@@ -69,7 +69,7 @@ from ._ray_board import JournaledBoardSupervisor
 from ._ray_connect import carried, connect, joined, one_line
 from ._ray_embedding import node_embedder
 from ._ray_order import SenderOrder
-from ._ray_placement import _strategy, host_name, unplaceable
+from ._ray_placement import host_name, placement_options, unplaceable
 from ._ray_relays import RelayEndpoint, run_relay
 from ._runtime import Runtime
 from ._shutdown import StopReport
@@ -187,7 +187,7 @@ class RayRuntime(Runtime):
                 max_task_retries=0,
                 max_concurrency=_HOST_CONCURRENCY,
                 num_cpus=0,
-                **_strategy(where),
+                **placement_options(where),
             ).remote(self.config, group, key, self._model, self._loader, self.ids.seed)
         except Exception as exc:  # Ray refused its options or is gone: not a late answer
             raise ActorCrashedError(

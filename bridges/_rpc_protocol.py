@@ -23,6 +23,7 @@ __all__ = [
     "IdentifiedError",
     "LineError",
     "Method",
+    "RpcCall",
     "check_request",
     "decode_line",
     "error_for",
@@ -214,14 +215,16 @@ IdentifiedError = _Identified
 
 
 @dataclass(slots=True)
-class _Call:
+class RpcCall:
+    """A request judged answerable: its id (none for a notification), method and params."""
+
     request_id: Any
     notification: bool
     method: Method
     params: dict[str, Any]
 
 
-def judge_request(request: Any, methods: Mapping[str, Method], *, max_depth: int = MAX_DEPTH) -> _Call:
+def judge_request(request: Any, methods: Mapping[str, Method], *, max_depth: int = MAX_DEPTH) -> RpcCall:
     """One request object judged; raises ``_RequestError``/``_Identified`` when it is not one."""
     request = check_request(request, max_depth=max_depth, require_id=False)
     notification = "id" not in request
@@ -259,4 +262,4 @@ def judge_request(request: Any, methods: Mapping[str, Method], *, max_depth: int
             raise _RequestError(ErrorCode.INVALID_PARAMS, f"{name}: {_one_line(str(exc))}") from exc
     except _RequestError as exc:
         raise _Identified(request_id, exc, notification=notification) from None
-    return _Call(request_id, notification, method, params)
+    return RpcCall(request_id, notification, method, params)

@@ -59,7 +59,7 @@ from ._rpc_protocol import (
     IdentifiedError,
     LineError,
     Method,
-    _Call,
+    RpcCall,
     _error,
     _Identified,
     _RequestError,
@@ -168,7 +168,7 @@ class JsonLinesServer:
 
     # -- execution -----------------------------------------------------------------------------
 
-    def _run(self, connection: Connection, call: _Call, batch: _Batch | None) -> None:
+    def _run(self, connection: Connection, call: RpcCall, batch: _Batch | None) -> None:
         after: list[Callable[[], None]] = []
         _local.connection = connection
         _local.after = after
@@ -196,7 +196,7 @@ class JsonLinesServer:
                 with contextlib.suppress(Exception):
                     action()
 
-    def _start(self, connection: Connection, call: _Call, batch: _Batch | None) -> None:
+    def _start(self, connection: Connection, call: RpcCall, batch: _Batch | None) -> None:
         try:
             lane = call.method.lane(call.params)
         except Exception:
