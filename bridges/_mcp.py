@@ -17,10 +17,13 @@ error (with its id when it has a usable one, else ``null``) and the session goes
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import sys
 import threading
+import typing
+from collections import Counter
 from collections.abc import Iterator
 from typing import IO, TYPE_CHECKING, Any
 
@@ -174,6 +177,35 @@ def _tool_call_problem(params: dict[str, Any]) -> str | None:
     return None
 
 
+@functools.cache
+def _request_types() -> dict[str, Any]:
+    """The SDK's model of each client request, by method (its union has no discriminator, so a
+    failed validation lists a complaint from every member)."""
+    from mcp import types
+
+    return {
+        typing.get_args(cls.model_fields["method"].annotation)[0]: cls
+        for cls in typing.get_args(types.ClientRequest)
+    }
+
+
+def _params_problem(method: str, params: dict[str, Any] | None) -> str | None:
+    """What the SDK's model of ``method`` refuses in ``params``, named (the SDK answers only
+    "Invalid request parameters"); ``None`` for a method it does not know (it says so itself)."""
+    model = _request_types().get(method)
+    if model is None:
+        return None
+    request = {"method": method} if params is None else {"method": method, "params": params}
+    try:
+        model.model_validate(request)
+    except Exception as exc:  # pydantic's ValidationError
+        errors = getattr(exc, "errors", None)
+        first = errors()[0] if callable(errors) and errors() else {}
+        where = ".".join(str(part) for part in first.get("loc", ())[1:]) or "params"
+        return f"param {where!r}: {' '.join(str(first.get('msg', exc)).split())[:200]}"
+    return None
+
+
 def judge_line(line: bytes, *, max_depth: int = MAX_DEPTH) -> tuple[Any, dict[str, Any] | None]:
     """One input line as ``(message, None)`` for the SDK, or ``(None, error response)``.
 
@@ -198,8 +230,10 @@ def judge_line(line: bytes, *, max_depth: int = MAX_DEPTH) -> tuple[Any, dict[st
             request_id, ErrorCode.INVALID_PARAMS, f"{method}: params must be an object, got {kind}"
         )
     problem = _tool_call_problem(params) if method == "tools/call" and params is not None else None
+    if problem is None and isinstance(method, str) and request_id is not None:
+        problem = _params_problem(method, params)
     if problem is not None:
-        return None, _error(request_id, ErrorCode.INVALID_PARAMS, f"tools/call: {problem}")
+        return None, _error(request_id, ErrorCode.INVALID_PARAMS, f"{method}: {problem}")
     if _ESCAPED_SURROGATE.search(line):
         where = _lone_surrogate(request)
         if where is not None:
@@ -220,6 +254,9 @@ def judge_line(line: bytes, *, max_depth: int = MAX_DEPTH) -> tuple[Any, dict[st
             request_id, ErrorCode.INVALID_REQUEST, f"not a valid JSON-RPC 2.0 message: {text}"
         )
     return message, None
+
+
+_NOT_INITIALIZED = "the session is not initialized yet: send 'initialize' first"
 
 
 def _encode(message: Any) -> bytes:
@@ -258,11 +295,21 @@ async def serve_lines(
 
     read_send, read_receive = create_context_streams[Any](0)
     write_send, write_receive = create_context_streams[Any](0)
-    # ids of requests handed to the server and not answered yet: end of input waits for them
-    unanswered: set[Any] = set()
+    # requests handed to the server and not answered yet, counted by id (a client may reuse an
+    # id): end of input waits for them
+    unanswered: Counter[Any] = Counter()
     answered = [anyio.Event()]
 
+    def settle(request_id: Any) -> None:
+        """One request of ``request_id`` needs no more waiting: answered, or cancelled (MCP
+        answers no cancelled request)."""
+        if unanswered[request_id] > 1:
+            unanswered[request_id] -= 1
+        elif unanswered.pop(request_id, 0):
+            answered[0].set()
+
     async def read_input() -> None:
+        initialized = False
         async with read_send:
             while True:
                 try:
@@ -279,8 +326,19 @@ async def serve_lines(
                     await anyio.to_thread.run_sync(write, dumps(error) + b"\n")
                     continue
                 inner = getattr(message, "root", message)
-                if getattr(inner, "method", None) is not None and getattr(inner, "id", None) is not None:
-                    unanswered.add(inner.id)
+                method = getattr(inner, "method", None)
+                if method is not None and getattr(inner, "id", None) is not None:
+                    if not initialized and method not in (
+                        "initialize",
+                        "ping",
+                    ):  # the SDK's answer names nothing
+                        refused = _error(inner.id, ErrorCode.INVALID_REQUEST, f"{method}: {_NOT_INITIALIZED}")
+                        await anyio.to_thread.run_sync(write, dumps(refused) + b"\n")
+                        continue
+                    initialized = initialized or method == "initialize"
+                    unanswered[inner.id] += 1
+                elif method == "notifications/cancelled" and isinstance(getattr(inner, "params", None), dict):
+                    settle(inner.params.get("requestId"))
                 await read_send.send(SessionMessage(message))
             with anyio.move_on_after(drain_timeout_s):
                 while unanswered:
@@ -292,9 +350,8 @@ async def serve_lines(
             async for session_message in write_receive:
                 await anyio.to_thread.run_sync(write, _encode(session_message.message))
                 inner = getattr(session_message.message, "root", session_message.message)
-                if getattr(inner, "method", None) is None and getattr(inner, "id", None) in unanswered:
-                    unanswered.discard(inner.id)
-                    answered[0].set()
+                if getattr(inner, "method", None) is None and getattr(inner, "id", None) is not None:
+                    settle(inner.id)
 
     async with anyio.create_task_group() as group:
         group.start_soon(read_input)

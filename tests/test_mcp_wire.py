@@ -13,6 +13,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -307,3 +308,66 @@ def test_a_sigterm_while_the_system_starts_ends_mcp_before_serving() -> None:
     early._received(signal.SIGTERM, None)  # no system yet: nothing to stop, only noted
     assert early.requested and not early.serving(object(), object())
     assert _SigtermStops().serving(object(), object())  # no signal: the session is served
+
+
+def _store(request_id: Any, content: str) -> dict[str, Any]:
+    call = {"name": "knowledge_store", "arguments": {"content": content, "category": "pattern"}}
+    return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": call}
+
+
+def test_requests_sharing_an_id_are_all_answered_before_the_session_ends(data_dir: Path) -> None:
+    """Reusing an id is the client's mistake, but every write made is answered: the end of input
+    waits for each request, not for each id."""
+    payload = _lines(_INIT, _INITIALIZED, *[_store(7, f"entry number {n}") for n in range(10)])
+    out = io.BytesIO()
+    with MemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder()) as system:
+        server = build_server(system, None, agent_id="wire")
+        anyio.run(lambda: serve_lines(server, io.BytesIO(payload), out))
+        stored = system.agent("wire").list_knowledge(limit=100)
+    answers = [orjson.loads(line) for line in out.getvalue().splitlines()]
+    assert len([a for a in answers if a["id"] == 7 and "result" in a]) == 10
+    assert len(stored) == 10
+
+
+def test_a_cancelled_request_does_not_hold_the_end_of_input(data_dir: Path) -> None:
+    """MCP answers no cancelled request, so the end of input must not wait for one (hosts cancel
+    a call that timed out, then close the session)."""
+    cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1}}
+    payload = _lines(_INIT, _INITIALIZED, _store(1, "cancel me"), cancel)
+    out = io.BytesIO()
+    with MemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder()) as system:
+        server = build_server(system, None, agent_id="wire")
+        session = threading.Thread(
+            target=lambda: anyio.run(
+                lambda: serve_lines(server, io.BytesIO(payload), out, drain_timeout_s=3600)
+            ),
+            daemon=True,
+        )
+        session.start()
+        session.join(120)  # a guard against a hang, far beyond the session's own time
+        assert not session.is_alive(), "the session waited for an answer to a cancelled request"
+
+
+def test_errors_the_sdk_would_leave_unnamed_name_their_cause(data_dir: Path) -> None:
+    """A request before ``initialize`` and a request param of the wrong type: the SDK answers
+    both with a bare "Invalid request parameters"."""
+    early = _lines(_store(1, "too early"), _INIT, _INITIALIZED)
+    late = _lines(
+        _INIT, _INITIALIZED, {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {"cursor": 5}}
+    )
+    answers: dict[Any, dict[str, Any]] = {}
+    with MemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder()) as system:
+        for payload in (early, late):
+            out = io.BytesIO()
+            server = build_server(system, None, agent_id="wire")
+            anyio.run(serve_lines, server, io.BytesIO(payload), out)
+            answers.update((a["id"], a) for a in map(orjson.loads, out.getvalue().splitlines()))
+        assert system.agent("wire").list_knowledge() == []  # the early call was not run
+    assert answers[1]["error"] == {
+        "code": ErrorCode.INVALID_REQUEST,
+        "message": "tools/call: the session is not initialized yet: send 'initialize' first",
+    }
+    assert answers[2]["error"] == {
+        "code": ErrorCode.INVALID_PARAMS,
+        "message": "tools/list: param 'cursor': Input should be a valid string",
+    }
