@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -21,7 +22,7 @@ from ._store_base import (
     _iso,
     _PersistentActor,
 )
-from ._store_messages import FloatArray, WriteBackEpisode
+from ._store_messages import EpisodesImported, ExportRecords, FloatArray, WriteBackEpisode
 from .messages import (
     ArchiveEpisodes,
     CommitMemory,
@@ -149,6 +150,11 @@ class EpisodicActor(_PersistentActor):
 
         return [MemoryStored(self.key, i) for i in self._with_vectors(messages, record)]
 
+    def handle(self, message: Any) -> Any:
+        if isinstance(message, ExportRecords):  # with the file it will replace: see _export
+            return self._export(message.into)
+        return super().handle(message)
+
     def handle_store(self, message: Any) -> Any:
         layer = self.layer
         if isinstance(message, WriteBackEpisode):
@@ -210,18 +216,27 @@ class EpisodicActor(_PersistentActor):
             "archive": archive,
         }
 
-    def _export(self) -> list[dict[str, Any]]:
+    def _export(self, into: str | None = None) -> list[dict[str, Any]]:
         """Live episodes, then the episodes of every readable archive (named by file name) that
-        are not live again (restored: the archive keeps its copy, as searches skip it)."""
+        are not live again (restored: the archive keeps its copy, as searches skip it), each once
+        (archived again after a restore, it stands in two archives: the first names it). An
+        export ``into`` one of the archives would replace it: refused, so its episodes stay."""
         from memstrata.layers._archive import ArchiveFile
         from memstrata.layers._episode_records import episode_from_row
 
         layer = self.layer
+        status = layer.status() if callable(getattr(layer, "status", None)) else {}
+        archives = status.get("archives", ())
+        for archive in archives:
+            if into is not None and os.path.realpath(str(archive["path"])) == into:
+                raise InvalidInputError(
+                    f"export path {into!r} is an episode archive of agent {self.key!r}: "
+                    "write the export elsewhere"
+                )
         live = layer.timeline(limit=None)
         out = [self._record(e, None) for e in live]
-        live_uuids = {e.uuid for e in live}
-        status = layer.status() if callable(getattr(layer, "status", None)) else {}
-        for archive in status.get("archives", ()):
+        seen = {e.uuid for e in live}
+        for archive in archives:
             if not archive.get("available"):
                 continue
             path = Path(str(archive["path"]))
@@ -230,38 +245,50 @@ class EpisodicActor(_PersistentActor):
                 rows = opened.rows()
             finally:
                 opened.close()
-            gone = layer.deleted_uuids([str(r[1]) for r in rows]) | live_uuids  # deleted for good, or live
-            out += [
-                self._record(episode_from_row(r, path.name), path.name) for r in rows if str(r[1]) not in gone
-            ]
+            gone = layer.deleted_uuids([str(r[1]) for r in rows]) | seen  # deleted, live or exported
+            kept = [r for r in rows if str(r[1]) not in gone]
+            out += [self._record(episode_from_row(r, path.name), path.name) for r in kept]
+            seen.update(str(r[1]) for r in kept)
         return out
 
-    def _import(self, records: Sequence[dict[str, Any]]) -> int:
-        """Live episodes with their uuid and time; those already present (same uuid) and
-        archived ones (restore their archive file instead) are skipped."""
+    def _import(self, records: Sequence[dict[str, Any]]) -> EpisodesImported:
+        """Live episodes with their uuid and time, in id order; into an empty store they keep
+        their ids, gaps included (as knowledge does: a promoted entry's ``episode_id`` tag still
+        names its episode). Those already present (same uuid) and archived ones (restore their
+        archive file instead) are skipped. Answers with the ids that differ from the file's."""
         layer = self.layer
-        present = {e.uuid for e in layer.timeline(limit=None)}
+        present = {e.uuid: int(e.id) for e in layer.timeline(limit=None)}
+        keep_ids = not present
         saved = getattr(layer, "new_uuid", None)
         added = 0
+        moved: dict[int, int] = {}
         try:
-            for record in sorted(records, key=lambda r: (str(r.get("at")), int(r.get("id", 0)))):
-                uuid = str(record.get("uuid") or "")
-                if record.get("archive") or (uuid and uuid in present):
+            for record in sorted(records, key=lambda r: int(r["id"])):
+                if record.get("archive"):
                     continue
-                if uuid and saved is not None:
-                    layer.new_uuid = lambda uuid=uuid: uuid
-                layer.record(
-                    record["content"],
-                    title=record.get("title"),
-                    task_run_id=record.get("task_run_id"),
-                    tags=record.get("tags") or None,
-                    kind=record.get("episode_kind", "note"),
-                    at=datetime.fromisoformat(str(record["at"])),
-                )
-                present.add(uuid)
-                added += 1
+                uuid, exported = str(record.get("uuid") or ""), int(record["id"])
+                here = present.get(uuid) if uuid else None
+                if here is None:
+                    if keep_ids:
+                        layer.next_id_at_least(exported)
+                    if uuid and saved is not None:
+                        layer.new_uuid = lambda uuid=uuid: uuid
+                    here = int(
+                        layer.record(
+                            record["content"],
+                            title=record.get("title"),
+                            task_run_id=record.get("task_run_id"),
+                            tags=record.get("tags") or None,
+                            kind=record.get("episode_kind", "note"),
+                            at=datetime.fromisoformat(str(record["at"])),
+                        )
+                    )
+                    present[uuid] = here
+                    added += 1
+                if here != exported:
+                    moved[exported] = here
         finally:
             if saved is not None:
                 layer.new_uuid = saved
         self.after_write()
-        return added
+        return EpisodesImported(added, moved)

@@ -125,21 +125,24 @@ class KnowledgeStoreActor(_PersistentActor):
     def _import(self, records: Sequence[dict[str, Any]]) -> int:
         """Entries in id order, each dated as exported: created by an ``add`` at ``created_at``,
         then (when it changed later) refreshed by the same ``add`` at ``updated_at``. Into an
-        empty store they keep their ids, gaps included."""
+        empty store they keep their ids, gaps included. An entry already there (same content,
+        category and scope) is skipped and left as it is: an older export never reverts it."""
         layer = self.layer
         saved = getattr(layer, "clock", None)
         added = 0
         keep_ids = layer.count() == 0
         try:
             for record in sorted(records, key=lambda r: int(r.get("id", 0))):
-                if keep_ids and record.get("id") is not None:
-                    layer.next_id_at_least(int(record["id"]))
                 args = {
                     "category": record["category"],
                     "tags": record.get("tags") or None,
                     "scope": record.get("scope", "/"),
                     "author": record.get("author"),
                 }
+                if layer.find(record["content"], category=args["category"], scope=args["scope"]) is not None:
+                    continue
+                if keep_ids and record.get("id") is not None:
+                    layer.next_id_at_least(int(record["id"]))
                 before = layer.count()
                 for stamp in dict.fromkeys((record.get("created_at"), record.get("updated_at"))):
                     if stamp is not None and saved is not None:

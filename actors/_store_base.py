@@ -46,6 +46,7 @@ from ._store_held_writebacks import _HeldWriteBacks
 from ._store_messages import (
     BoundedSearch,
     CatchUp,
+    EpisodesImported,
     ExportRecords,
     FloatArray,
     ImportRecords,
@@ -369,7 +370,7 @@ class _PersistentActor(_HeldWriteBacks):
     def _export(self) -> list[dict[str, Any]]:
         raise NotImplementedError
 
-    def _import(self, records: Sequence[dict[str, Any]]) -> int:
+    def _import(self, records: Sequence[dict[str, Any]]) -> int | EpisodesImported:
         raise NotImplementedError
 
     def handle(self, message: Any) -> Any:

@@ -19,6 +19,7 @@ FloatArray = npt.NDArray[np.float32]
 __all__ = [
     "BoundedSearch",
     "CatchUp",
+    "EpisodesImported",
     "ExportRecords",
     "FloatArray",
     "ImportRecords",
@@ -73,15 +74,29 @@ class Searched:
 @dataclass(frozen=True, slots=True)
 class ExportRecords:
     """Internal: every record the actor's store holds, as plain JSON-ready dicts (see
-    ``memstrata export``), answered as a list."""
+    ``memstrata export``), answered as a list. ``into``: the file the export will replace
+    (symlinks resolved); an episodic store refuses when it is one of its archives."""
+
+    into: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class ImportRecords:
     """Internal: restore records made by :class:`ExportRecords` (of this actor's kind) with
-    their times and ids; answered with how many were added."""
+    their times and ids; answered with how many were added (an episodic store: with
+    :class:`EpisodesImported`)."""
 
     records: tuple[dict[str, Any], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodesImported:
+    """Internal: how many episodes an import added, and the id here of each exported id that
+    names another episode now (renumbered, or present under another id), so the ``episode_id``
+    tags of knowledge promoted from them can follow."""
+
+    added: int
+    ids: dict[int, int]
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ __all__ = [
     "EMBED_CHARS",
     "MAX_AUTHOR_CHARS",
     "MAX_ENTRY_ID",
+    "MAX_EXACT_JSON_INT",
     "MAX_KEY_CHARS",
     "MAX_LABEL_CHARS",
     "MAX_LIST_LIMIT",
@@ -87,6 +88,7 @@ MAX_KEY_CHARS: Final = 1_024  # working-memory, blackboard and item keys
 MAX_LABEL_CHARS: Final = 1_024  # one label of an item namespace
 MAX_NAMESPACE_DEPTH: Final = 64  # labels in an item namespace
 MAX_ENTRY_ID: Final = 2**62  # the largest knowledge entry or episode id a request may name
+MAX_EXACT_JSON_INT: Final = 2**53 - 1  # the largest integer every JSON client holds exactly (imported ids)
 MAX_OFFSET: Final = 2**62  # how many rows a listing may skip
 MAX_TASK_ID_CHARS: Final = 256  # task ids and task-run ids
 MAX_TAGS: Final = 64

@@ -459,6 +459,23 @@ def check_datetime(value: object, name: str) -> _dt.datetime | None:
     return check_aware(value, name)
 
 
+_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
+# UNIX seconds a datetime holds, whole seconds (the last one's fraction rounds into year 10000)
+_FIRST_SECOND = (_dt.datetime.min.replace(tzinfo=_dt.UTC) - _EPOCH).total_seconds()
+_LAST_SECOND = (_dt.datetime.max.replace(tzinfo=_dt.UTC, microsecond=0) - _EPOCH).total_seconds()
+
+
+def check_timestamp(value: object, name: str, *, optional: bool = False) -> float | None:
+    """UNIX seconds within years 1 to 9999 (UTC), as every time the clock stamps is: a stored
+    time beyond could not be shown as a date (each door would fail on it); ``None`` if optional."""
+    if value is None and optional:
+        return None
+    number = _as_float(value)
+    if number is None or not _FIRST_SECOND <= number <= _LAST_SECOND:
+        raise fail(name, "must be a number of UNIX seconds within years 1 to 9999", value)
+    return number
+
+
 def check_time_range(since: _dt.datetime | None, until: _dt.datetime | None) -> None:
     """``since`` is not after ``until`` (aware datetimes, either may be ``None``): every door
     refuses the empty range the same way, whether or not the agent has episodes yet."""

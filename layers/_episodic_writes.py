@@ -27,6 +27,7 @@ from memstrata.core.validation import (
     check_time_range,
 )
 
+from ._common import next_id_at_least
 from ._episode_records import (
     EPISODE_COLUMNS,
     Episode,
@@ -174,6 +175,11 @@ class EpisodicWrites(EpisodicBase):
                 "coalesce((SELECT max(id) FROM episodes), 0))"
             )
         )
+
+    def next_id_at_least(self, episode_id: int) -> None:
+        """The next new episode takes at least ``episode_id`` (an import keeping the ids of an
+        export, gaps included); ids already given out are never given again."""
+        next_id_at_least(self._open_db(), "episodes", episode_id)
 
     def _insert(self, items: Sequence[_Item], vectors: FloatArray | None = None) -> list[int]:
         if not items:

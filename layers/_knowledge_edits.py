@@ -21,6 +21,7 @@ from memstrata.core.validation import (
 )
 from memstrata.storage import identifier_words, text_hash
 
+from ._common import next_id_at_least
 from ._knowledge_schema import (
     HASH_KEY,
     HASH_KEY_BYTES,
@@ -44,6 +45,22 @@ class KnowledgeEdits(KnowledgeWrites):
         self._check_open()
         entries = self._load([check_row_id(id)])
         return entries.get(id)
+
+    def find(self, content: str, *, category: str = "pattern", scope: str = "/") -> int | None:
+        """The id of the entry with this content, category and scope (the one :meth:`add` would
+        refresh), or ``None``: an import leaves an entry it finds as it is."""
+        self._check_open()
+        digest = text_hash(check_content(content, max_bytes=self._max_bytes))
+        return self._same_entry(digest, check_category(category), check_scope(scope))
+
+    def _same_entry(self, digest: bytes, category: str, scope: str, *, other_than: int = 0) -> int | None:
+        """The entry other than ``other_than`` with this content hash, category and scope."""
+        found = self._db.scalar(
+            f"SELECT id FROM {TABLE} WHERE {HASH_KEY} = ? AND content_hash = ? AND category = ? "
+            "AND scope = ? AND id != ?",
+            (digest[:HASH_KEY_BYTES], digest, category, scope, other_than),
+        )
+        return None if found is None else int(found)
 
     def update(
         self,
@@ -86,11 +103,7 @@ class KnowledgeEdits(KnowledgeWrites):
         final_scope = new_scope or current.scope
         digest = text_hash(final_content)
         with self._db.transaction():
-            other = self._db.scalar(
-                f"SELECT id FROM {TABLE} WHERE {HASH_KEY} = ? AND content_hash = ? AND category = ? "
-                "AND scope = ? AND id != ?",
-                (digest[:HASH_KEY_BYTES], digest, final_category, final_scope, entry_id),
-            )
+            other = self._same_entry(digest, final_category, final_scope, other_than=entry_id)
             if other is not None:
                 raise InvalidInputError(
                     f"update of entry {entry_id} would duplicate entry {other} "
@@ -174,11 +187,4 @@ class KnowledgeEdits(KnowledgeWrites):
         """The next new entry takes at least ``entry_id`` (an import keeping the ids of an
         export, gaps included); ids already given out are never given again."""
         self._check_open()
-        wanted = check_row_id(entry_id) - 1
-        with self._db.transaction():
-            self._db.execute(
-                "INSERT INTO sqlite_sequence (name, seq) SELECT ?, 0"
-                " WHERE NOT EXISTS (SELECT 1 FROM sqlite_sequence WHERE name = ?)",
-                (TABLE, TABLE),
-            )
-            self._db.execute("UPDATE sqlite_sequence SET seq = max(seq, ?) WHERE name = ?", (wanted, TABLE))
+        next_id_at_least(self._db, TABLE, entry_id)

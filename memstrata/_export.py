@@ -25,20 +25,27 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import math
 import os
 import stat
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from memstrata.core.constants import MAX_EXACT_JSON_INT
 from memstrata.core.errors import InvalidInputError, StorageError
 from memstrata.core.json_text import loads_or_refuse
-from memstrata.core.validation import check_agent_id, check_content, check_number, check_path, check_row_id
+from memstrata.core.validation import (
+    check_agent_id,
+    check_content,
+    check_int,
+    check_path,
+    check_task_id,
+    check_timestamp,
+)
 from memstrata.layers._roots import refused_output
 from memstrata.messages import (
     SHARED,
@@ -100,8 +107,9 @@ def _owners(runtime: Runtime, kind: str, running: list[tuple[str, str]]) -> set[
     return valid
 
 
-def export_records(runtime: Runtime, *, timeout: float) -> list[dict[str, Any]]:
-    """Every record of every store, sorted (waits until the system is idle first)."""
+def export_records(runtime: Runtime, *, timeout: float, into: Path | None = None) -> list[dict[str, Any]]:
+    """Every record of every store, sorted (waits until the system is idle first). ``into``: the
+    file the export will replace, refused by an episodic store whose archive it is."""
     from memstrata.actors._items_actor import ITEMS_FILE, ITEMS_KEY
     from memstrata.actors._store_messages import ExportRecords
 
@@ -109,13 +117,12 @@ def export_records(runtime: Runtime, *, timeout: float) -> list[dict[str, Any]]:
     runtime.wait_idle(timeout)
     running = runtime.running()
     records: list[dict[str, Any]] = [{"kind": "export", "format": FORMAT, "version": VERSION}]
+    ask = ExportRecords(None if into is None else os.path.realpath(into))  # as the write will follow
     for kind in ("knowledge", "episodic"):
         for owner in sorted(_owners(runtime, kind, running)):
             if kind == "episodic" and owner == SHARED:
                 continue
-            records += runtime.wait(
-                runtime.request(kind, owner, ExportRecords()), timeout, f"export {kind} {owner}"
-            )
+            records += runtime.wait(runtime.request(kind, owner, ask), timeout, f"export {kind} {owner}")
     for kind, key in sorted(running):
         if kind == "working":
             records += runtime.wait(
@@ -296,12 +303,15 @@ _TIMES = {
     "knowledge": (("created_at", True), ("updated_at", True)),
     "item": (("created_at", False), ("updated_at", False), ("expires_at", True)),
 }
+# fields an import reads as given, where the message would take a default or null in their place
+_GIVEN = {"working": ("value",), "signal": ("session", "value")}
 
 
 def check_record(where: str, record: dict[str, Any], *, max_content_bytes: int) -> None:
     """Refuse a record an import could not apply, naming ``where`` and the field: its fields
-    must meet the rules of a live write of the same data (the message it amounts to), its ids
-    and times must be numbers. Every record is checked before an import applies any."""
+    must meet the rules of a live write of the same data (the message it amounts to); its ids
+    must be integers every JSON client holds exactly (every door carries them as JSON numbers),
+    its times what a datetime holds. Every record is checked before an import applies any."""
     kind = record["kind"]
     if kind == "export":
         return
@@ -311,14 +321,19 @@ def check_record(where: str, record: dict[str, Any], *, max_content_bytes: int) 
     given = {field: record.get(name) for field, name in fields.items() if name in record or field in required}
     if kind == "episode":
         given["at"] = _episode_time(where, record.get("at"))
+    missing = [name for name in _GIVEN.get(kind, ()) if name not in record]
+    if missing:
+        raise InvalidInputError(f"{where} ({kind}): {missing[0]} is missing")
     try:
         cls(**given)
         if "content" in given:
             check_content(given["content"], "content", max_bytes=max_content_bytes)
         if kind in ("knowledge", "episode"):
-            check_row_id(record.get("id"), "id")
+            check_int(record.get("id"), "id", 1, MAX_EXACT_JSON_INT)
+        if kind == "episode":  # an id of text, as a task's is (null: a new one)
+            check_task_id(record.get("uuid"), "uuid", optional=True)
         for name, optional in _TIMES.get(kind, ()):
-            check_number(record.get(name), name, low=-math.inf, optional=optional)
+            check_timestamp(record.get(name), name, optional=optional)
     except InvalidInputError as exc:
         message = str(exc)
         for field, name in fields.items():  # the record's names, not the message's
@@ -354,6 +369,16 @@ def _episode_time(where: str, value: object) -> datetime:
     raise InvalidInputError(f"{where} (episode): at must be an ISO 8601 time, got {value!r}")
 
 
+def _retagged(record: dict[str, Any], moved: Mapping[tuple[str, str], str]) -> dict[str, Any]:
+    """A knowledge record whose ``episode_id`` tag names an episode of its author (of its owner
+    when it has none: the agent that promoted it) that the import gave another id: with that id."""
+    tags = record.get("tags")
+    if not isinstance(tags, dict) or not isinstance(tags.get("episode_id"), str):
+        return record
+    new = moved.get((str(record.get("author") or record["owner"]), tags["episode_id"]))
+    return record if new is None else {**record, "tags": {**tags, "episode_id": new}}
+
+
 def import_records(
     runtime: Runtime, lines: Iterable[tuple[str, dict[str, Any]]], *, timeout: float
 ) -> dict[str, int]:
@@ -362,12 +387,14 @@ def import_records(
     file with a bad line changes nothing.
 
     Knowledge keeps its times (and its ids when the store was empty); episodes keep their uuid
-    and time and are skipped when an episode with that uuid exists, archived ones are counted as
-    skipped (restore their archive file); working memory and blackboard values are set again;
-    items are upserted with their times, expiry and vectors.
+    and time (and their ids when the store was empty) and are skipped when an episode with that
+    uuid exists, archived ones are counted as skipped (restore their archive file); working
+    memory and blackboard values are set again; items are upserted with their times, expiry and
+    vectors. Episodes go before knowledge, so the ``episode_id`` tag of an entry promoted from
+    an episode of the file names the id that episode has here.
     """
     from memstrata.actors._items_actor import ITEMS_KEY
-    from memstrata.actors._store_messages import ImportRecords
+    from memstrata.actors._store_messages import EpisodesImported, ImportRecords
 
     runtime.check_open()
     records = []
@@ -405,10 +432,16 @@ def import_records(
             source = "" if dims is None else f"{dims[0].rsplit(' line ', 1)[0]}: "
             raise InvalidInputError(f"{source}{exc}: nothing was imported") from None
         counts["item"] += int(added)
-    for (actor, owner), group in sorted(groups.items()):
+    moved: dict[tuple[str, str], str] = {}  # (agent, exported episode id) -> its id here, where other
+    for (actor, owner), group in sorted(groups.items(), key=lambda g: (g[0][0] != "episodic", g[0])):
+        if actor == "knowledge" and moved:
+            group = [_retagged(record, moved) for record in group]
         added = runtime.wait(
             runtime.request(actor, owner, ImportRecords(tuple(group))), timeout, f"import {actor} {owner}"
         )
+        if isinstance(added, EpisodesImported):
+            moved.update(((owner, str(old)), str(new)) for old, new in added.ids.items())
+            added = added.added
         kind = "episode" if actor == "episodic" else actor
         counts[kind] += int(added)
         counts["skipped"] += len(group) - int(added)

@@ -324,16 +324,17 @@ class MemorySystem:
         from memstrata._export import export_records, export_target, write_export
 
         target = export_target(path, self.data_dir)  # refused before the system is asked
-        records = export_records(self._runtime, timeout=_timeout(self, timeout))
+        records = export_records(self._runtime, timeout=_timeout(self, timeout), into=target)
         return write_export(records, target)
 
     def import_(self, path: str | Path, *, timeout: float | None = None) -> dict[str, int]:
         """Restore an export made by :meth:`export` into this system; returns counts by kind.
 
-        Knowledge keeps its times (and ids when its store was empty), episodes their uuid and time
-        (an episode whose uuid exists is skipped, as are archived ones: restore their archive);
-        working memory and blackboard values are set again. Every line is checked first, its
-        fields by the rules of a live write: a file with a bad line changes nothing.
+        Knowledge keeps its times, episodes their uuid and time, both their ids when their store
+        was empty (an entry or episode already there is skipped and left as it is, as are
+        archived episodes: restore their archive); working memory and blackboard values are set
+        again. Every line is checked first, its fields by the rules of a live write: a file with
+        a bad line changes nothing.
         """
         from memstrata._export import import_records, read_export
 

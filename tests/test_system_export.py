@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 from pathlib import Path
 from typing import Any
 
@@ -99,10 +100,8 @@ def test_export_holds_every_kind_sorted_and_import_restores_it(tmp_path: Path) -
     def comparable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out = []
         for row in rows:
-            if row["kind"] == "episode":
-                if row["archive"]:
-                    continue  # restored from its archive file, not by import
-                row = {k: v for k, v in row.items() if k != "id"}  # renumbered; the uuid is kept
+            if row["kind"] == "episode" and row["archive"]:
+                continue  # restored from its archive file, not by import
             if row["kind"] == "signal":
                 row = {k: v for k, v in row.items() if k not in ("version", "updated_at")}
             if row["kind"] == "export":
@@ -441,3 +440,158 @@ def test_export_and_import_are_operations_and_cli_commands(tmp_path: Path) -> No
     )
     missing = runner.invoke(cli, [*other, "import", str(tmp_path / "nope.jsonl")], obj=state)
     assert missing.exit_code == 2
+
+
+def _write(path: Path, records: list[dict[str, Any]]) -> Path:
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    return path
+
+
+def test_episodes_keep_their_ids_into_an_empty_store_and_a_promoted_entry_follows_its_episode(
+    tmp_path: Path,
+) -> None:
+    """A promoted entry's episode_id tag names its episode after an import: into an empty store
+    episodes keep their ids (gaps included), into one with episodes the tag takes the new id."""
+    with MemorySystem.start(Config(data_dir=tmp_path / "src"), embedder=HashEmbedder()) as system:
+        agent = system.agent("a1")
+        first = agent.remember("deploy failed: missing migration", task_run_id="r1", at=START)
+        agent.remember("tests were flaky", at=START - dt.timedelta(hours=5))  # recorded later, dated earlier
+        agent.delete_episode(agent.remember("scratch note", at=START))
+        last = agent.remember("rollout succeeded", task_run_id="r2", at=START + dt.timedelta(minutes=1))
+        agent.promote_episode(first, category="pitfall")
+        agent.promote_episode(last, category="outcome", store="shared")
+        kept = {e.id: e.content for e in agent.list_episodes()}
+        system.export(tmp_path / "m.jsonl")
+    assert sorted(kept) == [1, 2, 4]
+
+    def named(agent: Any) -> dict[str, str | None]:
+        entries = [*agent.list_knowledge(), *agent.list_knowledge(store="shared")]
+        episodes = {e.content: agent.get_episode(int(e.tags["episode_id"])) for e in entries}
+        return {content: None if ep is None else ep.content for content, ep in episodes.items()}
+
+    promoted = {"deploy failed: missing migration": "deploy failed: missing migration"}
+    promoted["rollout succeeded"] = "rollout succeeded"
+    with MemorySystem.start(Config(data_dir=tmp_path / "empty"), embedder=HashEmbedder()) as system:
+        system.import_(tmp_path / "m.jsonl")
+        agent = system.agent("a1")
+        assert {e.id: e.content for e in agent.list_episodes()} == kept
+        assert named(agent) == promoted
+        assert agent.remember("a new episode") == 5
+    with MemorySystem.start(Config(data_dir=tmp_path / "used"), embedder=HashEmbedder()) as system:
+        agent = system.agent("a1")
+        for n in range(3):
+            agent.remember(f"held before the import {n}")
+        assert system.import_(tmp_path / "m.jsonl")["episode"] == 3
+        assert named(agent) == promoted  # renumbered episodes, tags rewritten to their new ids
+
+
+def test_an_import_leaves_an_entry_already_there_as_it_is(tmp_path: Path) -> None:
+    """An older export imported into the live system skips an entry it holds (same content,
+    category and scope): its newer tags and updated_at are not reverted."""
+    clock = ManualClock(START)
+    with MemorySystem.start(Config(data_dir=tmp_path / "d"), embedder=HashEmbedder(), clock=clock) as system:
+        agent = system.agent("a1")
+        entry = agent.store_knowledge("Rotate keys monthly", category="pattern", tags={"status": "draft"})
+        system.export(tmp_path / "old.jsonl")
+        clock.advance(60)
+        agent.update_knowledge(entry, tags={"status": "approved"})
+        before = agent.get_knowledge(entry)
+        counts = system.import_(tmp_path / "old.jsonl")
+        assert (counts["knowledge"], counts["skipped"]) == (0, 1)
+        assert agent.get_knowledge(entry) == before
+        assert before is not None and before.tags == {"status": "approved"}
+
+
+@pytest.mark.parametrize(
+    ("kind", "change", "message"),
+    [
+        ("signal", {"session": None}, r"\(signal\): session is missing"),
+        ("signal", {"value": None}, r"\(signal\): value is missing"),
+        ("working", {"value": None}, r"\(working\): value is missing"),
+        ("knowledge", {"id": 2**63 - 1}, r"\(knowledge\): id must be an integer from 1 to 9007199254740991"),
+        ("episode", {"id": 0}, r"\(episode\): id must be an integer from 1 to 9007199254740991, got 0"),
+        ("item", {"created_at": 1e300}, r"\(item\): created_at must be a number of UNIX seconds within"),
+        ("knowledge", {"updated_at": -1e18}, r"\(knowledge\): updated_at must be a number of UNIX seconds"),
+        ("episode", {"uuid": 12345}, r"\(episode\): uuid must be a non-empty string .*, got 12345"),
+        ("episode", {"uuid": {"a": 1}}, r"\(episode\): uuid must be a non-empty string"),
+    ],
+    ids=[
+        "signal-without-session",
+        "signal-without-value",
+        "working-without-value",
+        "id-past-what-json-holds",
+        "id-zero",
+        "item-time-past-a-datetime",
+        "knowledge-time-before-a-datetime",
+        "uuid-a-number",
+        "uuid-an-object",
+    ],
+)
+def test_an_import_refuses_up_front_what_no_live_write_could_store(
+    tmp_path: Path, kind: str, change: dict[str, Any], message: str
+) -> None:
+    """A field the import reads as given is there; ids are integers every JSON client holds
+    exactly (past them SQLite's sequence runs out); times are what a datetime holds (past them
+    each door crashes showing the date); a uuid is text. Refused naming the line and the field,
+    before anything is applied (items and knowledge were written before a signal line crashed)."""
+    with MemorySystem.start(
+        Config(data_dir=tmp_path / "src"), embedder=HashEmbedder(), clock=ManualClock(START)
+    ) as system:
+        _fill(system, ManualClock(START))
+        system.items.put(("docs",), "roof", {"t": "solar"})
+        system.export(tmp_path / "good.jsonl")
+    records = _records(tmp_path / "good.jsonl")
+    line = next(n for n, r in enumerate(records) if r["kind"] == kind)
+    changed = {**records[line], **change}  # None in a change: the field is left out
+    records[line] = {k: v for k, v in changed.items() if v is not None or k not in change}
+    _write(tmp_path / "bad.jsonl", records)
+    with MemorySystem.start(Config(data_dir=tmp_path / "dst"), embedder=HashEmbedder()) as system:
+        with pytest.raises(InvalidInputError, match=rf"^\S*bad.jsonl line {line + 1} {message}"):
+            system.import_(tmp_path / "bad.jsonl")
+        assert system.status()["agents"] == {}
+        assert system.items.search(("docs",)) == []
+        assert system.blackboard("checkout").list() == []
+
+
+def test_the_largest_id_every_json_client_holds_is_kept_and_the_store_goes_on(tmp_path: Path) -> None:
+    header = {"format": "memstrata-export", "kind": "export", "version": 1, "records": 1}
+    entry = {"kind": "knowledge", "owner": "a1", "id": 2**53 - 1, "content": "fact", "category": "pattern"}
+    _write(tmp_path / "top.jsonl", [header, entry])
+    with MemorySystem.start(Config(data_dir=tmp_path / "d"), embedder=HashEmbedder()) as system:
+        assert system.import_(tmp_path / "top.jsonl")["knowledge"] == 1
+        assert system.agent("a1").store_knowledge("another fact", category="pattern") == 2**53
+
+
+def test_an_export_over_an_episode_archive_is_refused_and_the_archive_kept(tmp_path: Path) -> None:
+    """An archive may live outside the data dir: an export to its path (or through a symlink to
+    it) would replace it and its episodes would be gone for good."""
+    with MemorySystem.start(Config(data_dir=tmp_path / "d"), embedder=HashEmbedder()) as system:
+        agent = system.agent("a1")
+        agent.remember("db failover took 40 min", at=START - dt.timedelta(days=400))
+        agent.remember("today", at=START)
+        archive = tmp_path / "backup.sqlite"
+        assert agent.archive_episodes(archive, before=START - dt.timedelta(days=30)).archived == 1
+        (tmp_path / "via").symlink_to(tmp_path, target_is_directory=True)
+        refused = f"export path '{archive}' is an episode archive of agent 'a1': write the export elsewhere"
+        for path in (archive, tmp_path / "via" / "backup.sqlite"):
+            with pytest.raises(InvalidInputError, match=f"^{re.escape(refused)}$"):
+                system.export(path)
+        assert agent.restore_episodes(archive) == 1  # the archive is whole
+        assert system.export(tmp_path / "elsewhere.jsonl") > 0
+
+
+def test_an_episode_archived_again_after_a_restore_is_exported_once(tmp_path: Path) -> None:
+    """Archive, restore, archive again: two archive files hold the episode; the export holds it once."""
+    with MemorySystem.start(Config(data_dir=tmp_path / "d"), embedder=HashEmbedder()) as system:
+        agent = system.agent("a1")
+        agent.remember("old incident", at=START - dt.timedelta(days=40))
+        agent.remember("today", at=START)
+        first = agent.archive_episodes(before=START - dt.timedelta(days=30))
+        assert agent.restore_episodes(first.path) == 1
+        assert agent.archive_episodes(before=START - dt.timedelta(days=30)).archived == 1
+        system.export(tmp_path / "x.jsonl")
+    episodes = [r for r in _records(tmp_path / "x.jsonl") if r["kind"] == "episode"]
+    assert sorted((r["content"], r["archive"]) for r in episodes) == [
+        ("old incident", Path(first.path).name),
+        ("today", None),
+    ]

@@ -258,6 +258,18 @@ def test_times_must_be_aware() -> None:
         validation.check_aware(dt.datetime.max.replace(tzinfo=dt.timezone(-dt.timedelta(hours=1))), "at")
 
 
+def test_timestamps_are_what_a_datetime_holds() -> None:
+    first = dt.datetime(1, 1, 1, tzinfo=dt.UTC).timestamp()
+    last = dt.datetime(9999, 12, 31, 23, 59, 59, tzinfo=dt.UTC).timestamp()
+    for seconds in (first, last, 0, 1.7e9):  # every one shows as a date, as each door shows it
+        stamp = validation.check_timestamp(seconds, "created_at")
+        assert stamp is not None and dt.datetime.fromtimestamp(stamp, dt.UTC).timestamp() == seconds
+    assert validation.check_timestamp(None, "expires_at", optional=True) is None
+    for bad in (first - 1, last + 1, 1e300, math.nan, math.inf, True, "1", 10**400, None):
+        with pytest.raises(InvalidInputError, match="created_at must be a number of UNIX seconds within"):
+            validation.check_timestamp(bad, "created_at")
+
+
 # -- JSON values ----------------------------------------------------------------------------------
 
 
