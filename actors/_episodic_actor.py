@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from datetime import datetime
@@ -43,6 +44,8 @@ from .messages import (
 )
 
 __all__ = ["EpisodicActor", "check_archive_dir"]
+
+log = logging.getLogger("memstrata.actors")
 
 
 def check_archive_dir(archive_dir: str | None, data_dir: Path) -> None:
@@ -237,14 +240,20 @@ class EpisodicActor(_PersistentActor):
         out = [self._record(e, None) for e in live]
         seen = {e.uuid for e in live}
         for archive in archives:
-            if not archive.get("available"):
-                continue
             path = Path(str(archive["path"]))
-            opened = ArchiveFile(path, verify=False)
             try:
-                rows = opened.rows()
-            finally:
-                opened.close()
+                if not archive.get("available"):
+                    raise ArchiveError(str(archive.get("problem") or "it cannot be read"))
+                opened = ArchiveFile(path, verify=False)
+                try:
+                    rows = opened.rows()
+                finally:
+                    opened.close()
+            except ArchiveError as exc:  # nothing of it can be exported: the rest still is, and said so
+                log.warning(
+                    "export: the episodes of archive %s of agent %r are left out: %s", path, self.key, exc
+                )
+                continue
             gone = layer.deleted_uuids([str(r[1]) for r in rows]) | seen  # deleted, live or exported
             kept = [r for r in rows if str(r[1]) not in gone]
             out += [self._record(episode_from_row(r, path.name), path.name) for r in kept]

@@ -259,6 +259,14 @@ class EpisodicMemory(EpisodicArchives, Closeable):
         for path, auuid, n, removed, created in db.query(
             "SELECT path, archive_uuid, episodes, removed, created_us FROM archives ORDER BY created_us, path"
         ):
+            # opened as a search opens it (once, again when the file changes): a file that is
+            # there but is no archive is reported, not only a missing one
+            if not os.path.isfile(path):
+                problem: str | None = "the file is missing"
+            elif self._archive(path) is None:
+                problem = self._archive_problems.get(path, "it cannot be read")
+            else:
+                problem = None
             archives.append(
                 {
                     "path": path,
@@ -266,9 +274,8 @@ class EpisodicMemory(EpisodicArchives, Closeable):
                     "episodes": int(n),
                     "removed_from_live": bool(removed),
                     "created_at": from_us(created).isoformat(),
-                    "available": os.path.isfile(path) and path not in self._archive_problems,
-                    "problem": self._archive_problems.get(path)
-                    or (None if os.path.isfile(path) else "the file is missing"),
+                    "available": problem is None,
+                    "problem": problem,
                 }
             )
         vectors = self._vectors

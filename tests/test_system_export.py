@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -595,3 +596,24 @@ def test_an_episode_archived_again_after_a_restore_is_exported_once(tmp_path: Pa
         ("old incident", Path(first.path).name),
         ("today", None),
     ]
+
+
+def test_a_damaged_archive_is_reported_and_the_export_goes_on_without_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A tracked archive replaced by another file: status says so at once (not only after a
+    search), and an export still holds everything else, saying what it left out."""
+    with MemorySystem.start(Config(data_dir=tmp_path / "d"), embedder=HashEmbedder()) as system:
+        agent = system.agent("a1")
+        agent.remember("old incident", at=START - dt.timedelta(days=40))
+        agent.remember("today", at=START)
+        archive = tmp_path / "old.sqlite"
+        assert agent.archive_episodes(archive, before=START - dt.timedelta(days=30)).archived == 1
+        archive.write_bytes(b"not an archive at all")
+        warnings = system.status()["warnings"]
+        assert any(str(archive) in w and "not an SQLite file" in w for w in warnings), warnings
+        with caplog.at_level(logging.WARNING, logger="memstrata.actors"):
+            system.export(tmp_path / "x.jsonl")
+    episodes = [r["content"] for r in _records(tmp_path / "x.jsonl") if r["kind"] == "episode"]
+    assert episodes == ["today"]
+    assert any(str(archive) in r.getMessage() and "left out" in r.getMessage() for r in caplog.records)
