@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +22,8 @@ import ray
 from memstrata.core.config import Config
 
 from ._embedding import BatchingEmbedder
+from ._outbox import has_pending
+from ._ray_restarts import RestartLog
 from ._supervision import Supervision
 
 __all__ = [
@@ -40,6 +43,8 @@ __all__ = [
     "round_trip_s",
     "take_down",
 ]
+
+log = logging.getLogger("memstrata.actors")
 
 _LAYERS = ("knowledge", "episodic", "working")
 
@@ -271,7 +276,7 @@ class ClusterSupervision(Supervision):
 
 
 class HostLifecycle:
-    """What a host answers about itself and how it ends (mixed into the Ray host)."""
+    """How a host starts, what it answers about itself and how it ends (mixed into the Ray host)."""
 
     key: str
     node: str
@@ -279,16 +284,35 @@ class HostLifecycle:
     hosts_board: bool
     _keep_board: bool
     _queues: dict[str, asyncio.Queue[Any]]
+    _restarts: RestartLog
 
     async def _ready(self) -> None:
         raise NotImplementedError
+
+    def _started(self, name: str, owner: str, restarted: bool, has_agent: bool) -> None:
+        """A restart by Ray counted against ``owner``'s budget (see ``_ray_restarts``), then the
+        task actor started when the outbox holds what a crash left (it replays it). An outbox
+        that cannot be read is logged, as the local engine's start does: the agent's other
+        actors still serve, and its task calls get the outbox's error."""
+        self._restarts = RestartLog(self.runtime.data_dir, name, owner)
+        self._restarts.start(self.runtime.supervision, restarted)  # before anything is served
+        if not has_agent:
+            return
+        try:
+            if has_pending(self.runtime.path("outbox", self.key)):
+                self.runtime.ref("agent", self.key)
+        except Exception as exc:
+            log.error("cannot replay outbox of %s: %s", self.key, exc)
 
     async def supervision(self) -> tuple[dict[str, str], dict[str, int]]:
         """This host's degraded agents and restart counts."""
         return self.runtime.supervision.degraded(), self.runtime.supervision.restarts()
 
     async def revive(self, owner: str) -> bool:
-        """Clear an agent's degraded mark and restart budget here (see ``MemorySystem.revive``)."""
+        """Clear an agent's degraded mark and restart budget here (see ``MemorySystem.revive``),
+        and in the log a later restart replays."""
+        if owner == self._restarts.owner:
+            self._restarts.revived()
         return bool(self.runtime.supervision.revive(owner))
 
     async def running(self) -> list[tuple[str, str]]:
@@ -316,6 +340,7 @@ class HostLifecycle:
         for relay in list(self._queues.values()):
             relay.put_nowait(None)  # the subscribers' threads end
         stopped = await asyncio.to_thread(self.runtime.stop, timeout)
+        self._restarts.remove()  # ended for good: a host started later has its whole budget
         if self.hosts_board:
             self._end_board()
         return [*stopped.late, *([] if stopped.drained else ["requests were still in flight"])]

@@ -1,6 +1,8 @@
 """Joining the Ray cluster that ``[cluster] address`` names, from a driver or a command.
 
 A head that does not answer is a clear error at once; a process already connected stays as it is.
+``address = "local"`` is handed to Ray as it is: it starts a private Ray, where no address would
+join whatever ``RAY_ADDRESS`` or the machine's last ``ray start`` names.
 Joining is serialised within the process: two starts at once (a retry of a start that timed out
 while the first still runs in its thread) join once, never race two ``ray.init`` calls, which
 Ray answers with a failed start and processes of a half-started local Ray left behind. And
@@ -53,7 +55,7 @@ def connect(config: Config) -> bool:
         try:
             _on_a_lasting_thread(
                 lambda: ray.init(
-                    address=None if address == "local" else address,
+                    address=address,
                     namespace=config.cluster.namespace,
                     logging_level=logging.WARNING,
                     log_to_driver=False,

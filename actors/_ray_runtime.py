@@ -9,8 +9,9 @@ So the task actor's requests to its agent's stores stay in process, a request to
 (``agent:shared``) crosses to wherever that host runs, and a driver holds no memory actor at all.
 
 Names are get-or-create in one namespace, so every driver and worker of the cluster reaches the
-same host, never two copies. A host restarts (``max_restarts``) by reopening its files, and replays
-its agent's outbox when it starts. A call in flight when its host dies fails at once
+same host, never two copies. Ray restarts a host whose process died, however often: it reopens its
+files, replays its agent's outbox, and the restart counts against its agent's budget (see
+:mod:`._ray_restarts`). A call in flight when its host dies fails at once
 (``max_task_retries = 0``) with :class:`ActorCrashedError`; a host that does not answer is bounded
 by the caller's timeout like any actor (a task's prompt then falls back). Files and code-base
 actors stay local to the process that uses them.
@@ -46,12 +47,11 @@ from memstrata.core.errors import (
 )
 from memstrata.storage import Embedder
 
-from ._base import set_exception, set_result
+from ._base import owner_of, set_exception, set_result
 from ._blackboard import SubscribeWithCallback
 from ._clock import IdSource, SystemClock
 from ._embedding import BatchingEmbedder
 from ._embedding_services import ModelLoader, _model_key
-from ._outbox import has_pending
 from ._ray_admin import (
     ClusterSupervision,
     HostLifecycle,
@@ -183,7 +183,7 @@ class RayRuntime(Runtime):
                 namespace=self.config.cluster.namespace,
                 get_if_exists=True,
                 lifetime="detached",
-                max_restarts=max(1, int(self.config.actors.max_restarts)),
+                max_restarts=-1,  # always: past actors.max_restarts its agent is degraded instead
                 max_task_retries=0,
                 max_concurrency=_HOST_CONCURRENCY,
                 num_cpus=0,
@@ -323,7 +323,8 @@ class RayRuntime(Runtime):
     def wait_idle(self, timeout: float | None = None, owner: str | None = None) -> bool:
         """In a driver: this process's requests, then the hosts it sent them to idle too (a
         write-back runs in its agent's host after the driver was answered); ``owner`` (an
-        agent): only the requests to that agent's actors and its hosts."""
+        agent): only the requests to that agent's actors and its hosts. The hosts' answers are
+        waited for at least a round trip, however little time is left: ``wait_idle(0)`` asks."""
         started = time.monotonic()
         if not super().wait_idle(timeout, owner):
             return False
@@ -334,7 +335,8 @@ class RayRuntime(Runtime):
         if self._local or not names:
             return True
         left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
-        drained = ask_hosts(names, self.config.cluster.namespace, lambda h: h.drain.remote(left), left)
+        bound = None if left is None else max(left, self._round_trip_s())
+        drained = ask_hosts(names, self.config.cluster.namespace, lambda h: h.drain.remote(left), bound)
         return len(drained) == len(names) and all(drained)
 
     def _hosts_of(self, owner: str) -> list[str]:
@@ -427,6 +429,7 @@ class Host(SenderOrder, RelayEndpoint, HostLifecycle):
         kinds = _AGENT_KINDS if group == "agent" else (group,)
         self.key = key
         self.node = ray.get_runtime_context().get_node_id()
+        restarted = bool(ray.get_runtime_context().was_current_actor_reconstructed)
         self.hosts_board = group == "blackboard"
         self._keep_board = bool(config.actors.blackboard_snapshot)
         if self.hosts_board:  # the board is reloaded from its file after a restart (see _ray_board)
@@ -448,19 +451,8 @@ class Host(SenderOrder, RelayEndpoint, HostLifecycle):
             **more,
         )
         self._relays_init()
-        self._order_init(bool(ray.get_runtime_context().was_current_actor_reconstructed))
-        if "agent" in kinds:
-            self._replay_outbox(key)
-
-    def _replay_outbox(self, key: str) -> None:
-        """Start the task actor when the outbox holds what a crash left (it replays it). An
-        outbox that cannot be read is logged, as the local engine's start does: the agent's other
-        actors still serve, and its task calls get the outbox's error."""
-        try:
-            if has_pending(self.runtime.path("outbox", key)):
-                self.runtime.ref("agent", key)
-        except Exception as exc:
-            log.error("cannot replay outbox of %s: %s", key, exc)
+        self._order_init(restarted)
+        self._started(host_name(config, group, key), owner_of(group, key), restarted, "agent" in kinds)
 
     async def call(self, kind: str, key: str, message: Any, caller: str, seq: int) -> Any:
         """Handle ``message`` in the local actor (after the caller's earlier messages); answered

@@ -2,7 +2,8 @@
 
 Kept apart from the actor base because it is policy, not plumbing: one :class:`Supervision` is
 shared by a system's supervisors, and a failing child consults it synchronously from its own
-thread; the Ray engine's driver extends it to read and clear the marks its hosts keep.
+thread; the Ray engine's driver extends it to read and clear the marks its hosts keep, and a Ray
+host replays into it the restarts of its earlier processes (see ``_ray_restarts``).
 """
 
 from __future__ import annotations
@@ -42,9 +43,13 @@ class Supervision:
         self._children: dict[tuple[str, str], _Owner] = {}
         self._degraded: dict[str, str] = {}  # owner -> reason
 
-    def child_failed(self, kind: str, key: str, owner: str, error: BaseException) -> bool:
-        """Record a crash of child ``(kind, key)``; True to restart it, False when now degraded."""
-        now = self._clock()
+    def child_failed(
+        self, kind: str, key: str, owner: str, error: BaseException, *, ago: float = 0.0
+    ) -> bool:
+        """Record a crash of child ``(kind, key)``; True to restart it, False when now degraded.
+        ``ago``: how long before now it crashed (a crash recorded late, as a Ray host's restarts
+        replayed from its log are; recorded in the order they happened)."""
+        now = self._clock() - ago
         with self._lock:
             state = self._children.setdefault((kind, key), _Owner(owner))
             state.crashes += 1

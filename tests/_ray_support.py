@@ -1,5 +1,5 @@
 """What the Ray tests share: a real Ray cluster on loopback, a config of the Ray engine, where a
-named host runs, and a bounded wait for a host that restarts.
+named host runs, and bounded waits for a host that restarts.
 
 Importing it needs the ``memstrata[ray]`` extra: test modules skip first
 (``pytest.importorskip("ray")``) and import it after.
@@ -58,6 +58,20 @@ def where(name: str, namespace: str, timeout: float = BOUND_S) -> tuple[str, int
     """The node id and process id of the named host (or node embedder)."""
     node, pid = ray.get(ray.get_actor(name, namespace=namespace).where.remote(), timeout=timeout)
     return str(node), int(pid)
+
+
+def restarted(name: str, namespace: str, pid: int) -> int:
+    """The process id of the named host once it answers from a process other than ``pid`` (Ray's
+    errors while it restarts count as not yet), within ``BOUND_S``."""
+
+    def moved() -> int:
+        try:
+            now = where(name, namespace)[1]
+        except ray.exceptions.RayError:
+            return 0
+        return 0 if now == pid else now
+
+    return int(until(moved, f"a new process of {name}"))
 
 
 def until(check: Callable[[], Any], what: str, bound_s: float = BOUND_S) -> Any:

@@ -93,6 +93,7 @@ def test_agents_on_two_nodes_share_memory_with_a_second_driver(cluster: Any, dat
         queued = system.agent("a1").complete_task("t1", "rotated the key in vault a1-v")
         assert queued.outbox_id > 0
         assert system.wait_idle(120)
+        assert system.wait_idle(0)  # idle: the hosts' answer is waited for, however short the timeout
         assert [e.task_run_id for e in system.agent("a1").list_episodes()] == ["t1"]
         pid = _where("agent:a1")[1]
 

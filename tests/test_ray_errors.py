@@ -45,6 +45,7 @@ def _one_line(text: str | None) -> str:
 
 _RETRIED_START = """
 import asyncio, json, os, sys
+import ray
 from memstrata import AsyncMemorySystem, Config
 from memstrata.testing import HashEmbedder
 
@@ -75,7 +76,7 @@ async def main():
         pass
     system = await AsyncMemorySystem.start(config, HashEmbedder())
     await system.agent("r1").store_knowledge("the retried start joined", category="fact")
-    print(json.dumps(descendants()), flush=True)
+    print(json.dumps({"ray": ray.get_runtime_context().gcs_address, "pids": descendants()}), flush=True)
     sys.stdin.readline()
     print(json.dumps(await system.stop_cluster(60)), flush=True)
 
@@ -84,9 +85,12 @@ asyncio.run(main())
 
 
 @pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="waits for processes through pidfds (Linux)")
-def test_a_start_retried_while_the_first_runs_joins_once_and_leaves_no_ray_process(tmp_path: Path) -> None:
+def test_a_start_retried_while_the_first_runs_joins_once_and_leaves_no_ray_process(
+    cluster: Any, tmp_path: Path
+) -> None:
     """A private Ray (``address = "local"``) started from a start's worker thread: the retry
-    works, and once the process has ended, every process of its Ray has ended too."""
+    works, and once the process has ended, every process of its Ray has ended too. It is
+    private even where ``RAY_ADDRESS`` names another Ray (the module's cluster)."""
     child = subprocess.Popen(
         [sys.executable, "-c", _RETRIED_START, str(tmp_path / "data")],
         stdin=subprocess.PIPE,
@@ -94,6 +98,7 @@ def test_a_start_retried_while_the_first_runs_joins_once_and_leaves_no_ray_proce
         stderr=subprocess.PIPE,
         text=True,
         cwd=tmp_path,
+        env={**os.environ, "RAY_ADDRESS": cluster.address},
     )
     watchdog = threading.Timer(4 * BOUND_S, child.kill)
     watchdog.start()
@@ -102,7 +107,9 @@ def test_a_start_retried_while_the_first_runs_joins_once_and_leaves_no_ray_proce
         assert child.stdout is not None and child.stdin is not None
         line = child.stdout.readline()
         assert line, child.communicate()[1][-3000:]
-        for pid in json.loads(line):
+        started = json.loads(line)
+        assert started["ray"] != cluster.address, "address = 'local' joined the Ray RAY_ADDRESS names"
+        for pid in started["pids"]:
             try:
                 waits[os.pidfd_open(pid)] = pid
             except ProcessLookupError:  # ended already

@@ -1,13 +1,15 @@
 """Ray hosts over their whole life, on a real two-node Ray cluster on loopback (``slow``).
 
 A blackboard host killed with SIGKILL comes back with its values, its version counts and the
-subscriptions of subscribers in other processes; the embedders are one per node per distinct
-model, shared by the node's hosts (per-agent models included); ``stop_cluster`` ends every host
-for good while the data stays for the next start.
+subscriptions of subscribers in other processes; each restart of a killed agent host counts
+against the agent's restart budget, past which the agent is degraded until revived; the
+embedders are one per node per distinct model, shared by the node's hosts (per-agent models
+included); ``stop_cluster`` ends every host for good while the data stays for the next start.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import sys
@@ -20,11 +22,12 @@ import pytest
 
 from memstrata import Config, MemorySystem
 from memstrata.config import EmbeddingConfig
+from memstrata.errors import AgentDegradedError
 from memstrata.testing import HashEmbedder
 
 ray = pytest.importorskip("ray", reason="the memstrata[ray] extra is not installed")
 
-from tests._ray_support import BOUND_S, ray_cluster, until, where  # noqa: E402
+from tests._ray_support import BOUND_S, ray_cluster, restarted, until, where  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -116,6 +119,52 @@ def test_a_killed_board_host_comes_back_with_values_versions_and_subscriptions(
         assert system.status()["blackboards"]["rs"]["subscribers"] == 0
     finally:
         system.stop(30)
+
+
+def test_each_restart_of_a_host_counts_against_its_agent_s_budget(cluster: Any, data_dir: Path) -> None:
+    """As an actor's crashes on the local engine: each process death Ray restarts the host after
+    counts, in the host's next processes too; ``status()`` shows the restarts, past
+    ``actors.max_restarts`` the agent is degraded, and ``revive`` gives it its budget again."""
+    namespace = f"{NAMESPACE}-restarts"
+    actors = {"ask_timeout_s": BOUND_S, "max_restarts": 1, "restart_window_s": math.inf}
+    system = MemorySystem.start(
+        _config(data_dir, cluster.address, namespace, actors=actors), embedder=HashEmbedder(dim=64)
+    )
+    try:
+        agent = system.agent("hr0")
+        agent.store_knowledge("the pager rota is in the wiki", category="fact")
+        stored = ["the pager rota is in the wiki"]
+
+        def kill() -> None:
+            _, pid = where("agent:hr0", namespace)
+            os.kill(pid, signal.SIGKILL)
+            restarted("agent:hr0", namespace, pid)
+
+        kill()  # within the budget
+        status = system.status()
+        assert status["restarts"] == {"host:agent:hr0": 1}
+        assert status["cluster"]["hosts"]["agent:hr0"]["restarts"] == {"host:agent:hr0": 1}
+        assert status["degraded"] == {}
+        assert [e.content for e in agent.list_knowledge()] == stored
+
+        kill()  # past it: a new process, which knows of the first restart
+        status = system.status()
+        reason = status["degraded"]["hr0"]
+        assert reason.startswith("host actor crashed 2 times since it started (last: ActorCrashedError: ")
+        assert "the Ray host 'agent:hr0' died" in reason
+        assert f"hr0 is degraded: {reason}" in status["warnings"]
+        with pytest.raises(AgentDegradedError):
+            agent.list_knowledge()
+        assert system.revive("hr0") is True
+        assert [e.content for e in agent.list_knowledge()] == stored
+
+        kill()  # the revive holds in the next process: a whole budget again
+        status = system.status()
+        assert status["restarts"] == {"host:agent:hr0": 2}
+        assert status["degraded"] == {}
+    finally:
+        assert system.stop_cluster(60) == []
+    assert list((data_dir / "hosts").iterdir()) == []  # ended for good: a later start's budget is whole
 
 
 def test_one_embedder_per_node_per_model_shared_by_the_nodes_hosts(cluster: Any, data_dir: Path) -> None:
