@@ -2,7 +2,9 @@
 
 The document lengths and the postings read so far are written (:mod:`._index_files`) when the
 connection closes; a new process maps them instead of reading ``_docsize`` again, after checking
-the file against FTS5's own structure and averages records (both change with every write).
+the file against FTS5's own structure and averages records (both change with every write) and
+the random stamp the database keeps for that state of them (:mod:`._bm25_stamp`: the records
+alone cannot tell a database restored from a backup, and written again, from the file's history).
 
 An index of ``_COMPLETE_FROM`` documents or more, or one of ``MIN_ROWS`` or more that a connection
 has bulk-loaded (and kept so by the processes that use it), keeps every posting in its file
@@ -27,11 +29,11 @@ from ._bm25_bulk import AllPostings, read_all_postings, word_sums
 from ._bm25_fit import ascending_within, postings_fit
 from ._bm25_held import HeldPostings, held_postings
 from ._bm25_postings import _PHRASE, Bm25Postings, FloatArray, Postings, _varints, appended
+from ._bm25_stamp import vouch, vouched_stamp
 from ._index_files import (
     DamagedFile,
     Pieces,
     database_token,
-    ensure_token,
     index_path,
     persist_at_close,
     read_index,
@@ -93,7 +95,10 @@ class Bm25Files(Bm25Postings):
         persist_at_close(self._db, self.persist)
 
     def files_status(self) -> dict[str, Any]:
+        """The index file: how often it was used, written and refused (and why, last)."""
+        path = index_path(self._db, f"bm25-{self._fts}")
         return {
+            "path": None if path is None else str(path),
             "loaded": self.files_loaded,
             "saved": self.files_saved,
             "rejected": self.files_rejected,
@@ -118,7 +123,8 @@ class Bm25Files(Bm25Postings):
 
     def _load_file(self) -> bool:
         """Take the document lengths and postings from the index file when it reflects the
-        index as it is now (same database token, same FTS5 records, same columns and weights)."""
+        index as it is now (same database token, same FTS5 records and the database's stamp for
+        them, same columns and weights)."""
         path = index_path(self._db, f"bm25-{self._fts}")
         if path is None:
             return False
@@ -139,6 +145,10 @@ class Bm25Files(Bm25Postings):
         mark = self._index_mark()
         if mark is None or meta.get("mark") != mark:
             return self._refuse(f"index file {path} is older than the index", False)
+        if not self._vouched(meta):
+            why = "written in another history: a database restored from a backup?"
+            why = why if "stamp" in meta else "written before the database kept stamps for its files"
+            return self._refuse(f"index file {path} is not vouched for by the database ({why})", False)
         if meta.get("complete"):
             return self._map_complete(path, meta, arrays, mark)
         try:
@@ -290,8 +300,8 @@ class Bm25Files(Bm25Postings):
                     self._postings_of(stem)
                 if self._mark != mark:
                     return
-            token = ensure_token(db)
-            if token is None:
+            vouched = vouch(db, self._fts, mark, self._index_mark)
+            if vouched is None:
                 return
             stems, chunks, tf_chunks, total = [], [], [], 0
             for stem, (pos, tf) in reversed(self._postings.items()):  # the most recently used first
@@ -303,7 +313,7 @@ class Bm25Files(Bm25Postings):
                 total += len(pos)
             offsets = np.zeros(len(stems) + 1, dtype=np.int64)
             offsets[1:] = np.cumsum([len(c) for c in chunks]) if chunks else []
-            meta = self._file_meta(token, mark, stems)
+            meta = self._file_meta(vouched, mark, stems)
             arrays: dict[str, npt.NDArray[Any]] = {
                 "ids": np.ascontiguousarray(self._ids, dtype=np.int64),
                 "sizes": np.ascontiguousarray(self._sizes, dtype=np.float64),
@@ -318,22 +328,24 @@ class Bm25Files(Bm25Postings):
         except Exception as exc:  # a cache: the next process reads the database
             log.debug("index file %s not written: %s", path, exc)
 
-    def _file_meta(self, token: str, mark: str, stems: list[str]) -> dict[str, Any]:
-        """The header of this index's file: the database, table, state and weights it reflects,
-        and the words it holds."""
+    def _file_meta(self, vouched: tuple[str, str], mark: str, stems: list[str]) -> dict[str, Any]:
+        """The header of this index's file: the database (its token), table, state (the mark and
+        the database's stamp for it) and weights it reflects, and the words it holds."""
+        token, stamp = vouched
         return {
             "kind": "bm25",
             "fts": self._fts,
             "token": token,
             "mark": mark,
+            "stamp": stamp,
             "columns": self._columns,
             "weights": self._weights,
             "stems": stems,
         }
 
-    def _complete_file(self, path: Path) -> str | None:
-        """The index state (FTS5 mark) of the complete file at ``path`` written by an index like
-        this one (same database, table, columns and weights); ``None`` for any other file."""
+    def _complete_file(self, path: Path) -> dict[str, Any] | None:
+        """The header of the complete file at ``path`` written by an index like this one (same
+        database, table, columns and weights); ``None`` for any other file."""
         try:
             found = read_index(path)
         except DamagedFile:
@@ -348,8 +360,12 @@ class Bm25Files(Bm25Postings):
             and meta.get("columns") == self._columns
             and meta.get("weights") == self._weights
         )
-        mark = meta.get("mark")
-        return str(mark) if ours and meta.get("complete") and mark else None
+        return meta if ours and meta.get("complete") and meta.get("mark") else None
+
+    def _vouched(self, meta: dict[str, Any]) -> bool:
+        """Whether the database keeps the stamp of a file with this header for the file's mark."""
+        stamp = meta.get("stamp")
+        return isinstance(stamp, str) and stamp == vouched_stamp(self._db, self._fts, str(meta.get("mark")))
 
     def _index_totals(self) -> tuple[int, int] | None:
         """The documents and the tokens FTS5 counts in its averages record (the documents, then
@@ -405,11 +421,10 @@ class Bm25Files(Bm25Postings):
         if mark is None or (self._file_complete and self._file_mark == mark):
             return True
         on_disk = None if self._file_damaged else self._complete_file(path)
-        if on_disk == mark or (on_disk is not None and not self._loaded and not bulk):
+        if on_disk is not None and (
+            (on_disk.get("mark") == mark and self._vouched(on_disk)) or (not self._loaded and not bulk)
+        ):
             return True  # current (another index of this table wrote it), or left to a searcher
-        token = ensure_token(db)
-        if token is None:
-            return True
         held = self._postings_held()
         found: AllPostings | HeldPostings
         if held is not None:
@@ -427,7 +442,10 @@ class Bm25Files(Bm25Postings):
             log.info("%s: %d postings read in %.1f s", self._fts, len(found.positions), seconds)
         if len(json.dumps(found.stems)) > _MAX_HEADER_STEMS:
             return False
-        meta = {**self._file_meta(token, mark, found.stems), "complete": True}
+        vouched = vouch(db, self._fts, mark, self._index_mark)
+        if vouched is None:
+            return True
+        meta = {**self._file_meta(vouched, mark, found.stems), "complete": True}
         arrays: dict[str, npt.NDArray[Any] | Pieces] = {
             "ids": np.ascontiguousarray(ids, dtype=np.int64),
             "sizes": np.ascontiguousarray(sizes, dtype=np.float64),

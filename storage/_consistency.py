@@ -40,6 +40,7 @@ from typing import Any, Required, TypedDict, Unpack
 
 from memstrata.core.errors import InvalidInputError, StorageError
 
+from ._bm25_stamp import forget_stamp
 from ._connection import Database, open_database
 from ._vec0_chunks import snapshot
 from ._vectors import VectorIndex
@@ -123,7 +124,9 @@ def _fts_intact(db: Database, fts: str, *, against_content: bool = True) -> bool
 
 
 def _rebuild(db: Database, table: str, key: str, fts: str, condition: str | None) -> None:
-    """Rebuild ``fts`` from ``table``: all rows (FTS5's ``'rebuild'``) or the rows it indexes."""
+    """Rebuild ``fts`` from ``table``: all rows (FTS5's ``'rebuild'``) or the rows it indexes.
+    The rebuilt index starts FTS5's count of segments afresh: its index file's stamp goes."""
+    forget_stamp(db, fts)
     if condition is None:
         db.execute(f"INSERT INTO {fts}({fts}) VALUES ('rebuild')")
         return

@@ -16,7 +16,8 @@ The files are caches, never the truth, and are never trusted blindly:
   *damaged*: the caller rebuilds from SQLite and warns;
 * the header records which state of the database the file reflects (the database's index token,
   see :func:`database_token`, and a position the caller can check: the vector change log's
-  sequence number, FTS5's structure record). The caller validates it against the database and
+  sequence number and its entry's stamp, FTS5's records and the database's stamp for them,
+  :mod:`._bm25_stamp`). The caller validates it against the database and
   catches up or rebuilds; the vector matrix is also spot-checked against SQLite by its caller
   (the only check of one too large to checksum at open).
 
@@ -39,7 +40,7 @@ import zlib
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -64,10 +65,13 @@ __all__ = [
     "mirror_from_arrays",
     "persist_at_close",
     "read_index",
+    "recorded_token",
     "write_index",
+    "write_unwaited",
 ]
 
 log = logging.getLogger("memstrata.storage")
+_T = TypeVar("_T")
 
 FORMAT = 1
 MIN_ROWS = 4_096  # smaller structures load from SQLite in a few ms: no file for them. From this
@@ -199,7 +203,23 @@ def ensure_token(db: Database) -> str | None:
     token = database_token(db)
     if token is not None or db.read_only:
         return token
-    if db.in_transaction or db.conn.in_transaction:
+    return write_unwaited(db, lambda: recorded_token(db))
+
+
+def recorded_token(db: Database) -> str:
+    """The database's token, recorded in the caller's write transaction if it has none."""
+    token = database_token(db)
+    if token is None:
+        token = secrets.token_hex(16)
+        set_meta(db, TOKEN_KEY, token)
+    return token
+
+
+def write_unwaited(db: Database, write: Callable[[], _T]) -> _T | None:
+    """``write()`` in a write transaction of its own that does not wait for the write lock: what
+    a cache beside the database records there (its token, a stamp) is never worth a wait.
+    ``None`` when it cannot run (read-only, busy, inside a transaction, disk full)."""
+    if db.read_only or db.in_transaction or db.conn.in_transaction:
         return None
     conn = db.conn
     timeout = conn.execute("PRAGMA busy_timeout").fetchone()[0]
@@ -207,8 +227,7 @@ def ensure_token(db: Database) -> str | None:
         conn.execute("PRAGMA busy_timeout = 0")
         conn.execute("BEGIN IMMEDIATE")
         try:
-            token = database_token(db) or secrets.token_hex(16)
-            set_meta(db, TOKEN_KEY, token)
+            result = write()
             conn.execute("COMMIT")
         except Exception:
             conn.execute("ROLLBACK")
@@ -217,7 +236,7 @@ def ensure_token(db: Database) -> str | None:
         return None
     finally:
         conn.execute(f"PRAGMA busy_timeout = {int(timeout)}")
-    return token
+    return result
 
 
 def persist_at_close(db: Database, persist: Callable[[], None]) -> None:

@@ -1,11 +1,14 @@
-"""What ties a vector index file to its database, beyond its token and position:
+"""What ties an index file to its database, beyond its token and position:
 
 - the matrix carries a checksum of the rows written (its spare rows are a hole): a flipped number
   in a row the spot check does not read is caught at open, and the file is rebuilt with the
   one-line warning any damage gets;
 - the file records the random stamp of the change-log entry it reflects: a database restored from
   a backup, whose later writes reach the file's position with the same rowids and ops, does not
-  adopt the newer file; a change log from before the stamps gains them at open and keeps its file.
+  adopt the newer file; a change log from before the stamps gains them at open and keeps its file;
+- a keyword (BM25) file records the stamp the database keeps for FTS5's records as the file saw
+  them: a restored database written again to the same records, or an index rebuilt to them,
+  does not adopt it.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from memstrata.layers import KnowledgeStore
 from memstrata.storage import Database, VectorIndex, _index_files, open_database
+from tests.fakes import FakeEmbedder
 
 DIM = 8
 META = {"cat": "text"}
@@ -252,3 +257,86 @@ def test_a_change_log_from_before_the_stamps_keeps_its_file(tmp_path: Path) -> N
         assert _answers(index, queries) == _truth(index, queries) and index.files_loaded == 1
     finally:
         db.close()
+
+
+# -- the keyword (BM25) file -------------------------------------------------------------------------
+
+WORDS = ["queue", "retry", "backoff", "payment", "invoice", "cache", "timeout", "deploy"]
+
+
+def _entries(path: Path) -> None:
+    """A knowledge store of 300 entries of six words and its BM25 file (every posting: written at
+    the close of the bulk load)."""
+    rng = np.random.default_rng(0)
+    with KnowledgeStore.open(path, FakeEmbedder()) as store:
+        store.add_many({"content": " ".join(rng.choice(WORDS, 6)), "category": "pattern"} for _ in range(300))
+    assert store._bm25.files_saved == 1
+
+
+def _keyword_hits(path: Path, word: str) -> list[tuple[int, str]]:
+    """The keyword hits for ``word`` in a fresh process's store, which writes its file at close."""
+    store = KnowledgeStore.open(path, FakeEmbedder())
+    hits = [(h.entry.id, h.entry.content) for h in store.search(word, mode="keyword", top_k=5)]
+    assert store._bm25.files_loaded == 0  # the index changed since the file was written
+    store.close()
+    assert store._bm25.files_saved == 1
+    return hits
+
+
+def _rewrite_entry(path: Path, word: str) -> None:
+    """Entry 7 holds ``word`` six times: the same shape whatever the word."""
+    with KnowledgeStore.open(path, FakeEmbedder()) as store:
+        store.update(7, content=" ".join([word] * 6))
+
+
+def test_a_restored_database_does_not_adopt_the_newer_keyword_file(tmp_path: Path) -> None:
+    path = tmp_path / "k.sqlite"
+    backup = tmp_path / "backup.sqlite"
+    _entries(path)
+    shutil.copy(path, backup)  # a backup of the closed database
+    _rewrite_entry(path, "zebra")  # later work ...
+    assert _keyword_hits(path, "zebra") == [(7, " ".join(["zebra"] * 6))]  # ... and its file
+    for suffix in ("-wal", "-shm"):
+        path.with_name(path.name + suffix).unlink(missing_ok=True)
+    shutil.copy(backup, path)  # the database is restored; the index folder stays as it is
+    _rewrite_entry(path, "yak")  # FTS5's records now equal those the file saw
+    store = KnowledgeStore.open(path, FakeEmbedder())
+    try:
+        assert store.search("zebra", mode="keyword") == []
+        assert [h.entry.id for h in store.search("yak", mode="keyword")] == [7]
+        assert store._bm25.files_loaded == 0 and store._bm25.files_rejected == 1
+        assert "another history" in (store._bm25.files_note or ""), store._bm25.files_note
+    finally:
+        store.close()
+    store = KnowledgeStore.open(path, FakeEmbedder())  # the file written for the restored database
+    try:
+        assert [h.entry.id for h in store.search("yak", mode="keyword")] == [7]
+        assert store._bm25.files_loaded == 1
+    finally:
+        store.close()
+
+
+def _drop_a_document_length(path: Path) -> None:
+    """A hand edit the open's consistency check repairs by rebuilding the index from the entries."""
+    db = open_database(path)
+    db.execute("DELETE FROM knowledge_fts_docsize WHERE id = 2")
+    db.close()
+
+
+def test_an_index_rebuilt_to_the_records_of_its_file_does_not_adopt_it(tmp_path: Path) -> None:
+    """A rebuild starts FTS5's records afresh: rebuilt from entries of the same shape, an index
+    reaches the records its bulk load had, and the file written then no longer holds it."""
+    path = tmp_path / "k.sqlite"
+    _entries(path)
+    with KnowledgeStore.open(path, FakeEmbedder()) as store:
+        word = store.get(7).content.split()[0]  # a word entry 7 is about to lose
+    _rewrite_entry(path, "zebra")
+    _drop_a_document_length(path)
+    store = KnowledgeStore.open(path, FakeEmbedder())  # rebuilt at open: the bulk load's records
+    try:
+        assert store.status()["consistency"]["fts_rebuilt"]
+        assert 7 not in store._bm25.search([word], 300)
+        assert [h.entry.id for h in store.search("zebra", mode="keyword")] == [7]
+        assert store._bm25.files_loaded == 0
+    finally:
+        store.close()

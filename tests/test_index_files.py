@@ -488,6 +488,21 @@ def test_damaged_bm25_file_is_rebuilt_with_a_warning(
     assert any("damaged" in r.getMessage() for r in caplog.records)
 
 
+def test_a_refused_bm25_file_is_shown_in_status_as_the_vector_file_is(tmp_path: Path) -> None:
+    path = tmp_path / "k.sqlite"
+    _knowledge(path)
+    with KnowledgeStore.open(path, FakeEmbedder()) as store:
+        _rankings(store)
+    _garble_scores(_file(path, "bm25-knowledge_fts"))
+    with KnowledgeStore.open(path, FakeEmbedder()) as store:
+        _rankings(store)
+        status = store.status()
+    keyword, vector = status["keyword_index_file"], status["vectors"]["index_file"]
+    assert keyword["path"] == str(_file(path, "bm25-knowledge_fts"))
+    assert keyword["rejected"] == 1 and keyword["loaded"] == 0 and "damaged" in keyword["note"]
+    assert {"path", "loaded", "saved", "rejected", "note"} <= set(keyword) & set(vector)
+
+
 # -- status ----------------------------------------------------------------------------------------
 
 
