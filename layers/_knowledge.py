@@ -143,6 +143,7 @@ class KnowledgeStore(KnowledgeSearch, Closeable):
             "stored_model": get_meta(self._db, "embedding_model"),
             "stored_dim": _int_or_none(get_meta(self._db, "embedding_dim")),
             "vectors": None if self._vectors is None else self._vectors.status(),
+            "keyword_index_file": self._bm25.files_status(),  # as vectors' index_file says of theirs
             "last_error": self._last_error,
             "consistency": consistency.as_dict(),
             "schema_version": len(MIGRATIONS),
