@@ -146,11 +146,17 @@ class EpisodicBase(PendingVectors):
         return opens
 
     def _setup_vectors(self) -> None:
-        """Open the vector table, rebuild it for a new model, then check the store's consistency."""
+        """Open the vector table, rebuild it for a new model, then check the store's consistency
+        (a read-only store writes nothing: keyword-only when its vectors cannot serve the model)."""
         db = self._db
         stored_dim_text = get_meta(db, "vector_dim:episodes")
         stored_dim = int(stored_dim_text) if stored_dim_text else None
         embedder = self._embedder
+        if embedder is not None and db.read_only:
+            problem = _read_only_problem(db, embedder, stored_dim)
+            if problem is not None:
+                self._problem, self._embedder = problem, None
+                embedder = None
         if embedder is None:
             if stored_dim is not None:  # keep archives, restores and deletes consistent
                 self._vectors = VectorIndex(db, "episodes", stored_dim, mirror=False)
@@ -171,7 +177,7 @@ class EpisodicBase(PendingVectors):
                 self._last_error = str(exc)
                 self._embedder = None
         else:
-            if get_meta(db, "embedding_model") is None:
+            if get_meta(db, "embedding_model") is None and not db.read_only:
                 with db.transaction():
                     record_embedding(db, embedder.model_id, embedder.dim)
         self._start_check()
@@ -234,3 +240,16 @@ class EpisodicBase(PendingVectors):
         if report.fts_rebuilt:
             self._keywords.reset()
         return report
+
+
+def _read_only_problem(db: Database, embedder: Embedder, stored_dim: int | None) -> str | None:
+    """Why a read-only store cannot use its vectors with ``embedder`` (it could not make or
+    rebuild them), or ``None``: they serve it as they are."""
+    if stored_dim is None:
+        return "no vector index (the store is read-only: none is made)"
+    if stored_dim == embedder.dim and embedding_mismatch(db, embedder.model_id, embedder.dim) is None:
+        return None
+    return (
+        f"vectors were made by another model ({get_meta(db, 'embedding_model')}); the store is "
+        f"read-only, so they are not rebuilt for {embedder.model_id!r}"
+    )

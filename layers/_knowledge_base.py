@@ -12,7 +12,13 @@ import numpy as np
 import numpy.typing as npt
 
 from memstrata.core.constants import EMBED_CHARS
-from memstrata.core.errors import EmbedderUnavailableError, EmbeddingError, InvalidInputError, StorageError
+from memstrata.core.errors import (
+    EmbedderUnavailableError,
+    EmbeddingError,
+    InvalidInputError,
+    ReadOnlyError,
+    StorageError,
+)
 from memstrata.storage import (
     CheckTarget,
     ConsistencyReport,
@@ -33,22 +39,13 @@ from memstrata.storage import (
 )
 from memstrata.storage._embedding import usable_rows
 
-from ._knowledge_schema import (
-    BATCH,
-    ENTRY_COLUMNS,
-    MIGRATIONS,
-    TABLE,
-    KnowledgeEntry,
-    SearchTuning,
-    _entry,
-    _int_or_none,
-    keyword_table,
-)
+from ._knowledge_reads import KnowledgeReads
+from ._knowledge_schema import BATCH, MIGRATIONS, TABLE, SearchTuning, _int_or_none, keyword_table
 
 FloatArray = npt.NDArray[np.float32]
 
 
-class KnowledgeBase:
+class KnowledgeBase(KnowledgeReads):
     """Connection, embedder, vectors and keyword index of one store (see ``KnowledgeStore``)."""
 
     def __init__(
@@ -144,13 +141,18 @@ class KnowledgeBase:
         )
 
     def _start_vectors(self, embedder: Embedder) -> None:
+        """Set the vectors up for ``embedder`` (a read-only store writes nothing: it searches
+        what it can, see :meth:`_vector_reason`)."""
+        read_only = self._db.read_only
         if self._vectors is None:
+            if read_only:
+                return
             with self._db.transaction():
                 self._vectors = self._vector_index(embedder.dim)
                 record_embedding(self._db, embedder.model_id, embedder.dim)
         elif embedding_mismatch(self._db, embedder.model_id, embedder.dim) is not None:
             self._rebuild_needed = True
-        elif get_meta(self._db, "embedding_model") is None:
+        elif get_meta(self._db, "embedding_model") is None and not read_only:
             record_embedding(self._db, embedder.model_id, embedder.dim)
         self._seen_version = self._db.data_version()
         self._catch_up()
@@ -165,7 +167,8 @@ class KnowledgeBase:
     def _vectors_writable(self) -> bool:
         """New vectors can be computed and stored with the current model."""
         return (
-            self._embedder is not None
+            not self._db.read_only
+            and self._embedder is not None
             and self._vectors is not None
             and self._vectors.available
             and not self._rebuild_needed
@@ -208,13 +211,20 @@ class KnowledgeBase:
         if self._embedder is None:
             return self._unavailable or "no embedding model"
         if self._vectors is None:
-            return "no vector index"
+            return "no vector index" + (
+                " (the store is read-only: none is made)" if self._db.read_only else ""
+            )
         if not self._vectors.available:
             return f"sqlite-vec could not be loaded: {self._db.vec_reason}"
         if self._foreign_model is not None:
             return (
                 f"another process rebuilt the vectors with model {self._foreign_model!r}; "
                 "reopen the store to use them"
+            )
+        if self._rebuild_needed and self._db.read_only:
+            return (
+                f"vectors were made by another model; the store is read-only, so they are not "
+                f"rebuilt for {self._embedder.model_id!r}"
             )
         if self._rebuild_needed:
             return (
@@ -249,8 +259,8 @@ class KnowledgeBase:
     def reindex(self, *, full: bool = False) -> int:
         """Compute missing vectors (``full=True``: rebuild every vector, e.g. after changing the
         model outside memstrata). Returns how many vectors were written. Raises
-        :class:`EmbeddingError` if the model fails and :class:`EmbedderUnavailableError` in
-        keyword-only mode."""
+        :class:`EmbeddingError` if the model fails, :class:`EmbedderUnavailableError` in
+        keyword-only mode and :class:`ReadOnlyError` when a read-only store has vectors to write."""
         self._check_open()
         if self._embedder is None:
             raise EmbedderUnavailableError(
@@ -259,6 +269,8 @@ class KnowledgeBase:
         self._refresh_foreign()
         if self._foreign_model is not None:
             raise StorageError(str(self._vector_reason()))
+        if self._db.read_only and (full or self._rebuild_needed or self._pending_count()):
+            raise ReadOnlyError(f"knowledge store {self.path} is read-only: its vectors cannot be written")
         if full or self._rebuild_needed:
             return self._rebuild()
         written, ok = self._embed_pending()
@@ -386,6 +398,8 @@ class KnowledgeBase:
         return written, True
 
     def _try_rebuild(self) -> None:
+        if self._db.read_only:  # searched by keywords meanwhile (see _vector_reason)
+            return
         try:
             self._rebuild()
         except EmbeddingError as exc:
@@ -453,30 +467,3 @@ class KnowledgeBase:
         self._last_error = None
         self._seen_version = self._db.data_version()
         return written
-
-    # -- reads ------------------------------------------------------------------------------------
-
-    def _tags_of(self, ids: Sequence[int]) -> dict[int, dict[str, str]]:
-        tags: dict[int, dict[str, str]] = {}
-        for start in range(0, len(ids), 500):
-            chunk = ids[start : start + 500]
-            marks = ",".join("?" * len(chunk))
-            for entry_id, key, value in self._db.query(
-                f"SELECT entry_id, key, value FROM {TABLE}_tags WHERE entry_id IN ({marks}) "
-                "ORDER BY entry_id, key",
-                list(chunk),
-            ):
-                tags.setdefault(int(entry_id), {})[key] = value
-        return tags
-
-    def _load(self, ids: Sequence[int]) -> dict[int, KnowledgeEntry]:
-        """Entries by id, two queries for the lot (rows, then tags)."""
-        if not ids:
-            return {}
-        rows: list[Any] = []
-        for start in range(0, len(ids), 500):
-            chunk = list(ids[start : start + 500])
-            marks = ",".join("?" * len(chunk))
-            rows.extend(self._db.query(f"SELECT {ENTRY_COLUMNS} FROM {TABLE} WHERE id IN ({marks})", chunk))
-        tags = self._tags_of([int(r[0]) for r in rows])
-        return {int(r[0]): _entry(r, tags.get(int(r[0]), {}), self.owner) for r in rows}

@@ -24,7 +24,7 @@ from memstrata.errors import (
     StorageError,
 )
 from memstrata.layers import Episode, EpisodeHit, EpisodicMemory
-from memstrata.storage import open_database
+from memstrata.storage import _connection, open_database
 from tests._support import assert_bulk_write_refused, assert_restored, vector_blob, without_default_model
 from tests.fakes import BreakableEmbedder, FakeEmbedder
 
@@ -878,6 +878,37 @@ def test_model_change_rebuilds_vectors(data_dir: Path, fake_embedder: FakeEmbedd
         assert len(ep.search("alpha beta", mode="vector")) == 5
     with EpisodicMemory.open(path, other) as ep:
         assert ep.status()["repaired_on_open"]["rebuilt"] == 0
+
+
+def test_a_read_only_store_writes_nothing_and_searches_what_it_can(
+    data_dir: Path, fake_embedder: FakeEmbedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opened read-only (a read-only data dir), a store that would write at open (no vectors yet,
+    the vectors of another model) runs keyword-only, says why, and writes nothing; one whose
+    vectors serve the model searches them, an episode still pending by keywords."""
+    pending, bare, other = (data_dir / f"{name}.sqlite" for name in ("pending", "bare", "other"))
+    with EpisodicMemory.open(pending, fake_embedder) as ep:
+        ep.record("the grafana dashboard shows spikes", at=T0)
+    with EpisodicMemory.open(pending, fake_embedder, defer_vectors=True) as ep:
+        ep.record("the grafana alert is still waiting for its vector", at=T0)
+    with EpisodicMemory.open(other, FakeEmbedder(dim=48, model_id="fake-old")) as ep:
+        ep.record("the grafana board of the old model", at=T0)
+    without_default_model(monkeypatch, "no model here")
+    with EpisodicMemory.open(bare) as ep:
+        ep.record("the grafana board stored without a model", at=T0)
+    before = {p.name: p.read_bytes() for p in sorted(data_dir.glob("*.sqlite"))}
+    monkeypatch.setattr(_connection, "writable", lambda path: False)  # as on a read-only mount
+    with EpisodicMemory.open(pending, fake_embedder) as ep:
+        assert ep.status()["mode"] == "hybrid"
+        assert len(ep.search("grafana", mode="keyword")) == 2
+        assert ep.search("the grafana dashboard shows spikes", mode="vector")[0].match_type == "semantic"
+    for path, why in ((bare, "no vector index"), (other, "another model (fake-old)")):
+        with EpisodicMemory.open(path, fake_embedder) as ep:
+            status = ep.status()
+            assert status["mode"] == "keyword-only" and why in status["keyword_only_reason"]
+            assert "read-only" in status["keyword_only_reason"]
+            assert [h.match_type for h in ep.search("grafana board")] == ["keyword"]
+    assert {p.name: p.read_bytes() for p in sorted(data_dir.glob("*.sqlite"))} == before
 
 
 def test_a_second_connection_sees_new_episodes(data_dir: Path, fake_embedder: FakeEmbedder) -> None:

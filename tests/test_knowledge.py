@@ -18,10 +18,11 @@ from memstrata.errors import (
     EmbedderUnavailableError,
     EmbeddingError,
     InvalidInputError,
+    ReadOnlyError,
     StorageError,
 )
 from memstrata.layers import KnowledgeEntry, KnowledgeHit, KnowledgeStore
-from memstrata.storage import disable_vec_for_tests
+from memstrata.storage import _connection, disable_vec_for_tests
 from tests._support import assert_bulk_write_refused, without_default_model
 from tests.fakes import FakeEmbedder
 
@@ -726,6 +727,48 @@ def test_keyword_only_when_no_model_can_be_loaded(data_dir: Path, monkeypatch: p
     with KnowledgeStore.open(path, embedder) as store:  # a model again: the backlog is embedded
         assert store.status()["mode"] == "hybrid" and store.status()["pending_vectors"] == 0
         assert ids_of(store.search("keyword only entry about kafka", mode="vector")) == [entry_id]
+
+
+def _databases(folder: Path) -> dict[str, bytes]:
+    """The bytes of the databases in ``folder`` (a read-only reader in a writable folder still
+    makes SQLite's shared-memory files beside them)."""
+    return {p.name: p.read_bytes() for p in sorted(folder.glob("*.sqlite"))}
+
+
+def test_a_read_only_store_writes_nothing_and_searches_what_it_can(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opened read-only (a read-only data dir), a store that would write at open (a vector left
+    pending, no vectors yet, the vectors of another model) searches by keywords and by whatever
+    vectors serve its model, says why the others do not, and writes nothing."""
+    pending, bare, other = (data_dir / f"{name}.sqlite" for name in ("pending", "bare", "other"))
+    with KnowledgeStore.open(pending, FakeEmbedder()) as store:
+        embedded = store.add("a queue entry with its vector")
+    with KnowledgeStore.open(pending, FakeEmbedder(), defer_vectors=True) as store:
+        waiting = store.add("a queue entry still waiting for its vector")
+    without_default_model(monkeypatch, "no model here")
+    with KnowledgeStore.open(bare) as store:
+        store.add("a queue entry stored without a model")
+    with KnowledgeStore.open(other, FakeEmbedder(dim=32, model_id="fake-old")) as store:
+        store.add("a queue entry of the old model")
+    before = _databases(data_dir)
+    monkeypatch.setattr(_connection, "writable", lambda path: False)  # as on a read-only mount
+    with KnowledgeStore.open(pending, FakeEmbedder()) as store:
+        status = store.status()
+        assert status["mode"] == "hybrid" and status["pending_vectors"] == 1
+        assert set(ids_of(store.search("queue entry", mode="keyword"))) == {embedded, waiting}
+        assert ids_of(store.search("a queue entry with its vector", mode="vector", top_k=1)) == [embedded]
+        with pytest.raises(ReadOnlyError, match="read-only"):
+            store.reindex()
+    for path, why in ((bare, "no vector index"), (other, "another model")):
+        with KnowledgeStore.open(path, FakeEmbedder()) as store:
+            status = store.status()
+            assert status["mode"] == "keyword-only" and why in status["reason"], status["reason"]
+            assert "read-only" in status["reason"] and status["stored_model"] != "fake-bow"
+            hits = store.search("queue entry")
+            assert len(hits) == 1 and hits[0].match_type == "keyword"
+            assert store.pending_texts() == [] and store.catch_up_vectors() == status["pending_vectors"]
+    assert _databases(data_dir) == before
 
 
 def test_numpy_fallback_without_sqlite_vec(data_dir: Path, fake_embedder: FakeEmbedder) -> None:
