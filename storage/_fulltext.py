@@ -45,6 +45,9 @@ _STOP_WORDS_TEXT = """
 STOP_WORDS = frozenset(_STOP_WORDS_TEXT.split())
 
 _WORD = re.compile(r"[^\W_]+(?:['’][^\W_]+)*", re.UNICODE)
+# the characters ``\w`` leaves out that are neither ASCII nor space: among them the combining marks
+# (Unicode categories Mn, Mc, Me), which belong to their word (see :func:`_words`)
+_NOT_WORD = re.compile(r"[^\w\s\x00-\x7f]")
 # English clitics after an apostrophe: ``unicode61`` indexes "session's" as "session" "s", so a
 # quoted "session's" is a phrase, which FTS5 matches position by position (at 1M entries 10-90 ms
 # the first time a process meets one, against a few ms for a word). The clitic tells a search
@@ -167,13 +170,27 @@ def keyword_terms(text: str, *, keep_stop_words: bool = False) -> list[str]:
             seen.add(term)
             terms.append(term)
 
-    for match in _WORD.finditer(_CJK.sub(" ", text)):
-        word = _CLITIC.sub("", match.group(0))
+    for found in _words(_CJK.sub(" ", text)):
+        word = _CLITIC.sub("", found)
         add(word)
         add(fold_letters(word))
     for part in identifier_words(text).split():
         add(part)
     return terms
+
+
+def _words(text: str) -> list[str]:
+    """The words of ``text``, combining marks kept inside them: FTS5 tokenises a query word as
+    it does the same word in a document only when given all of it. Python's ``\\w`` leaves the
+    marks out, which cut a decomposed "résumé" into "re" "sume" and a Devanagari word into
+    letters. Each distinct character ``\\w`` leaves out is looked up once (none in ASCII or plain
+    text); the marks among them stand in for a letter while the words are found."""
+    masked = text
+    if not text.isascii():
+        marks = [c for c in set(_NOT_WORD.findall(text)) if unicodedata.category(c)[0] == "M"]
+        if marks:
+            masked = text.translate(dict.fromkeys(map(ord, marks), "a"))
+    return [text[m.start() : m.end()] for m in _WORD.finditer(masked)]
 
 
 def _clean(text: str) -> str:

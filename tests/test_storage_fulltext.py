@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+import unicodedata
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 
 from memstrata.errors import InvalidInputError
 from memstrata.storage import (
+    FTS_TOKENIZER,
     Database,
     Filter,
     KeywordQuery,
@@ -343,6 +345,79 @@ def test_filter_is_applied_to_matches_not_handed_to_fts5(
         plan = " ".join(str(row[3]) for row in db.query("EXPLAIN QUERY PLAN " + sql, params))
         index = re.search(r"VIRTUAL TABLE INDEX \d+:(\S*)", plan)
         assert index is not None and "=" not in index.group(1), plan
+
+
+# -- combining marks ------------------------------------------------------------------------------
+
+MARKED_WORDS = [
+    unicodedata.normalize("NFD", "Ångström"),  # decomposed Latin accents (Mn)
+    unicodedata.normalize("NFD", "résumé"),
+    "नमस्ते",  # Devanagari virama and vowel sign (Mn)
+    "तालिका",  # Devanagari vowel signs (Mc): FTS5 splits there, so the query word is a phrase
+    "தமிழ்",  # Tamil vowel sign (Mc) and virama (Mn)
+    "ไม่มี",  # Thai tone mark and vowel (Mn)
+    "x\u20ddy",  # an enclosing mark (Me)
+]
+
+
+def _marks() -> list[str]:
+    """Every combining mark (Unicode categories Mn, Mc, Me) of the Unicode version Python uses."""
+    return [chr(c) for c in range(0x110000) if unicodedata.category(chr(c))[0] == "M"]
+
+
+def test_words_keep_exactly_the_combining_marks() -> None:
+    """Every character between two letters (unassigned and private-use code points are no marks):
+    the word holds on over it exactly when Python's ``\\w`` (not ``_``), an apostrophe or Unicode's
+    categories Mn, Mc, Me say it belongs to a word."""
+    from memstrata.storage._fulltext import _words
+
+    points = [
+        chr(c)
+        for c in range(0x110000)
+        if unicodedata.category(chr(c)) not in ("Cn", "Co", "Cs") and not chr(c).isspace()
+    ]
+    found = _words(" ".join(f"x{c}y" for c in points))
+    expected: list[str] = []
+    for c in points:
+        inside = c.isalnum() or c in "'’" or unicodedata.category(c)[0] == "M"  # isalnum: [^\W_]
+        expected += [f"x{c}y"] if inside else ["x", "y"]
+    assert found == expected
+
+
+def _fts5_tokens(db: Database, texts: Sequence[str]) -> list[list[str]]:
+    """The tokens FTS5 makes of each text with the stores' tokenizer, in order."""
+    db.execute(f"CREATE VIRTUAL TABLE temp.tok USING fts5(x, content='', tokenize='{FTS_TOKENIZER}')")
+    db.execute("CREATE VIRTUAL TABLE temp.tok_vocab USING fts5vocab(temp, tok, instance)")
+    db.executemany("INSERT INTO temp.tok(rowid, x) VALUES (?, ?)", [(i + 1, t) for i, t in enumerate(texts)])
+    found: list[list[str]] = [[] for _ in texts]
+    for doc, term in db.query("SELECT doc, term FROM temp.tok_vocab ORDER BY doc, offset"):
+        found[int(doc) - 1].append(str(term))
+    return found
+
+
+def test_query_words_tokenise_as_the_words_of_documents(tmp_path: Path) -> None:
+    """FTS5 makes the same tokens of a query's words as of the document word they come from,
+    for words of several scripts and for every combining mark between two letters."""
+    words = [*MARKED_WORDS, *(f"a{m}b" for m in _marks())]
+    queries = [keyword_terms(w, keep_stop_words=True) for w in words]
+    with open_database(tmp_path / "tok.sqlite") as db:
+        tokens = _fts5_tokens(db, [*words, *(term for terms in queries for term in terms)])
+    of_terms = iter(tokens[len(words) :])
+    for word, terms, of_word in zip(words, queries, tokens, strict=False):
+        assert [t for _ in terms for t in next(of_terms)] == of_word, (word, terms)
+
+
+def test_a_word_with_marks_finds_its_document_in_either_normal_form(tmp_path: Path) -> None:
+    db = open_database(tmp_path / "marks.sqlite")
+    apply_migrations(db, "fts-test", [_migration])
+    bodies = ["नमस्ते दुनिया", "तालिका में समय", "मेरा नाम राम है", "Ångström unit of length", "a résumé"]
+    for doc_id, body in enumerate(bodies, 1):
+        _store(db, doc_id, body)
+    assert search(db, "तालिका") == [2] and search(db, "नमस्ते") == [1]  # not every word of its letters
+    for form in ("NFC", "NFD"):
+        assert search(db, unicodedata.normalize(form, "Ångström")) == [4], form
+        assert search(db, unicodedata.normalize(form, "résumé")) == [5], form
+    db.close()
 
 
 def test_update_and_delete_keep_both_indexes_in_sync(tmp_path: Path) -> None:
