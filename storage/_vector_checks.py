@@ -18,12 +18,28 @@ FloatArray = npt.NDArray[np.float32]
 _PLAIN: dict[str, type] = {"text": str, "integer": int, "float": float}
 
 
-def check_vectors(vectors: FloatArray, dim: int, what: str = "vectors") -> FloatArray:
-    """``vectors`` as a contiguous float32 matrix of ``dim`` columns: finite, with no zero row."""
+def _float32(vectors: Any, what: str) -> FloatArray:
+    """``vectors`` as float32 (not copied when they are), refusing what the cast would change
+    silently: complex numbers (their imaginary part dropped) and ``None`` (read as NaN)."""
     try:
-        array = np.asarray(vectors, dtype=np.float32)
+        given = np.asarray(vectors)
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"{what} must be an array of numbers: {exc}") from exc
+    if given.dtype.kind == "c":
+        raise InvalidInputError(f"{what} must be real numbers, got complex ones ({given.dtype})")
+    if given.dtype.kind == "O" and (empty := np.equal(given, np.array(None, dtype=object))).any():
+        # named by its row, as a row of NaN is (a single vector has none)
+        row = f"[{int(np.argmax(empty.reshape(len(empty), -1).any(axis=1)))}]" if empty.ndim > 1 else ""
+        raise InvalidInputError(f"{what}{row} holds None where a number belongs")
+    try:
+        return given.astype(np.float32, copy=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"{what} must be an array of numbers: {exc}") from exc
+
+
+def check_vectors(vectors: FloatArray, dim: int, what: str = "vectors") -> FloatArray:
+    """``vectors`` as a contiguous float32 matrix of ``dim`` columns: finite, with no zero row."""
+    array = _float32(vectors, what)
     if array.ndim == 1:
         array = array.reshape(1, -1)
     if array.ndim != 2 or array.shape[1] != dim:
@@ -98,10 +114,7 @@ def precomputed_vectors(vectors: Any, n: int, dim: int | None) -> tuple[FloatArr
     One row per item; ``dim``, when known, is the store's dimension. A bad row is named by its
     index (``vectors[17] holds NaN or infinity``).
     """
-    try:
-        array = np.asarray(vectors, dtype=np.float32)
-    except (TypeError, ValueError) as exc:
-        raise InvalidInputError(f"vectors must be an array of numbers: {exc}") from exc
+    array = _float32(vectors, "vectors")
     want = f"({n}, {dim})" if dim is not None else f"({n}, dim)"
     if array.ndim != 2 or len(array) != n or (dim is not None and array.shape[1] != dim):
         raise InvalidInputError(

@@ -3,6 +3,7 @@ written in bulk in the writing transaction, and the named migration that made it
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from memstrata.layers import KnowledgeStore
 from memstrata.layers._knowledge_schema import MIGRATIONS
 from memstrata.storage import Database, apply_migrations, bulk_cache, open_database, text_hash
 from memstrata.storage._migrations import NamedMigration, get_meta
+from memstrata.storage._vector_checks import check_vectors
 from tests._support import check_knowledge, without_default_model
 from tests.fakes import FakeEmbedder
 
@@ -98,6 +100,35 @@ def test_a_bad_vector_is_named_by_its_row(data_dir: Path, row: int, bad: float |
         with pytest.raises(InvalidInputError, match=rf"vectors\[{row}\] {what}"):
             store.add_many(_items(5), vectors=vectors)
         assert store.count() == 0
+
+
+def _with_none(row: int) -> npt.NDArray[np.object_]:
+    vectors = _vectors(4).astype(object)
+    vectors[row, 5] = None
+    return vectors
+
+
+@pytest.mark.parametrize(
+    ("vectors", "message"),
+    [
+        (_vectors(4).astype(np.complex64), r"^vectors must be real numbers, got complex ones \(complex64\)$"),
+        (_with_none(2), r"^vectors\[2\] holds None where a number belongs$"),
+    ],
+    ids=["complex", "none"],
+)
+def test_what_a_cast_would_change_silently_is_refused(
+    data_dir: Path, vectors: npt.NDArray[np.generic], message: str
+) -> None:
+    """Complex numbers would lose their imaginary part (with a warning only) and None would read
+    as NaN: each is refused in one line that says what it is, and nothing is written."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with KnowledgeStore.open(data_dir / "k.sqlite", FakeEmbedder(dim=DIM)) as store:
+            with pytest.raises(InvalidInputError, match=message):
+                store.add_many(_items(4), vectors=vectors)
+            assert store.count() == 0
+        with pytest.raises(InvalidInputError, match=message):  # a vector index's own writes alike
+            check_vectors(vectors, DIM)
 
 
 def test_duplicates_keep_the_stored_vector_and_merge_into_the_first(data_dir: Path) -> None:
