@@ -12,7 +12,7 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from memstrata import Config, MemorySystem
+from memstrata import Agent, Config, MemorySystem
 from memstrata.bridges._app import CliState
 from memstrata.bridges._operations import find
 from memstrata.bridges.cli import cli
@@ -563,15 +563,25 @@ def test_the_largest_id_every_json_client_holds_is_kept_and_the_store_goes_on(tm
         assert system.agent("a1").store_knowledge("another fact", category="pattern") == 2**53
 
 
+MONTH_AGO = START - dt.timedelta(days=30)
+
+
+def _old_and_new(system: MemorySystem) -> Agent:
+    """Agent a1 with an episode of 40 days ago (one an archive of what is older than a month
+    takes) and one of today."""
+    agent = system.agent("a1")
+    agent.remember("old incident", at=START - dt.timedelta(days=40))
+    agent.remember("today", at=START)
+    return agent
+
+
 def test_an_export_over_an_episode_archive_is_refused_and_the_archive_kept(tmp_path: Path) -> None:
     """An archive may live outside the data dir: an export to its path (or through a symlink to
     it) would replace it and its episodes would be gone for good."""
     with MemorySystem.start(Config(data_dir=tmp_path / "d"), embedder=HashEmbedder()) as system:
-        agent = system.agent("a1")
-        agent.remember("db failover took 40 min", at=START - dt.timedelta(days=400))
-        agent.remember("today", at=START)
+        agent = _old_and_new(system)
         archive = tmp_path / "backup.sqlite"
-        assert agent.archive_episodes(archive, before=START - dt.timedelta(days=30)).archived == 1
+        assert agent.archive_episodes(archive, before=MONTH_AGO).archived == 1
         (tmp_path / "via").symlink_to(tmp_path, target_is_directory=True)
         refused = f"export path '{archive}' is an episode archive of agent 'a1': write the export elsewhere"
         for path in (archive, tmp_path / "via" / "backup.sqlite"):
@@ -584,12 +594,10 @@ def test_an_export_over_an_episode_archive_is_refused_and_the_archive_kept(tmp_p
 def test_an_episode_archived_again_after_a_restore_is_exported_once(tmp_path: Path) -> None:
     """Archive, restore, archive again: two archive files hold the episode; the export holds it once."""
     with MemorySystem.start(Config(data_dir=tmp_path / "d"), embedder=HashEmbedder()) as system:
-        agent = system.agent("a1")
-        agent.remember("old incident", at=START - dt.timedelta(days=40))
-        agent.remember("today", at=START)
-        first = agent.archive_episodes(before=START - dt.timedelta(days=30))
+        agent = _old_and_new(system)
+        first = agent.archive_episodes(before=MONTH_AGO)
         assert agent.restore_episodes(first.path) == 1
-        assert agent.archive_episodes(before=START - dt.timedelta(days=30)).archived == 1
+        assert agent.archive_episodes(before=MONTH_AGO).archived == 1
         system.export(tmp_path / "x.jsonl")
     episodes = [r for r in _records(tmp_path / "x.jsonl") if r["kind"] == "episode"]
     assert sorted((r["content"], r["archive"]) for r in episodes) == [
@@ -604,11 +612,9 @@ def test_a_damaged_archive_is_reported_and_the_export_goes_on_without_it(
     """A tracked archive replaced by another file: status says so at once (not only after a
     search), and an export still holds everything else, saying what it left out."""
     with MemorySystem.start(Config(data_dir=tmp_path / "d"), embedder=HashEmbedder()) as system:
-        agent = system.agent("a1")
-        agent.remember("old incident", at=START - dt.timedelta(days=40))
-        agent.remember("today", at=START)
+        agent = _old_and_new(system)
         archive = tmp_path / "old.sqlite"
-        assert agent.archive_episodes(archive, before=START - dt.timedelta(days=30)).archived == 1
+        assert agent.archive_episodes(archive, before=MONTH_AGO).archived == 1
         archive.write_bytes(b"not an archive at all")
         warnings = system.status()["warnings"]
         assert any(str(archive) in w and "not an SQLite file" in w for w in warnings), warnings
