@@ -37,7 +37,11 @@ _INVALID_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]
 _NAME_START = re.compile(r"[A-Za-z_]")
 _NAME_CHAR = re.compile(r"[A-Za-z0-9._-]")
 _ESCAPE_LIKE = re.compile(r"_x[0-9A-Fa-f]{4,8}_")
-_RESERVED = ("category", "relevance")
+# every attribute an entry of any kind states about itself: a tag of one of these names would
+# make a knowledge entry read as an episode, a file chunk or code
+_RESERVED = frozenset(
+    {"category", "relevance", "source", "at", "title", "path", "lines", "codebase", "language"}
+)
 
 
 def _clean(text: str) -> str:
@@ -82,9 +86,10 @@ def _relevance(score: Any) -> str:
 
 
 def _attributes(pairs: Iterable[tuple[str, str]], tags: Mapping[str, str] | None) -> str:
-    """The element's own attributes, then one per tag. A tag whose name is taken, reserved or
-    begins with ``xml`` (XML's own, ``xmlns`` a namespace declaration) gets ``tag-`` prefixes
-    until its name is free: every tag is shown, and no tag changes what the element is."""
+    """The element's own attributes, then one per tag. A tag whose name is taken, is an
+    attribute any kind of entry states (:data:`_RESERVED`) or begins with ``xml`` (XML's own,
+    ``xmlns`` a namespace declaration) gets ``tag-`` prefixes until its name is free: every tag
+    is shown, and no tag changes what the element is or seems to be."""
     pairs = list(pairs)
     parts = [f'{name}="{xml_attr(value)}"' for name, value in pairs]
     used = {name for name, _ in pairs}

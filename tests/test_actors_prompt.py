@@ -64,6 +64,20 @@ def test_every_tag_is_shown_and_none_changes_what_the_element_is() -> None:
     assert shown["tag-tag-category"] == "B"
 
 
+def test_no_tag_makes_a_knowledge_entry_pass_for_another_kind_of_entry() -> None:
+    """An episode says ``source``, ``at`` and ``title``; a file chunk ``source``, ``path`` and
+    ``lines``; code ``codebase`` and ``language``: a knowledge entry's tags of those names are
+    shown under ``tag-`` names, so the entry still has no ``source``."""
+    tags = {"source": "file", "path": "MEMORY.md", "lines": "1-3", "at": "2026-01-01", "title": "T",
+            "codebase": "shop", "language": "python"}  # fmt: skip
+    text = build_prompt("t", [hit("retries need backoff", 0.9, tags=tags)])
+    entry = ET.fromstring(f"<root>{text}</root>").find("knowledge-context/entry")
+    assert entry is not None and entry.get("source") is None
+    assert {name: value for name, value in entry.attrib.items() if name.startswith("tag-")} == {
+        f"tag-{key}": value for key, value in tags.items()
+    }
+
+
 def test_relevance_is_clamped_to_two_decimals() -> None:
     text = build_prompt("t", [hit("a", 1.7), hit("b", -0.2, entry_id=2), hit("c", 0.005, entry_id=3)])
     assert re.findall(r'relevance="([^"]+)"', text) == ["1.00", "0.00", "0.01"]
