@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections import Counter
+from collections import Counter, OrderedDict
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -114,6 +114,7 @@ class AgentActor(AgentWriteBack):
         self._rids = itertools.count(1)
         self._inflight: dict[int, set[str]] = {}
         self._tasks: dict[str, str] = {}
+        self._recent: OrderedDict[tuple[str, str, str], None] = OrderedDict()
         self.counters: Counter[str] = Counter()
         self._reply: Future[Any] | None = None
 

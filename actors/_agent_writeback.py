@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections import Counter
+from collections import Counter, OrderedDict
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -45,12 +45,17 @@ class _RetryWriteBack:
     row_id: int
 
 
+_RECENT_OUTCOMES = 1024  # outcomes remembered to tell a retry from a new one (a few per task)
+
+
 class AgentWriteBack(MemoryActor):
     """The write-back part of :class:`AgentActor` (which owns ``outbox/{agent}.sqlite``)."""
 
     counters: Counter[str]
     _inflight: dict[int, set[str]]
     _tasks: dict[str, str]
+    # the latest outcomes queued, to tell a retry (the same task, kind and text again) from news
+    _recent: OrderedDict[tuple[str, str, str], None]
 
     def _checked_outcome(self, kind: str, text: str) -> str:
         """The outcome's text as the stores will keep it (lone surrogates become U+FFFD), or the
@@ -101,8 +106,10 @@ class AgentWriteBack(MemoryActor):
         for row in rows:
             self._tasks.pop(row.task_id, None)
             self.counters[f"tasks_{row.kind}"] += 1
-            self._dispatch(row, replay=False)
-            if notes:
+            repeat = self._seen(row)
+            # a retry's episode is stored once, as a replay's is (its knowledge dedups by content)
+            self._dispatch(row, replay=repeat)
+            if notes and not repeat:
                 try:
                     note = NoteOutcome(row.task_id, row.kind, row.text, row.at)
                     self.runtime.post(self.runtime.ref("workspace", self.key), note, owner=self.owner)
@@ -114,6 +121,17 @@ class AgentWriteBack(MemoryActor):
                 for task_id in dict.fromkeys(row.task_id for row in rows):
                     clear = ClearWorkingMemory(self.key, task_id=task_id)
                     self.runtime.post(working, clear, owner=self.owner)
+
+    def _seen(self, row: OutboxRow) -> bool:
+        """Whether ``row`` repeats an outcome queued lately (an orchestrator retrying a call
+        whose answer it missed): then nothing new happened, and nothing is written twice."""
+        key = (row.task_id, row.kind, row.text)
+        seen = key in self._recent
+        self._recent[key] = None
+        self._recent.move_to_end(key)
+        while len(self._recent) > _RECENT_OUTCOMES:
+            self._recent.popitem(last=False)
+        return seen
 
     def _part_message(self, row: OutboxRow, part: str, replay: bool) -> Any:
         completed = row.kind == "completed"

@@ -52,6 +52,8 @@ from ._store_messages import (
     ImportRecords,
     Searched,
     VectorsReady,
+    WriteBackEpisode,
+    WriteBackKnowledge,
     _Answered,
     _AskVectors,
     _FlushHeld,
@@ -343,7 +345,8 @@ class _PersistentActor(_HeldWriteBacks):
         accepted: list[int] = []
         self._inline.clear()  # what a failed batch wrote was rolled back
         for index, message in enumerate(messages):
-            refused = None if self.held_write(message) else self._refused(message.content, name)
+            write_back = isinstance(message, WriteBackKnowledge | WriteBackEpisode)
+            refused = None if write_back else self._refused(message.content, name)
             if refused is None:
                 accepted.append(index)
             else:

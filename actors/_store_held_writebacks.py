@@ -59,8 +59,12 @@ class _HeldWriteBacks(MemoryActor):
         self._ready, self._inline = {}, set()
 
     def held_write(self, message: Any) -> bool:
-        """Whether ``message`` is a write-back, which may wait for its vector (see the class)."""
-        return isinstance(message, WriteBackKnowledge | WriteBackEpisode)
+        """Whether ``message`` is a write-back, which may wait for its vector (see the class). An
+        episode to store once (a replay's, a retry's) is not: it is handled alone, after what is
+        held, so its check for the same episode sees every one written before it."""
+        if isinstance(message, WriteBackEpisode):
+            return not message.once
+        return isinstance(message, WriteBackKnowledge)
 
     def _may_hold(self, envelopes: list[Envelope]) -> bool:
         service = self._service

@@ -132,6 +132,26 @@ def test_a_read_write_workspace_gets_each_outcome_in_its_daily_file(trees: dict[
     assert "task t2 failed" in daily
 
 
+def test_a_retried_outcome_is_written_once_everywhere(trees: dict[str, Path]) -> None:
+    """An orchestrator whose ask timed out after the outbox committed sends the same outcome
+    again: one knowledge entry, one episode, one daily note; a new outcome of the task is news."""
+    with _start(_config(trees)) as system:
+        agent = system.agent("a")
+        for _ in range(3):
+            agent.complete_task("t1", "Charged with the idempotency key")
+        agent.complete_task("t1", "Charged again after the refund")
+        assert system.wait_idle(30)
+        episodes = [(e.task_run_id, e.content) for e in agent.list_episodes(limit=10)]
+        knowledge = sorted(e.content for e in agent.list_knowledge())
+    assert sorted(episodes) == [
+        ("t1", "Charged again after the refund"),
+        ("t1", "Charged with the idempotency key"),
+    ]
+    assert knowledge == ["Charged again after the refund", "Charged with the idempotency key"]
+    daily = (trees["workspace"] / "memory" / "2025-01-01.md").read_text()
+    assert daily.count("Charged with the idempotency key") == 1 and daily.count("Charged again") == 1
+
+
 def test_a_read_only_workspace_is_indexed_and_never_written(trees: dict[str, Path]) -> None:
     before = _snapshot(trees["workspace"])
     with _start(_config(trees, workspace_access="ro")) as system:
