@@ -112,7 +112,8 @@ class Workspaces(Closeable):
         self._lock = threading.RLock()
         self._handles: dict[tuple[Path, Kind], _Handle] = {}
         self._closed = False
-        self._db: Database = open_database(self.data_dir / "workspaces.sqlite", load_vec=False)
+        with self._connections():
+            self._db: Database = open_database(self.data_dir / "workspaces.sqlite", load_vec=False)
         try:
             apply_migrations(self._db, "workspaces", _MIGRATIONS)
         except BaseException:
@@ -207,7 +208,15 @@ class Workspaces(Closeable):
         from memstrata.layers import Codebase, MemoryFiles
 
         opener = MemoryFiles.open if ws.kind == "memory" else Codebase.open
-        return opener(ws.root, db_path=ws.db_path, embedder=self._embedder, config=self.config)
+        with self._connections():
+            return opener(ws.root, db_path=ws.db_path, embedder=self._embedder, config=self.config)
+
+    def _connections(self) -> contextlib.AbstractContextManager[None]:
+        """The configured lock bound and sync for the databases opened here, as the actors'."""
+        from memstrata.storage import connection_defaults
+
+        storage = self.config.storage
+        return connection_defaults(lock_bound_s=storage.lock_timeout_s, synchronous=storage.synchronous)
 
     @contextlib.contextmanager
     def _using(self, ws: Workspace) -> Iterator[Any]:

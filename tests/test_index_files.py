@@ -634,3 +634,29 @@ def test_arrays_written_in_pieces_read_back_whole(tmp_path: Path, monkeypatch: p
     assert found.arrays["matrix"].shape == (306, 7)
     np.testing.assert_array_equal(found.arrays["matrix"][:301], arrays["matrix"])
     assert not found.arrays["matrix"][301:].any()
+
+
+def test_query_in_process_opens_its_stores_with_the_configured_storage_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the actors open theirs: ``[storage] lock_timeout_s`` and ``synchronous`` apply."""
+    from memstrata.bridges import _cli_query
+    from memstrata.config import StorageConfig
+
+    data = tmp_path / "data"
+    embedder = FakeEmbedder()
+    with KnowledgeStore.open(KnowledgeStore.path_for(data, "a1"), embedder) as store:
+        store.add("queue retry cache deploy lock", category="pattern")
+    seen: list[tuple[float, str]] = []
+    real_open = KnowledgeStore.open
+
+    def recorded(*args: Any, **kwargs: Any) -> KnowledgeStore:
+        opened = real_open(*args, **kwargs)
+        db = opened._db
+        seen.append((db.lock_bound_s, str(db.scalar("PRAGMA synchronous"))))
+        return opened
+
+    monkeypatch.setattr(KnowledgeStore, "open", recorded)
+    config = Config(data_dir=data, storage=StorageConfig(lock_timeout_s=0.5, synchronous="full"))
+    hits = _cli_query.query_knowledge(config, embedder, "a1", "queue retry", {})
+    assert hits and seen == [(0.5, "2")]  # PRAGMA synchronous: 2 is FULL

@@ -20,10 +20,11 @@ from memstrata._workspaces import Workspaces
 from memstrata.actors import ManualClock
 from memstrata.bridges import tools
 from memstrata.bridges._operations import Context, find
-from memstrata.config import FilesConfig
-from memstrata.errors import InvalidInputError
+from memstrata.config import FilesConfig, StorageConfig
+from memstrata.errors import DatabaseBusyError, InvalidInputError
 from memstrata.layers import Codebase, MemoryFiles
 from memstrata.layers._archive import ArchiveFile
+from memstrata.storage import open_database
 from tests._support import write_tree
 from tests.fakes import FakeEmbedder
 
@@ -411,3 +412,23 @@ def test_every_operation_declares_one_effect_and_its_hints_follow_from_it() -> N
     assert find("remember").effect is Effect.ADDS
     assert find("set_working").effect is Effect.SETS
     assert find("delete_episode").effect.words == "destructive, idempotent"
+
+
+def test_the_workspace_registry_opens_its_indexes_with_the_configured_lock_bound(tmp_path: Path) -> None:
+    """As the actors do: a sync that meets another process's write lock gives up after
+    ``[storage] lock_timeout_s``, not after the layers' own default."""
+    tree = write_tree(tmp_path / "notes", {"MEMORY.md": "# otters\n\nOtters hold hands.\n"})
+    config = Config(data_dir=tmp_path / "data", storage=StorageConfig(lock_timeout_s=0.5))
+    with Workspaces(config.data_dir, config=config, embedder=FakeEmbedder()) as registry:
+        workspace, _ = registry.index(tree, kind="memory")
+    (tree / "MEMORY.md").write_text("# otters\n\nOtters sleep holding hands.\n", encoding="utf-8")
+    other = open_database(workspace.db_path)  # another writer (memstrata's SQLite, as a process's would be)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        with (
+            Workspaces(config.data_dir, config=config, embedder=FakeEmbedder()) as registry,
+            pytest.raises(DatabaseBusyError, match=r"more than 0\.5 s"),
+        ):
+            registry.index(tree, kind="memory")
+    finally:
+        other.close()
