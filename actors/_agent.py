@@ -103,6 +103,13 @@ class Replay:
     """Internal: process every outbox row that is not already in flight."""
 
 
+def _plain(text: str) -> str:
+    """``text`` without its Markdown headings, its whitespace runs as one space: a section of a
+    workspace's daily note (``## 10:04:31 task t1 completed``, then the summary) reads as the
+    outcome entry it repeats."""
+    return " ".join(" ".join(line for line in text.splitlines() if not line.lstrip().startswith("#")).split())
+
+
 class AgentActor(AgentWriteBack):
     """One agent's task lifecycle; owns ``outbox/{agent}.sqlite``."""
 
@@ -321,10 +328,12 @@ class AgentActor(AgentWriteBack):
                 notes.append(f"{label} timed out after {retrieval.timeout_s:g} s")
             elif timed_out and any(part == later[0] for later in retrieval.later):
                 notes.append(f"{label} not started: the knowledge query had not answered")
+        contents = {str(h.entry.content) for h in hits}
+        shown = {_plain(content) for content in contents}  # a daily note repeating an entry: once
         files = [f for part in retrieval.parts if part == "files" or part.startswith("code:")
-                 for f in retrieval.results.get(part, ())]  # fmt: skip
+                 for f in retrieval.results.get(part, ())
+                 if f.source != "file" or _plain(str(f.text)) not in shown]  # fmt: skip
         if hits or files:
-            contents = {str(h.entry.content) for h in hits}
             episodes = [
                 e for e in retrieval.results.get("episodes", ()) if str(e.episode.content) not in contents
             ][: retrieval.episodes_wanted]

@@ -152,6 +152,20 @@ def test_a_retried_outcome_is_written_once_everywhere(trees: dict[str, Path]) ->
     assert daily.count("Charged with the idempotency key") == 1 and daily.count("Charged again") == 1
 
 
+def test_an_outcome_is_shown_once_though_its_daily_note_repeats_it(trees: dict[str, Path]) -> None:
+    """The outcome entry and the daily note the system wrote of it say the same: the prompt
+    shows it once, as the entry."""
+    summary = "Payment gateway moved behind an interface; the adapter owns retries"
+    with _start(_config(trees)) as system:
+        agent = system.agent("a")
+        agent.complete_task("t1", summary)
+        assert system.wait_idle(30)
+        prompt = agent.begin_task("t2", "payment gateway adapter retries")
+    assert prompt.text.count(summary) == 1
+    assert [h.entry.content for h in prompt.hits if h.entry.content == summary] == [summary]
+    assert not any(summary in f.text for f in prompt.files)
+
+
 def test_a_read_only_workspace_is_indexed_and_never_written(trees: dict[str, Path]) -> None:
     before = _snapshot(trees["workspace"])
     with _start(_config(trees, workspace_access="ro")) as system:
