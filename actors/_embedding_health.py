@@ -39,6 +39,9 @@ class _Call:
     abandoned: bool = False  # a caller stopped waiting for it: stuck until it returns
 
 
+_SPENT = "its caller's bound was used up before it asked"
+
+
 class ModelHealth:
     """The model calls of :class:`~._embedding.BatchingEmbedder` (its base): timing, faults, waits."""
 
@@ -147,9 +150,10 @@ class ModelHealth:
             return future.result(timeout=limit)
         except FutureTimeout as exc:
             self._give_up(kind)
-            raise ModelFaultError(
-                f"model {self._model_id!r} did not answer within {round(limit, 2):g} s"
-            ) from exc
+            waited = round(limit, 2)
+            if waited <= 0:  # the caller's bound went to what it waited for first (a search: new vectors)
+                raise ModelFaultError(f"model {self._model_id!r} got no time to answer: {_SPENT}") from exc
+            raise ModelFaultError(f"model {self._model_id!r} did not answer within {waited:g} s") from exc
 
     def _give_up(self, kind: str) -> None:
         """A caller stopped waiting: the call it waited behind counts as stuck from now on."""

@@ -213,6 +213,29 @@ def test_a_stuck_model_fails_later_requests_at_once_and_says_since_when() -> Non
         service.close()
 
 
+def test_a_caller_whose_bound_is_spent_is_told_so_not_that_the_model_took_0_s() -> None:
+    """A search waits for new vectors within its embedding bound first; if that took it all, the
+    query's embedding got no time, which the error says instead of "within 0 s"."""
+    from memstrata.errors import ModelFaultError
+    from memstrata.storage._embedding import embed_deadline
+
+    inner = FirstBatchHeld()
+    service = BatchingEmbedder(inner, call_timeout_s=30.0)
+    try:
+        first = run_threads_started(lambda: service.embed_documents(["held inside the model"]))
+        assert inner.entered.wait(5)
+        with embed_deadline(0.0), pytest.raises(ModelFaultError) as refused:
+            service.embed_documents(["queued behind it"])
+        assert str(refused.value) == (
+            f"model {inner.model_id!r} got no time to answer: its caller's bound was used up before it asked"
+        )
+        inner.release.set()
+        assert np.asarray(first()).shape == (1, 64)
+    finally:
+        inner.release.set()
+        service.close()
+
+
 def test_unusable_vectors_are_a_model_fault_and_never_cached() -> None:
     from memstrata.errors import InvalidInputError, ModelFaultError
 
