@@ -89,12 +89,14 @@ class EpisodicBase(PendingVectors):
         self._closed = False
         # the uuid of a new episode or archive; a system sets a seeded source so simulations replay
         self.new_uuid: Callable[[], str] = _random_uuid
-        with db.transaction():
-            store_uuid = get_meta(db, "store_uuid")
-            self._named_here = store_uuid is None  # this open made the store: see name_store
-            if store_uuid is None:
-                store_uuid = _random_uuid()
-                set_meta(db, "store_uuid", store_uuid)
+        store_uuid = get_meta(db, "store_uuid")  # read first: opening a named store writes nothing
+        self._named_here = False  # this open made the store: see name_store
+        if store_uuid is None:
+            with db.transaction():
+                store_uuid = get_meta(db, "store_uuid")  # another process may have named it meanwhile
+                if store_uuid is None:
+                    store_uuid, self._named_here = _random_uuid(), True
+                    set_meta(db, "store_uuid", store_uuid)
         self.store_uuid = store_uuid
         self._find_moved_archives()
         self._setup_vectors()

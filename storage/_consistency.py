@@ -23,8 +23,10 @@ What it compares and repairs:
   none is handed to the layer's ``repair_missing`` callback (which embeds it, or marks it
   pending), or counted if there is none.
 
-Detection and the cheap repairs run in one write transaction, so another process writing at the
-same time is never mistaken for an inconsistency.
+The counts and checksums are first read on one snapshot, without the write lock, so a store that
+agrees (the usual case) opens while another process writes. Only when something differs (or for
+a full check) are detection and the cheap repairs run again in one write transaction, so another
+process writing at the same time is never mistaken for an inconsistency.
 """
 
 from __future__ import annotations
@@ -170,8 +172,10 @@ def _fingerprint(db: Database, column: str, source: str) -> tuple[int, int, int,
 def _beside(db: Database, column: str, source: str) -> Callable[[], tuple[int, int, int, bool]]:
     """The fingerprint of ``source``, taken on a second connection in a thread for a large
     database, so that it runs beside the checks of the caller's own connection (SQLite lets go
-    of the interpreter while it steps): 134 -> 77 ms at 1M rows on two cores. The reader sees
-    what the caller sees, since the caller holds the write lock. Returns the call that waits
+    of the interpreter while it steps): 134 -> 77 ms at 1M rows on two cores. Under the caller's
+    write lock the reader sees what the caller sees; without it, the reader may see another
+    process's later commit, which changes rows and vectors together and so can only make the
+    fingerprints differ (the check then runs again under the lock). Returns the call that waits
     for it (a small or in-memory database is fingerprinted when that call is made)."""
     if str(db.path) == ":memory:" or db.path.stat().st_size < _BESIDE_FROM_BYTES:
         return lambda: _fingerprint(db, column, source)
@@ -288,7 +292,7 @@ class _Findings:
 def _examine(db: Database, spec: CheckSpec, *, beside: bool) -> _Findings:
     """Counts and fingerprints, inside the caller's transaction (one state of the database).
     ``beside``: a large database's vector ids are fingerprinted on a second connection meanwhile
-    (only under the write lock, where both connections see the same state)."""
+    (see :func:`_beside`)."""
     table, key = spec.table, spec.key
     if spec.vector_ids is not None:
         vector_side = _beside(db, "rowid", spec.vector_ids) if beside else None
@@ -309,13 +313,14 @@ def _examine(db: Database, spec: CheckSpec, *, beside: bool) -> _Findings:
     return found
 
 
-def examine_consistency(db: Database, spec: CheckSpec) -> ConsistencyReport | None:
+def examine_consistency(db: Database, spec: CheckSpec, *, beside: bool = False) -> ConsistencyReport | None:
     """The check without its repairs, on one snapshot of ``db`` (any connection, read-only
     included): a report when everything agrees, ``None`` when something differs or only FTS5's
-    own integrity check could tell (then :func:`check_consistency` is what to run)."""
+    own integrity check could tell (then :func:`check_consistency` is what to run). ``beside``:
+    see :func:`_beside`."""
     started = time.perf_counter()
     with snapshot(db):
-        found = _examine(db, spec, beside=False)
+        found = _examine(db, spec, beside=beside)
     if found.vectors_differ or any(differences != 0 for differences in found.fts.values()):
         return None
     report = ConsistencyReport(str(db.path), False, rows=found.rows, vectors=found.vectors)
@@ -341,6 +346,10 @@ def check_consistency(
     """
     started = time.perf_counter()
     spec = CheckSpec.of(db, **target)
+    if not full:  # read first: a store that agrees is not locked, so opening it never waits
+        agreed = examine_consistency(db, spec, beside=True)
+        if agreed is not None:
+            return agreed
     vectors = target.get("vectors")
     report = ConsistencyReport(str(db.path), full)
     missing: list[int] = []

@@ -87,23 +87,22 @@ def apply_migrations(db: Database, kind: str, migrations: Sequence[Migration]) -
     """
     if not kind or not isinstance(kind, str):
         raise InvalidInputError(f"kind must be a non-empty string, got {kind!r}")
-    if db.read_only:
-        return _check_read_only(db, kind, migrations)
+    # read first, without the write lock: a current schema (every open but the first after an
+    # upgrade) writes nothing, so opening never waits for another process's write transaction
+    existing_kind, version = _recorded_schema(db, kind, migrations)
+    if db.read_only:  # served as it is when its schema is current; it cannot be upgraded
+        if version < len(migrations):
+            raise ReadOnlyError(
+                f"database {db.path} is read-only and has schema version {version}, older than "
+                f"this memstrata ({len(migrations)}): open it once with write access to upgrade it"
+            )
+        return version
+    if existing_kind is not None and version == len(migrations):
+        return version
     with db.transaction():
         db.execute(_METADATA_SQL)
-        existing_kind = get_meta(db, "schema_kind")
-        if existing_kind is None:
+        if _recorded_schema(db, kind, migrations)[0] is None:  # under the lock: maybe done meanwhile
             set_meta(db, "schema_kind", kind)
-        elif existing_kind != kind:
-            raise SchemaMismatchError(
-                f"database {db.path} is a {existing_kind!r} store, not a {kind!r} store"
-            )
-    version = int(get_meta(db, "schema_version") or 0)
-    if version > len(migrations):
-        raise SchemaMismatchError(
-            f"database {db.path} has schema version {version}, newer than this memstrata "
-            f"({len(migrations)}); upgrade memstrata"
-        )
     for number in range(version + 1, len(migrations) + 1):
         with db.transaction():
             # re-check inside the write lock: another process may have migrated meanwhile
@@ -134,23 +133,19 @@ def apply_migrations(db: Database, kind: str, migrations: Sequence[Migration]) -
     return len(migrations)
 
 
-def _check_read_only(db: Database, kind: str, migrations: Sequence[Migration]) -> int:
-    """A read-only database is served as it is when its schema is current; it cannot be upgraded."""
+def _recorded_schema(db: Database, kind: str, migrations: Sequence[Migration]) -> tuple[str | None, int]:
+    """The recorded kind (``None`` for a new database) and version; refuses a database of
+    another kind or a schema newer than ``migrations``."""
     existing_kind = get_meta(db, "schema_kind")
     if existing_kind is not None and existing_kind != kind:
         raise SchemaMismatchError(f"database {db.path} is a {existing_kind!r} store, not a {kind!r} store")
-    version = int(get_meta(db, "schema_version") or 0)
+    version = schema_version(db)
     if version > len(migrations):
         raise SchemaMismatchError(
             f"database {db.path} has schema version {version}, newer than this memstrata "
             f"({len(migrations)}); upgrade memstrata"
         )
-    if version < len(migrations):
-        raise ReadOnlyError(
-            f"database {db.path} is read-only and has schema version {version}, older than this "
-            f"memstrata ({len(migrations)}): open it once with write access to upgrade it"
-        )
-    return version
+    return existing_kind, version
 
 
 KEYWORD_TERMS = "yo-emoji-1"

@@ -200,6 +200,33 @@ def test_a_lock_held_past_the_bound_is_a_clear_busy_error(
         assert "written while locked" not in contents and "completed while locked" not in contents
 
 
+def test_a_new_system_reads_the_stores_another_process_is_writing(data_dir: Path) -> None:
+    """``memstrata query`` beside a long write: a system started while another connection holds
+    the write locks of the agent's stores opens them without waiting, since an open whose schema
+    is current and whose check agrees writes nothing. The holder uses memstrata's driver: POSIX
+    locks belong to a process, so a second copy of SQLite in it would not see them."""
+    with MemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder()) as system:
+        system.agent("a1").store_knowledge("the ledger service retries on conflict", category="pattern")
+        system.agent("a1").remember("ledger retries observed")
+    holders = [open_database(data_dir / kind / "a1.sqlite") for kind in ("knowledge", "episodic")]
+    config = Config(data_dir=data_dir, storage=StorageConfig(lock_timeout_s=0.5))
+    try:
+        for holder in holders:
+            holder.execute("BEGIN IMMEDIATE")
+        with MemorySystem.start(config, embedder=FakeEmbedder()) as system:
+            agent = system.agent("a1")
+            assert [e.content for e in agent.list_knowledge()] == ["the ledger service retries on conflict"]
+            assert agent.query_knowledge("ledger retries")[0].entry.content.startswith("the ledger")
+            assert agent.recall("ledger retries")[0].episode.content == "ledger retries observed"
+            status = system.status()
+            assert status["restarts"] == {} and status["warnings"] == []
+            for holder in holders:  # before the stop, which checkpoints the episodic store
+                holder.execute("ROLLBACK")
+    finally:
+        for holder in holders:
+            holder.close()
+
+
 def test_a_writer_waits_for_another_process_and_then_succeeds(
     data_dir: Path, tmp_path: Path, children: list[Child], backoff_signal: threading.Event
 ) -> None:

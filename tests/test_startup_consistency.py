@@ -10,12 +10,15 @@ from typing import Any
 import numpy as np
 import pytest
 
+from memstrata.errors import DatabaseBusyError
+from memstrata.layers import EpisodicMemory, KnowledgeStore
 from memstrata.storage import (
     Database,
     VectorIndex,
     _consistency,
     apply_migrations,
     check_consistency,
+    connection_defaults,
     disable_vec_for_tests,
     fts_schema,
     open_database,
@@ -23,6 +26,7 @@ from memstrata.storage import (
 from memstrata.storage._consistency import _fingerprint
 from memstrata.storage._driver import _MODULE, _load_vec
 from tests._support import VectorRepair, seeded_vector
+from tests.fakes import FakeEmbedder
 
 
 def make_store(path: Path) -> tuple[Database, VectorIndex]:
@@ -154,3 +158,48 @@ def test_fingerprints_of_large_ids_stay_in_range_and_tell_sets_apart(tmp_path: P
         assert small != _fingerprint(db, "id", "a WHERE id BETWEEN 0 AND 100")
     finally:
         db.close()
+
+
+def test_a_store_that_agrees_is_checked_without_the_write_lock(
+    store: tuple[Database, VectorIndex],
+) -> None:
+    """Another connection of this process holds the write lock (as another process writing
+    would): the check of a store that agrees still answers, one that must repair waits its bound."""
+    db, vectors = store
+    holder = other_connection(db, vectors)
+    holder.execute("BEGIN IMMEDIATE")
+    db.lock_bound_s = 0.5
+    db.execute("PRAGMA busy_timeout = 100")  # one attempt's wait within that bound
+    try:
+        assert check(db, vectors)["consistent"]
+        with pytest.raises(DatabaseBusyError, match="stayed locked by another process"):
+            check(db, vectors, full=True)  # FTS5's integrity check runs under the lock
+        holder.execute(f"DELETE FROM {vectors.table} WHERE rowid = 3")
+        holder.execute("COMMIT")
+        holder.execute("BEGIN IMMEDIATE")
+        with pytest.raises(DatabaseBusyError, match="stayed locked by another process"):
+            check(db, vectors, repair_missing=VectorRepair(vectors))
+        holder.execute("ROLLBACK")
+        assert check(db, vectors, repair_missing=VectorRepair(vectors))["vectors_repaired"] == 1
+    finally:
+        holder.close()
+
+
+@pytest.mark.parametrize("kind", ["knowledge", "episodic"])
+def test_a_store_opens_and_reads_while_another_connection_writes(tmp_path: Path, kind: str) -> None:
+    """Opening a store whose schema is current and whose check agrees writes nothing, so it
+    does not wait for another process's write transaction (readers never wait)."""
+    path = tmp_path / f"{kind}.sqlite"
+    opener: Any = KnowledgeStore if kind == "knowledge" else EpisodicMemory
+    with opener.open(path, FakeEmbedder()) as layer:
+        if kind == "knowledge":
+            layer.add("the ledger retries on conflict", category="pattern")
+        else:
+            layer.record("the ledger retried on conflict")
+    holder = open_database(path)  # memstrata's driver: see test_storage_migrations
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        with connection_defaults(lock_bound_s=0.5), opener.open(path, FakeEmbedder()) as layer:
+            assert len(layer.search("ledger conflict")) == 1
+    finally:
+        holder.close()

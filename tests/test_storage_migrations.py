@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from memstrata.errors import InvalidInputError, SchemaMismatchError, StorageError
+from memstrata.errors import DatabaseBusyError, InvalidInputError, SchemaMismatchError, StorageError
 from memstrata.storage import (
     Database,
     EmbeddingMismatch,
@@ -50,6 +50,32 @@ def test_numbered_and_applied_once(tmp_path: Path) -> None:
     assert calls == [2, 3] and schema_version(db) == 3
     assert get_meta(db, "schema_kind") == "notes"
     db.close()
+
+
+def test_a_current_schema_is_checked_without_the_write_lock(tmp_path: Path) -> None:
+    """Another connection holding the write lock (as another process writing would) does not stop
+    an open whose schema is current; one that must migrate waits its bound, then says so. The
+    holder uses memstrata's own driver: POSIX locks belong to a process, so a second copy of SQLite
+    in it (stdlib ``sqlite3`` beside sqlean) would not see the lock."""
+    migrations: list[Migration] = ["CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT)"]
+    path = tmp_path / "m.sqlite"
+    with open_database(path) as db:
+        apply_migrations(db, "notes", migrations)
+    holder = open_database(path)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        with open_database(path, lock_bound_s=0.5) as db:
+            assert apply_migrations(db, "notes", migrations) == 1
+            with pytest.raises(SchemaMismatchError, match="not a 'other' store"):
+                apply_migrations(db, "other", migrations)
+            upgrade = [*migrations, "ALTER TABLE notes ADD COLUMN title TEXT"]
+            with pytest.raises(DatabaseBusyError, match="stayed locked by another process"):
+                apply_migrations(db, "notes", upgrade)
+            assert schema_version(db) == 1
+            holder.execute("ROLLBACK")
+            assert apply_migrations(db, "notes", upgrade) == 2 and schema_version(db) == 2
+    finally:
+        holder.close()
 
 
 def test_failing_sql_migration_leaves_the_previous_version(tmp_path: Path) -> None:
