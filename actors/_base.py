@@ -12,7 +12,8 @@ Failure contract, for every memory actor:
 - a :class:`StorageError` (the database is busy beyond its bound, the disk is full, the file is
   damaged) goes back to the caller as is: the layer's transaction rolled back and it keeps serving
   (reads still work on a full disk), so it is counted in ``status()`` but is not a crash; a layer
-  that could not be opened is opened again on the next message;
+  that could not be opened for such a reason is not a crash either: the requests that waited for
+  that open get its error, and the next one opens it again;
 - any other exception is a *crash*: the caller's future fails at once with
   :class:`ActorCrashedError` (so no ask hangs), the actor drops its layer object and reports to
   its supervisor's :class:`Supervision`, which either restarts it (the layer is reopened from
@@ -29,7 +30,7 @@ import queue
 import time
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -40,7 +41,6 @@ from memstrata.core.errors import (
     AgentDegradedError,
     InvalidInputError,
     MemstrataError,
-    ReadOnlyError,
     StorageError,
     SystemStoppedError,
 )
@@ -72,6 +72,8 @@ DEFERRED: Any = _Deferred()
 class Envelope:
     message: Any
     reply: Future[Any] | None = None
+    # when it was sent (``time.monotonic``): a request that waited for a failed open gets its error
+    posted: float = field(default_factory=time.monotonic)
 
 
 class Inbox(queue.Queue[Any]):
@@ -202,6 +204,7 @@ class MemoryActor(pykka.ThreadingActor):
         self.handled = 0
         self.storage_errors = 0
         self.last_storage_error: str | None = None
+        self._open_failure: tuple[float, StorageError] | None = None  # when the last open failed, why
         self.started_at = time.monotonic()
         runtime.activity.begin(self.owner)  # starting up is work in flight until on_start has run
 
@@ -226,8 +229,8 @@ class MemoryActor(pykka.ThreadingActor):
 
     def on_start(self) -> None:
         try:
-            self.layer = self._open()
-        except ReadOnlyError as exc:  # not a crash: the next request gets this error in one line
+            self.layer = self._try_open()
+        except StorageError as exc:  # busy, read-only, full, damaged: not a crash (see ensure_layer)
             log.debug("%s cannot open its store yet: %s", self, exc)
         except Exception as exc:  # reopened on the next message; counted like a crash
             self._crashed(exc, "opening")
@@ -257,10 +260,26 @@ class MemoryActor(pykka.ThreadingActor):
             except Exception:
                 log.exception("%s: closing its layer failed", self)
 
-    def ensure_layer(self) -> Any:
+    def ensure_layer(self, posted: float | None = None) -> Any:
+        """The layer, opened if it is not. A request ``posted`` before the last open failed with a
+        storage error has waited for that open already: it gets that error as is, rather than
+        waiting as long again (a lock held past the bound would double the caller's wait)."""
         if self.layer is None:
-            self.layer = self._open()
+            failure = self._open_failure
+            if failure is not None and posted is not None and posted <= failure[0]:
+                raise failure[1]
+            self.layer = self._try_open()
         return self.layer
+
+    def _try_open(self) -> Any:
+        """:meth:`_open`, remembering when and why it failed with a storage error."""
+        try:
+            layer = self._open()
+        except StorageError as exc:
+            self._open_failure = (time.monotonic(), exc)
+            raise
+        self._open_failure = None
+        return layer
 
     # -- messages ------------------------------------------------------------------------------
 
@@ -310,7 +329,7 @@ class MemoryActor(pykka.ThreadingActor):
                 self._deliver(envelope)
             return
         try:
-            results = self._guarded_batch([e.message for e in live])
+            results = self._guarded_batch([e.message for e in live], min(e.posted for e in live))
         except Exception as exc:  # each message again, alone: its caller gets its own answer
             log.debug("%s: a batch of %d failed (%s); handling them one by one", self, len(live), exc)
             for envelope in live:
@@ -327,11 +346,11 @@ class MemoryActor(pykka.ThreadingActor):
             elif result is not DEFERRED and envelope.reply is not None:
                 _set_result(envelope.reply, result)
 
-    def _guarded_batch(self, messages: list[Any]) -> list[Any]:
+    def _guarded_batch(self, messages: list[Any], posted: float | None = None) -> list[Any]:
         reason = self.runtime.supervision.degraded_reason(self.owner)
         if reason is not None and any(self.refuses_when_degraded(m) for m in messages):
             raise AgentDegradedError(f"{self.owner} is degraded: {reason}")
-        self.ensure_layer()
+        self.ensure_layer(posted)
         results = self.handle_batch(messages)
         if len(results) != len(messages):
             raise RuntimeError(f"{self}: handle_batch returned {len(results)} results for {len(messages)}")
@@ -345,7 +364,7 @@ class MemoryActor(pykka.ThreadingActor):
         if reply is not None and reply.done():  # the caller gave up (timeout): skip the work
             return
         try:
-            result = self._guarded(envelope.message)
+            result = self._guarded(envelope.message, envelope.posted)
         except BaseException as exc:
             if reply is not None:
                 _set_exception(reply, exc)
@@ -357,14 +376,14 @@ class MemoryActor(pykka.ThreadingActor):
         if reply is not None:
             _set_result(reply, result)
 
-    def _guarded(self, message: Any) -> Any:
+    def _guarded(self, message: Any, posted: float | None = None) -> Any:
         if isinstance(message, _Status):
             return self.status()
         reason = self.runtime.supervision.degraded_reason(self.owner)
         if reason is not None and self.refuses_when_degraded(message):
             raise AgentDegradedError(f"{self.owner} is degraded: {reason}")
         try:
-            self.ensure_layer()
+            self.ensure_layer(posted)
             result = self.handle(message)
             if self.batch_key(message) is not None:
                 self._writes_recovered()
@@ -402,7 +421,7 @@ class MemoryActor(pykka.ThreadingActor):
         restart = self.runtime.supervision.child_failed(self.kind, self.key, self.owner, exc)
         if restart:
             with contextlib.suppress(Exception):  # a failing reopen is retried on the next message
-                self.layer = self._open()
+                self.layer = self._try_open()
         return restart
 
     def handle(self, message: Any) -> Any:

@@ -280,7 +280,7 @@ def test_a_damaged_file_names_itself_and_other_agents_carry_on(data_dir: Path) -
         assert system.wait_idle(20)
         status = system.status()
         assert status["agents"]["a1"]["agent"]["outbox_pending"] == 1
-        assert status["degraded"] == {}
+        assert status["degraded"] == {} and status["restarts"] == {}  # a damaged file is no crash
         assert any("a1 agent: 1 acknowledged write-back(s) wait" in w for w in status["warnings"])
     # moved aside, the agent starts a new store and the kept write-back lands in it
     damaged.rename(damaged.with_suffix(".damaged"))

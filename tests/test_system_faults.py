@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,10 +17,10 @@ import pytest
 
 from memstrata import Config, MemorySystem
 from memstrata.actors import LayerStores
-from memstrata.config import ActorsConfig, AgentConfig
-from memstrata.errors import ActorCrashedError, AgentDegradedError, StorageError
-from memstrata.messages import TaskAssigned, TaskPrompt
-from memstrata.storage import Embedder
+from memstrata.config import ActorsConfig, AgentConfig, StorageConfig
+from memstrata.errors import ActorCrashedError, AgentDegradedError, DatabaseBusyError, StorageError
+from memstrata.messages import ListKnowledge, TaskAssigned, TaskPrompt
+from memstrata.storage import Embedder, open_database
 from tests._support import in_threads
 from tests.fakes import FakeEmbedder
 
@@ -34,7 +35,9 @@ class Faults:
         self.crash_searches = 0  # the next N searches raise RuntimeError
         self.raise_on_search: BaseException | None = None  # every search raises this
         self.gate: threading.Event | None = None  # searches wait for it
-        self.fail_opens = 0
+        self.fail_opens = 0  # the next N opens raise RuntimeError (a bug, not a storage error)
+        self.opens = 0
+        self.open_gate: threading.Event | None = None  # opens wait for it
         self.lock = threading.Lock()
 
     def applies(self, path: Path) -> bool:
@@ -73,10 +76,13 @@ class FaultyStores(LayerStores):
     def open_knowledge(self, path: Path, embedder: Embedder | None, config: Config) -> Any:
         if self.faults.applies(path):
             with self.faults.lock:
+                self.faults.opens += 1
                 fail = self.faults.fail_opens > 0
                 self.faults.fail_opens -= int(fail)
+            if self.faults.open_gate is not None:
+                self.faults.open_gate.wait(30)
             if fail:
-                raise StorageError(f"injected open failure of {path}")
+                raise RuntimeError(f"injected open crash of {path}")
         store = super().open_knowledge(path, embedder, config)
         return FaultyKnowledge(store, self.faults) if self.faults.applies(path) else store
 
@@ -271,6 +277,35 @@ def test_a_failed_open_is_retried(system: MemorySystem, faults: Faults) -> None:
     faults.fail_opens = 1
     assert system.agent("a1").store_knowledge("opened on the second try", category="pattern") > 0
     assert system.status()["restarts"] == {"knowledge:a1": 1}
+
+
+def test_a_store_locked_at_open_is_a_busy_error_once_and_no_crash(
+    data_dir: Path, faults: Faults, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another connection holds the write lock of a store that must be created (its migrations
+    write): the request waiting for the open gets ``DatabaseBusyError`` as is, after one bound
+    (the open is not repeated for it), nothing is logged as a crash nor restarted, and the next
+    request opens the store again."""
+    holder = open_database(data_dir / "knowledge" / "a1.sqlite")  # memstrata's driver: same locks
+    holder.execute("BEGIN IMMEDIATE")
+    faults.open_gate = threading.Event()
+    config = Config(data_dir=data_dir, storage=StorageConfig(lock_timeout_s=0.5))
+    try:
+        with (
+            caplog.at_level(logging.DEBUG, logger="memstrata"),
+            MemorySystem.start(config, embedder=FakeEmbedder(), stores=FaultyStores(faults)) as system,
+        ):
+            answer = system._runtime.request("knowledge", "a1", ListKnowledge("a1"))  # the open waits
+            faults.open_gate.set()
+            with pytest.raises(DatabaseBusyError, match=r"stayed locked by another process .* 0\.5 s"):
+                answer.result(30)
+            assert faults.opens == 1
+            assert system.status()["restarts"] == {}
+            holder.execute("ROLLBACK")
+            assert system.agent("a1").list_knowledge() == [] and faults.opens == 2
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    finally:
+        holder.close()
 
 
 def test_a_failing_shared_store_does_not_fail_the_agent(system: MemorySystem, faults: Faults) -> None:
