@@ -39,8 +39,10 @@ import pykka
 from memstrata.core.errors import (
     ActorCrashedError,
     AgentDegradedError,
+    DatabaseBusyError,
     InvalidInputError,
     MemstrataError,
+    ReadOnlyError,
     StorageError,
     SystemStoppedError,
 )
@@ -230,8 +232,10 @@ class MemoryActor(pykka.ThreadingActor):
     def on_start(self) -> None:
         try:
             self.layer = self._try_open()
-        except StorageError as exc:  # busy, read-only, full, damaged: not a crash (see ensure_layer)
+        except (DatabaseBusyError, ReadOnlyError) as exc:  # not a crash (see ensure_layer), and expected
             log.debug("%s cannot open its store yet: %s", self, exc)
+        except StorageError as exc:  # full, damaged: not a crash either, but said, in one line
+            log.warning("%s cannot open its store: %s", self, exc, exc_info=log.isEnabledFor(logging.DEBUG))
         except Exception as exc:  # reopened on the next message; counted like a crash
             self._crashed(exc, "opening")
         finally:
