@@ -269,7 +269,7 @@ def _warnings(
                     out.append(f"{where}: {state[problem]}")
             if state.get("storage_errors"):
                 out.append(
-                    f"{where}: {state['storage_errors']} write(s) failed in the database, "
+                    f"{where}: {state['storage_errors']} request(s) failed in the database, "
                     f"last: {state.get('last_storage_error')}"
                 )
             waiting = int(state.get("outbox_pending") or 0) - int(state.get("writebacks_in_flight") or 0)

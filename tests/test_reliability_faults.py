@@ -237,7 +237,7 @@ def test_a_full_disk_is_a_clear_error_nothing_half_written_and_reads_go_on(
         assert system.agent("a2").store_knowledge("another agent's disk is fine", category="pattern") > 0
         status = system.status()
         assert status["degraded"] == {} and status["agents"]["a1"]["knowledge"]["storage_errors"] == 1
-        assert any("a1 knowledge: 1 write(s) failed in the database" in w for w in status["warnings"])
+        assert any("a1 knowledge: 1 request(s) failed in the database" in w for w in status["warnings"])
         for db in (knowledge._db, episodic._db, outboxes[0].db):
             db.execute("PRAGMA max_page_count = 1073741823")  # space freed
         assert agent.store_knowledge("written once space was freed", category="pattern") > 0
