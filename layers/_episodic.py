@@ -8,7 +8,6 @@ move to single-file archives that stay searchable and can be restored into any s
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
@@ -21,7 +20,6 @@ from memstrata.core.constants import MAX_TAGS
 from memstrata.core.errors import (
     EmbedderUnavailableError,
     InvalidInputError,
-    StorageError,
 )
 from memstrata.core.validation import (
     check_category,
@@ -203,8 +201,7 @@ class EpisodicMemory(EpisodicArchives, Closeable):
         """Apply the retention policy, then make every write durable; returns episodes retired."""
         db = self._open_db()
         retired = self._apply_retention()
-        with contextlib.suppress(StorageError):  # a reader may hold the WAL: the commit is still synced
-            db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        db.checkpoint()  # never waits: another process's lock leaves the WAL to a later commit
         return retired
 
     def _apply_retention(self) -> int:

@@ -236,6 +236,7 @@ class Database(Closeable):
                     self.path.parent.mkdir(parents=True, exist_ok=True)
                 self.conn = _MODULE.connect(str(self.path), isolation_level=None, check_same_thread=False)
             self.conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+            self._busy_timeout_ms = int(busy_timeout_ms)
             if not read_only:
                 self._retry_busy(lambda: self.conn.execute("PRAGMA journal_mode = WAL"))
                 self.conn.execute(f"PRAGMA synchronous = {defaults.synchronous.upper()}")
@@ -291,6 +292,23 @@ class Database(Closeable):
             raise self._translate(exc) from exc
         except UnicodeEncodeError as exc:
             raise self._bad_text(exc) from exc
+
+    def checkpoint(self) -> bool:
+        """Move the write-ahead log into the database and empty it, unless another connection
+        holds a lock it would wait for: tidying never waits (a reader closing beside a writer
+        would wait a whole lock bound). True when done; the commits are durable either way."""
+        if self.read_only:
+            return False
+        self.conn.execute("PRAGMA busy_timeout = 0")
+        try:
+            row = self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        except _MODULE.Error as exc:
+            if _is_busy(exc):
+                return False
+            raise self._translate(exc) from exc
+        finally:
+            self.conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+        return row is not None and not row[0]
 
     def executemany(self, sql: str, rows: Any) -> Any:
         try:

@@ -845,6 +845,41 @@ def test_commit_checkpoints_the_wal(store: EpisodicMemory) -> None:
     assert not wal.exists() or wal.stat().st_size == 0
 
 
+def test_a_reader_commits_without_waiting_for_a_writer_s_lock(
+    data_dir: Path, fake_embedder: FakeEmbedder
+) -> None:
+    """A commit's checkpoint only tidies the WAL: it never waits for another process's write
+    lock (a reader closing beside a writer waited SQLite's busy timeout at every close)."""
+    path = data_dir / "e.sqlite"
+    with EpisodicMemory.open(path, fake_embedder) as ep:
+        ep.record("the deploy failed on a missing secret", at=T0)
+    other = open_database(path)  # another process writing
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        with EpisodicMemory.open(path, fake_embedder) as ep:
+            assert [h.episode.content for h in ep.search("deploy secret")]
+
+            statements: list[str] = []
+
+            class Recorded:  # the connection, each statement it runs written down
+                def __init__(self, conn: Any) -> None:
+                    self._conn = conn
+
+                def execute(self, sql: str, *args: Any) -> Any:
+                    statements.append(sql)
+                    return self._conn.execute(sql, *args)
+
+                def __getattr__(self, name: str) -> Any:
+                    return getattr(self._conn, name)
+
+            ep._db.conn = Recorded(ep._db.conn)
+            assert ep.commit() == 0
+            checkpoint = next(i for i, sql in enumerate(statements) if "wal_checkpoint" in sql)
+            assert "PRAGMA busy_timeout = 0" in statements[:checkpoint]  # it does not wait
+    finally:
+        other.close()
+
+
 def test_keyword_only_mode_then_vectors_are_repaired(
     data_dir: Path, fake_embedder: FakeEmbedder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
