@@ -46,7 +46,7 @@ from memstrata.core.errors import (
     StorageError,
     SystemStoppedError,
 )
-from memstrata.storage import connection_defaults
+from memstrata.storage import configured
 
 if TYPE_CHECKING:
     from memstrata.core.config import Config, EmbeddingConfig
@@ -225,8 +225,7 @@ class MemoryActor(pykka.ThreadingActor):
 
     def _open(self) -> Any:
         """Open the layer; its databases use the configured lock bound and commit durability."""
-        storage = self.runtime.config.storage
-        with connection_defaults(lock_bound_s=storage.lock_timeout_s, synchronous=storage.synchronous):
+        with configured(self.runtime.config.storage):
             return self.open_layer()
 
     def on_start(self) -> None:

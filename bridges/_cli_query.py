@@ -221,7 +221,7 @@ def query_knowledge(
         if service is None:
             return None
         from memstrata.layers import KnowledgeStore  # numpy with it (or after the model's thread)
-        from memstrata.storage import connection_defaults
+        from memstrata.storage import configured
 
     params = {
         "top_k": top_k,
@@ -234,8 +234,7 @@ def query_knowledge(
 
     def search(owner: str) -> list[Any]:
         path = KnowledgeStore.path_for(config.data_dir, owner)
-        storage = config.storage  # as the actors open their stores: the configured lock bound and sync
-        with connection_defaults(lock_bound_s=storage.lock_timeout_s, synchronous=storage.synchronous):
+        with configured(config.storage):  # as the actors open their stores
             store = KnowledgeStore.open(path, service, config=config, defer_vectors=True)
         try:
             if hasattr(store, "owner"):  # as the actor does: entries say which store they are in

@@ -199,8 +199,8 @@ def _params_problem(method: str, params: dict[str, Any] | None) -> str | None:
     try:
         model.model_validate(request)
     except Exception as exc:  # pydantic's ValidationError
-        errors = getattr(exc, "errors", None)
-        first = errors()[0] if callable(errors) and errors() else {}
+        errors = exc.errors() if callable(getattr(exc, "errors", None)) else []  # type: ignore[attr-defined]
+        first = errors[0] if errors else {}
         where = ".".join(str(part) for part in first.get("loc", ())[1:]) or "params"
         return f"param {where!r}: {' '.join(str(first.get('msg', exc)).split())[:200]}"
     return None

@@ -213,10 +213,9 @@ class Workspaces(Closeable):
 
     def _connections(self) -> contextlib.AbstractContextManager[None]:
         """The configured lock bound and sync for the databases opened here, as the actors'."""
-        from memstrata.storage import connection_defaults
+        from memstrata.storage import configured
 
-        storage = self.config.storage
-        return connection_defaults(lock_bound_s=storage.lock_timeout_s, synchronous=storage.synchronous)
+        return configured(self.config.storage)
 
     @contextlib.contextmanager
     def _using(self, ws: Workspace) -> Iterator[Any]:

@@ -17,7 +17,7 @@ from memstrata.core.lazy import lazy_attributes
 if TYPE_CHECKING:
     from ._bm25 import Bm25Index
     from ._bulk_cache import bulk_cache
-    from ._connection import Database, connection_defaults, open_database
+    from ._connection import Database, configured, connection_defaults, open_database
     from ._consistency import CheckSpec, CheckTarget, ConsistencyReport, check_consistency
     from ._default_model import default_model_dir
     from ._driver import DriverInfo, disable_vec_for_tests, driver_info
@@ -81,6 +81,7 @@ _HOME: dict[str, str] = {
     "Bm25Index": "._bm25",
     "bulk_cache": "._bulk_cache",
     "Database": "._connection",
+    "configured": "._connection",
     "connection_defaults": "._connection",
     "open_database": "._connection",
     "CheckSpec": "._consistency",
@@ -195,6 +196,7 @@ __all__ = [
     "bulk_cache",
     "check_consistency",
     "cjk_runs",
+    "configured",
     "connection_defaults",
     "default_embedder",
     "default_model_dir",

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memstrata.core.closing import Closeable
 from memstrata.core.constants import SYNCHRONOUS_MODES
@@ -23,8 +23,12 @@ from memstrata.core.errors import DatabaseBusyError, InvalidInputError, ReadOnly
 
 from ._driver import _MODULE, DriverInfo, _load_vec
 
+if TYPE_CHECKING:
+    from memstrata.core.config import StorageConfig
+
 __all__ = [
     "Database",
+    "configured",
     "connection_defaults",
     "open_database",
     "split_sql",
@@ -83,6 +87,12 @@ def connection_defaults(
         yield
     finally:
         _DEFAULTS.reset(token)
+
+
+def configured(storage: StorageConfig) -> contextlib.AbstractContextManager[None]:
+    """:func:`connection_defaults` as the ``[storage]`` section sets them (lock bound, sync): how
+    the actors, the command line's own searches and the workspace registry open their databases."""
+    return connection_defaults(lock_bound_s=storage.lock_timeout_s, synchronous=storage.synchronous)
 
 
 def _is_busy(exc: BaseException) -> bool:
