@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 
 from memstrata.bridges import tools
-from memstrata.bridges._operation import AGENT_ID, CATEGORY, SESSION_ID, TIME
+from memstrata.bridges._operation import AGENT_ID, CATEGORY, SESSION_ID, TIME, parse_time
 from memstrata.bridges._operations import OPERATIONS, find
 from memstrata.bridges._schema import check, unsupported
 from memstrata.bridges._tool_defs import tags_map
@@ -227,6 +227,19 @@ def test_times_are_date_times_with_a_zone_in_every_schema() -> None:
     check(TIME, "2026-05-01T12:00:00Z")
     with pytest.raises(InvalidInputError, match="time zone"):
         check(TIME, "2026-05-01T12:00:00", path="at")
+
+
+@pytest.mark.parametrize(
+    "value", ["2026-05-01T12:00:00Z\n", " 2026-05-01T12:00:00Z", "2026-05-01T12:00:00+00:00\t"]
+)
+def test_a_date_time_with_white_space_around_it_is_refused(value: str) -> None:
+    """RFC 3339, which JSON Schema's ``date-time`` names, has no room for white space: every door
+    refuses it as it refuses any other text that is not a date-time."""
+    with pytest.raises(InvalidInputError, match=r"^argument 'since' must be an ISO 8601 date-time"):
+        check(TIME, value, path="since")
+    assert "argument 'since' must be an ISO 8601 date-time" in _error("episode_list", {"since": value})
+    with pytest.raises(InvalidInputError, match=r"^until must be an ISO 8601 date-time"):
+        parse_time(value, "until")
 
 
 def test_the_agent_id_argument_of_the_mcp_tools_is_the_registry_agent_id() -> None:
