@@ -292,6 +292,7 @@ class EpisodicMemory(EpisodicArchives, Closeable):
             "model": get_meta(db, "embedding_model"),
             "dim": int(get_meta(db, "embedding_dim") or 0) or None,
             "vector_backend": vectors.backend if vectors is not None else None,
+            "keyword_index_file": self._keywords.bm25.files_status(),  # as a knowledge store's
             "oldest": None if first is None else from_us(first).isoformat(),
             "newest": None if last is None else from_us(last).isoformat(),
             "archives": archives,

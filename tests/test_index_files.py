@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from memstrata.bridges._app import CliState
 from memstrata.bridges.cli import cli
 from memstrata.config import Config
-from memstrata.layers import KnowledgeStore
+from memstrata.layers import EpisodicMemory, KnowledgeStore
 from memstrata.storage import Database, VectorIndex, _index_files, _vector_sync, open_database
 from memstrata.storage import _bm25_file as bm25_file_module
 from tests._support import late_model_loading
@@ -501,6 +501,22 @@ def test_a_refused_bm25_file_is_shown_in_status_as_the_vector_file_is(tmp_path: 
     assert keyword["path"] == str(_file(path, "bm25-knowledge_fts"))
     assert keyword["rejected"] == 1 and keyword["loaded"] == 0 and "damaged" in keyword["note"]
     assert {"path", "loaded", "saved", "rejected", "note"} <= set(keyword) & set(vector)
+
+
+def test_the_episodic_store_shows_its_keyword_file_in_status_too(tmp_path: Path) -> None:
+    path = tmp_path / "e.sqlite"
+    rng = np.random.default_rng(0)
+    query = f"{WORDS[0]} {WORDS[1]}"
+    with EpisodicMemory.open(path, FakeEmbedder()) as memory:
+        memory.record_many({"content": " ".join(rng.choice(WORDS, 6))} for _ in range(300))
+        expected = [h.episode.id for h in memory.search(query, top_k=20, mode="keyword")]
+        saved = memory.status()["keyword_index_file"]
+    _garble_scores(_file(path, "bm25-episodes_fts"))
+    with EpisodicMemory.open(path, FakeEmbedder()) as memory:
+        assert [h.episode.id for h in memory.search(query, top_k=20, mode="keyword")] == expected
+        keyword = memory.status()["keyword_index_file"]
+    assert saved["path"] == keyword["path"] == str(_file(path, "bm25-episodes_fts"))
+    assert keyword["rejected"] == 1 and keyword["loaded"] == 0 and "damaged" in keyword["note"]
 
 
 # -- status ----------------------------------------------------------------------------------------
