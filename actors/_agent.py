@@ -32,7 +32,7 @@ from memstrata.core.constants import EMBED_CHARS, MAX_TOP_K  # EMBED_CHARS: what
 from memstrata.layers import merge_hits
 from memstrata.storage import prefetch_query
 
-from ._agent_writeback import AgentWriteBack, _RetryWriteBack, _WriteBackPart, describe_error
+from ._agent_writeback import AgentWriteBack, _PartAnswered, _RetryWriteBack, _WriteBackPart, describe_error
 from ._base import DEFERRED, set_result
 from ._concurrency import TimerHandle
 from ._outbox import Outbox
@@ -87,10 +87,8 @@ class _Retrieval:
 
 
 @dataclass(frozen=True, slots=True)
-class _RetrievalPart:
-    rid: int
-    part: str
-    future: Future[Any]
+class _RetrievalPart(_PartAnswered):
+    """A part (``"own"``, ``"shared"``, ``"episodes"``, ...) of retrieval ``request_id`` is answered."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,12 +280,10 @@ class AgentActor(AgentWriteBack):
             retrieval.errors[part] = describe_error(exc)
             return
         retrieval.waiting.add(part)
-        me, rid = self.actor_ref, retrieval.rid
-        owner = self.owner
-        future.add_done_callback(lambda f: self.runtime.post(me, _RetrievalPart(rid, part, f), owner=owner))
+        self._post_when_done(future, _RetrievalPart, retrieval.rid, part)
 
     def _retrieval_part(self, message: _RetrievalPart) -> None:
-        retrieval = self._retrievals.get(message.rid)
+        retrieval = self._retrievals.get(message.request_id)
         if retrieval is None:
             return  # answered already (deadline)
         error = message.future.exception()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections import Counter, OrderedDict
 from concurrent.futures import Future
@@ -34,10 +33,18 @@ def describe_error(exc: BaseException) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class _WriteBackPart:
-    row_id: int
+class _PartAnswered:
+    """Internal: one ``part`` of a request the agent actor sent out has its answer in ``future``
+    (done), posted back to the actor's own mailbox; ``request_id`` is the request's id."""
+
+    request_id: int
     part: str
     future: Future[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class _WriteBackPart(_PartAnswered):
+    """A part (``"knowledge"`` or ``"episode"``) of the outbox row ``request_id`` is answered."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +159,6 @@ class AgentWriteBack(MemoryActor):
 
     def _dispatch(self, row: OutboxRow, *, replay: bool) -> None:
         inflight = self._inflight.setdefault(row.id, set())
-        me = self.actor_ref
         for part in row.pending_parts():
             if part in inflight:
                 continue
@@ -163,12 +169,19 @@ class AgentWriteBack(MemoryActor):
                 self._part_failed(row.id, part, exc)
                 continue
             inflight.add(part)
-            future.add_done_callback(functools.partial(self._post_part, me, row.id, part))
+            self._post_when_done(future, _WriteBackPart, row.id, part)
         if not inflight:
             self._inflight.pop(row.id, None)
 
-    def _post_part(self, me: Any, row_id: int, part: str, future: Future[Any]) -> None:
-        self.runtime.post(me, _WriteBackPart(row_id, part, future), owner=self.owner)
+    def _post_when_done(
+        self, future: Future[Any], answered: type[_PartAnswered], request_id: int, part: str
+    ) -> None:
+        """Once ``future`` is done, post it to this actor as ``answered(request_id, part, future)``:
+        its answer is then handled in the actor's thread, never in the one that completed it."""
+        me, owner = self.actor_ref, self.owner
+        future.add_done_callback(
+            lambda done: self.runtime.post(me, answered(request_id, part, done), owner=owner)
+        )
 
     def _write_back_parts(self, messages: list[_WriteBackPart]) -> None:
         """Stored parts of many rows, marked done in one transaction (a failure leaves each
@@ -176,18 +189,18 @@ class AgentWriteBack(MemoryActor):
         them fail for good (a crash), a replay sends them again (deduplicated), rather than
         skipping a part no answer will ever come for again."""
         for message in messages:
-            inflight = self._inflight.get(message.row_id)
+            inflight = self._inflight.get(message.request_id)
             if inflight is not None:
                 inflight.discard(message.part)
                 if not inflight:
-                    del self._inflight[message.row_id]
-        stored = [(m.row_id, m.part) for m in messages if m.future.exception() is None]
+                    del self._inflight[message.request_id]
+        stored = [(m.request_id, m.part) for m in messages if m.future.exception() is None]
         finished = self.layer.mark_done_many(stored)
         self.counters["written_back"] += len(finished)
         for message in messages:
             error = message.future.exception()
             if error is not None:
-                self._part_failed(message.row_id, message.part, error)
+                self._part_failed(message.request_id, message.part, error)
 
     def _write_back_part(self, message: _WriteBackPart) -> None:
         self._write_back_parts([message])

@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
-import logging
 import queue
 import threading
 import time
@@ -58,7 +57,6 @@ from ._embedding_watchdog import FutureWatchdog
 
 __all__ = ["BatchingEmbedder", "EmbeddingStats"]
 
-log = logging.getLogger("memstrata.actors")
 FloatArray = npt.NDArray[np.float32]
 
 
