@@ -20,7 +20,6 @@ from memstrata.storage import (
     ConsistencyReport,
     Database,
     Embedder,
-    EmbeddingCache,
     KeywordIndex,
     OpenCheck,
     VectorIndex,
@@ -59,34 +58,25 @@ class EpisodicBase(PendingVectors):
         archive_dir: Path | None,
         defer_vectors: bool = False,
     ) -> None:
-        self._db = db
-        # writes leave new vectors pending for the owner to compute apart (see pending_texts)
-        self.defer_vectors = defer_vectors
-        self.path = db.path
+        # its keyword ranker is the live store's, told of every write made here (:meth:`_indexed`,
+        # :meth:`_unindexed`); each archive has its own (``_archive_keywords``)
+        super().__init__(db, embedder, EPISODE_KEYWORDS, defer_vectors=defer_vectors)
         self._config = config
         self._clock = clock
         self._half_life = recency_half_life
         self._max_count = retention_max_count
         self._max_age = retention_max_age
         self._archive_dir = archive_dir
-        self._embedder = embedder
         self._problem = embedder_problem
-        self._cache = EmbeddingCache(db)
-        self._vectors = None
         self._matrix = None
         self._matrix_version = -1
         self._archives: dict[str, tuple[tuple[int, int], ArchiveFile]] = {}
         self._archive_problems: dict[str, str] = {}
         self._matrices: dict[str, EpisodeVectors | None] = {}
-        # the one keyword ranker (storage.KeywordIndex) of the live store and of each archive;
-        # the live one is told of every write made here (:meth:`_indexed`, :meth:`_unindexed`)
-        self._keywords = KeywordIndex(db, EPISODE_KEYWORDS)
         self._archive_keywords: dict[str, KeywordIndex] = {}
         self._repaired = {"embedded": 0, "orphans_removed": 0, "rebuilt": 0}
         self._consistency: ConsistencyReport | None = None
-        self._last_error = None
         self._pending_ids = set()
-        self._closed = False
         # the uuid of a new episode or archive; a system sets a seeded source so simulations replay
         self.new_uuid: Callable[[], str] = _random_uuid
         store_uuid = get_meta(db, "store_uuid")  # read first: opening a named store writes nothing

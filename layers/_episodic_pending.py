@@ -20,8 +20,6 @@ __all__ = ["PendingVectors"]
 class PendingVectors(EpisodicState):
     """The pending vectors of one store: listed, computed here or stored when computed apart."""
 
-    defer_vectors: bool
-    _last_error: str | None  # the embedder's last failure (episodes kept, vectors pending)
     _pending_ids: set[int]  # recorded here without a vector since the model failed
 
     def pending_vectors(self) -> int:

@@ -1,34 +1,26 @@
-"""What every part of an episodic store reads: its connection, model and vectors, with the
-in-memory matrix of the vectors kept in line with the database and the keyword caches told of
-writes. The store's setup is :mod:`._episodic_base`; pending vectors :mod:`._episodic_pending`."""
+"""What every part of an episodic store reads: its connection, model and vectors (held as every
+store holds them, :mod:`._indexed_store`), with the in-memory matrix of the vectors kept in line
+with the database and the keyword caches told of writes. The store's setup is
+:mod:`._episodic_base`; pending vectors :mod:`._episodic_pending`."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from memstrata.core.errors import StorageError
 from memstrata.core.validation import check_aware
-from memstrata.storage import (
-    Database,
-    Embedder,
-    EmbeddingCache,
-    KeywordIndex,
-    OpenCheck,
-    VectorIndex,
-    embed_documents,
-)
+from memstrata.storage import Database, Embedder, KeywordIndex, VectorIndex, embed_documents
 
 from ._archive import ArchiveFile
 from ._episode_records import EPISODE_COLUMNS, embed_text, query_in, refresh_context
 from ._episode_vectors import EpisodeRanking, EpisodeVectors
 from ._episodic_inputs import _Item
+from ._indexed_store import IndexedStore
 
 __all__ = ["BULK_DELETE_MIN", "EpisodicState"]
 
@@ -48,28 +40,14 @@ class _Source:
     keywords: KeywordIndex | None = None  # None: the archive's full-text index is unusable
 
 
-class EpisodicState:
+class EpisodicState(IndexedStore):
     """The shared state of one store and the in-memory matrix of its vectors (a base of
     ``EpisodicMemory``)."""
 
-    _db: Database
-    path: Path
+    _noun = "episodic memory"
     _clock: Callable[[], datetime]
-    _embedder: Embedder | None
-    _cache: EmbeddingCache
-    _vectors: VectorIndex | None
     _matrix: EpisodeVectors | None
     _matrix_version: int
-    _keywords: KeywordIndex
-    _closed: bool
-    _open_check: OpenCheck | None = None  # the open's consistency check (storage.OpenCheck)
-
-    def _open_db(self) -> Database:
-        if self._closed:
-            raise StorageError(f"episodic memory {self.path} is closed")
-        if self._open_check is not None:
-            self._open_check.settle()
-        return self._db
 
     def _now(self) -> datetime:
         return check_aware(self._clock(), "the clock's value")
@@ -77,10 +55,6 @@ class EpisodicState:
     @property
     def keyword_only(self) -> bool:
         return self._embedder is None
-
-    @property
-    def embedder(self) -> Embedder | None:
-        return self._embedder
 
     def _embed(
         self, embedder: Embedder, titles_contents: Sequence[tuple[str | None, str, int | None]]

@@ -3,9 +3,8 @@ the caller's vector), get, count, timeline and delete."""
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -48,13 +47,6 @@ FloatArray = npt.NDArray[np.float32]
 
 class EpisodicWrites(EpisodicBase):
     """Records, reads and deletes live episodes (see ``EpisodicMemory``)."""
-
-    @contextlib.contextmanager
-    def batch(self) -> Iterator[None]:
-        """One transaction around several writes (``record_many``, ``store_vectors``, ...): all
-        of them are committed together, or none is (each still fails alone inside it)."""
-        with self._open_db().transaction():
-            yield
 
     def _item(
         self,

@@ -127,7 +127,7 @@ class KnowledgeStore(KnowledgeSearch, Closeable):
     def status(self) -> dict[str, Any]:
         """What this store holds and how it searches; ``mode`` is ``"keyword-only"`` (with a
         ``reason``) whenever vector search cannot be used."""
-        self._check_open()
+        self._open_db()
         consistency = self._consistency  # first: a repair it waits for changes the counts below
         self._refresh_foreign()
         reason = self._vector_reason()
@@ -162,7 +162,7 @@ class KnowledgeStore(KnowledgeSearch, Closeable):
         return self._closed
 
     def __enter__(self) -> KnowledgeStore:
-        self._check_open()
+        self._open_db()
         return self
 
     def __repr__(self) -> str:

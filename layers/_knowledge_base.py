@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,8 +23,6 @@ from memstrata.storage import (
     ConsistencyReport,
     Database,
     Embedder,
-    EmbeddingCache,
-    KeywordIndex,
     OpenCheck,
     VectorIndex,
     apply_migrations,
@@ -39,14 +36,18 @@ from memstrata.storage import (
 )
 from memstrata.storage._embedding import usable_rows
 
+from ._indexed_store import IndexedStore
 from ._knowledge_reads import KnowledgeReads
 from ._knowledge_schema import BATCH, MIGRATIONS, TABLE, SearchTuning, _int_or_none, keyword_table
 
 FloatArray = npt.NDArray[np.float32]
 
 
-class KnowledgeBase(KnowledgeReads):
+class KnowledgeBase(KnowledgeReads, IndexedStore):
     """Connection, embedder, vectors and keyword index of one store (see ``KnowledgeStore``)."""
+
+    _noun = "knowledge store"
+    _open_check: OpenCheck  # every open starts one
 
     def __init__(
         self,
@@ -62,27 +63,21 @@ class KnowledgeBase(KnowledgeReads):
             raise InvalidInputError(
                 f"embedder must implement the Embedder protocol, got {type(embedder).__name__}"
             )
-        self._db = db
-        self._embedder = embedder
+        apply_migrations(db, "knowledge", MIGRATIONS)
+        refresh_keyword_terms(db, table=TABLE, column="ident", source="content")
+        tuning = tuning or SearchTuning()
+        super().__init__(db, embedder, keyword_table(tuning.column_weights), defer_vectors=defer_vectors)
         self._unavailable = unavailable_reason
         self._max_bytes = max_content_bytes
-        self._tuning = tuning or SearchTuning()
-        self._closed = False
-        # writes leave new vectors pending for the owner to compute apart (see pending_texts)
-        self.defer_vectors = defer_vectors
+        self._tuning = tuning
         # UNIX seconds for created_at/updated_at; a system sets it from its clock (simulations)
         self.clock: Callable[[], float] = time.time
         # the name entries carry as their ``store`` (an agent id or "shared"); a system sets it
         self.owner: str | None = None
-        self._last_error: str | None = None
         self._rebuild_needed = False
         self._seen_version = -1
         self._foreign_model: str | None = None  # another process rebuilt vectors with this model
-        apply_migrations(db, "knowledge", MIGRATIONS)
-        refresh_keyword_terms(db, table=TABLE, column="ident", source="content")
-        self._cache = EmbeddingCache(db)
-        self._keywords = KeywordIndex(db, keyword_table(self._tuning.column_weights))
-        self._bm25 = self._keywords.bm25  # told of every write made here
+        self._bm25 = self._keywords.bm25
         self._opened = False
         self._vectors = self._open_vectors()
         # examined beside the first calls on a large store (storage.OpenCheck)
@@ -159,11 +154,6 @@ class KnowledgeBase(KnowledgeReads):
 
     # -- state ------------------------------------------------------------------------------------
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise StorageError(f"knowledge store {self._db.path} is closed")
-        self._open_check.settle()
-
     def _vectors_writable(self) -> bool:
         """New vectors can be computed and stored with the current model."""
         return (
@@ -193,14 +183,6 @@ class KnowledgeBase(KnowledgeReads):
             self._rebuild_needed = False
         elif not self._rebuild_needed:
             self._foreign_model = str(mismatch.stored_model)
-
-    @property
-    def path(self) -> Path:
-        return self._db.path
-
-    @property
-    def embedder(self) -> Embedder | None:
-        return self._embedder
 
     @property
     def mode(self) -> str:
@@ -261,7 +243,7 @@ class KnowledgeBase(KnowledgeReads):
         model outside memstrata). Returns how many vectors were written. Raises
         :class:`EmbeddingError` if the model fails, :class:`EmbedderUnavailableError` in
         keyword-only mode and :class:`ReadOnlyError` when a read-only store has vectors to write."""
-        self._check_open()
+        self._open_db()
         if self._embedder is None:
             raise EmbedderUnavailableError(
                 f"knowledge store {self.path} is keyword-only: {self._vector_reason()}"
@@ -292,14 +274,14 @@ class KnowledgeBase(KnowledgeReads):
 
     def pending_vectors(self) -> int:
         """Entries whose vector is still to be computed (found by keywords meanwhile)."""
-        self._check_open()
+        self._open_db()
         return self._pending_count() if self._embedder is not None else 0
 
     def catch_up_vectors(self) -> int:
         """Compute pending vectors now (or finish a model change); returns how many are still
         pending. A model fault leaves them pending and is recorded for :meth:`status`: the owner
         calls this again later (the actors do, with backoff, in the same process)."""
-        self._check_open()
+        self._open_db()
         if self._embedder is None:
             return 0
         self._refresh_foreign()
@@ -313,7 +295,7 @@ class KnowledgeBase(KnowledgeReads):
         """Up to ``limit`` entries whose vector is pending, as ``(id, text to embed)``, oldest
         first, leaving out ``skip`` (those already being computed); none while vectors cannot
         be written (keyword-only, or a model change not finished: :meth:`catch_up_vectors`)."""
-        self._check_open()
+        self._open_db()
         self._refresh_foreign()
         if not self._vectors_writable() or limit <= 0:
             return []
@@ -330,7 +312,7 @@ class KnowledgeBase(KnowledgeReads):
         An entry deleted meanwhile, or whose text is no longer ``texts[i]`` (updated), is
         skipped: it stays pending for its current text. Unusable rows (NaN, infinite, all zero)
         are a model fault: recorded for :meth:`status`, their entries stay pending."""
-        self._check_open()
+        self._open_db()
         if len(ids) != len(texts):
             raise InvalidInputError(f"store_vectors got {len(ids)} ids for {len(texts)} texts")
         self._refresh_foreign()

@@ -42,14 +42,14 @@ class KnowledgeEdits(KnowledgeWrites):
 
     def get(self, id: int) -> KnowledgeEntry | None:
         """The entry with this id, or ``None``."""
-        self._check_open()
+        self._open_db()
         entries = self._load([check_row_id(id)])
         return entries.get(id)
 
     def find(self, content: str, *, category: str = "pattern", scope: str = "/") -> int | None:
         """The id of the entry with this content, category and scope (the one :meth:`add` would
         refresh), or ``None``: an import leaves an entry it finds as it is."""
-        self._check_open()
+        self._open_db()
         digest = text_hash(check_content(content, max_bytes=self._max_bytes))
         return self._same_entry(digest, check_category(category), check_scope(scope))
 
@@ -76,7 +76,7 @@ class KnowledgeEdits(KnowledgeWrites):
         re-embeds when the content changes. Returns the new entry, or ``None`` if ``id`` does not
         exist. A change that would duplicate another entry (same content, category and scope)
         raises ``InvalidInputError`` (a ``ValueError``) naming it, and changes nothing."""
-        self._check_open()
+        self._open_db()
         entry_id = check_row_id(id)
         new_content = (
             None if isinstance(content, _Unset) else check_content(content, max_bytes=self._max_bytes)
@@ -172,7 +172,7 @@ class KnowledgeEdits(KnowledgeWrites):
 
     def delete(self, id: int) -> bool:
         """Delete an entry: ``True`` if it existed, ``False`` otherwise."""
-        self._check_open()
+        self._open_db()
         entry_id = check_row_id(id)
         with self._db.transaction():
             gone = self._db.execute(f"DELETE FROM {TABLE} WHERE id = ?", (entry_id,)).rowcount > 0
@@ -186,5 +186,5 @@ class KnowledgeEdits(KnowledgeWrites):
     def next_id_at_least(self, entry_id: int) -> None:
         """The next new entry takes at least ``entry_id`` (an import keeping the ids of an
         export, gaps included); ids already given out are never given again."""
-        self._check_open()
+        self._open_db()
         next_id_at_least(self._db, TABLE, entry_id)

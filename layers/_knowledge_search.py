@@ -96,7 +96,7 @@ class KnowledgeSearch(KnowledgeEdits):
     ) -> list[KnowledgeEntry]:
         """Entries matching every filter (``scope``: that scope and its descendants), ordered by
         ``order_by`` (``updated_at``, ``created_at`` or ``id``; ties by id), paginated."""
-        self._check_open()
+        self._open_db()
         limit = check_int(limit, "limit", 0, MAX_LIST_LIMIT)
         offset = check_int(offset, "offset", 0, 2**62)
         if order_by not in ORDER_BY:
@@ -121,7 +121,7 @@ class KnowledgeSearch(KnowledgeEdits):
         scope: str | None = None,
     ) -> int:
         """How many entries match (all entries without filters; ``scope`` as in :meth:`list`)."""
-        self._check_open()
+        self._open_db()
         conditions, params, _ = self._filter(category, tags, scope, subtree=True)
         where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
         return int(self._db.scalar(f"SELECT count(*) FROM {TABLE}{where}", params))
@@ -146,7 +146,7 @@ class KnowledgeSearch(KnowledgeEdits):
         below it; keyword matches are never dropped by it. Any ``str`` query is safe.
         ``query_vector`` replaces embedding the query (it must come from the store's model).
         """
-        self._check_open()
+        self._open_db()
         if not isinstance(query, str):
             raise InvalidInputError(f"query must be a str, got {type(query).__name__}")
         top_k = check_top_k(top_k)

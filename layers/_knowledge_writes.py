@@ -5,7 +5,7 @@ and delete of stored entries: ``_knowledge_edits.py``)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -45,14 +45,6 @@ FloatArray = npt.NDArray[np.float32]
 class KnowledgeWrites(KnowledgeBase):
     """Adds entries, one or in bulk (see ``KnowledgeStore``)."""
 
-    @contextlib.contextmanager
-    def batch(self) -> Iterator[None]:
-        """One transaction around several writes (``add_many``, ``store_vectors``, ...): all of
-        them are committed together, or none is (each still fails alone inside it)."""
-        self._check_open()
-        with self._db.transaction():
-            yield
-
     def add(
         self,
         content: str,
@@ -65,7 +57,7 @@ class KnowledgeWrites(KnowledgeBase):
         """Store one entry and return its id. The same content, category and scope as an existing
         entry returns that entry's id: its ``updated_at`` is refreshed and the given tags are
         merged into its tags (a given key's value replaces the old one; other keys stay)."""
-        self._check_open()
+        self._open_db()
         item = {"content": content, "category": category, "tags": tags, "scope": scope, "author": author}
         return self._write([self._check_item(item, "")])[0]
 
@@ -84,7 +76,7 @@ class KnowledgeWrites(KnowledgeBase):
         and Python's cyclic garbage collector is paused until the call returns (process-wide:
         its passes over the load's live objects cost ~7 % of a 100k load).
         """
-        self._check_open()
+        self._open_db()
         if isinstance(items, str | bytes) or not isinstance(items, Iterable):
             raise InvalidInputError(f"items must be an iterable of mappings, got {type(items).__name__}")
         if vectors is None:  # the model's time dwarfs the rest
