@@ -45,10 +45,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from memstrata.core.errors import EmbeddingError, ModelFaultError
-from memstrata.storage import Embedder, text_hash
+from memstrata.storage import Embedder, FloatArray, text_hash
 from memstrata.storage._embedder_identity import ModelIdentity
 from memstrata.storage._embedding import check_model_rows
 
@@ -56,8 +55,6 @@ from ._embedding_health import _Call, _fail
 from ._embedding_watchdog import FutureWatchdog
 
 __all__ = ["BatchingEmbedder", "EmbeddingStats"]
-
-FloatArray = npt.NDArray[np.float32]
 
 
 @dataclass(slots=True)

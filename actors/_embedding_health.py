@@ -16,15 +16,11 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
-
 from memstrata.core.errors import EmbeddingError, MemstrataError, ModelFaultError
+from memstrata.storage import FloatArray
 from memstrata.storage._embedding import embed_time_left
 
 __all__ = ["ModelHealth"]
-
-FloatArray = npt.NDArray[np.float32]
 
 
 @dataclass(slots=True)

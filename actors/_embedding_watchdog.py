@@ -13,8 +13,9 @@ import time
 from concurrent.futures import Future
 
 from memstrata.core.errors import EmbeddingError, ModelFaultError
+from memstrata.storage import FloatArray
 
-from ._embedding_health import FloatArray, ModelHealth, _fail
+from ._embedding_health import ModelHealth, _fail
 
 __all__ = ["FutureWatchdog"]
 

@@ -15,7 +15,7 @@ from memstrata.core.constants import (
 )
 from memstrata.core.errors import ArchiveError, ConfigError, EmbeddingError, InvalidInputError
 from memstrata.layers._roots import refused_output
-from memstrata.storage import Embedder, embed_documents
+from memstrata.storage import Embedder, FloatArray, embed_documents
 
 from ._routing import _FOLDER
 from ._store_base import (
@@ -23,7 +23,7 @@ from ._store_base import (
     _iso,
     _PersistentActor,
 )
-from ._store_messages import EpisodesImported, ExportRecords, FloatArray, WriteBackEpisode
+from ._store_messages import EpisodesImported, ExportRecords, WriteBackEpisode
 from .messages import (
     ArchiveEpisodes,
     CommitMemory,

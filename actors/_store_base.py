@@ -38,7 +38,7 @@ from typing import Any
 from memstrata.core.config import Config
 from memstrata.core.errors import InvalidInputError, StorageError
 from memstrata.core.validation import check_content
-from memstrata.storage import Embedder
+from memstrata.storage import Embedder, FloatArray
 from memstrata.storage._embedding import EmbedWatch, embed_deadline, embed_time_left
 
 from ._embedding import BatchingEmbedder
@@ -48,7 +48,6 @@ from ._store_messages import (
     CatchUp,
     EpisodesImported,
     ExportRecords,
-    FloatArray,
     ImportRecords,
     Searched,
     VectorsReady,

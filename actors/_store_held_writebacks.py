@@ -16,12 +16,12 @@ from typing import Any
 import numpy as np
 
 from memstrata.core.constants import EMBED_CHARS  # what a write-back's vector is made of
+from memstrata.storage import FloatArray
 
 from ._base import ActorRuntime, Envelope, MemoryActor, Status
 from ._concurrency import TimerHandle
 from ._embedding import BatchingEmbedder
 from ._store_messages import (
-    FloatArray,
     VectorsReady,
     WriteBackEpisode,
     WriteBackKnowledge,

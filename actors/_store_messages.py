@@ -9,19 +9,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
+
+from memstrata.storage import FloatArray
 
 from ._base import Envelope
 from .messages import StoreKnowledge, StoreMemory
-
-FloatArray = npt.NDArray[np.float32]
 
 __all__ = [
     "BoundedSearch",
     "CatchUp",
     "EpisodesImported",
     "ExportRecords",
-    "FloatArray",
     "ImportRecords",
     "Searched",
     "VectorsReady",

@@ -16,14 +16,12 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from memstrata.storage import Database, Filter
+from memstrata.storage import Database, Filter, FloatArray, IntArray
 from memstrata.storage._hybrid import settle_unheld
 from memstrata.storage._vector_mirror import Mirror, Ranges, ScoredRows
 
 __all__ = ["EpisodeRanking", "EpisodeVectors"]
 
-FloatArray = npt.NDArray[np.float32]
-IntArray = npt.NDArray[np.int64]
 Keep = Callable[[IntArray], npt.NDArray[np.bool_]]  # as storage's keyword side takes it
 _RUN = "task_run"
 _AT = "at_us"

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from memstrata.core.errors import (
     InvalidInputError,
@@ -22,6 +21,7 @@ from memstrata.core.validation import (
     check_task_id,
 )
 from memstrata.storage import (
+    FloatArray,
     get_meta,
 )
 
@@ -37,8 +37,6 @@ from ._episode_records import (
 from ._episodic_inputs import _Item, _path_arg
 from ._episodic_search import EpisodicSearch
 from ._episodic_state import BULK_DELETE_MIN
-
-FloatArray = npt.NDArray[np.float32]
 
 
 class EpisodicArchives(EpisodicSearch):

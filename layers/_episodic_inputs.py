@@ -14,15 +14,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
-
 from memstrata.core.errors import InvalidInputError
-from memstrata.storage import identifier_words
+from memstrata.storage import FloatArray, identifier_words
 
 __all__ = ["DEFAULT"]
 
-FloatArray = npt.NDArray[np.float32]
 _RECORD_KEYS = frozenset({"content", "title", "task_run_id", "tags", "kind", "at", "vector"})
 
 

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from memstrata.storage import PLAIN_RRF_K, FusedArrays, best_score
+from memstrata.storage import PLAIN_RRF_K, FloatArray, FusedArrays, IntArray, best_score
 
 from ._episode_records import query_in
 from ._episode_vectors import EpisodeRanking
@@ -19,9 +19,7 @@ from ._episodic_state import _Source
 
 __all__ = ["MARGIN", "Fused", "Ranked", "fused_prefix", "settled", "source_top", "with_times"]
 
-FloatArray = npt.NDArray[np.float32]
-Keys = npt.NDArray[np.int64]  # episode keys: ``source << 40 | id``
-Ints = npt.NDArray[np.int64]
+Keys = IntArray  # episode keys: ``source << 40 | id``
 MARGIN = 1e-9  # log-space slack: a bound this close to the k-th counts as reaching it (rounding)
 
 
@@ -30,7 +28,7 @@ class Ranked(NamedTuple):
 
     ids: Keys
     scores: npt.NDArray[np.float64]
-    at: Ints
+    at: IntArray
 
     def cut(self, depth: int) -> Ranked:
         return Ranked(self.ids[:depth], self.scores[:depth], self.at[:depth])
@@ -56,7 +54,7 @@ def with_times(source: _Source, ids: Keys, scores: npt.NDArray[np.float64]) -> R
     return Ranked(ids, scores, at)
 
 
-def source_top(ranking: EpisodeRanking, size: int, *, exact: bool) -> tuple[Keys, FloatArray, Ints, bool]:
+def source_top(ranking: EpisodeRanking, size: int, *, exact: bool) -> tuple[Keys, FloatArray, IntArray, bool]:
     """One source's best ``size`` vectors and whether it holds more. ``exact``: read past a group
     of equal similarities that the cut splits, so the cut keeps the members the full ranking puts
     first (a plain top ``size`` keeps an arbitrary part of it, and ranks would change with depth)."""
@@ -72,7 +70,7 @@ def source_top(ranking: EpisodeRanking, size: int, *, exact: bool) -> tuple[Keys
         reach = min(total, 2 * reach)
 
 
-def settled(scores: npt.NDArray[Any], sources: Ints, frontier: list[tuple[int, float]]) -> int:
+def settled(scores: npt.NDArray[Any], sources: IntArray, frontier: list[tuple[int, float]]) -> int:
     """How much of a merged list (best first, ties in source order) no unread entry can enter:
     a source not read to its end may still hold entries scoring as its last one read
     (``frontier``), and one of those ties ahead of an entry of a later source."""
@@ -83,7 +81,7 @@ def settled(scores: npt.NDArray[Any], sources: Ints, frontier: list[tuple[int, f
     return int(bad[0]) if len(bad) else len(scores)
 
 
-def fused_prefix(fused: Fused, order: Ints, lists: list[Keys], going: list[bool]) -> int:
+def fused_prefix(fused: Fused, order: IntArray, lists: list[Keys], going: list[bool]) -> int:
     """How much of the RRF of keyword sub-lists (``order``: best first) is that of the sub-lists
     read to their end: an entry counts if its score is whole (it is in every sub-list that goes
     on) and beats what any later entry, or one in no sub-list, could still gain."""
@@ -114,12 +112,12 @@ class Fused:
 
     keys: Keys  # distinct keys
     scores: npt.NDArray[np.float64]  # fused, normalised to 0..1
-    first: Ints  # first appearance across the lists (ties keep it)
-    at: Ints
-    ranks: list[Ints]  # 1-based rank in each list, 0 where absent
+    first: IntArray  # first appearance across the lists (ties keep it)
+    at: IntArray
+    ranks: list[IntArray]  # 1-based rank in each list, 0 where absent
 
     @classmethod
-    def of(cls, fused: FusedArrays, ats: Sequence[Ints]) -> Fused:
+    def of(cls, fused: FusedArrays, ats: Sequence[IntArray]) -> Fused:
         every = np.concatenate(ats) if ats else np.zeros(0, dtype=np.int64)
         at = every[fused.first] if len(every) else np.zeros(0, dtype=np.int64)
         return cls(fused.keys, fused.scores, fused.first, at.astype(np.int64), fused.ranks)

@@ -17,6 +17,8 @@ from memstrata.core.errors import (
 from memstrata.storage import (
     PLAIN_RRF_K,
     Filter,
+    FloatArray,
+    IntArray,
     KeywordQuery,
     best_score,
     fuse,
@@ -31,7 +33,7 @@ from ._episode_records import (
     episode_from_row,
     query_in,
 )
-from ._episodic_lists import MARGIN, Fused, Ints, Keys, Ranked, fused_prefix, settled, source_top, with_times
+from ._episodic_lists import MARGIN, Fused, Keys, Ranked, fused_prefix, settled, source_top, with_times
 from ._episodic_state import _Source
 
 
@@ -44,7 +46,6 @@ class _Owner(Protocol):
     def _archive_unusable(self, path: str, problem: str) -> None: ...
 
 
-FloatArray = npt.NDArray[np.float32]
 MAX_DEPTH = 10_000  # deepest candidate lists recency decay may ask for
 
 
@@ -125,7 +126,7 @@ class _Search:
             else:
                 kkeys, kat, keyword_more = self._keyword_list(min(depth, MAX_DEPTH), exact=exact)
             lists: list[Keys] = []
-            ats: list[Ints] = []
+            ats: list[IntArray] = []
             mores: list[bool] = []
             if self.use_vectors:
                 lists.append(vkeys)
@@ -226,7 +227,7 @@ class _Search:
             needed = max(needed, min(MAX_DEPTH, math.ceil(reach) - self.rrf_k))
         return needed
 
-    def _look_up(self, fused: Fused, at: Ints, best: float) -> bool:
+    def _look_up(self, fused: Fused, at: IntArray, best: float) -> bool:
         """Give the fused entries ``at`` their rank in the full vector ranking of the one source
         (0: not in it), with the score and first appearance that rank gives them, as the
         full-depth fusion would; ``False`` when there is no single source to look in."""
@@ -243,7 +244,7 @@ class _Search:
         fused.scores[at] = raw / best
         return True
 
-    def _log_decay(self, at_us: Ints) -> npt.NDArray[np.float64]:
+    def _log_decay(self, at_us: IntArray) -> npt.NDArray[np.float64]:
         """``log(0.5 ** (age / half_life))``; episodes dated in the future do not decay."""
         assert self.half_life_us is not None
         age = np.maximum(0, self.now_us - at_us).astype(np.float64)
@@ -261,7 +262,7 @@ class _Search:
 
     def _vector_list(
         self, depth: int, *, full: bool, exact: bool = False
-    ) -> tuple[Keys, FloatArray, Ints, bool]:
+    ) -> tuple[Keys, FloatArray, IntArray, bool]:
         """The merged vector list, best first, and whether it goes on. ``exact``: a prefix of
         the full ranking (ties as there), maybe shorter than ``depth`` (see :func:`settled`)."""
         empty = np.zeros(0, dtype=np.int64)
@@ -297,7 +298,7 @@ class _Search:
             key, sim, at_all = key[order], sim[order], at_all[order]
         return key, sim, at_all, more
 
-    def _keyword_list(self, depth: int, *, exact: bool = False) -> tuple[Keys, Ints, bool]:
+    def _keyword_list(self, depth: int, *, exact: bool = False) -> tuple[Keys, IntArray, bool]:
         """The keyword list (its sub-lists merged across sources, then fused), best first, and
         whether it goes on. ``exact``: a prefix of the list read to ``MAX_DEPTH``, maybe shorter
         than ``depth`` (see :func:`settled`)."""
@@ -309,7 +310,7 @@ class _Search:
         per_source = [[sub.cut(depth) for sub in lists] for _, lists in fetched]
         count = max((len(lists) for lists in per_source), default=0)
         subkeys: list[Keys] = []
-        subats: list[Ints] = []
+        subats: list[IntArray] = []
         going: list[bool] = []  # whether each sub-list has entries past what is kept of it
         for n in range(count):
             parts = [
@@ -403,7 +404,7 @@ class _Search:
     # -- results -------------------------------------------------------------------------------
 
     def _hits(
-        self, fused: Fused, top: Ints, scores: npt.NDArray[np.float64], similarities: FloatArray
+        self, fused: Fused, top: IntArray, scores: npt.NDArray[np.float64], similarities: FloatArray
     ) -> list[EpisodeHit]:
         keys = fused.keys[top].tolist()
         wanted: dict[int, list[int]] = {}

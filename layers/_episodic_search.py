@@ -9,9 +9,6 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
-import numpy as np
-import numpy.typing as npt
-
 from memstrata.core.constants import EMBED_CHARS
 from memstrata.core.errors import (
     ArchiveError,
@@ -23,6 +20,7 @@ from memstrata.core.validation import (
     check_top_k,
 )
 from memstrata.storage import (
+    FloatArray,
     KeywordIndex,
     KeywordQuery,
     build_keyword_query,
@@ -45,8 +43,6 @@ from ._episodic_inputs import DEFAULT, _Default, _positive_timedelta
 from ._episodic_ranking import _Search
 from ._episodic_state import _Source
 from ._episodic_writes import EpisodicWrites
-
-FloatArray = npt.NDArray[np.float32]
 
 
 class EpisodicSearch(EpisodicWrites):

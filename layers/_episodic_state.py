@@ -11,10 +11,9 @@ from datetime import datetime
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from memstrata.core.validation import check_aware
-from memstrata.storage import Database, Embedder, KeywordIndex, VectorIndex, embed_documents
+from memstrata.storage import Database, Embedder, FloatArray, KeywordIndex, VectorIndex, embed_documents
 
 from ._archive import ArchiveFile
 from ._episode_records import EPISODE_COLUMNS, embed_text, query_in, refresh_context
@@ -24,7 +23,6 @@ from ._indexed_store import IndexedStore
 
 __all__ = ["BULK_DELETE_MIN", "EpisodicState"]
 
-FloatArray = npt.NDArray[np.float32]
 BULK_DELETE_MIN = 500  # fewer vector deletes than this never rebuild the vector table
 
 

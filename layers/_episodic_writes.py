@@ -9,7 +9,6 @@ from datetime import datetime
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from memstrata.core.constants import MAX_TITLE_CHARS
 from memstrata.core.errors import (
@@ -25,6 +24,7 @@ from memstrata.core.validation import (
     check_task_id,
     check_time_range,
 )
+from memstrata.storage import FloatArray
 
 from ._common import next_id_at_least
 from ._episode_records import (
@@ -41,8 +41,6 @@ from ._episode_records import (
 )
 from ._episodic_base import EpisodicBase, log
 from ._episodic_inputs import _RECORD_KEYS, _Item
-
-FloatArray = npt.NDArray[np.float32]
 
 
 class EpisodicWrites(EpisodicBase):

@@ -20,9 +20,6 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Final
 
-import numpy as np
-import numpy.typing as npt
-
 from memstrata.core.closing import Closeable
 from memstrata.core.config import Config
 from memstrata.core.constants import SHARED
@@ -43,8 +40,6 @@ from ._knowledge_schema import (
     _int_or_none,
 )
 from ._knowledge_search import KnowledgeSearch
-
-FloatArray = npt.NDArray[np.float32]
 
 __all__ = ["CATEGORIES", "KnowledgeEntry", "KnowledgeHit", "KnowledgeStore", "SearchTuning"]
 

@@ -8,7 +8,6 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from memstrata.core.constants import EMBED_CHARS
 from memstrata.core.errors import (
@@ -23,6 +22,7 @@ from memstrata.storage import (
     ConsistencyReport,
     Database,
     Embedder,
+    FloatArray,
     OpenCheck,
     VectorIndex,
     apply_migrations,
@@ -39,8 +39,6 @@ from memstrata.storage._embedding import usable_rows
 from ._indexed_store import IndexedStore
 from ._knowledge_reads import KnowledgeReads
 from ._knowledge_schema import BATCH, MIGRATIONS, TABLE, SearchTuning, _int_or_none, keyword_table
-
-FloatArray = npt.NDArray[np.float32]
 
 
 class KnowledgeBase(KnowledgeReads, IndexedStore):

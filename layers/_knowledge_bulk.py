@@ -16,12 +16,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from memstrata.storage import FloatArray
+
 from ._knowledge_rows import RowPlan, row_plan
 from ._knowledge_schema import _Item
 
 __all__ = ["Ahead", "OwnRows", "Prepared", "cycles_paused", "prepare"]
 
-FloatArray = npt.NDArray[np.float32]
 Prepare = Callable[[int], "Prepared"]
 
 

@@ -7,9 +7,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
-
 from memstrata.core.errors import InvalidInputError
 from memstrata.core.validation import (
     check_author,
@@ -19,7 +16,7 @@ from memstrata.core.validation import (
     check_scope,
     check_tags,
 )
-from memstrata.storage import identifier_words, text_hash
+from memstrata.storage import FloatArray, identifier_words, text_hash
 
 from ._common import next_id_at_least
 from ._knowledge_schema import (
@@ -33,8 +30,6 @@ from ._knowledge_schema import (
     _Unset,
 )
 from ._knowledge_writes import KnowledgeWrites
-
-FloatArray = npt.NDArray[np.float32]
 
 
 class KnowledgeEdits(KnowledgeWrites):

@@ -8,9 +8,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-import numpy as np
-import numpy.typing as npt
-
 from memstrata.storage import (
     APPROXIMATE_FROM,
     DEFAULT_KEYWORD_WEIGHT,
@@ -26,8 +23,6 @@ from memstrata.storage import (
 )
 
 __all__ = ["CATEGORIES", "KnowledgeEntry", "KnowledgeHit", "SearchTuning"]
-
-FloatArray = npt.NDArray[np.float32]
 
 CATEGORIES: Final = ("outcome", "pitfall", "pattern", "codebase", "preference")
 ORDER_BY: Final = ("updated_at", "created_at", "id")

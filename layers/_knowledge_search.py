@@ -9,7 +9,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from memstrata.core.constants import EMBED_CHARS, MAX_LIST_LIMIT
 from memstrata.core.errors import EmbeddingError, InvalidInputError
@@ -23,6 +22,7 @@ from memstrata.core.validation import (
 )
 from memstrata.storage import (
     Filter,
+    FloatArray,
     Mode,
     QueryVector,
     SearchParams,
@@ -42,8 +42,6 @@ from ._knowledge_schema import (
     KnowledgeHit,
     _entry,
 )
-
-FloatArray = npt.NDArray[np.float32]
 
 
 class KnowledgeSearch(KnowledgeEdits):

@@ -21,7 +21,7 @@ from memstrata.core.validation import (
     check_tags,
     is_plain_content,
 )
-from memstrata.storage import bulk_cache, precomputed_vectors
+from memstrata.storage import FloatArray, bulk_cache, precomputed_vectors
 
 from ._knowledge_base import KnowledgeBase
 from ._knowledge_bulk import Ahead, OwnRows, Prepared, cycles_paused, prepare
@@ -38,8 +38,6 @@ from ._knowledge_schema import (
     _merge_into,
     _tag_text,
 )
-
-FloatArray = npt.NDArray[np.float32]
 
 
 class KnowledgeWrites(KnowledgeBase):

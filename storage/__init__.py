@@ -15,6 +15,7 @@ if __name__ != "memstrata.storage":  # nothing generic may be importable at top 
 from memstrata.core.lazy import lazy_attributes
 
 if TYPE_CHECKING:
+    from ._array_types import BoolArray, FloatArray, IntArray
     from ._bm25 import Bm25Index
     from ._bulk_cache import bulk_cache
     from ._connection import Database, configured, connection_defaults, open_database
@@ -78,6 +79,9 @@ if TYPE_CHECKING:
 
 # each public name -> the submodule that defines it
 _HOME: dict[str, str] = {
+    "BoolArray": "._array_types",
+    "FloatArray": "._array_types",
+    "IntArray": "._array_types",
     "Bm25Index": "._bm25",
     "bulk_cache": "._bulk_cache",
     "Database": "._connection",
@@ -165,6 +169,7 @@ __all__ = [
     "MAX_QUERY_TERMS",
     "PLAIN_RRF_K",
     "Bm25Index",
+    "BoolArray",
     "CheckSpec",
     "CheckTarget",
     "ConsistencyReport",
@@ -175,8 +180,10 @@ __all__ = [
     "EmbeddingMismatch",
     "FastEmbedEmbedder",
     "Filter",
+    "FloatArray",
     "Fused",
     "FusedArrays",
+    "IntArray",
     "KeywordIndex",
     "KeywordQuery",
     "KeywordTable",

@@ -23,8 +23,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import numpy.typing as npt
 
+from ._array_types import Bm25Floats, IntArray
 from ._bm25_file import Bm25Files
-from ._bm25_postings import _PHRASE, _SCRATCH_CHANGES, FloatArray, IntArray
+from ._bm25_postings import _PHRASE, _SCRATCH_CHANGES
 from ._bm25_top import Bm25Top, PositionMask
 from ._bm25_writes import Bm25Writes
 
@@ -108,7 +109,7 @@ class Bm25Index(Bm25Files, Bm25Writes, Bm25Top):
         limit: int,
         allowed: Sequence[int] | IntArray | None = None,
         keep: Callable[[IntArray], npt.NDArray[np.bool_]] | None = None,
-    ) -> tuple[IntArray, FloatArray]:
+    ) -> tuple[IntArray, Bm25Floats]:
         """The ``limit`` best documents for ``terms`` (OR semantics) with their scores, best
         first, equal scores by lower id (as FTS5 ranks them), without reading the commonest
         words' postings when they cannot change the result (:mod:`._bm25_top`). ``allowed``

@@ -25,10 +25,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ._array_types import Bm25Floats
 from ._bm25_bulk import AllPostings, read_all_postings, word_sums
 from ._bm25_fit import ascending_within, postings_fit
 from ._bm25_held import HeldPostings, held_postings
-from ._bm25_postings import _PHRASE, Bm25Postings, FloatArray, Postings, _varints, appended
+from ._bm25_postings import _PHRASE, Bm25Postings, Postings, _varints, appended
 from ._bm25_stamp import vouch, vouched_stamp
 from ._index_files import (
     DamagedFile,
@@ -384,7 +385,7 @@ class Bm25Files(Bm25Postings):
         totals = self._index_totals()
         return None if totals is None else totals[0]
 
-    def _postings_held(self) -> tuple[HeldPostings, npt.NDArray[np.int64], FloatArray] | None:
+    def _postings_held(self) -> tuple[HeldPostings, npt.NDArray[np.int64], Bm25Floats] | None:
         """Every posting (and the ids and lengths of the live documents) as this connection holds
         them (:mod:`._bm25_held`), when that is the whole index: the complete file's map still in
         use, every write since reported (no other connection wrote), and FTS5's counts of

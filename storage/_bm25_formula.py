@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-import numpy.typing as npt
+from ._array_types import Bm25Floats
 
 __all__ = ["K1", "B", "contribution", "idf_of", "length_norms", "normed_contribution", "weighted_tf"]
 
 K1 = 1.2
 B = 0.75
-
-FloatArray = npt.NDArray[np.float64]
 
 
 def idf_of(n: float, df: float) -> float:
@@ -22,24 +19,24 @@ def idf_of(n: float, df: float) -> float:
     return idf if idf > 0 else 1e-6
 
 
-def contribution(idf: float, tf: FloatArray, sizes: FloatArray, avg: float) -> FloatArray:
+def contribution(idf: float, tf: Bm25Floats, sizes: Bm25Floats, avg: float) -> Bm25Floats:
     """What a word adds to the scores of documents of lengths ``sizes`` holding it ``tf`` times
     (column weighted)."""
     return idf * tf * (K1 + 1.0) / (tf + K1 * (1.0 - B + B * sizes / avg))
 
 
-def length_norms(sizes: FloatArray, avg: float) -> FloatArray:
+def length_norms(sizes: Bm25Floats, avg: float) -> Bm25Floats:
     """The part of :func:`contribution` that depends on a document's length only, the same
     for every word: ``contribution(idf, tf, sizes, avg)`` equals
     ``normed_contribution(idf, tf, length_norms(sizes, avg))`` to the last bit."""
     return K1 * (1.0 - B + B * sizes / avg)
 
 
-def normed_contribution(idf: float, tf: FloatArray, norms: FloatArray) -> FloatArray:
+def normed_contribution(idf: float, tf: Bm25Floats, norms: Bm25Floats) -> Bm25Floats:
     """:func:`contribution` from the documents' :func:`length_norms`."""
     return idf * tf * (K1 + 1.0) / (tf + norms)
 
 
-def weighted_tf(idf: float, scores: FloatArray, sizes: FloatArray, avg: float) -> FloatArray:
+def weighted_tf(idf: float, scores: Bm25Floats, sizes: Bm25Floats, avg: float) -> Bm25Floats:
     """The ``tf`` whose :func:`contribution` is ``scores`` (a word scored alone by FTS5)."""
     return scores * K1 * (1.0 - B + B * sizes / avg) / (idf * (K1 + 1.0) - scores)

@@ -19,6 +19,7 @@ import numpy.typing as npt
 
 from memstrata.core.errors import StorageError
 
+from ._array_types import Bm25Floats, IntArray
 from ._bm25_formula import idf_of, weighted_tf
 from ._connection import Database
 from ._vec0_chunks import snapshot
@@ -32,9 +33,7 @@ _PHRASE = "\x00"  # joins the stems of a query word FTS5 reads as a phrase
 # changes made by the scratch tokenizer tables of every index on a connection: not store changes
 _SCRATCH_CHANGES: weakref.WeakKeyDictionary[Database, int] = weakref.WeakKeyDictionary()
 
-IntArray = npt.NDArray[np.int64]
-FloatArray = npt.NDArray[np.float64]
-Postings = tuple[npt.NDArray[np.int32], FloatArray]  # a stem's positions (ascending) and counts
+Postings = tuple[npt.NDArray[np.int32], Bm25Floats]  # a stem's positions (ascending) and counts
 
 
 def _ints(joined: str | None) -> IntArray:
@@ -45,7 +44,7 @@ def _ints(joined: str | None) -> IntArray:
     return np.fromstring(joined, dtype=np.int64, sep=",")
 
 
-def _varint_sums(records: bytes, lengths: IntArray) -> FloatArray:
+def _varint_sums(records: bytes, lengths: IntArray) -> Bm25Floats:
     """:func:`_varint_sum` of each of the records laid end to end in ``records`` (``lengths``
     bytes each), in numpy (with the query that reads them: 0.4 s for a million entries, 0.7 s a
     record at a time)."""
@@ -73,14 +72,14 @@ def _varint_sums(records: bytes, lengths: IntArray) -> FloatArray:
     return out
 
 
-def _floats(joined: str | None) -> FloatArray:
+def _floats(joined: str | None) -> Bm25Floats:
     """The numbers SQLite's ``group_concat`` joined with commas."""
     if not joined:
         return np.zeros(0, dtype=np.float64)
     return np.fromstring(joined, dtype=np.float64, sep=",")
 
 
-def _sum_by_doc(docs: IntArray, weights: FloatArray) -> tuple[IntArray, FloatArray]:
+def _sum_by_doc(docs: IntArray, weights: Bm25Floats) -> tuple[IntArray, Bm25Floats]:
     """The distinct ``docs`` and the sum of each one's ``weights`` (a word's weighted count per
     document). FTS5 lists a word's instances by document, so runs are summed without a sort."""
     if len(docs) and bool(np.all(docs[1:] >= docs[:-1])):
@@ -177,7 +176,7 @@ class Bm25Postings:
         self._loaded = False
         self._mark: str | None = None  # the FTS5 records the loaded state reflects (None: unknown)
         self._ids: IntArray = np.zeros(0, dtype=np.int64)
-        self._sizes: FloatArray = np.zeros(0, dtype=np.float64)
+        self._sizes: Bm25Floats = np.zeros(0, dtype=np.float64)
         self._alive = np.zeros(0, dtype=bool)
         self._live = 0
         self._total = 0.0
@@ -197,9 +196,9 @@ class Bm25Postings:
         self._map_added_count = 0
         self._views: set[str] = set()  # cached stems whose postings are views of that file: free
         # stem -> ((idf, average length), what it adds to each of its postings' documents)
-        self._contribs: dict[str, tuple[tuple[float, float], FloatArray]] = {}
+        self._contribs: dict[str, tuple[tuple[float, float], Bm25Floats]] = {}
         self._contrib_count = 0
-        self._norms: tuple[float, FloatArray, FloatArray] | None = None  # (average, lengths, norms)
+        self._norms: tuple[float, Bm25Floats, Bm25Floats] | None = None  # (average, lengths, norms)
 
     def _drop_map(self) -> None:
         """Stop taking words from a complete index file (they are read from FTS5 again)."""
@@ -334,7 +333,7 @@ class Bm25Postings:
         cases = " ".join(f"WHEN '{c}' THEN {n}" for n, c in enumerate(self._columns))
         return f"CASE col {cases} ELSE {len(self._columns)} END"
 
-    def _column_weights(self) -> FloatArray:
+    def _column_weights(self) -> Bm25Floats:
         """Each column's weight by number, then 1.0 for a column not listed."""
         return np.asarray([*self._weights, 1.0], dtype=np.float64)
 
@@ -357,7 +356,7 @@ class Bm25Postings:
             if oldest not in self._views:
                 self._cached -= len(self._postings.pop(oldest)[0])
 
-    def _phrase_postings(self, phrase: str) -> tuple[IntArray, FloatArray]:
+    def _phrase_postings(self, phrase: str) -> tuple[IntArray, Bm25Floats]:
         """Documents holding ``phrase`` (the stems of one query word, in order) with its column
         weighted count. FTS5 matches the word as a phrase and scores it alone with ``bm25()``, in
         C; the count is recovered from that score with this index's document lengths (matching
@@ -415,7 +414,7 @@ class Bm25Postings:
     def _clear_scratch(self) -> None:
         self._db.execute(f"INSERT INTO temp.{self._tok}({self._tok}) VALUES ('delete-all')")
 
-    def _sizes_of(self, ids: IntArray) -> FloatArray:
+    def _sizes_of(self, ids: IntArray) -> Bm25Floats:
         found: dict[int, float] = {}
         for start in range(0, len(ids), 500):
             chunk = [int(i) for i in ids[start : start + 500]]

@@ -25,8 +25,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import numpy.typing as npt
 
+from ._array_types import Bm25Floats, IntArray
 from ._bm25_formula import K1, idf_of, length_norms, normed_contribution
-from ._bm25_postings import _PHRASE, Bm25Postings, FloatArray, IntArray
+from ._bm25_postings import _PHRASE, Bm25Postings
 from ._distinct import distinct
 
 __all__ = ["Bm25Top", "PositionMask", "top_scored"]
@@ -49,7 +50,7 @@ _MAX_CACHED_CONTRIBUTIONS = 8_000_000
 PositionMask = Callable[[npt.NDArray[np.int64]], npt.NDArray[np.bool_]]
 
 
-def top_scored(ids: IntArray, scores: FloatArray, limit: int) -> tuple[IntArray, FloatArray]:
+def top_scored(ids: IntArray, scores: Bm25Floats, limit: int) -> tuple[IntArray, Bm25Floats]:
     """The ``limit`` best ``(ids, scores)``, best first; equal scores go to the lower id."""
     if limit <= 0 or len(ids) == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
@@ -86,12 +87,12 @@ class Bm25Top(Bm25Postings):
         return df
 
     def _contribution(
-        self, idf: float, pos: npt.NDArray[np.int64] | npt.NDArray[np.int32], tf: FloatArray, avg: float
-    ) -> FloatArray:
+        self, idf: float, pos: npt.NDArray[np.int64] | npt.NDArray[np.int32], tf: Bm25Floats, avg: float
+    ) -> Bm25Floats:
         counts = np.asarray(tf, dtype=np.float64)  # a complete file's whole counts are float32
         return normed_contribution(idf, counts, self._length_norms(avg).take(pos))
 
-    def _length_norms(self, avg: float) -> FloatArray:
+    def _length_norms(self, avg: float) -> Bm25Floats:
         """Every document's :func:`length_norms`, kept while the lengths and their average
         stay (half the arithmetic of scoring a word's postings)."""
         kept = self._norms
@@ -100,8 +101,8 @@ class Bm25Top(Bm25Postings):
         return kept[2]
 
     def _word_contribution(
-        self, stem: str, idf: float, pos: npt.NDArray[np.int32], tf: FloatArray, avg: float
-    ) -> FloatArray:
+        self, stem: str, idf: float, pos: npt.NDArray[np.int32], tf: Bm25Floats, avg: float
+    ) -> Bm25Floats:
         """What ``stem`` adds to each of its documents ``pos``: kept for the next query while the
         index does not change (the same ``idf`` and average length; a word's documents' lengths
         change only with writes, which drop these). Computing it was a third of a query's time."""
@@ -122,7 +123,7 @@ class Bm25Top(Bm25Postings):
 
     def _top(
         self, stems: Sequence[str], limit: int, allow: PositionMask | None
-    ) -> tuple[IntArray, FloatArray]:
+    ) -> tuple[IntArray, Bm25Floats]:
         """The ``limit`` best ``(ids, scores)`` for ``stems``, best first (ties: lower id);
         ``allow`` restricts the documents by position."""
         empty = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
@@ -174,7 +175,7 @@ class Bm25Top(Bm25Postings):
         return top_scored(self._ids[found], scores[found], limit)
 
     def _floor(
-        self, scores: FloatArray, plan: list[tuple[float, str, int]], limit: int, allowed: PositionMask | None
+        self, scores: Bm25Floats, plan: list[tuple[float, str, int]], limit: int, allowed: PositionMask | None
     ) -> float:
         """A score that at least ``limit`` live (and allowed) documents reach, every word
         scored: the ``limit``-th best among the documents of the rarest words, so the best
@@ -203,13 +204,13 @@ class Bm25Top(Bm25Postings):
         values = scores[pos]
         return float(np.partition(values, len(values) - limit)[len(values) - limit])
 
-    def _found(self, scores: FloatArray, floor: float = 0.0) -> npt.NDArray[np.int64]:
+    def _found(self, scores: Bm25Floats, floor: float = 0.0) -> npt.NDArray[np.int64]:
         """Positions of the live documents with a score (at least ``floor``, when above 0)."""
         found = np.flatnonzero(scores >= floor) if floor > 0.0 else np.flatnonzero(scores > 0.0)
         return found if self._live == len(self._ids) else found[self._alive[found]]
 
     def _allowed_best(
-        self, found: npt.NDArray[np.int64], values: FloatArray, limit: int, allowed: PositionMask | None
+        self, found: npt.NDArray[np.int64], values: Bm25Floats, limit: int, allowed: PositionMask | None
     ) -> tuple[npt.NDArray[np.int64], float]:
         """Indexes into ``found`` (scored ``values``) of the allowed documents among the best
         ones, enough that no other allowed one can be among the ``limit`` best: at least
@@ -263,13 +264,13 @@ class Bm25Top(Bm25Postings):
     def _finish(
         self,
         found: npt.NDArray[np.int64],
-        partial: FloatArray,
+        partial: Bm25Floats,
         rest: list[tuple[float, str, int]],
         rest_bound: float,
         limit: int,
         avg: float,
         allowed: PositionMask | None,
-    ) -> tuple[IntArray, FloatArray]:
+    ) -> tuple[IntArray, Bm25Floats]:
         """Add the words left (``rest``) to the allowed documents found, best partial score
         first, until the next one cannot reach the ``limit``-th exact score."""
         best, _ = self._allowed_best(found, partial, limit, allowed)
@@ -283,7 +284,7 @@ class Bm25Top(Bm25Postings):
         found, partial = found[contenders], partial[contenders]
         order = np.lexsort((self._ids[found], -partial))
         taken: list[npt.NDArray[np.int64]] = []
-        exact: list[FloatArray] = []
+        exact: list[Bm25Floats] = []
         cut = -np.inf  # the limit-th best exact score so far
         start, size = 0, _BLOCK
         while start < len(order):
@@ -305,8 +306,8 @@ class Bm25Top(Bm25Postings):
         return top_scored(self._ids[pos], np.concatenate(exact), limit)
 
     def _rest_scores(
-        self, pos: npt.NDArray[np.int64], rest: list[tuple[float, str, int]], avg: float, partial: FloatArray
-    ) -> FloatArray:
+        self, pos: npt.NDArray[np.int64], rest: list[tuple[float, str, int]], avg: float, partial: Bm25Floats
+    ) -> Bm25Floats:
         """The scores ``partial`` of the documents at ``pos`` plus what the words ``rest`` add:
         from a word's postings at hand, else from the documents' text as FTS5 tokenises it.
         Added one word at a time in the plan's order, as :meth:`_top` adds them to every

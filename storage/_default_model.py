@@ -22,7 +22,7 @@ import numpy as np
 
 from memstrata.core.errors import EmbedderUnavailableError
 
-from ._embedder import FloatArray
+from ._array_types import FloatArray
 from ._heap import trim_heap
 from ._model_id import DEFAULT_DIM, DEFAULT_MODEL_ID
 from ._quantize import int8_products, signed_products_exact

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ._array_types import FloatArray
 from ._connection import Database
-from ._embedder import FloatArray
 
 __all__ = ["EMBEDDING_CACHE_SQL", "EmbeddingCache"]
 

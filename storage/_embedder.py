@@ -12,13 +12,11 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 import numpy as np
-import numpy.typing as npt
 
+from ._array_types import FloatArray
 from ._embedder_identity import ModelIdentity
 
-__all__ = ["Embedder", "FloatArray", "ModelIdentity", "text_hash"]
-
-FloatArray = npt.NDArray[np.float32]
+__all__ = ["Embedder", "ModelIdentity", "text_hash"]
 
 
 @runtime_checkable

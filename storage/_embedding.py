@@ -18,8 +18,9 @@ import numpy as np
 
 from memstrata.core.errors import EmbedderUnavailableError, EmbeddingError, ModelFaultError
 
+from ._array_types import FloatArray
 from ._embed_cache import EmbeddingCache
-from ._embedder import Embedder, FloatArray, _normalise, text_hash
+from ._embedder import Embedder, _normalise, text_hash
 
 __all__ = [
     "EmbedWatch",

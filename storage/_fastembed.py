@@ -18,8 +18,9 @@ import numpy as np
 
 from memstrata.core.errors import EmbedderUnavailableError
 
+from ._array_types import FloatArray
 from ._default_model import DEFAULT_DIM, DEFAULT_MODEL_ID, _DefaultModel, default_model_dir
-from ._embedder import Embedder, FloatArray, _normalise
+from ._embedder import Embedder, _normalise
 from ._embedder_identity import ModelIdentity
 from ._heap import trim_heap
 

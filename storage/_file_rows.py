@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["FileRows", "OpenFile"]
+from ._array_types import IntArray
 
-IntArray = npt.NDArray[np.int64]
+__all__ = ["FileRows", "OpenFile"]
 
 
 class OpenFile:

@@ -41,6 +41,8 @@ import numpy.typing as npt
 
 from memstrata.core.errors import InvalidInputError
 
+from ._array_types import IntArray
+
 __all__ = [
     "DEFAULT_KEYWORD_WEIGHT",
     "DEFAULT_RRF_K",
@@ -65,7 +67,6 @@ PLAIN_RRF_K = 60  # textbook RRF; also fuses the keyword sub-lists (words, CJK) 
 STATEMENT_KEYWORD_WEIGHT = 1.25  # the keyword list's default weight for a query that is no question
 _QUESTION_WORD = re.compile(r"^\W*(?:who|what|when|where|why|how|which|whom|whose)\b", re.IGNORECASE)
 K = TypeVar("K", bound=Hashable)
-Int64Array = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,12 +80,12 @@ class Fused(Generic[K]):
 class FusedArrays:
     """Fused keys in no particular order; sort with ``np.lexsort((first, -scores))``."""
 
-    keys: Int64Array  # distinct keys
+    keys: IntArray  # distinct keys
     scores: npt.NDArray[np.float64]  # 0..1
-    first: Int64Array  # position of the first appearance in the concatenated lists (breaks ties)
-    ranks: list[Int64Array]  # 1-based rank in each list, 0 where absent
+    first: IntArray  # position of the first appearance in the concatenated lists (breaks ties)
+    ranks: list[IntArray]  # 1-based rank in each list, 0 where absent
 
-    def order(self) -> Int64Array:
+    def order(self) -> IntArray:
         """Best first; equal scores keep the order of first appearance."""
         return np.lexsort((self.first, -self.scores)).astype(np.int64)
 
@@ -138,7 +139,7 @@ def best_score(weights: Sequence[float], k: int) -> float:
     return sum(w / (k + 1) for w in weights) or 1.0
 
 
-def fuse(lists: Sequence[Int64Array], weights: Sequence[float], k: int = DEFAULT_RRF_K) -> FusedArrays:
+def fuse(lists: Sequence[IntArray], weights: Sequence[float], k: int = DEFAULT_RRF_K) -> FusedArrays:
     """Weighted RRF of ranked int64 key arrays (best first). A key repeated inside one list
     counts at its first (best) rank only."""
     weights = check_fusion(k, weights, len(lists))

@@ -25,6 +25,7 @@ import numpy.typing as npt
 
 from memstrata.core.validation import check_mode
 
+from ._array_types import FloatArray
 from ._connection import Database
 from ._fulltext import KeywordQuery, build_keyword_query
 from ._fusion import (
@@ -51,7 +52,6 @@ __all__ = [
 ]
 
 Mode = Literal["hybrid", "vector", "keyword"]
-FloatArray = npt.NDArray[np.float32]
 # the query's vector, or a function computing it (called after the keyword side has ranked, so
 # an embedding started earlier overlaps it); ``None`` from the function: keyword-only
 QueryVector = FloatArray | Callable[[], FloatArray | None] | None

@@ -24,13 +24,12 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from ._array_types import FloatArray, IntArray
 from ._mirror_threads import one_blas_thread
 from ._vector_kernels import check_positions, gather_rows, in_two
 
 __all__ = ["Int8Rows", "int8_codes", "refine_count"]
 
-FloatArray = npt.NDArray[np.float32]
-IntArray = npt.NDArray[np.int64]
 Int8Array = npt.NDArray[np.int8]
 
 _STEPS = 127

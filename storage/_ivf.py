@@ -20,10 +20,9 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Partition", "assign", "list_count", "train"]
+from ._array_types import FloatArray, IntArray
 
-FloatArray = npt.NDArray[np.float32]
-IntArray = npt.NDArray[np.int64]
+__all__ = ["Partition", "assign", "list_count", "train"]
 
 MIN_LISTS = 64
 MAX_LISTS = 2048

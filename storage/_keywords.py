@@ -19,6 +19,7 @@ from typing import Any, TypedDict, Unpack
 import numpy as np
 import numpy.typing as npt
 
+from ._array_types import Bm25Floats, IntArray
 from ._bm25 import Bm25Index
 from ._bm25_top import top_scored
 from ._connection import Database
@@ -27,9 +28,7 @@ from ._fusion import PLAIN_RRF_K, rrf
 
 __all__ = ["Filter", "Keep", "KeywordIndex", "KeywordTable", "ScoredIds", "query_terms"]
 
-IntArray = npt.NDArray[np.int64]
-FloatArray = npt.NDArray[np.float64]
-ScoredIds = tuple[IntArray, FloatArray]  # ids best first, and their scores (higher is better)
+ScoredIds = tuple[IntArray, Bm25Floats]  # ids best first, and their scores (higher is better)
 # which of some ids a filter allows, decided without listing every allowed id (a mask)
 Keep = Callable[[IntArray], npt.NDArray[np.bool_]]
 

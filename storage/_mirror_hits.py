@@ -9,12 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
+
+from ._array_types import FloatArray, IntArray
 
 __all__ = ["Ranked", "ScoredRows", "VectorHit"]
-
-FloatArray = npt.NDArray[np.float32]
-IntArray = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,8 +12,9 @@ import time
 import numpy as np
 import numpy.typing as npt
 
+from ._array_types import FloatArray
 from ._ivf import MAX_SAMPLE, SAMPLE_PER_LIST, Partition, assign, list_count, train
-from ._mirror_matrix import FloatArray, MirrorMatrix
+from ._mirror_matrix import MirrorMatrix
 from ._vector_kernels import permute_rows
 
 __all__ = ["GROUP_FROM", "GROUP_MAX", "MirrorLayout"]

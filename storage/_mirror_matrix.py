@@ -13,14 +13,13 @@ from typing import Any, Self
 import numpy as np
 import numpy.typing as npt
 
+from ._array_types import FloatArray
 from ._ivf import Partition
 from ._mirror_rows import RowIndex, encode_values
 from ._mirror_search import MirrorSearch, Ranges
 from ._vector_kernels import unit_rows
 
 __all__ = ["MirrorMatrix"]
-
-FloatArray = npt.NDArray[np.float32]
 
 
 class MirrorMatrix(MirrorSearch):

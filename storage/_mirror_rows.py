@@ -8,9 +8,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ._array_types import BoolArray
+
 __all__ = ["RowIndex", "encode_values"]
 
-BoolArray = npt.NDArray[np.bool_]
 _DENSE_SPAN = 4  # rowids up to this many times their count get a position array (8 bytes each)
 _DENSE_FROM = 256  # lookups of more ids than this use (and make) the position array
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import time
 
 import numpy as np
-import numpy.typing as npt
 
+from ._array_types import FloatArray, IntArray
 from ._file_rows import FileRows
 from ._int8_rows import Int8Rows, refine_count
 from ._mirror_threads import TwoOrOne, one_blas_thread
@@ -23,9 +23,6 @@ from ._sign_codes import MIN_DIM, SignCodes
 from ._vector_kernels import dot_rows, in_two
 
 __all__ = ["Found", "MirrorScoring"]
-
-FloatArray = npt.NDArray[np.float32]
-IntArray = npt.NDArray[np.int64]
 
 Found = tuple[IntArray, FloatArray]  # positions and scores, best first
 

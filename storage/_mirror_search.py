@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ._array_types import BoolArray, FloatArray, IntArray
 from ._distinct import distinct
 from ._ivf import Partition
 from ._mirror_hits import Ranked, ScoredRows, VectorHit
@@ -35,9 +36,6 @@ from ._vector_kernels import dot, dot_each_row, dot_rows, unit_rows
 
 __all__ = ["MirrorSearch", "Ranges"]
 
-FloatArray = npt.NDArray[np.float32]
-IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
 Ranges = Mapping[str, tuple[int | None, int | None]]  # column -> [low, high), None: unbounded
 
 _EXACT_SHARE = 0.5  # a search that would scan more than this share of its rows scans them all

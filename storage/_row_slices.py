@@ -4,12 +4,10 @@ a group's block and the unsorted tail, nearby slices merged into one numpy call)
 from __future__ import annotations
 
 import numpy as np
-import numpy.typing as npt
+
+from ._array_types import BoolArray, IntArray
 
 __all__ = ["group_mask", "merged", "runs", "slice_rows"]
-
-IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
 
 
 def runs(mask: BoolArray) -> tuple[IntArray, IntArray]:

@@ -18,13 +18,10 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from ._array_types import BoolArray, FloatArray, IntArray
 from ._vector_kernels import in_two
 
 __all__ = ["MIN_DIM", "SignCodes", "candidates", "nearest_within", "sign_codes"]
-
-FloatArray = npt.NDArray[np.float32]
-IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
 
 MIN_DIM = 256  # dimensions from which a mirror sieves by sign codes
 _CANDIDATES = 2048  # rows rescored, at least, up to 1M rows sieved (sqrt(n / 1M) times more

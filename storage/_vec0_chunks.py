@@ -27,11 +27,11 @@ import numpy.typing as npt
 
 from memstrata.core.errors import StorageError
 
+from ._array_types import FloatArray
 from ._connection import Database
 
 __all__ = ["Rows", "read_rows", "snapshot", "spare_rows"]
 
-FloatArray = npt.NDArray[np.float32]
 _TEXT_VIEW = 16  # bytes per text value in a metadata chunk: int32 length + the first 12 bytes
 _TEXT_INLINE = 12
 _CHECK_ROWS = 8  # rows compared with the virtual table on every read

@@ -12,9 +12,10 @@ import numpy.typing as npt
 
 from memstrata.core.errors import InvalidInputError
 
+from ._array_types import FloatArray
+
 __all__ = ["check_metas", "check_vectors", "meta_value", "precomputed_vectors"]
 
-FloatArray = npt.NDArray[np.float32]
 _PLAIN: dict[str, type] = {"text": str, "integer": int, "float": float}
 
 

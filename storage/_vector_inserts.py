@@ -18,11 +18,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
+
+from ._array_types import FloatArray
 
 __all__ = ["insert_statement"]
 
-FloatArray = npt.NDArray[np.float32]
 MAX_CODED = 64  # distinct values of a metadata column written by code at most
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-FloatArray = npt.NDArray[np.float32]
+from ._array_types import FloatArray
 
 _MOVE_BLOCK = 16_384  # rows moved per step when compacting in place
 

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ._array_types import FloatArray
 from ._migrations import get_meta
 from ._vec0_chunks import read_rows, spare_rows
 from ._vector_freshness import MirrorState
@@ -20,7 +21,6 @@ from ._vector_mirror import Mirror
 
 __all__ = ["MirrorRows"]
 
-FloatArray = npt.NDArray[np.float32]
 _ROOM = 0.25  # spare rows allocated with a loaded mirror, as a share of its rows
 
 

@@ -39,6 +39,7 @@ import numpy.typing as npt
 from memstrata.core.constants import APPROXIMATE_FROM
 from memstrata.core.errors import InvalidInputError, StorageError
 
+from ._array_types import FloatArray
 from ._bulk_cache import bulk_cache
 from ._connection import Database
 from ._distinct import distinct
@@ -53,7 +54,6 @@ __all__ = ["APPROXIMATE_FROM", "VectorHit", "VectorIndex"]
 
 Engine = Literal["auto", "memory", "vec0"]
 ENGINES = ("auto", "memory", "vec0")
-FloatArray = npt.NDArray[np.float32]
 VEC0_MAX_K = 4096  # sqlite-vec refuses larger k in one KNN query
 METADATA_TYPES = ("text", "integer", "float", "boolean")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
