@@ -23,6 +23,7 @@ __all__ = [
     "fts_schema",
     "identifier_words",
     "keyword_terms",
+    "separate_words",
 ]
 
 MAX_QUERY_TERMS = 32
@@ -63,6 +64,16 @@ _CAMEL_PARTS = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
 _CJK = re.compile(
     "[\u2e80-\u2fdf\u3040-\u30ff\u3100-\u31bf\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]+"
 )
+# the letters among them, which a word written against them is glued to (the kana block's voicing
+# marks, U+3099-U+309C, are left out: the tokenizer already separates words at them)
+_CJK_LETTER_CLASS = (
+    "\u2e80-\u2fdf\u3040-\u3098\u309d-\u30ff\u3100-\u31bf\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
+)
+_CJK_LETTERS = re.compile(f"[{_CJK_LETTER_CLASS}]+")
+# a letter or digit of another script written against one of them, either side
+_GLUED = re.compile(
+    f"[^\\W_{_CJK_LETTER_CLASS}][{_CJK_LETTER_CLASS}]|[{_CJK_LETTER_CLASS}][^\\W_{_CJK_LETTER_CLASS}]"
+)
 
 
 # Russian readers treat ё as е (most texts print е): both spellings must find each other
@@ -75,6 +86,26 @@ _SYMBOLS = re.compile("[\u2190-\u2bff\u3030\u303d\u3297\u3299\U0001f000-\U0001fa
 def fold_letters(text: str) -> str:
     """``text`` with the letters folded that ``unicode61`` leaves apart but readers do not: ё -> е."""
     return text.translate(_FOLD)
+
+
+def separate_words(text: str) -> list[str]:
+    """The words of ``text``, lower case, that ``unicode61`` does not make tokens of by itself:
+    words as Unicode's compatibility folding (NFKC) writes them (full-width ``ＡＰＩ`` -> ``api``,
+    the ligature ``ﬁle`` -> ``file``, ``5㎏`` -> ``5kg``), and words written against CJK text
+    without a space (``APIキー``, ``Pythonで``: one token to the tokenizer, which a query for
+    ``api`` or ``python`` would miss). An index holds them as extra terms, so either spelling
+    finds both. Composition alone (NFC) adds nothing: the tokenizer reads composed and
+    decomposed letters alike."""
+    if text.isascii():
+        return []
+    composed, folded = unicodedata.normalize("NFC", text), unicodedata.normalize("NFKC", text)
+    if folded == composed and _GLUED.search(composed) is None:  # most text: nothing to add
+        return []
+    unglued = _CJK_LETTERS.sub(" ", folded)
+    # both sides cut by one rule, so only what differs comes out (twice as fast as ``_words``,
+    # whose care for combining marks the tokenizer repeats on these words when it indexes them)
+    written = set(_WORD.findall(composed.lower()))
+    return [word for word in dict.fromkeys(_WORD.findall(unglued.lower())) if word not in written]
 
 
 def _symbol_terms(text: str) -> list[str]:
@@ -96,8 +127,10 @@ def identifier_words(text: str) -> str:
 
     ``unicode61`` already splits ``snake_case`` at underscores, but keeps ``parseHttpRequest``
     as one token; this returns ``"parse http request"`` for it so a query for ``http`` finds it.
-    It also holds the ё -> е spelling of words written with ё and one term per emoji (see
-    :func:`fold_letters` and :func:`keyword_terms`), which the tokenizer cannot produce itself.
+    It also holds the ё -> е spelling of words written with ё, the words the tokenizer does not
+    separate (full-width ``ＡＰＩ`` as ``api``, ``APIキー`` as ``api``) and one term per emoji (see
+    :func:`fold_letters`, :func:`separate_words` and :func:`keyword_terms`), which the tokenizer
+    cannot produce itself.
     """
     words: list[str] = []
     seen: set[str] = set()
@@ -116,13 +149,16 @@ def identifier_words(text: str) -> str:
 
 
 def folded_and_symbol_terms(text: str) -> list[str]:
-    """The terms :func:`identifier_words` adds beyond identifier parts: ё -> е spellings, emoji."""
-    if text.isascii():  # neither ё nor pictographs: skip two scans of the text
+    """The terms :func:`identifier_words` adds beyond identifier parts: ё -> е spellings, the
+    words of :func:`separate_words`, emoji."""
+    if text.isascii():  # neither ё, nor CJK or compatibility letters, nor pictographs: no scans
         return []
     terms: dict[str, None] = {}
     if "ё" in text or "Ё" in text:
         for match in _YO.finditer(text):
             terms.setdefault(fold_letters(match.group(0)).lower(), None)
+    for word in separate_words(text):
+        terms.setdefault(word, None)
     for term in _symbol_terms(text):
         terms.setdefault(term, None)
     return list(terms)
@@ -157,7 +193,8 @@ def cjk_runs(text: str) -> list[str]:
 def keyword_terms(text: str, *, keep_stop_words: bool = False) -> list[str]:
     """Distinct lower-case terms of ``text`` in order: words plus the parts of identifiers.
 
-    A word written with ё also yields its ё -> е spelling, and an emoji its indexed term (see
+    A word written with ё also yields its ё -> е spelling, a word such as full-width ``ＡＰＩ``
+    its compatibility spelling ``api``, and an emoji its indexed term (see
     :func:`identifier_words`), so either spelling finds both, in old and new indexes alike.
     """
     text = _clean(text)[:MAX_QUERY_CHARS]

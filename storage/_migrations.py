@@ -148,15 +148,17 @@ def _recorded_schema(db: Database, kind: str, migrations: Sequence[Migration]) -
     return existing_kind, version
 
 
-KEYWORD_TERMS = "yo-emoji-1"
-"""Name of the keyword-terms upgrade: words with ё also indexed with е, emoji indexed as terms."""
+KEYWORD_TERMS = "yo-emoji-nfkc-2"
+"""Name of the keyword-terms upgrade: words with ё also indexed with е, emoji indexed as terms
+(``yo-emoji-1``), and words such as full-width ``ＡＰＩ`` also indexed as Unicode's compatibility
+folding (NFKC) writes them."""
 
 
 def refresh_keyword_terms(db: Database, *, table: str, column: str, source: str, key: str = "id") -> int:
-    """Named migration ``yo-emoji-1`` of a keyword index's extra-words ``column``.
+    """Named migration ``yo-emoji-nfkc-2`` of a keyword index's extra-words ``column``.
 
-    Rows written before it lack the ё -> е spellings and emoji terms that
-    :func:`~memstrata.storage.identifier_words` now adds; this appends them (``source`` is the SQL
+    Rows written before it lack the ё -> е spellings, compatibility spellings and emoji terms
+    that :func:`~memstrata.storage.identifier_words` now adds; this appends them (``source`` is the SQL
     expression of the indexed text), and the table's update trigger reindexes those rows. Runs
     once per database (recorded in ``metadata``); a read-only database is left as it is, where
     the original spellings still match. Returns how many rows gained terms.

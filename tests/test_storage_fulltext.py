@@ -27,6 +27,7 @@ from memstrata.storage import (
     keyword_terms,
     open_database,
 )
+from memstrata.storage._fulltext import separate_words
 
 DOCS = {
     1: "The quick brown fox jumps over the lazy dog",
@@ -397,9 +398,12 @@ def _fts5_tokens(db: Database, texts: Sequence[str]) -> list[list[str]]:
 
 def test_query_words_tokenise_as_the_words_of_documents(tmp_path: Path) -> None:
     """FTS5 makes the same tokens of a query's words as of the document word they come from,
-    for words of several scripts and for every combining mark between two letters."""
+    for words of several scripts and for every combining mark between two letters (beside the
+    compatibility spelling a query also asks for, as a term of its own: ``separate_words``)."""
     words = [*MARKED_WORDS, *(f"a{m}b" for m in _marks())]
-    queries = [keyword_terms(w, keep_stop_words=True) for w in words]
+    queries = [
+        [t for t in keyword_terms(w, keep_stop_words=True) if t not in separate_words(w)] for w in words
+    ]
     with open_database(tmp_path / "tok.sqlite") as db:
         tokens = _fts5_tokens(db, [*words, *(term for terms in queries for term in terms)])
     of_terms = iter(tokens[len(words) :])
@@ -485,3 +489,81 @@ def test_rows_indexed_before_the_yo_emoji_terms_gain_them_once(tmp_path: Path) -
     with open_database(path) as db:
         assert get_meta(db, "keyword_terms") == KEYWORD_TERMS
         assert refresh_keyword_terms(db, table="knowledge", column="ident", source="content") == 0
+
+
+def test_words_the_tokenizer_does_not_separate_are_found_in_every_keyword_index(tmp_path: Path) -> None:
+    """Full-width letters and digits, ligatures and unit signs, as Japanese and typeset text write
+    them, find and are found by the plain spelling (Unicode's compatibility folding, NFKC), and a
+    word written against Japanese text without a space is found by itself, in knowledge, episodes
+    and file chunks."""
+    from memstrata import Config
+    from memstrata._workspaces import Workspaces
+    from memstrata.layers import EpisodicMemory, KnowledgeStore
+    from tests.fakes import FakeEmbedder
+
+    embedder = FakeEmbedder()
+    texts = [
+        "ＡＰＩキーの更新手順 ＶＥＲ２ Pythonで自動化",
+        "The ﬁle system stalls at 5㎏ loads",
+        "plain api notes on the file server",
+    ]
+    cases = (
+        ("API", {0, 2}),
+        ("ＡＰＩ", {0, 2}),
+        ("ver2", {0}),
+        ("python", {0}),
+        ("5kg", {1}),
+        ("ﬁle", {1, 2}),
+        ("file", {1, 2}),
+    )
+    with KnowledgeStore.open(tmp_path / "k.sqlite", embedder) as store:
+        ids = [store.add(t, category="pattern") for t in texts]
+        for query, want in cases:
+            hits = store.search(query, mode="keyword", top_k=5)
+            assert {h.entry.id for h in hits} == {ids[i] for i in want}, (query, hits)
+    with EpisodicMemory.open(tmp_path / "e.sqlite", embedder) as episodic:
+        eids = [episodic.record(t) for t in texts]
+        for query, want in cases:
+            hits = episodic.search(query, top_k=5, mode="keyword")
+            assert {h.episode.id for h in hits} == {eids[i] for i in want}, (query, hits)
+    root = tmp_path / "notes"
+    root.mkdir()
+    for i, text in enumerate(texts):
+        (root / f"note{i}.md").write_text(text + "\n", encoding="utf-8")
+    with Workspaces(tmp_path / "data", config=Config(data_dir=tmp_path / "data"), embedder=embedder) as ws:
+        ws.index(root)
+        for query, want in cases:
+            hits = [h for h in ws.search(query, max_results=10, min_score=0.99) if h.match_type != "vector"]
+            assert {h.path for h in hits} == {f"note{i}.md" for i in want}, (query, hits)
+
+
+def test_rows_indexed_before_compatibility_spellings_gain_them_once(tmp_path: Path) -> None:
+    """A store upgraded by ``yo-emoji-1`` only: its rows gain the compatibility spellings on the
+    next writable open (``yo-emoji-nfkc-2``), once, and keep their earlier extra terms."""
+    from memstrata.layers import KnowledgeStore
+    from memstrata.storage import get_meta, open_database
+    from memstrata.storage._migrations import KEYWORD_TERMS, refresh_keyword_terms
+    from tests.fakes import FakeEmbedder
+
+    path = tmp_path / "old.sqlite"
+    embedder = FakeEmbedder()
+    with KnowledgeStore.open(path, embedder) as store:
+        old = store.add("ＡＰＩ gateway for развёртывания", category="pattern")
+    with open_database(path) as db:  # as the previous upgrade left it
+        db.execute("UPDATE knowledge SET ident = 'развертывания'")
+        db.execute("UPDATE metadata SET value = 'yo-emoji-1' WHERE key = 'keyword_terms'")
+    with KnowledgeStore.open(path, embedder) as store:
+        for query in ("API", "ＡＰＩ", "развертывания"):
+            assert [h.entry.id for h in store.search(query, mode="keyword")] == [old], query
+    with open_database(path) as db:
+        assert get_meta(db, "keyword_terms") == KEYWORD_TERMS == "yo-emoji-nfkc-2"
+        assert db.execute("SELECT ident FROM knowledge").fetchone()[0].split() == ["развертывания", "api"]
+        assert refresh_keyword_terms(db, table="knowledge", column="ident", source="content") == 0
+
+
+def test_separate_words_are_only_those_the_tokenizer_does_not_make() -> None:
+    assert separate_words("ＡＢＣ－１２３ and ﬁle") == ["abc", "123", "file"]
+    assert separate_words("x² Ⅳ") == ["x2", "iv"]
+    assert separate_words("APIキーを Pythonで 東京 api") == ["python"]  # "api" stands alone too
+    assert separate_words("plain ascii text") == []
+    assert separate_words("café re\u0301sume\u0301 ёлка 東京") == []  # composition is not folding
