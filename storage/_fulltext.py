@@ -65,14 +65,11 @@ _CJK = re.compile(
     "[\u2e80-\u2fdf\u3040-\u30ff\u3100-\u31bf\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]+"
 )
 # the letters among them, which a word written against them is glued to (the kana block's voicing
-# marks, U+3099-U+309C, are left out: the tokenizer already separates words at them)
-_CJK_LETTER_CLASS = (
-    "\u2e80-\u2fdf\u3040-\u3098\u309d-\u30ff\u3100-\u31bf\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
-)
-_CJK_LETTERS = re.compile(f"[{_CJK_LETTER_CLASS}]+")
-# a letter or digit of another script written against one of them, either side
-_GLUED = re.compile(
-    f"[^\\W_{_CJK_LETTER_CLASS}][{_CJK_LETTER_CLASS}]|[{_CJK_LETTER_CLASS}][^\\W_{_CJK_LETTER_CLASS}]"
+# marks, U+3099-U+309C, are left out: the tokenizer already separates words at them); compiled on
+# first use, as only text with such letters needs it (10 ms of a process's start otherwise)
+_CJK_LETTERS = (
+    "[\u2e80-\u2fdf\u3040-\u3098\u309d-\u30ff\u3100-\u31bf"
+    "\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]+"
 )
 
 
@@ -99,9 +96,16 @@ def separate_words(text: str) -> list[str]:
     if text.isascii():
         return []
     composed, folded = unicodedata.normalize("NFC", text), unicodedata.normalize("NFKC", text)
-    if folded == composed and _GLUED.search(composed) is None:  # most text: nothing to add
+    letters = re.compile(_CJK_LETTERS)  # cached by ``re`` after the first call
+    runs = list(letters.finditer(composed))
+    glued = any(
+        (run.start() > 0 and composed[run.start() - 1].isalnum())
+        or (run.end() < len(composed) and composed[run.end()].isalnum())
+        for run in runs
+    )
+    if folded == composed and not glued:  # most text: nothing to add
         return []
-    unglued = _CJK_LETTERS.sub(" ", folded)
+    unglued = letters.sub(" ", folded)
     # both sides cut by one rule, so only what differs comes out (twice as fast as ``_words``,
     # whose care for combining marks the tokenizer repeats on these words when it indexes them)
     written = set(_WORD.findall(composed.lower()))
