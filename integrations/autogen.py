@@ -17,8 +17,9 @@ import orjson
 from pydantic import BaseModel, Field
 
 from memstrata.core.constants import MAX_TOP_K
-from memstrata.core.validation import check_top_k
+from memstrata.core.validation import check_top_k, show
 from memstrata.errors import InvalidInputError, SystemStoppedError
+from memstrata.messages import ClearNamespace
 from memstrata.storage import Embedder, load_embedder
 
 from ._common import InputTypeError, json_bytes, missing, open_system, settled
@@ -44,6 +45,32 @@ __all__ = ["NAMESPACE", "InputTypeError", "MemstrataMemory", "MemstrataMemoryCon
 
 NAMESPACE = "autogen"
 _TEXT_TYPES = {MemoryMimeType.TEXT.value, MemoryMimeType.MARKDOWN.value}
+_QUERY_OPTIONS = ("k", "top_k")
+
+
+def _check_collection_name(name: str) -> None:
+    """Refuse a name the item store cannot hold as a namespace label, by the store's own rule,
+    when the memory is made: otherwise every later add and query fails naming the store's
+    message instead of the setting at fault."""
+    try:
+        ClearNamespace((NAMESPACE, name))
+    except InvalidInputError as exc:
+        reason = str(exc).removeprefix(f"{ClearNamespace.__name__}.namespace ")
+        raise InvalidInputError(
+            f"collection_name {show(name)} cannot be an item store namespace label: {reason}"
+        ) from None
+
+
+def _check_query_options(options: dict[str, Any]) -> None:
+    """Refuse options this query does not read (a typo such as ``topk``, another memory's
+    ``distance_threshold``), as a Python call refuses an unexpected keyword: ignored, they
+    would change nothing without a word."""
+    unknown = sorted(set(options) - set(_QUERY_OPTIONS))
+    if unknown:
+        names = ", ".join(repr(name) for name in unknown)
+        plural = "s" if len(unknown) > 1 else ""
+        article = "" if plural else "an "
+        raise InputTypeError(f"query got {article}unknown option{plural} {names} (it takes k or top_k)")
 
 
 def _with_score(metadata: dict[str, Any], score: float) -> dict[str, Any]:
@@ -96,6 +123,7 @@ class MemstrataMemory(Memory, Component[MemstrataMemoryConfig]):
         system: Any = None,
     ) -> None:
         self._config = config or MemstrataMemoryConfig()
+        _check_collection_name(self._config.collection_name)
         self._namespace = (NAMESPACE, self._config.collection_name)
         if embedder is None and system is None and self._config.embedding_model:
             embedder = load_embedder(self._config.embedding_model)
@@ -155,9 +183,11 @@ class MemstrataMemory(Memory, Component[MemstrataMemoryConfig]):
         **kwargs: Any,
     ) -> MemoryQueryResult:
         """The memories nearest ``query`` in meaning, best first: at most ``k`` (``top_k``, the
-        name Redis memory reads, is the same; given both, they must agree), none for a blank query."""
+        name Redis memory reads, is the same; given both, they must agree), none for a blank
+        query; any other option is refused by name."""
         if not isinstance(query, str | MemoryContent):
             raise InputTypeError(f"query must be a string or a MemoryContent, got {type(query).__name__}")
+        _check_query_options(kwargs)
         text = query if isinstance(query, str) else self._text(query)
         if "k" in kwargs and "top_k" in kwargs and kwargs["k"] != kwargs["top_k"]:
             given = f"k={kwargs['k']!r}, top_k={kwargs['top_k']!r}"

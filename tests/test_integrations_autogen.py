@@ -202,3 +202,32 @@ def test_a_cancelled_add_is_stored_before_the_cancellation_reaches_the_caller() 
         await memory.close()
 
     asyncio.run(scenario())
+
+
+def test_a_collection_name_the_item_store_cannot_hold_is_refused_when_the_memory_is_made() -> None:
+    for name, reason in (("notes\x1fv2", r"without \\x00 or \\x1f"), ("n" * 1025, "at most 1024 characters")):
+        with pytest.raises(InvalidInputError, match=rf"^collection_name .*{reason}") as caught:
+            MemstrataMemory(MemstrataMemoryConfig(collection_name=name), embedder=HashEmbedder())
+        assert "\n" not in str(caught.value) and "PutItem" not in str(caught.value)
+    memory = MemstrataMemory(MemstrataMemoryConfig(collection_name="n" * 1024), embedder=HashEmbedder())
+    asyncio.run(memory.close())
+
+
+def test_an_unknown_query_option_is_refused_by_name() -> None:
+    """``topk`` (a typo of ``top_k``) and Redis memory's ``distance_threshold`` and ``sequential``
+    would change nothing here: refused, as ChromaDB's memory refuses an option its query lacks."""
+
+    async def scenario() -> None:
+        memory = MemstrataMemory(MemstrataMemoryConfig(k=3), embedder=HashEmbedder())
+        for fruit in ("apples", "cherries", "plums"):
+            await memory.add(MemoryContent(content=f"I like {fruit}", mime_type=MemoryMimeType.TEXT))
+        with pytest.raises(TypeError, match=r"^query got an unknown option 'topk' \(it takes k or top_k\)$"):
+            await memory.query("fruit", topk=1)
+        with pytest.raises(
+            InvalidInputError, match=r"^query got unknown options 'distance_threshold', 'sequential' "
+        ):
+            await memory.query("fruit", sequential=True, distance_threshold=0.01, k=1)
+        assert len((await memory.query("fruit", top_k=1)).results) == 1
+        await memory.close()
+
+    asyncio.run(scenario())

@@ -325,3 +325,94 @@ def test_a_cancelled_write_lets_the_cancellation_through_only_once_its_outcome_i
         session.close()
 
     asyncio.run(scenario())
+
+
+def test_a_turn_episode_that_holds_no_item_is_skipped_with_one_warning_and_left_alone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A turn recorded through another door as plain text (or JSON that is not an object) is not
+    an item: get_items, pop_item and clear_session pass over it, as SQLiteSession passes over a
+    row it cannot decode, and the log names it once; it stays in the agent's memory."""
+    from memstrata import Config, MemorySystem
+    from memstrata.actors import ManualClock
+    from memstrata.testing import HashEmbedder
+
+    clock = ManualClock(dt.datetime(2030, 1, 1, tzinfo=dt.UTC))
+
+    async def scenario(system: MemorySystem) -> None:
+        session = MemstrataSession("chat-7", system=system, agent_id="helper")
+        items = [{"role": "user", "content": f"m{n}"} for n in range(3)]
+        await session.add_items(items)
+        clock.advance(1)
+        helper = system.agent("helper")
+        bad = [helper.remember(text, task_run_id="chat-7", kind="turn") for text in ("prefers tea", "42")]
+        caplog.set_level("WARNING", logger="memstrata.integrations.openai_agents")
+        assert await session.get_items() == items
+        assert await session.get_items(limit=2) == items[1:]
+        assert await session.get_items(limit=2) == items[1:]
+        warned = [r.getMessage() for r in caplog.records if "not an item" in r.getMessage()]
+        assert len(warned) == 2 and all(any(f"episode {i} " in w for w in warned) for i in bad)
+        assert sorted(session.skipped_episodes) == bad
+        assert await session.pop_item() == items[2]
+        await session.clear_session()
+        assert await session.get_items() == [] and await session.pop_item() is None
+        left = helper.list_episodes(task_run_id="chat-7")
+        assert sorted(e.id for e in left) == sorted(bad)  # another door's turns are left alone
+        with pytest.raises(TypeError, match=r"^items\[1\] must be a JSON object \(a dict\), got int 42$"):
+            await session.add_items([{"n": 1}, 42])
+        assert await session.get_items() == []  # nothing of that call is stored
+        session.close()
+
+    with MemorySystem.start(Config(data_dir=tmp_path / "d"), embedder=HashEmbedder(), clock=clock) as system:
+        asyncio.run(scenario(system))
+
+
+def test_a_turn_over_max_content_bytes_is_kept_whole_and_goes_with_its_episode(tmp_path: Path) -> None:
+    """A tool output larger than an episode may hold (SQLiteSession stores it) is kept whole in
+    the item store, its episode holding the beginning for searches; popping or clearing the turn
+    deletes both, and a call that fails stores neither."""
+    from memstrata import Config, MemorySystem
+    from memstrata.testing import HashEmbedder
+
+    namespace = ("openai-agents", "helper", "chat-9")
+
+    async def scenario(system: MemorySystem) -> None:
+        session = MemstrataSession("chat-9", system=system, agent_id="helper")
+        big = {"type": "function_call_output", "call_id": "c1", "output": "harbor lantern " * 100}
+        items = [{"role": "user", "content": "look it up"}, big, {"role": "assistant", "content": "done"}]
+        await session.add_items(items)
+        assert await session.get_items() == items
+        assert await session.get_items(limit=2) == items[1:]
+        episodes = session.agent.list_episodes(task_run_id="chat-9")
+        assert all(len(e.content.encode()) <= 1_000 for e in episodes)
+        hits = session.agent.recall("harbor lantern", task_run_id="chat-9")
+        assert hits[0].episode.content.startswith('{"type":"function_call_output","call_id":"c1"')
+        assert len(system.items.search(namespace)) == 1
+        await session.add_items([big])
+        assert len(system.items.search(namespace)) == 2  # the same output twice: two bodies
+        assert await session.pop_item() == big
+        assert len(system.items.search(namespace)) == 1
+        assert await session.get_items() == items
+        await session.clear_session()
+        assert await session.get_items() == [] and system.items.search(namespace) == []
+
+        agent = session.agent
+        ask = agent.ask
+
+        def refuse(message: Any) -> Any:
+            raise SystemStoppedError("the episodic actor is gone")
+
+        agent.ask = refuse
+        with pytest.raises(SystemStoppedError):
+            await session.add_items([big])
+        agent.ask = ask
+        assert system.items.search(namespace) == []  # the body written first is taken back
+        assert agent.list_episodes(task_run_id="chat-9") == []
+        with pytest.raises(InvalidInputError, match=r"^items\[1\] is not JSON"):
+            await session.add_items([big, {"w": math.nan}])
+        assert system.items.search(namespace) == [] and await session.get_items() == []
+        session.close()
+
+    config = Config(data_dir=tmp_path / "d", max_content_bytes=1_000)
+    with MemorySystem.start(config, embedder=HashEmbedder()) as system:
+        asyncio.run(scenario(system))
