@@ -37,7 +37,7 @@ from memstrata.storage import Embedder, load_embedder
 
 from ._chunk import split_lines
 from ._chunk_file import language_names
-from ._file_results import FileHit, SyncStats
+from ._file_results import FileHit, FileHits, SyncStats
 from ._index_db import IndexDatabase, SearchRow
 from ._paths import (
     SkipFile,
@@ -53,18 +53,6 @@ from ._sync_plan import Plan, SyncResult
 from ._watch import Watcher
 
 __all__ = ["Codebase", "FileHit", "FileHits", "MemoryFiles", "SyncStats"]
-
-
-class FileHits(list[FileHit]):
-    """Search hits, best first. ``complete`` is False when the sync before the search ran out of
-    its budget (``files.lazy_sync_wait_s``) or another sync was still running, so files not
-    indexed yet were not searched; ``warnings`` names what was skipped (e.g. a missing root)."""
-
-    def __init__(self, hits: Any = (), *, complete: bool = True, warnings: Any = ()) -> None:
-        super().__init__(hits)
-        self.complete = complete
-        self.warnings: list[str] = list(warnings)
-        self.degraded: str | None = None
 
 
 ProgressCallback = Callable[[int, int, str], None]
@@ -110,6 +98,8 @@ class _FileIndex(Closeable):
         embedder: Embedder | None,
         embedder_error: str | None,
         config: Config,
+        *,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.root = root
         self.db_path = db_path
@@ -117,12 +107,14 @@ class _FileIndex(Closeable):
         self.config = config
         self._embedder = embedder
         self._embedder_error = embedder_error
+        self._clock = clock
         self._store: IndexDatabase | None = self._open_store()
         self._sync_lock = threading.Lock()
         self._watcher: Watcher | None = None
         self._last_check = float("-inf")
         self._check_cost = 0.0
         self._last_stats: SyncStats | None = None
+        self._behind = False  # the last sync or check left changes unindexed
         self._last_sync_at: float | None = None
         self._stats_lock = threading.Lock()
         self._lazy_error: str | None = None
@@ -135,12 +127,14 @@ class _FileIndex(Closeable):
         db_path: str | os.PathLike[str] | None = None,
         embedder: Embedder | None = None,
         config: Config | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> Self:
         """Open (creating if needed) the index of ``root``. Nothing is read until a sync.
 
         ``embedder`` ``None`` loads the configured model; when none can be loaded the index
         works keyword-only and ``status()`` says why. ``db_path`` defaults to
-        ``<data_dir>/files/<kind>-<name>-<hash of the resolved root>.sqlite``.
+        ``<data_dir>/files/<kind>-<name>-<hash of the resolved root>.sqlite``. ``clock``
+        (seconds, ``time.monotonic`` by default) times syncs against their budget.
         """
         config = config if config is not None else Config.load()  # MEMSTRATA_*, memstrata.toml
         if not isinstance(config, Config):
@@ -161,7 +155,7 @@ class _FileIndex(Closeable):
                 )
             except EmbedderUnavailableError as exc:
                 error = str(exc)
-        return cls(resolved, path, rules, embedder, error, config)
+        return cls(resolved, path, rules, embedder, error, config, clock=clock)
 
     @classmethod
     def _rules(cls, root: Path, config: Config) -> SourceRules:
@@ -190,16 +184,19 @@ class _FileIndex(Closeable):
         if progress is not None and not callable(progress):
             raise InvalidInputError("progress must be a callable (done, total, path) or None")
         store = self.store
+        watcher = self._watcher
         with self._sync_lock:
-            result = store.sync(progress=progress)
-        if self._watcher is not None:
-            self._watcher.clear_dirty()
+            seen = watcher.generation if watcher is not None else 0
+            result = store.sync(progress=progress, clock=self._clock)
+        if watcher is not None:
+            watcher.clear_dirty(seen)  # a change seen during the sync is left for the watcher
         return self._record(result)
 
     def _record(self, result: SyncResult) -> SyncStats:
         stats = SyncStats._from(result)
         with self._stats_lock:
             self._last_stats = stats
+            self._behind = not stats.complete
             self._last_sync_at = time.time()
         return stats
 
@@ -209,31 +206,38 @@ class _FileIndex(Closeable):
         return self._lazy_error
 
     def _lazy_sync(self) -> bool:
-        """Before a search: sync what changed, waiting at most ``files.lazy_sync_wait_s``.
-        False when files may be left unindexed (the budget ran out, or a sync still runs)."""
+        """Before a search: sync what changed, for at most ``files.lazy_sync_wait_s``; with 0,
+        only look whether anything changed and leave it to the watcher or the next ``sync()``.
+        False when files may be left unindexed (the budget ran out, a sync still runs, or
+        changes wait for one)."""
         store = self.store
-        now = time.monotonic()
-        forced = self._watcher is not None and self._watcher.dirty
-        cost = self._check_cost
-        if not forced and cost >= _CHEAP_CHECK_S and now - self._last_check < cost * _CHECK_COST_FACTOR:
-            # a large tree: re-check at most once per 5x the time a check takes
-            with self._stats_lock:
-                return self._last_stats is None or self._last_stats.complete
         wait = self.config.files.lazy_sync_wait_s
-        deadline = now + wait
+        watcher = self._watcher
+        now = self._clock()
+        forced = watcher is not None and watcher.dirty
+        cost = self._check_cost
+        recent = cost >= _CHEAP_CHECK_S and now - self._last_check < cost * _CHECK_COST_FACTOR
+        if (forced and wait <= 0) or (recent and not forced):
+            # changes known to be pending, or a large tree: re-checked at most once per 5x its cost
+            return self._known_complete()
         if not self._sync_lock.acquire(timeout=wait):
             return False  # the watcher is syncing and takes longer: search what is indexed
         complete = True
         try:
+            seen = watcher.generation if watcher is not None else 0
             started = time.perf_counter()
             plan: Plan = store.plan()
             self._check_cost = time.perf_counter() - started
-            if plan.dirty:
-                result = store.sync(plan=plan, deadline=deadline, newest_first=True)
+            if wait <= 0:  # searches never wait for a sync
+                complete = not store.behind(plan)
+                with self._stats_lock:
+                    self._behind = not complete
+            elif plan.dirty:
+                result = store.sync(plan=plan, deadline=now + wait, newest_first=True, clock=self._clock)
                 self._record(result)
                 complete = bool(result.complete)
-                if result.complete and self._watcher is not None:
-                    self._watcher.clear_dirty()
+                if result.complete and watcher is not None:
+                    watcher.clear_dirty(seen)
             self._lazy_error = None
         except MemstrataError as exc:
             # a search still answers from what is indexed, marked incomplete; status() and
@@ -242,8 +246,16 @@ class _FileIndex(Closeable):
             complete = False
         finally:
             self._sync_lock.release()
-            self._last_check = time.monotonic()
+            self._last_check = self._clock()
         return complete
+
+    def _known_complete(self) -> bool:
+        """Without looking at the files: False when changes are known to be pending (seen by
+        the watcher, being synced, or left by the last sync or check)."""
+        if (self._watcher is not None and self._watcher.dirty) or self._sync_lock.locked():
+            return False
+        with self._stats_lock:
+            return not self._behind
 
     # -- search --------------------------------------------------------------------------------
 
@@ -256,7 +268,8 @@ class _FileIndex(Closeable):
         complete = self._lazy_sync()
         rows = self.store.search(text, top_k=top_k, min_score=min_score, mode=mode, language=language)
         limit = self.config.search.snippet_chars
-        return FileHits((self._hit(row, text, limit) for row in rows), complete=complete)
+        hits = (self._hit(row, text, limit) for row in rows)
+        return FileHits(hits, complete=complete, degraded=rows.degraded)
 
     def _hit(self, row: SearchRow, query: str, limit: int) -> FileHit:
         return FileHit(
@@ -316,7 +329,7 @@ class _FileIndex(Closeable):
             if store is None:
                 store = holder["store"] = self._open_store()
             with self._sync_lock:
-                result = store.sync(should_stop=should_stop)
+                result = store.sync(should_stop=should_stop, clock=self._clock)
             return self._record(result)
 
         def close_worker() -> None:
@@ -345,7 +358,8 @@ class _FileIndex(Closeable):
         return self.rules.allows(rel)
 
     def stop_watching(self) -> None:
-        """Stop the watcher and join its threads (a sync in progress stops at a file boundary)."""
+        """Stop the watcher and join its threads (a sync in progress stops before its next file
+        or embedding batch)."""
         watcher, self._watcher = self._watcher, None
         if watcher is not None:
             watcher.stop()

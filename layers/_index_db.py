@@ -49,15 +49,15 @@ from memstrata.storage import (
 from ._chunk import CHUNKER_VERSION, ESTIMATE_NAME, TokenCounter, estimate_tokens, model_token_counter
 from ._chunk_file import chunk_file
 from ._index_schema import COLUMN_WEIGHTS, COLUMNS, MIGRATIONS, TABLE
-from ._index_writes import ChunkWriter, _Pending
+from ._index_writes import ChunkWriter, SyncLimit, _Pending
 from ._paths import SkipFile, SourceReader, SourceRules, decode
 from ._sync_plan import Plan, SyncResult, plan_sync
 
 log = logging.getLogger("memstrata.files")
 
-__all__ = ["IndexDatabase", "SearchRow"]
+__all__ = ["IndexDatabase", "SearchRow", "SearchRows"]
 
-BATCH_CHUNKS = 128  # chunks embedded per call (and per commit): batches across files
+BATCH_CHUNKS = 128  # chunks written per commit: files are batched together up to this many
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +71,15 @@ class SearchRow:
     score: float
     match_type: str
     similarity: float | None
+
+
+class SearchRows(list[SearchRow]):
+    """Search rows, best first; ``degraded`` says why they were ranked by keywords only when a
+    hybrid search meant otherwise (the query embedding failed), else ``None``."""
+
+    def __init__(self, rows: Any = (), *, degraded: str | None = None) -> None:
+        super().__init__(rows)
+        self.degraded = degraded
 
 
 class IndexDatabase:
@@ -192,6 +201,20 @@ class IndexDatabase:
     def plan(self) -> Plan:
         return plan_sync(self.db, self.root, self.rules, self.signature)
 
+    def behind(self, plan: Plan) -> bool:
+        """Whether ``plan`` holds changes the index lacks: files new, changed (by stat), gone or
+        to be chunked anew. A file planned only to be hashed again, because it was read right
+        after a write, is indexed as it is on disk."""
+        if plan.deleted:
+            return True
+        for entry in plan.todo:
+            row = plan.known.get(entry.rel)
+            if row is None or row.signature != self.signature:
+                return True
+            if (row.size, row.mtime_ns, row.mode) != (entry.size, entry.mtime_ns, entry.mode):
+                return True
+        return False
+
     def sync(
         self,
         *,
@@ -200,11 +223,14 @@ class IndexDatabase:
         deadline: float | None = None,
         should_stop: Callable[[], bool] | None = None,
         newest_first: bool = False,
+        clock: Callable[[], float] = time.monotonic,
     ) -> SyncResult:
-        """Bring the index in line with the files. With ``deadline`` (a ``time.monotonic()``
-        value) files are committed one by one, newest first, until the deadline passes; the rest
-        stay dirty for the next sync (``complete`` is then False)."""
+        """Bring the index in line with the files. With ``deadline`` (a ``clock()`` value) files
+        are committed one by one, newest first; once it passes, or ``should_stop()`` says so, no
+        file and no embedding batch is started: the rest, and a file stopped half-embedded, stay
+        dirty for the next sync (``complete`` is then False)."""
         started = time.perf_counter()
+        limit = SyncLimit(deadline, should_stop, clock)
         plan = plan or self.plan()
         result = SyncResult(files_unchanged=plan.unchanged)
         result.skipped.extend(plan.scan.skipped)
@@ -218,25 +244,24 @@ class IndexDatabase:
         pending_chunks = 0
         batch = 1 if deadline is not None else BATCH_CHUNKS
 
-        def flush() -> None:
+        def flush() -> bool:
+            """Write what is pending; False when the limit stopped its embedding."""
             nonlocal pending, touched, pending_chunks, done
             if not pending and not touched:
-                return
+                return True
             files = pending
-            self.writes.write(files, touched, result)
+            written = self.writes.write(files, touched, result, limit)
             pending, touched, pending_chunks = [], [], 0
-            if progress is not None:
+            if written and progress is not None:
                 for item in files:
                     done += 1
                     progress(done, total, item.entry.rel)
+            return written
 
         reader = SourceReader(self.root)  # one root descriptor: every read walks down from it
         try:
-            for index, entry in enumerate(todo):
-                if index and (
-                    (deadline is not None and time.monotonic() >= deadline)
-                    or (should_stop is not None and should_stop())
-                ):
+            for entry in todo:
+                if limit.reached():
                     result.complete = False
                     if should_stop is not None and should_stop():
                         pending, touched = [], []  # stopping: leave them dirty rather than embed now
@@ -271,9 +296,11 @@ class IndexDatabase:
                 purged = row is not None and row.sha256 == sha and row.skipped is None
                 pending.append(_Pending(entry, st, sha, checked_ns, language, chunks, purged))
                 pending_chunks += len(chunks)
-                if pending_chunks >= batch or deadline is not None:
-                    flush()
-            flush()
+                if (pending_chunks >= batch or deadline is not None) and not flush():
+                    result.complete = False
+                    break
+            if not flush():
+                result.complete = False
         finally:
             reader.close()
         if result.chunks_deleted or result.chunks_purged:
@@ -299,7 +326,10 @@ class IndexDatabase:
         min_score: float | None,
         mode: str,
         language: str | None = None,
-    ) -> list[SearchRow]:
+    ) -> SearchRows:
+        """The best chunks for ``query``. A keyword-only index, or ``mode="keyword"``, ranks by
+        keywords as asked; a hybrid search whose query embedding fails does too, and says so
+        (``degraded``, logged): ``mode="vector"`` raises instead."""
         search = self.config.search
         use_vectors = mode != "keyword" and self.semantic
         if mode == "vector" and not use_vectors:
@@ -307,15 +337,19 @@ class IndexDatabase:
                 "vector search needs an embedding model; this index is keyword-only"
             )
         query_vector = None
+        degraded = None
         if use_vectors:
             assert self.embedder is not None
             try:
                 query_vector = embed_query(self.embedder, query)
-            except EmbeddingError:
+            except EmbeddingError as exc:
                 if mode == "vector":
                     raise
-                use_vectors = False  # the model failed: this search runs on keywords only
+                use_vectors = False
                 mode = "keyword"
+                reason = " ".join(str(exc).split()) or type(exc).__name__
+                degraded = f"the query embedding failed ({reason}); ranked by keywords only"
+                log.warning("%s: %s", self.root, degraded)
         flt = Filter()
         if language is not None:
             flt = Filter(f"SELECT id FROM {TABLE} WHERE language = ?", (language,), {"language": language})
@@ -340,7 +374,7 @@ class IndexDatabase:
             column_weights=COLUMN_WEIGHTS,
         )
         if not ranked:
-            return []
+            return SearchRows(degraded=degraded)
         marks = ",".join("?" for _ in ranked)
         rows = {
             r[0]: r
@@ -349,7 +383,7 @@ class IndexDatabase:
                 [r.id for r in ranked],
             )
         }
-        out = []
+        out = SearchRows(degraded=degraded)
         for r in ranked:
             row = rows.get(r.id)
             if row is not None:

@@ -2,14 +2,17 @@
 of deleted files, and the embedding cache's upkeep.
 
 One file's chunks are replaced in one transaction, so the old chunks stay searchable until the new
-ones are committed. Separate from the sync loop, which decides what to write.
+ones are committed. Separate from the sync loop, which decides what to write. Texts are embedded in
+batches, and a sync's :class:`SyncLimit` (a deadline, a stop request) is checked between them: a
+file stopped half-embedded is not written (it stays dirty), its vectors computed so far stay in the
+embedding cache for the next sync.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +27,10 @@ from ._index_schema import path_words
 from ._paths import Entry, SkipFile
 from ._sync_plan import SyncResult, _Known
 
-__all__ = ["ChunkWriter"]
+__all__ = ["ChunkWriter", "SyncLimit"]
+
+EMBED_BATCH = 128  # most texts per model call
+PROBE_BATCH = 4  # the first call under a deadline, before the model's speed is known
 
 
 @dataclass(slots=True)
@@ -38,6 +44,28 @@ class _Pending:
     purged: bool  # same content, new signature
 
 
+@dataclass(frozen=True, slots=True)
+class SyncLimit:
+    """When a sync stops starting work: once ``clock()`` reaches ``deadline`` (a ``clock`` value),
+    or once ``should_stop()`` says so. What it did not start is left for the next sync."""
+
+    deadline: float | None = None
+    should_stop: Callable[[], bool] | None = None
+    clock: Callable[[], float] = time.monotonic
+
+    def reached(self) -> bool:
+        if self.should_stop is not None and self.should_stop():
+            return True
+        return self.deadline is not None and self.clock() >= self.deadline
+
+    def time_left(self) -> float | None:
+        return None if self.deadline is None else self.deadline - self.clock()
+
+
+class _Stopped(Exception):
+    """The sync's limit was reached between two embedding batches."""
+
+
 @dataclass(slots=True, eq=False)  # a writer, not a value: compared by identity
 class ChunkWriter:
     """Writes chunks, vectors and file rows into one index database (the caller's connection)."""
@@ -47,15 +75,19 @@ class ChunkWriter:
     cache: EmbeddingCache
     embedder: Embedder | None
     signature: str
+    seconds_per_char: float | None = None  # the model's speed in the last batch, sizes the next
 
     @property
     def semantic(self) -> bool:
         """Whether chunks get vectors (an embedder and a usable vector table)."""
         return self.embedder is not None and self.vectors is not None and self.vectors.available
 
-    def _embed(self, texts: Sequence[str], result: SyncResult) -> npt.NDArray[np.float32] | None:
+    def _embed(
+        self, texts: Sequence[str], result: SyncResult, limit: SyncLimit
+    ) -> npt.NDArray[np.float32] | None:
         """Vectors for ``texts``: cached ones looked up, the rest embedded shortest first (less
-        padding per model batch), in one call."""
+        padding per model batch), in batches sized to the time ``limit`` leaves; raises
+        :class:`_Stopped` when it is reached before a batch."""
         if not self.semantic or not texts:
             return None
         assert self.embedder is not None
@@ -65,16 +97,52 @@ class ChunkWriter:
         for h, t in zip(hashes, texts, strict=True):
             if h not in known and h not in missing:
                 missing[h] = t
-        if missing:
-            order = sorted(missing, key=lambda h: len(missing[h]))
-            vectors = embed_documents(self.embedder, [missing[h] for h in order], self.cache)
-            known.update(zip(order, vectors, strict=True))
-            result.chunks_embedded += len(missing)
+        order = sorted(missing, key=lambda h: len(missing[h]))
+        while order:
+            if limit.reached():
+                raise _Stopped
+            size = self._batch_size([missing[h] for h in order[:EMBED_BATCH]], limit.time_left())
+            part, order = order[:size], order[size:]
+            texts_now = [missing[h] for h in part]
+            started = limit.clock()
+            vectors = embed_documents(self.embedder, texts_now, self.cache)
+            elapsed = max(0.0, limit.clock() - started)
+            self.seconds_per_char = elapsed / max(1, sum(len(t) for t in texts_now))
+            known.update(zip(part, vectors, strict=True))
+            result.chunks_embedded += len(part)
         return np.stack([known[h] for h in hashes]).astype(np.float32, copy=False)
 
-    def write(self, files: list[_Pending], touched: list[tuple[Any, ...]], result: SyncResult) -> None:
+    def _batch_size(self, texts: Sequence[str], left: float | None) -> int:
+        """How many of ``texts`` (the next ones in line, at most :data:`EMBED_BATCH`) to embed
+        now: without a deadline, all; with ``left`` seconds, as many as fit at the model's last
+        speed per character (at least one: each sync makes progress), or :data:`PROBE_BATCH`
+        while that speed is unknown."""
+        if left is None:
+            return len(texts)
+        if not self.seconds_per_char:
+            return min(len(texts), PROBE_BATCH)
+        chars = 0
+        for size, text in enumerate(texts):
+            chars += len(text)
+            if size and chars * self.seconds_per_char > left:
+                return size
+        return len(texts)
+
+    def write(
+        self,
+        files: list[_Pending],
+        touched: list[tuple[Any, ...]],
+        result: SyncResult,
+        limit: SyncLimit | None = None,
+    ) -> bool:
+        """Write ``files`` (their chunks, vectors and rows) and the stat refreshes ``touched``.
+        False when ``limit`` was reached while embedding: only ``touched`` was written."""
         texts = [chunk_embedding_text(p.entry.rel, p.language, c) for p in files for c in p.chunks]
-        vectors = self._embed(texts, result)
+        stopped = False
+        try:
+            vectors = self._embed(texts, result, limit or SyncLimit())
+        except _Stopped:
+            files, vectors, stopped = [], None, True
         now = time.time()
         with self.db.transaction():
             next_id = int(self.db.scalar("SELECT coalesce(max(id), 0) + 1 FROM chunks"))
@@ -121,6 +189,7 @@ class ChunkWriter:
                     "UPDATE files SET size = ?, mtime_ns = ?, mode = ?, checked_ns = ? WHERE path = ?",
                     touched,
                 )
+        return not stopped
 
     def _upsert_file(
         self,

@@ -4,7 +4,9 @@ The worker is the only thread that syncs on the watcher's behalf; it does so thr
 that uses its own database connection (thread confinement). Events only set a flag and push a
 deadline, so a burst of writes (an editor saving, ``git checkout``) costs one sync, started
 ``debounce_s`` after the last event (and at most ``10 * debounce_s`` after the first). An
-optional interval sync catches what events miss (network file systems, inotify overflow).
+optional interval sync catches what events miss (network file systems, inotify overflow). A sync
+of the owner clears the flag only when it was not set again after that sync started (each setting
+is a new generation), so a change made during that sync is still synced by the worker.
 Every failure (the observer cannot start or dies, a sync raises, a callback raises) is caught,
 kept for ``status()`` and never reaches the process.
 
@@ -93,6 +95,7 @@ class Watcher:
         self._cond = threading.Condition()
         self._stop = False
         self._dirty = False
+        self._generation = 0  # how many times the flag was set: a sync clears only those before it
         self._due = 0.0
         self._first_dirty: float | None = None
         self._last_sync = time.monotonic()
@@ -201,18 +204,29 @@ class Watcher:
         with self._cond:
             now = time.monotonic()
             self.events_seen += 1
+            self._generation += 1
             self._dirty = True
             self._due = now + self.debounce_s
             if self._first_dirty is None:
                 self._first_dirty = now
             self._cond.notify_all()
 
-    def clear_dirty(self) -> None:
-        """The owner synced everything itself: nothing is pending, and an earlier failure of a
-        background sync no longer describes the index."""
+    @property
+    def generation(self) -> int:
+        """How many times the index was marked dirty so far: read before a sync of the owner,
+        then given to :meth:`clear_dirty`."""
         with self._cond:
-            self._dirty = False
-            self._first_dirty = None
+            return self._generation
+
+    def clear_dirty(self, seen: int) -> None:
+        """The owner synced everything itself, started at generation ``seen``: unless the index
+        was marked dirty since (that change may have come after the sync's walk, so the worker
+        still syncs it), nothing is pending; an earlier failure of a background sync no longer
+        describes the index."""
+        with self._cond:
+            if self._generation == seen:
+                self._dirty = False
+                self._first_dirty = None
         if not self.root_missing:
             self.last_error = None
 
@@ -266,6 +280,7 @@ class Watcher:
                     if root == "back":  # replaced during the sync: the new one is synced next
                         with self._cond:
                             self._dirty, self._due = True, time.monotonic()
+                            self._generation += 1
                     continue
                 finally:
                     self._last_sync = time.monotonic()

@@ -217,3 +217,70 @@ def test_a_background_failure_is_cleared_by_a_later_successful_sync(workspace: P
         assert mf.sync().files_processed >= 1  # the owner's own sync indexes what failed
         status = mf.status()["watcher"]
         assert status["last_error"] is None and status["healthy"]
+
+
+def debounce_elapsed(watcher: _watch.Watcher) -> None:
+    """As if the debounce's time had passed: the worker's pending sync is due now."""
+    with watcher._cond:
+        watcher._due = time.monotonic()
+        watcher._cond.notify_all()
+
+
+def test_a_change_during_the_owners_sync_is_left_for_the_watcher(workspace: Path, data_dir: Path, synced):
+    cfg = make_config(data_dir, watch_debounce_ms=600_000)  # the worker syncs only when the test says
+    with MemoryFiles.open(workspace, embedder=FakeEmbedder(), config=cfg) as mf:
+        watch(mf, synced, events=False)
+        watcher = mf._watcher
+        assert watcher is not None
+        write(workspace / "memory" / "first.md", "The first note is about otters.\n", age_s=0)
+        watcher.mark_dirty()  # its event, seen before the sync: the sync covers it
+        late: list[str] = []
+
+        def progress(done: int, total: int, path: str) -> None:
+            if not late:  # after the walk: an agent writes a note, its event arrives now
+                write(workspace / "memory" / "late.md", "Written during the sync: herons.\n", age_s=0)
+                watcher.mark_dirty()
+                late.append(path)
+
+        assert mf.sync(progress=progress).files_processed == 2
+        assert "memory/late.md" not in indexed_paths(mf)
+        assert mf.status()["watcher"]["dirty"], "the change made during the sync is still pending"
+        debounce_elapsed(watcher)
+        _, stats = synced.get(timeout=WAIT_S)
+        assert stats.files_processed == 1 and "memory/late.md" in indexed_paths(mf)
+        watcher.mark_dirty()  # seen before the owner's next sync: that sync covers it
+        mf.sync()
+        assert not mf.status()["watcher"]["dirty"]
+
+
+def test_a_change_during_the_sync_before_a_search_is_left_for_the_watcher(
+    workspace: Path, data_dir: Path, synced
+):
+    seen: dict[str, Any] = {}
+
+    class EventDuringEmbedding(FakeEmbedder):
+        """Writes a note, and delivers its event, while the first watched sync embeds."""
+
+        def embed_documents(self, texts: Any) -> Any:
+            watcher = seen.get("watcher")
+            if watcher is not None and "late" not in seen:
+                seen["late"] = True
+                write(workspace / "memory" / "late.md", "Written during the sync: herons.\n", age_s=0)
+                watcher.mark_dirty()
+            return super().embed_documents(texts)
+
+    cfg = make_config(data_dir, watch_debounce_ms=600_000)
+    with MemoryFiles.open(workspace, embedder=EventDuringEmbedding(), config=cfg) as mf:
+        mf.sync()
+        watch(mf, synced, events=False)
+        seen["watcher"] = watcher = mf._watcher
+        assert watcher is not None
+        write(workspace / "memory" / "fresh.md", "A fresh note about otters.\n", age_s=0)
+        watcher.mark_dirty()
+        hits = mf.search("otters")
+        assert [h.path for h in hits] == ["memory/fresh.md"] and hits.complete
+        assert "late" in seen and "memory/late.md" not in indexed_paths(mf)
+        assert mf.status()["watcher"]["dirty"], "the change made during the sync is still pending"
+        debounce_elapsed(watcher)
+        _, stats = synced.get(timeout=WAIT_S)
+        assert stats.files_processed == 1 and "memory/late.md" in indexed_paths(mf)
