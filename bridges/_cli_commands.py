@@ -263,6 +263,8 @@ def search(
         click.echo(sh.warning_line(warning), err=True)
     if not getattr(hits, "complete", True):
         click.echo(sh.warning_line("a sync was still running: some files were not searched yet"), err=True)
+    if getattr(hits, "degraded", None):  # e.g. the query embedding failed: ranked by keywords
+        click.echo(sh.warning_line(str(hits.degraded)), err=True)
     if as_json:
         sh.echo_json([h.as_dict() for h in hits])
         return

@@ -109,13 +109,16 @@ def _memory_search(ctx: ToolContext, args: dict[str, Any]) -> Any:
     tags = tags_map(args.get("tags"))
     query = args["query"]
     hits: list[dict[str, Any]] = []
-    complete, degraded = True, None
+    complete = True
+    degraded: list[str] = []  # why a part was not ranked as a hybrid search ranks it
     warnings: list[str] = []
     roots = files.roots()
     if roots and not tags:  # files carry no tags: a tag filter leaves them out
         found = _files_in_scope(files, query, limit, given_floor, scope)
         complete = bool(getattr(found, "complete", True))
         warnings.extend(str(w) for w in getattr(found, "warnings", None) or ())
+        if getattr(found, "degraded", None):
+            degraded.append(f"files: {found.degraded}")
         hits.extend(
             {
                 "path": str(hit.absolute_path),
@@ -134,7 +137,8 @@ def _memory_search(ctx: ToolContext, args: dict[str, Any]) -> Any:
         if tags:
             options["tags"] = tags
         saved = ctx.agent().query_knowledge(query, include_shared=False, **options)
-        degraded = getattr(saved, "degraded", None)
+        if getattr(saved, "degraded", None):
+            degraded.append(f"saved memories: {saved.degraded}")
         snippet_chars = config.search.snippet_chars
         for h in saved:
             content = str(h.entry.content)
@@ -153,7 +157,7 @@ def _memory_search(ctx: ToolContext, args: dict[str, Any]) -> Any:
     return {
         "hits": hits[:limit],
         "complete": complete,
-        "degraded": None if degraded is None else str(degraded),
+        "degraded": "; ".join(degraded) or None,
         "warnings": warnings,
     }
 

@@ -76,14 +76,18 @@ class FileText(_Record):
 class WorkspaceHits(list[WorkspaceHit]):
     """Hits across roots, best first. ``complete`` is False when some root's sync ran out of its
     budget before the search (files not indexed yet were not searched); ``warnings`` names the
-    roots that were skipped (a folder that is gone); ``degraded`` is kept for the one result
-    shape of every search (file search never falls back, so it stays ``None``)."""
+    roots that were skipped (a folder that is gone, an index that cannot be opened or searched)
+    and why a root's hits may be stale; ``degraded`` says why some root's ranking is not the
+    hybrid one (e.g. the query embedding failed: ranked by keywords), the distinct reasons of the
+    roots joined by ``; ``, else ``None``."""
 
-    def __init__(self, hits: Any = (), *, complete: bool = True, warnings: Any = ()) -> None:
+    def __init__(
+        self, hits: Any = (), *, complete: bool = True, warnings: Any = (), degraded: str | None = None
+    ) -> None:
         super().__init__(hits)
         self.complete = complete
         self.warnings: list[str] = list(warnings)
-        self.degraded: str | None = None
+        self.degraded = degraded
 
 
 def _row_to_workspace(row: Any) -> Workspace:

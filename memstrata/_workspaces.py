@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import hashlib
+import logging
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -23,7 +24,12 @@ import orjson
 
 from memstrata.core.closing import Closeable
 from memstrata.core.config import Config
-from memstrata.core.errors import InvalidInputError, PathOutsideRootError, StorageError
+from memstrata.core.errors import (
+    EmbedderUnavailableError,
+    InvalidInputError,
+    PathOutsideRootError,
+    StorageError,
+)
 from memstrata.core.validation import check_language, check_path, show_path
 
 from ._workspace_paths import exists_under, is_within, refuse_ambiguous, through_root_link
@@ -34,17 +40,18 @@ from ._workspace_results import (
     Workspace,
     WorkspaceHit,
     WorkspaceHits,
-    _hit,
     _plain,
     _row_to_workspace,
     _stats_dict,
 )
+from ._workspace_search import missing_warning, search_roots
 
 if TYPE_CHECKING:
     from memstrata.storage import Database, Embedder
 
 __all__ = ["FileText", "Kind", "Workspace", "WorkspaceHit", "WorkspaceHits", "Workspaces", "detect_kind"]
 
+log = logging.getLogger("memstrata.files")
 
 _MIGRATIONS = [
     """
@@ -109,6 +116,7 @@ class Workspaces(Closeable):
             config = dataclasses.replace(Config.load(), data_dir=self.data_dir)
         self.config = config
         self._embedder = embedder
+        self._model_error: str | None = None
         self._lock = threading.RLock()
         self._handles: dict[tuple[Path, Kind], _Handle] = {}
         self._closed = False
@@ -149,22 +157,24 @@ class Workspaces(Closeable):
         root = _normalise_root(path, name)
         return [w for w in self.roots() if w.root == root and (kind is None or w.kind == kind)]
 
-    def _register(self, root: Path, kind: Kind) -> Workspace:
+    def _registered(self, root: Path, kind: Kind) -> Workspace | None:
+        return next((w for w in self.roots() if (w.root, w.kind) == (root, kind)), None)
+
+    def _planned(self, root: Path, kind: Kind) -> Workspace:
+        """A root not registered yet, with the place of its index."""
         digest = hashlib.sha256(str(root).encode("utf-8", "surrogatepass")).hexdigest()[:16]
         db_path = self.data_dir / "workspaces" / f"{kind}-{digest}.sqlite"
+        return Workspace(root, kind, db_path, dt.datetime.now(dt.UTC), None, None)
+
+    def _register(self, ws: Workspace) -> Workspace:
         now = dt.datetime.now(dt.UTC).isoformat()
         with self._lock, self._db.transaction():
             self._db.execute(
                 "INSERT INTO roots(root, kind, db_path, added_at) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT(root, kind) DO NOTHING",
-                (str(root), kind, str(db_path), now),
+                (str(ws.root), ws.kind, str(ws.db_path), now),
             )
-            row = self._db.query(
-                "SELECT root, kind, db_path, added_at, last_sync_at, last_stats FROM roots "
-                "WHERE root = ? AND kind = ?",
-                (str(root), kind),
-            )[0]
-        return _row_to_workspace(row)
+        return self._registered(ws.root, ws.kind) or ws
 
     def forget(self, path: str | os.PathLike[str], kind: Kind | None = None) -> int:
         """Unregister a root and delete its index files (the folder itself is never touched). A
@@ -177,20 +187,22 @@ class Workspaces(Closeable):
             found = [w for w in self.roots() if w.root == gone and (kind is None or w.kind == kind)]
             if not found:
                 raise
-        removed = 0
         for ws in found:
-            with self._lock:
-                handle = self._handles.pop((ws.root, ws.kind), None)
-            if handle is not None:
-                with handle.lock:
-                    _close_layer(handle)
-            with self._lock, self._db.transaction():
-                self._db.execute("DELETE FROM roots WHERE root = ? AND kind = ?", (str(ws.root), ws.kind))
-            for suffix in ("", "-wal", "-shm"):
-                with contextlib.suppress(OSError):
-                    Path(str(ws.db_path) + suffix).unlink()
-            removed += 1
-        return removed
+            self._discard(ws)
+        return len(found)
+
+    def _discard(self, ws: Workspace) -> None:
+        """Close a root's layer, unregister it and delete its index files (never the folder)."""
+        with self._lock:
+            handle = self._handles.pop((ws.root, ws.kind), None)
+        if handle is not None:
+            with handle.lock:
+                _close_layer(handle)
+        with self._lock, self._db.transaction():
+            self._db.execute("DELETE FROM roots WHERE root = ? AND kind = ?", (str(ws.root), ws.kind))
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(OSError):
+                Path(str(ws.db_path) + suffix).unlink()
 
     # -- layers --------------------------------------------------------------------------------
 
@@ -208,8 +220,24 @@ class Workspaces(Closeable):
         from memstrata.layers import Codebase, MemoryFiles
 
         opener = MemoryFiles.open if ws.kind == "memory" else Codebase.open
+        embedder = self._model()
         with self._connections():
-            return opener(ws.root, db_path=ws.db_path, embedder=self._embedder, config=self.config)
+            return opener(ws.root, db_path=ws.db_path, embedder=embedder, config=self.config)
+
+    def _model(self) -> Embedder | None:
+        """The model of every root's layer: the one given, else the configured one, loaded once
+        on first need (a layer given none loads a copy of its own). ``None`` when it cannot be
+        loaded: each layer then tries and says in its status why it is keyword-only."""
+        if self._embedder is None and self._model_error is None:
+            from memstrata.storage import load_embedder
+
+            settings = self.config.embedding
+            try:
+                self._embedder = load_embedder(settings.model, dim=settings.dim, threads=settings.threads)
+            except EmbedderUnavailableError as exc:
+                self._model_error = str(exc)
+                log.warning("file search runs KEYWORD-ONLY: %s", exc)
+        return self._embedder
 
     def _connections(self) -> contextlib.AbstractContextManager[None]:
         """The configured lock bound and sync for the databases opened here, as the actors'."""
@@ -230,15 +258,26 @@ class Workspaces(Closeable):
         kind: Kind | Literal["auto"] = "auto",
         progress: Callable[..., None] | None = None,
     ) -> tuple[Workspace, Any]:
-        """Register ``path`` (if new) and bring its index up to date; returns it and the SyncStats."""
+        """Register ``path`` (if new) and bring its index up to date; returns it and the SyncStats.
+        A new root is registered once its index opened; when its first sync fails too, it is
+        unregistered and its index deleted: a failed ``index`` leaves nothing behind."""
         if kind not in ("auto", *KINDS):
             raise InvalidInputError(f"kind must be 'auto', 'memory' or 'code', got {kind!r}")
         root = _normalise_root(path)
         self._check_indexable(path, root)
         chosen: Kind = detect_kind(root, self.data_dir) if kind == "auto" else kind
-        ws = self._register(root, chosen)
-        with self._using(ws) as layer:
-            stats = layer.sync(progress=progress)
+        known = self._registered(root, chosen)
+        ws = known or self._planned(root, chosen)
+        try:
+            with self._using(ws) as layer:
+                if known is None:
+                    ws = self._register(ws)
+                stats = layer.sync(progress=progress)
+        except Exception:
+            if known is None:  # the error that stopped it is the one to see, not a failed cleanup
+                with contextlib.suppress(StorageError):
+                    self._discard(ws)
+            raise
         return self._record_sync(ws, stats), stats
 
     def _check_indexable(self, path: str | os.PathLike[str], root: Path) -> None:
@@ -293,9 +332,11 @@ class Workspaces(Closeable):
         ``min_score`` (default ``search.min_score``) is the cosine floor of memory workspaces; a
         codebase gets a floor only when ``min_score`` is given. ``language`` applies to every
         root (memory notes are ``markdown``); an unknown one is refused, naming the known ones.
-        A root whose folder is gone is skipped and named in the result's ``warnings`` (the
-        others still answer); ``complete`` is False when a root's sync ran out of its budget
-        before the search.
+        Hits are ranked across roots as one index would rank them (see ``_workspace_search``).
+        A root whose folder is gone, or whose index cannot be opened or searched, is skipped and
+        named with why in the result's ``warnings`` (the others still answer); searched alone
+        (``root``), it raises. ``complete`` is False when a root's sync ran out of its budget
+        before the search; ``degraded`` joins the roots' reasons for a ranking not hybrid.
         """
         if not isinstance(query, str):
             raise InvalidInputError(f"query must be a string, got {type(query).__name__}")
@@ -307,31 +348,19 @@ class Workspaces(Closeable):
             from memstrata.layers._files import known_languages
 
             language = check_language(language, known_languages(self.config))
-        hits: list[WorkspaceHit] = []
-        warnings: list[str] = []
-        complete = True
-        for ws in self._select(root):
-            if not ws.root.is_dir():
-                warnings.append(_missing_warning(ws))
-                continue
-            try:
-                with self._using(ws) as layer:
-                    if ws.kind == "memory":
-                        found = layer.search(query, max_results=limit, min_score=floor, language=language)
-                    else:  # code ranks matter more than a floor: only an explicit min_score applies
-                        found = layer.search(query, top_k=limit, language=language, min_score=min_score)
-            except (InvalidInputError, StorageError, OSError):
-                if ws.root.is_dir():
-                    raise
-                warnings.append(_missing_warning(ws))  # removed while it was being searched
-                continue
-            complete = complete and bool(getattr(found, "complete", True))
-            problem = getattr(layer, "sync_error", None)
-            if problem:  # answered from what was indexed before: say so
-                warnings.append(f"{ws.root} ({ws.kind}): {problem}")
-            hits.extend(_hit(ws, h) for h in found)
-        hits.sort(key=lambda h: -h.score)
-        return WorkspaceHits(_distinct(hits)[:limit], complete=complete, warnings=warnings)
+        found = search_roots(
+            self._select(root),
+            self._using,
+            query,
+            limit=limit,
+            floor=floor,
+            min_score=min_score,
+            language=language,
+            alone=root is not None,
+            search=self.config.search,
+        )
+        self._check_open()  # closed while searching: its roots were not searched
+        return found
 
     def get(
         self,
@@ -427,7 +456,7 @@ class Workspaces(Closeable):
             entry = ws.as_dict()
             entry["missing"] = not ws.root.is_dir()
             if entry["missing"]:  # reported, not opened: its index stays until it is forgotten
-                entry["warning"] = _missing_warning(ws)
+                entry["warning"] = missing_warning(ws)
                 out.append(entry)
                 continue
             try:
@@ -454,26 +483,6 @@ class Workspaces(Closeable):
     def _check_open(self) -> None:
         if self._closed:
             raise StorageError("the workspace registry is closed")
-
-
-def _distinct(hits: list[WorkspaceHit]) -> list[WorkspaceHit]:
-    """Each file's lines once, at their best score: roots that overlap (one inside another, a
-    folder indexed as both kinds) find the same lines in each."""
-    seen: set[tuple[Path, int, int]] = set()
-    out = []
-    for hit in hits:
-        place = (hit.absolute_path, hit.start_line, hit.end_line)
-        if place not in seen:
-            seen.add(place)
-            out.append(hit)
-    return out
-
-
-def _missing_warning(ws: Workspace) -> str:
-    return (
-        f"{ws.kind} root {str(ws.root)!r} is missing (deleted or not mounted): skipped "
-        "(forget_root removes it from the index)"
-    )
 
 
 def _close_layer(handle: _Handle) -> None:
