@@ -14,20 +14,18 @@ Each chunk keeps the file's exact text and 1-based line range, plus two fields f
 * ``signature``: the header lines (``class Client:``, ``impl Drop for Conn {``) of the
   definitions that enclose the chunk without being wholly inside it, outermost first.
 
-:func:`embedding_text` is what the model sees for a chunk: the words of its path and symbol,
-then the words of the names it defines (:attr:`Chunk.names`), then ``signature``, then the
-chunk text, one per line. A method split out of a large class is
-then still embedded with the class it belongs to. :func:`keyword_words` is the extra keyword
-text: the words of the symbol and of mixed-case identifiers (``parseHttpHeader`` -> ``parse
-http header``).
+What the model sees for a chunk and its extra keyword text come from :mod:`._chunk_words`
+(:func:`embedding_text`, :func:`keyword_words`, re-exported here).
 
-Grammars load lazily; a language without one (or a file the parser gives up on) returns
-``None`` from :func:`chunk_syntax` and the caller falls back to the line-aware chunker.
+Grammars load lazily; a language without one, a file the parser gives up on, or one nested
+deeper than its grammar's scanner can hold (:mod:`._chunk_scanners`) returns ``None`` from
+:func:`chunk_syntax` and the caller falls back to the language's other chunker.
 """
 
 from __future__ import annotations
 
 import bisect
+import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -48,8 +46,12 @@ from ._chunk_grammars import (
     profile_for,
 )
 from ._chunk_pack import _Cost, _line_segments, _LineSegmenter, _pack
+from ._chunk_scanners import scanner_overflow
+from ._chunk_words import embedding_text, keyword_words, split_identifier
 
 __all__ = ["GRAMMARS", "chunk_syntax", "embedding_text", "grammar_for", "keyword_words", "split_identifier"]
+
+log = logging.getLogger("memstrata.files")
 
 # Boundary scores, on the same scale as the other chunkers'.
 _TOP_DEF = 100
@@ -68,65 +70,6 @@ _BLOCK = 50
 _ITEM = 40
 _SENTENCE = 30
 _ENDS_SENTENCE = re.compile(r"[.!?:;。！？][\"')\]*_]*[ \t]*$")
-
-
-# -- identifiers -------------------------------------------------------------------------------
-
-_PARTS = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
-
-
-def split_identifier(identifier: str) -> list[str]:
-    """Lower-case words of one identifier: ``parseHTTPHeader2`` -> ``parse http header 2``,
-    ``snake_case`` -> ``snake case``, ``path::to::fn`` -> ``path to fn``."""
-    words: list[str] = []
-    for piece in re.split(r"[^A-Za-z0-9]+", identifier):
-        words.extend(part.lower() for part in _PARTS.findall(piece))
-    return words
-
-
-def keyword_words(text: str, symbol: str = "", names: Sequence[str] = ()) -> str:
-    """Extra keyword text for a code chunk: the words of its ``symbol`` (``Client.sendAll`` ->
-    ``client send all``), then the parts of ``text``'s mixed-case identifiers
-    (``parseHttpHeader`` -> ``parse http header``), each word once; then the words of the
-    ``names`` the chunk defines, once more, so a name defined here weighs more than one only
-    used here (keyword MRR@10 +0.01 to +0.05 on the four languages of ``bench_quality``).
-
-    ``snake_case`` and ``path::to::fn`` need nothing here: the full-text tokenizer already cuts
-    them at ``_`` and ``:`` in the text column, and repeating those words measurably lowered
-    keyword MRR on real code (``benchmarks/bench_code_quality.py``).
-    """
-    from memstrata.storage import identifier_words
-
-    words = dict.fromkeys(split_identifier(symbol))
-    words.update(dict.fromkeys(identifier_words(text).split()))
-    defined = dict.fromkeys(w for n in names for w in split_identifier(n))
-    return " ".join([*words, *defined])
-
-
-_NAME_WORDS = 32  # words of the chunk's definition names embedded (a long data file has many keys)
-
-
-def embedding_text(path: str, chunk: Chunk) -> str:
-    """What is embedded for a code chunk: the words of its path and symbol, the words of the
-    names it defines, its enclosing signature(s), then its text, one per line.
-
-    The path and symbol go in as words (``src/buf/buf_impl.rs`` + ``Buf.get_u16_le`` ->
-    ``src buf buf impl get u16 le``): the model reads natural words far better than
-    ``camelCase`` or ``snake_case`` tokens. Measured on four languages against the raw path
-    (``benchmarks/bench_quality.py``): vector MRR@10 +0.01 to +0.08, hybrid never lower. With
-    doc comments gone, code is mostly identifiers, and the names of every function, method and
-    type the chunk defines (not only the first) say what it holds (``docs/performance.md``).
-    """
-    name = path.rsplit("/", 1)[-1]
-    stem = path[: len(path) - len(name)] + (name.rsplit(".", 1)[0] if "." in name[1:] else name)
-    words = dict.fromkeys([*split_identifier(stem), *split_identifier(chunk.symbol)])
-    head = [" ".join(words)] if words else []
-    defined = list(dict.fromkeys(w for n in chunk.names for w in split_identifier(n)))[:_NAME_WORDS]
-    if defined:
-        head.append(" ".join(defined))
-    if chunk.signature:
-        head.append(chunk.signature)
-    return "\n".join([*head, chunk.text])
 
 
 # -- syntax tree -> segments -------------------------------------------------------------------
@@ -168,16 +111,6 @@ def _definition(node: Any, definitions: frozenset[str] = DEFINITIONS) -> Any | N
 
 
 _HEADING_MARKS = re.compile(r"^\s*#{1,6}\s*|\s*#+\s*$")
-
-
-def _heading_level(section: Any) -> int:
-    """1-6 from a section's heading marker (``atx_h2_marker``, ``setext_h1_underline``)."""
-    heading = section.named_children[0] if section.named_children else None
-    for child in heading.named_children if heading is not None else ():
-        digits = [c for c in child.type if c.isdigit()]
-        if child.type.startswith(("atx_h", "setext_h")) and digits and 1 <= int(digits[0]) <= 6:
-            return int(digits[0])
-    return 2
 
 
 def _key_name(node: Any, source: bytes) -> str:
@@ -472,9 +405,16 @@ def _annotate(chunks: list[Chunk], defs: list[_Def], inner: Sequence[tuple[int, 
 
 
 def chunk_syntax(
-    text: str, suffix: str, *, tokens: int = 400, overlap: int = 80, count: TokenCounter | None = None
+    text: str,
+    suffix: str,
+    *,
+    tokens: int = 400,
+    overlap: int = 80,
+    count: TokenCounter | None = None,
+    path: str = "",
 ) -> list[Chunk] | None:
-    """Chunks of source ``text`` by its syntax tree, or ``None`` when ``suffix`` has no grammar."""
+    """Chunks of source ``text`` by its syntax tree, or ``None`` when ``suffix`` has no grammar
+    or the file nests deeper than the grammar's scanner is safe with (logged, naming ``path``)."""
     _check(tokens, overlap)
     language = grammar_for(suffix)
     if language is None:
@@ -482,6 +422,10 @@ def chunk_syntax(
     from tree_sitter import Parser
 
     text = normalize_newlines(text)
+    too_deep = scanner_overflow(suffix, text)
+    if too_deep is not None:
+        log.info("%s: %s, so chunked without its syntax tree", path or f"a {suffix} file", too_deep)
+        return None
     source = text.encode("utf-8", "surrogatepass")  # rows are what matters, and they count b"\n"
     tree = Parser(language).parse(source)
     cost = _Cost(count or estimate_tokens)

@@ -11,10 +11,11 @@ from collections.abc import Callable, Iterable
 from pathlib import PurePosixPath
 
 from ._chunk import Chunk, TokenCounter
-from ._chunk_code import chunk_syntax, embedding_text, keyword_words
+from ._chunk_code import chunk_syntax
 from ._chunk_lines import chunk_code
 from ._chunk_markdown import chunk_markdown
 from ._chunk_python import chunk_python
+from ._chunk_words import embedding_text, keyword_words
 
 __all__ = [
     "chunk_embedding_text",
@@ -79,10 +80,12 @@ def chunk_file(
     path: str, text: str, *, tokens: int = 400, overlap: int = 80, count: TokenCounter | None = None
 ) -> tuple[str, list[Chunk]]:
     """``(language, chunks)`` for a file, by its extension: a file with a tree-sitter grammar
-    (source code, Markdown, JSON, TOML, YAML) by its syntax tree (:mod:`._chunk_code`), other
-    prose by headings and paragraphs, any other file line-aware."""
+    (source code, Markdown, JSON, TOML, YAML) by its syntax tree (:mod:`._chunk_code`), unless
+    it nests too deep for its grammar's scanner (:mod:`._chunk_scanners`); other prose by
+    headings and paragraphs, any other file (and those too deep) line-aware."""
     language = language_for(path)
-    chunks = chunk_syntax(text, PurePosixPath(path).suffix, tokens=tokens, overlap=overlap, count=count)
+    suffix = PurePosixPath(path).suffix
+    chunks = chunk_syntax(text, suffix, tokens=tokens, overlap=overlap, count=count, path=path)
     if chunks is not None:
         return language, chunks
     return language, chunker_for(language)(text, tokens=tokens, overlap=overlap, count=count)
@@ -91,7 +94,7 @@ def chunk_file(
 def chunk_embedding_text(path: str, language: str, chunk: Chunk) -> str:
     """The text embedded for a chunk: for source and data files the words of ``path`` and of
     the chunk's symbol, the enclosing definitions' signature lines and the chunk text (one per
-    line, :func:`._chunk_code.embedding_text`); for Markdown the headings above the chunk, then
+    line, :func:`._chunk_words.embedding_text`); for Markdown the headings above the chunk, then
     its text; plain text as it is.
 
     Prose leaves the path out so a moved or copied note is not embedded again (the cache is
