@@ -1,7 +1,8 @@
 """Planning a sync: which files changed since the last one, by comparing a walk of the root
 with the ``files`` table (nothing is read or hashed here).
 
-A file whose ``(size, mtime_ns, mode)`` and chunker signature match its row costs nothing more. A
+A file whose ``(size, mtime_ns, mode)`` and chunker signature match its row costs nothing more,
+whether it was indexed or skipped (a skipped file is read again once either changes). A
 file read within :data:`RACY_NS` of its modification is planned again on the next sync, since a
 second write in the same timestamp tick would not change its mtime.
 """
@@ -86,12 +87,11 @@ def plan_sync(db: Database, root: Path, rules: SourceRules, signature: str) -> P
             row is None
             or (row.size, row.mtime_ns, row.mode) != (entry.size, entry.mtime_ns, entry.mode)
             or row.checked_ns - row.mtime_ns < RACY_NS
+            or row.signature != signature  # a new chunker tries the files the old one skipped too
         ):
             todo.append(entry)
         elif row.skipped is not None:
             skipped_known.append((rel, row.skipped))
-        elif row.signature != signature:
-            todo.append(entry)
         else:
             unchanged += 1
     deleted = [rel for rel in known if rel not in found.files]
