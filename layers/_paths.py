@@ -8,10 +8,10 @@ with ``O_NOFOLLOW`` (no path string is handed to the kernel to resolve). Directo
 symlinks are never entered (no loops, no escapes); a file symlink is followed, by reading its
 link text, only when its target is a regular file inside the root; a file is opened with
 ``O_NOFOLLOW | O_NONBLOCK`` and its ``fstat`` checked (a FIFO or a device never blocks or
-streams). Files over the size cap or with a NUL byte in their first 8 KB (binary) are skipped;
-invalid UTF-8 is decoded with U+FFFD replacement characters. A file or directory whose name is not
-valid UTF-8 is skipped (its path could not be stored or sent as text) and reported with the bad
-bytes escaped (:func:`shown`).
+streams). Files over the size cap or with a NUL byte in their first 8 KB (binary, or UTF-16 or
+UTF-32 text, named so by its byte-order mark) are skipped; invalid UTF-8 is decoded with U+FFFD
+replacement characters. A file or directory whose name is not valid UTF-8 is skipped (its path
+could not be stored or sent as text) and reported with the bad bytes escaped (:func:`shown`).
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ MEMORY_DIR = "memory"
 BINARY_PROBE = 8192
 _PROSE_EXTENSIONS = (".md", ".markdown")
 _DRIVE = re.compile(r"^[A-Za-z]:")
+_WINDOWS = os.name == "nt"  # where drive letters and backslashes lead out of a root
 NOT_UTF8_FILE = "file name is not valid UTF-8"
 NOT_UTF8_DIR = "directory name is not valid UTF-8, not entered"
 
@@ -333,8 +334,18 @@ def read_under(root_fd: int, target: str, max_bytes: int) -> tuple[bytes, os.sta
     if len(data) > max_bytes:
         raise SkipFile(f"larger than {max_bytes} bytes")
     if b"\x00" in data[:BINARY_PROBE]:
-        raise SkipFile("binary (NUL byte in the first 8 KB)", sticky=True)
+        raise SkipFile(_not_text_reason(data), sticky=True)
     return data, st
+
+
+def _not_text_reason(data: bytes) -> str:
+    """Why a file with a NUL byte near its start is skipped: UTF-16 and UTF-32 text (a note
+    saved so on Windows) has NUL bytes too, and is named by its byte-order mark."""
+    if data.startswith((b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")):
+        return "not UTF-8 text (UTF-32, by its byte-order mark)"
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return "not UTF-8 text (UTF-16, by its byte-order mark)"
+    return "binary (NUL byte in the first 8 KB)"
 
 
 def _read_reason(refused: safe_fs.Refused) -> str:
@@ -350,6 +361,15 @@ def decode(data: bytes) -> str:
     return normalize_newlines(data.decode("utf-8-sig", errors="replace"))
 
 
+def _leaves_by_its_start(path: str) -> bool:
+    """Whether ``path`` starts outside any root on this OS: absolute, a home folder that
+    ``os.path.expanduser`` would expand (``~``, ``~/x``, ``~user/x``), and on Windows a drive
+    (``C:x``) or a backslash. Elsewhere ``~notes.py`` and ``C:x.py`` are plain file names."""
+    if os.path.isabs(path) or (path.startswith("~") and os.path.expanduser(path) != path):
+        return True
+    return _WINDOWS and (path.startswith(("/", "\\")) or _DRIVE.match(path) is not None)
+
+
 def normalise_relative(path: object, *, what: str = "path") -> str:
     """A safe relative posix path from user input, or a clear error naming the problem."""
     if isinstance(path, os.PathLike):
@@ -358,11 +378,11 @@ def normalise_relative(path: object, *, what: str = "path") -> str:
         raise InvalidInputError(f"{what} must be a string, got {type(path).__name__}")
     if not path.strip() or "\x00" in path:
         raise InvalidInputError(f"{what} must be a non-empty relative path, got {path!r}")
-    if os.path.isabs(path) or path.startswith(("/", "\\", "~")) or _DRIVE.match(path):
+    if _leaves_by_its_start(path):
         raise PathOutsideRootError(
             f"{what} {path!r} is absolute or home-relative; give a path relative to the root"
         )
-    pieces = re.split(r"[/\\]", path)
+    pieces = re.split(r"[/\\]", path) if _WINDOWS else path.split("/")
     if ".." in pieces:
         raise PathOutsideRootError(f"{what} {path!r} contains '..'; paths must stay inside the root")
     parts = [p for p in path.split("/") if p not in ("", ".")]
@@ -432,7 +452,7 @@ def normalise_extra(root: Path, paths: Iterable[str]) -> tuple[str, ...]:
     """Configured extra memory paths as relative posix paths; each must stay inside the root."""
     out = []
     for raw in paths:
-        candidate = Path(raw).expanduser()
+        candidate = Path(os.path.expanduser(raw))  # `~drafts.md` names a file when no user has that name
         if candidate.is_absolute():
             resolved = Path(os.path.realpath(candidate))
             if not inside(str(root), str(resolved)):

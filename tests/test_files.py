@@ -507,8 +507,8 @@ def test_get_returns_line_ranges(mf: MemoryFiles, workspace: Path):
         "memory/../../outside.md",
         "/etc/passwd",
         "~/MEMORY.md",
-        "memory\\..\\..\\x.md",
-        "C:/x.md",
+        # on POSIX these are names inside the root (tests/test_get_unusual_names.py)
+        *(["memory\\..\\..\\x.md", "C:/x.md"] if os.name == "nt" else []),
     ],
 )
 def test_get_refuses_paths_leaving_the_root(mf: MemoryFiles, path: str):
