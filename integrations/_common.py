@@ -2,11 +2,11 @@
 
 An adapter given a running ``MemorySystem`` uses it (its actors, its shared batching embedder,
 its durable writes). Given a path, it starts a private system whose data dir is that folder (for
-the path of an existing file, as a SQLite connection string may name, the folder beside it with
-``.memstrata`` added to its name; the file is left alone); every adapter of the process given the
-same path shares that one system (counted: the last to close stops it). Given ``":memory:"`` or
-``None``, it starts a private system in a new temporary folder, removed when the adapter closes
-(or the process exits). The embedding model of private systems is loaded once per process.
+a SQLite file's name, as a connection string names one, the folder beside it with ``.memstrata``
+added to its name; the file is left alone: see :func:`data_dir_of`); every adapter of the process
+given the same path shares that one system (counted: the last to close stops it). Given
+``":memory:"`` or ``None``, it starts a private system in a new temporary folder, removed when the
+adapter closes (or the process exits). The embedding model of private systems is loaded once per process.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import os
 import shutil
 import tempfile
 import threading
@@ -27,10 +28,19 @@ from memstrata.config import Config
 from memstrata.core.validation import check_json_value
 from memstrata.errors import ConfigError, EmbedderUnavailableError, InvalidInputError, SystemStoppedError
 
-__all__ = ["InputTypeError", "Opened", "json_bytes", "missing", "open_system", "settled"]
+__all__ = [
+    "InputTypeError",
+    "Opened",
+    "data_dir_of",
+    "json_bytes",
+    "missing",
+    "open_system",
+    "settled",
+]
 
 MEMORY = ":memory:"
 FILE_SUFFIX = ".memstrata"
+SQLITE_SUFFIXES = (".db", ".db3", ".sqlite", ".sqlite3")  # a SQLite file's name, in any case
 
 
 class InputTypeError(InvalidInputError, TypeError):
@@ -149,9 +159,7 @@ def open_system(target: Any, *, embedder: Any = None, what: str = "target") -> O
             folder = Path(tempfile.mkdtemp(prefix="memstrata-"))
             key = f"{MEMORY}{folder}"
         else:
-            folder = Path(target).expanduser().resolve()
-            if folder.exists() and not folder.is_dir():  # a database file's name, as SQLite takes
-                folder = folder.with_name(folder.name + FILE_SUFFIX)  # the file is left alone
+            folder = data_dir_of(target, what)
             key = str(folder)
         entry = _PRIVATE.get(key)
         if entry is not None and not entry.system.stopped and embedder is not None:
@@ -167,6 +175,33 @@ def open_system(target: Any, *, embedder: Any = None, what: str = "target") -> O
             entry = _PRIVATE[key] = _Private(system, temporary=folder if temporary else None)
         entry.users += 1
         return Opened(entry.system, key, entry)
+
+
+def data_dir_of(target: str | Path, what: str = "target") -> Path:
+    """The data dir a path names, so one string names one place whichever program opened it
+    first. A name ending in a SQLite suffix (``app.db``, as LangGraph's and the Agents SDK's conn
+    strings name their files) gets the folder beside it with ``.memstrata`` added, whether the
+    file exists or not (the file stays SQLite's: never made, read or written here). Any other
+    path is the folder itself, or one ending in a separator; but a file there (a SQLite file
+    named otherwise, such as a temporary file) gets the folder beside it too, and keeps it once
+    the file is gone. A folder where the suffix names a file is refused, not read instead."""
+    text = str(target)
+    path = Path(target).expanduser().resolve()
+    beside = path.with_name(path.name + FILE_SUFFIX)
+    as_folder = isinstance(target, str) and text.endswith(("/", os.sep))
+    if not as_folder and path.suffix.lower() in SQLITE_SUFFIXES:
+        if path.is_dir():
+            raise ConfigError(
+                f"{what} {text!r} names a SQLite file but is a folder: its data dir is "
+                f"{beside.name!r} beside it; move the folder there, or give {text + '/'!r} to use "
+                "the folder itself"
+            )
+        return beside
+    if path.exists() and not path.is_dir():
+        if as_folder:
+            raise ConfigError(f"{what} {text!r} ends in a separator, which names a folder, but is a file")
+        return beside
+    return beside if not path.exists() and beside.is_dir() and not as_folder else path
 
 
 def _check_same_model(given: Any, running: Any, where: str) -> None:

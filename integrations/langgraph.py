@@ -7,7 +7,8 @@ filters evaluated inside SQLite; scores are cosine similarities; TTL follows ``T
 
 Every operation goes through a running ``MemorySystem``'s item actor (given, or started privately
 on a data dir, see :mod:`memstrata.integrations`): a batch's puts are one message and one
-transaction, with the vectors the index's ``embed`` computed (or the system's shared embedder).
+transaction, with the vectors the index's ``embed`` computed; without one, the actor embeds the
+fields with the system's model (so it computes them again when that model changes).
 """
 
 from __future__ import annotations
@@ -17,18 +18,24 @@ import concurrent.futures
 import contextlib
 import datetime
 import math
-import sys
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from memstrata.core.closing import Closeable
-from memstrata.core.constants import MAX_TOP_K
+from memstrata.core.constants import (
+    MAX_KEY_CHARS,
+    MAX_LABEL_CHARS,
+    MAX_NAMESPACE_DEPTH,
+    MAX_TOP_K,
+    MAX_TTL_MINUTES,
+)
 from memstrata.errors import InvalidInputError, SystemStoppedError
 from memstrata.messages import PutItem
 
 from ._common import missing, open_system, settled
+from ._langgraph_filters import item_filter
 
 if TYPE_CHECKING:
     from memstrata._items import Items
@@ -54,73 +61,24 @@ def _stamp(seconds: float) -> datetime.datetime:
     return datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC)
 
 
-def _item(rec: Any) -> Any:
-    return Item(
-        value=rec.value,
-        key=rec.key,
-        namespace=tuple(rec.namespace),
-        created_at=_stamp(rec.created_at),
-        updated_at=_stamp(rec.updated_at),
-    )
-
-
-def _search_item(rec: Any) -> Any:
-    return SearchItem(
-        namespace=tuple(rec.namespace),
-        key=rec.key,
-        value=rec.value,
-        created_at=_stamp(rec.created_at),
-        updated_at=_stamp(rec.updated_at),
-        score=rec.score,
-    )
-
-
-class _SystemEmbeddings:
-    """A system's shared (batching) embedder with LangGraph's ``Embeddings`` methods."""
-
-    def __init__(self, embedder: Any) -> None:
-        self._embedder = embedder
-
-    def embed_documents(self, texts: list[str]) -> list[list[float]]:
-        return [row.tolist() for row in self._embedder.embed_documents(list(texts))]
-
-    def embed_query(self, text: str) -> list[float]:
-        return list(self._embedder.embed_query(text).tolist())
-
-
-_MAX = sys.float_info.max
-_NEVER = {"$gt": _MAX, "$lt": -_MAX}  # no finite number passes both
-
-
-def _bound(op: str, value: float) -> dict[str, float] | None:
-    """A comparison with infinity or NaN as the same test on finite numbers (JSON has no
-    infinity, so a stored number is always finite); ``None``: every item passes."""
-    if math.isnan(value):
-        return dict(_NEVER)  # NaN compares false with everything, as SQL NULL does
-    big = _MAX if value > 0 else -_MAX
-    if op in ("$lt", "$lte"):
-        return {"$lte": big} if value > 0 else dict(_NEVER)
-    if op in ("$gt", "$gte"):
-        return {"$gte": big} if value < 0 else dict(_NEVER)
-    if op == "$eq":
-        return dict(_NEVER)
-    return None  # "$ne": every item differs from infinity
-
-
-def _merge(kept: dict[str, Any], name: str, value: Any) -> None:
-    """Adds one test to a field's operators: of two bounds on one side the stricter stays."""
-    if name not in kept:
-        kept[name] = value
-    elif name == "$ne":
-        if kept[name] != value:  # one "$ne" per field in a filter
-            raise InvalidInputError(
-                f"a filter cannot hold both $ne {kept[name]!r} and a range on null (which is $ne None)"
-            )
-    else:
-        kept[name] = (min if name.startswith("$l") else max)(kept[name], value)
+def _item(rec: Any, kind: type[Item] = Item) -> Any:
+    """A stored item as LangGraph's ``Item`` (or ``SearchItem``, with its score)."""
+    scored = {"score": rec.score} if kind is SearchItem else {}
+    stamps = {"created_at": _stamp(rec.created_at), "updated_at": _stamp(rec.updated_at)}
+    return kind(namespace=tuple(rec.namespace), key=rec.key, value=rec.value, **stamps, **scored)
 
 
 _R = TypeVar("_R")
+
+
+def _page(op: Any, call: str) -> None:
+    """A search's or listing's ``limit`` and ``offset``: any integer from 0. A negative one is
+    refused by name, where LangGraph's stores disagree (SQLite reads a limit of -1 as none,
+    ``InMemoryStore`` slices from the end, Postgres refuses it)."""
+    for name in ("limit", "offset"):
+        value = getattr(op, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InvalidInputError(f"{call} {name} must be an integer from 0, got {value!r}")
 
 
 def _paged(fetch: Callable[[int, int], list[_R]], limit: int, offset: int) -> list[_R]:
@@ -136,62 +94,61 @@ def _paged(fetch: Callable[[int, int], list[_R]], limit: int, offset: int) -> li
     return found
 
 
-def _finite(filter: dict[str, Any] | None) -> dict[str, Any] | None:
-    """``filter`` as memstrata's item filter reads it, with the results of LangGraph's
-    ``SqliteStore``: infinite and NaN operands rewritten (see :func:`_bound`), integers beyond 64
-    bits as reals, and a range on ``None`` as SQLite evaluates it there (``None`` becomes a blob,
-    which sorts above every JSON value: ``$gt``/``$gte`` pass nothing, ``$lt``/``$lte`` every
-    value that is not null). Equality with ``None`` passes a null or missing field in both, as
-    in ``SqliteStore`` and ``InMemoryStore``."""
-    if not filter:
-        return filter
-    out: dict[str, Any] = {}
-    for field, cond in _contained(filter).items():
-        ops = cond if isinstance(cond, dict) and all(str(k).startswith("$") for k in cond) else None
-        if ops is None:
-            ops = {"$eq": cond}
-        kept: dict[str, Any] = {}
-        for op, value in ops.items():
-            if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
-                try:  # beyond JSON's integers: compared as a real, as SQLite does
-                    value = float(value)
-                except OverflowError:
-                    value = math.inf if value > 0 else -math.inf
-            if value is None and op in ("$gt", "$gte", "$lt", "$lte"):
-                bound: dict[str, Any] | None = dict(_NEVER) if op in ("$gt", "$gte") else {"$ne": None}
-            elif not isinstance(value, float) or math.isfinite(value):
-                bound = {op: value}
-            else:
-                bound = _bound(op, value)
-            for name, limit in (bound or {}).items():
-                _merge(kept, name, limit)
-        if kept:
-            out[field] = kept if (ops is not cond or len(kept) != 1 or "$eq" not in kept) else kept["$eq"]
-    return out
-
-
-def _contained(filter: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """An object in a filter as LangGraph's ``InMemoryStore`` reads it: ``{"meta": {"user":
-    "ada"}}`` passes an item whose ``meta`` holds ``user`` ``"ada"``, whatever else it holds;
-    each of its keys becomes a dotted path. An object mixing operators and keys is refused, as
-    LangGraph's SQL stores refuse it."""
-    out: dict[str, Any] = {}
-    for field, cond in filter.items():
-        path = f"{prefix}{field}"
-        if prefix and "." in str(field):
-            raise InvalidInputError(f"filter key {field!r} inside {prefix[:-1]!r} holds a '.'")
-        operators = [k for k in cond if str(k).startswith("$")] if isinstance(cond, dict) else []
-        if not isinstance(cond, dict) or not cond or len(operators) == len(cond):
-            out[path] = cond
-        elif operators:
-            raise InvalidInputError(f"filter {path!r} mixes operators and keys: {sorted(map(str, cond))}")
-        else:
-            out.update(_contained(cond, f"{path}."))
-    return out
+def _joined(paths: list[tuple[str, ...]]) -> tuple[str, ...] | None:
+    """Prefix conditions that must all hold, as one: label by label, a label wins over ``"*"``;
+    ``None`` when two labels differ (no namespace matches)."""
+    joined: list[str] = []
+    for n in range(max(map(len, paths), default=0)):
+        labels = {p[n] for p in paths if n < len(p)} - {"*"}
+        if len(labels) > 1:
+            return None
+        joined.append(labels.pop() if labels else "*")
+    return tuple(joined)
 
 
 def _paths(fields: Sequence[str]) -> list[tuple[str, Any]]:
     return [(p, "$" if p == "$" else _embed.tokenize_path(p)) for p in fields]
+
+
+def _read_again(fields: Sequence[str]) -> None:
+    """Refuse a field the item store cannot read itself, so could not embed again when the
+    system's model changes: it reads ``"$"`` and keys joined by dots, no ``[0]``, ``[*]``, ``*``
+    or ``{a,b}``."""
+    for path in fields:
+        if path != "$" and (any(c in path for c in "[]{}*") or not all(path.split("."))):
+            raise InvalidInputError(
+                f"index field {path!r} needs the index's own \"embed\": the system's model embeds "
+                'only "$" and keys joined by dots ("a.b"), which it computes again when it changes'
+            )
+
+
+def _address(namespace: Any, key: Any) -> None:
+    """The item store's limits on a LangGraph address, said with the names LangGraph's methods
+    give the arguments (keys are names: one of only whitespace is refused too)."""
+    labels = namespace if isinstance(namespace, tuple | list) else ()
+    if len(labels) > MAX_NAMESPACE_DEPTH:
+        raise InvalidInputError(
+            f"namespace must hold at most {MAX_NAMESPACE_DEPTH} labels, got {len(labels)}"
+        )
+    longest = max((len(x) for x in labels if isinstance(x, str)), default=0)
+    if longest > MAX_LABEL_CHARS:
+        raise InvalidInputError(
+            f"namespace labels must be at most {MAX_LABEL_CHARS} characters, got {longest}"
+        )
+    if isinstance(key, str) and not key.strip():
+        raise InvalidInputError(f"key must not be empty or only whitespace, got {key!r}")
+    if isinstance(key, str) and len(key) > MAX_KEY_CHARS:
+        raise InvalidInputError(f"key must be at most {MAX_KEY_CHARS} characters, got {len(key)}")
+
+
+def _ttl(value: Any, name: str = "ttl", *, zero: bool = True) -> None:
+    """A lifetime in minutes as LangGraph's SQL stores take it: 0 (where ``zero``) expires at once."""
+    number = value if isinstance(value, int | float) and not isinstance(value, bool) else math.nan
+    if value is not None and not (0 <= number <= MAX_TTL_MINUTES and (zero or number > 0)):
+        span = "from 0 to" if zero else "above 0 up to"
+        raise InvalidInputError(
+            f"{name} must be None or a number of minutes {span} {MAX_TTL_MINUTES:g}, got {value!r}"
+        )
 
 
 class MemstrataStore(BaseStore, Closeable):
@@ -200,7 +157,7 @@ class MemstrataStore(BaseStore, Closeable):
     ``target``: a running ``MemorySystem`` (its item actor and shared embedder are used), a data
     dir path (a private system on it, shared by the stores of the process given that path), or
     ``":memory:"`` (a private system in a temporary folder, removed at :meth:`close`).
-    ``index``: LangGraph's index config (without ``embed``: the system's embedder).
+    ``index``: LangGraph's index config (without ``embed``: the system's model, in its actor).
     ``ttl``: LangGraph's ``TTLConfig``. ``embedder``: the model of a private system.
     """
 
@@ -211,6 +168,8 @@ class MemstrataStore(BaseStore, Closeable):
     ) -> None:
         self.index_config: dict[str, Any] | None = None
         self.embeddings: Any = None
+        self._by_system = False  # the item actor embeds ``_fields`` with the system's model
+        self._fields: tuple[str, ...] = ()
         fields: list[str] = []
         if index:
             config = dict(index)
@@ -227,19 +186,14 @@ class MemstrataStore(BaseStore, Closeable):
                     f"index distance_type must be 'cosine' (memstrata ranks by cosine), got {distance!r}"
                 )
             self.index_config = config
+        _ttl((ttl or {}).get("default_ttl"), "ttl default_ttl", zero=False)
         self._opened = open_system(target, embedder=embedder, what="MemstrataStore target")
-        system = self._opened.system
         try:
             if self.index_config is not None:
                 config = self.index_config
                 config["__tokenized_fields"] = _paths(fields)
                 if config.get("embed") is None:
-                    if system.embedder is None:
-                        raise InvalidInputError(
-                            'the MemorySystem runs keyword-only (no embedder): give the index an "embed"'
-                        )
-                    self.embeddings = _SystemEmbeddings(system.embedder)
-                    config.setdefault("dims", system.embedder.dim)
+                    self._check_system_model(config, fields)
                 else:
                     self.embeddings = _embed.ensure_embeddings(config["embed"])
         except BaseException:
@@ -251,6 +205,24 @@ class MemstrataStore(BaseStore, Closeable):
         self._refresh_on_read = bool(ttl and ttl.get("refresh_on_read", False))
         self._stop = threading.Event()
         self._sweeper: threading.Thread | None = None
+
+    def _check_system_model(self, config: dict[str, Any], fields: list[str]) -> None:
+        """An index without ``embed``: the item actor embeds ``fields`` with the system's model
+        and marks the vectors as that model's, so it computes them again when the model changes
+        (vectors computed here would count as the caller's and be kept as they are)."""
+        model = self._opened.system.embedder
+        if model is None:
+            raise InvalidInputError(
+                'the MemorySystem runs keyword-only (no embedder): give the index an "embed"'
+            )
+        _read_again(fields)
+        dims = config.setdefault("dims", model.dim)
+        if dims != model.dim:
+            raise InvalidInputError(
+                f"index dims {dims} are not what the system's model {model.model_id!r} gives {model.dim}: "
+                'leave dims out, or give the index an "embed" of that length'
+            )
+        self._by_system, self._fields = True, tuple(fields)
 
     @property
     def system(self) -> Any:
@@ -304,7 +276,21 @@ class MemstrataStore(BaseStore, Closeable):
             return asyncio.run_coroutine_threadsafe(call, loop).result()
         return model.embed_query(texts[0]) if query else model.embed_documents(texts)
 
+    def _check(self, ops: list[Any]) -> None:
+        """Refuse the batch before any of it runs: a put's lifetime, an address the item store
+        cannot hold, a field it cannot embed with the system's model, a negative limit."""
+        for op in ops:
+            if isinstance(op, SearchOp | ListNamespacesOp):
+                _page(op, "search" if isinstance(op, SearchOp) else "list_namespaces")
+            if isinstance(op, GetOp | PutOp):
+                _address(op.namespace, op.key)
+            if isinstance(op, PutOp):
+                _ttl(op.ttl)
+                if self._by_system and op.value is not None and op.index:
+                    _read_again(op.index)
+
     def _run(self, ops: list[Any], loop: asyncio.AbstractEventLoop | None = None) -> list[Any]:
+        self._check(ops)
         results: list[Any] = [None] * len(ops)
         pending: list[Any] = []
         for i, op in enumerate(ops):
@@ -343,18 +329,25 @@ class MemstrataStore(BaseStore, Closeable):
 
     def _flush(self, puts: list[Any], loop: asyncio.AbstractEventLoop | None = None) -> None:
         """Apply puts in order (last write of a key wins) in one message, embedding every text
-        in one call."""
+        in one call (or, on the system's model, naming the fields for the item actor to embed).
+        A put with ``ttl`` 0 expires at once, so it deletes the key (an expired item is never
+        returned)."""
         if not puts:
             return
         last: dict[tuple[tuple[str, ...], str], Any] = {}
         for op in puts:
             last[(tuple(op.namespace), op.key)] = op
         puts.clear()
-        deletes = [k for k, op in last.items() if op.value is None]
+        deletes = [k for k, op in last.items() if op.value is None or op.ttl == 0]
+        gone = set(deletes)
         texts: list[str] = []
         owners: list[tuple[tuple[tuple[str, ...], str], str]] = []
+        fields: dict[tuple[tuple[str, ...], str], tuple[str, ...]] = {}
         for k, op in last.items():
-            if op.value is None or not self.index_config or op.index is False:
+            if k in gone or not self.index_config or op.index is False:
+                continue
+            if self._by_system:
+                fields[k] = self._fields if op.index is None else tuple(op.index)
                 continue
             paths = self.index_config["__tokenized_fields"] if op.index is None else _paths(op.index)
             for path, tokens in paths:
@@ -370,43 +363,54 @@ class MemstrataStore(BaseStore, Closeable):
             for (k, field), vec in zip(owners, rows, strict=True):
                 vectors.setdefault(k, {})[field] = vec
         messages = [
-            PutItem(k[0], k[1], dict(op.value), None, op.ttl, vectors.get(k) or None)
+            PutItem(k[0], k[1], dict(op.value), fields.get(k), op.ttl, vectors.get(k) or None)
             for k, op in last.items()
-            if op.value is not None
+            if k not in gone
         ]
         self._items.write(messages, deletes)
 
     def _search(self, op: Any, loop: asyncio.AbstractEventLoop | None = None) -> list[Any]:
-        vector = None
-        if op.query and self.embeddings is not None:
-            vector = self._vectors([self._embedded([op.query], loop, query=True)])[0]
-        prefix, where = tuple(op.namespace_prefix), _finite(op.filter)
+        vector = query = None
+        if op.query and self.index_config is not None:
+            if self._by_system:  # the actor embeds it, after computing again another model's vectors
+                query = op.query
+            else:
+                vector = self._vectors([self._embedded([op.query], loop, query=True)])[0]
+        prefix, where = tuple(op.namespace_prefix), item_filter(op.filter)
         refresh = bool(op.refresh_ttl) and self._refresh_on_read
         records = _paged(
             lambda limit, offset: self._items.search(
-                prefix, filter=where, limit=limit, offset=offset, query_vector=vector, refresh_ttl=refresh
+                prefix,
+                query=query,
+                filter=where,
+                limit=limit,
+                offset=offset,
+                query_vector=vector,
+                refresh_ttl=refresh,
             ),
             op.limit,
             op.offset,
         )
-        return [_search_item(r) for r in records]
+        return [_item(r, SearchItem) for r in records]
 
     def _list(self, op: Any) -> list[tuple[str, ...]]:
-        prefix = suffix = None
+        """The namespaces every match condition holds for, as in ``InMemoryStore``: the prefix
+        conditions joined into one, and the suffix ones (see :func:`_joined`)."""
+        paths: dict[str, list[tuple[str, ...]]] = {"prefix": [], "suffix": []}
         for cond in op.match_conditions or ():
-            if cond.match_type == "prefix":
-                prefix = tuple(cond.path)
-            elif cond.match_type == "suffix":
-                suffix = tuple(cond.path)
-            else:
+            if cond.match_type not in paths:
                 raise InvalidInputError(f"unknown namespace match type {cond.match_type!r}")
-        return _paged(
-            lambda limit, offset: self._items.list_namespaces(
-                prefix=prefix, suffix=suffix, max_depth=op.max_depth, limit=limit, offset=offset
-            ),
-            op.limit,
-            op.offset,
-        )
+            paths[cond.match_type].append(tuple(cond.path))
+        prefix, suffix = _joined(paths["prefix"]), _joined([p[::-1] for p in paths["suffix"]])
+
+        def fetch(limit: int, offset: int) -> list[tuple[str, ...]]:
+            if prefix is None or suffix is None:  # two labels at one place: no namespace matches
+                return []
+            return self._items.list_namespaces(
+                prefix=prefix, suffix=suffix[::-1], max_depth=op.max_depth, limit=limit, offset=offset
+            )
+
+        return _paged(fetch, op.limit, op.offset)
 
     # time to live -------------------------------------------------------------------------
 
