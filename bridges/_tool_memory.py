@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memstrata.core.constants import (
     MAX_ENTRY_ID,
@@ -27,6 +27,9 @@ from . import _convert
 from ._operation import NO_CONTROL, NOT_BLANK, Operation, Param, offset
 from ._tool_defs import TAGS, TAGS_FILTER, Tool, ToolContext, operation, tags_map
 
+if TYPE_CHECKING:
+    from memstrata._workspace_search import Ranked
+
 __all__ = ["MEMORY_CATEGORY", "MEMORY_TOOLS", "NO_MEMORIES"]
 
 MEMORY_CATEGORY = "memory"
@@ -37,6 +40,7 @@ NO_MEMORIES = (
     "no memories indexed yet: index a workspace with `memstrata index PATH` or save one with memory_add"
 )
 _TEXT_LIMIT = 4_000_000
+_FILES, _SAVED = 0, 1  # the sources of memory_search, in the order that wins a tie
 
 
 def _iso(seconds: Any) -> Any:
@@ -100,6 +104,10 @@ def _files_in_scope(files: Any, query: str, limit: int, floor: float | None, sco
 
 
 def _memory_search(ctx: ToolContext, args: dict[str, Any]) -> Any:
+    """Files and saved memories in one ranking: each source normalises its scores to its own
+    search, so the hits are fused again as the roots of a registry are (files first on a tie)."""
+    from memstrata._workspace_search import fuse_hits, ranked_hits  # numpy: with a search, not the tool list
+
     files = ctx.files()
     config = files.config
     limit = args.get("maxResults", config.search.max_results)
@@ -108,7 +116,8 @@ def _memory_search(ctx: ToolContext, args: dict[str, Any]) -> Any:
     scope = None if args.get("scope") is None else check_scope(args["scope"])
     tags = tags_map(args.get("tags"))
     query = args["query"]
-    hits: list[dict[str, Any]] = []
+    file_hits: list[Any] = []
+    saved: Any = []  # the store's list: its ``degraded`` says why keywords ranked alone
     complete = True
     degraded: list[str] = []  # why a part was not ranked as a hybrid search ranks it
     warnings: list[str] = []
@@ -119,46 +128,58 @@ def _memory_search(ctx: ToolContext, args: dict[str, Any]) -> Any:
         warnings.extend(str(w) for w in getattr(found, "warnings", None) or ())
         if getattr(found, "degraded", None):
             degraded.append(f"files: {found.degraded}")
-        hits.extend(
-            {
-                "path": str(hit.absolute_path),
-                "startLine": hit.start_line,
-                "endLine": hit.end_line,
-                "score": round(hit.score, 4),
-                "snippet": hit.snippet,
-            }
-            for hit in found
-            if scope is None or _in_scope(hit.path, scope)
-        )
+        file_hits = [hit for hit in found if scope is None or _in_scope(hit.path, scope)]
     if ctx.system is not None:
-        options: dict[str, Any] = {"category": MEMORY_CATEGORY, "top_k": limit, "min_score": min_score}
-        if scope is not None:
-            options["scope"] = scope
-        if tags:
-            options["tags"] = tags
-        saved = ctx.agent().query_knowledge(query, include_shared=False, **options)
+        saved = _saved_hits(ctx, query, limit, min_score, scope, tags)
         if getattr(saved, "degraded", None):
             degraded.append(f"saved memories: {saved.degraded}")
-        snippet_chars = config.search.snippet_chars
-        for h in saved:
-            content = str(h.entry.content)
-            hits.append(
-                {
-                    "path": _memory_path(h.entry.id),
-                    "startLine": 1,
-                    "endLine": len(_lines(content)),
-                    "score": round(float(h.score), 4),
-                    "snippet": content[:snippet_chars],
-                }
-            )
-    if not roots and not hits and not _has_saved_memories(ctx):
+    if not roots and not saved and not _has_saved_memories(ctx):
         warnings.append(NO_MEMORIES)
-    hits.sort(key=lambda r: -float(r["score"]))
+    pool = [*ranked_hits(file_hits, _FILES), *ranked_hits(saved, _SAVED, by_ranks=True)]
+    one_model = not (file_hits and saved) or _one_model(ctx)
+    merged = fuse_hits(pool, limit, query=query, search=config.search, one_model=one_model)
     return {
-        "hits": hits[:limit],
+        "hits": [_row(ranked, score, config.search.snippet_chars) for ranked, score in merged],
         "complete": complete,
         "degraded": "; ".join(degraded) or None,
         "warnings": warnings,
+    }
+
+
+def _saved_hits(
+    ctx: ToolContext, query: str, limit: int, min_score: float, scope: str | None, tags: Any
+) -> Any:
+    """The agent's saved memories that match, best first."""
+    options: dict[str, Any] = {"category": MEMORY_CATEGORY, "top_k": limit, "min_score": min_score}
+    if scope is not None:
+        options["scope"] = scope
+    if tags:
+        options["tags"] = tags
+    return ctx.agent().query_knowledge(query, include_shared=False, **options)
+
+
+def _one_model(ctx: ToolContext) -> bool:
+    """Whether the agent's saved memories embed with the system's model, which file indexes
+    use, so the similarities of both sources compare (else they take turns, as stores do)."""
+    system = ctx.require_system()
+    mine, shared = system.embedder_for(ctx.agent_id), system.embedder
+    return mine is None or shared is None or bool(mine.model_id == shared.model_id)
+
+
+def _row(ranked: Ranked, score: float, snippet_chars: int) -> dict[str, Any]:
+    """A file hit or a saved memory as the tool shows it, with its merged score."""
+    hit = ranked.hit
+    if ranked.source == _FILES:
+        lines, snippet, path = (hit.start_line, hit.end_line), hit.snippet, str(hit.absolute_path)
+    else:
+        content = str(hit.entry.content)
+        lines, snippet, path = (1, len(_lines(content))), content[:snippet_chars], _memory_path(hit.entry.id)
+    return {
+        "path": path,
+        "startLine": lines[0],
+        "endLine": lines[1],
+        "score": round(score, 4),
+        "snippet": snippet,
     }
 
 

@@ -54,6 +54,7 @@ class WorkspaceHit(_Record):
     snippet: str
     match_type: str
     language: str | None = None
+    similarity: float | None = None  # cosine similarity with the query, when known
 
     @property
     def absolute_path(self) -> Path:
@@ -103,8 +104,18 @@ def _row_to_workspace(row: Any) -> Workspace:
 
 
 def _hit(ws: Workspace, hit: FileHit) -> WorkspaceHit:
-    where = (hit.path, hit.start_line, hit.end_line)
-    return WorkspaceHit(ws.root, ws.kind, *where, hit.score, hit.snippet, hit.match_type, hit.language)
+    return WorkspaceHit(
+        ws.root,
+        ws.kind,
+        hit.path,
+        hit.start_line,
+        hit.end_line,
+        hit.score,
+        hit.snippet,
+        hit.match_type,
+        hit.language,
+        hit.similarity,
+    )
 
 
 def _stats_dict(stats: Any) -> dict[str, Any]:

@@ -11,6 +11,8 @@ fuses again, as :func:`memstrata.layers.merge_hits` does for knowledge stores:
 - the same weighted RRF with the search settings and the query's adaptive weight.
 Ties keep the roots' order (memory workspaces first, then registration order), then each root's.
 A merged hit's ``score`` is that of the merged lists; the hits of a single root keep its ranking.
+:func:`ranked_hits` and :func:`fuse_hits` are that rule for any searches' hits (the
+``memory_search`` tool merges the files' hits with the saved memories' by it).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from memstrata.storage import fusion_weights, rrf
 
 from ._workspace_results import Workspace, WorkspaceHit, WorkspaceHits, _hit
 
-__all__ = ["merge_roots", "missing_warning", "search_roots"]
+__all__ = ["Ranked", "fuse_hits", "merge_roots", "missing_warning", "ranked_hits", "search_roots"]
 
 log = logging.getLogger("memstrata.files")
 
@@ -37,16 +39,26 @@ RootHits = Sequence[tuple[Workspace, Sequence[Any]]]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Ranked:
+    """A hit of one of the searches merged, with its places in that search's lists."""
+
+    hit: Any  # with ``match_type``, ``similarity`` and ``score``
+    source: int  # the search's place among those merged: the earlier wins a tie
+    similarity: float | None  # cosine similarity with the query
+    vector_rank: int | None  # 1-based place among its search's semantic and hybrid hits
+    keyword_rank: int | None  # 1-based place among its search's keyword and hybrid hits
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class _Candidate:
     ws: Workspace
-    hit: Any  # a FileHit
-    root_order: int  # the root's place among the roots searched
+    ranked: Ranked  # its hit is a FileHit, its source the root's place among the roots searched
     position: int  # 1-based place in its root's hits
-    keyword_rank: int | None  # 1-based place among its root's keyword and hybrid hits
 
     @property
     def place(self) -> tuple[Path, int, int]:
-        return (self.ws.root / self.hit.path, self.hit.start_line, self.hit.end_line)
+        hit = self.ranked.hit
+        return (self.ws.root / hit.path, hit.start_line, hit.end_line)
 
 
 def search_roots(
@@ -117,15 +129,46 @@ def merge_roots(found: RootHits, limit: int, *, query: str, search: SearchConfig
     """The best ``limit`` hits of the roots ranked as one index would rank them (see the module).
     Lines that roots inside one another (or one folder of both kinds) both hold come once."""
     pool = _distinct(_candidates(found))
-    if len({c.root_order for c in pool}) <= 1:
-        return [_hit(c.ws, c.hit) for c in pool[:limit]]
+    roots = {c.ranked.source: c.ws for c in pool}
+    fused = fuse_hits([c.ranked for c in pool], limit, query=query, search=search)
+    return [dataclasses.replace(_hit(roots[r.source], r.hit), score=score) for r, score in fused]
+
+
+def ranked_hits(hits: Sequence[Any], source: int, *, by_ranks: bool = False) -> list[Ranked]:
+    """One search's hits (best first, each with ``match_type`` and ``similarity``) with their
+    places among its semantic and among its keyword hits: in its order or, ``by_ranks``, in
+    the order of their own ``vector_rank`` and ``keyword_rank`` (a store's lists before fusion)."""
+    semantic = [n for n, hit in enumerate(hits) if hit.match_type != "keyword"]
+    keyword = [n for n, hit in enumerate(hits) if hit.match_type != "semantic"]
+    if by_ranks:
+        semantic.sort(key=lambda n: hits[n].vector_rank or 0)
+        keyword.sort(key=lambda n: hits[n].keyword_rank or 0)
+    vector_rank = {n: rank for rank, n in enumerate(semantic, 1)}
+    keyword_rank = {n: rank for rank, n in enumerate(keyword, 1)}
+    return [
+        Ranked(hit, source, hit.similarity, vector_rank.get(n), keyword_rank.get(n))
+        for n, hit in enumerate(hits)
+    ]
+
+
+def fuse_hits(
+    pool: Sequence[Ranked], limit: int, *, query: str, search: SearchConfig, one_model: bool = True
+) -> list[tuple[Ranked, float]]:
+    """The best ``limit`` of several searches' hits with their merged scores (see the module):
+    the vector list by similarity when ``one_model`` embedded every search (else the searches
+    take turns, as in the keyword list), ties in source order. The hits of a single search keep
+    its order and scores."""
+    if len({r.source for r in pool}) <= 1:
+        return [(r, float(r.hit.score)) for r in pool[:limit]]
     by_vector = sorted(
-        (n for n, c in enumerate(pool) if c.hit.match_type != "keyword"),
-        key=lambda n: (-(pool[n].hit.similarity or 0.0), pool[n].root_order, pool[n].position),
+        (n for n, r in enumerate(pool) if r.vector_rank is not None),
+        key=(lambda n: (-(pool[n].similarity or 0.0), pool[n].source, pool[n].vector_rank))
+        if one_model
+        else (lambda n: (pool[n].vector_rank, pool[n].source)),
     )
     by_keyword = sorted(
-        (n for n, c in enumerate(pool) if c.keyword_rank is not None),
-        key=lambda n: (pool[n].keyword_rank, pool[n].root_order),
+        (n for n, r in enumerate(pool) if r.keyword_rank is not None),
+        key=lambda n: (pool[n].keyword_rank, pool[n].source),
     )
     lists = [ranked for ranked in (by_vector, by_keyword) if ranked]
     weights = fusion_weights(
@@ -136,28 +179,22 @@ def merge_roots(found: RootHits, limit: int, *, query: str, search: SearchConfig
         query=query,
         k=search.rrf_k,
     )
-    fused = rrf(lists, k=search.rrf_k, weights=weights, limit=limit)
-    return [dataclasses.replace(_hit(pool[f.key].ws, pool[f.key].hit), score=f.score) for f in fused]
+    return [(pool[f.key], f.score) for f in rrf(lists, k=search.rrf_k, weights=weights, limit=limit)]
 
 
 def _candidates(found: RootHits) -> list[_Candidate]:
     """Every root's hits in root order, each with its places in its root's lists."""
     out = []
     for root_order, (ws, hits) in enumerate(found):
-        keyword_hits = 0
-        for position, hit in enumerate(hits, 1):
-            keyword_rank = None
-            if hit.match_type != "semantic":
-                keyword_hits += 1
-                keyword_rank = keyword_hits
-            out.append(_Candidate(ws, hit, root_order, position, keyword_rank))
+        for position, ranked in enumerate(ranked_hits(hits, root_order), 1):
+            out.append(_Candidate(ws, ranked, position))
     return out
 
 
 def _distinct(pool: list[_Candidate]) -> list[_Candidate]:
     """Each file's lines once: the copy its root ranked higher (the first root's on a tie)."""
     first: dict[tuple[Path, int, int], int] = {}
-    for n in sorted(range(len(pool)), key=lambda n: (pool[n].position, pool[n].root_order)):
+    for n in sorted(range(len(pool)), key=lambda n: (pool[n].position, pool[n].ranked.source)):
         first.setdefault(pool[n].place, n)
     kept = set(first.values())
     return [c for n, c in enumerate(pool) if n in kept]
