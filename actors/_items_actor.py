@@ -1,26 +1,25 @@
 """The system's item store behind a mailbox: ``{data_dir}/items.sqlite``, one actor per system.
 
 It owns the :class:`~memstrata.layers._items.ItemStore` (opened in its own thread) and embeds the
-``index`` fields of the items it stores, and the queries of searches, with the shared embedder, so
-the adapters of every agent in a process share one model and one batching queue. The store
-records which model computed each vector: after a change of model, the vectors the old one
-computed are computed again before the first search or embedded write (a vector of another
-model ranks by another meaning, even at the same length); vectors given with the items are
-the callers' and stay as they are.
+``index`` paths of the items it stores (read as :mod:`._item_paths` says, one vector per text),
+and the queries of searches, with the shared embedder, so the adapters of every agent in a
+process share one model and one batching queue. The store records which model computed each
+vector: after a change of model, the vectors the old one computed are computed again before the
+first search or embedded write (a vector of another model ranks by another meaning, even at the
+same length); vectors given with the items are the callers' and stay as they are.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
-
-import orjson
 
 from memstrata.core.errors import ConfigError, InvalidInputError, MemstrataError
 from memstrata.storage import embed_documents, embed_query
 
 from ._base import MemoryActor
+from ._item_paths import named_texts, texts_of_names
 from ._msg_items import (
     ClearNamespace,
     DeleteItem,
@@ -52,19 +51,6 @@ _REFRESH_BATCH = 256  # items whose vectors are computed again per embedding req
 log = logging.getLogger("memstrata.actors")
 
 
-def field_text(value: dict[str, Any], path: str) -> str | None:
-    """The text at a dotted ``path`` of ``value`` (``"$"``: all of it); non-text as JSON."""
-    found: Any = value
-    if path != "$":
-        for part in path.split("."):
-            if not isinstance(found, dict) or part not in found:
-                return None
-            found = found[part]
-    if found is None:
-        return None
-    return found if isinstance(found, str) else orjson.dumps(found).decode()
-
-
 class ItemsActor(MemoryActor):
     """Translates item messages into calls on the item layer; queued puts share one transaction."""
 
@@ -91,21 +77,12 @@ class ItemsActor(MemoryActor):
     def batch_key(self, message: Any) -> str | None:
         return "put" if isinstance(message, PutItem) else None
 
-    def _embed_fields(self, items: Sequence[tuple[dict[str, Any], Sequence[str]]], what: str) -> list[Any]:
-        """Per ``(value, field paths)``, ``{path: vector}`` for the paths that hold text (one
-        embedding request for all), or ``None`` when none does."""
-        texts: list[str] = []
-        plan: list[list[tuple[str, int]]] = []
-        for value, paths in items:
-            fields = []
-            for path in paths:
-                text = field_text(value, path)
-                if text is not None:
-                    fields.append((path, len(texts)))
-                    texts.append(text)
-            plan.append(fields)
-        vectors: Any = embed_documents(self._embedder(what), texts) if texts else []
-        return [{path: vectors[i].tolist() for path, i in fields} if fields else None for fields in plan]
+    def _embed_fields(self, items: Sequence[Mapping[str, str]], what: str) -> list[Any]:
+        """Per item's ``{vector name: text}`` (see :mod:`._item_paths`), ``{name: vector}`` (one
+        embedding request for all), or ``None`` when it has no text."""
+        texts = [text for named in items for text in named.values()]
+        vectors: Any = iter(embed_documents(self._embedder(what), texts) if texts else [])
+        return [{name: next(vectors).tolist() for name in named} if named else None for named in items]
 
     def _refresh_vectors(self, *, needed: bool) -> None:
         """Compute again, with the system's model, the vectors another model computed (see the
@@ -122,7 +99,8 @@ class ItemsActor(MemoryActor):
             computed: list[Any] = []
             for start in range(0, len(stale), _REFRESH_BATCH):
                 part = stale[start : start + _REFRESH_BATCH]
-                computed += self._embed_fields([(value, fields) for _, value, fields in part], "item vectors")
+                named = [texts_of_names(value, fields) for _, value, fields in part]
+                computed += self._embed_fields(named, "item vectors")
                 log.info("item store: vectors of %d of %d items computed again with %s",
                          start + len(part), len(stale), model)  # fmt: skip
             if stale:
@@ -149,7 +127,8 @@ class ItemsActor(MemoryActor):
         indexed = [m for m in puts if m.vectors is None and m.index]
         if indexed or any(m.vectors for m in puts):
             self._refresh_vectors(needed=bool(indexed))
-        computed = iter(self._embed_fields([(m.value, m.index or ()) for m in indexed], "PutItem.index"))
+        named = [named_texts(m.value, m.index or ()) for m in indexed]
+        computed = iter(self._embed_fields(named, "PutItem.index"))
         model = None if self.runtime.embedder is None else self.runtime.embedder.model_id
         rows: list[Any] = []
         for message in puts:
@@ -176,9 +155,8 @@ class ItemsActor(MemoryActor):
             and isinstance(r.get("value"), dict)
             and (r["vectors_model"] != embedder.model_id or _other_length(r["vectors"], embedder.dim))
         ]
-        computed = self._embed_fields(
-            [(records[n]["value"], list(records[n]["vectors"])) for n in stale], "import"
-        )
+        named = [texts_of_names(records[n]["value"], list(records[n]["vectors"])) for n in stale]
+        computed = self._embed_fields(named, "import")
         for n, vectors in zip(stale, computed, strict=True):
             out[n] = {**records[n], "vectors": vectors or {}, "vectors_model": embedder.model_id}
         return out

@@ -115,7 +115,7 @@ def _check_object(value: object, name: str) -> dict[str, Any]:
 
 
 def _check_paths(value: object, name: str) -> tuple[str, ...]:
-    """The dotted paths of the fields to embed."""
+    """The paths of the fields to embed (dotted, or LangGraph's grammar: ``actors/_item_paths.py``)."""
     if isinstance(value, str) or not isinstance(value, list | tuple):
         raise fail(name, "must be a list of field paths", value)
     for path in value:
@@ -158,10 +158,11 @@ Offset = Annotated[int, between(0, MAX_OFFSET)]
 class PutItem(Message):
     """Upsert ``value`` (a JSON object) at ``(namespace, key)``.
 
-    ``index``: the value's fields (dotted paths) whose text is embedded, one vector each, so a
-    search by meaning finds the item; ``None`` or empty keeps no vector. ``vectors``: instead of
-    ``index``, the vectors the caller computed with its own model, one per field name (all of
-    one dimension, finite). ``ttl_minutes``: expiry.
+    ``index``: the value's fields (dotted paths, ``"$"``, or LangGraph's ``a[0]``, ``tags[*]``,
+    ``{a,b}``) whose text is embedded, one vector per text, so a search by meaning finds the
+    item; ``None`` or empty keeps no vector. ``vectors``: instead of ``index``, the vectors the
+    caller computed with its own model, one per field name (all of one dimension, finite).
+    ``ttl_minutes``: expiry.
     """
 
     namespace: Namespace

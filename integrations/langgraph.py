@@ -2,7 +2,7 @@
 
 Items are addressed by (namespace tuple, key); values stay JSON apart from the embedded text; the
 ``index`` config is LangGraph's (``dims``, ``embed``, ``fields`` or ``text_fields`` with JSON paths,
-one vector per field and item ranked by its best field); search takes a namespace prefix and
+one vector per text a path reads, an item ranked by its best); search takes a namespace prefix and
 filters evaluated inside SQLite; scores are cosine similarities; TTL follows ``TTLConfig``.
 
 Every operation goes through a running ``MemorySystem``'s item actor (given, or started privately
@@ -110,18 +110,6 @@ def _paths(fields: Sequence[str]) -> list[tuple[str, Any]]:
     return [(p, "$" if p == "$" else _embed.tokenize_path(p)) for p in fields]
 
 
-def _read_again(fields: Sequence[str]) -> None:
-    """Refuse a field the item store cannot read itself, so could not embed again when the
-    system's model changes: it reads ``"$"`` and keys joined by dots, no ``[0]``, ``[*]``, ``*``
-    or ``{a,b}``."""
-    for path in fields:
-        if path != "$" and (any(c in path for c in "[]{}*") or not all(path.split("."))):
-            raise InvalidInputError(
-                f"index field {path!r} needs the index's own \"embed\": the system's model embeds "
-                'only "$" and keys joined by dots ("a.b"), which it computes again when it changes'
-            )
-
-
 def _address(namespace: Any, key: Any) -> None:
     """The item store's limits on a LangGraph address, said with the names LangGraph's methods
     give the arguments (keys are names: one of only whitespace is refused too)."""
@@ -215,7 +203,6 @@ class MemstrataStore(BaseStore, Closeable):
             raise InvalidInputError(
                 'the MemorySystem runs keyword-only (no embedder): give the index an "embed"'
             )
-        _read_again(fields)
         dims = config.setdefault("dims", model.dim)
         if dims != model.dim:
             raise InvalidInputError(
@@ -278,7 +265,7 @@ class MemstrataStore(BaseStore, Closeable):
 
     def _check(self, ops: list[Any]) -> None:
         """Refuse the batch before any of it runs: a put's lifetime, an address the item store
-        cannot hold, a field it cannot embed with the system's model, a negative limit."""
+        cannot hold, a negative limit."""
         for op in ops:
             if isinstance(op, SearchOp | ListNamespacesOp):
                 _page(op, "search" if isinstance(op, SearchOp) else "list_namespaces")
@@ -286,8 +273,6 @@ class MemstrataStore(BaseStore, Closeable):
                 _address(op.namespace, op.key)
             if isinstance(op, PutOp):
                 _ttl(op.ttl)
-                if self._by_system and op.value is not None and op.index:
-                    _read_again(op.index)
 
     def _run(self, ops: list[Any], loop: asyncio.AbstractEventLoop | None = None) -> list[Any]:
         self._check(ops)

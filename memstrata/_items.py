@@ -56,8 +56,9 @@ class Items:
         timeout: float | None = None,
     ) -> None:
         """Upsert ``value`` (a JSON object); the ``index`` fields (dotted paths, ``"$"``: the whole
-        value) are embedded so a search by meaning finds it, or ``vectors`` (field name to
-        vector) computed by the caller's own model are stored; ``ttl_minutes`` makes it expire."""
+        value, or LangGraph's ``a[0]``, ``tags[*]``, ``{a,b}``) are embedded so a search by
+        meaning finds it, or ``vectors`` (field name to vector) computed by the caller's own model
+        are stored; ``ttl_minutes`` makes it expire."""
         fields = None if index is None else _ns(index)
         plain = dict(value) if isinstance(value, Mapping) else value
         vecs = dict(vectors) if isinstance(vectors, Mapping) else vectors
