@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from ._files import Codebase, MemoryFiles
     from ._knowledge import KnowledgeEntry, KnowledgeHit, KnowledgeStore
     from ._knowledge_merge import merge_hits
+    from ._search_hits import SearchHits
     from ._working import WorkingMemory
 
 _LAZY = {
@@ -29,6 +30,7 @@ _LAZY = {
     "MemoryFiles": "._files",
     "Codebase": "._files",
     "FileHit": "._file_results",
+    "SearchHits": "._search_hits",
     "SyncStats": "._file_results",
     "WorkingMemory": "._working",
     "BlackboardState": "._blackboard",
@@ -45,6 +47,7 @@ __all__ = [
     "KnowledgeHit",
     "KnowledgeStore",
     "MemoryFiles",
+    "SearchHits",
     "SyncStats",
     "WorkingMemory",
     "merge_hits",

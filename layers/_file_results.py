@@ -1,5 +1,5 @@
-"""What file index searches and syncs return: :class:`FileHit`, :class:`FileHits` and
-:class:`SyncStats`.
+"""What file index searches and syncs return: :class:`FileHit`, :class:`FileHits` (a
+:class:`SearchHits` list, as the registry's hits across roots are) and :class:`SyncStats`.
 
 Plain frozen records, apart from the index classes so callers can name them without the index.
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ._search_hits import SearchHits
 from ._sync_plan import SyncResult
 
 __all__ = ["FileHit", "FileHits", "SyncStats"]
@@ -31,21 +32,13 @@ class FileHit:
         return asdict(self)
 
 
-class FileHits(list[FileHit]):
-    """Search hits, best first. ``complete`` is False when files may be left unindexed: the sync
+class FileHits(SearchHits[FileHit]):
+    """One index's search hits. ``complete`` is False when files may be left unindexed: the sync
     before the search ran out of its budget (``files.lazy_sync_wait_s``), another sync was still
     running, or, with no sync before searches (a budget of 0), changes are known to be pending;
     ``warnings`` names what was skipped (e.g. a missing root). ``degraded`` says in one line why
     the hits were ranked by keywords only although a hybrid search was asked for (the query
     embedding failed), else ``None``: a keyword-only index or a keyword search is not degraded."""
-
-    def __init__(
-        self, hits: Any = (), *, complete: bool = True, warnings: Any = (), degraded: str | None = None
-    ) -> None:
-        super().__init__(hits)
-        self.complete = complete
-        self.warnings: list[str] = list(warnings)
-        self.degraded = degraded
 
 
 @dataclass(frozen=True, slots=True)

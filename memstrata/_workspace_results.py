@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 
+from memstrata.layers import SearchHits
+
 if TYPE_CHECKING:
     from memstrata.layers import FileHit
 
@@ -74,21 +76,13 @@ class FileText(_Record):
     text: str
 
 
-class WorkspaceHits(list[WorkspaceHit]):
+class WorkspaceHits(SearchHits[WorkspaceHit]):
     """Hits across roots, best first. ``complete`` is False when some root's sync ran out of its
     budget before the search (files not indexed yet were not searched); ``warnings`` names the
     roots that were skipped (a folder that is gone, an index that cannot be opened or searched)
     and why a root's hits may be stale; ``degraded`` says why some root's ranking is not the
     hybrid one (e.g. the query embedding failed: ranked by keywords), the distinct reasons of the
     roots joined by ``; ``, else ``None``."""
-
-    def __init__(
-        self, hits: Any = (), *, complete: bool = True, warnings: Any = (), degraded: str | None = None
-    ) -> None:
-        super().__init__(hits)
-        self.complete = complete
-        self.warnings: list[str] = list(warnings)
-        self.degraded = degraded
 
 
 def _row_to_workspace(row: Any) -> Workspace:

@@ -10,6 +10,8 @@ import pytest
 from hypothesis import settings
 
 import memstrata.storage._connection as connection_module
+from memstrata import Config, MemorySystem
+from memstrata._workspaces import Workspaces
 from memstrata.storage import disable_vec_for_tests
 from tests.fakes import FakeEmbedder
 
@@ -31,6 +33,18 @@ def data_dir(tmp_path: Path) -> Path:
 @pytest.fixture
 def fake_embedder() -> FakeEmbedder:
     return FakeEmbedder()
+
+
+@pytest.fixture
+def system_and_files(data_dir: Path) -> Iterator[tuple[MemorySystem, Workspaces]]:
+    """A running system and a file registry on one data dir, both with the fake embedder: what
+    the tools and the bridges work on."""
+    embedder = FakeEmbedder()
+    with (
+        MemorySystem.start(Config(data_dir=data_dir), embedder=embedder) as system,
+        Workspaces(data_dir, config=system.config, embedder=embedder) as registry,
+    ):
+        yield system, registry
 
 
 @pytest.fixture(scope="session")

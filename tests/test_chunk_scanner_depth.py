@@ -61,10 +61,12 @@ for name, text in json.loads(sys.stdin.read()).items():
 """
 
 
-def _chunk_in_child(files: dict[str, str]) -> tuple[list[list[Any]], str]:
+def _child(code: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``code`` run by a new interpreter, which must exit 0: a scanner's crash kills the child
+    (-11), and the test fails instead of the test run."""
     done = subprocess.run(
-        [sys.executable, "-c", CHILD],
-        input=json.dumps(files),
+        [sys.executable, "-c", code, *args],
+        input=stdin,
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -72,6 +74,11 @@ def _chunk_in_child(files: dict[str, str]) -> tuple[list[list[Any]], str]:
         check=False,
     )
     assert done.returncode == 0, f"exit {done.returncode}; stderr ends: {done.stderr[-300:]}"
+    return done
+
+
+def _chunk_in_child(files: dict[str, str]) -> tuple[list[list[Any]], str]:
+    done = _child(CHILD, stdin=json.dumps(files))
     return [json.loads(line) for line in done.stdout.splitlines()], done.stderr
 
 
@@ -141,13 +148,5 @@ def test_a_deep_yaml_file_is_indexed_and_found(tmp_path: Path) -> None:
     root.mkdir()
     (root / "deep.yaml").write_text(_yaml_map(300), encoding="utf-8")
     (root / "ok.py").write_text("def ok():\n    return 1\n", encoding="utf-8")
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD_INDEX, str(root), str(tmp_path / "data")],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, f"exit {done.returncode}; stderr ends: {done.stderr[-300:]}"
+    done = _child(CHILD_INDEX, str(root), str(tmp_path / "data"))
     assert done.stdout.splitlines() == ["2 0", "deep.yaml"]

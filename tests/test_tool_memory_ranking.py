@@ -3,7 +3,6 @@ scores are normalised to its own search, so they are fused again, never compared
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -22,13 +21,8 @@ QUERY = "where is the deploy key"
 
 
 @pytest.fixture
-def env(data_dir: Path) -> Iterator[tuple[MemorySystem, Workspaces]]:
-    embedder = FakeEmbedder()
-    with (
-        MemorySystem.start(Config(data_dir=data_dir), embedder=embedder) as system,
-        Workspaces(data_dir, config=system.config, embedder=embedder) as registry,
-    ):
-        yield system, registry
+def env(system_and_files: tuple[MemorySystem, Workspaces]) -> tuple[MemorySystem, Workspaces]:
+    return system_and_files
 
 
 def call(env: tuple[MemorySystem, Workspaces], name: str, arguments: Any) -> Any:

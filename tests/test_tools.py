@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +16,8 @@ from tests.fakes import FakeEmbedder
 
 
 @pytest.fixture
-def env(data_dir: Path) -> Iterator[tuple[MemorySystem, Workspaces]]:
-    embedder = FakeEmbedder()
-    with (
-        MemorySystem.start(Config(data_dir=data_dir), embedder=embedder) as system,
-        Workspaces(data_dir, config=system.config, embedder=embedder) as registry,
-    ):
-        yield system, registry
+def env(system_and_files: tuple[MemorySystem, Workspaces]) -> tuple[MemorySystem, Workspaces]:
+    return system_and_files
 
 
 def call(env: tuple[MemorySystem, Workspaces], name: str, arguments: Any, agent_id: str = "a1") -> Any:
