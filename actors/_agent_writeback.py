@@ -12,6 +12,7 @@ from memstrata.core.errors import AgentDegradedError, EmbeddingError, InvalidInp
 from memstrata.core.validation import check_content
 
 from ._base import MemoryActor
+from ._delivery import deliver
 from ._outbox import Outbox, OutboxRow
 from ._store_messages import WriteBackEpisode, WriteBackKnowledge
 from ._workspace import NoteOutcome
@@ -122,12 +123,20 @@ class AgentWriteBack(MemoryActor):
                     self.runtime.post(self.runtime.ref("workspace", self.key), note, owner=self.owner)
                 except Exception as exc:  # the outcome is stored; only its note is missing
                     log.warning("agent %s: daily memory note not written: %s", self.key, exc)
-        if self.runtime.config.for_agent(self.key).clear_working_memory_on_task_end:
-            working = self.runtime.existing("working", self.key)
-            if working is not None:  # only the ended tasks' spaces: concurrent tasks keep theirs
-                for task_id in dict.fromkeys(row.task_id for row in rows):
-                    clear = ClearWorkingMemory(self.key, task_id=task_id)
-                    self.runtime.post(working, clear, owner=self.owner)
+        if self.runtime.config.for_agent(self.key).clear_working_memory_on_task_end and self._has_working():
+            for task_id in dict.fromkeys(row.task_id for row in rows):
+                # only the ended tasks' spaces: concurrent tasks keep theirs
+                clear = ClearWorkingMemory(self.key, task_id=task_id)
+                try:  # a retired agent's actor starts again, to clear the values it kept
+                    deliver(self.runtime, "working", self.key, clear)
+                except Exception as exc:  # the outcome is stored; only the clear is missing
+                    log.warning("agent %s: working memory of task %r not cleared: %s", self.key, task_id, exc)
+
+    def _has_working(self) -> bool:
+        """Whether the agent has working memory: an actor running, or the values a retired
+        one left (they outlive it, see :class:`WorkingMemoryActor`)."""
+        kept: dict[str, Any] = getattr(self.runtime, "working_memories", {})
+        return self.key in kept or self.runtime.existing("working", self.key) is not None
 
     def _seen(self, row: OutboxRow) -> bool:
         """Whether ``row`` repeats an outcome queued lately (an orchestrator retrying a call

@@ -123,11 +123,10 @@ def export_records(runtime: Runtime, *, timeout: float, into: Path | None = None
             if kind == "episodic" and owner == SHARED:
                 continue
             records += runtime.wait(runtime.request(kind, owner, ask), timeout, f"export {kind} {owner}")
-    for kind, key in sorted(running):
-        if kind == "working":
-            records += runtime.wait(
-                runtime.request(kind, key, ExportRecords()), timeout, f"export working {key}"
-            )
+    for key in sorted(_working_owners(runtime, running)):
+        records += runtime.wait(
+            runtime.request("working", key, ExportRecords()), timeout, f"export working {key}"
+        )
     # boards that run, and with snapshots those saved by an earlier run (loaded when asked)
     if runtime.config.actors.blackboard_snapshot:
         boards = _owners(runtime, "blackboard", running)
@@ -140,6 +139,12 @@ def export_records(runtime: Runtime, *, timeout: float, into: Path | None = None
     records[1:] = sorted(records[1:], key=_sort_key)
     records[0]["records"] = len(records) - 1  # an import of a file cut short can tell
     return records
+
+
+def _working_owners(runtime: Runtime, running: list[tuple[str, str]]) -> set[str]:
+    """Agents with working memory: those whose actor runs, and those whose values outlived the
+    actor (a retired agent's are kept for its next use, so a backup holds them too)."""
+    return {key for kind, key in running if kind == "working"} | set(runtime.working_memories)
 
 
 def _board_records(runtime: Runtime, session: str, timeout: float) -> list[dict[str, Any]]:
