@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+import math
 import threading
 import time
 import uuid
@@ -20,6 +21,7 @@ from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from memstrata.core.validation import check_aware
+from memstrata.layers._working import NS_PER_S, seconds_to_ns
 
 __all__ = ["Clock", "IdSource", "ManualClock", "SystemClock"]
 
@@ -46,29 +48,39 @@ class SystemClock:
 
 
 class ManualClock:
-    """A clock that moves only when told to (``advance``), for tests and simulations."""
+    """A clock that moves only when told to (``advance``), for tests and simulations.
+
+    Time is one exact count of nanoseconds, from which both ``now`` and ``monotonic`` are read:
+    the same total advance gives the same time however it is split, and the two never drift
+    apart (``now`` shows whole microseconds, the most a ``datetime`` holds).
+    """
 
     def __init__(self, start: _dt.datetime | None = None) -> None:
-        self._now = _dt.datetime(2025, 1, 1, tzinfo=_dt.UTC) if start is None else check_aware(start, "start")
-        self._mono = 0.0
+        self._start = (
+            _dt.datetime(2025, 1, 1, tzinfo=_dt.UTC) if start is None else check_aware(start, "start")
+        )
+        self._elapsed_ns = 0
         self._lock = threading.Lock()
         self._listeners: list[Callable[[], None]] = []
 
     def now(self) -> _dt.datetime:
         with self._lock:
-            return self._now
+            elapsed_ns = self._elapsed_ns
+        return self._start + _dt.timedelta(microseconds=elapsed_ns // 1000)
 
     def monotonic(self) -> float:
         with self._lock:
-            return self._mono
+            elapsed_ns = self._elapsed_ns
+        return elapsed_ns / NS_PER_S  # the float nearest the exact count
 
     def advance(self, seconds: float) -> None:
-        """Move time forward; deadlines that are now due fire (on the system's timer thread)."""
-        if not seconds >= 0:
-            raise ValueError(f"a clock cannot go backwards (advance by {seconds!r})")
+        """Move time forward by ``seconds``, counted to the nearest nanosecond; deadlines that
+        are now due fire (on the system's timer thread)."""
+        if not seconds >= 0 or not math.isfinite(seconds):
+            raise ValueError(f"a clock only moves forward by a finite step (advance by {seconds!r})")
+        step_ns = seconds_to_ns(seconds)
         with self._lock:
-            self._now += _dt.timedelta(seconds=seconds)
-            self._mono += seconds
+            self._elapsed_ns += step_ns
             listeners = list(self._listeners)
         for listener in listeners:  # outside the lock: a listener may read the clock
             listener()

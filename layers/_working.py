@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from fractions import Fraction
 from typing import Any, NamedTuple
 
 import orjson
@@ -20,7 +21,9 @@ import orjson
 from memstrata.core.errors import InvalidInputError
 from memstrata.core.validation import check_json_value, check_key, check_task_id, check_ttl
 
-__all__ = ["WorkingItem", "WorkingMemory"]
+__all__ = ["NS_PER_S", "WorkingItem", "WorkingMemory", "seconds_to_ns"]
+
+NS_PER_S = 1_000_000_000
 
 _Slot = tuple[str | None, str]  # (task_id or None for the agent-wide space, key)
 
@@ -32,6 +35,13 @@ class WorkingItem(NamedTuple):
     key: str
     value: Any
     expires_in_s: float | None
+
+
+def seconds_to_ns(seconds: float) -> int:
+    """``seconds`` as whole nanoseconds, rounded from the float's exact value, so that times
+    written as decimals (0.1 + 0.7 and 0.8) add up as the decimals do: expiry exactly at a
+    boundary does not depend on how a manual clock's steps were split."""
+    return round(Fraction(seconds) * NS_PER_S)
 
 
 def _task(task_id: object) -> str | None:
@@ -54,13 +64,13 @@ class WorkingMemory:
         self._clock = clock
         self._max_items = max_items
         self._max_value_bytes = max_value_bytes
-        self._items: dict[_Slot, tuple[bytes, float | None]] = {}  # slot -> (json, expires_at)
+        self._items: dict[_Slot, tuple[bytes, int | None]] = {}  # slot -> (json, expires at, in ns)
 
     def set(self, key: str, value: Any, *, ttl_s: float | None = None, task_id: str | None = None) -> None:
         """Store ``value`` under ``key`` in the space of ``task_id`` (``None``: agent-wide); it
         disappears ``ttl_s`` seconds later when given."""
         check_key(key, "working memory key")
-        check_ttl(ttl_s, "ttl_s")
+        ttl = check_ttl(ttl_s, "ttl_s")
         slot = (_task(task_id), key)
         data = check_json_value(value, f"working memory value for key {key!r}")
         if self._max_value_bytes is not None and len(data) > self._max_value_bytes:
@@ -71,15 +81,20 @@ class WorkingMemory:
         self.purge_expired()
         if self._max_items is not None and slot not in self._items and len(self._items) >= self._max_items:
             raise InvalidInputError(f"working memory is full ({self._max_items} keys); clear some keys first")
-        expires = None if ttl_s is None else self._clock() + float(ttl_s)
+        # a positive ttl keeps the key for at least a nanosecond, however small it is
+        expires = None if ttl is None else self._now_ns() + max(1, seconds_to_ns(ttl))
         self._items[slot] = (data, expires)
+
+    def _now_ns(self) -> int:
+        """The clock's time in whole nanoseconds: expiry is compared exactly, never in floats."""
+        return seconds_to_ns(self._clock())
 
     def _live(self, slot: _Slot) -> bytes | None:
         item = self._items.get(slot)
         if item is None:
             return None
         data, expires = item
-        if expires is not None and self._clock() >= expires:
+        if expires is not None and self._now_ns() >= expires:
             del self._items[slot]
             return None
         return data
@@ -123,7 +138,7 @@ class WorkingMemory:
         return live
 
     def purge_expired(self) -> int:
-        now = self._clock()
+        now = self._now_ns()
         dead = [k for k, (_, exp) in self._items.items() if exp is not None and now >= exp]
         for slot in dead:
             del self._items[slot]
@@ -149,12 +164,12 @@ class WorkingMemory:
     def entries(self) -> list[WorkingItem]:
         """Every live key of every space (agent-wide first, then by task and key)."""
         self.purge_expired()
-        now = self._clock()
+        now = self._now_ns()
         out = []
         for task, key in sorted(self._items, key=lambda slot: (slot[0] is not None, slot[0] or "", slot[1])):
             data, expires = self._items[(task, key)]
             # a live key has time left: never rounded down to 0, which no write accepts
-            left = None if expires is None else max(round(float(expires) - now, 6), 1e-6)
+            left = None if expires is None else max(round((expires - now) / NS_PER_S, 6), 1e-6)
             out.append(WorkingItem(task, key, orjson.loads(data), left))
         return out
 

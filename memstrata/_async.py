@@ -29,10 +29,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
-from memstrata.actors import StopReport
+from memstrata.actors import Clock, StopReport
 from memstrata.core.config import Config
 from memstrata.core.errors import InvalidInputError, SystemStoppedError
 from memstrata.messages import Signal
+from memstrata.storage import Embedder
 
 from ._agent_handle import Agent
 from ._async_calls import AsyncHandle, CallPool, SyncAttribute, submit_call, twin, undone_if_cancelled
@@ -340,6 +341,8 @@ class AsyncMemorySystem(AsyncHandle):
     stopped = SyncAttribute[bool]()
     config = SyncAttribute[Config]()
     data_dir = SyncAttribute[Path]()
+    clock = SyncAttribute[Clock]()
+    embedder = SyncAttribute[Embedder | None]()
 
     def agent(self, agent_id: str) -> AsyncAgent:
         """The handle of agent ``agent_id`` (validated at once; its actors start on first use)."""
@@ -372,6 +375,7 @@ class AsyncMemorySystem(AsyncHandle):
                 return False
         return await self._run(functools.partial(self.sync.wait_idle, timeout))
 
+    embedder_for = twin(MemorySystem.embedder_for)
     retire = twin(MemorySystem.retire)
     revive = twin(MemorySystem.revive)
     ask = twin(MemorySystem.ask)

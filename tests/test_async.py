@@ -41,6 +41,37 @@ def test_every_handle_method_has_an_async_twin_with_the_same_signature() -> None
         assert inspect.iscoroutinefunction(getattr(AsyncMemorySystem, name)), name
 
 
+def _public_names(cls: type) -> set[str]:
+    return {name for name in dir(cls) if not name.startswith("_")}
+
+
+# names of MemorySystem the twin leaves out on purpose, with the reason
+_NOT_TWINNED: dict[str, str] = {}
+
+
+def test_the_async_system_has_every_public_name_of_the_system() -> None:
+    missing = _public_names(MemorySystem) - _public_names(AsyncMemorySystem) - set(_NOT_TWINNED)
+    assert not missing, f"AsyncMemorySystem lacks {sorted(missing)}"
+    assert not set(_NOT_TWINNED) & _public_names(AsyncMemorySystem), "a name listed as absent is there"
+
+
+def test_the_async_system_reads_the_clock_and_embedders_of_the_system(data_dir: Path) -> None:
+    async def main() -> None:
+        embedder = FakeEmbedder()
+        async with AsyncMemorySystem.start(Config(data_dir=data_dir), embedder=embedder) as system:
+            assert system.clock is system.sync.clock
+            assert system.embedder is system.sync.embedder
+            assert inspect.iscoroutinefunction(AsyncMemorySystem.embedder_for)
+            assert inspect.signature(AsyncMemorySystem.embedder_for) == inspect.signature(
+                MemorySystem.embedder_for
+            )
+            assert await system.embedder_for("planner") is system.sync.embedder_for("planner")
+            with pytest.raises(InvalidInputError):
+                await system.embedder_for("")
+
+    asyncio.run(main())
+
+
 def test_sixteen_agents_work_concurrently_under_asyncio(data_dir: Path) -> None:
     async def one_agent(system: AsyncMemorySystem, n: int) -> tuple[str, TaskPrompt, list[str]]:
         agent = system.agent(f"agent-{n}")

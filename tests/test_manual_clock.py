@@ -1,0 +1,100 @@
+"""ManualClock: one exact counter, so a boundary does not depend on how the steps are split."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+from pathlib import Path
+
+import pytest
+
+from memstrata.layers import WorkingMemory
+from memstrata.testing import ManualClock, simulation
+
+START = _dt.datetime(2025, 1, 1, tzinfo=_dt.UTC)
+
+
+def _advanced(*steps: float) -> ManualClock:
+    clock = ManualClock(START)
+    for step in steps:
+        clock.advance(step)
+    return clock
+
+
+@pytest.mark.parametrize("steps", [(0.8,), (0.1, 0.7), (0.7, 0.1), (0.3, 0.5), (0.2, 0.2, 0.2, 0.2)])
+def test_the_same_total_gives_the_same_time_however_it_is_split(steps: tuple[float, ...]) -> None:
+    clock = _advanced(*steps)
+    assert clock.monotonic() == 0.8
+    assert clock.now() == START + _dt.timedelta(milliseconds=800)
+
+
+def test_now_and_monotonic_move_together_below_a_microsecond() -> None:
+    clock = _advanced(*[4e-7] * 1000)
+    assert clock.monotonic() == 0.0004
+    assert clock.now() == START + _dt.timedelta(microseconds=400)
+
+
+def test_now_never_runs_ahead_of_monotonic() -> None:
+    clock = _advanced(4e-7, 4e-7)  # 0.8 µs: wall time shows whole microseconds only
+    assert clock.monotonic() == 8e-7
+    assert clock.now() == START
+    clock.advance(2e-7)
+    assert clock.now() == START + _dt.timedelta(microseconds=1)
+
+
+@pytest.mark.parametrize("seconds", [-1.0, -1e-9, math.nan, math.inf])
+def test_advance_refuses_a_step_that_is_not_a_finite_forward_one(seconds: float) -> None:
+    clock = ManualClock(START)
+    with pytest.raises(ValueError, match="advance by"):
+        clock.advance(seconds)
+    assert clock.monotonic() == 0.0
+    assert clock.now() == START
+
+
+def test_advance_accepts_whole_seconds_as_integers() -> None:
+    clock = _advanced(3, 2)
+    assert clock.monotonic() == 5.0
+    assert clock.now() == START + _dt.timedelta(seconds=5)
+
+
+@pytest.mark.parametrize(
+    ("set_after", "ttl_s", "steps"),
+    [
+        ((), 0.8, (0.1, 0.7)),
+        ((), 0.9, (0.3, 0.6)),
+        ((0.1,), 0.2, (0.2,)),  # 0.1 + 0.2 is 0.30000000000000004 in floats
+        ((0.7,), 0.1, (0.1,)),
+    ],
+)
+def test_a_key_expires_exactly_at_its_boundary_however_the_steps_are_split(
+    set_after: tuple[float, ...], ttl_s: float, steps: tuple[float, ...]
+) -> None:
+    clock = _advanced(*set_after)
+    memory = WorkingMemory(clock=clock.monotonic)
+    memory.set("k", "v", ttl_s=ttl_s)
+    for step in steps[:-1]:
+        clock.advance(step)
+    clock.advance(steps[-1] - 1e-9)
+    assert memory.get("k") == "v"  # one nanosecond before the boundary
+    assert memory.entries()[0].expires_in_s == 1e-6  # time left is never shown as 0
+    clock.advance(1e-9)
+    assert memory.get("k", "expired") == "expired"
+
+
+def test_an_agents_working_memory_expires_at_the_boundary_in_a_simulation(tmp_path: Path) -> None:
+    with simulation(tmp_path / "data", seed=1) as system:
+        agent = system.agent("a")
+        agent.set_working("k", "v", ttl_s=0.8)
+        system.clock.advance(0.1)
+        assert agent.get_working("k") == "v"
+        system.clock.advance(0.7)
+        assert agent.get_working("k", "expired") == "expired"
+
+
+def test_a_ttl_below_a_nanosecond_still_keeps_the_key_for_one() -> None:
+    clock = ManualClock(START)
+    memory = WorkingMemory(clock=clock.monotonic)
+    memory.set("k", "v", ttl_s=1e-12)
+    assert memory.get("k") == "v"
+    clock.advance(1e-9)
+    assert memory.get("k", "expired") == "expired"
