@@ -155,7 +155,9 @@ class BlackboardActor(MemoryActor):
             return self._board
         from memstrata.layers import BlackboardState
 
-        state = BlackboardState(clock=self.runtime.clock.now)
+        state = BlackboardState(
+            clock=self.runtime.clock.now, max_value_bytes=self.runtime.config.max_content_bytes
+        )
         if self.runtime.config_actors("blackboard_snapshot"):
             state.restore(self.runtime.path("blackboard", self.key))
         self._board = state

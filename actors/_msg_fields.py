@@ -93,8 +93,9 @@ _check_title = functools.partial(check_optional_text, max_chars=MAX_TITLE_CHARS)
 
 
 def _check_key_prefix(value: object, name: str) -> str:
-    """A key prefix: ``""`` (every key) or a key."""
-    return "" if value == "" else check_key(value, name)
+    """A key prefix: ``""`` (every key), or written as a subscription writes one (a key, ``"x*"``
+    or ``"*"``): keys hold no ``*``, so a trailing one only repeats that this is a prefix."""
+    return "" if value == "" else check_signal_pattern(value, name)
 
 
 def _as_tuple(value: Any, name: str) -> tuple[Any, ...]:

@@ -309,16 +309,60 @@ def _beyond_int64(item: Any) -> bool:
     return isinstance(item, int) and not INT64_MIN <= item <= INT64_MAX
 
 
+_JSON_SCALARS = frozenset({str, int, float, bool, type(None)})
+_ORJSON_DEPTH = 254  # the deepest nesting orjson writes
+
+
+def _not_json_data(item: Any) -> bool:
+    """Whether ``item`` is neither a JSON container nor a JSON scalar (a ``str``, ``int`` or
+    ``float`` subclass, such as a StrEnum or IntEnum member, is written as its value)."""
+    return not isinstance(item, dict | list | tuple | str | int | float | None)
+
+
+def _only_json_data(value: Any) -> bool:
+    """Whether ``value`` holds JSON data only: the fast pass of :func:`_not_json_data` over it,
+    for a value orjson has written (so it has no cycle and a bounded depth)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if type(item) in _JSON_SCALARS:
+            continue
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+        elif _not_json_data(item):
+            return False
+    return True
+
+
+def _refuse_not_json_data(value: object, name: str) -> None:
+    found = _first_path(value, _not_json_data)
+    if found is not None:
+        raise InvalidInputError(
+            f"{name} must be JSON-serialisable data: found a {type(found[1]).__qualname__} at "
+            f"value{found[0]} (not JSON serializable)"
+        )
+
+
 def check_json_value(value: object, name: str) -> bytes:
     """The orjson bytes of ``value``: JSON data only. NaN and infinity are rejected (JSON has no
     such numbers: they would read back as ``null``), and so are integers outside the 64-bit range
     (orjson writes up to 2**64 - 1, but SQLite's JSON functions and every door hold 64 bits
-    signed), and anything orjson cannot write."""
+    signed), anything orjson cannot write, and the objects orjson writes as another type (a
+    datetime or a UUID as text, a dataclass as an object, an Enum member as its value): the
+    caller would read back something else than it gave."""
     try:
         data = orjson.dumps(value)
     except (TypeError, orjson.JSONEncodeError) as exc:
+        if "Recursion limit" in str(exc):  # a value that holds itself: no walk of it would end
+            raise InvalidInputError(
+                f"{name} must be JSON data nested at most {_ORJSON_DEPTH} levels deep "
+                "(a list or object that holds itself never ends)"
+            ) from None
         _refuse_beyond_int64(value, name)
         if "Dict key must be str" not in str(exc):
+            _refuse_not_json_data(value, name)
             raise InvalidInputError(f"{name} must be JSON-serialisable data: {exc}") from exc
         # object keys must be text (1 and "1" would become one key); a str subclass (a StrEnum
         # member) is text, written as its value
@@ -338,6 +382,8 @@ def check_json_value(value: object, name: str) -> bytes:
             )
     if has_long_digit_run(data):  # only then can an integer fall outside the range
         _refuse_beyond_int64(value, name)
+    if not _only_json_data(value):
+        _refuse_not_json_data(value, name)
     return data
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from memstrata.core.errors import InvalidInputError
 from memstrata.core.validation import check_json_value, check_key, check_signal_key, check_signal_pattern
 from memstrata.storage import Database, Migration, NamedMigration, apply_migrations, open_database
 
@@ -64,10 +65,17 @@ class SignalRecord:
 
 
 class BlackboardState:
-    """Values by key plus subscriptions to a key or to a prefix (a pattern ending in ``*``)."""
+    """Values by key plus subscriptions to a key or to a prefix (a pattern ending in ``*``).
 
-    def __init__(self, *, clock: Callable[[], _dt.datetime] = _utcnow) -> None:
+    ``max_value_bytes`` bounds one value's JSON, as it bounds a working-memory value: a value is
+    copied for every subscriber and written to the snapshot.
+    """
+
+    def __init__(
+        self, *, clock: Callable[[], _dt.datetime] = _utcnow, max_value_bytes: int | None = None
+    ) -> None:
         self._clock = clock
+        self._max_value_bytes = max_value_bytes
         self._values: dict[str, SignalRecord] = {}
         self._deleted: dict[str, int] = {}  # last version of deleted keys, so versions keep growing
         self._changed: set[str] = set()  # keys published or deleted since the last snapshot
@@ -86,6 +94,11 @@ class BlackboardState:
         if publisher_id is not None:
             check_key(publisher_id, "blackboard publisher id")
         data = check_json_value(value, f"blackboard value for key {key!r}")
+        if self._max_value_bytes is not None and len(data) > self._max_value_bytes:
+            raise InvalidInputError(
+                f"blackboard value for {key!r} is {len(data)} bytes, more than the limit of "
+                f"{self._max_value_bytes}"
+            )
         previous = self._values.get(key)
         last = previous.version if previous else self._deleted.pop(key, 0)
         record = SignalRecord(key, data, publisher_id, last + 1, self._clock())
@@ -111,10 +124,12 @@ class BlackboardState:
         return self._values.get(key)
 
     def list(self, prefix: str | None = None) -> builtins.list[str]:
-        """Keys, sorted; only those starting with ``prefix`` when it is given."""
+        """Keys, sorted; only those starting with ``prefix`` when it is given. A trailing ``*`` is
+        read as a subscription reads it (``"agent:*"`` is ``"agent:"``, ``"*"`` every key): keys
+        hold no ``*``, so the prefix means the same with or without it."""
         if prefix:
-            check_key(prefix, "blackboard prefix")
-            return sorted(k for k in self._values if k.startswith(prefix))
+            start = self._prefix_of(prefix, "blackboard prefix")
+            return sorted(k for k in self._values if k.startswith(prefix if start is None else start))
         return sorted(self._values)
 
     def records(self, keys: Iterable[str]) -> builtins.list[SignalRecord]:
@@ -139,11 +154,11 @@ class BlackboardState:
         return sub_id, current
 
     @staticmethod
-    def _prefix_of(pattern: str) -> str | None:
+    def _prefix_of(pattern: str, name: str = "blackboard subscription pattern") -> str | None:
         """``None`` for an exact key; the prefix (possibly ``""``) for ``prefix*``."""
         if pattern == "*":
             return ""
-        check_signal_pattern(pattern, "blackboard subscription pattern")
+        check_signal_pattern(pattern, name)
         return pattern[:-1] if pattern.endswith("*") else None
 
     def unsubscribe(self, sub_id: int) -> bool:
