@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import socket
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -22,11 +23,14 @@ import orjson
 from memstrata.core.errors import InvalidInputError, MemstrataError
 
 from . import _cli_shared as sh
+from ._cli_output import clipped, json_shown, text_shown
 from ._operation import Operation
 
 __all__ = ["watch_command"]
 
 _STOP = object()
+_LEAVE_TIMEOUT_S = 5.0
+"""How long a watch that ends waits for the server to answer its ``unsubscribe`` and close."""
 
 
 def watch_command(subscribe: Operation) -> click.Command:
@@ -160,7 +164,22 @@ def _watch_server(
         if subscription is not None:  # best effort: the server also ends it with the connection
             with contextlib.suppress(OSError):
                 _send(sock, 2, "unsubscribe", {"session_id": session_id, "subscription_id": subscription})
-        sock.close()
+        _leave(sock, drain=not stopped)
+
+
+def _leave(sock: socket.socket, *, drain: bool) -> None:
+    """Close after the server has answered: a client that closes with answers still on their way
+    makes the server warn that it cannot write. Ending our input makes the server finish what it
+    was sent and close its side; reading until then is bounded by ``_LEAVE_TIMEOUT_S``."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_WR)
+        if drain:  # (a Ctrl-C has shut our reading side already: nothing more can be read)
+            deadline = time.monotonic() + _LEAVE_TIMEOUT_S
+            while (left := deadline - time.monotonic()) > 0:
+                sock.settimeout(left)
+                if not sock.recv(1 << 16):
+                    break
+    sock.close()
 
 
 def _messages(reader: Any) -> Iterator[dict[str, Any]]:
@@ -175,6 +194,6 @@ def _echo_signal(data: Mapping[str, Any], as_json: bool) -> None:
     if as_json:
         sh.echo_json(data)
         return
-    value = "(deleted)" if data.get("deleted") else orjson.dumps(data.get("value")).decode("utf-8")
-    by = f", by {data['publisher']}" if data.get("publisher") else ""
-    click.echo(f"{data.get('key')} = {sh.one_line(value, 400)}  (version {data.get('version')}{by})")
+    value = "(deleted)" if data.get("deleted") else clipped(json_shown(data.get("value")), 400)
+    by = f", by {text_shown(str(data['publisher']))}" if data.get("publisher") else ""
+    click.echo(f"{text_shown(str(data.get('key')))} = {value}  (version {data.get('version')}{by})")

@@ -259,6 +259,14 @@ def _missing(op: Operation, params: Mapping[str, Any]) -> str:
     return f"no {noun} with {asked}" + (f" ({owner})" if owner else "")
 
 
+def _short_help(summary: str, width: int = 80) -> str:
+    """The summary's first clause for a group's command list, cut at a word, not inside one."""
+    first = summary.split(";")[0].split(". ")[0]
+    if len(first) <= width:
+        return first
+    return first[: width - 3].rsplit(" ", 1)[0].rstrip(" ,(") + "..."
+
+
 def _command(op: Operation) -> click.Command:
     def run(**given: Any) -> None:
         ctx = click.get_current_context()
@@ -279,7 +287,7 @@ def _command(op: Operation) -> click.Command:
         callback=run,
         params=params,
         help=f"{op.summary}\n\n{effect} Operation: {op.name}.",
-        short_help=op.summary.split(";")[0].split(". ")[0][:80],
+        short_help=_short_help(op.summary),
     )
 
 

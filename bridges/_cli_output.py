@@ -1,13 +1,16 @@
 """How the command line shows results to a person, and progress on long work.
 
 ``--json`` prints the result as one JSON document; without it, results are rendered here: hits
-numbered best first, entries one per line, objects as ``key: value`` lines. Progress on long work
+numbered best first, entries one per line, objects as ``key: value`` lines. A key or value that
+holds a control character (a newline) is shown as a JSON string, so it stays on one line and reads
+back exactly; a preview of long content is folded onto one line instead. Progress on long work
 goes to stderr as plain lines (a terminal and a pipe get the same), so a script that logs stderr
 sees that the work goes on and how it ended.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -22,10 +25,13 @@ from ._json import dumps
 __all__ = [
     "PROGRESS_SECONDS",
     "IndexProgress",
+    "clipped",
     "echo_hits",
     "echo_result",
     "heartbeat",
+    "json_shown",
     "sync_summary",
+    "text_shown",
 ]
 
 PROGRESS_SECONDS = 2.0
@@ -75,10 +81,31 @@ def _describe(item: Mapping[str, Any]) -> str:
     return shown("  ".join(parts))
 
 
+_JSON_LEAVES_RAW = re.compile(r"[\x7f-\x9f\u2028\u2029]")
+
+
+def json_shown(value: Any) -> str:
+    """``value`` as JSON on one line, the control characters JSON leaves raw escaped as well."""
+    text = dumps(value).decode("utf-8")
+    return _JSON_LEAVES_RAW.sub(lambda found: f"\\u{ord(found[0]):04x}", text)
+
+
+def text_shown(text: str) -> str:
+    """``text`` as is, or as a JSON string when it holds a control character or starts with a
+    quote: a newline then neither forges a line nor folds into a space, and the quotes tell the
+    escaped form from a plain text."""
+    if text.startswith('"') or shown(text) != text or _JSON_LEAVES_RAW.search(text):
+        return json_shown(text)
+    return text
+
+
 def _scalar(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    return dumps(value).decode("utf-8")
+    return text_shown(value) if isinstance(value, str) else json_shown(value)
+
+
+def clipped(text: str, width: int) -> str:
+    """``text`` cut to ``width`` characters (``...`` at the end when cut), nothing folded."""
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def echo_result(result: Any, as_json: bool, *, if_none: str = "nothing found") -> None:
@@ -105,7 +132,7 @@ def echo_result(result: Any, as_json: bool, *, if_none: str = "nothing found") -
                 for hit in value:
                     click.echo(f"  {_describe(hit)}  {one_line(str(hit.get('content', '')), 120)}")
             else:
-                click.echo(f"{key}: {one_line(_scalar(value), 400)}")
+                click.echo(f"{key}: {clipped(_scalar(value), 400)}")
     else:
         click.echo(_scalar(result))
 

@@ -4,13 +4,15 @@
 or a socket): each matching signal is pushed as ``{"jsonrpc": "2.0", "method": "signal",
 "params": {subscription_id, session_id, key, value, version, publisher, deleted}}`` -- the
 current values first, then each change in order, and none once ``unsubscribe`` has answered.
-A subscription belongs to the connection that made it and ends with it. A client that lets more
-than ``MAX_BACKLOG`` notifications pile up unread loses the subscription, told by one
+A subscription belongs to the connection that made it and ends with it; a ``subscription_id``
+names one subscription of the server, whatever its session or connection. A client that lets
+more than ``MAX_BACKLOG`` notifications pile up unread loses the subscription, told by one
 ``subscription_ended`` notification. Doors without a connection refuse it with a clear error.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 from typing import Any
 
@@ -115,6 +117,11 @@ def _delete_signal(ctx: Context, p: dict[str, Any]) -> Any:
 
 _READY_TIMEOUT_S = 30.0
 
+_subscription_ids = itertools.count(1)
+"""The ids clients see, one counter for every connection: the boards number per session, so two
+sessions' first subscriptions share a board id, which a client matching signals by id confuses;
+and an id never names another client's subscription, whose ``unsubscribe`` removes nothing."""
+
 
 class _Pushed:
     """One subscription of one connection: turns the board's callbacks into notifications."""
@@ -122,7 +129,7 @@ class _Pushed:
     def __init__(self, connection: Any, session_id: str) -> None:
         self.connection = connection
         self.session_id = session_id
-        self.id = 0
+        self.id = next(_subscription_ids)  # what the client sees; the board has its own id
         self.active = True
         self.sync: Any = None
         self.ready = threading.Event()  # set once the subscribe response is queued
@@ -214,7 +221,6 @@ def _subscribe(ctx: Context, p: dict[str, Any]) -> Any:
     except BaseException:
         pushed.ready.set()
         raise
-    pushed.id = pushed.sync.id
     connection.subscriptions[(pushed.session_id, pushed.id)] = pushed
     return {"subscription_id": pushed.id}
 
