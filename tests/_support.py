@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
+import socket
 import subprocess
 import sys
 import threading
@@ -16,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import orjson
 import pytest
 from click.testing import Result
 
@@ -467,3 +470,65 @@ def fail_once(monkeypatch: pytest.MonkeyPatch, owner: type, name: str) -> None:
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(owner, name, failing_once)
+
+
+# -- a JSON-RPC client on a local socket -------------------------------------------------------
+
+RPC_WAIT = 30.0  # seconds a test waits for one message before it fails
+
+
+class RpcClient:
+    """A JSON-lines client on a socket; a reader thread parses every line into a queue."""
+
+    def __init__(self, address: Any, family: int = socket.AF_UNIX) -> None:
+        self.sock = socket.socket(family, socket.SOCK_STREAM)
+        self.sock.connect(address)
+        self.messages: queue.Queue[Any] = queue.Queue()
+        self.seen: list[Any] = []
+        self._unclaimed: list[Any] = []
+        self.reading = threading.Event()  # clear it to stop reading (the socket then fills up)
+        self.reading.set()
+        self._ids = iter(range(1, 1 << 30))
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        with self.sock.makefile("rb") as reader:
+            for line in reader:
+                self.messages.put(orjson.loads(line))
+                self.reading.wait(RPC_WAIT)
+        self.messages.put(EOFError)
+
+    def send(self, message: Any) -> None:
+        self.sock.sendall(orjson.dumps(message) + b"\n")
+
+    def next(self, predicate: Callable[[Any], bool]) -> Any:
+        """The first unclaimed message that satisfies ``predicate`` (every message read is in ``seen``)."""
+        for i, message in enumerate(self._unclaimed):
+            if predicate(message):
+                return self._unclaimed.pop(i)
+        while True:
+            message = self.messages.get(timeout=RPC_WAIT)
+            assert message is not EOFError, "the server closed the connection"
+            self.seen.append(message)
+            if predicate(message):
+                return message
+            self._unclaimed.append(message)
+
+    def call(self, method: str, **params: Any) -> Any:
+        request_id = next(self._ids)
+        self.send({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
+        response = self.next(lambda m: m.get("id") == request_id)
+        assert "result" in response, response
+        return response["result"]
+
+    def signal(self, subscription_id: int | None = None) -> dict[str, Any]:
+        """The next signal notification's params (of ``subscription_id``, when given)."""
+        message = self.next(lambda m: m.get("method") == "signal")
+        if subscription_id is not None:
+            assert message["params"]["subscription_id"] == subscription_id, message
+        return dict(message["params"])
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):  # the reader's file keeps the socket open otherwise
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()

@@ -4,18 +4,13 @@ and the command line's text output keeps a key or value with a newline on one un
 
 from __future__ import annotations
 
-import contextlib
 import io
 import os
-import queue
-import socket
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import orjson
 import pytest
 from click.testing import CliRunner, Result
 
@@ -25,54 +20,10 @@ from memstrata.bridges._app import CliState
 from memstrata.bridges._methods import build_methods
 from memstrata.bridges._server import JsonLinesServer, open_listener
 from memstrata.bridges.cli import cli
+from tests._support import RpcClient
 from tests.fakes import FakeEmbedder
 
 WAIT = 30.0
-
-
-class _Client:
-    """A socket client; a reader thread parses every line into a queue."""
-
-    def __init__(self, path: str) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(path)
-        self.messages: queue.Queue[Any] = queue.Queue()
-        self._unclaimed: list[Any] = []
-        self._ids = iter(range(1, 1 << 30))
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        with self.sock.makefile("rb") as reader:
-            for line in reader:
-                self.messages.put(orjson.loads(line))
-        self.messages.put(EOFError)
-
-    def next(self, predicate: Callable[[Any], bool]) -> Any:
-        for i, message in enumerate(self._unclaimed):
-            if predicate(message):
-                return self._unclaimed.pop(i)
-        while True:
-            message = self.messages.get(timeout=WAIT)
-            assert message is not EOFError, "the server closed the connection"
-            if predicate(message):
-                return message
-            self._unclaimed.append(message)
-
-    def call(self, method: str, **params: Any) -> Any:
-        request_id = next(self._ids)
-        request = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
-        self.sock.sendall(orjson.dumps(request) + b"\n")
-        response = self.next(lambda m: m.get("id") == request_id)
-        assert "result" in response, response
-        return response["result"]
-
-    def signal(self) -> dict[str, Any]:
-        return dict(self.next(lambda m: m.get("method") == "signal")["params"])
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)
-        self.sock.close()
 
 
 class _Served:
@@ -108,7 +59,7 @@ def served(data_dir: Path) -> Iterator[_Served]:
 
 
 def test_subscription_ids_are_unique_within_a_connection(served: _Served) -> None:
-    client = _Client(served.path)
+    client = RpcClient(served.path)
     everything_s1 = client.call("subscribe", session_id="s1", key_or_prefix="*")["subscription_id"]
     everything_s2 = client.call("subscribe", session_id="s2", key_or_prefix="*")["subscription_id"]
     k_s1 = client.call("subscribe", session_id="s1", key_or_prefix="k")["subscription_id"]
@@ -134,7 +85,7 @@ def test_subscription_ids_are_unique_within_a_connection(served: _Served) -> Non
     client.call("publish", session_id="s2", key="k", value="nobody listens")
     client.call("publish", session_id="s1", key="k", value="only everything")
     assert client.signal()["subscription_id"] == everything_s1
-    other = _Client(served.path)  # ids are unique across connections too: none names another's
+    other = RpcClient(served.path)  # ids are unique across connections too: none names another's
     others = other.call("subscribe", session_id="s1", key_or_prefix="*")["subscription_id"]
     assert others not in (everything_s1, everything_s2, k_s1)
     assert other.call("unsubscribe", session_id="s1", subscription_id=everything_s1) == {"removed": False}
@@ -152,7 +103,7 @@ def _invoke(data_dir: Path, *args: str) -> Result:
 
 
 def test_watch_with_count_leaves_no_warning_on_the_server(served: _Served, tmp_path: Path) -> None:
-    publisher = _Client(served.path)
+    publisher = RpcClient(served.path)
     publisher.call("publish", session_id="s1", key="k", value="v")
     for _ in range(3):
         watched = _invoke(

@@ -8,11 +8,10 @@ import contextlib
 import io
 import os
 import queue
-import socket
 import stat
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from memstrata.bridges._server import ErrorCode, JsonLinesServer, Method, open_l
 from memstrata.bridges.doc_tables import render as render_table
 from memstrata.errors import InvalidInputError
 from memstrata.layers import BlackboardState
+from tests._support import RpcClient
 from tests.fakes import FakeEmbedder
 
 WAIT = 30.0
@@ -253,61 +253,6 @@ def test_deleting_a_signal_through_the_facade_the_async_twin_and_the_operation(
 # -- many clients on a local socket ----------------------------------------------------------
 
 
-class Client:
-    """A socket client; a reader thread parses every line into a queue."""
-
-    def __init__(self, address: Any, family: int = socket.AF_UNIX) -> None:
-        self.sock = socket.socket(family, socket.SOCK_STREAM)
-        self.sock.connect(address)
-        self.messages: queue.Queue[Any] = queue.Queue()
-        self.seen: list[Any] = []
-        self._unclaimed: list[Any] = []
-        self.reading = threading.Event()  # clear it to stop reading (the socket then fills up)
-        self.reading.set()
-        self._ids = iter(range(1, 1 << 30))
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        with self.sock.makefile("rb") as reader:
-            for line in reader:
-                self.messages.put(orjson.loads(line))
-                self.reading.wait(WAIT)
-        self.messages.put(EOFError)
-
-    def send(self, message: Any) -> None:
-        self.sock.sendall(orjson.dumps(message) + b"\n")
-
-    def next(self, predicate: Callable[[Any], bool]) -> Any:
-        """The first unclaimed message that satisfies ``predicate`` (every message read is in ``seen``)."""
-        for i, message in enumerate(self._unclaimed):
-            if predicate(message):
-                return self._unclaimed.pop(i)
-        while True:
-            message = self.messages.get(timeout=WAIT)
-            assert message is not EOFError, "the server closed the connection"
-            self.seen.append(message)
-            if predicate(message):
-                return message
-            self._unclaimed.append(message)
-
-    def call(self, method: str, **params: Any) -> Any:
-        request_id = next(self._ids)
-        self.send(_rq(request_id, method, **params))
-        response = self.next(lambda m: m.get("id") == request_id)
-        assert "result" in response, response
-        return response["result"]
-
-    def signal(self, subscription_id: int) -> dict[str, Any]:
-        message = self.next(lambda m: m.get("method") == "signal")
-        assert message["params"]["subscription_id"] == subscription_id, message
-        return dict(message["params"])
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):  # the reader's file keeps the socket open otherwise
-            self.sock.shutdown(socket.SHUT_RDWR)
-        self.sock.close()
-
-
 @pytest.fixture
 def socket_path() -> Iterator[str]:
     folder = tempfile.mkdtemp(prefix="ms-")  # short: socket paths are limited to ~100 bytes
@@ -335,7 +280,7 @@ def test_two_clients_share_one_system_with_separate_subscriptions(
     served: JsonLinesServer, socket_path: str
 ) -> None:
     assert stat.S_IMODE(os.stat(socket_path).st_mode) == 0o600
-    a, b = Client(socket_path), Client(socket_path)
+    a, b = RpcClient(socket_path), RpcClient(socket_path)
     sub_a = a.call("subscribe", session_id="s", key_or_prefix="x:*")["subscription_id"]
     sub_b = b.call("subscribe", session_id="s", key_or_prefix="y")["subscription_id"]
     b.call("publish", session_id="s", key="x:1", value="for a", publisher="b")
@@ -359,7 +304,7 @@ def test_two_clients_share_one_system_with_separate_subscriptions(
 def test_a_client_dying_mid_subscription_never_stops_the_server(
     served: JsonLinesServer, system: MemorySystem, socket_path: str
 ) -> None:
-    doomed, survivor = Client(socket_path), Client(socket_path)
+    doomed, survivor = RpcClient(socket_path), RpcClient(socket_path)
     doomed.call("subscribe", session_id="s", key_or_prefix="*")
     survivor_sub = survivor.call("subscribe", session_id="s", key_or_prefix="*")["subscription_id"]
     for n in range(50):  # notifications pile up for a client that never reads them again
@@ -371,7 +316,7 @@ def test_a_client_dying_mid_subscription_never_stops_the_server(
         "subscription_id"
     ] == (survivor_sub)
     assert survivor.call("status")["system"]["blackboards"]["s"]["keys"] == 51  # the system still answers
-    late = Client(socket_path)
+    late = RpcClient(socket_path)
     assert late.call("get_signal", session_id="s", key="after")["found"] is True
     late.close()
     survivor.close()
@@ -423,7 +368,7 @@ def test_a_client_that_stops_reading_loses_its_subscription_not_the_others(
     import memstrata.bridges._rpc_connection as server_module
 
     monkeypatch.setattr(server_module, "MAX_BACKLOG", 3)
-    slow, fast = Client(socket_path), Client(socket_path)
+    slow, fast = RpcClient(socket_path), RpcClient(socket_path)
     slow_sub = slow.call("subscribe", session_id="s", key_or_prefix="*")["subscription_id"]
     fast_sub = fast.call("subscribe", session_id="s", key_or_prefix="*")["subscription_id"]
     slow.reading.clear()  # its reader stalls: the socket fills up, then the backlog
