@@ -73,6 +73,11 @@ class ManualClock:
             elapsed_ns = self._elapsed_ns
         return elapsed_ns / NS_PER_S  # the float nearest the exact count
 
+    def monotonic_ns(self) -> int:
+        """:meth:`monotonic` as the exact count of nanoseconds (deadlines compare these)."""
+        with self._lock:
+            return self._elapsed_ns
+
     def advance(self, seconds: float) -> None:
         """Move time forward by ``seconds``, counted to the nearest nanosecond; deadlines that
         are now due fire (on the system's timer thread)."""

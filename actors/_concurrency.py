@@ -11,7 +11,9 @@ work is still being passed along.
 ``Scheduler`` runs short callbacks (usually a ``tell``) at a later time on one thread, so actors
 can set deadlines without blocking their mailbox. A timer set ``on_clock`` is due on the system's
 clock: with a manual clock (one with ``add_listener``, e.g. ``ManualClock``) it fires when the
-clock is advanced past it, never by real time passing; other timers run on real time.
+clock is advanced past it, never by real time passing; other timers run on real time. Those
+timers count whole nanoseconds, as the manual clock does, so a deadline set at 0.1 s for 0.2 s
+fires when the clock reaches 0.3 s, which the float sum (0.30000000000000004) would not.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
+
+from memstrata.layers._working import seconds_to_ns
 
 __all__ = ["Activity", "Scheduler", "TimerHandle"]
 
@@ -81,7 +85,7 @@ class TimerHandle:
         self.cancelled = True
 
 
-_Timer = tuple[float, int, TimerHandle, Callable[[], None]]
+_Timer = tuple[float, int, TimerHandle, Callable[[], None]]  # due: monotonic seconds, or ns on a clock
 
 
 class Scheduler:
@@ -114,7 +118,7 @@ class Scheduler:
                 handle.cancel()
                 return handle
             if on_clock and self._manual is not None:
-                due = float(self._manual.monotonic()) + max(0.0, delay_s)
+                due = self._clock_ns() + seconds_to_ns(max(0.0, delay_s))
                 heapq.heappush(self._clock_heap, (due, next(self._seq), handle, callback))
                 self._cond.notify()  # it may be due already (a zero delay)
                 return handle
@@ -129,13 +133,14 @@ class Scheduler:
         """The first timer that is due, popped; ``None`` when none is (called under the lock)."""
         if self._heap and self._heap[0][0] <= time.monotonic():
             return heapq.heappop(self._heap)
-        if (
-            self._clock_heap
-            and self._manual is not None
-            and self._clock_heap[0][0] <= self._manual.monotonic()
-        ):
+        if self._clock_heap and self._manual is not None and self._clock_heap[0][0] <= self._clock_ns():
             return heapq.heappop(self._clock_heap)
         return None
+
+    def _clock_ns(self) -> int:
+        """The manual clock's time in whole nanoseconds (exact when it counts them)."""
+        exact = getattr(self._manual, "monotonic_ns", None)
+        return int(exact()) if callable(exact) else seconds_to_ns(float(self._manual.monotonic()))  # type: ignore[union-attr]
 
     def _run(self) -> None:
         while True:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+import threading
 from pathlib import Path
 
 import pytest
@@ -98,3 +99,24 @@ def test_a_ttl_below_a_nanosecond_still_keeps_the_key_for_one() -> None:
     assert memory.get("k") == "v"
     clock.advance(1e-9)
     assert memory.get("k", "expired") == "expired"
+
+
+@pytest.mark.parametrize(("before", "delay"), [(0.1, 0.2), (0.7, 0.1), (0.3, 0.5)])
+def test_a_timer_on_the_clock_is_due_exactly_at_its_boundary(before: float, delay: float) -> None:
+    """A deadline set at ``before`` for ``delay`` fires once the clock has moved ``delay`` on,
+    however the float sum of the two would round (0.1 + 0.2 is above 0.3 as floats)."""
+    from memstrata.actors._concurrency import Scheduler
+
+    clock = _advanced(before)
+    scheduler = Scheduler(clock=clock)
+    fired: list[str] = []
+    last = threading.Event()
+    try:
+        scheduler.call_later(delay, lambda: fired.append("deadline"), on_clock=True)
+        clock.advance(delay)
+        # due at the same instant, set later: runs after the deadline, on the same thread
+        scheduler.call_later(0, lambda: (fired.append("marker"), last.set()), on_clock=True)
+        assert last.wait(30)
+    finally:
+        scheduler.close()
+    assert fired == ["deadline", "marker"]
