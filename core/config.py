@@ -125,8 +125,9 @@ class FilesConfig:
     extra_paths: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ("IDENTITY.md", "SOUL.md", "USER.md", "AGENTS.md", "TOOLS.md")
     code_extensions: tuple[str, ...] = (
-        ".py", ".rs", ".ts", ".tsx", ".mts", ".js", ".jsx", ".mjs", ".cjs", ".cs", ".go", ".java",
-        ".c", ".h", ".cc", ".cpp", ".hpp", ".gd", ".md", ".toml", ".json", ".yaml", ".yml",
+        ".py", ".pyi", ".rs", ".ts", ".tsx", ".mts", ".cts", ".js", ".jsx", ".mjs", ".cjs", ".cs", ".go",
+        ".java", ".c", ".h", ".cc", ".cpp", ".cxx", ".hpp", ".hh", ".hxx", ".gd", ".md", ".markdown",
+        ".toml", ".json", ".yaml", ".yml",
     )  # fmt: skip
     pruned_dirs: tuple[str, ...] = (
         ".git", "node_modules", "__pycache__", "bin", "obj", "target", "dist", "build", ".venv", "venv",

@@ -12,6 +12,7 @@ from memstrata.config import FilesConfig
 from memstrata.layers._chunk import Chunk, estimate_tokens, split_lines
 from memstrata.layers._chunk_code import chunk_syntax, grammar_for
 from memstrata.layers._chunk_file import chunk_embedding_text, chunk_file, chunk_keyword_text
+from memstrata.layers._chunk_grammars import GRAMMARS
 from memstrata.layers._chunk_markdown import chunk_markdown
 
 
@@ -36,6 +37,7 @@ def test_every_listed_grammar_loads_from_its_wheel(suffix: str) -> None:
 def test_default_code_extensions_cover_the_chunked_languages() -> None:
     defaults = set(FilesConfig().code_extensions)
     assert {".c", ".h", ".cpp", ".hpp", ".cc", ".mjs", ".cjs", ".mts", ".gd"} <= defaults
+    assert set(GRAMMARS) - defaults == set()  # every extension a grammar chunks is read by default
 
 
 # -- GDScript ----------------------------------------------------------------------------------
