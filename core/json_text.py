@@ -336,13 +336,22 @@ def _only_json_data(value: Any) -> bool:
     return True
 
 
-def _refuse_not_json_data(value: object, name: str) -> None:
-    found = _first_path(value, _not_json_data)
+def _refuse_first(value: object, found_in: Callable[[Any], bool], message: Callable[[str, Any], str]) -> None:
+    """Refuse ``value`` with ``message(where, what)`` for the first part of it ``found_in`` finds."""
+    found = _first_path(value, found_in)
     if found is not None:
-        raise InvalidInputError(
-            f"{name} must be JSON-serialisable data: found a {type(found[1]).__qualname__} at "
-            f"value{found[0]} (not JSON serializable)"
-        )
+        raise InvalidInputError(message(*found))
+
+
+def _refuse_not_json_data(value: object, name: str) -> None:
+    _refuse_first(
+        value,
+        _not_json_data,
+        lambda at, item: (
+            f"{name} must be JSON-serialisable data: found a {type(item).__qualname__} at "
+            f"value{at} (not JSON serializable)"
+        ),
+    )
 
 
 def check_json_value(value: object, name: str) -> bytes:
@@ -374,12 +383,14 @@ def check_json_value(value: object, name: str) -> bytes:
             ) from None
         data = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
     if b"null" in data:  # orjson writes NaN and infinity as null: only then look for them
-        found = _first_path(value, _not_finite)
-        if found is not None:
-            raise InvalidInputError(
+        _refuse_first(
+            value,
+            _not_finite,
+            lambda at, _: (
                 f"{name} must be JSON data without NaN or infinity (they would read back as null); "
-                f"found one at value{found[0]}"
-            )
+                f"found one at value{at}"
+            ),
+        )
     if has_long_digit_run(data):  # only then can an integer fall outside the range
         _refuse_beyond_int64(value, name)
     if not _only_json_data(value):
@@ -395,9 +406,10 @@ def json_copy(value: object, name: str) -> Any:
 
 
 def _refuse_beyond_int64(value: object, name: str) -> None:
-    found = _first_path(value, _beyond_int64)
-    if found is not None:
-        raise InvalidInputError(
-            f"{name} must hold integers within {INT64_RANGE}; "
-            f"found {show_digits(str(found[1]))} at value{found[0]}"
-        )
+    _refuse_first(
+        value,
+        _beyond_int64,
+        lambda at, item: (
+            f"{name} must hold integers within {INT64_RANGE}; found {show_digits(str(item))} at value{at}"
+        ),
+    )
