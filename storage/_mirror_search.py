@@ -140,7 +140,9 @@ class MirrorSearch(MirrorScoring):
             scores = dot_each_row(self.matrix, starts.tolist(), ends.tolist(), query)
             return slice_rows(starts.astype(np.int64), ends.astype(np.int64)), scores
         positions = np.flatnonzero(valid)
-        return positions, dot_rows(self.matrix, positions, query)  # einsum, block by block
+        if len(positions) < _GATHER_SHARE * size:  # scattered, and few enough to gather
+            return positions, dot_rows(self.matrix, positions, query)  # einsum, block by block
+        return positions, dot_each_row(self.matrix, [0], [size], query)[positions]
 
     def _unit_query(self, query: FloatArray) -> FloatArray:
         """The query as the rows are kept: L2-normalised in a mirror of unit rows."""

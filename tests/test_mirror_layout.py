@@ -350,3 +350,28 @@ def test_an_episode_ranking_places_equal_similarities_by_id_in_top_and_ranks_of(
     ids, _, _ = ranking.top(30)
     assert ids[:4].tolist() == [2, 5, 10, 21]
     assert ranking.ranks_of(ids).tolist() == list(range(1, 31))
+
+
+@pytest.mark.parametrize("share", [0.2, 0.5, 0.9])
+def test_scattered_rows_of_a_range_score_the_same_bits_gathered_or_scanned_in_place(share: float) -> None:
+    """A range whose rows are scattered over the storage order (episodes recorded out of time
+    order) is scored by gathering its rows when few, by scanning every row when many: the bits
+    are those of the unfiltered scan either way, so a ranking replays whatever the share."""
+    rng = np.random.default_rng(11)
+    n = 4_000
+    rows = rng.standard_normal((n, DIM)).astype(np.float32)
+    metas: dict[str, list[Any]] = {"run": ["r"] * n, "at": rng.permutation(n).tolist()}
+    mirror = Mirror(DIM, ["run"], group=False, ranges=["at"], unit=False)
+    mirror.put_many(list(range(1, n + 1)), rows, metas)
+    query = rng.standard_normal(DIM).astype(np.float32)
+    everything = mirror.scored(query, {}, None)
+    every = dict(
+        zip(everything.rowids[everything.positions].tolist(), everything.scores.tolist(), strict=True)
+    )
+    inside = mirror.scored(query, {}, {"at": (0, int(n * share))})
+    found = dict(zip(inside.rowids[inside.positions].tolist(), inside.scores.tolist(), strict=True))
+    assert len(found) == int(n * share)
+    assert found == {rowid: every[rowid] for rowid in found}  # bit for bit
+    assert set(found) == {
+        rowid for rowid, at in zip(range(1, n + 1), metas["at"], strict=True) if at < n * share
+    }
