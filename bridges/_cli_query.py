@@ -6,8 +6,8 @@ load waits in front of everything. Here the knowledge stores open (their index f
 see ``storage/_index_files.py``) while the model loads on a thread, and the hits are the ones
 ``Agent.query_knowledge`` returns: each store searched with the same parameters, the shared
 store's hits merged by the same rule. Whatever this path does not cover exactly (a Ray cluster,
-an agent with its own embedding model, a model that cannot be loaded) returns ``None``, and the
-command starts the system as before.
+an agent with its own embedding model, a model that cannot be loaded, a store with vectors still
+to compute) returns ``None``, and the command starts the system as before.
 """
 
 from __future__ import annotations
@@ -127,6 +127,11 @@ class _Loading(ModelIdentity):
         return getattr(self.model(), name)
 
 
+class _VectorsPending(Exception):
+    """A store holds entries whose vectors are still to be computed (written while no model
+    could be loaded): the system computes them when it opens the store, so it answers."""
+
+
 _BLAS_THREADS = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
 
 
@@ -237,6 +242,8 @@ def query_knowledge(
         with configured(config.storage):  # as the actors open their stores
             store = KnowledgeStore.open(path, service, config=config, defer_vectors=True)
         try:
+            if store.pending_vectors():  # the system computes them first: only it answers the same
+                raise _VectorsPending(owner)
             if hasattr(store, "owner"):  # as the actor does: entries say which store they are in
                 store.owner = owner
             if loading is not None and not loading.ready and mode != "keyword":
@@ -248,6 +255,8 @@ def query_knowledge(
     loading = service if isinstance(service, _Loading) else None
     try:
         own = search(agent_id)
+    except _VectorsPending:
+        return None
     except Exception:
         if loading is not None and loading.failed:
             return None  # keyword-only as the system would run it: let it say so
@@ -258,6 +267,8 @@ def query_knowledge(
     if merge:
         try:
             shared = search(SHARED)
+        except _VectorsPending:
+            return None
         except Exception:  # the shared store is a supplement: the agent's own hits still count
             shared = []
     if loading is not None and loading.failed:

@@ -309,3 +309,26 @@ def test_loading_the_vector_index_of_a_keyword_only_store_does_nothing(tmp_path:
         store.load_vector_index()
         assert store.status()["vectors"]["mirror_loaded"] is False
         assert {h.match_type for h in store.search("cache note")} == {"keyword"}
+
+
+def test_a_store_with_vectors_still_to_compute_is_left_to_the_system(tmp_path: Path) -> None:
+    """Entries written while no model could be loaded wait for their vectors; the system
+    computes them when it opens the store, so only it answers as ``Agent.query_knowledge`` does
+    (the process's own search would rank them by keywords alone, or miss them)."""
+    from memstrata import Config
+    from memstrata.bridges._cli_query import query_knowledge
+    from memstrata.layers import KnowledgeStore
+
+    embedder = FakeEmbedder()
+    config = Config(data_dir=tmp_path)
+    path = KnowledgeStore.path_for(tmp_path, "arch")
+    with KnowledgeStore.open(path, embedder, defer_vectors=True) as store:
+        store.add("Retry card authorisation with exponential backoff", category="pattern")
+        assert store.pending_vectors() == 1
+    assert query_knowledge(config, embedder, "arch", "card retries", {}) is None
+    with KnowledgeStore.open(path, embedder) as store:  # opened as the system opens it: computed
+        assert store.pending_vectors() == 0
+    hits = query_knowledge(config, embedder, "arch", "card retries", {})
+    assert hits is not None and [h.entry.content for h in hits] == [
+        "Retry card authorisation with exponential backoff"
+    ]
