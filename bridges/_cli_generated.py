@@ -113,7 +113,9 @@ def _click_param(op: Operation, p: Param) -> click.Parameter:
         extra = {"type": click.Choice([str(v) for v in schema["enum"]])}
     elif kind == "object" and p.name == "tags":
         extra = {"multiple": True, "metavar": "KEY[=VALUE]"}
-        help_text += " Give --tag key=value once per tag (a bare --tag key has the value '')."
+        help_text += (
+            " Give --tag key=value once per tag (a bare --tag key has the value ''; --tag '{}' alone, none)."
+        )
     elif kind == "array":  # a list of strings (a namespace path): the option once per element
         extra = {"multiple": True, "metavar": "TEXT"}
         help_text += " Give the option once per element, in order."

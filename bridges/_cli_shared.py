@@ -103,9 +103,12 @@ def one_line(text: str, width: int = 160) -> str:
 
 def parse_tags(values: Sequence[str], option: str = "--tag") -> dict[str, str] | None:
     """``--tag k=v`` (or a bare ``--tag k``, value ``""``) as a tags mapping, read as the tools
-    read their tag strings (:func:`._tool_defs.tags_map`); ``None`` if none."""
+    read their tag strings (:func:`._tool_defs.tags_map`); ``None`` if none. ``--tag '{}'``
+    alone is the empty mapping, as the operations write it (an update clears the tags)."""
     if not values:  # most commands give none: the tools' module is not imported for nothing
         return None
+    if list(values) == ["{}"]:
+        return {}
     from ._tool_defs import tags_map
 
     try:

@@ -418,6 +418,16 @@ def test_shared_store_round_trip(run: Callable[..., Result]) -> None:
     assert "shared" in text and "Team rule: review twice" in text
 
 
+def test_tags_given_as_an_empty_object_clear_an_entrys_tags(run: Callable[..., Result]) -> None:
+    """The operation's ``{}`` clears the tags; the command line writes it ``--tag '{}'``."""
+    cli_ok(run(*STORE, "--tag", "module=payment", "--tag", "urgent"))
+    kept = orjson.loads(cli_ok(run("knowledge", "update", *A, "--entry-id", "1", "--scope", "/pay")).stdout)
+    assert kept["tags"] == {"module": "payment", "urgent": ""}
+    cleared = orjson.loads(cli_ok(run("knowledge", "update", *A, "--entry-id", "1", "--tag", "{}")).stdout)
+    assert cleared["tags"] == {} and cleared["scope"] == "/pay"
+    cli_fails(run("knowledge", "update", *A, "--entry-id", "1", "--tag", ""), 2, "'--tag'")
+
+
 def test_index_prints_progress_lines_and_a_summary_when_piped(run: Callable[..., Result]) -> None:
     result = cli_ok(run("index", "{ws}", "--progress-every", "1"))
     lines = result.stderr.splitlines()
