@@ -319,10 +319,10 @@ TAGS_SCHEMA: dict[str, Any] = {
 TOP_K = {"type": "integer", "minimum": 1, "maximum": MAX_TOP_K, "description": "How many hits at most."}
 SCORE = {
     "type": "number",
-    "minimum": 0,
+    "minimum": -1,
     "maximum": 1,
-    "description": "Cosine-similarity floor for the semantic side, 0-1: semantic candidates below it "
-    "are left out; keyword matches are kept whatever their similarity.",
+    "description": "Cosine-similarity floor for the semantic side, -1 to 1: semantic candidates below "
+    "it are left out; keyword matches are kept whatever their similarity.",
 }
 TIME = string(
     "An ISO 8601 date-time with a time zone, e.g. 2026-05-01T12:00:00Z.", max_length=64, format="date-time"

@@ -31,6 +31,7 @@ from memstrata.core.validation import (
     check_agent_id,
     check_category,
     check_key,
+    check_min_score,
     check_scope,
     check_session_id,
     check_tags,
@@ -125,6 +126,20 @@ def test_min_score_is_described_as_the_floor_of_the_semantic_side() -> None:
     for text in [*described.values(), tool["description"]]:
         assert "semantic" in text and "keyword matches are kept" in text, text
         assert "hits whose 0-1 score" not in text
+
+
+@pytest.mark.parametrize("value", [-1.5, -1, -0.2, 0, 0.35, 1, 1.01])
+@pytest.mark.parametrize("operation", ["query_knowledge", "search_files"])
+def test_min_score_is_valid_for_the_operations_exactly_when_the_facade_accepts_it(
+    operation: str, value: float
+) -> None:
+    try:
+        check_min_score(value)
+        accepted = True
+    except InvalidInputError:
+        accepted = False
+    schema = _params(operation)["properties"]["min_score"]
+    assert jsonschema.Draft202012Validator(schema).is_valid(value) is accepted, (operation, value)
 
 
 # -- the schemas state the code's rules ------------------------------------------------------------
