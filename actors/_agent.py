@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections import Counter, OrderedDict
+from collections import Counter
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -119,7 +119,6 @@ class AgentActor(AgentWriteBack):
         self._rids = itertools.count(1)
         self._inflight: dict[int, set[str]] = {}
         self._tasks: dict[str, str] = {}
-        self._recent: OrderedDict[tuple[str, str, str], None] = OrderedDict()
         self.counters: Counter[str] = Counter()
         self._reply: Future[Any] | None = None
 
@@ -194,6 +193,7 @@ class AgentActor(AgentWriteBack):
         self._tasks[task.task_id] = task.description
         while len(self._tasks) > _MAX_OPEN_TASKS:  # tasks begun and never ended: forget the oldest
             del self._tasks[next(iter(self._tasks))]
+        self._new_run(task.task_id)
         retrieval = _Retrieval(
             rid=next(self._rids),
             task=task,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections import Counter, OrderedDict
+from collections import Counter
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -53,17 +53,12 @@ class _RetryWriteBack:
     row_id: int
 
 
-_RECENT_OUTCOMES = 1024  # outcomes remembered to tell a retry from a new one (a few per task)
-
-
 class AgentWriteBack(MemoryActor):
     """The write-back part of :class:`AgentActor` (which owns ``outbox/{agent}.sqlite``)."""
 
     counters: Counter[str]
     _inflight: dict[int, set[str]]
     _tasks: dict[str, str]
-    # the latest outcomes queued, to tell a retry (the same task, kind and text again) from news
-    _recent: OrderedDict[tuple[str, str, str], None]
 
     def _checked_outcome(self, kind: str, text: str) -> str:
         """The outcome's text as the stores will keep it (lone surrogates become U+FFFD), or the
@@ -111,10 +106,12 @@ class AgentWriteBack(MemoryActor):
         notes = self.runtime.workspace_of(self.key) is not None and (
             self.runtime.config.for_agent(self.key).workspace_access == "rw"
         )
+        outbox: Outbox = self.layer
+        repeats = outbox.take_repeats([row.id for row in rows])  # retries: nothing new happened
         for row in rows:
             self._tasks.pop(row.task_id, None)
             self.counters[f"tasks_{row.kind}"] += 1
-            repeat = self._seen(row)
+            repeat = row.id in repeats
             # a retry's episode is stored once, as a replay's is (its knowledge dedups by content)
             self._dispatch(row, replay=repeat)
             if notes and not repeat:
@@ -138,22 +135,22 @@ class AgentWriteBack(MemoryActor):
         kept: dict[str, Any] = getattr(self.runtime, "working_memories", {})
         return self.key in kept or self.runtime.existing("working", self.key) is not None
 
-    def _seen(self, row: OutboxRow) -> bool:
-        """Whether ``row`` repeats an outcome queued lately (an orchestrator retrying a call
-        whose answer it missed): then nothing new happened, and nothing is written twice."""
-        key = (row.task_id, row.kind, row.text)
-        seen = key in self._recent
-        self._recent[key] = None
-        self._recent.move_to_end(key)
-        while len(self._recent) > _RECENT_OUTCOMES:
-            self._recent.popitem(last=False)
-        return seen
+    def _new_run(self, task_id: str) -> None:
+        """The task is begun (again): its next outcome is news, even if it repeats an earlier one."""
+        outbox: Outbox | None = self.layer
+        if outbox is None:
+            return
+        try:
+            outbox.forget_task(task_id)
+        except Exception as exc:  # the prompt still goes out; a repeat would count as a retry
+            log.warning("agent %s: earlier outcomes of task %r not forgotten: %s", self.key, task_id, exc)
 
     def _part_message(self, row: OutboxRow, part: str, replay: bool) -> Any:
         completed = row.kind == "completed"
         if part == "knowledge":
             category = "outcome" if completed else "pitfall"
-            entry = StoreKnowledge(self.key, row.text, category, {"taskId": row.task_id}, author=self.key)
+            tags = {"taskId": row.task_id}
+            entry = StoreKnowledge(self.key, row.text, category, tags, author=self.key, at=row.at)
             return WriteBackKnowledge(entry)
         episode = StoreMemory(
             self.key,

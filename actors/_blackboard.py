@@ -11,6 +11,7 @@ step that registers it, so it misses nothing and sees nothing twice.
 from __future__ import annotations
 
 import contextlib
+import datetime as _dt
 import logging
 import queue
 import threading
@@ -143,6 +144,7 @@ class BlackboardActor(MemoryActor):
         super().__init__(runtime, key, owner)
         self._delivery = _Delivery(key, runtime.activity, self.owner, self._subscriber_failed)
         self._board: Any = None  # the state, kept across a crash (see open_layer)
+        self._published_at: _dt.datetime | None = None  # the time of the publish being handled
 
     def _subscriber_failed(self, sub_id: int, exc: BaseException) -> None:
         failed = SubscriberFailed(sub_id, f"{type(exc).__name__}: {exc}")
@@ -155,13 +157,15 @@ class BlackboardActor(MemoryActor):
             return self._board
         from memstrata.layers import BlackboardState
 
-        state = BlackboardState(
-            clock=self.runtime.clock.now, max_value_bytes=self.runtime.config.max_content_bytes
-        )
+        state = BlackboardState(clock=self._now, max_value_bytes=self.runtime.config.max_content_bytes)
         if self.runtime.config_actors("blackboard_snapshot"):
             state.restore(self.runtime.path("blackboard", self.key))
         self._board = state
         return state
+
+    def _now(self) -> _dt.datetime:
+        """The time a change is dated: a publish's own (taken by its caller), else the clock's."""
+        return self._published_at or self.runtime.clock.now()
 
     def close_layer(self, layer: Any) -> None:
         if self.runtime.config_actors("blackboard_snapshot"):
@@ -187,7 +191,11 @@ class BlackboardActor(MemoryActor):
     def handle(self, message: Any) -> Any:
         state = self.layer
         if isinstance(message, PublishSignal):
-            record, subscribers = state.publish(message.key, message.value, message.publisher_id)
+            self._published_at = message.at
+            try:
+                record, subscribers = state.publish(message.key, message.value, message.publisher_id)
+            finally:
+                self._published_at = None
             for sub_id in subscribers:
                 self._delivery.post(sub_id, self._signal(record))
             return SignalPublished(self.key, record.key, record.version)

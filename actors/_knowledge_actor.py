@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,7 +29,12 @@ from .messages import (
 
 __all__ = ["KnowledgeStoreActor"]
 
-_ENTRY = ("category", "tags", "scope", "author")  # a StoreKnowledge's fields besides its content
+_ENTRY = ("category", "tags", "scope", "author")  # a StoreKnowledge's fields besides its content and time
+
+
+def _seconds(at: dt.datetime | None) -> float | None:
+    """A message's time as the store keeps it (UNIX seconds)."""
+    return None if at is None else at.timestamp()
 
 
 class KnowledgeStoreActor(_PersistentActor):
@@ -57,6 +63,9 @@ class KnowledgeStoreActor(_PersistentActor):
         def add(run: list[Any], vectors: Any) -> list[int]:
             stores = [m.message if isinstance(m, WriteBackKnowledge) else m for m in run]
             items = [{"content": m.content, **_fields(m, *_ENTRY)} for m in stores]
+            times = [_seconds(m.at) for m in stores]
+            if any(t is not None for t in times):  # a layer of its own may know no times
+                return [int(i) for i in self.layer.add_many(items, vectors=vectors, times=times)]
             return [int(i) for i in self.layer.add_many(items, vectors=vectors)]
 
         return [KnowledgeStored(self.key, i) for i in self._with_vectors(messages, add)]
@@ -66,7 +75,8 @@ class KnowledgeStoreActor(_PersistentActor):
         if isinstance(message, WriteBackKnowledge):  # with the vectors answered meanwhile
             return self.handle_batch([message])[0]
         if isinstance(message, StoreKnowledge):
-            entry_id = layer.add(message.content, **_fields(message, *_ENTRY))
+            dated = {} if message.at is None else {"at": _seconds(message.at)}
+            entry_id = layer.add(message.content, **_fields(message, *_ENTRY), **dated)
             self.after_write()
             return KnowledgeStored(self.key, int(entry_id))
         if isinstance(message, QueryKnowledge):

@@ -9,16 +9,20 @@ from memstrata.core.constants import DEFAULT_SESSION
 from memstrata.core.validation import json_copy
 
 from ._codec import Message
-from ._msg_fields import Many, OptKey, OptKeyPrefix, RowId, SessionId, SignalKey, SignalPattern
+from ._msg_fields import Many, OptKey, OptKeyPrefix, RowId, SessionId, SignalKey, SignalPattern, Time
 
 
 class PublishSignal(Message):
-    """Set ``key`` on a session's blackboard and notify its subscribers."""
+    """Set ``key`` on a session's blackboard and notify its subscribers.
+
+    ``at``: when it was published, the value's ``updated_at`` (``None``: the system clock when
+    the board handles it); ``Blackboard.publish`` gives the time of its call."""
 
     key: SignalKey
     value: Any
     publisher_id: OptKey = None
     session_id: SessionId = DEFAULT_SESSION
+    at: Time = None
 
     def _check(self) -> None:  # the message's own copy: the sender may go on changing its object
         object.__setattr__(self, "value", json_copy(self.value, f"PublishSignal.value for key {self.key!r}"))

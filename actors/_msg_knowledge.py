@@ -23,6 +23,7 @@ from ._msg_fields import (
     Tags,
     TargetId,
     Text,
+    Time,
     TopK,
 )
 
@@ -31,7 +32,10 @@ if typing.TYPE_CHECKING:
 
 
 class StoreKnowledge(Message):
-    """Add an entry to ``agent_id``'s knowledge store (``"shared"`` targets the shared store)."""
+    """Add an entry to ``agent_id``'s knowledge store (``"shared"`` targets the shared store).
+
+    ``at``: when the write was made (``None``: the system clock when the store writes it); a
+    write-back's entry carries the time its outbox acknowledged it, as its episode does."""
 
     agent_id: TargetId
     content: Text
@@ -39,6 +43,7 @@ class StoreKnowledge(Message):
     tags: Tags = None
     scope: Scope = "/"
     author: Author = None
+    at: Time = None
 
 
 class KnowledgeStored(Message):

@@ -5,6 +5,11 @@ parts (the knowledge entry and the episode) are stored; then the row is deleted.
 a crash are replayed when the agent's actor starts again. Text is kept as UTF-8 bytes with
 surrogates passed through, so any Python string survives the round trip unchanged.
 
+It also remembers the agent's latest outcomes (task, kind and a hash of the text), in the
+transaction that appends them, so that an outcome sent again (a retry of a call whose answer was
+lost) is known as one however long ago, and across how many restarts, the first one came, until
+the task is begun again or its outcome is no longer among the latest :data:`RECENT_OUTCOMES`.
+
 Several processes may run the same agent on one data dir, so each row records its *owner*: the
 running system that appended it (process id, process start time and a random token). A process
 processes only its own rows, and claims (atomically, under the write lock) the rows of owners that
@@ -15,17 +20,20 @@ record an episode twice.
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import os
 import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from memstrata.storage import apply_migrations, open_database
+from memstrata.storage import Database, Migration, NamedMigration, apply_migrations, open_database
 
-__all__ = ["Outbox", "OutboxRow", "new_owner", "pending_count", "release_owner"]
+__all__ = ["RECENT_OUTCOMES", "Outbox", "OutboxRow", "new_owner", "pending_count", "release_owner"]
 
-_MIGRATIONS = [
+RECENT_OUTCOMES = 1024  # outcomes remembered to tell a retry from a new one (a few per task)
+
+_MIGRATIONS: list[Migration] = [
     """
     CREATE TABLE outbox (
         id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -53,7 +61,46 @@ _MODEL_FAULT_SQL = " OR ".join(
     f"last_error LIKE '%{pattern}%'"
     for pattern in ("zero vector", "NaN or infinit", "EmbeddingError", "ModelFaultError", "returned shape")
 )
-_MIGRATIONS[-1] = _MIGRATIONS[-1].replace("{model_fault}", _MODEL_FAULT_SQL)
+_MIGRATIONS[-1] = str(_MIGRATIONS[-1]).replace("{model_fault}", _MODEL_FAULT_SQL)
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.sha256(_encode(text)).digest()
+
+
+def _remember(db: Database, rows: list[tuple[str, str, str]]) -> list[bool]:
+    """Remember the outcomes ``(kind, task_id, text)``, in order, in the current transaction;
+    whether each repeats one remembered (an earlier one of ``rows`` too). Only the latest
+    :data:`RECENT_OUTCOMES` are kept."""
+    seq = int(db.scalar("SELECT coalesce(max(seq), 0) FROM recent_outcomes") or 0)
+    repeats: list[bool] = []
+    for kind, task_id, text in rows:
+        key = (task_id, kind, _digest(text))
+        known = "SELECT 1 FROM recent_outcomes WHERE task_id = ? AND kind = ? AND digest = ?"
+        repeats.append(db.scalar(known, key) is not None)
+        seq += 1
+        db.execute(
+            "INSERT INTO recent_outcomes(task_id, kind, digest, seq) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT(task_id, kind, digest) DO UPDATE SET seq = excluded.seq",
+            (*key, seq),
+        )
+    db.execute("DELETE FROM recent_outcomes WHERE seq <= ?", (seq - RECENT_OUTCOMES,))
+    return repeats
+
+
+def _recent_outcomes(db: Database) -> None:
+    """The latest outcomes, remembered across restarts (those of the rows an older version
+    left among them). Idempotent: an older version's schema number may be set back."""
+    db.execute(
+        "CREATE TABLE IF NOT EXISTS recent_outcomes (task_id TEXT NOT NULL, kind TEXT NOT NULL, "
+        "digest BLOB NOT NULL, seq INTEGER NOT NULL, PRIMARY KEY (task_id, kind, digest)) WITHOUT ROWID"
+    )
+    db.execute("CREATE INDEX IF NOT EXISTS recent_outcomes_seq ON recent_outcomes(seq)")
+    rows = db.query("SELECT kind, task_id, text FROM outbox ORDER BY id")
+    _remember(db, [(str(k), str(t), bytes(x).decode("utf-8", "surrogatepass")) for k, t, x in rows])
+
+
+_MIGRATIONS.append(NamedMigration("recent-outcomes", _recent_outcomes))
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +199,7 @@ class Outbox:
         """``owner``: the running system's name (:func:`new_owner`); ``None`` works on every row."""
         self.path = path
         self.owner = owner
+        self._repeats: set[int] = set()  # rows appended here that repeat a remembered outcome
         self.db = open_database(path, load_vec=False)
         try:
             apply_migrations(self.db, "outbox", _MIGRATIONS)
@@ -162,26 +210,51 @@ class Outbox:
     def append(self, kind: str, task_id: str, text: str, at: _dt.datetime) -> int:
         """Commit a new row and return its id: from here on the write-back survives a crash."""
         with self.db.transaction():
-            cursor = self.db.execute(
-                "INSERT INTO outbox(kind, task_id, text, at, owner) VALUES (?, ?, ?, ?, ?)",
-                (kind, task_id, _encode(text), at.isoformat(), self.owner),
-            )
-            return int(cursor.lastrowid)
+            ids, repeats = self._insert([(kind, task_id, text, at)])
+        self._repeats.update(repeats)  # committed
+        return ids[0]
 
     def append_many(self, rows: list[tuple[str, str, str, _dt.datetime]]) -> list[int]:
         """Commit several rows ``(kind, task_id, text, at)`` in one transaction (group commit);
         their ids, in order. Durable together when this returns."""
         if not rows:
             return []
-        ids: list[int] = []
         with self.db.transaction():
-            for kind, task_id, text, at in rows:
-                cursor = self.db.execute(
-                    "INSERT INTO outbox(kind, task_id, text, at, owner) VALUES (?, ?, ?, ?, ?)",
-                    (kind, task_id, _encode(text), at.isoformat(), self.owner),
-                )
-                ids.append(int(cursor.lastrowid))
-            return ids
+            ids, repeats = self._insert(rows)
+        self._repeats.update(repeats)  # committed
+        return ids
+
+    def _insert(self, rows: list[tuple[str, str, str, _dt.datetime]]) -> tuple[list[int], list[int]]:
+        """Insert the rows and remember their outcomes, in the current transaction; their ids,
+        and the ids of those that repeat a remembered outcome."""
+        repeated = _remember(self.db, [(kind, task_id, text) for kind, task_id, text, _ in rows])
+        ids: list[int] = []
+        for kind, task_id, text, at in rows:
+            cursor = self.db.execute(
+                "INSERT INTO outbox(kind, task_id, text, at, owner) VALUES (?, ?, ?, ?, ?)",
+                (kind, task_id, _encode(text), at.isoformat(), self.owner),
+            )
+            ids.append(int(cursor.lastrowid))
+        return ids, [row_id for row_id, repeat in zip(ids, repeated, strict=True) if repeat]
+
+    def take_repeats(self, row_ids: list[int]) -> set[int]:
+        """Which of the rows ``row_ids``, just appended here, repeat an outcome appended before
+        (the same task, kind and text among the latest :data:`RECENT_OUTCOMES`, the task not
+        begun again since): a retry of a call whose answer was lost, which adds nothing new.
+        Answered once per row, from memory: nothing is read after the commit."""
+        found = self._repeats.intersection(row_ids)
+        self._repeats.difference_update(found)
+        return found
+
+    def forget_task(self, task_id: str) -> bool:
+        """A new run of ``task_id`` begins: its outcomes so far no longer make a later one a
+        retry. Whether any was remembered (only then is anything written)."""
+        known = "SELECT 1 FROM recent_outcomes WHERE task_id = ? LIMIT 1"
+        if self.db.scalar(known, (task_id,)) is None:
+            return False
+        with self.db.transaction():
+            self.db.execute("DELETE FROM recent_outcomes WHERE task_id = ?", (task_id,))
+        return True
 
     def _row(self, values: tuple[object, ...]) -> OutboxRow:
         rid, kind, task_id, text, at, k_done, e_done, attempts = values

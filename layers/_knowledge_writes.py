@@ -19,6 +19,7 @@ from memstrata.core.validation import (
     check_content,
     check_scope,
     check_tags,
+    check_timestamp,
     is_plain_content,
 )
 from memstrata.storage import FloatArray, bulk_cache, precomputed_vectors
@@ -51,15 +52,29 @@ class KnowledgeWrites(KnowledgeBase):
         tags: Mapping[str, str] | Sequence[str] | None = None,
         scope: str = "/",
         author: str | None = None,
+        at: float | None = None,
     ) -> int:
         """Store one entry and return its id. The same content, category and scope as an existing
         entry returns that entry's id: its ``updated_at`` is refreshed and the given tags are
-        merged into its tags (a given key's value replaces the old one; other keys stay)."""
+        merged into its tags (a given key's value replaces the old one; other keys stay).
+
+        ``at``: when the write was made (UNIX seconds; ``None``: the store's clock now), for a
+        write made before it reaches the store (a write-back, dated when its outbox acknowledged
+        it). An entry's ``created_at`` is the earliest time its content was written and
+        ``updated_at`` the latest, whatever order the writes arrive in: a write dated before
+        the entry's ``updated_at`` leaves it as it is."""
         self._open_db()
         item = {"content": content, "category": category, "tags": tags, "scope": scope, "author": author}
-        return self._write([self._check_item(item, "")])[0]
+        checked = [self._check_item(item, "")]
+        return self._write(checked, times=None if at is None else [_checked_time(at, "at")])[0]
 
-    def add_many(self, items: Iterable[Mapping[str, Any]], *, vectors: Any = None) -> list[int]:
+    def add_many(
+        self,
+        items: Iterable[Mapping[str, Any]],
+        *,
+        vectors: Any = None,
+        times: Sequence[float | None] | None = None,
+    ) -> list[int]:
         """Store many entries (mappings with :meth:`add`'s keyword names); ids in input order.
 
         Every item is checked before anything is written. Embedding is batched; writes are one
@@ -73,15 +88,19 @@ class KnowledgeWrites(KnowledgeBase):
         With ``vectors``, the next batch is prepared on a worker thread while one is written,
         and Python's cyclic garbage collector is paused until the call returns (process-wide:
         its passes over the load's live objects cost ~7 % of a 100k load).
+
+        ``times``: each item's :meth:`add` ``at`` (one per item, ``None``: the store's clock).
         """
         self._open_db()
         if isinstance(items, str | bytes) or not isinstance(items, Iterable):
             raise InvalidInputError(f"items must be an iterable of mappings, got {type(items).__name__}")
         if vectors is None:  # the model's time dwarfs the rest
-            return self._write(self._check_items(items))
+            checked = self._check_items(items)
+            return self._write(checked, times=_checked_times(times, len(checked), "times"))
         with cycles_paused():
             checked = self._check_items(items)
-            return self._write(checked, precomputed_vectors(vectors, len(checked), self._store_dim()))
+            stamps = _checked_times(times, len(checked), "times")
+            return self._write(checked, precomputed_vectors(vectors, len(checked), self._store_dim()), stamps)
 
     def _check_items(self, items: Iterable[Any]) -> list[_Item]:
         """Every item checked (see :meth:`_check_item`). The common item (a dict of ASCII
@@ -118,7 +137,10 @@ class KnowledgeWrites(KnowledgeBase):
         return None if self._embedder is None else self._embedder.dim
 
     def _write(
-        self, checked: list[_Item], given: tuple[FloatArray, npt.NDArray[np.float64]] | None = None
+        self,
+        checked: list[_Item],
+        given: tuple[FloatArray, npt.NDArray[np.float64]] | None = None,
+        times: list[float | None] | None = None,
     ) -> list[int]:
         self._refresh_foreign()
         if self._rebuild_needed and checked:
@@ -135,7 +157,8 @@ class KnowledgeWrites(KnowledgeBase):
         with bulk_cache(self._db, len(checked)), contextlib.closing(ahead):
             for start, ready in ahead:
                 batch = checked[start : start + size]
-                batch_ids, ok = self._add_batch(batch, ready.part, own, ahead.start_next, ready)
+                stamps = None if times is None else times[start : start + size]
+                batch_ids, ok = self._add_batch(batch, ready.part, own, ahead.start_next, ready, stamps)
                 ahead.start_next()  # no new row in the batch: not started yet
                 ids.extend(batch_ids)
                 embedded_ok = embedded_ok and ok
@@ -201,11 +224,13 @@ class KnowledgeWrites(KnowledgeBase):
         own: OwnRows | None = None,
         window: Callable[[], None] | None = None,
         ready: Prepared | None = None,
+        times: list[float | None] | None = None,
     ) -> tuple[list[int], bool]:
         """Write one prepared batch (``_Item.prepare``; with its precomputed vectors, if
         ``given``); returns its ids and whether its embedding succeeded. ``own``: see
         :class:`OwnRows`; ``window``: called before the statements that run without the GIL;
-        ``ready``: the batch as :func:`prepare` left it."""
+        ``ready``: the batch as :func:`prepare` left it; ``times``: each item's time (see
+        :meth:`add`)."""
         vectors: dict[tuple[bytes, str, str], FloatArray] = {}
         embedded_ok = True
         keys = [item.key for item in batch] if ready is None else ready.keys
@@ -248,12 +273,16 @@ class KnowledgeWrites(KnowledgeBase):
                     next_id += 1
                     new_rows[item.key] = (row_id, item)
                 ids.append(row_id)
+            spans = _spans(ids, times, now)
+            base = now if spans is None else _common_time(spans, now)
             if new_rows:
                 # every item new, in order: the given rows are the new rows' vectors as they are
                 whole = given if given is not None and vectors and len(new_rows) == len(batch) else None
-                self._insert_rows(new_rows, vectors, now, window, whole, plan)
+                self._insert_rows(new_rows, vectors, base, window, whole, plan)
+                if spans is not None:
+                    self._date_rows({r: spans[r] for r, _ in new_rows.values() if spans[r] != (base, base)})
             if refresh:
-                self._refresh_rows(refresh, now)
+                self._refresh_rows(refresh, {r: (now, now) if spans is None else spans[r] for r in refresh})
         if own is not None and not own.off:
             own.ids.update((key, row_id) for key, (row_id, _) in new_rows.items())
             own.settle(self._db)
@@ -348,17 +377,27 @@ class KnowledgeWrites(KnowledgeBase):
         self._db.on_rollback(self._bm25.reset)
         self._bm25.added([(r, i.content, i.tag_text, i.ident) for r, i in news])
 
-    def _refresh_rows(self, refresh: Mapping[int, _Item], now: float) -> None:
-        """Dedup hits: bump ``updated_at``, merge tags, fill a missing author. Tags that would
-        take an entry past :data:`MAX_TAGS` are refused, and the whole batch with them."""
+    def _date_rows(self, spans: Mapping[int, tuple[float, float]]) -> None:
+        """New rows written at another time than the rest of their batch: their own times."""
+        if spans:
+            self._db.executemany(
+                f"UPDATE {TABLE} SET created_at = ?, updated_at = ? WHERE id = ?",
+                [(first, last, row_id) for row_id, (first, last) in spans.items()],
+            )
+
+    def _refresh_rows(self, refresh: Mapping[int, _Item], spans: Mapping[int, tuple[float, float]]) -> None:
+        """Dedup hits: widen the entry's times to this write's (``spans``: the first and last
+        time of the items merged into each row), merge tags, fill a missing author. Tags that
+        would take an entry past :data:`MAX_TAGS` are refused, and the whole batch with them."""
         tagged = {row_id: item.tags for row_id, item in refresh.items() if item.tags}
         current = self._tags_of(list(tagged)) if tagged else {}
         for row_id, tags in tagged.items():
             where = f"entry {row_id} holds the same content, category and scope: merging these tags"
             _check_merged(len({**current.get(row_id, {}), **tags}), f"{where} into its own")
         self._db.executemany(
-            f"UPDATE {TABLE} SET updated_at = ?, author = coalesce(author, ?) WHERE id = ?",
-            [(now, item.author, row_id) for row_id, item in refresh.items()],
+            f"UPDATE {TABLE} SET created_at = min(created_at, ?), updated_at = max(updated_at, ?), "
+            "author = coalesce(author, ?) WHERE id = ?",
+            [(*spans[row_id], item.author, row_id) for row_id, item in refresh.items()],
         )
         if not tagged:
             return
@@ -387,3 +426,48 @@ def _check_merged(count: int, what: str) -> None:
         raise InvalidInputError(
             f"{what} would give {count} tags, over the limit of {MAX_TAGS}: nothing was stored"
         )
+
+
+def _checked_time(value: object, name: str) -> float:
+    """A write's time: UNIX seconds within the years a stored time may hold."""
+    stamp = check_timestamp(value, name)
+    assert stamp is not None  # not optional
+    return stamp
+
+
+def _checked_times(times: Sequence[float | None] | None, count: int, name: str) -> list[float | None] | None:
+    """``times`` checked, one per item (``None`` when no item has a time of its own)."""
+    if times is None:
+        return None
+    if isinstance(times, str | bytes) or not isinstance(times, Sequence):
+        raise InvalidInputError(f"{name} must be a sequence of UNIX seconds, got {type(times).__name__}")
+    if len(times) != count:
+        raise InvalidInputError(f"{name} holds {len(times)} times for {count} items")
+    checked = [None if t is None else _checked_time(t, f"{name}[{i}]") for i, t in enumerate(times)]
+    return None if all(t is None for t in checked) else checked
+
+
+def _spans(
+    ids: Sequence[int], times: Sequence[float | None] | None, now: float
+) -> dict[int, tuple[float, float]] | None:
+    """Each row's earliest and latest time among the batch's items (an item without a time of
+    its own is written ``now``); ``None`` when every item is written ``now``."""
+    if times is None:
+        return None
+    spans: dict[int, tuple[float, float]] = {}
+    for row_id, given in zip(ids, times, strict=True):
+        stamp = now if given is None else given
+        first, last = spans.get(row_id, (stamp, stamp))
+        spans[row_id] = (min(first, stamp), max(last, stamp))
+    return spans
+
+
+def _common_time(spans: Mapping[int, tuple[float, float]], now: float) -> float:
+    """The one time every row of a batch is written at, when they share one; else ``now``
+    (the rows at another time are dated apart: :meth:`KnowledgeWrites._date_rows`)."""
+    shared = set(spans.values())
+    if len(shared) == 1:
+        first, last = shared.pop()
+        if first == last:
+            return first
+    return now

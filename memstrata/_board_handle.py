@@ -98,9 +98,10 @@ class Blackboard:
         """Set ``key`` to ``value`` (any JSON data) and notify subscribers.
 
         Fire-and-forget unless ``wait`` (then returns the key's new version). Invalid keys and
-        values that are not JSON-serialisable raise at once, in the caller's thread.
+        values that are not JSON-serialisable raise at once, in the caller's thread. The value is
+        dated now, in the caller's thread, however late the board handles it.
         """
-        message = PublishSignal(key, value, publisher, self.session_id)
+        message = PublishSignal(key, value, publisher, self.session_id, self._system.clock.now())
         if not wait:
             self._system.tell(message)
             return None
