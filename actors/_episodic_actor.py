@@ -14,6 +14,7 @@ from memstrata.core.constants import (
     EMBED_CHARS,  # what a knowledge entry's vector is made of
 )
 from memstrata.core.errors import ArchiveError, ConfigError, EmbeddingError, InvalidInputError
+from memstrata.layers._episodic_inputs import free_archive_path
 from memstrata.layers._roots import refused_output
 from memstrata.storage import Embedder, FloatArray, embed_documents
 
@@ -183,17 +184,7 @@ class EpisodicActor(_PersistentActor):
             self._content_only.pop(message.episode_id, None)
             return EpisodeDeleted(self.key, message.episode_id, bool(layer.delete(message.episode_id)))
         if isinstance(message, ArchiveEpisodes):
-            data_dir = self.runtime.data_dir
-            refused = refused_output(message.path, data_dir, managed=data_dir / ARCHIVES_DIR)
-            if refused is not None:
-                raise InvalidInputError(f"archive path {message.path!r} {refused}: archive elsewhere")
-            try:
-                Path(message.path).parent.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:  # the caller's path: an error of the call, not a crash of the store
-                raise ArchiveError(f"cannot write archive {message.path}: {exc.strerror or exc}") from exc
-            self.settle_vectors()
-            count = layer.archive(message.path, before=message.before, task_run_id=message.task_run_id)
-            return EpisodesArchived(self.key, message.path, int(count))
+            return self._archive(message)
         if isinstance(message, RestoreEpisodes):
             count = layer.restore(message.path)
             self.after_write()
@@ -203,6 +194,27 @@ class EpisodicActor(_PersistentActor):
             layer.commit()
             return MemoryCommitted(self.key)
         return super().handle_store(message)
+
+    def _archive(self, message: ArchiveEpisodes) -> EpisodesArchived:
+        """Archive to the caller's path, or to a free name in the archives folder chosen here,
+        where this agent's archives are written one at a time (after the vectors it waits for:
+        an archive written meanwhile takes no name this one has)."""
+        data_dir = self.runtime.data_dir
+        path = message.path
+        if path is not None:
+            refused = refused_output(path, data_dir, managed=data_dir / ARCHIVES_DIR)
+            if refused is not None:
+                raise InvalidInputError(f"archive path {path!r} {refused}: archive elsewhere")
+        folder = data_dir / ARCHIVES_DIR if path is None else Path(path).parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # the caller's path: an error of the call, not a crash of the store
+            raise ArchiveError(f"cannot write archive {path or folder}: {exc.strerror or exc}") from exc
+        self.settle_vectors()
+        if path is None:
+            path = str(free_archive_path(folder, self.key, self.runtime.clock.now()))
+        count = self.layer.archive(path, before=message.before, task_run_id=message.task_run_id)
+        return EpisodesArchived(self.key, path, int(count))
 
     def _record(self, episode: Any, archive: str | None) -> dict[str, Any]:
         return {
@@ -263,41 +275,30 @@ class EpisodicActor(_PersistentActor):
     def _import(self, records: Sequence[dict[str, Any]]) -> EpisodesImported:
         """Live episodes with their uuid and time, in id order; into an empty store they keep
         their ids, gaps included (as knowledge does: a promoted entry's ``episode_id`` tag still
-        names its episode). Those already present (same uuid) and archived ones (restore their
-        archive file instead) are skipped. Answers with the ids that differ from the file's."""
+        names its episode). The same episode already here (same uuid, time and contents) and
+        archived ones (restore their archive file instead) are skipped; a different episode
+        under a uuid held here is kept under a new uuid (see ``EpisodicMemory.record_known``).
+        Answers with the ids that differ from the file's."""
         layer = self.layer
-        present = {e.uuid: int(e.id) for e in layer.timeline(limit=None)}
-        keep_ids = not present
-        saved = getattr(layer, "new_uuid", None)
+        keep_ids = layer.count() == 0
         added = 0
         moved: dict[int, int] = {}
-        try:
-            for record in sorted(records, key=lambda r: int(r["id"])):
-                if record.get("archive"):
-                    continue
-                uuid, exported = str(record.get("uuid") or ""), int(record["id"])
-                here = present.get(uuid) if uuid else None
-                if here is None:
-                    if keep_ids:
-                        layer.next_id_at_least(exported)
-                    if uuid and saved is not None:
-                        layer.new_uuid = lambda uuid=uuid: uuid
-                    here = int(
-                        layer.record(
-                            record["content"],
-                            title=record.get("title"),
-                            task_run_id=record.get("task_run_id"),
-                            tags=record.get("tags") or None,
-                            kind=record.get("episode_kind", "note"),
-                            at=datetime.fromisoformat(str(record["at"])),
-                        )
-                    )
-                    present[uuid] = here
-                    added += 1
-                if here != exported:
-                    moved[exported] = here
-        finally:
-            if saved is not None:
-                layer.new_uuid = saved
+        for record in sorted(records, key=lambda r: int(r["id"])):
+            if record.get("archive"):
+                continue
+            exported = int(record["id"])
+            here, new = layer.record_known(
+                record["content"],
+                uuid=str(record.get("uuid") or "") or None,
+                at=datetime.fromisoformat(str(record["at"])),
+                title=record.get("title"),
+                task_run_id=record.get("task_run_id"),
+                tags=record.get("tags") or None,
+                kind=record.get("episode_kind", "note"),
+                id_at_least=exported if keep_ids else None,
+            )
+            added += int(new)
+            if here is not None and here != exported:
+                moved[exported] = here
         self.after_write()
         return EpisodesImported(added, moved)

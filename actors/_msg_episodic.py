@@ -31,6 +31,7 @@ if typing.TYPE_CHECKING:
 
 
 FilePath = Annotated[str, Rule(check_path)]
+OptFilePath = Annotated[str | None, Rule(check_path, optional=True)]
 
 
 class StoreMemory(Message):
@@ -129,10 +130,11 @@ class EpisodeDeleted(Message):
 class ArchiveEpisodes(Message):
     """Move ``agent_id``'s episodes older than ``before`` (and/or of ``task_run_id``; all when
     neither is given) into one new archive file at ``path`` (:class:`RestoreEpisodes` brings
-    them back)."""
+    them back). ``path`` ``None``: ``{data_dir}/episodic/archives/{agent}-{time}.sqlite``, with
+    ``-2``, ``-3``, ... when that name is taken, chosen by the actor that writes the archive."""
 
     agent_id: AgentId
-    path: FilePath
+    path: OptFilePath
     before: Time = None
     task_run_id: OptTaskId = None
 

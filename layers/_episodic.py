@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -42,7 +42,14 @@ from ._episode_records import (
     to_us,
 )
 from ._episodic_archives import EpisodicArchives
-from ._episodic_inputs import DEFAULT, _optional_count, _path_arg, _span_or_configured, _utc_now
+from ._episodic_inputs import (
+    DEFAULT,
+    _optional_count,
+    _path_arg,
+    _span_or_configured,
+    _utc_now,
+    free_archive_path,
+)
 from ._episodic_migrations import _MIGRATIONS
 from ._episodic_state import BULK_DELETE_MIN
 
@@ -228,13 +235,8 @@ class EpisodicMemory(EpisodicArchives, Closeable):
             self._matrix_now()  # before the transaction: scans are slow beside many dirty pages
         if self._archive_dir is not None:
             self._archive_dir.mkdir(parents=True, exist_ok=True)
-            stamp = self._now().astimezone(UTC).strftime("%Y%m%dT%H%M%S%fZ")
             stem = self.path.stem if str(self.path) != ":memory:" else "episodes"
-            target = self._archive_dir / f"{stem}-retired-{stamp}.sqlite"
-            n = 1
-            while target.exists():
-                n += 1
-                target = self._archive_dir / f"{stem}-retired-{stamp}-{n}.sqlite"
+            target = free_archive_path(self._archive_dir, f"{stem}-retired", self._now())
             return self._archive_ids(target, ordered, remove=True, selection={"selected_by": "retention"})
         with db.transaction():
             self._remove(ordered)

@@ -1,5 +1,6 @@
 """Episodic archives: move or copy episodes into a single-file archive (written, synced and
-checked before the live rows go), and restore an archive into any store (idempotent by uuid)."""
+checked before the live rows go), and restore an archive into any store (idempotent: the same
+episode is never added twice)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from ._episode_records import (
     time_conditions,
     to_us,
 )
-from ._episodic_inputs import _Item, _path_arg
+from ._episodic_inputs import _Item, _path_arg, episode_digest
 from ._episodic_search import EpisodicSearch
 from ._episodic_state import BULK_DELETE_MIN
 
@@ -125,6 +126,10 @@ class EpisodicArchives(EpisodicSearch):
                         to_us(now),
                     ),
                 )
+                db.executemany(  # its uuids stay taken: no new episode is given one of them
+                    "INSERT OR IGNORE INTO archived_episodes(uuid, digest) VALUES (?, ?)",
+                    [(str(r[1]), episode_digest(r)) for r in rows],
+                )
         except BaseException:
             with contextlib.suppress(OSError):
                 path.unlink()  # the live store kept everything; the copy is not tracked
@@ -134,7 +139,9 @@ class EpisodicArchives(EpisodicSearch):
     def restore(self, path: str | os.PathLike[str]) -> int:
         """Bring an archive's episodes back into this store; returns how many were added.
 
-        Idempotent: episodes are matched by uuid, so restoring twice adds nothing. Into the store
+        Idempotent: an episode is skipped when the same one (same uuid, time and contents: see
+        ``episode_digest``) is live or was deleted here, so restoring twice adds nothing;
+        a different episode under a uuid held here comes back under a new uuid. Into the store
         that archived them they get their original ids back; into another store, new ids. Stored
         vectors are reused when the archive was embedded by this store's model. A damaged,
         truncated or foreign file raises :class:`ArchiveError` and changes nothing.
@@ -149,20 +156,7 @@ class EpisodicArchives(EpisodicSearch):
             archive_model, archive_dim = archive.model_id, archive.dim
         finally:
             archive.close()
-        uuids = [str(r[1]) for r in rows]
-        live = {str(r[0]) for r in query_in(db, "SELECT uuid FROM episodes WHERE uuid IN", uuids)}
-        live |= self.deleted_uuids(uuids)  # deleted for good: never restored
-        todo = []
-        seen: set[str] = set()
-        for row in rows:
-            if row[1] not in live and row[1] not in seen:
-                seen.add(row[1])
-                todo.append(row)
-        if not todo:
-            return 0
-
-        vectors = self._restore_vectors(todo, stored, archive_model, archive_dim)
-        items = [
+        arriving = [
             _Item(
                 uuid=str(r[1]),
                 at_us=int(r[2]),
@@ -173,8 +167,17 @@ class EpisodicArchives(EpisodicSearch):
                 tags=dump_tags(check_tags(load_tags(r[7]))),
                 recorded_us=int(r[8]),
             )
-            for r in todo
+            for r in rows
         ]
+        # the same episode live or deleted for good is skipped; another one under a uuid held
+        # here comes back under a uuid of its own
+        placed = self._resolved(arriving, bring_back=False, source=f"archive {target.name}'s episode")
+        todo = [r for r, p in zip(rows, placed, strict=True) if isinstance(p, _Item)]
+        items = [p for p in placed if isinstance(p, _Item)]
+        if not todo:
+            return 0
+
+        vectors = self._restore_vectors(todo, stored, archive_model, archive_dim)
         with db.transaction():
             db.on_rollback(self._drop_matrix)
             keep: set[int] = set()

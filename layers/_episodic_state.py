@@ -18,12 +18,38 @@ from memstrata.storage import Database, Embedder, FloatArray, KeywordIndex, Vect
 from ._archive import ArchiveFile
 from ._episode_records import EPISODE_COLUMNS, embed_text, query_in, refresh_context
 from ._episode_vectors import EpisodeRanking, EpisodeVectors
-from ._episodic_inputs import _Item
+from ._episodic_inputs import _Item, episode_digest
 from ._indexed_store import IndexedStore
 
-__all__ = ["BULK_DELETE_MIN", "EpisodicState"]
+__all__ = ["BULK_DELETE_MIN", "EpisodicState", "Held", "held_episodes", "held_uuids"]
 
 BULK_DELETE_MIN = 500  # fewer vector deletes than this never rebuild the vector table
+
+Held = tuple[str, str | None, int | None]
+"""Where a uuid is held ("live", "deleted" or "archived"), its episode's digest (``None``: a
+deletion recorded before digests were), and the live episode's id."""
+
+
+def held_uuids(db: Database, uuids: Sequence[str]) -> set[str]:
+    """Those of ``uuids`` the store holds: live, deleted, or in an archive it wrote."""
+    held: set[str] = set()
+    for table in ("episodes", "deleted_episodes", "archived_episodes"):
+        held.update(str(r[0]) for r in query_in(db, f"SELECT uuid FROM {table} WHERE uuid IN", uuids))
+    return held
+
+
+def held_episodes(db: Database, uuids: Sequence[str]) -> dict[str, Held]:
+    """What the store holds under each of ``uuids`` it holds: live first, then deleted, then
+    archived (an episode restored is live, and its archive keeps a copy)."""
+    held: dict[str, Held] = {}
+    sql = "SELECT uuid, digest FROM archived_episodes WHERE uuid IN"
+    held.update((str(u), ("archived", str(d), None)) for u, d in query_in(db, sql, uuids))
+    sql = "SELECT uuid, digest FROM deleted_episodes WHERE uuid IN"
+    for u, d in query_in(db, sql, uuids):
+        held[str(u)] = ("deleted", None if d is None else str(d), None)
+    sql = f"SELECT {EPISODE_COLUMNS} FROM episodes WHERE uuid IN"
+    held.update((str(r[1]), ("live", episode_digest(r), int(r[0]))) for r in query_in(db, sql, uuids))
+    return held
 
 
 @dataclass(slots=True)

@@ -40,7 +40,8 @@ from ._episode_records import (
     to_us,
 )
 from ._episodic_base import EpisodicBase, log
-from ._episodic_inputs import _RECORD_KEYS, _Item
+from ._episodic_inputs import _RECORD_KEYS, _Item, episode_digest, renamed_uuid
+from ._episodic_state import Held, held_episodes, held_uuids
 
 
 class EpisodicWrites(EpisodicBase):
@@ -61,7 +62,7 @@ class EpisodicWrites(EpisodicBase):
         now = self._now() if now is None else now
         when = now if at is None else check_aware(at, f"{prefix}at")
         return _Item(
-            uuid=self.new_uuid(),
+            uuid="",  # drawn when it is written: see _fresh_uuids
             at_us=to_us(when),
             kind=check_category(kind, f"{prefix}kind"),
             task_run_id=check_task_id(task_run_id, f"{prefix}task_run_id", optional=True),
@@ -195,6 +196,9 @@ class EpisodicWrites(EpisodicBase):
                 log.warning("episodic %s: storing without vectors, the embedder failed: %s", self.path, exc)
         with db.transaction():
             db.on_rollback(self._drop_matrix)
+            drawn = iter(self._fresh_uuids(sum(1 for i in items if not i.uuid)))
+            for item in items:
+                item.uuid = item.uuid or next(drawn)
             start = self._next_id()
             ids = list(range(start, start + len(items)))
             self._insert_rows(ids, items, vectors)
@@ -203,6 +207,93 @@ class EpisodicWrites(EpisodicBase):
         elif embedded and self._pending_ids:  # the model works again: catch up (bounded per write)
             self._embed_missing(sorted(self._pending_ids)[:1000])
         return ids
+
+    def _fresh_uuids(self, count: int) -> list[str]:
+        """``count`` uuids from :attr:`new_uuid` that name nothing this store holds (live, deleted
+        or archived): a seeded source goes on past those a snapshot of another run with the same
+        seed brought in, so the uuids stay a function of the seed and what is stored."""
+        fresh: list[str] = []
+        drawn: set[str] = set()
+        while len(fresh) < count:
+            batch = [self.new_uuid() for _ in range(count - len(fresh))]
+            repeated = [u for n, u in enumerate(batch) if u in drawn or u in batch[:n]]
+            if repeated:
+                raise InvalidInputError(f"new_uuid gave the uuid {repeated[0]!r} twice: it must never repeat")
+            drawn.update(batch)
+            held = held_uuids(self._db, batch)
+            fresh += [u for u in batch if u not in held]
+        return fresh
+
+    def _resolved(self, items: Sequence[_Item], *, bring_back: bool, source: str) -> list[_Item | int | None]:
+        """Episodes that come with a uuid (an import's, an archive's), checked against what the
+        store holds: the item to write, under a new uuid (:func:`renamed_uuid`, with a warning)
+        when its own names another episode here; or, for the same episode (same uuid and
+        digest) already live, its id; for the same episode deleted here, ``None`` unless
+        ``bring_back`` (an import brings back what its backup holds; a restore does not)."""
+        uuids = [i.uuid for i in items]
+        found = held_episodes(self._db, uuids)
+        known: dict[str, Held | None] = {u: found.get(u) for u in uuids}
+        out: list[_Item | int | None] = []
+        for item in items:
+            digest = item.digest()
+            uuid, holder = self._placed(item.uuid, digest, known)
+            if holder is not None and (holder[0] == "live" or (holder[0] == "deleted" and not bring_back)):
+                out.append(holder[2])
+                continue
+            if uuid != item.uuid:
+                log.warning(
+                    "episodic %s: %s uuid %s names another episode here: kept under uuid %s",
+                    self.path,
+                    source,
+                    item.uuid,
+                    uuid,
+                )
+            item.uuid = uuid
+            known[uuid] = ("live", digest, None)  # the same one twice in this call: written once
+            out.append(item)
+        return out
+
+    def _placed(self, uuid: str, digest: str, known: dict[str, Held | None]) -> tuple[str, Held | None]:
+        """The uuid an episode with ``digest`` arriving under ``uuid`` takes: its own, unless
+        another episode holds it here (then one derived from both, checked in turn); with what
+        holds it here, the same episode, if anything. ``known`` keeps what was looked up."""
+        while True:
+            if uuid not in known:
+                known[uuid] = held_episodes(self._db, [uuid]).get(uuid)
+            holder = known[uuid]
+            if holder is None or holder[1] is None or holder[1] == digest:  # free, or the same one
+                return uuid, holder
+            uuid = renamed_uuid(uuid, digest)  # another episode: never lost, never merged
+
+    def record_known(
+        self,
+        content: str,
+        *,
+        uuid: str | None,
+        at: datetime,
+        title: str | None = None,
+        task_run_id: str | None = None,
+        tags: Mapping[str, str] | None = None,
+        kind: str = "note",
+        id_at_least: int | None = None,
+    ) -> tuple[int | None, bool]:
+        """Store an episode that has a uuid already (an import's); returns its id here (``None``:
+        the same episode was deleted here and stays deleted) and whether it was added.
+
+        The same episode already live is not added again; a deleted one comes back under its
+        uuid; a different episode under a uuid held here is kept under a new one. ``uuid`` None
+        draws a new one; ``id_at_least``: what :meth:`next_id_at_least` takes, when it is added.
+        """
+        self._open_db()
+        item = self._item(content, title, task_run_id, tags, kind, at)
+        if uuid:
+            item.uuid = uuid
+            placed = self._resolved([item], bring_back=True, source="an imported episode's")[0]
+            if not isinstance(placed, _Item):
+                return placed, False
+        if id_at_least is not None:
+            self.next_id_at_least(id_at_least)
+        return self._insert([item])[0], True
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -273,12 +364,12 @@ class EpisodicWrites(EpisodicBase):
         if isinstance(episode_id, bool) or not isinstance(episode_id, int):
             raise InvalidInputError(f"episode_id must be an integer, got {episode_id!r}")
         with db.transaction():
-            row = db.execute("SELECT uuid FROM episodes WHERE id = ?", (episode_id,)).fetchone()
+            row = db.execute(f"SELECT {EPISODE_COLUMNS} FROM episodes WHERE id = ?", (episode_id,)).fetchone()
             if row is None:
                 return False
             db.execute(
-                "INSERT OR REPLACE INTO deleted_episodes(uuid, deleted_us) VALUES (?, ?)",
-                (str(row[0]), to_us(self._now())),
+                "INSERT OR REPLACE INTO deleted_episodes(uuid, deleted_us, digest) VALUES (?, ?, ?)",
+                (str(row[1]), to_us(self._now()), episode_digest(row)),
             )
             self._remove([episode_id])
         return True

@@ -7,7 +7,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from memstrata.core.constants import ARCHIVES_DIR
 from memstrata.core.errors import InvalidInputError
 from memstrata.core.validation import check_bool, check_path
 from memstrata.messages import (
@@ -298,19 +297,15 @@ class Agent:
         added when that name is taken, as on a manual clock); nothing selected
         writes no file. Archived episodes leave the timeline and :meth:`recall`;
         :meth:`restore_episodes` brings them back."""
-        if path is None:
-            stamp = self._system.clock.now().astimezone(_dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
-            folder = self._system.data_dir / ARCHIVES_DIR
-            path, n = folder / f"{self.id}-{stamp}.sqlite", 1
-            while path.exists() or path.is_symlink():  # a manual clock gives archives one time
-                n += 1
-                path = folder / f"{self.id}-{stamp}-{n}.sqlite"
-        message = ArchiveEpisodes(self.id, _absolute(path), before, task_run_id)
+        # no path: the agent's episodic actor names the file, one archive at a time, so callers
+        # archiving at one time of a manual clock each get a name of their own
+        message = ArchiveEpisodes(self.id, None if path is None else _absolute(path), before, task_run_id)
         return self._ask(message, timeout)  # type: ignore[no-any-return]
 
     def restore_episodes(self, path: str | Path, *, timeout: float | None = None) -> int:
-        """Bring back the episodes of an archive file; returns how many were added (episodes
-        already present, by uuid, are skipped, so restoring twice adds nothing)."""
+        """Bring back the episodes of an archive file; returns how many were added (the same
+        episode, by uuid and contents, live or deleted here is skipped, so restoring twice adds
+        nothing; a different one under a uuid held here comes back under a new uuid)."""
         message = RestoreEpisodes(self.id, _absolute(path))
         return int(self._ask(message, timeout).restored)
 

@@ -392,8 +392,9 @@ def import_records(
     file with a bad line changes nothing.
 
     Knowledge keeps its times (and its ids when the store was empty); episodes keep their uuid
-    and time (and their ids when the store was empty) and are skipped when an episode with that
-    uuid exists, archived ones are counted as skipped (restore their archive file); working
+    and time (and their ids when the store was empty) and are skipped when the same episode
+    (uuid, time and contents) is there; a different one under a uuid held there is imported
+    under a new uuid; archived ones are counted as skipped (restore their archive file); working
     memory and blackboard values are set again; items are upserted with their times, expiry and
     vectors. Episodes go before knowledge, so the ``episode_id`` tag of an entry promoted from
     an episode of the file names the id that episode has here.
