@@ -56,8 +56,10 @@ class ManualClock:
     """
 
     def __init__(self, start: _dt.datetime | None = None) -> None:
-        self._start = (
-            _dt.datetime(2025, 1, 1, tzinfo=_dt.UTC) if start is None else check_aware(start, "start")
+        self._start = (  # in UTC, as Clock.now is: what it dates reads the same from any zone
+            _dt.datetime(2025, 1, 1, tzinfo=_dt.UTC)
+            if start is None
+            else check_aware(start, "start").astimezone(_dt.UTC)
         )
         self._elapsed_ns = 0
         self._lock = threading.Lock()

@@ -120,3 +120,21 @@ def test_a_timer_on_the_clock_is_due_exactly_at_its_boundary(before: float, dela
     finally:
         scheduler.close()
     assert fired == ["deadline", "marker"]
+
+
+def test_now_is_utc_whatever_zone_the_start_was_given_in(tmp_path: Path) -> None:
+    """``Clock.now`` is UTC (the protocol's word), so what the clock dates reads the same
+    whatever zone a simulation started in: an export of two such runs is the same bytes."""
+    plus_two = _dt.timezone(_dt.timedelta(hours=2))
+    clock = ManualClock(_dt.datetime(2025, 1, 1, 2, 0, tzinfo=plus_two))
+    clock.advance(1.5)
+    assert clock.now() == START + _dt.timedelta(seconds=1.5)
+    assert clock.now().utcoffset() == _dt.timedelta(0)
+    exports = []
+    for name, start in (("utc", START), ("plus2", _dt.datetime(2025, 1, 1, 2, 0, tzinfo=plus_two))):
+        with simulation(tmp_path / name, seed=1, start=start) as system:
+            system.blackboard("b").publish("k", 1, wait=True)
+            system.agent("a").remember("x")
+            system.export(tmp_path / f"{name}.jsonl")
+        exports.append((tmp_path / f"{name}.jsonl").read_bytes())
+    assert exports[0] == exports[1]
