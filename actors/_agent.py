@@ -9,7 +9,9 @@ other down (the agent's vector scan takes the GIL back between lists), so the ag
 the largest and the critical path, searches alone, then the two small ones together (measured
 at 100k entries: p50 11 -> 10 ms). Whichever completes the retrieval
 first (all replies, or the deadline) answers the caller with a :class:`TaskPrompt`, so a stuck
-store costs the caller the retrieval timeout and never blocks this actor.
+store costs the caller the retrieval timeout and never blocks this actor. While it is in flight,
+the runtime's :class:`~._foreground.Foreground` holds it, with the actors it asks: other agents'
+write-back steps wait for it (boundedly), those of the actors it asks never do.
 
 ``TaskCompleted``/``TaskFailed``: the outcome is committed to the agent's outbox (all the outcomes
 waiting in the mailbox in one transaction), the caller is answered (the write-back is now
@@ -84,6 +86,7 @@ class _Retrieval:
     started: float = 0.0  # monotonic
     degraded: dict[str, str] = field(default_factory=dict)  # part -> why it ranked by keywords only
     parts: list[str] = field(default_factory=list)  # every part asked for or planned, in order
+    token: int | None = None  # in the runtime's foreground while in flight
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +142,11 @@ class AgentActor(AgentWriteBack):
             super()._deliver(envelope)
         finally:
             self._reply = None
+
+    def background(self, message: Any) -> bool:
+        """Outcomes and their parts step aside for other agents' retrievals (see
+        :mod:`._foreground`); a retrieval of this agent's never waits for them."""
+        return isinstance(message, TaskCompleted | TaskFailed | _WriteBackPart | _RetryWriteBack | Replay)
 
     def batch_key(self, message: Any) -> str | None:
         if isinstance(message, TaskCompleted | TaskFailed):
@@ -251,6 +259,10 @@ class AgentActor(AgentWriteBack):
                 code = SearchFiles(text, config.code_in_prompt)
                 retrieval.later.append((f"code:{name}", "codebase", name, code))
         retrieval.parts = (["own"] if own else []) + [later[0] for later in retrieval.later]
+        needs = {("agent", self.key), *((kind, key) for _, kind, key, _ in retrieval.later)}
+        if own:
+            needs.add(("knowledge", self.key))
+        retrieval.token = self.runtime.foreground.enter(needs, retrieval.timeout_s)
         if own:
             self._request(retrieval, "own", "knowledge", self.key, query)
         if "own" not in retrieval.waiting:
@@ -357,6 +369,8 @@ class AgentActor(AgentWriteBack):
         self.counters["prompts"] += 1
         if retrieval.reply is not None:
             set_result(retrieval.reply, prompt)
+        if retrieval.token is not None:  # after the answer: the steps it held back wake now
+            self.runtime.foreground.leave(retrieval.token)
 
     def status(self) -> dict[str, Any]:
         base = super().status()

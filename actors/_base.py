@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 
     from ._clock import Clock, IdSource
     from ._concurrency import Activity, Scheduler
+    from ._foreground import Foreground
     from ._supervision import Supervision
 
 __all__ = ["DEFERRED", "ActorRuntime", "Envelope", "Inbox", "MemoryActor", "owner_of"]
@@ -87,6 +88,7 @@ class Inbox(queue.Queue[Any]):
     def __init__(self) -> None:
         super().__init__()
         self.closed = False
+        self.arrived: Callable[[], None] | None = None  # told after each put (the lock released)
 
     def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
         with self.mutex:  # unbounded: never waits for room
@@ -95,6 +97,13 @@ class Inbox(queue.Queue[Any]):
             self._put(item)
             self.unfinished_tasks += 1
             self.not_empty.notify()
+        if self.arrived is not None:
+            self.arrived()
+
+    def holds(self, accept: Callable[[Any], bool]) -> bool:
+        """Whether an envelope waiting in the mailbox is one ``accept`` accepts."""
+        with self.mutex:
+            return any(accept(item) for item in self.queue)
 
     def close(self) -> list[Any]:
         """Refuse every later message; the ones still waiting, in order."""
@@ -158,6 +167,8 @@ class ActorRuntime(Protocol):
     def stopped(self) -> bool: ...
     @property
     def stores(self) -> Any: ...  # a ``_store_factory.StoreFactory`` (naming it here would close the cycle)
+    @property
+    def foreground(self) -> Foreground: ...
 
     def config_actors(self, name: str) -> Any: ...
     def embedding_of(self, agent_id: str) -> tuple[Embedder | None, str | None]: ...
@@ -290,6 +301,8 @@ class MemoryActor(pykka.ThreadingActor):
         if not isinstance(message, Envelope):
             log.warning("%s ignored a message that is not an envelope: %r", self, message)
             return None
+        if self.background(message.message):
+            self._step_aside(message)
         key = self.batch_key(message.message)
         limit = int(self.runtime.config.actors.max_group_commit)
         if key is None or limit < 2:
@@ -314,6 +327,28 @@ class MemoryActor(pykka.ThreadingActor):
         finally:
             self.runtime.activity.done(self.owner, len(envelopes))
         return None
+
+    def background(self, message: Any) -> bool:
+        """Whether ``message`` is a write-back step, which nobody waits on at once: it steps
+        aside while pre-task retrievals that do not need this actor are in flight."""
+        return False
+
+    def _step_aside(self, envelope: Envelope) -> None:
+        """Wait while retrievals that do not need this actor are in flight (see
+        :mod:`._foreground`), until ``actors.writeback_yield_s`` after ``envelope`` was posted or
+        a message that is not a write-back step arrives."""
+        limit = self.runtime.config.actors.writeback_yield_s - (time.monotonic() - envelope.posted)
+        inbox = self.actor_inbox
+        if limit <= 0 or not isinstance(inbox, Inbox):
+            return
+        if inbox.arrived is None:
+            inbox.arrived = self.runtime.foreground.poke
+
+        def urgent(item: Any) -> bool:
+            inner = getattr(item, "message", None)
+            return not isinstance(inner, Envelope) or not self.background(inner.message)
+
+        self.runtime.foreground.yield_to((self.kind, self.key), limit, lambda: inbox.holds(urgent))
 
     def batch_key(self, message: Any) -> Hashable | None:
         """Messages with equal keys waiting next to each other are handled together by

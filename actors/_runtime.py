@@ -41,6 +41,7 @@ from ._delivery import deliver, redeliver
 from ._embedding import BatchingEmbedder
 from ._embedding_services import EmbeddingServices, ModelLoader, load_model
 from ._episodic_actor import check_archive_dir
+from ._foreground import Foreground
 from ._outbox import has_pending, new_owner
 from ._prompt import fallback_prompt
 from ._routing import _FOLDER, _SUPERVISOR_OF, route
@@ -108,6 +109,7 @@ class Runtime(EmbeddingServices, Shutdown):
         self.ids = ids if ids is not None else IdSource()
         self.stores = stores
         self.activity = Activity()
+        self.foreground = Foreground()
         actors = config.actors
         self.supervision = Supervision(
             max_restarts=actors.max_restarts, window_s=actors.restart_window_s, clock=clock.monotonic

@@ -26,6 +26,7 @@ from ._base import owner_of
 from ._blackboard import on_delivery_thread
 from ._concurrency import Activity, Scheduler
 from ._embedding import BatchingEmbedder
+from ._foreground import Foreground
 from ._outbox import pending_count, release_owner
 from ._routing import _FOLDER
 from ._supervisors import StopChildren
@@ -56,6 +57,7 @@ class Shutdown:
     instance: str
     accepting: bool
     activity: Activity
+    foreground: Foreground
     scheduler: Scheduler
     supervisors: dict[str, pykka.ActorRef[Any]]
     _refs: dict[tuple[str, str], pykka.ActorRef[Any]]
@@ -93,6 +95,7 @@ class Shutdown:
                 return StopReport(True, (), 0.0)
             started = time.monotonic()
             self.accepting = False
+            self.foreground.close()  # write-back steps stop stepping aside: they drain now
             drained = self.activity.wait_idle(limit)
             if not drained:
                 log.error("stop: %d requests still in flight after %g s", self.activity.in_flight, limit)

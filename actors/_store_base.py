@@ -404,6 +404,13 @@ class _PersistentActor(_HeldWriteBacks):
         """The store's own messages: a subclass answers those it knows and passes the rest here."""
         return super().handle(message)
 
+    def background(self, message: Any) -> bool:
+        """Write-backs and vector upkeep step aside for other agents' retrievals (a search
+        stores the answered vectors itself first)."""
+        return isinstance(
+            message, WriteBackKnowledge | WriteBackEpisode | VectorsReady | _AskVectors | CatchUp | _FlushHeld
+        )
+
     def refuses_when_degraded(self, message: Any) -> bool:
         """Vector upkeep goes on for a degraded owner: the rows it completes are stored already."""
         return not isinstance(message, VectorsReady | _AskVectors | CatchUp | _FlushHeld)

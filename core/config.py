@@ -207,6 +207,9 @@ class ActorsConfig:
     # queued writes (write-backs, stores) an actor takes from its mailbox into one transaction;
     # 0 or 1: one transaction per message
     max_group_commit: int = checked(256, at_least(0))
+    # how long a write-back step may wait, after it was sent, while other agents' pre-task
+    # retrievals are in flight (their searches then have the GIL to themselves); 0: never
+    writeback_yield_s: float = checked(0.1, number(0.0, MAX_WAIT_S))
 
     def __post_init__(self) -> None:
         check_fields(self, "actors.")
