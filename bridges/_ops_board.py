@@ -160,7 +160,7 @@ class _Pushed:
                 {
                     "subscription_id": self.id,
                     "session_id": self.session_id,
-                    "reason": "the client did not read its notifications (too many waiting)",
+                    "reason": "the client did not read its notifications (too many or too large waiting)",
                 },
                 limited=False,
             )

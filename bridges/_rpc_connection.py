@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from typing import IO, Any, Protocol
 
 from ._json import dumps
-from ._rpc_protocol import _error, error_for
+from ._rpc_protocol import ErrorCode, _error, error_for
 
 __all__ = [
     "MAX_BACKLOG",
+    "MAX_BACKLOG_BYTES",
     "MAX_IN_FLIGHT",
     "MAX_UNWRITTEN_BYTES",
     "Connection",
@@ -26,11 +27,15 @@ __all__ = [
 MAX_IN_FLIGHT = 1024
 """Requests of one client running or answered but not written yet; past that its reader waits."""
 MAX_UNWRITTEN_BYTES = 64 << 20
-"""Bytes of answers waiting to be written to one client; past that its reader waits, and its
-requests already read wait to start (each client runs at most ``workers`` requests at once)."""
+"""Bytes of answers waiting to be written to one client, a batch's counted as they are collected;
+past that its reader waits, its requests already read wait to start (each client runs at most
+``workers`` requests at once), and the members of a batch that have not started are not run."""
 MAX_BACKLOG = 10_000
 """Notifications waiting for one slow client (queued or being written) before its subscriptions
 are ended."""
+MAX_BACKLOG_BYTES = 64 << 20
+"""Bytes of those notifications past which its subscriptions are ended too: a notification holds
+a whole value, so the count alone would let one client that does not read hold gigabytes."""
 
 
 @dataclass(slots=True)
@@ -80,15 +85,17 @@ class Connection:
         self.writer = writer
         # one lock for the output and the counts the reader waits on
         lock = threading.RLock()
-        self._out: deque[tuple[bytes, bool]] = deque()  # (line, is a notification)
+        self._out: deque[tuple[bytes | bytearray, bool]] = deque()  # (line, is a notification)
         self._output = threading.Condition(lock)  # the writer waits for lines
         self._room = threading.Condition(lock)  # the reader waits for room, close() for the writer
         self._output_closed = False
         self._write_failed = False
         self._writer_done = False
         self._backlog = 0  # notifications queued or being written
+        self._backlog_bytes = 0
         self._answers = 0  # answer lines queued or being written
         self._answer_bytes = 0
+        self._held_bytes = 0  # answers collected by batches not complete yet
         self._stopping = False
         self._grace = 0.0
         self.output_abandoned = False
@@ -140,13 +147,14 @@ class Connection:
         limited: bool = True,
     ) -> bool:
         """Queue a notification if ``when()`` still holds (checked under :attr:`output_lock`);
-        False when it was not queued (condition false, client gone, or, when ``limited``, more
-        than :data:`MAX_BACKLOG` notifications already wait for it)."""
+        False when it was not queued (condition false, client gone, or, when ``limited``, the
+        notifications already waiting for it fill :data:`MAX_BACKLOG` or, with this one,
+        :data:`MAX_BACKLOG_BYTES`)."""
         line = dumps({"jsonrpc": "2.0", "method": method, "params": params}) + b"\n"
         with self._output:
             if when is not None and not when():
                 return False
-            if limited and self._backlog >= MAX_BACKLOG:
+            if limited and self._backlog_full(len(line)):
                 return False
             if not self._queue(line, notification=True):
                 return False
@@ -154,13 +162,21 @@ class Connection:
             self.server.stats.notifications += 1
         return True
 
-    def _queue(self, line: bytes, *, notification: bool = False) -> bool:
+    def _backlog_full(self, size: int) -> bool:
+        """Whether a notification of ``size`` bytes would pass the backlog's limits (one alone
+        never does, so a value near the line limit still reaches a client that reads)."""
+        if self._backlog >= MAX_BACKLOG:
+            return True
+        return self._backlog_bytes > 0 and self._backlog_bytes + size > MAX_BACKLOG_BYTES
+
+    def _queue(self, line: bytes | bytearray, *, notification: bool = False) -> bool:
         with self._output:
             if self._output_closed or self._write_failed:
                 return False
             self._out.append((line, notification))
             if notification:
                 self._backlog += 1
+                self._backlog_bytes += len(line)
             else:
                 self._answers += 1
                 self._answer_bytes += len(line)
@@ -189,11 +205,12 @@ class Connection:
                     if failed is not None:
                         self._write_failed = True
                         self._out.clear()
-                        self._backlog = self._answers = self._answer_bytes = 0
+                        self._backlog = self._backlog_bytes = self._answers = self._answer_bytes = 0
                     else:
                         for line, notification in lines:
                             if notification:
                                 self._backlog -= 1
+                                self._backlog_bytes -= len(line)
                             else:
                                 self._answers -= 1
                                 self._answer_bytes -= len(line)
@@ -221,31 +238,67 @@ class Connection:
     def on_close(self, cleanup: Callable[[], None]) -> None:
         self._cleanups.append(cleanup)
 
-    def _has_room(self) -> bool:
+    def _has_room(self, *, counting_batches: bool) -> bool:
         """Whether one more request may be read: requests running plus answers not written yet
-        stay under :data:`MAX_IN_FLIGHT`, and those answers under :data:`MAX_UNWRITTEN_BYTES`."""
+        stay under :data:`MAX_IN_FLIGHT`, and those answers (with the ones batches collected,
+        when ``counting_batches``) under :data:`MAX_UNWRITTEN_BYTES`."""
         if self._stopping:  # the rest of the line being read; nothing is read after it
             return True
         if self._pending + self._answers >= self._max_in_flight:
             return False
-        return self._answer_bytes < self._max_unwritten
+        unwritten = self._answer_bytes + (self._held_bytes if counting_batches else 0)
+        return unwritten < self._max_unwritten
 
     def wait_room(self) -> bool:
-        """Wait (the reader, before reading on) until the client has taken enough of its answers;
-        False once the server stops reading (:meth:`stop_reading`)."""
+        """Wait (the reader, before reading a line) until the client has taken enough of its
+        answers; False once the server stops reading (:meth:`stop_reading`)."""
         with self._room:
-            self._hold()
+            self._hold(counting_batches=True)
             return not self._stopping
 
-    def _hold(self) -> None:
-        if self._has_room():
+    def _hold(self, *, counting_batches: bool) -> None:
+        if self._has_room(counting_batches=counting_batches):
             return
         self.reading_held.set()
         try:
-            while not self._has_room():
+            while not self._has_room(counting_batches=counting_batches):
                 self._room.wait()
         finally:
             self.reading_held.clear()
+
+    @property
+    def max_batch(self) -> int:
+        """Requests one batch may hold: as many as the client may have in flight."""
+        return self._max_in_flight
+
+    def answers_full(self) -> bool:
+        """Whether the answers waiting for this client, batches' included, fill its budget."""
+        with self._output:
+            return self._answer_bytes + self._held_bytes >= self._max_unwritten
+
+    def budget_text(self) -> str:
+        """The answer budget as the errors name it."""
+        size = self._max_unwritten
+        return f"{size >> 20} MiB" if size % (1 << 20) == 0 else f"{size} bytes"
+
+    def hold(self, size: int) -> None:
+        """Count ``size`` bytes a batch collected against the budget until it queues its array."""
+        with self._output:
+            self._held_bytes += size
+
+    def send_batch(self, parts: list[bytes], held: int) -> None:
+        """Queue a batch's serialised responses as one array line; ``parts`` is emptied as the
+        line grows, so the answers are never in memory twice, and their bytes held so far
+        become the line's, never counting for nothing."""
+        line = bytearray(b"[")
+        parts.reverse()
+        while parts:
+            line += parts.pop()
+            line += b"," if parts else b"]\n"
+        with self._output:
+            self._held_bytes -= held
+            self._queue(line)
+            self._room.notify_all()
 
     def stop_reading(self, grace: float) -> None:
         """The server stops: the reader stops waiting for room, and :meth:`close` waits at most
@@ -258,7 +311,8 @@ class Connection:
 
     def _dispatch(self, job: Callable[[], None], lane: str | None) -> None:
         with self._room:
-            self._hold()
+            # a batch's collected answers are freed only once every member is dispatched
+            self._hold(counting_batches=False)
             self._pending += 1
 
         def run() -> None:
@@ -373,25 +427,43 @@ class Connection:
 
 
 class _Batch:
-    """Collects the responses of one batch; the array is queued when the last one is in."""
+    """Collects the serialised responses of one batch, counting them against the client's answer
+    budget as they come; the array is queued when the last one is in."""
 
     def __init__(self, connection: Connection, expected: int) -> None:
         self._connection = connection
         self._lock = threading.Lock()
         self._left = expected
-        self._responses: list[dict[str, Any]] = []
+        self._parts: list[bytes] = []
+        self._held = 0
+
+    def refusal(self, request_id: Any, method: str) -> dict[str, Any] | None:
+        """The error of a member not run because the client's answers fill its budget (a
+        member that started is answered whatever its size, as a single request is)."""
+        if not self._connection.answers_full():
+            return None
+        return _error(
+            request_id,
+            ErrorCode.RUNTIME_ERROR,
+            f"{method}: not run: the answers waiting to be written to this client (this batch's "
+            f"included) reached its budget of {self._connection.budget_text()}; send fewer "
+            "requests per batch",
+        )
 
     def add(self, response: dict[str, Any] | None) -> None:
-        if response is not None and "result" in response:
+        part = None
+        if response is not None:
             try:  # one unserialisable result must not cost the other answers
-                dumps(response)
+                part = dumps(response)
             except Exception as exc:
                 code, text = error_for(exc)
-                response = _error(response.get("id"), code, text)
+                part = dumps(_error(response.get("id"), code, text))
         with self._lock:
-            if response is not None:
-                self._responses.append(response)
+            if part is not None:
+                self._parts.append(part)
+                self._held += len(part) + 1
+                self._connection.hold(len(part) + 1)
             self._left -= 1
             done = self._left == 0
-        if done and self._responses:
-            self._connection.send(self._responses)
+        if done and self._parts:
+            self._connection.send_batch(self._parts, self._held)

@@ -18,9 +18,12 @@ stalls the others. The same protocol is served on stdin/stdout (:meth:`JsonLines
 or on a local socket to many clients at once (:meth:`JsonLinesServer.serve_socket`). End of
 input drains the requests in flight; SIGTERM stops reading, drains, and returns. A client that
 does not read its answers is not read either once :data:`MAX_IN_FLIGHT` of its requests are
-running or answered but not written (or :data:`MAX_UNWRITTEN_BYTES` of answers wait); once the
-server stops, it gets ``stop_grace`` seconds to take them before its socket is shut. Out of file
-descriptors, new clients wait in the socket's backlog until a client leaves.
+running or answered but not written (or :data:`MAX_UNWRITTEN_BYTES` of answers wait); a batch
+holds at most :data:`MAX_IN_FLIGHT` requests, and its answers count against those bytes as they
+are collected (its members not started once they are reached are answered with an error, not
+run). Once the server stops, a client gets ``stop_grace`` seconds to take its answers before its
+socket is shut. Out of file descriptors, new clients wait in the socket's backlog until a client
+leaves.
 
 The wire rules are in :mod:`._rpc_protocol`, one client in :mod:`._rpc_connection`, the sockets in
 :mod:`._rpc_listen`; this module holds the serving loop and re-exports their public names.
@@ -172,17 +175,13 @@ class JsonLinesServer:
         after: list[Callable[[], None]] = []
         _local.connection = connection
         _local.after = after
-        response: dict[str, Any] | None
         try:
-            try:
-                result = call.method.run(call.params)
-                response = {"jsonrpc": "2.0", "id": call.request_id, "result": result}
-            except Exception as exc:
-                code, message = error_for(exc)
-                if code is ErrorCode.INTERNAL_ERROR and self.debug:
-                    self.warn("".join(traceback.format_exception(exc)).rstrip())
+            refused = None
+            if batch is not None and not call.notification:  # a notification adds no answer
+                refused = batch.refusal(call.request_id, call.method.name)
+            if refused is not None:
                 self._count("errors")
-                response = _error(call.request_id, code, f"{call.method.name}: {message}")
+            response: dict[str, Any] | None = refused or self._response(call)
             if call.notification:
                 response = None
             if batch is not None:
@@ -195,6 +194,18 @@ class JsonLinesServer:
             for action in after:
                 with contextlib.suppress(Exception):
                     action()
+
+    def _response(self, call: RpcCall) -> dict[str, Any]:
+        """Run ``call``: its result, or the error it raised."""
+        try:
+            result = call.method.run(call.params)
+            return {"jsonrpc": "2.0", "id": call.request_id, "result": result}
+        except Exception as exc:
+            code, message = error_for(exc)
+            if code is ErrorCode.INTERNAL_ERROR and self.debug:
+                self.warn("".join(traceback.format_exception(exc)).rstrip())
+            self._count("errors")
+            return _error(call.request_id, code, f"{call.method.name}: {message}")
 
     def _start(self, connection: Connection, call: RpcCall, batch: _Batch | None) -> None:
         try:
@@ -218,6 +229,12 @@ class JsonLinesServer:
             self._count("bad_lines")
             self._count("errors")
             connection.send(_error(None, ErrorCode.INVALID_REQUEST, "an empty batch is not a request"))
+            return
+        if len(message) > connection.max_batch:  # more than the client may have in flight
+            self._count("bad_lines")
+            self._count("errors")
+            text = f"a batch holds at most {connection.max_batch} requests, got {len(message)}"
+            connection.send(_error(None, ErrorCode.INVALID_REQUEST, f"{text}: send them in smaller batches"))
             return
         batch = _Batch(connection, len(message))
         for item in message:
