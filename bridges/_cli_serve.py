@@ -190,18 +190,25 @@ def mcp(ctx: click.Context, agent_id: str | None) -> None:
     """Serve the memory tools over MCP on stdio (needs the 'mcp' extra)."""
     from memstrata.core.validation import check_agent_id
 
-    from ._mcp import require_sdk, run_stdio
+    from . import _mcp
+    from ._rpc_protocol import DEFAULT_MAX_LINE_BYTES
 
-    require_sdk()
-    state = sh.state(ctx)
-    # refused here, before the session starts, rather than by every tool call that would use it
-    if agent_id is not None:
-        agent = check_agent_id(agent_id, "--agent")
-    else:
-        agent = check_agent_id(state.config.bridges.agent_id, "config key 'bridges.agent_id'")
-    with _SigtermStops() as sigterm, state.system() as system, state.workspaces(system) as registry:
-        if sigterm.serving(system, registry):
-            run_stdio(system, registry, agent_id=agent)
+    with _SigtermStops() as sigterm:  # first: a SIGTERM while the SDK imports is kept too
+        _mcp.require_sdk()
+        state = sh.state(ctx)
+        # refused here, before the session starts, rather than by every tool call that would use it
+        if agent_id is not None:
+            agent = check_agent_id(agent_id, "--agent")
+        else:
+            agent = check_agent_id(state.config.bridges.agent_id, "config key 'bridges.agent_id'")
+        with state.system() as system, state.workspaces(system) as registry:
+            if sigterm.serving(system, registry):
+                _mcp.run_stdio(system, registry, agent_id=agent)
+                return
+            # SIGTERM while starting: answer the complete lines already written, then stop
+            sys.stderr.write(f"{sh.PROG} mcp: stopping: answering the requests written while starting\n")
+            written = _written_so_far(sys.stdin.buffer, DEFAULT_MAX_LINE_BYTES)
+            _mcp.run_stdio(system, registry, agent_id=agent, reader=written)
 
 
 class _SigtermStops:
@@ -209,11 +216,14 @@ class _SigtermStops:
     the memory system stops (a blackboard is saved), then the process exits. The stop runs on a
     thread of its own, so it never waits for a lock the interrupted main thread holds; a SIGTERM
     while the system starts is kept until it has started. The session reads stdin on a thread
-    that cannot be interrupted, hence the exit once stopped."""
+    that cannot be interrupted, hence the exit once stopped. A SIGTERM before that (the SDK
+    imports, the system starts) is kept: the complete request lines already written are answered,
+    as ``serve`` does, and the command ends with 0."""
 
     def __init__(self) -> None:
         self.requested = False
         self._running: tuple[Any, Any] | None = None
+        self._stopping = False
         self._lock = threading.Lock()
         self._previous: Any = None
 
@@ -235,11 +245,14 @@ class _SigtermStops:
             return not self.requested
 
     def _received(self, signum: int, frame: Any) -> None:
+        """Stop the running system; before it runs, only note the signal (a second SIGTERM, while
+        the requests written during startup are answered, stops at once)."""
         with self._lock:
-            if self.requested:
+            if self._stopping:
                 return
             self.requested = True
             running = self._running
+            self._stopping = running is not None
         if running is not None:
             threading.Thread(target=self._stop, args=running, name="memstrata-mcp-stop", daemon=True).start()
 

@@ -225,9 +225,10 @@ def judge_line(line: bytes, *, max_depth: int = MAX_DEPTH) -> tuple[Any, dict[st
         return None, _error(request_id, ErrorCode.INVALID_REQUEST, "'method' must be a string")
     params = request.get("params")
     if params is not None and not isinstance(params, dict):
-        kind = "an array" if isinstance(params, list) else type(params).__name__
         return None, _error(
-            request_id, ErrorCode.INVALID_PARAMS, f"{method}: params must be an object, got {kind}"
+            request_id,
+            ErrorCode.INVALID_PARAMS,
+            f"{method}: params must be an object, got {describe_type(params)}",
         )
     problem = _tool_call_problem(params) if method == "tools/call" and params is not None else None
     if problem is None and isinstance(method, str) and request_id is not None:
@@ -378,12 +379,18 @@ def _claim_stdio() -> Iterator[tuple[IO[bytes], IO[bytes]]]:
 
 
 def run_stdio(
-    system: Any, workspaces: Workspaces | None, *, agent_id: str, agent_id_argument: bool = True
+    system: Any,
+    workspaces: Workspaces | None,
+    *,
+    agent_id: str,
+    agent_id_argument: bool = True,
+    reader: IO[bytes] | None = None,
 ) -> None:
-    """Serve MCP on this process's stdin/stdout until the client closes the connection."""
+    """Serve MCP on this process's stdin/stdout until the client closes the connection;
+    ``reader``: the requests to answer instead of stdin's (those written before a SIGTERM)."""
     require_sdk()
     import anyio
 
     server = build_server(system, workspaces, agent_id=agent_id, agent_id_argument=agent_id_argument)
-    with _claim_stdio() as (reader, writer):
-        anyio.run(lambda: serve_lines(server, reader, writer))
+    with _claim_stdio() as (stdin, writer):
+        anyio.run(lambda: serve_lines(server, stdin if reader is None else reader, writer))

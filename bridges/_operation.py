@@ -24,6 +24,7 @@ from memstrata.core.constants import (
     MAX_OFFSET,
     MAX_PATH_CHARS,
     MAX_SCOPE_CHARS,
+    MAX_TAG_KEY_CHARS,
     MAX_TAG_VALUE_CHARS,
     MAX_TAGS,
     MAX_TASK_ID_CHARS,
@@ -31,8 +32,9 @@ from memstrata.core.constants import (
     MAX_TOP_K,
 )
 from memstrata.core.errors import InvalidInputError
+from memstrata.core.validation import read_iso_datetime
 
-from ._schema import pattern, read_date_time
+from ._schema import pattern
 
 if TYPE_CHECKING:
     from memstrata._workspaces import Workspaces
@@ -43,6 +45,8 @@ __all__ = [
     "ENTRY_ID",
     "HITS",
     "KIND",
+    "MAX_FILE_LINES",
+    "MAX_FROM_LINE",
     "NOT_BLANK",
     "NO_CONTROL",
     "NO_NUL",
@@ -55,6 +59,7 @@ __all__ = [
     "SESSION_ID",
     "STORE",
     "TAGS_SCHEMA",
+    "TAG_KEY",
     "TEXT",
     "TIME",
     "TITLE",
@@ -275,6 +280,9 @@ CATEGORY_RULE = pattern(
     _whole(CATEGORY_PATTERN),
     f"match {CATEGORY_PATTERN} (lowercase letters, digits, '_' and '-', e.g. 'pitfall')",
 )
+# the line bounds a file read keeps (the file layer's own checks)
+MAX_FROM_LINE = 2**31
+MAX_FILE_LINES = 100_000
 NOT_BLANK = pattern(r"\S", "not be blank")
 _NO_CONTROL = r"[^\x00-\x1f\x7f]"
 NO_CONTROL = pattern(f"^{_NO_CONTROL}*$", "not contain control characters")
@@ -309,12 +317,23 @@ def text_schema(description: str) -> dict[str, Any]:
 AGENT_ID = Param("agent_id", id_schema("The agent whose memory this is."), True)
 SESSION_ID = Param("session_id", id_schema("The session whose blackboard this is."), True)
 QUERY = Param("query", string("What to look for."), True)
+# a tag key as check_tags takes it: 1-128 characters, not blank, no control characters
+TAG_KEY: dict[str, Any] = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": MAX_TAG_KEY_CHARS,
+    "pattern": pattern(
+        rf"^{_NO_CONTROL}*[^\s\x00-\x1f\x7f]{_NO_CONTROL}*$", "not be blank nor contain control characters"
+    ),
+}
 TAGS_SCHEMA: dict[str, Any] = {
     "type": "object",
+    "propertyNames": TAG_KEY,
     "additionalProperties": {"type": "string", "maxLength": MAX_TAG_VALUE_CHARS},
     "maxProperties": MAX_TAGS,
     "description": 'Tags as {"key": "value"}; a bare tag has the value "". A filter matches entries '
-    'that have every given key with the given value ("" matches any value).',
+    'that have every given key with the given value ("" matches any value). A key may hold "=": the '
+    "tools' and the CLI's key=value strings end a key at the first '=', so they cannot name it.",
 }
 TOP_K = {"type": "integer", "minimum": 1, "maximum": MAX_TOP_K, "description": "How many hits at most."}
 SCORE = {
@@ -324,8 +343,15 @@ SCORE = {
     "description": "Cosine-similarity floor for the semantic side, -1 to 1: semantic candidates below "
     "it are left out; keyword matches are kept whatever their similarity.",
 }
+# RFC 3339 allows a leap second (23:59:60Z), which no datetime holds: minutes and seconds (and an
+# offset's minutes) are 00-59, the one digit after each ':' at most 5
 TIME = string(
-    "An ISO 8601 date-time with a time zone, e.g. 2026-05-01T12:00:00Z.", max_length=64, format="date-time"
+    "An ISO 8601 date-time with a time zone, e.g. 2026-05-01T12:00:00Z (no leap second :60).",
+    max_length=64,
+    format="date-time",
+    pattern=pattern(
+        "^(?:[^:]|:[0-5])*$", "be a date-time with minutes and seconds 00-59 (a leap second :60 is not taken)"
+    ),
 )
 CATEGORY = string(
     "Category: outcome, pitfall, pattern, codebase, preference, or any [a-z0-9][a-z0-9_-]* name.",
@@ -391,7 +417,7 @@ QUEUED = returns(task_id="string", queued="boolean", outbox_id="any")
 def parse_time(value: str, name: str) -> dt.datetime:
     """An ISO 8601 date-time that must carry a time zone (``Z`` accepted)."""
     try:
-        parsed = read_date_time(value)
+        parsed = read_iso_datetime(value)
     except ValueError as exc:
         raise InvalidInputError(f"{name} must be an ISO 8601 date-time, got {value[:64]!r}") from exc
     if parsed.tzinfo is None:

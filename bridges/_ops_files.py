@@ -7,6 +7,8 @@ from typing import Any
 from . import _convert
 from ._operation import (
     KIND,
+    MAX_FILE_LINES,
+    MAX_FROM_LINE,
     OBJECT,
     QUERY,
     SCORE,
@@ -87,6 +89,14 @@ def _search_files(ctx: Context, p: dict[str, Any]) -> Any:
     return search_result(found, [h.as_dict() for h in found])
 
 
+_LINE_NUMBER = {
+    "type": "integer",
+    "minimum": 1,
+    "maximum": MAX_FROM_LINE,
+    "description": "First line (1-based).",
+}
+
+
 @_OPS.add(
     "get_file",
     "files",
@@ -94,8 +104,11 @@ def _search_files(ctx: Context, p: dict[str, Any]) -> Any:
     (
         Param("path", path_string("The file, relative to its root."), True),
         Param("root", path_string("The indexed folder it is in.")),
-        Param("from_line", {"type": "integer", "minimum": 1, "description": "First line (1-based)."}),
-        Param("lines", {"type": "integer", "minimum": 1, "description": "How many lines."}),
+        Param("from_line", _LINE_NUMBER),
+        Param(
+            "lines",
+            {"type": "integer", "minimum": 1, "maximum": MAX_FILE_LINES, "description": "How many lines."},
+        ),
     ),
     OBJECT,
     Effect.READS,

@@ -27,7 +27,7 @@ from ._operation import (
 
 _OPS = OperationList()
 
-_LABEL_RULE = pattern("^[^\\x1f]+$", "not contain \\x1f")
+_LABEL_RULE = pattern("^[^\\x00\\x1f]+$", "not contain \\x00 or \\x1f")
 _LABELS = {"type": "string", "minLength": 1, "maxLength": MAX_LABEL_CHARS, "pattern": _LABEL_RULE}
 
 

@@ -139,7 +139,7 @@ def _get_knowledge(ctx: Context, p: dict[str, Any]) -> Any:
         Param("scope", {**SCOPE, "description": "That scope and its descendants."}),
         Param(
             "limit",
-            {"type": "integer", "minimum": 1, "maximum": MAX_LIST_LIMIT, "description": "At most."},
+            {"type": "integer", "minimum": 0, "maximum": MAX_LIST_LIMIT, "description": "At most."},
         ),
         Param("offset", offset("Entries to skip.")),
     ),

@@ -13,7 +13,6 @@ argument, written for a model (or a person) to correct the call.
 
 from __future__ import annotations
 
-import datetime as dt
 import functools
 import math
 import re
@@ -21,10 +20,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from memstrata.core.errors import InvalidInputError
+from memstrata.core.validation import read_iso_datetime
 
 from ._json import OutOfRange
 
-__all__ = ["check", "describe_type", "pattern", "read_date_time", "unsupported"]
+__all__ = ["check", "describe_type", "pattern", "unsupported"]
 
 _TYPE_NAMES = {
     "string": "a string",
@@ -162,20 +162,11 @@ def _compiled(regex: str) -> re.Pattern[str]:
     return re.compile(regex)
 
 
-def read_date_time(value: str) -> dt.datetime:
-    """An ISO 8601 date-time (``Z`` accepted for UTC), naive when it has no time zone;
-    ``ValueError`` when it is none (white space around it too: RFC 3339 has no room for it).
-    The one reading of ``"format": "date-time"`` in every door."""
-    text = value
-    if text.endswith(("z", "Z")):
-        text = text[:-1] + "+00:00"
-    return dt.datetime.fromisoformat(text)
-
-
 def _is_date_time(value: str) -> bool:
-    """What a ``date-time`` param must be: an ISO 8601 date-time with a time zone."""
+    """What a ``date-time`` param must be: an ISO 8601 date-time with a time zone, read as the
+    facade reads one (:func:`~memstrata.core.validation.read_iso_datetime`)."""
     try:
-        return read_date_time(value).tzinfo is not None
+        return read_iso_datetime(value).tzinfo is not None
     except ValueError:
         return False
 
@@ -228,6 +219,8 @@ def _check_object(
     for key, item in value.items():
         if not isinstance(key, str):
             raise InvalidInputError(f"{_label(path, noun)} has a non-string key {_short(key)}")
+        if "propertyNames" in schema:
+            check(schema["propertyNames"], key, path=f"{path} key" if path else "key", noun=noun)
         sub = _join(path, key)
         if key in properties:
             out[key] = check(properties[key], item, path=sub, noun=noun)
@@ -276,6 +269,7 @@ _ENFORCED = frozenset(
         "properties",
         "required",
         "additionalProperties",
+        "propertyNames",
         "minProperties",
         "maxProperties",
         "items",
@@ -299,6 +293,6 @@ def unsupported(schema: Any, where: str = "schema") -> list[str]:
         found += unsupported(sub, f"{where}.{name}")
     for i, option in enumerate(schema.get("anyOf", ())):
         found += unsupported(option, f"{where}.anyOf[{i}]")
-    for key in ("items", "additionalProperties"):
+    for key in ("items", "additionalProperties", "propertyNames"):
         found += unsupported(schema.get(key), f"{where}.{key}")
     return found

@@ -64,7 +64,8 @@ TAGS: dict[str, Any] = {
         ),
     },
     "maxItems": MAX_TAGS,
-    "description": f'Tags as "key=value" or bare "key" strings, e.g. ["area=db", "urgent"]; {TAG_LIMITS}.',
+    "description": f'Tags as "key=value" or bare "key" strings, e.g. ["area=db", "urgent"]; the key ends at '
+    f"the first '='; {TAG_LIMITS}.",
 }
 TAGS_FILTER: dict[str, Any] = {
     **TAGS,

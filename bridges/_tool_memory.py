@@ -24,7 +24,7 @@ from memstrata.core.errors import InvalidInputError
 from memstrata.core.validation import check_scope
 
 from . import _convert
-from ._operation import NO_CONTROL, NOT_BLANK, Operation, Param, offset
+from ._operation import MAX_FROM_LINE, NO_CONTROL, NOT_BLANK, Operation, Param, offset
 from ._tool_defs import TAGS, TAGS_FILTER, Tool, ToolContext, operation, tags_map
 
 if TYPE_CHECKING:
@@ -360,7 +360,13 @@ MEMORY_TOOLS: tuple[Tool, ...] = (
                 True,
             ),
             Param(
-                "from", {"type": "integer", "minimum": 1, "description": "First line, 1-based (default 1)."}
+                "from",
+                {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": MAX_FROM_LINE,
+                    "description": "First line, 1-based (default 1).",
+                },
             ),
             Param(
                 "lines",
@@ -400,7 +406,7 @@ MEMORY_TOOLS: tuple[Tool, ...] = (
             Param("tags", TAGS_FILTER),
             Param(
                 "limit",
-                {"type": "integer", "minimum": 1, "maximum": 200, "description": "At most (default 20)."},
+                {"type": "integer", "minimum": 0, "maximum": 200, "description": "At most (default 20)."},
             ),
             Param("offset", offset("Memories to skip (default 0).")),
         ),

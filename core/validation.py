@@ -78,6 +78,7 @@ __all__ = [
     "has_lone_surrogate",
     "is_plain_content",
     "json_copy",
+    "read_iso_datetime",
     "show",
     "show_path",
 ]
@@ -447,13 +448,20 @@ def check_aware(value: object, name: str) -> _dt.datetime:
     return value
 
 
+def read_iso_datetime(value: str) -> _dt.datetime:
+    """An ISO 8601 date-time as every door reads it (naive without a zone; RFC 3339's ``t``/``z``
+    are ``T``/``Z``); ``ValueError`` when it is none, white space around it or a leap second too."""
+    text = value[:-1] + "+00:00" if value.endswith(("z", "Z")) else value
+    return _dt.datetime.fromisoformat(text)
+
+
 def check_datetime(value: object, name: str) -> _dt.datetime | None:
     """``None``, an aware datetime, or an ISO 8601 string with a time zone (as sent over JSON)."""
     if value is None:
         return None
     if isinstance(value, str):
         try:
-            value = _dt.datetime.fromisoformat(value)
+            value = read_iso_datetime(value)
         except ValueError as exc:
             raise fail(name, "must be an ISO-8601 datetime with a time zone", value) from exc
     return check_aware(value, name)

@@ -70,7 +70,7 @@ SAMPLES: dict[str, Sample] = {
     "list_knowledge": Sample(
         ["knowledge", "list", *A, "--category", "pattern"],
         lambda r: [e["id"] for e in r] == [1],
-        ["knowledge", "list", *A, "--limit", "0"],
+        ["knowledge", "list", *A, "--limit", "-1"],
         "'--limit'",
         setup=[STORE],
     ),

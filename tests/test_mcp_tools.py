@@ -129,7 +129,7 @@ def test_every_tool_over_mcp(env: Any) -> None:
         await c.bad("memory_get", {"path": "memory://12345"}, "no saved memory")
         await c.bad("memory_add", {"content": ""}, "must not be empty")
         await c.bad("memory_save", {"content": "x", "source": 5}, "'source' must be a string")
-        await c.bad("memory_list", {"limit": 0}, "'limit' must be at least 1")
+        await c.bad("memory_list", {"limit": -1}, "'limit' must be at least 0")
         await c.bad("memory_delete", {"id": other["id"]}, "no saved memory")
 
         # knowledge, with the store named on every entry

@@ -16,7 +16,16 @@ import jsonschema
 import pytest
 
 from memstrata.bridges import tools
-from memstrata.bridges._operation import AGENT_ID, CATEGORY, SESSION_ID, TIME, parse_time
+from memstrata.bridges._operation import (
+    AGENT_ID,
+    CATEGORY,
+    MAX_FILE_LINES,
+    MAX_FROM_LINE,
+    SESSION_ID,
+    TAG_KEY,
+    TIME,
+    parse_time,
+)
 from memstrata.bridges._operations import OPERATIONS, find
 from memstrata.bridges._schema import check, unsupported
 from memstrata.bridges._tool_defs import tags_map
@@ -26,10 +35,12 @@ from memstrata.core.constants import (
     MAX_LABEL_CHARS,
     MAX_NAMESPACE_DEPTH,
     MAX_OFFSET,
+    MAX_TAG_KEY_CHARS,
 )
 from memstrata.core.validation import (
     check_agent_id,
     check_category,
+    check_datetime,
     check_key,
     check_min_score,
     check_scope,
@@ -89,7 +100,10 @@ def test_the_checker_enforces_every_keyword_it_knows(schema: dict[str, Any], val
 
 def test_no_published_schema_uses_a_keyword_the_checker_ignores() -> None:
     for op in OPERATIONS:
-        assert unsupported(op.params_schema(), op.name) == []
+        schema = op.params_schema()
+        assert unsupported(schema, op.name) == []
+        if "tags" in schema["properties"]:
+            assert schema["properties"]["tags"].get("propertyNames", TAG_KEY) == TAG_KEY
     for tool in tools.tool_schemas(agent_id_argument=True):
         assert unsupported(tool["parameters"], tool["name"]) == []
     assert unsupported({"type": "array", "uniqueItems": True}) == ["schema: 'uniqueItems'"]
@@ -353,3 +367,108 @@ def test_a_json_object_param_sent_as_text_says_it_must_be_an_object() -> None:
         assert jsonschema.Draft202012Validator(schema).is_valid(arguments) is valid, text
         if not valid:
             assert "argument 'value' must be JSON object text" in _error("item_put", arguments)
+
+
+# -- labels, tag keys, file lines and times: the code's bounds in the schema ----------------------
+
+
+_LABEL_SAMPLES = [["a\x00b"], ["\x00"], ["a\x1fb"], ["a b"], ["é"]]
+
+
+@pytest.mark.parametrize("value", _LABEL_SAMPLES, ids=repr)
+@pytest.mark.parametrize(
+    ("op", "param"), [("put_item", "namespace"), ("search_items", "prefix"), ("list_namespaces", "prefix")]
+)
+def test_a_namespace_label_is_valid_for_the_schema_exactly_when_the_code_accepts_it(
+    op: str, param: str, value: list[str]
+) -> None:
+    schema = _params(op)["properties"][param]
+    accepted = _accepted(lambda: PutItem(value, "k", {}))
+    assert jsonschema.Draft202012Validator(schema).is_valid(value) is accepted, (op, value)
+    assert _accepted(lambda: check(schema, value, path=param)) is accepted, (op, value)
+
+
+_TAG_KEYS = ["a", "a=b", "é", "k" * MAX_TAG_KEY_CHARS, "k" * (MAX_TAG_KEY_CHARS + 1), "", " ", "a\nb"]
+_TAG_KEYS += ["a\x00", "a\x7f", "\t", " a "]
+
+
+@pytest.mark.parametrize("key", _TAG_KEYS, ids=repr)
+@pytest.mark.parametrize("op", ["store_knowledge", "list_knowledge", "query_knowledge", "remember"])
+def test_a_json_rpc_tag_key_is_valid_for_the_schema_exactly_when_the_code_accepts_it(
+    op: str, key: str
+) -> None:
+    schema = _params(op)["properties"]["tags"]
+    accepted = _accepted(lambda: check_tags({key: "v"}))
+    assert jsonschema.Draft202012Validator(schema).is_valid({key: "v"}) is accepted, (op, key)
+    assert jsonschema.Draft202012Validator(TAG_KEY).is_valid(key) is accepted, key
+    if not accepted:
+        with pytest.raises(InvalidInputError, match=r"^tags key .* must be 1-128 characters without"):
+            check_tags({key: "v"})
+
+
+@pytest.mark.parametrize(
+    ("param", "value", "accepted"),
+    [
+        ("from_line", 1, True),
+        ("from_line", MAX_FROM_LINE, True),
+        ("from_line", MAX_FROM_LINE + 1, False),
+        ("lines", MAX_FILE_LINES, True),
+        ("lines", MAX_FILE_LINES + 1, False),
+    ],
+)
+def _file_layer_accepts(**bounds: int) -> bool:
+    """Whether the file layer takes these line bounds (it checks them before it needs a folder)."""
+    from memstrata.layers._files import MemoryFiles
+
+    try:
+        MemoryFiles.get_lines(None, "f.md", **bounds)  # type: ignore[arg-type]
+    except InvalidInputError:
+        return False
+    except AttributeError:  # past the checks: no folder to read
+        return True
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+@pytest.mark.parametrize(
+    ("param", "value"),
+    [
+        *[("from_line", n) for n in (1, MAX_FROM_LINE, MAX_FROM_LINE + 1)],
+        *[("lines", n) for n in (1, MAX_FILE_LINES, MAX_FILE_LINES + 1)],
+    ],
+)
+def test_get_file_publishes_the_line_bounds_of_the_file_layer(param: str, value: int) -> None:
+    accepted = _file_layer_accepts(**{param: value})
+    schema = _params("get_file")["properties"][param]
+    assert jsonschema.Draft202012Validator(schema).is_valid(value) is accepted, (param, value)
+    assert _accepted(lambda: check(schema, value, path=param)) is accepted, (param, value)
+
+
+def test_memory_get_publishes_the_line_bounds_and_names_its_own_argument() -> None:
+    schema = next(t["parameters"] for t in tools.tool_schemas(["memory_get"]))["properties"]
+    assert schema["from"]["maximum"] == MAX_FROM_LINE
+    assert schema["lines"]["maximum"] <= MAX_FILE_LINES
+    message = _error("memory_get", {"path": "a.md", "from": MAX_FROM_LINE + 1})
+    assert message == f"memory_get: argument 'from' must be at most {MAX_FROM_LINE}, got {MAX_FROM_LINE + 1}"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "2016-12-31T23:59:60Z",
+        "2016-12-31T23:59:60+01:00",
+        "2016-12-31T23:59:59Z",
+        "2016-12-31T23:59:59.5+01:00",
+        "2025-01-01t00:00:00z",
+        "2025-01-01T00:00:00-05:30",
+        "2025-01-01T00:59:59.999999Z",
+    ],
+)
+def test_a_time_is_valid_for_the_schema_exactly_when_every_door_accepts_it(value: str) -> None:
+    """A leap second (``:60``) is an RFC 3339 date-time no door can hold (a datetime has no
+    second 60, and reading it as :59 would be another time): the schema's pattern refuses it."""
+    accepted = _accepted(lambda: parse_time(value, "at"))
+    assert _accepted(lambda: check_datetime(value, "at")) is accepted, value
+    assert jsonschema.Draft202012Validator(TIME).is_valid(value) is accepted, value
+    assert _accepted(lambda: check(TIME, value, path="at")) is accepted, value
+    if not accepted:
+        assert "leap second" in _error("episode_remember", {"content": "x", "at": value})
