@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -188,19 +189,21 @@ class Bm25Files(Bm25Postings):
         except (KeyError, TypeError) as exc:
             return self._refuse(f"index file {path} is damaged (missing {exc}); rebuilding it", True)
         n = len(ids)
+        # a sum is finite only when every length is: one pass over them instead of two
+        total = float(sizes.sum()) if sizes.dtype == np.float64 else math.nan
         if (
             not postings_fit(stems, ids, sizes, offsets, positions, tfs, (np.float32, np.float64))
             or pos_sums.dtype != np.int64
             or tf_sums.dtype != np.uint64
             or len(pos_sums) != len(stems)
             or len(tf_sums) != len(stems)
-            or not bool(np.all(np.isfinite(sizes)))
+            or not math.isfinite(total)
         ):
             return self._refuse(f"index file {path} is damaged (arrays do not fit); rebuilding it", True)
         self._ids, self._sizes = ids, sizes
         self._alive = np.ones(n, dtype=bool)
         self._live = n
-        self._total = float(sizes.sum())
+        self._total = total
         self._postings = {}
         self._cached = 0
         self._views = set()

@@ -33,8 +33,8 @@ def postings_fit(
         or int(offsets[0]) != 0
         or int(offsets[-1]) != len(positions)
         or len(tfs) != len(positions)
-        or bool(np.any(np.diff(offsets) < 0))
-        or bool(np.any(np.diff(ids) <= 0))
+        or bool(np.any(offsets[1:] < offsets[:-1]))
+        or bool(np.any(ids[1:] <= ids[:-1]))  # no array of differences: 8 MB at 1M documents
     )
 
 

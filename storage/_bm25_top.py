@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._array_types import Bm25Floats, IntArray
-from ._bm25_formula import K1, idf_of, length_norms, normed_contribution
+from ._bm25_formula import K1, contribution_into, idf_of, length_norms, length_norms_into
 from ._bm25_postings import _PHRASE, Bm25Postings
 from ._distinct import distinct
 
@@ -65,6 +65,8 @@ def top_scored(ids: IntArray, scores: Bm25Floats, limit: int) -> tuple[IntArray,
 class Bm25Top(Bm25Postings):
     """:meth:`_top`: the ``limit`` best documents for some stems (see the module docstring)."""
 
+    _normed = 0  # postings whose length norms were computed one by one (:meth:`_norms_at`)
+
     def _doc_count(self, stem: str) -> int:
         """Live documents holding ``stem``: from its postings (read now in a small store, and
         for a phrase, which is counted by matching it), else counted by FTS5 (about a quarter
@@ -90,15 +92,22 @@ class Bm25Top(Bm25Postings):
         self, idf: float, pos: npt.NDArray[np.int64] | npt.NDArray[np.int32], tf: Bm25Floats, avg: float
     ) -> Bm25Floats:
         counts = np.asarray(tf, dtype=np.float64)  # a complete file's whole counts are float32
-        return normed_contribution(idf, counts, self._length_norms(avg).take(pos))
+        return contribution_into(idf, counts, self._norms_at(pos, avg), own_tf=counts is not tf)
 
-    def _length_norms(self, avg: float) -> Bm25Floats:
-        """Every document's :func:`length_norms`, kept while the lengths and their average
-        stay (half the arithmetic of scoring a word's postings)."""
+    def _norms_at(self, pos: npt.NDArray[np.int64] | npt.NDArray[np.int32], avg: float) -> Bm25Floats:
+        """The :func:`length_norms` of the documents at ``pos``, in a new array: taken from
+        every document's, kept while the lengths and their average stay (half the arithmetic of
+        scoring a word's postings), once this index has normed as many postings as it has
+        documents; until then computed for ``pos`` alone (a fresh process's first query scores
+        a few words: norming a million documents first took 5-12 ms of it). Both ways give the
+        same bits."""
         kept = self._norms
         if kept is None or kept[0] != avg or kept[1] is not self._sizes or len(kept[2]) != len(self._sizes):
+            if self._normed + len(pos) < len(self._sizes):
+                self._normed += len(pos)
+                return length_norms_into(self._sizes.take(pos), avg)
             kept = self._norms = (avg, self._sizes, length_norms(self._sizes, avg))
-        return kept[2]
+        return kept[2].take(pos)
 
     def _word_contribution(
         self, stem: str, idf: float, pos: npt.NDArray[np.int32], tf: Bm25Floats, avg: float

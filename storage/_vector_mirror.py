@@ -52,6 +52,14 @@ def _check_index(mirror: Mirror, keys: npt.NDArray[np.int64], values: npt.NDArra
         mirror.index.rebuild(mirror.rowids[:size], mirror.alive[:size])
 
 
+def _holds(mirror: Mirror, rowids: npt.NDArray[np.int64], positions: npt.NDArray[np.int64]) -> bool:
+    """Whether the mirror's rows at ``positions`` are live and hold ``rowids``."""
+    size = mirror.size
+    if len(positions) and (int(positions.min()) < 0 or int(positions.max()) >= size):
+        return False
+    return bool(np.all(mirror.alive[positions])) and bool(np.array_equal(mirror.rowids[positions], rowids))
+
+
 def _probes(size: int) -> npt.NDArray[np.int64]:
     """A few rows spread over the mirror, first and last included, to check saved codes on."""
     return np.linspace(0, size - 1, num=min(16, size), dtype=np.int64)
@@ -258,7 +266,12 @@ class Mirror(MirrorLayout):
         ):
             if not _privately_mapped(keys) or not _privately_mapped(values):
                 keys, values = keys.copy(), values.copy()
-            mirror.index.set(keys, values, check=lambda: _check_index(mirror, keys, values))
+            mirror.index.set(
+                keys,
+                values,
+                check=lambda: _check_index(mirror, keys, values),
+                confirm=lambda rowids, positions: _holds(mirror, rowids, positions),
+            )
         else:
             mirror.index.rebuild(mirror.rowids[:size], mirror.alive[:size])
         mirror.sieving = sieving

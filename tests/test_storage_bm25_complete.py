@@ -18,7 +18,13 @@ from hypothesis import strategies as st
 
 from memstrata.layers import KnowledgeStore
 from memstrata.storage import Bm25Index, _bm25_file, _bm25_postings, _bm25_top, _bm25_writes, _index_files
-from memstrata.storage._bm25_formula import contribution, length_norms, normed_contribution
+from memstrata.storage._bm25_formula import (
+    contribution,
+    contribution_into,
+    length_norms,
+    length_norms_into,
+    normed_contribution,
+)
 from tests.fakes import FakeEmbedder
 from tests.test_storage_bm25_top import COLUMNS, COMMON, RARE, check, document, skip_whenever_allowed
 
@@ -329,6 +335,10 @@ def test_normed_contributions_equal_the_formula_to_the_last_bit(
     counts = np.asarray(tf, dtype=np.float64)
     expected = contribution(idf, counts, sizes, avg)
     assert normed_contribution(idf, counts, length_norms(sizes, avg)).tolist() == expected.tolist()
+    norms = length_norms_into(sizes.copy(), avg)
+    assert norms.tolist() == length_norms(sizes, avg).tolist()
+    assert contribution_into(idf, counts, norms.copy(), own_tf=False).tolist() == expected.tolist()
+    assert contribution_into(idf, counts.copy(), norms, own_tf=True).tolist() == expected.tolist()
 
 
 def test_documents_are_counted_from_fts5s_averages_record(store: KnowledgeStore) -> None:
@@ -469,3 +479,23 @@ def test_reading_every_posting_at_close_is_logged_with_its_time(
     said = [r.getMessage() for r in caplog.records if r.name == "memstrata.storage"]
     assert any("reading every posting for its index file" in m for m in said), said
     assert any(m.startswith("knowledge_fts: ") and " postings read in " in m for m in said), said
+
+
+def test_a_fresh_index_norms_only_the_documents_it_scores_and_gives_the_same_bits(path: Path) -> None:
+    """Until an index has scored as many postings as it has documents, it computes the length
+    norms of the documents at hand only; the scores are those of norming every document."""
+    with (
+        KnowledgeStore.open(path, FakeEmbedder()) as fresh,
+        KnowledgeStore.open(path, FakeEmbedder()) as whole,
+    ):
+        lazy, every = fresh._bm25, whole._bm25
+        every._normed = 10**9  # norms every document at its first word
+        a = lazy.top(["kafka"], 5)
+        assert lazy._norms is None and 0 < lazy._normed < len(lazy._ids)
+        b = every.top(["kafka"], 5)
+        assert every._norms is not None
+        assert a[0].tolist() == b[0].tolist() and a[1].tolist() == b[1].tolist()
+        for query in QUERIES * 2:  # past as many postings as documents: every one normed
+            a, b = lazy.top(query, 10), every.top(query, 10)
+            assert a[0].tolist() == b[0].tolist() and a[1].tolist() == b[1].tolist(), query
+        assert lazy._norms is not None
