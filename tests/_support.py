@@ -532,3 +532,34 @@ class RpcClient:
         with contextlib.suppress(OSError):  # the reader's file keeps the socket open otherwise
             self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
+
+
+# -- processes that speak a protocol on stdin/stdout ---------------------------------------------
+
+MCP_INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": "init",
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "test", "version": "1"},
+    },
+}
+MCP_INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+
+
+def output_when_done(proc: subprocess.Popen[bytes], timeout: float) -> tuple[bytes, bytes]:
+    """``proc``'s stdout and stderr once it exits by itself, its stdin left open until then
+    (killed after ``timeout``, should it hang, so the test fails instead of waiting)."""
+    assert proc.stdout is not None and proc.stderr is not None
+    guard = threading.Timer(timeout, proc.kill)
+    guard.start()
+    try:
+        out, err = proc.stdout.read(), proc.stderr.read()
+        proc.wait()
+    finally:
+        guard.cancel()
+        assert proc.stdin is not None
+        proc.stdin.close()
+    return out, err

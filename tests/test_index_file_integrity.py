@@ -28,7 +28,7 @@ import numpy.typing as npt
 import pytest
 
 from memstrata.layers import KnowledgeStore
-from memstrata.storage import Database, VectorIndex, _index_files, open_database
+from memstrata.storage import Database, VectorIndex, _index_files, _vector_mirror, open_database
 from tests.fakes import FakeEmbedder
 
 DIM = 8
@@ -340,3 +340,76 @@ def test_an_index_rebuilt_to_the_records_of_its_file_does_not_adopt_it(tmp_path:
         assert store._bm25.files_loaded == 0
     finally:
         store.close()
+
+
+# -- the row index mapped from the file: checked whole at its first use, except that a few ids
+# it finds, each confirmed at the row it names, need no whole check --------------------------------
+
+
+@pytest.fixture
+def checks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the whole checks of a mapped row index."""
+    done: list[int] = []
+    whole = _vector_mirror._check_index
+
+    def counted(mirror: Any, keys: npt.NDArray[np.int64], values: npt.NDArray[np.int64]) -> None:
+        done.append(len(keys))
+        whole(mirror, keys, values)
+
+    monkeypatch.setattr(_vector_mirror, "_check_index", counted)
+    return done
+
+
+def _garble(path: Path) -> None:
+    """The file's row index, every position moved to another row (no checksum catches it)."""
+    file = _file(path)
+    found = _index_files.read_index(file)
+    assert found is not None
+    arrays = dict(found.arrays)
+    arrays["index_values"] = arrays["index_values"][::-1].copy()
+    assert _index_files.write_index(file, found.meta, arrays, unchecked=_index_files.MIRROR_UNCHECKED)
+
+
+def _expected(query: npt.NDArray[np.float32], ids: list[int]) -> list[int]:
+    """The ids ranked by cosine similarity to ``query``, computed here."""
+    rows = _vectors(1, ROWS)[np.asarray(ids) - 1]
+    sims = rows @ query / np.linalg.norm(rows, axis=1) / np.linalg.norm(query)
+    return [ids[i] for i in np.argsort(-sims, kind="stable")]
+
+
+def _ranked(index: VectorIndex, query: npt.NDArray[np.float32], ids: list[int]) -> list[int]:
+    return [h.rowid for h in index.search(query, len(ids), candidates=ids)]
+
+
+QUERY = np.linspace(-1, 1, DIM).astype(np.float32)
+
+
+def test_a_few_ids_found_need_no_whole_check(built: Path, checks: list[int]) -> None:
+    db, index = _open(built)
+    try:
+        ids = [5, 77, 123, 399]
+        assert _ranked(index, QUERY, ids) == _expected(QUERY, ids)
+        assert checks == [] and index.files_loaded == 1
+    finally:
+        db.close()
+
+
+def test_an_id_not_found_is_answered_after_the_whole_check(built: Path, checks: list[int]) -> None:
+    db, index = _open(built)
+    try:
+        assert _ranked(index, QUERY, [5, 77, ROWS + 50]) == _expected(QUERY, [5, 77])
+        assert checks == [ROWS]
+    finally:
+        db.close()
+
+
+def test_a_garbled_row_index_is_checked_whole_and_answers_right(built: Path, checks: list[int]) -> None:
+    _garble(built)
+    db, index = _open(built)
+    try:
+        ids = [5, 77, 123, 399]
+        assert _ranked(index, QUERY, ids) == _expected(QUERY, ids)
+        assert checks == [ROWS]
+        assert _ranked(index, QUERY, [1, 2, 3]) == _expected(QUERY, [1, 2, 3])
+    finally:
+        db.close()

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import orjson
 import pytest
 
 from memstrata import Config, MemorySystem
+from tests._support import MCP_INITIALIZE, MCP_INITIALIZED, output_when_done
 from tests.fakes import FakeEmbedder
 
 pytest.importorskip("mcp")
@@ -46,18 +46,6 @@ _mcp.require_sdk = sigterm_then_require_sdk
 cli.main(args=sys.argv[1:], obj=CliState(embedder=FakeEmbedder()))
 """
 
-_INIT = {
-    "jsonrpc": "2.0",
-    "id": "init",
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "t", "version": "1"},
-    },
-}
-_INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
-
 
 def _store(request_id: int, content: str) -> dict[str, Any]:
     call = {"name": "knowledge_store", "arguments": {"content": content, "category": "pattern"}}
@@ -76,17 +64,10 @@ def test_sigterm_while_mcp_starts_answers_what_was_written_and_exits_0(data_dir:
         env=env,
     )
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-    messages = [_INIT, _INITIALIZED, _store(1, "first kept"), _store(2, "second kept")]
+    messages = [MCP_INITIALIZE, MCP_INITIALIZED, _store(1, "first kept"), _store(2, "second kept")]
     proc.stdin.write(b"".join(orjson.dumps(m) + b"\n" for m in messages) + b'{"jsonrpc": "2.0", "id": 3')
     proc.stdin.flush()  # stdin stays open: the SIGTERM, not the end of input, stops the session
-    guard = threading.Timer(TIMEOUT, proc.kill)
-    guard.start()
-    try:
-        out, err = proc.stdout.read(), proc.stderr.read()
-        proc.wait()
-    finally:
-        guard.cancel()
-        proc.stdin.close()
+    out, err = output_when_done(proc, TIMEOUT)
     assert proc.returncode == 0, err.decode()[-2000:]
     answers = {a["id"]: a for a in (orjson.loads(line) for line in out.splitlines())}
     assert set(answers) == {"init", 1, 2}, answers  # not 3: its line was cut short

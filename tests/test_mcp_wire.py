@@ -27,21 +27,11 @@ pytest.importorskip("mcp")
 from memstrata import Config, MemorySystem
 from memstrata.bridges._mcp import build_server, serve_lines
 from memstrata.bridges._server import ErrorCode
+from tests._support import MCP_INITIALIZE, MCP_INITIALIZED
 from tests.fakes import FakeEmbedder
 
 REPO = Path(__file__).resolve().parent.parent
 
-_INIT = {
-    "jsonrpc": "2.0",
-    "id": "init",
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "test", "version": "1"},
-    },
-}
-_INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
 
 # (line, expected id, expected error code); JavaScript writes a lone surrogate as "\ud800"
 HOSTILE: list[tuple[bytes, Any, int]] = [
@@ -144,8 +134,8 @@ def _check(responses: list[dict[str, Any]]) -> None:
 
 def test_every_hostile_line_gets_one_error_in_process(data_dir: Path) -> None:
     payload = _lines(
-        _INIT,
-        _INITIALIZED,
+        MCP_INITIALIZE,
+        MCP_INITIALIZED,
         *[line for line, _, _ in HOSTILE],
         {"jsonrpc": "2.0", "id": "after", "method": "tools/list"},
     )
@@ -159,7 +149,9 @@ def test_every_hostile_line_gets_one_error_in_process(data_dir: Path) -> None:
 
 
 def test_an_id_with_an_escaped_lone_surrogate_is_echoed_exactly(data_dir: Path) -> None:
-    payload = _lines(_INIT, _INITIALIZED, b'{"jsonrpc":"2.0","id":"\\ud800","method":"tools/list"}')
+    payload = _lines(
+        MCP_INITIALIZE, MCP_INITIALIZED, b'{"jsonrpc":"2.0","id":"\\ud800","method":"tools/list"}'
+    )
     out = io.BytesIO()
     with MemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder()) as system:
         server = build_server(system, None, agent_id="wire")
@@ -176,8 +168,8 @@ def test_memstrata_mcp_process_answers_raw_hostile_bytes(data_dir: Path) -> None
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("MEMSTRATA_DEBUG", None)
     payload = _lines(
-        _INIT,
-        _INITIALIZED,
+        MCP_INITIALIZE,
+        MCP_INITIALIZED,
         *[line for line, _, _ in HOSTILE],
         {"jsonrpc": "2.0", "id": "after", "method": "tools/list"},
     )
@@ -273,7 +265,7 @@ def test_sigterm_ends_a_memstrata_mcp_session_as_closing_it_does(data_dir: Path,
     )
     try:
         assert proc.stdin is not None
-        proc.stdin.write(_lines(_INIT, _INITIALIZED, publish))
+        proc.stdin.write(_lines(MCP_INITIALIZE, MCP_INITIALIZED, publish))
         proc.stdin.flush()
         answered = _answers(proc, {"init", "pub"})
         assert "error" not in answered["pub"] and not answered["pub"]["result"].get("isError"), answered
@@ -318,7 +310,7 @@ def _store(request_id: Any, content: str) -> dict[str, Any]:
 def test_requests_sharing_an_id_are_all_answered_before_the_session_ends(data_dir: Path) -> None:
     """Reusing an id is the client's mistake, but every write made is answered: the end of input
     waits for each request, not for each id."""
-    payload = _lines(_INIT, _INITIALIZED, *[_store(7, f"entry number {n}") for n in range(10)])
+    payload = _lines(MCP_INITIALIZE, MCP_INITIALIZED, *[_store(7, f"entry number {n}") for n in range(10)])
     out = io.BytesIO()
     with MemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder()) as system:
         server = build_server(system, None, agent_id="wire")
@@ -333,7 +325,7 @@ def test_a_cancelled_request_does_not_hold_the_end_of_input(data_dir: Path) -> N
     """MCP answers no cancelled request, so the end of input must not wait for one (hosts cancel
     a call that timed out, then close the session)."""
     cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1}}
-    payload = _lines(_INIT, _INITIALIZED, _store(1, "cancel me"), cancel)
+    payload = _lines(MCP_INITIALIZE, MCP_INITIALIZED, _store(1, "cancel me"), cancel)
     out = io.BytesIO()
     with MemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder()) as system:
         server = build_server(system, None, agent_id="wire")
@@ -351,9 +343,11 @@ def test_a_cancelled_request_does_not_hold_the_end_of_input(data_dir: Path) -> N
 def test_errors_the_sdk_would_leave_unnamed_name_their_cause(data_dir: Path) -> None:
     """A request before ``initialize`` and a request param of the wrong type: the SDK answers
     both with a bare "Invalid request parameters"."""
-    early = _lines(_store(1, "too early"), _INIT, _INITIALIZED)
+    early = _lines(_store(1, "too early"), MCP_INITIALIZE, MCP_INITIALIZED)
     late = _lines(
-        _INIT, _INITIALIZED, {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {"cursor": 5}}
+        MCP_INITIALIZE,
+        MCP_INITIALIZED,
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {"cursor": 5}},
     )
     answers: dict[Any, dict[str, Any]] = {}
     with MemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder()) as system:

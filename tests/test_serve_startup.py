@@ -18,6 +18,8 @@ from typing import Any
 
 import orjson
 
+from tests._support import output_when_done
+
 REPO = Path(__file__).resolve().parent.parent
 TIMEOUT = 120.0
 
@@ -40,21 +42,6 @@ cli.main(args=sys.argv[1:], obj=CliState(embedder=FakeEmbedder()))
 """
 
 
-def _wait(proc: subprocess.Popen[bytes]) -> tuple[bytes, bytes]:
-    """Its output once it exits, stdin left open (killed after ``TIMEOUT``, should it hang)."""
-    assert proc.stdout is not None and proc.stderr is not None
-    guard = threading.Timer(TIMEOUT, proc.kill)
-    guard.start()
-    try:
-        out, err = proc.stdout.read(), proc.stderr.read()
-        proc.wait()
-    finally:
-        guard.cancel()
-        assert proc.stdin is not None
-        proc.stdin.close()
-    return out, err
-
-
 def _serve_with_sigterm_at_start(data_dir: Path, *extra: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("MEMSTRATA_CONFIG", None)
@@ -74,7 +61,7 @@ def test_sigterm_while_starting_answers_what_was_written_and_exits_0(data_dir: P
     requests = [{"jsonrpc": "2.0", "id": i, "method": "list_roots"} for i in (1, 2)]
     proc.stdin.write(b"".join(orjson.dumps(r) + b"\n" for r in requests) + b'{"id": 3, "meth')
     proc.stdin.flush()  # stdin stays open: the SIGTERM, not the end of input, stops the server
-    out, err = _wait(proc)
+    out, err = output_when_done(proc, TIMEOUT)
     assert proc.returncode == 0, err.decode()
     answers = [orjson.loads(line) for line in out.splitlines()]
     assert sorted(a["id"] for a in answers) == [1, 2] and all("result" in a for a in answers)  # not 3
@@ -86,7 +73,7 @@ def test_sigterm_while_starting_a_socket_server_exits_0(data_dir: Path, tmp_path
     assert proc.stdin is not None
     proc.stdin.write(b"\n")  # lets the hook go on
     proc.stdin.flush()
-    out, err = _wait(proc)
+    out, err = output_when_done(proc, TIMEOUT)
     assert proc.returncode == 0, err.decode()
     assert out == b"" and b"listening on" not in err
 
