@@ -32,6 +32,7 @@ from memstrata.storage import Database, Migration, NamedMigration, apply_migrati
 __all__ = ["RECENT_OUTCOMES", "Outbox", "OutboxRow", "new_owner", "pending_count", "release_owner"]
 
 RECENT_OUTCOMES = 1024  # outcomes remembered to tell a retry from a new one (a few per task)
+_TRIM_EVERY = 64  # outcomes past the limit before the oldest are dropped (one statement then)
 
 _MIGRATIONS: list[Migration] = [
     """
@@ -68,24 +69,56 @@ def _digest(text: str) -> bytes:
     return hashlib.sha256(_encode(text)).digest()
 
 
-def _remember(db: Database, rows: list[tuple[str, str, str]]) -> list[bool]:
-    """Remember the outcomes ``(kind, task_id, text)``, in order, in the current transaction;
-    whether each repeats one remembered (an earlier one of ``rows`` too). Only the latest
-    :data:`RECENT_OUTCOMES` are kept."""
-    seq = int(db.scalar("SELECT coalesce(max(seq), 0) FROM recent_outcomes") or 0)
-    repeats: list[bool] = []
-    for kind, task_id, text in rows:
-        key = (task_id, kind, _digest(text))
-        known = "SELECT 1 FROM recent_outcomes WHERE task_id = ? AND kind = ? AND digest = ?"
-        repeats.append(db.scalar(known, key) is not None)
-        seq += 1
-        db.execute(
+_Key = tuple[str, str, bytes]  # an outcome as remembered: task id, kind, digest of its text
+
+
+class _RecentOutcomes:
+    """The latest :data:`RECENT_OUTCOMES` outcomes, read from the database once and then kept
+    in memory beside it, so that appending a row costs its acknowledgement one more statement
+    (under load each statement waits for the interpreter lock again) and no read."""
+
+    def __init__(self, db: Database) -> None:
+        rows = db.query("SELECT task_id, kind, digest, seq FROM recent_outcomes")
+        self.seqs: dict[_Key, int] = {(str(t), str(k), bytes(d)): int(n) for t, k, d, n in rows}
+        self.last = max(self.seqs.values(), default=0)
+
+    def plan(self, rows: list[tuple[str, str, str]]) -> tuple[list[bool], list[tuple[_Key, int]]]:
+        """For the outcomes ``(kind, task_id, text)``, in order: whether each repeats one
+        remembered (an earlier one of ``rows`` too), and each one's key and new sequence number."""
+        numbered: list[tuple[_Key, int]] = []
+        batch: dict[_Key, int] = {}
+        repeats = []
+        for n, (kind, task_id, text) in enumerate(rows, 1):
+            key, seq = (task_id, kind, _digest(text)), self.last + n
+            held = batch.get(key, self.seqs.get(key))
+            repeats.append(held is not None and held > self.last - RECENT_OUTCOMES)  # among the latest
+            batch[key] = seq
+            numbered.append((key, seq))
+        return repeats, numbered
+
+    def write(self, db: Database, numbered: list[tuple[_Key, int]]) -> int | None:
+        """Store ``numbered`` in the current transaction; the sequence number up to which older
+        outcomes were dropped (done every :data:`_TRIM_EVERY` past the limit), if any."""
+        db.executemany(
             "INSERT INTO recent_outcomes(task_id, kind, digest, seq) VALUES (?, ?, ?, ?) "
             "ON CONFLICT(task_id, kind, digest) DO UPDATE SET seq = excluded.seq",
-            (*key, seq),
+            [(*key, seq) for key, seq in numbered],
         )
-    db.execute("DELETE FROM recent_outcomes WHERE seq <= ?", (seq - RECENT_OUTCOMES,))
-    return repeats
+        last = numbered[-1][1] if numbered else self.last
+        if len(self.seqs) + len(numbered) <= RECENT_OUTCOMES + _TRIM_EVERY:
+            return None
+        db.execute("DELETE FROM recent_outcomes WHERE seq <= ?", (last - RECENT_OUTCOMES,))
+        return last - RECENT_OUTCOMES
+
+    def committed(self, numbered: list[tuple[_Key, int]], cut: int | None) -> None:
+        """What :meth:`write` stored is committed: the memory follows."""
+        self.seqs.update(numbered)
+        self.last = max(self.last, *(seq for _, seq in numbered)) if numbered else self.last
+        if cut is not None:
+            self.seqs = {key: seq for key, seq in self.seqs.items() if seq > cut}
+
+    def of_task(self, task_id: str) -> list[_Key]:
+        return [key for key in self.seqs if key[0] == task_id]
 
 
 def _recent_outcomes(db: Database) -> None:
@@ -97,7 +130,11 @@ def _recent_outcomes(db: Database) -> None:
     )
     db.execute("CREATE INDEX IF NOT EXISTS recent_outcomes_seq ON recent_outcomes(seq)")
     rows = db.query("SELECT kind, task_id, text FROM outbox ORDER BY id")
-    _remember(db, [(str(k), str(t), bytes(x).decode("utf-8", "surrogatepass")) for k, t, x in rows])
+    recent = _RecentOutcomes(db)
+    _, numbered = recent.plan(
+        [(str(k), str(t), bytes(x).decode("utf-8", "surrogatepass")) for k, t, x in rows]
+    )
+    recent.write(db, numbered)
 
 
 _MIGRATIONS.append(NamedMigration("recent-outcomes", _recent_outcomes))
@@ -203,39 +240,33 @@ class Outbox:
         self.db = open_database(path, load_vec=False)
         try:
             apply_migrations(self.db, "outbox", _MIGRATIONS)
+            self._recent = _RecentOutcomes(self.db)
         except BaseException:
             self.db.close()
             raise
 
     def append(self, kind: str, task_id: str, text: str, at: _dt.datetime) -> int:
         """Commit a new row and return its id: from here on the write-back survives a crash."""
-        with self.db.transaction():
-            ids, repeats = self._insert([(kind, task_id, text, at)])
-        self._repeats.update(repeats)  # committed
-        return ids[0]
+        return self.append_many([(kind, task_id, text, at)])[0]
 
     def append_many(self, rows: list[tuple[str, str, str, _dt.datetime]]) -> list[int]:
         """Commit several rows ``(kind, task_id, text, at)`` in one transaction (group commit);
         their ids, in order. Durable together when this returns."""
         if not rows:
             return []
-        with self.db.transaction():
-            ids, repeats = self._insert(rows)
-        self._repeats.update(repeats)  # committed
-        return ids
-
-    def _insert(self, rows: list[tuple[str, str, str, _dt.datetime]]) -> tuple[list[int], list[int]]:
-        """Insert the rows and remember their outcomes, in the current transaction; their ids,
-        and the ids of those that repeat a remembered outcome."""
-        repeated = _remember(self.db, [(kind, task_id, text) for kind, task_id, text, _ in rows])
+        repeated, numbered = self._recent.plan([(kind, task_id, text) for kind, task_id, text, _ in rows])
         ids: list[int] = []
-        for kind, task_id, text, at in rows:
-            cursor = self.db.execute(
-                "INSERT INTO outbox(kind, task_id, text, at, owner) VALUES (?, ?, ?, ?, ?)",
-                (kind, task_id, _encode(text), at.isoformat(), self.owner),
-            )
-            ids.append(int(cursor.lastrowid))
-        return ids, [row_id for row_id, repeat in zip(ids, repeated, strict=True) if repeat]
+        with self.db.transaction():
+            for kind, task_id, text, at in rows:
+                cursor = self.db.execute(
+                    "INSERT INTO outbox(kind, task_id, text, at, owner) VALUES (?, ?, ?, ?, ?)",
+                    (kind, task_id, _encode(text), at.isoformat(), self.owner),
+                )
+                ids.append(int(cursor.lastrowid))
+            cut = self._recent.write(self.db, numbered)
+        self._recent.committed(numbered, cut)
+        self._repeats.update(row_id for row_id, repeat in zip(ids, repeated, strict=True) if repeat)
+        return ids
 
     def take_repeats(self, row_ids: list[int]) -> set[int]:
         """Which of the rows ``row_ids``, just appended here, repeat an outcome appended before
@@ -249,11 +280,13 @@ class Outbox:
     def forget_task(self, task_id: str) -> bool:
         """A new run of ``task_id`` begins: its outcomes so far no longer make a later one a
         retry. Whether any was remembered (only then is anything written)."""
-        known = "SELECT 1 FROM recent_outcomes WHERE task_id = ? LIMIT 1"
-        if self.db.scalar(known, (task_id,)) is None:
+        known = self._recent.of_task(task_id)
+        if not known:
             return False
         with self.db.transaction():
             self.db.execute("DELETE FROM recent_outcomes WHERE task_id = ?", (task_id,))
+        for key in known:
+            del self._recent.seqs[key]
         return True
 
     def _row(self, values: tuple[object, ...]) -> OutboxRow:
