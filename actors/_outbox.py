@@ -247,13 +247,17 @@ class Outbox:
 
     def append(self, kind: str, task_id: str, text: str, at: _dt.datetime) -> int:
         """Commit a new row and return its id: from here on the write-back survives a crash."""
-        return self.append_many([(kind, task_id, text, at)])[0]
+        return self._append([(kind, task_id, text, at)])[0]
 
     def append_many(self, rows: list[tuple[str, str, str, _dt.datetime]]) -> list[int]:
         """Commit several rows ``(kind, task_id, text, at)`` in one transaction (group commit);
         their ids, in order. Durable together when this returns."""
         if not rows:
             return []
+        return self._append(rows)
+
+    def _append(self, rows: list[tuple[str, str, str, _dt.datetime]]) -> list[int]:
+        """Insert the rows and remember their outcomes in one transaction; their ids."""
         repeated, numbered = self._recent.plan([(kind, task_id, text) for kind, task_id, text, _ in rows])
         ids: list[int] = []
         with self.db.transaction():
