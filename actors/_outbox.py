@@ -113,7 +113,8 @@ class _RecentOutcomes:
     def committed(self, numbered: list[tuple[_Key, int]], cut: int | None) -> None:
         """What :meth:`write` stored is committed: the memory follows."""
         self.seqs.update(numbered)
-        self.last = max(self.last, *(seq for _, seq in numbered)) if numbered else self.last
+        if numbered:  # numbered on from ``last``, in order
+            self.last = numbered[-1][1]
         if cut is not None:
             self.seqs = {key: seq for key, seq in self.seqs.items() if seq > cut}
 
