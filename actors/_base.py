@@ -26,9 +26,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import queue
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +47,8 @@ from memstrata.core.errors import (
 )
 from memstrata.storage import configured
 
+from ._inbox import Inbox
+
 if TYPE_CHECKING:
     from memstrata.core.config import Config, EmbeddingConfig
     from memstrata.storage import Embedder
@@ -57,7 +58,7 @@ if TYPE_CHECKING:
     from ._foreground import Foreground
     from ._supervision import Supervision
 
-__all__ = ["DEFERRED", "ActorRuntime", "Envelope", "Inbox", "MemoryActor", "owner_of"]
+__all__ = ["DEFERRED", "ActorRuntime", "Envelope", "MemoryActor", "owner_of"]
 
 log = logging.getLogger("memstrata.actors")
 
@@ -77,50 +78,6 @@ class Envelope:
     reply: Future[Any] | None = None
     # when it was sent (``time.monotonic``): a request that waited for a failed open gets its error
     posted: float = field(default_factory=time.monotonic)
-
-
-class Inbox(queue.Queue[Any]):
-    """pykka's mailbox plus two operations: take the envelopes waiting at its head that a
-    predicate accepts, so an actor can handle a run of similar messages together, in order; and
-    :meth:`close`, after which a message put is refused (``pykka.ActorDeadError``) rather than
-    left where no one reads it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.closed = False
-        self.arrived: Callable[[], None] | None = None  # told after each put (the lock released)
-
-    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
-        with self.mutex:  # unbounded: never waits for room
-            if self.closed:
-                raise pykka.ActorDeadError("the actor has stopped")
-            self._put(item)
-            self.unfinished_tasks += 1
-            self.not_empty.notify()
-        if self.arrived is not None:
-            self.arrived()
-
-    def holds(self, accept: Callable[[Any], bool]) -> bool:
-        """Whether an envelope waiting in the mailbox is one ``accept`` accepts."""
-        with self.mutex:
-            return any(accept(item) for item in self.queue)
-
-    def close(self) -> list[Any]:
-        """Refuse every later message; the ones still waiting, in order."""
-        with self.mutex:
-            self.closed = True
-            left = list(self.queue)
-            self.queue.clear()
-        return left
-
-    def take_while(self, accept: Callable[[Any], bool], limit: int) -> list[Any]:
-        taken: list[Any] = []
-        with self.mutex:
-            while self.queue and len(taken) < limit and accept(self.queue[0]):
-                taken.append(self.queue.popleft())
-            if taken:
-                self.not_full.notify()
-        return taken
 
 
 @dataclass(frozen=True, slots=True)

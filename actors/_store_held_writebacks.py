@@ -5,10 +5,17 @@ once, each would cost a transaction, and its vector one more. With the shared em
 write-back is held while its vector is computed, then written with it (and with the write-backs
 that arrived meanwhile) in one transaction. :class:`_HeldWriteBacks` is the part of the persistent
 store actor (:mod:`._store_base`) that does it.
+
+The actor waits for the vectors in its own thread (:meth:`.Inbox.wait`): the write-backs that
+arrive meanwhile queue without waking it, one wake-up per model round rather than one per
+write-back, and any other message ends the wait at once, so a search is never held up by it.
+On two cores, with every agent completing tasks, waking the store actors for each write-back
+cost 7 % of the write-back throughput.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -21,6 +28,7 @@ from memstrata.storage import FloatArray
 from ._base import ActorRuntime, Envelope, MemoryActor, Status
 from ._concurrency import TimerHandle
 from ._embedding import BatchingEmbedder
+from ._inbox import Inbox
 from ._store_messages import (
     VectorsReady,
     WriteBackEpisode,
@@ -79,6 +87,7 @@ class _HeldWriteBacks(MemoryActor):
     def _deliver_batch(self, envelopes: list[Envelope]) -> None:
         if self._may_hold(envelopes):
             self._hold(envelopes)
+            self._settle_held()
             return
         held = self._take_held()
         limit = int(self.runtime.config.actors.max_group_commit)
@@ -100,6 +109,34 @@ class _HeldWriteBacks(MemoryActor):
         self.runtime.activity.begin(self.owner, len(envelopes))  # work in flight until written
         if not any(h.future is not None and not h.answered() for h in self._held):
             self._ask_held()
+
+    def _settle_held(self) -> None:
+        """Write the held write-backs answered already (an earlier round's), then wait here for
+        the oldest vectors in flight (see the module), at most ``_HOLD_S``; not when stopping."""
+        answered = self._answered_held()
+        if answered:
+            self._write_held(answered, [])
+        inbox = self.actor_inbox
+        if not self._held or self.runtime.stopped or not isinstance(inbox, Inbox):
+            return
+        first = self._held[0]
+        if first.future is None:
+            return
+        done = threading.Event()
+        first.future.add_done_callback(lambda _: done.set())
+        inbox.wait(done, self._ends_wait, _HOLD_S)
+
+    def _ends_wait(self, item: Any) -> bool:
+        """Whether ``item``, put in the mailbox, ends a wait for held vectors: anything but a
+        write-back that would be held too or the note that an answer came (the wait sees the
+        answer itself); the bound of the hold does."""
+        envelope = getattr(item, "message", None)
+        if not isinstance(envelope, Envelope):
+            return True  # pykka's own messages (a stop)
+        message = envelope.message
+        if isinstance(message, _FlushHeld):
+            return message.bound
+        return not self.held_write(message)
 
     def _ask_held(self) -> None:
         """Ask for the vectors of the held write-backs not asked for yet, in one request."""

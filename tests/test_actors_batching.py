@@ -17,6 +17,7 @@ import memstrata.actors._agent as agent_module
 from memstrata import Config, MemorySystem
 from memstrata.actors import BatchingEmbedder, KnowledgeStoreActor, LayerStores
 from memstrata.actors._outbox import Outbox
+from memstrata.actors._store_messages import WriteBackEpisode
 from memstrata.errors import InvalidInputError, StorageError
 from memstrata.layers import EpisodicMemory, KnowledgeStore
 from memstrata.messages import StoreKnowledge, TaskCompleted, TaskFailed
@@ -275,7 +276,7 @@ def test_a_write_back_is_embedded_once_and_its_episodes_are_batched(data_dir: Pa
         assert stores.entered["episodic"].wait(5)  # the first episode waits in the store
         for i in range(1, 6):
             agent.complete_task(f"t{i}", f"shipped release {i} of the billing service")
-        wait_until(lambda: mailbox(system, "episodic", "a1") == 5)
+        wait_until(lambda: mailbox(system, "episodic", "a1", WriteBackEpisode) == 5)
         stores.gates["episodic"].set()
         assert system.wait_idle(10)
         assert [n for kind, n in stores.batches if kind == "episodic"] == [1, 5]

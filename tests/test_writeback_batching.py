@@ -256,6 +256,46 @@ def test_write_backs_wait_for_their_vectors_and_are_written_with_them(
         assert recalled.degraded is None and recalled[0].episode.task_run_id == "t1"
 
 
+def test_write_backs_arriving_while_a_vector_is_computed_wait_in_the_mailbox_and_go_together(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store waits for the held vector in its own thread: the write-backs arriving meanwhile
+    do not wake it one by one, and are delivered together once the vector is answered."""
+    monkeypatch.setattr(_store_held_writebacks, "_HOLD_S", 60.0)
+    delivered: list[int] = []
+    deliver_batch = KnowledgeStoreActor._deliver_batch
+
+    def recorded(actor: KnowledgeStoreActor, envelopes: list[Any]) -> None:
+        delivered.append(sum(isinstance(e.message, WriteBackKnowledge) for e in envelopes))
+        deliver_batch(actor, envelopes)
+
+    model = GatedModel()
+    system = start_gated(data_dir, model)
+    try:
+        agent = hung_agent(system, model)
+        ref = system._runtime.existing("knowledge", "a1")
+        assert ref is not None
+        inbox = ref.actor_inbox
+        monkeypatch.setattr(KnowledgeStoreActor, "_deliver_batch", recorded)
+        agent.complete_task("t1", "the invoice export runs on a queue")
+        wait_until(lambda: inbox._watch is not None)  # the store waits for t1's vector
+        for n in (2, 3, 4):
+            agent.complete_task(f"t{n}", f"shard {n} of the ledger moved")  # its part is posted
+        assert inbox.qsize() == 3 and inbox._watch is not None  # queued, the store still waiting
+        model.mode = "ok"
+        model.release.set()
+        assert system.wait_idle(20)
+        assert delivered[:2] == [1, 3]
+        assert knowledge_rows(data_dir)[-4:] == [
+            "the invoice export runs on a queue",
+            *(f"shard {n} of the ledger moved" for n in (2, 3, 4)),
+        ]
+        assert store_status(system, "a1", "knowledge")["pending_vectors"] == 0
+    finally:
+        model.release.set()
+        system.stop()
+
+
 def test_a_search_writes_the_held_write_backs_first(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_store_held_writebacks, "_HOLD_S", 60.0)
     model = GatedModel()
