@@ -8,7 +8,7 @@ turns (load from elsewhere hits both alike):
   vectors, ``benchmarks/bench_peers.py``; query vectors given, so no model runs);
 - ``pretask``: ``agent.begin_task`` p50 through the actors with that store as the agent's
   knowledge (the real model embeds every query);
-- ``writeback``: 8 agents completing 40 tasks each at once, until every write is stored with its
+- ``writeback``: 8 agents completing 120 tasks each at once, until every write is stored with its
   vector (real model); tasks/s.
 
 The revision is extracted with ``git archive <rev> | tar -x`` into a temporary directory (the
@@ -18,6 +18,7 @@ tree is the installed package. Both use this interpreter's installed dependencie
 Each revision loads its own 100k store through its own ``add_many`` (their schemas differ).
 
 Usage: python benchmarks/compare_revisions.py [--rev 5ceb41f] [--rounds 2] [--entries 100000]
+[--old-kernel]
 """
 
 from __future__ import annotations
@@ -179,7 +180,7 @@ def child_pretask(data_dir: Path, entries: int) -> dict[str, Any]:
 def child_writeback(data_dir: Path, entries: int) -> dict[str, Any]:
     from memstrata import Config, MemorySystem
 
-    agents, per_agent = 8, 40
+    agents, per_agent = 8, 120
     with MemorySystem.start(Config(data_dir=data_dir)) as system:
         system.agent("warm").complete_task("w0", "warm the model up")
         system.wait_idle(120)
@@ -209,11 +210,30 @@ CHILDREN = {
 }
 
 
-def _run_child(site: Path | None, measure: str, data_dir: Path, entries: int) -> dict[str, Any]:
+# set for the working tree's children by --old-kernel (a MEMSTRATA_* name would be read as config)
+_SIGNED = "COMPARE_REVISIONS_OLD_KERNEL"
+
+
+def _old_kernel() -> None:
+    """The working tree's model on the int8 products the older revisions ran everywhere (int8
+    weights, ONNX Runtime's u8 x s8 kernels), instead of the exact kernel it picks on a CPU where
+    those saturate (x86 without VNNI: uint8 weights, 8-12 % slower per text): the code compared
+    alone. Here only, never in the package."""
+    import memstrata.storage._default_model as default_model
+
+    default_model.signed_products_exact = lambda *args, **kwargs: True  # type: ignore[assignment]
+
+
+def _run_child(
+    site: Path | None, measure: str, data_dir: Path, entries: int, *, old_kernel: bool = False
+) -> dict[str, Any]:
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
+    env.pop(_SIGNED, None)
     if site is not None:
         env["PYTHONPATH"] = str(site)
+    if old_kernel:
+        env[_SIGNED] = "1"
     done = subprocess.run(
         [sys.executable, str(Path(__file__).resolve()), "--child", measure, str(data_dir), str(entries)],
         capture_output=True,
@@ -236,11 +256,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--entries", type=int, default=100_000)
     parser.add_argument(
+        "--old-kernel",
+        action="store_true",
+        help="run the working tree's model on the int8 kernel older revisions used everywhere, "
+        "to compare the code alone on a CPU without VNNI (see _old_kernel)",
+    )
+    parser.add_argument(
         "--child", nargs=3, metavar=("MEASURE", "DATA_DIR", "ENTRIES"), help=argparse.SUPPRESS
     )
     args = parser.parse_args(argv)
     if args.child:
         measure, data_dir, entries = args.child
+        if os.environ.get(_SIGNED) == "1":
+            _old_kernel()
         print(json.dumps(CHILDREN[measure](Path(data_dir), int(entries))))
         return 0
     with tempfile.TemporaryDirectory(prefix="memstrata-compare-") as tmp:
@@ -258,11 +286,14 @@ def main(argv: list[str] | None = None) -> int:
                 order = list(sites) if round_ % 2 == 0 else list(reversed(sites))
                 for label in order:
                     data_dir = work / label if measure != "writeback" else work / f"{label}-wb{round_}"
-                    out = _run_child(sites[label], measure, data_dir, args.entries)
+                    old_kernel = args.old_kernel and label == "after"
+                    out = _run_child(sites[label], measure, data_dir, args.entries, old_kernel=old_kernel)
                     value = out.get("p50_ms", out.get("tasks_per_s"))
                     results[label][measure].append(float(value))
                     print(f"round {round_}: {label} {measure} {value:.2f}", file=sys.stderr, flush=True)
-        print(f"\nrevision {args.rev} (before) against the working tree (after), {args.rounds} rounds each:")
+        kernel = " (its model on the older int8 kernel: --old-kernel)" if args.old_kernel else ""
+        print(f"\nrevision {args.rev} (before) against the working tree{kernel} (after),", end=" ")
+        print(f"{args.rounds} rounds each:")
         print("| measure | before | after | after / before |")
         print("|---|---|---|---|")
         units = {"search": "ms p50", "pretask": "ms p50", "writeback": "tasks/s"}

@@ -248,26 +248,18 @@ def _context_windows(db: Database, ids: Sequence[int]) -> Iterator[tuple[list[in
     reach = 2 * CONTEXT_TURNS  # an affected neighbour needs its own neighbours
     for run, keys in runs.items():
         low, high = min(keys), max(keys)
-        before = db.query(
-            "SELECT at_us, id FROM episodes WHERE task_run_id = ? AND (at_us, id) < (?, ?) "
-            "ORDER BY at_us DESC, id DESC LIMIT ?",
-            (run, *low, reach),
+        # one statement a run (each one waits for the interpreter lock again under load): the
+        # ``reach`` before the first, those from the first to the last, the ``reach`` after it
+        window = db.query(
+            "SELECT at_us, id FROM (SELECT at_us, id FROM episodes WHERE task_run_id = ?1 "
+            "AND (at_us, id) < (?2, ?3) ORDER BY at_us DESC, id DESC LIMIT ?6) "
+            "UNION ALL SELECT at_us, id FROM episodes WHERE task_run_id = ?1 "
+            "AND (at_us, id) >= (?2, ?3) AND (at_us, id) <= (?4, ?5) "
+            "UNION ALL SELECT at_us, id FROM (SELECT at_us, id FROM episodes WHERE task_run_id = ?1 "
+            "AND (at_us, id) > (?4, ?5) ORDER BY at_us, id LIMIT ?6)",
+            (run, *low, *high, reach),
         )
-        after = db.query(
-            "SELECT at_us, id FROM episodes WHERE task_run_id = ? AND (at_us, id) > (?, ?) "
-            "ORDER BY at_us, id LIMIT ?",
-            (run, *high, reach),
-        )
-        start = tuple(before[-1]) if before else low
-        end = tuple(after[-1]) if after else high
-        order = [
-            int(r[0])
-            for r in db.query(
-                "SELECT id FROM episodes WHERE task_run_id = ? AND (at_us, id) >= (?, ?) "
-                "AND (at_us, id) <= (?, ?) ORDER BY at_us, id",
-                (run, *start, *end),
-            )
-        ]
+        order = [int(ident) for _, ident in sorted((int(a), int(i)) for a, i in window)]
         position = {ident: n for n, ident in enumerate(order)}
         affected: set[int] = set()
         for _, ident in keys:
