@@ -15,7 +15,10 @@ a fresh process:
   consistency check), loading its vector index (mapping and checking the index files, as the
   command does while the model loads), the query's embedding, the first search (the keyword
   side reads its postings), a second one;
-- what ``status`` imports: it must not import numpy, onnxruntime or fastembed.
+- what ``status`` imports: it must not import numpy, onnxruntime or fastembed;
+- the floor of any query process: a fresh process that imports numpy, onnxruntime and
+  tokenizers, makes the model's session and embeds one query, and nothing else; ``memstrata
+  query`` is reported against it too.
 """
 
 from __future__ import annotations
@@ -57,6 +60,22 @@ mark("first search")
 store.search(sys.argv[2] + " again", query_vector=vector)
 mark("second search")
 print(json.dumps({"parts": [(b[0], (b[1] - a[1]) * 1000) for a, b in zip(marks, marks[1:])]}))
+"""
+
+# Run in a fresh process: the least any query process does, with no store and no memstrata
+# beyond finding the model's file (the floor of `memstrata query`).
+_MODEL_ONLY = r"""
+import numpy, onnxruntime
+from tokenizers import Tokenizer
+from memstrata.storage._default_model import _int8_model, default_model_dir
+folder = default_model_dir()
+options = onnxruntime.SessionOptions()
+options.intra_op_num_threads = 1
+options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
+session = onnxruntime.InferenceSession(str(_int8_model(folder)), options, ["CPUExecutionProvider"])
+ids = numpy.array([Tokenizer.from_file(str(folder / "tokenizer.json")).encode("parse the config").ids])
+feed = {"input_ids": ids, "attention_mask": numpy.ones_like(ids), "token_type_ids": numpy.zeros_like(ids)}
+session.run(None, feed)
 """
 
 _STATUS_IMPORTS = r"""
@@ -119,6 +138,7 @@ def run(ctx: Context) -> list[Row]:
     bare = percentile(_wall([sys.executable, "-c", "pass"], repeat), 50)
     status = _wall([*base, "status", "--json"], repeat)
     query = _wall([*base, "query", f"{data.queries[1]} {{n}}", "--agent", AGENT, "--json"], repeat)
+    model_only = percentile(_wall([sys.executable, "-c", _MODEL_ONLY], repeat), 50)
     done = subprocess.run(
         [sys.executable, "-c", _PARTS, str(store), data.queries[2]],
         capture_output=True,
@@ -156,6 +176,17 @@ def run(ctx: Context) -> list[Row]:
             ("query", query, "new text each run (the real model embeds it)"),
         )
     ]
+    rows.append(
+        Row(
+            GROUP,
+            f"`memstrata query` against a process that only loads the model and embeds {at}",
+            percentile(query, 50),
+            "ms",
+            baseline=model_only,
+            baseline_name="numpy, onnxruntime and tokenizers imported, the session made, one query embedded",
+            notes="the floor of any fresh query process on this machine",
+        )
+    )
     rows.append(
         Row(
             GROUP,
