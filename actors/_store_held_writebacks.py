@@ -9,8 +9,8 @@ store actor (:mod:`._store_base`) that does it.
 The actor waits for the vectors in its own thread (:meth:`.Inbox.wait`): the write-backs that
 arrive meanwhile queue without waking it, one wake-up per model round rather than one per
 write-back, and any other message ends the wait at once, so a search is never held up by it.
-On two cores, with every agent completing tasks, waking the store actors for each write-back
-cost 7 % of the write-back throughput.
+On two cores, with 8 agents completing tasks, waking the store actors for each write-back cost
+about a tenth of the write-back throughput.
 """
 
 from __future__ import annotations

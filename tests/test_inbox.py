@@ -60,12 +60,17 @@ def test_the_reader_does_not_wait_when_a_message_that_cannot_wait_is_queued() ->
 
 def test_the_wait_ends_with_its_event_and_leaves_no_watch_behind() -> None:
     inbox = Inbox()
+    asked: list[Any] = []
+
+    def counted(item: Any) -> bool:
+        asked.append(item)
+        return urgent(item)
+
     done = PutsWhileWaiting(lambda event: event.set())  # the answer comes while it waits
-    inbox.wait(done, urgent, 60.0)
+    inbox.wait(done, counted, 60.0)
     assert done.waited == 1
-    later = threading.Event()
-    inbox.put("search")  # nobody waits any more: nothing is told
-    assert not later.is_set() and inbox._watch is None
+    inbox.put("search")  # nobody waits any more: the predicate is not asked
+    assert asked == [] and list(inbox.queue) == ["search"]
 
 
 def test_take_while_takes_the_accepted_run_at_the_head_only() -> None:
