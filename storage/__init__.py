@@ -12,7 +12,15 @@ from typing import TYPE_CHECKING
 if __name__ != "memstrata.storage":  # nothing generic may be importable at top level
     raise ImportError(f"import memstrata.storage, not {__name__}: it is part of the memstrata package")
 
+import os
+
 from memstrata.core.lazy import lazy_attributes
+
+# ONNX Runtime (1.32 on Linux) records telemetry events from its import on, in the user's cache
+# folder (Microsoft/DeveloperTools), to upload them later; memstrata sends nothing anywhere at run
+# time, so it is off unless the environment says otherwise. Set here, before anything in memstrata
+# imports onnxruntime (the default model, fastembed), since the import itself records an event.
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 
 if TYPE_CHECKING:
     from ._array_types import BoolArray, FloatArray, IntArray
