@@ -90,7 +90,9 @@ def test_a_start_retried_while_the_first_runs_joins_once_and_leaves_no_ray_proce
 ) -> None:
     """A private Ray (``address = "local"``) started from a start's worker thread: the retry
     works, and once the process has ended, every process of its Ray has ended too. It is
-    private even where ``RAY_ADDRESS`` names another Ray (the module's cluster)."""
+    private even where ``RAY_ADDRESS`` names another Ray (the module's cluster), and none of its
+    processes reports usage statistics (Ray turns them off for a Ray that ``ray.init`` starts;
+    memstrata sends nothing anywhere at run time, so a Ray that changed this would be seen)."""
     child = subprocess.Popen(
         [sys.executable, "-c", _RETRIED_START, str(tmp_path / "data")],
         stdin=subprocess.PIPE,
@@ -98,7 +100,10 @@ def test_a_start_retried_while_the_first_runs_joins_once_and_leaves_no_ray_proce
         stderr=subprocess.PIPE,
         text=True,
         cwd=tmp_path,
-        env={**os.environ, "RAY_ADDRESS": cluster.address},
+        env={
+            **{k: v for k, v in os.environ.items() if k != "RAY_USAGE_STATS_ENABLED"},
+            "RAY_ADDRESS": cluster.address,
+        },
     )
     watchdog = threading.Timer(4 * BOUND_S, child.kill)
     watchdog.start()
@@ -109,12 +114,25 @@ def test_a_start_retried_while_the_first_runs_joins_once_and_leaves_no_ray_proce
         assert line, child.communicate()[1][-3000:]
         started = json.loads(line)
         assert started["ray"] != cluster.address, "address = 'local' joined the Ray RAY_ADDRESS names"
+        # the private Ray's processes and whether usage statistics are off in their environment;
+        # processes titled "ray::..." are left out: the title overwrites what /proc shows of it
+        usage_off: dict[str, bool] = {}
         for pid in started["pids"]:
             try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                command = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
                 waits[os.pidfd_open(pid)] = pid
-            except ProcessLookupError:  # ended already
+            except (ProcessLookupError, FileNotFoundError):  # ended already
                 continue
+            argv = command.split("\0")
+            program = argv[1] if Path(argv[0]).name.startswith("python") and len(argv) > 1 else argv[0]
+            if not program.startswith("ray::"):
+                usage_off[program] = b"RAY_USAGE_STATS_ENABLED=0" in environ
         assert waits, "the child started no Ray process"
+        # the dashboard's head reports usage statistics: it and the other processes have them off
+        assert any(name.endswith("dashboard/dashboard.py") for name in usage_off), usage_off
+        reporting = [name for name, off in usage_off.items() if not off]
+        assert not reporting, f"Ray processes with usage statistics on: {reporting}"
         out, err = child.communicate("\n", timeout=2 * BOUND_S)
         assert child.returncode == 0, err[-3000:]
         assert json.loads(out.strip().splitlines()[-1]) == []
