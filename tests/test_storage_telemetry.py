@@ -12,11 +12,15 @@ from pathlib import Path
 import pytest
 
 
-def _events_folder(tmp_path: Path, code: str, **env: str) -> Path:
-    cache = tmp_path / "cache"
+def _without_setting() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "ORT_DISABLE_TELEMETRY"}
+
+
+def _events_folder(home: Path, code: str) -> Path:
+    """Where ONNX Runtime keeps its events for a process running ``code`` with ``home``."""
+    cache = home / "cache"
     cache.mkdir(parents=True)
-    environ = {k: v for k, v in os.environ.items() if k != "ORT_DISABLE_TELEMETRY"}
-    environ.update(XDG_CACHE_HOME=str(cache), HOME=str(tmp_path), **env)
+    environ = {**_without_setting(), "XDG_CACHE_HOME": str(cache), "HOME": str(home)}
     subprocess.run([sys.executable, "-c", code], check=True, env=environ, timeout=120)
     return cache / "Microsoft" / "DeveloperTools" / ".onnxruntime"
 
@@ -29,10 +33,10 @@ def test_onnxruntime_records_nothing_once_memstrata_storage_is_imported(tmp_path
     assert not quiet.exists()
 
 
-def test_the_environment_keeps_its_own_choice(tmp_path: Path) -> None:
+def test_the_environment_keeps_its_own_choice() -> None:
     code = "import os, memstrata.storage; print(os.environ['ORT_DISABLE_TELEMETRY'], end='')"
     for given, seen in ((None, "1"), ("0", "0")):
-        env = {k: v for k, v in os.environ.items() if k != "ORT_DISABLE_TELEMETRY"}
+        env = _without_setting()
         if given is not None:
             env["ORT_DISABLE_TELEMETRY"] = given
         command = [sys.executable, "-c", code]
