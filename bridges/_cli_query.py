@@ -57,13 +57,27 @@ class _Loading(ModelIdentity):
 
     A search asks for its query's vector first (:meth:`prefetch_query`) and ranks by keywords
     while the model still loads; the vector is computed the moment the load ends, once per text
-    (the agent's and the shared store's searches share it)."""
+    (the agent's and the shared store's searches share it).
 
-    def __init__(self, model_id: str, dim: int, load: Callable[[], Embedder], limit: float) -> None:
+    ``imports`` runs first on the thread, and :attr:`imported` is set once it has ended (however
+    it ended): a caller that waits for it before importing the stores lets the model's session
+    build, the one part of the load that leaves the interpreter lock, start as early as it can
+    and run while the stores open, instead of after them."""
+
+    def __init__(
+        self,
+        model_id: str,
+        dim: int,
+        load: Callable[[], Embedder],
+        limit: float,
+        imports: Callable[[], None] | None = None,
+    ) -> None:
         self._model_id, self._dim, self._limit = model_id, dim, limit
         self._loaded: Embedder | None = None
         self.error: BaseException | None = None
         self._done = threading.Event()
+        self.imported = threading.Event()
+        self._imports = imports
         self._lock = threading.Lock()
         self._queries: dict[str, _Embedding] = {}
         self._thread = threading.Thread(target=self._run, args=(load,), name="memstrata-model", daemon=True)
@@ -71,6 +85,11 @@ class _Loading(ModelIdentity):
 
     def _run(self, load: Callable[[], Embedder]) -> None:
         try:
+            try:
+                if self._imports is not None:
+                    self._imports()
+            finally:
+                self.imported.set()
             self._loaded = load()
         except BaseException as exc:  # reported to the caller, which starts the system instead
             self.error = exc
@@ -183,9 +202,18 @@ def _embedder(config: Config, given: Embedder | None) -> Embedder | _Loading | N
 
         return load_embedder(None, dim=config.embedding.dim, threads=config.embedding.threads)
 
+    def imports() -> None:  # what the load imports, numpy first, and the model's folder checked
+        import numpy  # noqa: F401
+        import onnxruntime  # type: ignore[import-untyped]  # noqa: F401
+        import tokenizers  # noqa: F401
+
+        from memstrata.storage import default_model_dir, load_embedder  # noqa: F401
+
+        default_model_dir()
+
     # the bound the system puts on a query's embedding (see Runtime.search_knowledge)
     limit = min(config.actors.query_embed_timeout_s, config.actors.ask_timeout_s / 2)
-    return _Loading(DEFAULT_MODEL_ID, DEFAULT_DIM, load, limit)
+    return _Loading(DEFAULT_MODEL_ID, DEFAULT_DIM, load, limit, imports)
 
 
 def query_knowledge(
@@ -225,7 +253,9 @@ def query_knowledge(
         service = _embedder(config, embedder)
         if service is None:
             return None
-        from memstrata.layers import KnowledgeStore  # numpy with it (or after the model's thread)
+        if isinstance(service, _Loading):  # the model's imports first (see _Loading)
+            service.imported.wait()
+        from memstrata.layers import KnowledgeStore
         from memstrata.storage import configured
 
     params = {

@@ -196,10 +196,6 @@ class _DefaultModel:
         import onnxruntime as ort  # type: ignore[import-untyped]
         from tokenizers import Tokenizer
 
-        tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-        tokenizer.enable_truncation(max_length=MAX_TOKENS, direction="right")
-        tokenizer.no_padding()  # the file pads to 128 tokens; each text runs alone, unpadded
-        self.tokenizer = tokenizer
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
@@ -218,6 +214,12 @@ class _DefaultModel:
                 providers=["CPUExecutionProvider"],
             )
         self._inputs = {node.name for node in self.session.get_inputs()}
+        # after the session: its build leaves the interpreter lock, this does not (a caller
+        # loading the model on a thread gets its other work done during the build)
+        tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        tokenizer.enable_truncation(max_length=MAX_TOKENS, direction="right")
+        tokenizer.no_padding()  # the file pads to 128 tokens; each text runs alone, unpadded
+        self.tokenizer = tokenizer
         trim_heap()
 
     def embed(self, texts: list[str]) -> FloatArray:

@@ -239,6 +239,41 @@ def test_a_model_that_cannot_load_fails_the_vector_not_the_request() -> None:
 # -- the actors package -----------------------------------------------------------------------
 
 
+def test_the_model_thread_imports_before_it_loads_and_says_when_it_has() -> None:
+    steps: list[str] = []
+    release = threading.Event()
+
+    def imports() -> None:
+        steps.append("imports")
+
+    def load() -> FakeEmbedder:
+        release.wait()  # the load ends only once the test has seen the imports end
+        steps.append("load")
+        return FakeEmbedder()
+
+    loading = _Loading("fake-bow", 64, load, limit=30.0, imports=imports)
+    assert loading.imported.wait(CLI_TIMEOUT)
+    seen = list(steps)
+    release.set()
+    assert seen == ["imports"] and not loading.failed
+    assert steps == ["imports", "load"]
+
+
+def test_imports_that_fail_still_release_the_caller_and_fail_the_load() -> None:
+    loaded: list[str] = []
+
+    def imports() -> None:
+        raise ImportError("no onnxruntime")
+
+    def load() -> FakeEmbedder:
+        loaded.append("load")
+        return FakeEmbedder()
+
+    loading = _Loading("fake-bow", 64, load, limit=1.0, imports=imports)
+    assert loading.imported.wait(CLI_TIMEOUT)
+    assert loading.failed and "no onnxruntime" in str(loading.error) and loaded == []
+
+
 def test_merging_hits_imports_no_actor() -> None:
     """``memstrata query`` with a shared store merges the hits as the agent actor does, without
     importing the actor tree."""
