@@ -365,7 +365,7 @@ def test_model_directory_without_dim_is_refused(tmp_path: Path) -> None:
 def _fake_packaged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
     onnx = tmp_path / "pkg" / "model.onnx"
     tokenizer = tmp_path / "pkg" / "tokenizer.json"
-    onnx.parent.mkdir()
+    onnx.parent.mkdir(parents=True)
     onnx.write_bytes(b"fake onnx weights")
     tokenizer.write_text('{"fake": "tokenizer"}')
     monkeypatch.setattr(model_module, "_packaged_files", lambda: (onnx, tokenizer))
@@ -395,6 +395,31 @@ def test_default_model_dir_verifies_hashes(tmp_path: Path, monkeypatch: pytest.M
     onnx.write_bytes(b"tampered weights!!")
     with pytest.raises(EmbedderUnavailableError, match=f"{onnx} has sha256 .* expected .*reinstall"):
         default_model_dir()
+
+
+def test_two_installs_sharing_the_cache_do_not_take_turns_verifying(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = _fake_packaged(tmp_path / "one", monkeypatch)
+    second = _fake_packaged(tmp_path / "two", monkeypatch)  # same bytes, another install's paths
+    monkeypatch.setenv("MEMSTRATA_MODEL_DIR", str(tmp_path / "models"))
+    hashed: list[Path] = []
+    real_hash = model_module._sha256_file
+
+    def counting_hash(path: Path) -> str:
+        hashed.append(path)
+        return real_hash(path)
+
+    monkeypatch.setattr(model_module, "_sha256_file", counting_hash)
+    monkeypatch.setattr(model_module, "_packaged_files", lambda: first)
+    target = default_model_dir()
+    monkeypatch.setattr(model_module, "_packaged_files", lambda: second)
+    assert default_model_dir() == target and hashed == list(first)  # the first's files, still as verified
+    assert (target / "model.onnx").resolve() == first[0].resolve()
+    first[0].unlink()  # that install is gone: the second verifies its own files and links them
+    assert default_model_dir() == target and hashed == [*first, *second]
+    assert (target / "model.onnx").resolve() == second[0].resolve()
+    assert default_model_dir() == target and len(hashed) == 4
 
 
 def test_real_packaged_files_match_their_hashes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
