@@ -6,8 +6,10 @@
 - ``memstrata status`` and ``memstrata query`` as processes on a store of 100k entries, and where
   a query process spends its time, are :mod:`bench_startup`'s (this module measured them too).
 - ``memstrata serve``: pipelined ``query_knowledge`` throughput against the same queries made
-  in-process through the facade on a thread pool, and the round-trip latency of a request that
-  does no storage work (``get_signal``), i.e. the protocol's own overhead.
+  in-process through the facade on a thread pool (two rounds of each, in turn, the best of each
+  reported: a busy spell of a shared machine slows one round, not both sides), and the round-trip
+  latency of a request that does no storage work (``get_signal``), i.e. the protocol's own
+  overhead.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from _harness import Context, Row, p50, percentile
 
 REPO = Path(__file__).resolve().parent.parent
 AGENTS = ["b0", "b1", "b2", "b3"]
+THROUGHPUT_ROUNDS = 2  # serve and the facade, in turn
+PINGS = 250  # round trips per round
 
 
 def _env() -> dict[str, str]:
@@ -135,31 +139,31 @@ def _queries(count: int) -> list[tuple[str, str]]:
     return [(AGENTS[i % len(AGENTS)], f"how many times does service {i % 17} retry") for i in range(count)]
 
 
-def _serve_rows(ctx: Context, data_dir: Path) -> list[Row]:
-    from memstrata import Config, MemorySystem
-
-    count = ctx.size(2000, 200)
-    queries = _queries(count)
-    requests = [
-        {"id": i, "method": "query_knowledge", "params": {"agent_id": a, "query": q, "top_k": 10}}
-        for i, (a, q) in enumerate(queries)
-    ]
+def _serve_round(data_dir: Path, requests: list[dict[str, object]], pings: list[float]) -> float:
+    """One ``serve`` process: requests per second of ``requests`` sent pipelined (after a warm-up
+    that loads the model and spawns the actors), then ``get_signal`` round trips into ``pings``."""
     server = _Serve(data_dir)
     try:
         server.send(requests[:8])  # warm up: model loaded, actors spawned
         server.receive(8)
         start = time.perf_counter()
         server.send(requests)
-        server.receive(count)
-        serve_s = time.perf_counter() - start
-        pings = []
-        for i in range(ctx.size(500, 100)):
+        server.receive(len(requests))
+        rate = len(requests) / (time.perf_counter() - start)
+        for i in range(len(pings), len(pings) + PINGS):
             t = time.perf_counter()
             server.send([{"id": f"p{i}", "method": "get_signal", "params": {"session_id": "s", "key": "k"}}])
             server.receive(1)
             pings.append((time.perf_counter() - t) * 1000)
     finally:
         server.close()
+    return rate
+
+
+def _facade_round(data_dir: Path, queries: list[tuple[str, str]], signal_ms: list[float]) -> float:
+    """The same queries in-process through the facade on 4 threads (requests per second), then
+    in-process ``board.signal`` calls into ``signal_ms``."""
+    from memstrata import Config, MemorySystem
 
     with MemorySystem.start(Config(data_dir=data_dir)) as system:
         for agent_id in AGENTS:
@@ -167,19 +171,36 @@ def _serve_rows(ctx: Context, data_dir: Path) -> list[Row]:
         start = time.perf_counter()
         with ThreadPoolExecutor(4) as pool:
             list(pool.map(lambda aq: system.agent(aq[0]).query_knowledge(aq[1], top_k=10), queries))
-        direct_s = time.perf_counter() - start
-        signal_ms = []
+        rate = len(queries) / (time.perf_counter() - start)
         board = system.blackboard("s")
-        for _ in range(ctx.size(500, 100)):
+        for _ in range(PINGS):
             t = time.perf_counter()
             board.signal("k")
             signal_ms.append((time.perf_counter() - t) * 1000)
+    return rate
 
-    serve_rate, direct_rate = count / serve_s, count / direct_s
+
+def _serve_rows(ctx: Context, data_dir: Path) -> list[Row]:
+    count = ctx.size(2000, 200)
+    queries = _queries(count)
+    requests: list[dict[str, object]] = [
+        {"id": i, "method": "query_knowledge", "params": {"agent_id": a, "query": q, "top_k": 10}}
+        for i, (a, q) in enumerate(queries)
+    ]
+    pings: list[float] = []
+    signal_ms: list[float] = []
+    serve_rates: list[float] = []
+    direct_rates: list[float] = []
+    for _ in range(ctx.size(THROUGHPUT_ROUNDS, 1)):  # in turn: a busy spell slows one round of each
+        serve_rates.append(_serve_round(data_dir, requests, pings))
+        direct_rates.append(_facade_round(data_dir, queries, signal_ms))
+    serve_rate, direct_rate = max(serve_rates), max(direct_rates)
+    rounds = ", ".join(f"{s:.0f}/{d:.0f}" for s, d in zip(serve_rates, direct_rates, strict=True))
     return [
         Row("bridges", "serve query_knowledge throughput", serve_rate, "req/s", ">= 0.7x in-process facade",
             direct_rate, "facade, 4 threads", serve_rate >= 0.7 * direct_rate,
-            f"{count} pipelined requests over 4 agents, real model"),
+            f"{count} pipelined requests over 4 agents, real model; the best of {len(serve_rates)} rounds "
+            f"each, in turn (serve/facade req/s: {rounds})"),
         Row("bridges", "serve round trip p50 (get_signal)", p50(pings), "ms", "<= 2 ms + in-process",
             p50(signal_ms), "in-process board.signal", p50(pings) <= p50(signal_ms) + 2.0,
             f"p99 {percentile(pings, 99):.2f} ms; one request at a time"),
