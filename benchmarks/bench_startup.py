@@ -174,7 +174,7 @@ def run(ctx: Context) -> list[Row]:
             baseline=bare,
             baseline_name="python -c pass",
             met=percentile(walls, 50) <= 300 if full else None,
-            notes=f"{repeat} runs, max {max(walls):.0f} ms; {note}",
+            notes=f"{len(walls)} runs, max {max(walls):.0f} ms; {note}",
         )
         for command, walls, note in (
             (
