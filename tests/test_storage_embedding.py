@@ -375,8 +375,8 @@ def _fake_packaged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Pat
     return onnx, tokenizer
 
 
-def test_default_model_dir_verifies_hashes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    onnx, _ = _fake_packaged(tmp_path, monkeypatch)
+def _count_hashing(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """The files whose sha256 the model folder computes from now on, in order."""
     hashed: list[Path] = []
     real_hash = model_module._sha256_file
 
@@ -385,6 +385,12 @@ def test_default_model_dir_verifies_hashes(tmp_path: Path, monkeypatch: pytest.M
         return real_hash(path)
 
     monkeypatch.setattr(model_module, "_sha256_file", counting_hash)
+    return hashed
+
+
+def test_default_model_dir_verifies_hashes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    onnx, _ = _fake_packaged(tmp_path, monkeypatch)
+    hashed = _count_hashing(monkeypatch)
     target = default_model_dir()
     assert target == tmp_path / "models" / DEFAULT_MODEL_ID
     assert (target / "model.onnx").read_bytes() == b"fake onnx weights"
@@ -403,14 +409,7 @@ def test_two_installs_sharing_the_cache_do_not_take_turns_verifying(
     first = _fake_packaged(tmp_path / "one", monkeypatch)
     second = _fake_packaged(tmp_path / "two", monkeypatch)  # same bytes, another install's paths
     monkeypatch.setenv("MEMSTRATA_MODEL_DIR", str(tmp_path / "models"))
-    hashed: list[Path] = []
-    real_hash = model_module._sha256_file
-
-    def counting_hash(path: Path) -> str:
-        hashed.append(path)
-        return real_hash(path)
-
-    monkeypatch.setattr(model_module, "_sha256_file", counting_hash)
+    hashed = _count_hashing(monkeypatch)
     monkeypatch.setattr(model_module, "_packaged_files", lambda: first)
     target = default_model_dir()
     monkeypatch.setattr(model_module, "_packaged_files", lambda: second)
