@@ -236,9 +236,6 @@ def test_a_model_that_cannot_load_fails_the_vector_not_the_request() -> None:
         loading.embed_query("cache stamps")
 
 
-# -- the actors package -----------------------------------------------------------------------
-
-
 def test_the_model_thread_imports_before_it_loads_and_says_when_it_has() -> None:
     steps: list[str] = []
     release = threading.Event()
@@ -272,6 +269,9 @@ def test_imports_that_fail_still_release_the_caller_and_fail_the_load() -> None:
     loading = _Loading("fake-bow", 64, load, limit=1.0, imports=imports)
     assert loading.imported.wait(CLI_TIMEOUT)
     assert loading.failed and "no onnxruntime" in str(loading.error) and loaded == []
+
+
+# -- the actors package -----------------------------------------------------------------------
 
 
 def test_merging_hits_imports_no_actor() -> None:
