@@ -96,6 +96,11 @@ class _Loading(ModelIdentity):
         finally:
             self._done.set()
 
+    def wait_imported(self) -> None:
+        """Wait until ``imports`` has ended, at most as long as a query's vector is waited for: an
+        import that hangs stalls the command no longer than a model that hangs would."""
+        self.imported.wait(self._limit)
+
     @property
     def ready(self) -> bool:
         """True once the load has ended (with the model or with an error)."""
@@ -254,7 +259,7 @@ def query_knowledge(
         if service is None:
             return None
         if isinstance(service, _Loading):  # the model's imports first (see _Loading)
-            service.imported.wait()
+            service.wait_imported()
         from memstrata.layers import KnowledgeStore
         from memstrata.storage import configured
 

@@ -271,6 +271,20 @@ def test_imports_that_fail_still_release_the_caller_and_fail_the_load() -> None:
     assert loading.failed and "no onnxruntime" in str(loading.error) and loaded == []
 
 
+def test_waiting_for_imports_that_hang_is_bounded_as_a_vector_is() -> None:
+    release = threading.Event()
+
+    def imports() -> None:
+        release.wait()  # hangs until the test lets it end
+
+    loading = _Loading("fake-bow", 64, FakeEmbedder, limit=0.05, imports=imports)
+    loading.wait_imported()  # returns once the bound has passed: the imports never end before it
+    imported_then = loading.imported.is_set()
+    release.set()
+    assert not imported_then
+    assert loading.imported.wait(CLI_TIMEOUT) and not loading.failed
+
+
 # -- the actors package -----------------------------------------------------------------------
 
 
