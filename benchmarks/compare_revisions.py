@@ -211,7 +211,7 @@ CHILDREN = {
 
 
 # set for the working tree's children by --old-kernel (a MEMSTRATA_* name would be read as config)
-_SIGNED = "COMPARE_REVISIONS_OLD_KERNEL"
+_OLD_KERNEL_ENV = "COMPARE_REVISIONS_OLD_KERNEL"
 
 
 def _old_kernel() -> None:
@@ -229,11 +229,11 @@ def _run_child(
 ) -> dict[str, Any]:
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
-    env.pop(_SIGNED, None)
+    env.pop(_OLD_KERNEL_ENV, None)
     if site is not None:
         env["PYTHONPATH"] = str(site)
     if old_kernel:
-        env[_SIGNED] = "1"
+        env[_OLD_KERNEL_ENV] = "1"
     done = subprocess.run(
         [sys.executable, str(Path(__file__).resolve()), "--child", measure, str(data_dir), str(entries)],
         capture_output=True,
@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.child:
         measure, data_dir, entries = args.child
-        if os.environ.get(_SIGNED) == "1":
+        if os.environ.get(_OLD_KERNEL_ENV) == "1":
             _old_kernel()
         print(json.dumps(CHILDREN[measure](Path(data_dir), int(entries))))
         return 0
