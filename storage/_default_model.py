@@ -17,6 +17,7 @@ import os
 import shutil
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -96,7 +97,7 @@ def _write_atomic(path: Path, data: str | bytes) -> None:
 
 # a new rewrite gets a new name (and new vectors a new model id); both kinds of weights give the
 # same vectors, on the kernel that computes them exactly on this CPU (:mod:`._quantize`)
-_INT8_MODEL = "model.int8-products-v3-{weights}.onnx"
+_INT8_MODEL = "model.int8-products-v4-{weights}.onnx"  # its weights beside it, in the same name + .data
 
 
 def _int8_model(model_dir: Path, *, rebuild: bool = False) -> Path:
@@ -109,14 +110,41 @@ def _int8_model(model_dir: Path, *, rebuild: bool = False) -> Path:
         if not rewritten:
             raise EmbedderUnavailableError(f"{model_dir / 'model.onnx'} has no int8 weight products to run")
         try:
-            _write_atomic(path, model)
+            _write_graph_and_weights(path, model)
         except OSError as exc:
             raise EmbedderUnavailableError(f"cannot write {path}: {exc} (set MEMSTRATA_MODEL_DIR)") from exc
-        for earlier in model_dir.glob("model.int8-products-*.onnx"):  # an earlier rewrite's file
+        for earlier in model_dir.glob("model.int8-products-*"):  # an earlier rewrite's files
             if not earlier.name.startswith(_INT8_MODEL.partition("{")[0]):
                 with contextlib.suppress(OSError):
                     earlier.unlink()
     return path
+
+
+def _write_graph_and_weights(path: Path, model: bytes) -> None:
+    """``model`` as its graph at ``path`` and its weights in one file beside it (``.data``).
+
+    ONNX Runtime reads such a graph in ~7 ms instead of parsing 23 MB of protocol buffers
+    (~40 ms), which halves a session's build; the vectors are the same, bitwise (tested). Both
+    files are written in a folder of their own and moved into place weights first: a graph
+    found at ``path`` always has its weights, and two processes writing at once write the same
+    bytes."""
+    import tempfile
+
+    import onnx
+
+    weights = path.with_name(path.name + ".data")
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".int8-model-") as folder:
+        onnx.save_model(
+            onnx.load_from_string(model),
+            str(Path(folder) / path.name),
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=weights.name,
+            size_threshold=1024,  # the small tensors stay in the graph
+        )
+        shutil.copymode(Path(folder) / path.name, Path(folder) / weights.name)  # not private to its folder
+        os.replace(Path(folder) / weights.name, weights)
+        os.replace(Path(folder) / path.name, path)
 
 
 def _link_atomic(source: Path, link: Path) -> None:
@@ -190,6 +218,36 @@ def default_model_dir() -> Path:
     return target
 
 
+class _TokenizerRead:
+    """The model's tokenizer, read from its file on a thread of its own."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._tokenizer: Any = None
+        self._error: Exception | None = None
+        self._done = threading.Event()
+        threading.Thread(target=self._read, name="memstrata-tokenizer", daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            from tokenizers import Tokenizer
+
+            tokenizer = Tokenizer.from_file(str(self._path))
+            tokenizer.enable_truncation(max_length=MAX_TOKENS, direction="right")
+            tokenizer.no_padding()  # the file pads to 128 tokens; each text runs alone, unpadded
+            self._tokenizer = tokenizer
+        except Exception as exc:  # raised by result(), in the loading thread
+            self._error = exc
+        finally:
+            self._done.set()
+
+    def result(self) -> Any:
+        self._done.wait()
+        if self._error is not None:
+            raise EmbedderUnavailableError(f"the default model's tokenizer is unreadable: {self._error}")
+        return self._tokenizer
+
+
 class _DefaultModel:
     """The packaged default model run directly on ONNX Runtime, the runtime fastembed uses.
 
@@ -205,8 +263,9 @@ class _DefaultModel:
 
     def __init__(self, model_dir: Path, threads: int) -> None:
         import onnxruntime as ort  # type: ignore[import-untyped]
-        from tokenizers import Tokenizer
 
+        # read while the session builds: the build leaves the interpreter lock, the read does not
+        tokenizer = _TokenizerRead(model_dir / "tokenizer.json")
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
@@ -225,12 +284,7 @@ class _DefaultModel:
                 providers=["CPUExecutionProvider"],
             )
         self._inputs = {node.name for node in self.session.get_inputs()}
-        # after the session: its build leaves the interpreter lock, this does not (a caller
-        # loading the model on a thread gets its other work done during the build)
-        tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-        tokenizer.enable_truncation(max_length=MAX_TOKENS, direction="right")
-        tokenizer.no_padding()  # the file pads to 128 tokens; each text runs alone, unpadded
-        self.tokenizer = tokenizer
+        self.tokenizer = tokenizer.result()
         trim_heap()
 
     def embed(self, texts: list[str]) -> FloatArray:

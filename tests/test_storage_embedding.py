@@ -542,11 +542,45 @@ def test_the_int8_model_is_written_once_and_remade_when_damaged(
 ) -> None:
     monkeypatch.setenv("MEMSTRATA_MODEL_DIR", str(tmp_path / "models"))
     first = FastEmbedEmbedder()
-    (written,) = (tmp_path / "models").glob("*/model.int8-products-v3-*.onnx")
+    (written,) = (tmp_path / "models").glob("*/model.int8-products-v4-*.onnx")
+    weights = written.with_name(written.name + ".data")
+    assert written.stat().st_size < 1_000_000 < 10_000_000 < weights.stat().st_size  # the graph apart
+    assert weights.stat().st_mode & 0o777 == written.stat().st_mode & 0o777
     expected = first.embed_query("the payment adapter times out")
     stamp = written.stat().st_mtime_ns
     np.testing.assert_array_equal(FastEmbedEmbedder().embed_query("the payment adapter times out"), expected)
     assert written.stat().st_mtime_ns == stamp  # loaded, not made again
     written.write_bytes(b"not a model")
     np.testing.assert_array_equal(FastEmbedEmbedder().embed_query("the payment adapter times out"), expected)
-    assert written.stat().st_size > 10_000_000
+    assert written.stat().st_size > 10_000
+    with weights.open("r+b") as damaged:  # weights cut short: made again too
+        damaged.truncate(1000)
+    np.testing.assert_array_equal(FastEmbedEmbedder().embed_query("the payment adapter times out"), expected)
+    assert weights.stat().st_size > 10_000_000
+    assert sorted(p.name for p in written.parent.iterdir() if p.name.startswith(".")) == []  # no leftovers
+
+
+@pytest.mark.model
+def test_an_earlier_rewrite_of_the_model_is_removed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("MEMSTRATA_MODEL_DIR", str(tmp_path / "models"))
+    FastEmbedEmbedder()
+    (folder,) = (tmp_path / "models").iterdir()
+    for current in folder.glob("model.int8-products-v4-*"):
+        current.unlink()
+    earlier = [folder / "model.int8-products-v3-u8.onnx", folder / "model.int8-products-v2-u8.onnx.data"]
+    for path in earlier:
+        path.write_bytes(b"an earlier rewrite")
+    FastEmbedEmbedder()
+    assert not any(path.exists() for path in earlier)
+    assert len(list(folder.glob("model.int8-products-v4-*"))) == 2
+
+
+@pytest.mark.model
+def test_a_tokenizer_that_cannot_be_read_fails_the_load_saying_so(tmp_path: Path) -> None:
+    source = default_model_dir()
+    for path in source.iterdir():
+        if path.name != "tokenizer.json" and not path.name.startswith("."):
+            (tmp_path / path.name).symlink_to(path.resolve())
+    (tmp_path / "tokenizer.json").write_text('{"not": "a tokenizer"}')
+    with pytest.raises(EmbedderUnavailableError, match="the default model's tokenizer is unreadable"):
+        model_module._DefaultModel(tmp_path, 1)
