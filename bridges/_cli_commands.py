@@ -94,10 +94,19 @@ def query(
     state = sh.state(ctx)
     hits: list[dict[str, Any]] = []
     found = None
-    if state.store_exists("knowledge", agent_id):  # searched in this process, no system started
-        from ._cli_query import query_knowledge
+    helper = None
+    if state.embedder is None and mode != "keyword":  # the model loads while the config is read
+        from ._query_model import start
 
-        found = query_knowledge(state.config, state.embedder, agent_id, query, options)
+        helper = start()
+    try:
+        if state.store_exists("knowledge", agent_id):  # searched in this process, no system started
+            from ._cli_query import query_knowledge
+
+            found = query_knowledge(state.config, state.embedder, agent_id, query, options, helper)
+    finally:
+        if helper is not None:
+            helper.close()
     if found is not None:
         hits = [_convert.knowledge_hit(h) for h in found]
     elif state.store_exists("knowledge", agent_id) or state.store_exists("knowledge", "shared", shared=True):

@@ -3,7 +3,8 @@ runs, in this process.
 
 Starting the system for one search costs importing and starting the actors, and the model
 load waits in front of everything. Here the knowledge stores open (their index files mapped,
-see ``storage/_index_files.py``) while the model loads on a thread, and the hits are the ones
+see ``storage/_index_files.py``) while the model loads in a helper process (``._query_model``)
+or, where none can be forked, on a thread, and the hits are the ones
 ``Agent.query_knowledge`` returns: each store searched with the same parameters, the shared
 store's hits merged by the same rule. Whatever this path does not cover exactly (a Ray cluster,
 an agent with its own embedding model, a model that cannot be loaded, a store with vectors still
@@ -20,6 +21,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from memstrata.storage._embedder_identity import ModelIdentity
+
+from ._query_model import QueryModel, blas_threads_set
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -156,21 +159,18 @@ class _VectorsPending(Exception):
     could be loaded): the system computes them when it opens the store, so it answers."""
 
 
-_BLAS_THREADS = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
-
-
 @contextlib.contextmanager
 def _blas_loads_one_thread() -> Iterator[None]:
-    """numpy's OpenBLAS loads with one thread here, unless numpy is loaded already or one of
-    :data:`_BLAS_THREADS` says how many it should use.
+    """numpy's OpenBLAS loads with one thread here, unless numpy is loaded already or the
+    environment says how many threads it should use (:func:`._query_model.blas_threads_set`).
 
     OpenBLAS starts a thread per core when it loads, and they spin waiting for work: on two
     cores ~50 ms of the core the model's load runs on (its session build leaves the interpreter
-    lock), 5-10 ms of a query process. The query's products run on one thread anyway (the
-    vector scans hold OpenBLAS at one, ``storage/_mirror_threads.py``), so the hits are the same.
-    The variable is gone again once the block ends (numpy loaded): nothing started later
-    inherits it."""
-    if "numpy" in sys.modules or any(name in os.environ for name in _BLAS_THREADS):
+    lock, or it runs in a helper process), 5-10 ms of a query process. The query's products run
+    on one thread anyway (the vector scans hold OpenBLAS at one, ``storage/_mirror_threads.py``),
+    so the hits are the same. The variable is gone again once the block ends (numpy loaded):
+    nothing started later inherits it."""
+    if "numpy" in sys.modules or blas_threads_set():
         yield
         return
     os.environ["OPENBLAS_NUM_THREADS"] = "1"
@@ -192,15 +192,21 @@ def _warm_vectors(store: Any) -> None:
         return
 
 
-def _embedder(config: Config, given: Embedder | None) -> Embedder | _Loading | None:
-    """The embedder the system would give the agent's stores; ``None``: not known without
-    loading it (the caller starts the system)."""
+def _embedder(
+    config: Config, given: Embedder | None, helper: QueryModel | None
+) -> Embedder | _Loading | None:
+    """The embedder the system would give the agent's stores, loaded by ``helper`` if there is
+    one; ``None``: not known without loading it (the caller starts the system)."""
     if given is not None:
         return given
     from memstrata.storage._model_id import DEFAULT_DIM, DEFAULT_MODEL_ID
 
     if config.embedding.model not in ("", "default", DEFAULT_MODEL_ID):
         return None
+    # the bound the system puts on a query's embedding (see Runtime.search_knowledge)
+    limit = min(config.actors.query_embed_timeout_s, config.actors.ask_timeout_s / 2)
+    if helper is not None:  # the default model, as load_embedder gives it whatever dim and threads say
+        return _Loading(DEFAULT_MODEL_ID, DEFAULT_DIM, helper.load, limit)
 
     def load() -> Embedder:
         from memstrata.storage import load_embedder
@@ -216,16 +222,20 @@ def _embedder(config: Config, given: Embedder | None) -> Embedder | _Loading | N
 
         default_model_dir()
 
-    # the bound the system puts on a query's embedding (see Runtime.search_knowledge)
-    limit = min(config.actors.query_embed_timeout_s, config.actors.ask_timeout_s / 2)
     return _Loading(DEFAULT_MODEL_ID, DEFAULT_DIM, load, limit, imports)
 
 
 def query_knowledge(
-    config: Config, embedder: Embedder | None, agent_id: str, query: str, options: Mapping[str, Any]
+    config: Config,
+    embedder: Embedder | None,
+    agent_id: str,
+    query: str,
+    options: Mapping[str, Any],
+    helper: QueryModel | None = None,
 ) -> list[Any] | None:
     """The hits of ``Agent.query_knowledge(query, **options)`` for ``agent_id`` (whose store
-    exists), or ``None`` when only a running system can answer exactly."""
+    exists), or ``None`` when only a running system can answer exactly. ``helper``: a process
+    loading the default model (:mod:`._query_model`), used if that is the model to use."""
     from memstrata.core.constants import SHARED
     from memstrata.core.validation import (
         check_category,
@@ -255,7 +265,7 @@ def query_knowledge(
     min_score = options.get("min_score")
     check_min_score(min_score, "QueryKnowledge.min_score")
     with _blas_loads_one_thread():  # before the model's thread imports numpy
-        service = _embedder(config, embedder)
+        service = _embedder(config, embedder, helper)
         if service is None:
             return None
         if isinstance(service, _Loading):  # the model's imports first (see _Loading)

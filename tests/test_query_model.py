@@ -1,0 +1,191 @@
+"""The default model of ``memstrata query`` in its helper process (``bridges/_query_model.py``):
+forked only where that is safe, the same vectors as a load in the process, its failures said,
+no standard stream held, an end when its pipe closes or its lifetime is over.
+
+The helper is forked from a fresh interpreter (this process has threads and numpy loaded, where
+no helper is forked): each test runs a short script in one and reads its last line of JSON."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memstrata.bridges import _query_model
+from tests._support import CLI_TIMEOUT, cli_env
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the helper is forked on Linux")
+
+_HELPER = r"""
+import json, os, select, sys
+from memstrata.bridges import _query_model
+
+def ended(pid, seconds):  # whether the helper ended within the bound (no polling: its pidfd)
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], seconds)[0])
+    finally:
+        os.close(fd)
+
+def streams(pid):
+    return sorted({os.readlink(f"/proc/{pid}/fd/{n}") for n in (0, 1, 2)})
+"""
+
+
+def _run(script: str, *args: str, env: dict[str, str] | None = None) -> Any:
+    done = subprocess.run(
+        [sys.executable, "-c", _HELPER + script, *args],
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT,
+        env=env or cli_env(),
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_no_helper_is_forked_from_a_process_with_threads_or_numpy() -> None:
+    assert "numpy" in sys.modules  # as in this test process
+    assert _query_model.start() is None
+
+
+def test_no_helper_is_forked_beside_a_running_thread() -> None:
+    found = _run(
+        "import threading\n"
+        "stop = threading.Event()\n"
+        "worker = threading.Thread(target=stop.wait)\n"
+        "worker.start()\n"
+        "beside = _query_model.start()\n"
+        "stop.set(); worker.join()\n"
+        "alone = _query_model.start()\n"
+        "print(json.dumps({'beside': beside is None, 'alone': alone is not None}))\n"
+        "alone.close()\n"
+    )
+    assert found == {"beside": True, "alone": True}
+
+
+_SAME = """
+texts = ["the payment adapter times out", "  cache\\tstamps\\n", "日本語のテキストと emoji 🚀", "x " * 3000]
+helper = _query_model.start()
+model = helper.load()
+helped = [model.embed_query(t).tolist() for t in texts]
+documents = model.embed_documents(texts[:2]).tolist()
+loaded_here = "onnxruntime" in sys.modules
+pid = model.pid
+held = streams(pid)
+helper.close()
+gone = ended(pid, 60)
+from memstrata.storage import default_embedder
+own = default_embedder()
+print(json.dumps({"same": helped == [own.embed_query(t).tolist() for t in texts],
+                  "documents": documents == own.embed_documents(texts[:2]).tolist(),
+                  "loaded_here": loaded_here, "other": pid != os.getpid(), "held": held, "gone": gone}))
+"""
+
+
+@pytest.mark.model
+def test_the_helper_computes_what_the_process_would_and_ends_with_its_pipe() -> None:
+    found = _run(_SAME)
+    assert found["same"] is True and found["documents"] is True  # bitwise
+    assert found["loaded_here"] is False and found["other"] is True  # computed in the helper
+    assert found["held"] == ["/dev/null"]  # no stream of the command's: its reader sees the end
+    assert found["gone"] is True
+
+
+@pytest.mark.model
+def test_a_helper_that_cannot_load_the_model_says_why(tmp_path: Path) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    env = {**cli_env(), "MEMSTRATA_MODEL_DIR": str(blocked / "models")}
+    found = _run(
+        "from memstrata.core.errors import EmbedderUnavailableError\n"
+        "helper = _query_model.start()\n"
+        "try:\n"
+        "    helper.load()\n"
+        "except EmbedderUnavailableError as exc:\n"
+        "    print(json.dumps({'error': str(exc)}))\n"
+        "helper.close()\n",
+        env=env,
+    )
+    assert "cannot assemble the default model directory" in found["error"]
+    assert str(blocked) in found["error"]
+
+
+@pytest.mark.model
+def test_a_helper_gone_is_a_model_fault_of_the_query() -> None:
+    found = _run(
+        "import signal\n"
+        "from memstrata.core.errors import ModelFaultError\n"
+        "helper = _query_model.start()\n"
+        "model = helper.load()\n"
+        "os.kill(model.pid, signal.SIGKILL)\n"
+        "assert ended(model.pid, 60)\n"
+        "try:\n"
+        "    model.embed_query('cache stamps')\n"
+        "except ModelFaultError as exc:\n"
+        "    print(json.dumps({'error': str(exc)}))\n"
+        "helper.close()\n"
+    )
+    assert found["error"].startswith("the model's helper process")
+
+
+@pytest.mark.model
+def test_a_helper_ends_after_its_lifetime_even_with_its_pipe_open() -> None:
+    found = _run(
+        "_query_model.LIFETIME_S = 1\n"
+        "helper = _query_model.start()\n"
+        "model = helper.load()\n"
+        "print(json.dumps({'ended': ended(model.pid, 60)}))\n"  # the pipe is still open here
+        "helper.close()\n"
+    )
+    assert found == {"ended": True}
+
+
+_QUERY = r"""
+import io, contextlib
+from pathlib import Path
+from memstrata.bridges.cli import cli
+from memstrata.bridges._app import CliState
+from memstrata.bridges import _cli_query
+
+def answer(state):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        cli.main(["query", "how are caches invalidated", "-a", "dev", "--json"], obj=state,
+                 standalone_mode=False)
+    return json.loads(out.getvalue())
+
+data = Path(sys.argv[1])
+helped = CliState(data_dir=data)
+first = answer(helped)
+loaded_here = "onnxruntime" in sys.modules
+_cli_query.query_knowledge = lambda *args, **kwargs: None  # the system answers instead
+second = answer(CliState(data_dir=data))
+print(json.dumps({"in_process": helped.answered_in_process, "loaded_here": loaded_here,
+                  "same": first == second, "hits": len(first)}))
+"""
+
+
+@pytest.mark.model
+def test_the_query_command_answers_through_its_helper_as_the_system_does(tmp_path: Path) -> None:
+    from memstrata.layers import KnowledgeStore
+    from memstrata.storage import load_embedder
+
+    data = tmp_path / "data"
+    with KnowledgeStore.open(KnowledgeStore.path_for(data, "dev"), load_embedder(None)) as store:
+        store.add_many(
+            [
+                {"content": "Cache invalidation uses version stamps", "category": "pattern"},
+                {"content": "Stale caches are dropped on deploy", "category": "pitfall"},
+                {"content": "The payment adapter retries card authorisation", "category": "outcome"},
+            ]
+        )
+    found = _run(_QUERY, str(data))
+    assert found == {"in_process": True, "loaded_here": False, "same": True, "hits": 3}
