@@ -24,12 +24,7 @@ from memstrata.core.closing import Closeable
 from memstrata.core.config import Config
 from memstrata.core.constants import SHARED
 from memstrata.core.errors import EmbedderUnavailableError, InvalidInputError
-from memstrata.storage import (
-    Embedder,
-    get_meta,
-    load_embedder,
-    open_database,
-)
+from memstrata.storage import Embedder, get_meta, open_database
 
 from ._knowledge_schema import (
     CATEGORIES,
@@ -75,6 +70,9 @@ class KnowledgeStore(KnowledgeSearch, Closeable):
         config = config or Config.load()  # memstrata.toml and MEMSTRATA_* apply
         reason: str | None = None
         if embedder is None:
+            # imported here: a store opened with its embedder (a `memstrata query`) loads no model code
+            from memstrata.storage import load_embedder
+
             try:
                 settings = config.embedding  # "" or "default": the shared default model
                 embedder = load_embedder(settings.model, dim=settings.dim, threads=settings.threads)

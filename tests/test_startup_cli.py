@@ -302,6 +302,20 @@ def test_merging_hits_imports_no_actor() -> None:
     assert _last_json(probe) == []
 
 
+def test_the_knowledge_layer_imports_no_model_code() -> None:
+    """A store opened with its embedder (the query command's, computed in its helper process)
+    needs no model code: the default model's runner, its graph rewriting and fastembed's wrapper
+    are imported only when a store loads its model itself."""
+    probe = _python(
+        "import json, sys\n"
+        "from memstrata.layers import KnowledgeStore, merge_hits\n"
+        "loaded = [m for m in ('memstrata.storage._fastembed', 'memstrata.storage._default_model', "
+        "'memstrata.storage._quantize') if m in sys.modules]\n"
+        "print(json.dumps(loaded))"
+    )
+    assert _last_json(probe) == []
+
+
 def test_every_actor_name_resolves_to_its_definition() -> None:
     import importlib
 
