@@ -17,7 +17,6 @@ import os
 import shutil
 import threading
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -218,36 +217,6 @@ def default_model_dir() -> Path:
     return target
 
 
-class _TokenizerRead:
-    """The model's tokenizer, read from its file on a thread of its own."""
-
-    def __init__(self, path: Path) -> None:
-        self._path = path
-        self._tokenizer: Any = None
-        self._error: Exception | None = None
-        self._done = threading.Event()
-        threading.Thread(target=self._read, name="memstrata-tokenizer", daemon=True).start()
-
-    def _read(self) -> None:
-        try:
-            from tokenizers import Tokenizer
-
-            tokenizer = Tokenizer.from_file(str(self._path))
-            tokenizer.enable_truncation(max_length=MAX_TOKENS, direction="right")
-            tokenizer.no_padding()  # the file pads to 128 tokens; each text runs alone, unpadded
-            self._tokenizer = tokenizer
-        except Exception as exc:  # raised by result(), in the loading thread
-            self._error = exc
-        finally:
-            self._done.set()
-
-    def result(self) -> Any:
-        self._done.wait()
-        if self._error is not None:
-            raise EmbedderUnavailableError(f"the default model's tokenizer is unreadable: {self._error}")
-        return self._tokenizer
-
-
 class _DefaultModel:
     """The packaged default model run directly on ONNX Runtime, the runtime fastembed uses.
 
@@ -263,9 +232,8 @@ class _DefaultModel:
 
     def __init__(self, model_dir: Path, threads: int) -> None:
         import onnxruntime as ort  # type: ignore[import-untyped]
+        from tokenizers import Tokenizer
 
-        # read while the session builds: the build leaves the interpreter lock, the read does not
-        tokenizer = _TokenizerRead(model_dir / "tokenizer.json")
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
@@ -284,7 +252,15 @@ class _DefaultModel:
                 providers=["CPUExecutionProvider"],
             )
         self._inputs = {node.name for node in self.session.get_inputs()}
-        self.tokenizer = tokenizer.result()
+        # after the session: its build leaves the interpreter lock, this does not (a caller
+        # loading the model on a thread gets its other work done during the build)
+        try:
+            tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        except Exception as exc:  # a damaged file: said so, not the tokenizers library's words alone
+            raise EmbedderUnavailableError(f"the default model's tokenizer is unreadable: {exc}") from exc
+        tokenizer.enable_truncation(max_length=MAX_TOKENS, direction="right")
+        tokenizer.no_padding()  # the file pads to 128 tokens; each text runs alone, unpadded
+        self.tokenizer = tokenizer
         trim_heap()
 
     def embed(self, texts: list[str]) -> FloatArray:
