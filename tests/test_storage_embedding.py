@@ -584,3 +584,31 @@ def test_a_tokenizer_that_cannot_be_read_fails_the_load_saying_so(tmp_path: Path
     (tmp_path / "tokenizer.json").write_text('{"not": "a tokenizer"}')
     with pytest.raises(EmbedderUnavailableError, match="the default model's tokenizer is unreadable"):
         model_module._DefaultModel(tmp_path, 1)
+
+
+@pytest.mark.model
+def test_the_weights_beside_the_graph_give_the_same_outputs_bitwise(tmp_path: Path) -> None:
+    """The graph file with its weights apart (what the model folder keeps) runs exactly as the
+    rewritten model serialised whole."""
+    import onnxruntime as ort
+
+    from memstrata.storage._quantize import int8_products, signed_products_exact
+
+    model, _ = int8_products(default_model_dir() / "model.onnx", signed=signed_products_exact())
+    path = tmp_path / "model.onnx"
+    model_module._write_graph_and_weights(path, model)
+    assert path.stat().st_size < len(model) // 100  # the weights are not in the graph
+
+    def session(source: bytes | str) -> Any:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        return ort.InferenceSession(source, sess_options=options, providers=["CPUExecutionProvider"])
+
+    whole, apart = session(model), session(str(path))
+    names = {node.name for node in whole.get_inputs()}
+    rng = np.random.default_rng(7)
+    for length in (5, 64, 256):
+        ids = rng.integers(1000, 30000, (1, length)).astype(np.int64)
+        feed = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+        feed = {name: value for name, value in feed.items() if name in names}
+        np.testing.assert_array_equal(whole.run(None, feed)[0], apart.run(None, feed)[0])
