@@ -81,20 +81,22 @@ def start() -> QueryModel | None:
 
 class QueryModel(ModelIdentity):
     """The command's end of the helper: an :class:`~memstrata.storage.Embedder` of the default
-    model whose vectors the helper computes. :meth:`load` waits for the helper's load; one text
-    is on its way at a time (the command embeds one query text)."""
+    model whose vectors the helper computes. :meth:`load` waits for the helper's load; one reply
+    is awaited at a time (the command embeds one query text)."""
 
     _model_id, _dim = DEFAULT_MODEL_ID, DEFAULT_DIM
 
     def __init__(self, requests: IO[bytes], replies: IO[bytes]) -> None:
         self._requests, self._replies = requests, replies
-        self._lock = threading.Lock()
+        self._awaiting = threading.Lock()  # held while a reply is awaited
+        self._closed = False
         self.pid: int | None = None  # the helper's, once it has loaded the model
 
     def load(self) -> QueryModel:
         """This embedder once the helper has loaded the model; :class:`EmbedderUnavailableError`
         with the helper's reason if it could not."""
-        reply = self._reply("load the model")
+        with self._awaiting:
+            reply = self._reply("load the model")
         if reply[:1] != _OK:
             raise EmbedderUnavailableError(reply[1:].decode("utf-8", "replace"))
         self.pid = int(reply[1:])
@@ -103,10 +105,10 @@ class QueryModel(ModelIdentity):
     def embed_query(self, text: str) -> Any:
         import numpy as np
 
-        with self._lock:
+        with self._awaiting:
             try:
                 _send(self._requests, text.encode("utf-8", "surrogatepass"))
-            except OSError as exc:
+            except (OSError, ValueError) as exc:  # ValueError: closed by the command meanwhile
                 raise ModelFaultError(f"the model's helper process is gone: {exc}") from exc
             reply = self._reply("embed a query")
         if reply[:1] != _OK:
@@ -117,20 +119,37 @@ class QueryModel(ModelIdentity):
         """The default model runs each text alone: a document's vector is its query vector."""
         import numpy as np
 
-        return np.stack([self.embed_query(text) for text in texts]) if texts else np.zeros((0, self._dim))
+        if not texts:
+            return np.zeros((0, self._dim), dtype=np.float32)
+        return np.stack([self.embed_query(text) for text in texts])
 
     def _reply(self, doing: str) -> bytes:
-        reply = _receive(self._replies)
+        """The next reply (the caller holds ``_awaiting``)."""
+        try:
+            reply = None if self._closed else _receive(self._replies)
+        finally:
+            if self._closed:  # closed while this reply was awaited: the pipe is this thread's to close
+                self._close_replies()
         if reply is None:
             raise ModelFaultError(f"the model's helper process ended before it could {doing}")
         return reply
 
     def close(self) -> None:
-        """The helper ends once it reads the end of its requests (after its load, if that is
-        still under way); nothing waits for it here."""
-        for pipe in (self._requests, self._replies):
-            with contextlib.suppress(OSError):  # the helper is gone: nothing left to tell it
-                pipe.close()
+        """Never waits: the helper ends once it reads the end of its requests (after its load, if
+        that is still under way), and a reply still awaited by another thread (a late vector the
+        command no longer waits for) closes the replies' pipe when it comes."""
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self._requests.close()
+        if self._awaiting.acquire(blocking=False):
+            try:
+                self._close_replies()
+            finally:
+                self._awaiting.release()
+
+    def _close_replies(self) -> None:
+        with contextlib.suppress(OSError):
+            self._replies.close()
 
 
 def _send(pipe: IO[bytes], payload: bytes) -> None:

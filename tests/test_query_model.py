@@ -56,6 +56,35 @@ def test_no_helper_is_forked_from_a_process_with_threads_or_numpy() -> None:
     assert _query_model.start() is None
 
 
+def test_closing_never_waits_for_a_reply_still_awaited() -> None:
+    """A late vector the command no longer waits for (its bound passed) must not hold the
+    command at its end: closing returns while another thread still awaits the helper's reply,
+    and that thread gets the reply when it comes. The helper here is the test, on real pipes."""
+    import os
+    import threading
+
+    import numpy as np
+
+    requests_read, requests_write = os.pipe()
+    replies_read, replies_write = os.pipe()
+    model = _query_model.QueryModel(os.fdopen(requests_write, "wb"), os.fdopen(replies_read, "rb"))
+    got: list[Any] = []
+    waiting = threading.Thread(target=lambda: got.append(model.embed_query("late")), daemon=True)
+    waiting.start()
+    with os.fdopen(requests_read, "rb") as helper_in, os.fdopen(replies_write, "wb") as helper_out:
+        assert _query_model._receive(helper_in) == b"late"  # asked: the thread now awaits the reply
+        closing = threading.Thread(target=model.close, daemon=True)
+        closing.start()
+        closing.join(CLI_TIMEOUT)
+        returned_while_awaited = not closing.is_alive()
+        assert helper_in.read() == b""  # the helper reads the end of its requests
+        _query_model._send(helper_out, b"=" + np.arange(4, dtype="<f4").tobytes())
+    waiting.join(CLI_TIMEOUT)
+    assert returned_while_awaited
+    assert len(got) == 1 and got[0].tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert model._replies.closed  # closed by the thread that awaited it
+
+
 def test_no_helper_is_forked_beside_a_running_thread() -> None:
     found = _run(
         "import threading\n"
