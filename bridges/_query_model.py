@@ -172,9 +172,15 @@ def _reason(exc: BaseException) -> bytes:
 def _serve(requests_fd: int, replies_fd: int) -> None:
     """The helper's whole life: load the model, answer each text, end (never returns)."""
     try:
+        import fcntl
         import signal
 
         signal.alarm(LIFETIME_S)
+        # a command started with a standard stream closed got that number for a pipe: moved away
+        moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, 3) for fd in (requests_fd, replies_fd)]
+        for fd in (requests_fd, replies_fd):
+            os.close(fd)
+        requests_fd, replies_fd = moved
         quiet = os.open(os.devnull, os.O_RDWR)
         for stream in (0, 1, 2):
             os.dup2(quiet, stream)

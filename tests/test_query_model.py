@@ -129,6 +129,21 @@ def test_the_helper_computes_what_the_process_would_and_ends_with_its_pipe() -> 
 
 
 @pytest.mark.model
+def test_a_command_started_with_its_standard_input_closed_still_gets_its_vector() -> None:
+    """The first pipe then takes descriptor 0, which the helper points at /dev/null: the pipe is
+    moved out of the way first."""
+    found = _run(
+        "os.close(0)\n"
+        "helper = _query_model.start()\n"
+        "model = helper.load()\n"
+        "vector = model.embed_query('cache stamps')\n"
+        "print(json.dumps({'dim': len(vector), 'held': streams(model.pid)}))\n"
+        "helper.close()\n"
+    )
+    assert found == {"dim": 384, "held": ["/dev/null"]}
+
+
+@pytest.mark.model
 def test_a_helper_that_cannot_load_the_model_says_why(tmp_path: Path) -> None:
     blocked = tmp_path / "a-file"
     blocked.write_text("not a folder")
