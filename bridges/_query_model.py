@@ -175,6 +175,7 @@ def _serve(requests_fd: int, replies_fd: int) -> None:
         import fcntl
         import signal
 
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)  # ends the process, even if its starter ignored it
         signal.alarm(LIFETIME_S)
         # a command started with a standard stream closed got that number for a pipe: moved away
         moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, 3) for fd in (requests_fd, replies_fd)]

@@ -183,6 +183,8 @@ def test_a_helper_gone_is_a_model_fault_of_the_query() -> None:
 @pytest.mark.model
 def test_a_helper_ends_after_its_lifetime_even_with_its_pipe_open() -> None:
     found = _run(
+        "import signal\n"
+        "signal.signal(signal.SIGALRM, signal.SIG_IGN)  # as a parent that ignores it would pass on\n"
         "_query_model.LIFETIME_S = 1\n"
         "helper = _query_model.start()\n"
         "model = helper.load()\n"
