@@ -75,7 +75,8 @@ def start() -> QueryModel | None:
             os._exit(code)
     os.close(requests_read)
     os.close(replies_write)
-    os.waitpid(child, 0)
+    with contextlib.suppress(ChildProcessError):  # reaped already: SIGCHLD ignored by the starter
+        os.waitpid(child, 0)
     return QueryModel(os.fdopen(requests_write, "wb"), os.fdopen(replies_read, "rb"))
 
 

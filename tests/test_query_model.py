@@ -144,6 +144,20 @@ def test_a_command_started_with_its_standard_input_closed_still_gets_its_vector(
 
 
 @pytest.mark.model
+def test_a_command_whose_starter_ignores_sigchld_still_gets_its_vector() -> None:
+    """Children are then reaped by the system at once, and waiting for one finds none."""
+    found = _run(
+        "import signal\n"
+        "signal.signal(signal.SIGCHLD, signal.SIG_IGN)\n"
+        "helper = _query_model.start()\n"
+        "vector = helper.load().embed_query('cache stamps')\n"
+        "print(json.dumps({'dim': len(vector)}))\n"
+        "helper.close()\n"
+    )
+    assert found == {"dim": 384}
+
+
+@pytest.mark.model
 def test_a_helper_that_cannot_load_the_model_says_why(tmp_path: Path) -> None:
     blocked = tmp_path / "a-file"
     blocked.write_text("not a folder")
