@@ -1,6 +1,7 @@
 """The default model of ``memstrata query`` in its helper process (``bridges/_query_model.py``):
 forked only where that is safe, the same vectors as a load in the process, its failures said,
-no standard stream held, an end when its pipe closes or its lifetime is over.
+no standard stream held, an end when its pipe closes or its lifetime is over, whatever its
+starter left behind (a standard stream closed, signals ignored).
 
 The helper is forked from a fresh interpreter (this process has threads and numpy loaded, where
 no helper is forked): each test runs a short script in one and reads its last line of JSON."""
@@ -8,11 +9,14 @@ no helper is forked): each test runs a short script in one and reads its last li
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from memstrata.bridges import _query_model
@@ -60,11 +64,6 @@ def test_closing_never_waits_for_a_reply_still_awaited() -> None:
     """A late vector the command no longer waits for (its bound passed) must not hold the
     command at its end: closing returns while another thread still awaits the helper's reply,
     and that thread gets the reply when it comes. The helper here is the test, on real pipes."""
-    import os
-    import threading
-
-    import numpy as np
-
     requests_read, requests_write = os.pipe()
     replies_read, replies_write = os.pipe()
     model = _query_model.QueryModel(os.fdopen(requests_write, "wb"), os.fdopen(replies_read, "rb"))
