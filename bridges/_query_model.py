@@ -125,9 +125,12 @@ class QueryModel(ModelIdentity):
         return np.stack([self.embed_query(text) for text in texts])
 
     def _reply(self, doing: str) -> bytes:
-        """The next reply (the caller holds ``_awaiting``)."""
+        """The next reply (the caller holds ``_awaiting``): a request sent before :meth:`close`
+        is still answered, since the helper reads its requests in order before their end."""
         try:
-            reply = None if self._closed else _receive(self._replies)
+            reply = _receive(self._replies)
+        except (OSError, ValueError):  # ValueError: the pipe was closed before this call
+            reply = None
         finally:
             if self._closed:  # closed while this reply was awaited: the pipe is this thread's to close
                 self._close_replies()
