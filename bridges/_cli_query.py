@@ -4,7 +4,7 @@ runs, in this process.
 Starting the system for one search costs importing and starting the actors, and the model
 load waits in front of everything. Here the knowledge stores open (their index files mapped,
 see ``storage/_index_files.py``) while the model loads in a helper process (``._query_model``)
-or, where none can be forked, on a thread, and the hits are the ones
+or, where none can be forked, on a thread (a keyword search loads none), and the hits are the ones
 ``Agent.query_knowledge`` returns: each store searched with the same parameters, the shared
 store's hits merged by the same rule. Whatever this path does not cover exactly (a Ray cluster,
 an agent with its own embedding model, a model that cannot be loaded, a store with vectors still
@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from memstrata.core.errors import EmbedderUnavailableError, ModelFaultError
 from memstrata.storage._embedder_identity import ModelIdentity
 
 from ._query_model import QueryModel, blas_threads_set
@@ -137,8 +138,6 @@ class _Loading(ModelIdentity):
             if job is None:
                 job = self._queries[text] = _Embedding(self, text)
         if not job.done.wait(self._limit):
-            from memstrata.core.errors import ModelFaultError
-
             raise ModelFaultError(f"model {self._model_id!r} gave no query vector within {self._limit:g} s")
         if job.error is not None:
             with self._lock:  # reported once: the caller's retry computes it again
@@ -152,6 +151,23 @@ class _Loading(ModelIdentity):
         if name.startswith("__"):
             raise AttributeError(name)
         return getattr(self.model(), name)
+
+
+class _NoModel(ModelIdentity):
+    """The default model named, never loaded: a keyword search embeds nothing, and a store
+    checks only the model's id and dimension when it opens (its vector index still serves the
+    search's filters). A store that asks for vectors anyway (one made by another model, which
+    rebuilds on open) is told the model is unavailable and ranks by keywords, as it would
+    while the rebuild ran; its vectors are left as they were."""
+
+    def __init__(self, model_id: str, dim: int) -> None:
+        self._model_id, self._dim = model_id, dim
+
+    def embed_query(self, text: str) -> npt.NDArray[Any]:
+        raise EmbedderUnavailableError("a keyword search loads no embedding model")
+
+    def embed_documents(self, texts: Sequence[str]) -> npt.NDArray[Any]:
+        raise EmbedderUnavailableError("a keyword search loads no embedding model")
 
 
 class _VectorsPending(Exception):
@@ -193,16 +209,19 @@ def _warm_vectors(store: Any) -> None:
 
 
 def _embedder(
-    config: Config, given: Embedder | None, helper: QueryModel | None
-) -> Embedder | _Loading | None:
+    config: Config, given: Embedder | None, helper: QueryModel | None, keywords_only: bool
+) -> Embedder | _Loading | _NoModel | None:
     """The embedder the system would give the agent's stores, loaded by ``helper`` if there is
-    one; ``None``: not known without loading it (the caller starts the system)."""
+    one, not loaded at all for a keyword search; ``None``: not known without loading it (the
+    caller starts the system)."""
     if given is not None:
         return given
     from memstrata.storage._model_id import DEFAULT_DIM, DEFAULT_MODEL_ID
 
     if config.embedding.model not in ("", "default", DEFAULT_MODEL_ID):
         return None
+    if keywords_only:  # the same hits; the model's load was most of the command's time
+        return _NoModel(DEFAULT_MODEL_ID, DEFAULT_DIM)
     # the bound the system puts on a query's embedding (see Runtime.search_knowledge)
     limit = min(config.actors.query_embed_timeout_s, config.actors.ask_timeout_s / 2)
     if helper is not None:  # the default model, as load_embedder gives it whatever dim and threads say
@@ -265,7 +284,7 @@ def query_knowledge(
     min_score = options.get("min_score")
     check_min_score(min_score, "QueryKnowledge.min_score")
     with _blas_loads_one_thread():  # before the model's thread imports numpy
-        service = _embedder(config, embedder, helper)
+        service = _embedder(config, embedder, helper, keywords_only=mode == "keyword")
         if service is None:
             return None
         if isinstance(service, _Loading):  # the model's imports first (see _Loading)

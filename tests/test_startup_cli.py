@@ -1,6 +1,7 @@
 """What ``memstrata query`` does before its answer, and only then: the command line builds the
 commands generated from the registry only when asked for one of them; OpenBLAS loads with one
-thread in a query process (and the setting does not outlive it); the query's vector is asked for
+thread in a query process (and the setting does not outlive it); a keyword query loads no
+model; the query's vector is asked for
 before the keywords are ranked, computed once the model is loaded and shared by the searches;
 merging the shared store's hits imports no actor; a store's vector index loads ahead of its
 search without changing a hit."""
@@ -152,6 +153,36 @@ def test_a_query_process_keeps_the_blas_threads_it_is_given(default_model_store:
     assert found["answered"] is True and found["env"] == "2"
     if found["blas"]:  # OpenBLAS runs at most a thread per core
         assert found["blas"] == [min(2, os.cpu_count() or 1)]
+
+
+_KEYWORDS = r"""
+import contextlib, io, json, sys
+from pathlib import Path
+from memstrata.bridges.cli import cli
+from memstrata.bridges._app import CliState
+state = CliState(data_dir=Path(sys.argv[1]))
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    args = ["query", sys.argv[2], "-a", "dev", "--mode", "keyword", "--json"]
+    cli.main(args, obj=state, standalone_mode=False)
+print(json.dumps({"answered": state.answered_in_process, "hits": json.loads(out.getvalue()),
+                  "loaded": [m for m in ("onnxruntime", "tokenizers") if m in sys.modules]}))
+"""
+
+
+@pytest.mark.model
+def test_a_keyword_query_loads_no_model_and_finds_what_the_store_finds(default_model_store: Path) -> None:
+    from memstrata.layers import KnowledgeStore
+    from memstrata.storage import load_embedder
+
+    found = _last_json(_python(_KEYWORDS, str(default_model_store), "stamps note 3"))
+    assert found["answered"] is True
+    assert found["loaded"] == []
+    path = KnowledgeStore.path_for(default_model_store, "dev")
+    with KnowledgeStore.open(path, load_embedder(None)) as store:
+        expected = [(h.entry.id, h.score) for h in store.search("stamps note 3", mode="keyword")]
+    assert [(h["id"], h["score"]) for h in found["hits"]] == expected
+    assert len(expected) == 5
 
 
 # -- the query's vector -----------------------------------------------------------------------
