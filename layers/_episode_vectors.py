@@ -11,18 +11,17 @@ stored vectors exactly and similarities are the dot products of the stored vecto
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
-from memstrata.storage import Database, Filter, FloatArray, IntArray
+from memstrata.storage import Database, Filter, FloatArray, IntArray, Keep
 from memstrata.storage._hybrid import settle_unheld
 from memstrata.storage._vector_mirror import Mirror, Ranges, ScoredRows
 
 __all__ = ["EpisodeRanking", "EpisodeVectors"]
 
-Keep = Callable[[IntArray], npt.NDArray[np.bool_]]  # as storage's keyword side takes it
 _RUN = "task_run"
 _AT = "at_us"
 
@@ -55,10 +54,11 @@ class EpisodeRanking:
         mirror's columns; ids it does not hold (vector pending) are checked by ``flt.sql``."""
         mirror, where, ranges = self._mirror, self._where, self._ranges
 
-        def keep(ids: IntArray) -> npt.NDArray[np.bool_]:
+        def allows(ids: IntArray) -> npt.NDArray[np.bool_]:
             return settle_unheld(db, flt, ids, mirror.allows(ids, where, ranges), unheld=True)
 
-        return keep
+        spans = tuple(sorted((ranges or {}).items()))
+        return Keep(allows, Keep.key_of("episodes", flt.sql, flt.params, tuple(sorted(where.items())), spans))
 
     def ranks_of(self, ids: IntArray) -> IntArray:
         """1-based ranks of ``ids`` in the ranking read to its end (0: not an allowed row), as

@@ -67,7 +67,7 @@ if TYPE_CHECKING:
         keyword_search,
         validate_mode,
     )
-    from ._keywords import Filter, KeywordIndex, KeywordTable, ScoredIds, query_terms
+    from ._keywords import Filter, Keep, KeywordIndex, KeywordTable, ScoredIds, query_terms
     from ._migrations import (
         EmbeddingMismatch,
         Migration,
@@ -143,6 +143,7 @@ _HOME: dict[str, str] = {
     "keyword_search": "._hybrid",
     "validate_mode": "._hybrid",
     "Filter": "._keywords",
+    "Keep": "._keywords",
     "KeywordIndex": "._keywords",
     "KeywordTable": "._keywords",
     "ScoredIds": "._keywords",
@@ -192,6 +193,7 @@ __all__ = [
     "Fused",
     "FusedArrays",
     "IntArray",
+    "Keep",
     "KeywordIndex",
     "KeywordQuery",
     "KeywordTable",

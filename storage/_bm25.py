@@ -18,20 +18,22 @@ FTS5 word by word (:mod:`._bm25_bulk`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
 
-from ._array_types import Bm25Floats, IntArray
+from ._array_types import Bm25Floats, BoolArray, IntArray
 from ._bm25_file import Bm25Files
 from ._bm25_postings import _PHRASE, _SCRATCH_CHANGES
 from ._bm25_top import Bm25Top, PositionMask
 from ._bm25_writes import Bm25Writes
+from ._keep import Keep
 
 __all__ = ["Bm25Index"]
 
 _MAX_CACHED_STEMS = 50_000  # query words whose units are kept, per tokenizer
+_KEPT_MASKS = 8  # filters whose masks over every document an index keeps (1 byte a document)
 
 # query word -> its units, per ``tokenize=`` clause: a word's units depend on the tokenizer only,
 # so every index of the process shares them. A pre-task retrieval asks three stores (the agent's,
@@ -108,7 +110,7 @@ class Bm25Index(Bm25Files, Bm25Writes, Bm25Top):
         terms: Sequence[str],
         limit: int,
         allowed: Sequence[int] | IntArray | None = None,
-        keep: Callable[[IntArray], npt.NDArray[np.bool_]] | None = None,
+        keep: Keep | None = None,
     ) -> tuple[IntArray, Bm25Floats]:
         """The ``limit`` best documents for ``terms`` (OR semantics) with their scores, best
         first, equal scores by lower id (as FTS5 ranks them), without reading the commonest
@@ -124,15 +126,37 @@ class Bm25Index(Bm25Files, Bm25Writes, Bm25Top):
                 ok = np.zeros(len(self._ids), dtype=bool)
                 apos = self._positions(np.asarray(allowed, dtype=np.int64))
                 ok[apos[apos >= 0]] = True
+            kept = None if keep is None else self._kept(keep)
+            if kept is not None:
+                ok, keep = (kept if ok is None else ok & kept), None
+            asks = None if keep is None else keep.allows
 
             def mask_of(pos: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
                 mask = ok[pos] if ok is not None else np.ones(len(pos), dtype=bool)
-                if keep is not None and mask.any():
-                    mask[mask] = keep(self._ids[pos[mask]])
+                if asks is not None and mask.any():
+                    mask[mask] = asks(self._ids[pos[mask]])
                 return mask
 
             allow = mask_of
         return self._top(stems, limit, allow)
+
+    def _kept(self, keep: Keep) -> BoolArray | None:
+        """``keep`` over every document, for a filter asked again while the store has not
+        changed: computed the second time it is asked with no change made through this
+        connection in between (another connection's commit drops every cache, :meth:`_sync`),
+        then kept, so its later queries ask nothing (each ask cost a mirror lookup, ~0.3 ms of
+        a 2 ms filtered query at 100k entries). ``None``: ask ``keep`` as the words are scored."""
+        if keep.key is None:
+            return None
+        changes = int(self._db.conn.total_changes) - _SCRATCH_CHANGES.get(self._db, 0)
+        seen = self._masks.pop(keep.key, None)
+        mask = None  # first asked since the last change: the next one may come first
+        if seen is not None and seen[0] == changes and seen[1] is self._ids:
+            mask = seen[2] if seen[2] is not None else keep.allows(self._ids)
+        while len(self._masks) >= _KEPT_MASKS:
+            del self._masks[next(iter(self._masks))]
+        self._masks[keep.key] = (changes, self._ids, mask)
+        return mask
 
     def search(self, terms: Sequence[str], limit: int, allowed: Sequence[int] | None = None) -> list[int]:
         """Rowids of the ``limit`` best documents for the query words ``terms`` (OR semantics:

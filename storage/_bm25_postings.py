@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from memstrata.core.errors import StorageError
 
-from ._array_types import Bm25Floats, IntArray
+from ._array_types import Bm25Floats, BoolArray, IntArray
 from ._bm25_formula import idf_of, weighted_tf
 from ._connection import Database
 from ._vec0_chunks import snapshot
@@ -199,6 +199,8 @@ class Bm25Postings:
         self._contribs: dict[str, tuple[tuple[float, float], Bm25Floats]] = {}
         self._contrib_count = 0
         self._norms: tuple[float, Bm25Floats, Bm25Floats] | None = None  # (average, lengths, norms)
+        # a filter's key -> (this connection's changes when asked, the ids then, its mask or None)
+        self._masks: dict[Hashable, tuple[int, IntArray, BoolArray | None]] = {}
 
     def _drop_map(self) -> None:
         """Stop taking words from a complete index file (they are read from FTS5 again)."""

@@ -255,13 +255,13 @@ def _mirror_keep(db: Database, vectors: VectorIndex, flt: Filter) -> Keep:
     """``flt`` as a mask over ids, read from the vector mirror's columns; ids the index does
     not hold (their vector pending or failed) are checked by ``flt.sql``, so the mask is exact."""
 
-    def keep(ids: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+    def allows(ids: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
         state = vectors.allows(ids, flt.where)
         if state is None:
             state = np.full(len(ids), -1, dtype=np.int8)
         return settle_unheld(db, flt, ids, state, unheld=False)
 
-    return keep
+    return Keep(allows, Keep.key_of("mirror", flt.sql, flt.params, tuple(sorted(flt.where.items()))))
 
 
 def settle_unheld(

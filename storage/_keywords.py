@@ -12,12 +12,11 @@ one store with textbook RRF.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict, Unpack
 
 import numpy as np
-import numpy.typing as npt
 
 from ._array_types import Bm25Floats, IntArray
 from ._bm25 import Bm25Index
@@ -25,12 +24,11 @@ from ._bm25_top import top_scored
 from ._connection import Database
 from ._fulltext import MAX_QUERY_TERMS, KeywordQuery, build_keyword_query, keyword_terms
 from ._fusion import PLAIN_RRF_K, rrf
+from ._keep import Keep
 
 __all__ = ["Filter", "Keep", "KeywordIndex", "KeywordTable", "ScoredIds", "query_terms"]
 
 ScoredIds = tuple[IntArray, Bm25Floats]  # ids best first, and their scores (higher is better)
-# which of some ids a filter allows, decided without listing every allowed id (a mask)
-Keep = Callable[[IntArray], npt.NDArray[np.bool_]]
 
 
 @dataclass(frozen=True, slots=True)

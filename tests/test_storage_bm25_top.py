@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memstrata.layers import KnowledgeStore
-from memstrata.storage import Bm25Index, _bm25_top
+from memstrata.storage import Bm25Index, Keep, _bm25_top
 from memstrata.storage._bm25_top import top_scored
 from tests.fakes import FakeEmbedder
 
@@ -170,11 +170,77 @@ def test_a_mask_filter_and_an_id_filter_agree(store: KnowledgeStore, every: int)
             index.reset()
             asked.clear()
             assert index.top(query, 10, sorted(kept))[0].tolist() == expected
-            assert index.top(query, 10, keep=keep)[0].tolist() == expected
+            assert index.top(query, 10, keep=Keep(keep))[0].tolist() == expected
             matched = len(fts5_top(store, query, 10_000, (1.0, 1.0, 1.0), None))
             assert sum(asked) <= matched  # each candidate asked about once at most
             if every == 2:
                 assert sum(asked) < matched  # the best ones sufficed
+
+
+def test_a_filter_asked_again_is_answered_from_its_mask_until_a_write(store: KnowledgeStore) -> None:
+    """A named filter is asked as the words are scored the first time, over every document the
+    second time in the same state, and not at all after that; a write starts over."""
+    rng = random.Random(5)
+    store.add_many(document(rng) for _ in range(300))
+    documents = store.count()  # the same text twice is one entry
+    index = store._bm25  # told of the store's writes: its caches follow them, not dropped
+    asked: list[int] = []
+
+    def allows(found: np.ndarray) -> np.ndarray:
+        asked.append(len(found))
+        return np.asarray(found % 3 == 0)
+
+    keep = Keep(allows, key=("every third",))
+    query = ["queue", "deploy", "token"]
+
+    def expected() -> list[int]:
+        kept = {i for i in store._db.query("SELECT id FROM knowledge") for i in i if i % 3 == 0}
+        return [i for i, _ in fts5_top(store, query, 10, (1.0, 1.0, 1.0), kept)]
+
+    rounds = []
+    for _ in range(4):
+        asked.clear()
+        assert index.top(query, 10, keep=keep)[0].tolist() == expected()
+        rounds.append(list(asked))
+    assert 0 < sum(rounds[0]) < documents  # the best candidates only
+    assert rounds[1] == [documents]  # every document, once
+    assert rounds[2] == rounds[3] == []
+    store.add_many(document(rng) for _ in range(30))  # a write through the same connection
+    asked.clear()
+    assert index.top(query, 10, keep=keep)[0].tolist() == expected()
+    assert 0 < sum(asked) < documents
+    unnamed = Keep(allows)  # without a key: asked every time
+    for _ in range(3):
+        asked.clear()
+        assert index.top(query, 10, keep=unnamed)[0].tolist() == expected()
+        assert 0 < sum(asked) < documents
+
+
+@pytest.mark.parametrize("writer", ["same connection", "another connection"])
+def test_a_category_search_repeated_follows_a_change_of_category(data_dir: Path, writer: str) -> None:
+    """The mask a category filter keeps goes with any change to the store: an entry moved out
+    of the category is no longer found in it, one moved in is."""
+    path = data_dir / "moves.sqlite"
+    embedder = FakeEmbedder()
+    with KnowledgeStore.open(path, embedder) as ks:
+        first = ks.add("kafka offset commit after the deploy", category="pitfall")
+        second = ks.add("kafka offset reset on a new consumer", category="pattern")
+        ks.add_many({"content": f"queue retry note {i}", "category": "pitfall"} for i in range(40))
+
+        def found() -> set[int]:
+            return {h.entry.id for h in ks.search("kafka offset", mode="keyword", category="pitfall")}
+
+        for _ in range(3):
+            assert first in found() and second not in found()
+        if writer == "same connection":
+            ks.update(first, category="pattern")
+            ks.update(second, category="pitfall")
+        else:
+            with KnowledgeStore.open(path, embedder) as other:
+                other.update(first, category="pattern")
+                other.update(second, category="pitfall")
+        for _ in range(3):
+            assert second in found() and first not in found()
 
 
 def test_top_scored_breaks_ties_by_lower_id() -> None:
