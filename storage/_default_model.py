@@ -14,6 +14,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import threading
 from pathlib import Path
@@ -96,7 +97,8 @@ def _write_atomic(path: Path, data: str | bytes) -> None:
 
 # a new rewrite gets a new name (and new vectors a new model id); both kinds of weights give the
 # same vectors, on the kernel that computes them exactly on this CPU (:mod:`._quantize`)
-_INT8_MODEL = "model.int8-products-v4-{weights}.onnx"  # its weights beside it, in the same name + .data
+_REWRITE_VERSION = 4
+_INT8_MODEL = f"model.int8-products-v{_REWRITE_VERSION}-{{weights}}.onnx"  # weights beside it: name + .data
 
 
 def _int8_model(model_dir: Path, *, rebuild: bool = False) -> Path:
@@ -112,11 +114,19 @@ def _int8_model(model_dir: Path, *, rebuild: bool = False) -> Path:
             _write_graph_and_weights(path, model)
         except OSError as exc:
             raise EmbedderUnavailableError(f"cannot write {path}: {exc} (set MEMSTRATA_MODEL_DIR)") from exc
-        for earlier in model_dir.glob("model.int8-products-*"):  # an earlier rewrite's files
-            if not earlier.name.startswith(_INT8_MODEL.partition("{")[0]):
+        for other in model_dir.glob("model.int8-products-*"):
+            if _rewrite_version(other.name) < _REWRITE_VERSION:  # an earlier rewrite's files
                 with contextlib.suppress(OSError):
-                    earlier.unlink()
+                    other.unlink()
     return path
+
+
+def _rewrite_version(name: str) -> int:
+    """The version in a rewrite's file name (0 for the first ones, which had none). A later
+    version's files are left alone: an install of it may share this cache folder, and removing
+    them made each install rebuild its own at every other start (~1 s each time)."""
+    found = re.match(r"model\.int8-products-v(\d+)-", name)
+    return int(found.group(1)) if found else 0
 
 
 def _write_graph_and_weights(path: Path, model: bytes) -> None:

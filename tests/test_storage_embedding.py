@@ -561,17 +561,26 @@ def test_the_int8_model_is_written_once_and_remade_when_damaged(
 
 
 @pytest.mark.model
-def test_an_earlier_rewrite_of_the_model_is_removed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_an_earlier_rewrite_of_the_model_is_removed_and_a_later_one_kept(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A later version's rewrite may belong to another install sharing the cache folder."""
     monkeypatch.setenv("MEMSTRATA_MODEL_DIR", str(tmp_path / "models"))
     FastEmbedEmbedder()
     (folder,) = (tmp_path / "models").iterdir()
     for current in folder.glob("model.int8-products-v4-*"):
         current.unlink()
-    earlier = [folder / "model.int8-products-v3-u8.onnx", folder / "model.int8-products-v2-u8.onnx.data"]
-    for path in earlier:
-        path.write_bytes(b"an earlier rewrite")
+    earlier = [
+        folder / "model.int8-products-v3-u8.onnx",
+        folder / "model.int8-products-v2-u8.onnx.data",
+        folder / "model.int8-products-u8.onnx",
+    ]
+    later = [folder / "model.int8-products-v5-u8.onnx", folder / "model.int8-products-v12-s8.onnx.data"]
+    for path in earlier + later:
+        path.write_bytes(b"another rewrite")
     FastEmbedEmbedder()
     assert not any(path.exists() for path in earlier)
+    assert all(path.read_bytes() == b"another rewrite" for path in later)
     assert len(list(folder.glob("model.int8-products-v4-*"))) == 2
 
 
