@@ -149,9 +149,11 @@ class Bm25Index(Bm25Files, Bm25Writes, Bm25Top):
         if keep.key is None:
             return None
         changes = int(self._db.conn.total_changes) - _SCRATCH_CHANGES.get(self._db, 0)
+        if any(kept[0] != changes for kept in self._masks.values()):  # stale for good: let go
+            self._masks = {key: kept for key, kept in self._masks.items() if kept[0] == changes}
         seen = self._masks.pop(keep.key, None)
         mask = None  # first asked since the last change: the next one may come first
-        if seen is not None and seen[0] == changes and seen[1] is self._ids:
+        if seen is not None and seen[1] is self._ids:
             mask = seen[2] if seen[2] is not None else keep.allows(self._ids)
         while len(self._masks) >= _KEPT_MASKS:
             del self._masks[next(iter(self._masks))]
