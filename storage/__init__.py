@@ -67,7 +67,8 @@ if TYPE_CHECKING:
         keyword_search,
         validate_mode,
     )
-    from ._keywords import Filter, Keep, KeywordIndex, KeywordTable, ScoredIds, query_terms
+    from ._keep import Keep
+    from ._keywords import Filter, KeywordIndex, KeywordTable, ScoredIds, query_terms
     from ._migrations import (
         EmbeddingMismatch,
         Migration,
@@ -143,7 +144,7 @@ _HOME: dict[str, str] = {
     "keyword_search": "._hybrid",
     "validate_mode": "._hybrid",
     "Filter": "._keywords",
-    "Keep": "._keywords",
+    "Keep": "._keep",
     "KeywordIndex": "._keywords",
     "KeywordTable": "._keywords",
     "ScoredIds": "._keywords",

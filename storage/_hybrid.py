@@ -36,7 +36,8 @@ from ._fusion import (
     match_type,
     rrf,
 )
-from ._keywords import Filter, Keep, KeywordIndex, KeywordTable
+from ._keep import Keep
+from ._keywords import Filter, KeywordIndex, KeywordTable
 from ._vectors import VectorHit, VectorIndex
 
 __all__ = [

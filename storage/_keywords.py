@@ -26,7 +26,7 @@ from ._fulltext import MAX_QUERY_TERMS, KeywordQuery, build_keyword_query, keywo
 from ._fusion import PLAIN_RRF_K, rrf
 from ._keep import Keep
 
-__all__ = ["Filter", "Keep", "KeywordIndex", "KeywordTable", "ScoredIds", "query_terms"]
+__all__ = ["Filter", "KeywordIndex", "KeywordTable", "ScoredIds", "query_terms"]
 
 ScoredIds = tuple[IntArray, Bm25Floats]  # ids best first, and their scores (higher is better)
 
