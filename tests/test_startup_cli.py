@@ -1,10 +1,9 @@
 """What ``memstrata query`` does before its answer, and only then: the command line builds the
 commands generated from the registry only when asked for one of them; OpenBLAS loads with one
-thread in a query process (and the setting does not outlive it); a keyword query loads no
-model; the query's vector is asked for
-before the keywords are ranked, computed once the model is loaded and shared by the searches;
-merging the shared store's hits imports no actor; a store's vector index loads ahead of its
-search without changing a hit."""
+thread in a query process (and the setting does not outlive it); a keyword query loads no model;
+the query's vector is asked for before the keywords are ranked, computed once the model is
+loaded and shared by the searches; merging the shared store's hits imports no actor; a store's
+vector index loads ahead of its search without changing a hit."""
 
 from __future__ import annotations
 

@@ -194,7 +194,7 @@ def test_a_filter_asked_again_is_answered_from_its_mask_until_a_write(store: Kno
     query = ["queue", "deploy", "token"]
 
     def expected() -> list[int]:
-        kept = {i for i in store._db.query("SELECT id FROM knowledge") for i in i if i % 3 == 0}
+        kept = {int(row[0]) for row in store._db.query("SELECT id FROM knowledge") if int(row[0]) % 3 == 0}
         return [i for i, _ in fts5_top(store, query, 10, (1.0, 1.0, 1.0), kept)]
 
     rounds = []
