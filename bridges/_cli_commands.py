@@ -94,10 +94,14 @@ def query(
     state = sh.state(ctx)
     hits: list[dict[str, Any]] = []
     found = None
-    helper = None
-    if state.embedder is None and mode != "keyword":  # the model loads while the config is read
-        from ._query_model import start
+    from ._query_model import start, take_early
 
+    helper = take_early()  # forked by the console script, before the command line was imported
+    if state.embedder is not None or mode == "keyword":
+        if helper is not None:
+            helper.close()
+        helper = None
+    elif helper is None:  # the model loads while the config is read
         helper = start()
     try:
         if state.store_exists("knowledge", agent_id):  # searched in this process, no system started

@@ -255,7 +255,7 @@ def query_knowledge(
     """The hits of ``Agent.query_knowledge(query, **options)`` for ``agent_id`` (whose store
     exists), or ``None`` when only a running system can answer exactly. ``helper``: a process
     loading the default model (:mod:`._query_model`), used if that is the model to use."""
-    from memstrata.core.constants import SHARED
+    from memstrata.core.constants import EMBED_CHARS, SHARED
     from memstrata.core.validation import (
         check_category,
         check_min_score,
@@ -289,6 +289,10 @@ def query_knowledge(
             return None
         if isinstance(service, _Loading):  # the model's imports first (see _Loading)
             service.wait_imported()
+            if query.strip():  # asked for now, as the searches will ask: computed once loaded
+                from memstrata.storage import prefetch_query
+
+                prefetch_query(service, query[:EMBED_CHARS])
         from memstrata.layers import KnowledgeStore
         from memstrata.storage import configured
 

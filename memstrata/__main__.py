@@ -1,6 +1,6 @@
 """``python -m memstrata``: the command line."""
 
-from memstrata.bridges.cli import main
+from memstrata.bridges._console import main
 
 if __name__ == "__main__":
     main()

@@ -55,6 +55,37 @@ def _run(script: str, *args: str, env: dict[str, str] | None = None) -> Any:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.parametrize(
+    ("argv", "wanted"),
+    [
+        (["query", "x"], True),
+        (["--data-dir", "d", "--debug", "query", "x", "-a", "dev", "--json"], True),
+        (["--data-dir=d", "--config", "c.toml", "query", "x", "--mode", "vector"], True),
+        (["--data-dir", "query", "status"], False),  # "query" is the data dir there
+        (["status"], False),
+        (["knowledge", "query"], False),
+        (["query", "x", "--mode", "keyword"], False),
+        (["query", "x", "--mode=keyword"], False),
+        (["query", "--help"], False),
+        (["--version"], False),
+        ([], False),
+    ],
+)
+def test_the_console_script_forks_a_helper_for_a_query_that_needs_the_model(
+    argv: list[str], wanted: bool
+) -> None:
+    assert _query_model.wanted(argv) is wanted
+
+
+def test_the_root_options_skipped_with_their_values_are_the_command_lines() -> None:
+    import click
+
+    from memstrata.bridges.cli import cli
+
+    with_values = {opt for p in cli.params if isinstance(p, click.Option) and not p.is_flag for opt in p.opts}
+    assert with_values == set(_query_model._ROOT_VALUE_OPTIONS)
+
+
 def test_no_helper_is_forked_from_a_process_with_threads_or_numpy() -> None:
     assert "numpy" in sys.modules  # as in this test process
     assert _query_model.start() is None
@@ -230,6 +261,56 @@ second = answer(CliState(data_dir=data))
 print(json.dumps({"in_process": helped.answered_in_process, "loaded_here": loaded_here,
                   "same": first == second, "hits": len(first)}))
 """
+
+
+_CONSOLE = r"""
+import json, sys
+from memstrata.bridges import _console, _query_model
+real = _query_model.start
+
+def spy():  # says when a helper is forked: before the command line is imported, or after
+    sys.stderr.write(json.dumps({"click_loaded": "click" in sys.modules}) + "\n")
+    sys.stderr.flush()
+    return real()
+
+_query_model.start = spy
+sys.argv = ["memstrata", "--data-dir", sys.argv[1], *sys.argv[2:]]
+_console.main()
+"""
+_IN_PROCESS = "import sys\nfrom memstrata.bridges.cli import main\nsys.argv[0] = 'memstrata'\nmain()\n"
+
+
+@pytest.mark.model
+def test_the_console_script_forks_the_helper_first_and_the_command_takes_it(tmp_path: Path) -> None:
+    """One helper, forked before the command line is imported, and the same hits as the command
+    run without the console script (its helper forked by the command itself)."""
+    from memstrata.layers import KnowledgeStore
+    from memstrata.storage import load_embedder
+
+    data = tmp_path / "data"
+    with KnowledgeStore.open(KnowledgeStore.path_for(data, "dev"), load_embedder(None)) as store:
+        store.add_many([{"content": f"Cache stamps note {i}", "category": "pattern"} for i in range(4)])
+    args = ["query", "how are cache stamps used", "-a", "dev", "--json"]
+
+    def run(script: str, *argv: str) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            [sys.executable, "-c", script, *argv],
+            capture_output=True,
+            text=True,
+            timeout=CLI_TIMEOUT,
+            env=cli_env(),
+        )
+        assert done.returncode == 0, done.stderr
+        return done
+
+    console = run(_CONSOLE, str(data), *args)
+    forks = [json.loads(line) for line in console.stderr.splitlines() if line.startswith("{")]
+    assert forks == [{"click_loaded": False}]
+    plain = run(_IN_PROCESS, "--data-dir", str(data), *args)
+    hits = json.loads(console.stdout)
+    assert hits == json.loads(plain.stdout) and len(hits) == 4
+    keyword = run(_CONSOLE, str(data), *args, "--mode", "keyword")
+    assert [line for line in keyword.stderr.splitlines() if line.startswith("{")] == []
 
 
 @pytest.mark.model
