@@ -18,7 +18,7 @@ HEAVY = ("numpy", "onnxruntime", "fastembed", "tokenizers", "sqlite_vec")
 
 _STATUS = """
 import json, sys
-from memstrata.bridges.cli import main
+from memstrata.bridges._console import main  # the console script's entry
 data_dir = sys.argv[1]
 sys.argv = ["memstrata", "--data-dir", data_dir, "status", "--json"]
 try:
