@@ -67,8 +67,10 @@ def wanted(argv: Sequence[str]) -> bool:
     if args[at : at + 1] != ["query"]:
         return False
     rest = args[at + 1 :]
-    pairs = zip(rest, [*rest[1:], ""], strict=True)
-    return not any(arg == "--mode=keyword" or (arg, value) == ("--mode", "keyword") for arg, value in pairs)
+    return not any(
+        arg == "--mode=keyword" or (arg == "--mode" and rest[n + 1 : n + 2] == ["keyword"])
+        for n, arg in enumerate(rest)
+    )
 
 
 def start_early(argv: Sequence[str]) -> None:

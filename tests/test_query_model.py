@@ -59,6 +59,8 @@ def _run(script: str, *args: str, env: dict[str, str] | None = None) -> Any:
     ("argv", "wanted"),
     [
         (["query", "x"], True),
+        (["query"], True),  # refused by the command line later (a wrong yes)
+        (["query", "--mode"], True),
         (["--data-dir", "d", "--debug", "query", "x", "-a", "dev", "--json"], True),
         (["--data-dir=d", "--config", "c.toml", "query", "x", "--mode", "vector"], True),
         (["--data-dir", "query", "status"], False),  # "query" is the data dir there
