@@ -292,6 +292,8 @@ def query_knowledge(
             if query.strip():  # asked for now, as the searches will ask: computed once loaded
                 from memstrata.storage import prefetch_query
 
+                if helper is not None:  # the one text the searches embed
+                    helper.last(query[:EMBED_CHARS])
                 prefetch_query(service, query[:EMBED_CHARS])
         from memstrata.layers import KnowledgeStore
         from memstrata.storage import configured

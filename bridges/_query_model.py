@@ -11,21 +11,29 @@ in the command's process.
 
 The helper is forked only where that is safe: Linux, one thread, and neither numpy nor ONNX
 Runtime loaded yet (their thread pools would not survive a fork); elsewhere :func:`start`
-returns ``None`` and the command loads the model on a thread of its own. It is a grandchild of
-the command, so nobody waits to reap it; it holds none of the command's standard streams (a
-caller reading the command's output to its end is not kept waiting), it ends when the command
-closes its pipe, and an alarm ends it after :data:`LIFETIME_S` whatever it is doing.
+returns ``None`` and the command loads the model on a thread of its own. It holds none of the
+command's standard streams (a caller reading the command's output to its end is not kept
+waiting), it ends when the command closes its pipe, and an alarm ends it after
+:data:`LIFETIME_S` whatever it is doing. It is the command's child and the command reaps it
+before it exits (:meth:`QueryModel.reap`, :func:`reap_all`): an orphan would go
+to the first process of its PID namespace, and in a container whose first process reaps no
+orphans (a program started without an init) each query would leave one behind for good. A
+helper still loading when it is closed is stopped (``SIGTERM``: its load unwinds, a model
+rewrite under way removes its temporary folder), so the command never waits for a load.
 
 Frames on both pipes are a 4-byte little-endian length and that many bytes. The helper's first
-frame says whether the model loaded (``=`` and the helper's process id) or why not (``!`` and a
-message); then each text the command sends is answered by ``=`` and its vector (little-endian
-float32) or ``!`` and why not.
+frame says whether the model loaded (``=``) or why not (``!`` and a message); then each text
+the command sends is answered by ``=`` and its vector (little-endian float32) or ``!`` and why
+not.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import select
+import signal
 import sys
 import threading
 from collections.abc import Sequence
@@ -35,9 +43,19 @@ from memstrata.core.errors import EmbedderUnavailableError, ModelFaultError
 from memstrata.storage._embedder_identity import ModelIdentity
 from memstrata.storage._model_id import DEFAULT_DIM, DEFAULT_MODEL_ID
 
-__all__ = ["LIFETIME_S", "QueryModel", "blas_threads_set", "start", "start_early", "take_early", "wanted"]
+__all__ = [
+    "LIFETIME_S",
+    "QueryModel",
+    "blas_threads_set",
+    "reap_all",
+    "start",
+    "start_early",
+    "take_early",
+    "wanted",
+]
 
 LIFETIME_S = 60  # the helper's longest life: a load that hangs ends with it
+_STOP_S = 2.0  # how long the command waits for its helper's end at its own end, then kills it
 _BLAS_THREADS = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
 _LOADED_BEFORE = ("numpy", "onnxruntime", "tokenizers")
 _OK, _FAILED = b"=", b"!"
@@ -51,6 +69,7 @@ def blas_threads_set() -> bool:
 # the root command's options that take a value (kept equal to the command line's by a test)
 _ROOT_VALUE_OPTIONS = ("--config", "--data-dir")
 _early: QueryModel | None = None  # forked by the console script, for the command to take
+_unreaped: list[QueryModel] = []  # every helper forked and not yet reaped
 
 
 def wanted(argv: Sequence[str]) -> bool:
@@ -100,27 +119,36 @@ def start() -> QueryModel | None:
         return None
     requests_read, requests_write = os.pipe()
     replies_read, replies_write = os.pipe()
+    # a stop sent before the helper can handle it waits for it (and then unwinds its load)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     try:
         child = os.fork()
     except OSError:  # no process to spare: the command loads the model itself
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         for fd in (requests_read, requests_write, replies_read, replies_write):
             os.close(fd)
         return None
-    if child == 0:  # the intermediate child: forks the helper and ends, so nobody has to reap it
-        code = 1
+    if child == 0:
         try:
             os.close(requests_write)
             os.close(replies_read)
-            if os.fork() == 0:
-                _serve(requests_read, replies_write)
-            code = 0
+            _serve(requests_read, replies_write)
         finally:
-            os._exit(code)
+            os._exit(1)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     os.close(requests_read)
     os.close(replies_write)
-    with contextlib.suppress(ChildProcessError):  # reaped already: SIGCHLD ignored by the starter
-        os.waitpid(child, 0)
-    return QueryModel(os.fdopen(requests_write, "wb"), os.fdopen(replies_read, "rb"))
+    helper = QueryModel(os.fdopen(requests_write, "wb"), os.fdopen(replies_read, "rb"), child)
+    _unreaped.append(helper)
+    return helper
+
+
+@atexit.register
+def reap_all() -> None:
+    """:meth:`QueryModel.reap` every helper not reaped yet: when the interpreter exits, and
+    before a command ends its process without the interpreter's teardown."""
+    while _unreaped:
+        _unreaped[-1].reap()
 
 
 class QueryModel(ModelIdentity):
@@ -130,21 +158,32 @@ class QueryModel(ModelIdentity):
 
     _model_id, _dim = DEFAULT_MODEL_ID, DEFAULT_DIM
 
-    def __init__(self, requests: IO[bytes], replies: IO[bytes]) -> None:
+    def __init__(self, requests: IO[bytes], replies: IO[bytes], pid: int) -> None:
         self._requests, self._replies = requests, replies
         self._awaiting = threading.Lock()  # held while a reply is awaited
-        self._closed = False
-        self.pid: int | None = None  # the helper's, once it has loaded the model
+        self._closed = self._answered = self._reaped = False
+        self._last: str | None = None  # the last text to embed (:meth:`last`)
+        self.pid = pid  # the helper's process
+        try:  # signalled and awaited through it: never another process that got the number
+            self._pidfd: int | None = os.pidfd_open(pid)
+        except OSError:  # ended and reaped already (SIGCHLD ignored), or a kernel without pidfds
+            self._pidfd = None
 
     def load(self) -> QueryModel:
         """This embedder once the helper has loaded the model; :class:`EmbedderUnavailableError`
         with the helper's reason if it could not."""
         with self._awaiting:
             reply = self._reply("load the model")
+            self._answered = True
         if reply[:1] != _OK:
             raise EmbedderUnavailableError(reply[1:].decode("utf-8", "replace"))
-        self.pid = int(reply[1:])
         return self
+
+    def last(self, text: str) -> None:
+        """Say that ``text`` is the last text to embed: the requests' pipe is closed as soon as it
+        is sent, so that the helper ends (and its memory is freed) while the command still
+        searches, and :meth:`reap` at the command's end seldom waits."""
+        self._last = text
 
     def embed_query(self, text: str) -> Any:
         import numpy as np
@@ -154,6 +193,9 @@ class QueryModel(ModelIdentity):
                 _send(self._requests, text.encode("utf-8", "surrogatepass"))
             except (OSError, ValueError) as exc:  # ValueError: closed by the command meanwhile
                 raise ModelFaultError(f"the model's helper process is gone: {exc}") from exc
+            if text == self._last:
+                with contextlib.suppress(OSError):
+                    self._requests.close()
             reply = self._reply("embed a query")
         if reply[:1] != _OK:
             raise ModelFaultError(reply[1:].decode("utf-8", "replace"))
@@ -182,17 +224,48 @@ class QueryModel(ModelIdentity):
         return reply
 
     def close(self) -> None:
-        """Never waits: the helper ends once it reads the end of its requests (after its load, if
-        that is still under way), and a reply still awaited by another thread (a late vector the
-        command no longer waits for) closes the replies' pipe when it comes."""
+        """Never waits: the helper ends once it reads the end of its requests, or at once if it is
+        still loading the model or computing a vector nobody waits for any more (a reply awaited
+        by another thread, after the command's bound: that thread then closes the replies' pipe).
+        :meth:`reap` waits for its end, at the latest when the interpreter exits."""
         self._closed = True
         with contextlib.suppress(OSError):
             self._requests.close()
-        if self._awaiting.acquire(blocking=False):
+        idle = self._awaiting.acquire(blocking=False)
+        if idle:
             try:
                 self._close_replies()
             finally:
                 self._awaiting.release()
+        if not (idle and self._answered):
+            self._signal(signal.SIGTERM)
+
+    def reap(self) -> None:
+        """Close, wait for the helper's end (killed after :data:`_STOP_S`) and reap it, once.
+        Left to :func:`reap_all` by the command, after its output: by then the helper, closed
+        when the search ended, has usually ended too."""
+        if self._reaped:
+            return
+        self._reaped = True
+        with contextlib.suppress(ValueError):
+            _unreaped.remove(self)
+        if not self._closed:
+            self.close()
+        if self._pidfd is not None:
+            try:
+                if not select.select([self._pidfd], [], [], _STOP_S)[0]:
+                    self._signal(signal.SIGKILL)
+                    select.select([self._pidfd], [], [], _STOP_S)
+            finally:
+                os.close(self._pidfd)
+                self._pidfd = None
+        with contextlib.suppress(ChildProcessError):  # reaped already: SIGCHLD ignored by the starter
+            os.waitpid(self.pid, os.WNOHANG)
+
+    def _signal(self, number: int) -> None:
+        if self._pidfd is not None:
+            with contextlib.suppress(OSError):  # ended already
+                signal.pidfd_send_signal(self._pidfd, number)
 
     def _close_replies(self) -> None:
         with contextlib.suppress(OSError):
@@ -216,14 +289,21 @@ def _reason(exc: BaseException) -> bytes:
     return _FAILED + f"{type(exc).__name__}: {exc}".encode("utf-8", "replace")
 
 
+def _stopped(number: int, frame: Any) -> None:
+    """The helper's ``SIGTERM``: the work under way unwinds (a model rewrite removes its
+    temporary folder) and the process ends."""
+    raise SystemExit(0)
+
+
 def _serve(requests_fd: int, replies_fd: int) -> None:
     """The helper's whole life: load the model, answer each text, end (never returns)."""
     try:
         import fcntl
-        import signal
 
         signal.signal(signal.SIGALRM, signal.SIG_DFL)  # ends the process, even if its starter ignored it
         signal.alarm(LIFETIME_S)
+        signal.signal(signal.SIGTERM, _stopped)  # stopped by the command: the load unwinds
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # blocked since the fork
         # a command started with a standard stream closed got that number for a pipe: moved away
         moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, 3) for fd in (requests_fd, replies_fd)]
         for fd in (requests_fd, replies_fd):
@@ -242,7 +322,7 @@ def _serve(requests_fd: int, replies_fd: int) -> None:
         except Exception as exc:
             _send(replies, _reason(exc))
             return
-        _send(replies, _OK + str(os.getpid()).encode())
+        _send(replies, _OK)
         while (text := _receive(requests)) is not None:
             try:
                 vector = model.embed_query(text.decode("utf-8", "surrogatepass"))

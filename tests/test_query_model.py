@@ -1,7 +1,8 @@
 """The default model of ``memstrata query`` in its helper process (``bridges/_query_model.py``):
 forked only where that is safe, the same vectors as a load in the process, its failures said,
 no standard stream held, an end when its pipe closes or its lifetime is over, whatever its
-starter left behind (a standard stream closed, signals ignored).
+starter left behind (a standard stream closed, signals ignored), stopped when it is closed
+while it loads, and reaped by the command: no process is left behind.
 
 The helper is forked from a fresh interpreter (this process has threads and numpy loaded, where
 no helper is forked): each test runs a short script in one and reads its last line of JSON."""
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -20,6 +22,7 @@ import numpy as np
 import pytest
 
 from memstrata.bridges import _query_model
+from memstrata.storage._model_id import DEFAULT_MODEL_ID as _DEFAULT_MODEL_ID
 from tests._support import CLI_TIMEOUT, cli_env
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the helper is forked on Linux")
@@ -96,10 +99,14 @@ def test_no_helper_is_forked_from_a_process_with_threads_or_numpy() -> None:
 def test_closing_never_waits_for_a_reply_still_awaited() -> None:
     """A late vector the command no longer waits for (its bound passed) must not hold the
     command at its end: closing returns while another thread still awaits the helper's reply,
-    and that thread gets the reply when it comes. The helper here is the test, on real pipes."""
+    stops the helper's process, and that thread gets the reply if it still comes. The helper
+    here is the test, on real pipes, and its process one that waits for its input's end."""
     requests_read, requests_write = os.pipe()
     replies_read, replies_write = os.pipe()
-    model = _query_model.QueryModel(os.fdopen(requests_write, "wb"), os.fdopen(replies_read, "rb"))
+    process = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    model = _query_model.QueryModel(
+        os.fdopen(requests_write, "wb"), os.fdopen(replies_read, "rb"), process.pid
+    )
     got: list[Any] = []
     waiting = threading.Thread(target=lambda: got.append(model.embed_query("late")), daemon=True)
     waiting.start()
@@ -115,6 +122,9 @@ def test_closing_never_waits_for_a_reply_still_awaited() -> None:
     assert returned_while_awaited
     assert len(got) == 1 and got[0].tolist() == [0.0, 1.0, 2.0, 3.0]
     assert model._replies.closed  # closed by the thread that awaited it
+    assert process.wait(CLI_TIMEOUT) == -signal.SIGTERM  # stopped: its input never ended
+    assert process.stdin is not None
+    process.stdin.close()
 
 
 def test_no_helper_is_forked_beside_a_running_thread() -> None:
@@ -227,6 +237,48 @@ def test_a_helper_gone_is_a_model_fault_of_the_query() -> None:
 
 
 @pytest.mark.model
+def test_after_the_last_text_the_helper_ends_by_itself() -> None:
+    """The command's one text: once it is sent the helper's requests end, so the helper ends
+    (its memory freed) while the command still searches; a text after it is refused."""
+    found = _run(
+        "from memstrata.core.errors import ModelFaultError\n"
+        "helper = _query_model.start()\n"
+        "helper.last('cache stamps')\n"
+        "model = helper.load()\n"
+        "dim = len(model.embed_query('cache stamps'))\n"
+        "gone = ended(helper.pid, 60)\n"
+        "try:\n"
+        "    model.embed_query('another text')\n"
+        "    refused = None\n"
+        "except ModelFaultError as exc:\n"
+        "    refused = str(exc)\n"
+        "helper.close()\n"
+        "print(json.dumps({'dim': dim, 'gone': gone, 'refused': refused}))\n"
+    )
+    assert found["dim"] == 384 and found["gone"] is True
+    assert found["refused"].startswith("the model's helper process is gone")
+
+
+def test_a_helper_closed_while_it_loads_is_stopped_not_waited_for(tmp_path: Path) -> None:
+    """Its load blocks here for good (the model folder's stamp is a pipe nobody writes to),
+    and neither its lifetime nor the command's bound on its end would come first: closing it
+    stops it, its load unwinds and it ends on its own (exit status 0)."""
+    stamp = tmp_path / "models" / _DEFAULT_MODEL_ID / "memstrata-model.json"
+    stamp.parent.mkdir(parents=True)
+    os.mkfifo(stamp)
+    found = _run(
+        "_query_model.LIFETIME_S = 3600\n"
+        "helper = _query_model.start()\n"
+        "helper.close()\n"
+        "ended_now = ended(helper.pid, 60)\n"
+        "status = os.waitpid(helper.pid, 0)[1] if ended_now else None\n"
+        "print(json.dumps({'ended': ended_now, 'code': status and os.waitstatus_to_exitcode(status)}))\n",
+        env={**cli_env(), "MEMSTRATA_MODEL_DIR": str(tmp_path / "models")},
+    )
+    assert found == {"ended": True, "code": 0}
+
+
+@pytest.mark.model
 def test_a_helper_ends_after_its_lifetime_even_with_its_pipe_open() -> None:
     found = _run(
         "import signal\n"
@@ -331,3 +383,46 @@ def test_the_query_command_answers_through_its_helper_as_the_system_does(tmp_pat
         )
     found = _run(_QUERY, str(data))
     assert found == {"in_process": True, "loaded_here": False, "same": True, "hits": 3}
+
+
+_ORPHANS = r"""
+import ctypes, json, os, subprocess, sys
+assert ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+done = subprocess.run([sys.executable, "-m", "memstrata", *sys.argv[1:]], capture_output=True, text=True)
+left = []  # the command's orphans come to this process: each is waited for
+while True:
+    try:
+        left.append(os.waitpid(-1, 0)[0])
+    except ChildProcessError:
+        break
+print(json.dumps({"code": done.returncode, "left": left}))
+"""
+
+
+@pytest.mark.model
+def test_a_query_leaves_no_process_behind(tmp_path: Path) -> None:
+    """An orphan goes to its PID namespace's first process, which in a container started
+    without an init never reaps it: the command reaps its helper itself, whether the helper
+    answered, was not needed, or the command line was refused before it ran. The orphans are
+    seen here by running the command under a subreaper."""
+    from memstrata.layers import KnowledgeStore
+    from memstrata.storage import load_embedder
+
+    data = tmp_path / "data"
+    with KnowledgeStore.open(KnowledgeStore.path_for(data, "dev"), load_embedder(None)) as store:
+        store.add_many([{"content": "Cache stamps are compared on read", "category": "pattern"}])
+
+    def run(*args: str) -> Any:
+        done = subprocess.run(
+            [sys.executable, "-c", _ORPHANS, "--data-dir", str(data), *args],
+            capture_output=True,
+            text=True,
+            timeout=CLI_TIMEOUT,
+            env=cli_env(),
+        )
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    assert run("query", "how are cache stamps used", "-a", "dev") == {"code": 0, "left": []}
+    assert run("query", "how are cache stamps used", "-a", "nobody") == {"code": 0, "left": []}
+    assert run("query") == {"code": 2, "left": []}  # no text: refused by the command line
