@@ -302,7 +302,7 @@ from memstrata.bridges import _cli_query
 def answer(state):
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        cli.main(["query", "how are caches invalidated", "-a", "dev", "--json"], obj=state,
+        cli.main(["query", sys.argv[2], "-a", "dev", "--json"], obj=state,
                  standalone_mode=False)
     return json.loads(out.getvalue())
 
@@ -381,8 +381,16 @@ def test_the_query_command_answers_through_its_helper_as_the_system_does(tmp_pat
                 {"content": "The payment adapter retries card authorisation", "category": "outcome"},
             ]
         )
-    found = _run(_QUERY, str(data))
+    found = _run(_QUERY, str(data), "how are caches invalidated")
     assert found == {"in_process": True, "loaded_here": False, "same": True, "hits": 3}
+    # longer than a query's vector is made of: the one text the helper is sent is the searches'
+    long = "why are stale caches dropped on deploy " * 300
+    assert _run(_QUERY, str(data), long) == {
+        "in_process": True,
+        "loaded_here": False,
+        "same": True,
+        "hits": 3,
+    }
 
 
 _ORPHANS = r"""
