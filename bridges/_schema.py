@@ -195,16 +195,31 @@ def _check_string(schema: Mapping[str, Any], value: str, path: str, noun: str) -
             raise InvalidInputError(f"{label} must {words}, got {_short(value)}")
 
 
+def _shown(value: float) -> str:
+    """A number as an error shows it: an integer beyond 64 bits (an integral float such as 1e308,
+    taken as an integer) with an exponent, not in hundreds of digits."""
+    if isinstance(value, int) and not -(2**63) <= value < 2**63:
+        try:
+            return f"{value:.6g}"
+        except OverflowError:  # beyond a double too: only a caller in Python can pass one
+            return "an integer beyond the range of a double"
+    return str(value)
+
+
 def _check_number(schema: Mapping[str, Any], value: float, path: str, noun: str) -> None:
     label = _label(path, noun)
     if "minimum" in schema and value < schema["minimum"]:
-        raise InvalidInputError(f"{label} must be at least {schema['minimum']}, got {value}")
+        raise InvalidInputError(f"{label} must be at least {schema['minimum']}, got {_shown(value)}")
     if "maximum" in schema and value > schema["maximum"]:
-        raise InvalidInputError(f"{label} must be at most {schema['maximum']}, got {value}")
+        raise InvalidInputError(f"{label} must be at most {schema['maximum']}, got {_shown(value)}")
     if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
-        raise InvalidInputError(f"{label} must be greater than {schema['exclusiveMinimum']}, got {value}")
+        raise InvalidInputError(
+            f"{label} must be greater than {schema['exclusiveMinimum']}, got {_shown(value)}"
+        )
     if "exclusiveMaximum" in schema and value >= schema["exclusiveMaximum"]:
-        raise InvalidInputError(f"{label} must be less than {schema['exclusiveMaximum']}, got {value}")
+        raise InvalidInputError(
+            f"{label} must be less than {schema['exclusiveMaximum']}, got {_shown(value)}"
+        )
 
 
 def _check_object(

@@ -452,6 +452,23 @@ def test_memory_get_publishes_the_line_bounds_and_names_its_own_argument() -> No
 
 
 @pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        (1e308, "1e+308"),
+        (-1e300, "-1e+300"),
+        (10**400, "an integer beyond the range of a double"),
+        (1001, "1001"),
+    ],
+)
+def test_a_number_out_of_bounds_is_shown_short_in_the_refusal(value: float, shown: str) -> None:
+    """An integral float is taken as an integer: 1e308 is not spelled out in 309 digits."""
+    with pytest.raises(InvalidInputError) as refused:
+        check({"type": "integer", "minimum": -1000, "maximum": 1000}, value, path="top_k")
+    bound = "at most 1000" if value > 0 else "at least -1000"
+    assert str(refused.value) == f"argument 'top_k' must be {bound}, got {shown}"
+
+
+@pytest.mark.parametrize(
     "value",
     [
         "2016-12-31T23:59:60Z",
