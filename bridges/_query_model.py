@@ -15,11 +15,12 @@ returns ``None`` and the command loads the model on a thread of its own. It hold
 command's standard streams (a caller reading the command's output to its end is not kept
 waiting), it ends when the command closes its pipe, and an alarm ends it after
 :data:`LIFETIME_S` whatever it is doing. It is the command's child and the command reaps it
-before it exits (:meth:`QueryModel.reap`, :func:`reap_all`): an orphan would go
-to the first process of its PID namespace, and in a container whose first process reaps no
-orphans (a program started without an init) each query would leave one behind for good. A
-helper still loading when it is closed is stopped (``SIGTERM``: its load unwinds, a model
-rewrite under way removes its temporary folder), so the command never waits for a load.
+before it exits (:meth:`QueryModel.reap`, :func:`reap_all`), also when a ``SIGTERM`` ends it:
+an orphan would go to the first process of its PID namespace, and in a container whose first
+process reaps no orphans (a program started without an init) each query would leave one
+behind for good. A helper still loading when it is closed is stopped (``SIGTERM``: its load
+unwinds, a model rewrite under way removes its temporary folder), so the command never waits
+for a load.
 
 Frames on both pipes are a 4-byte little-endian length and that many bytes. The helper's first
 frame says whether the model loaded (``=``) or why not (``!`` and a message); then each text
@@ -135,6 +136,8 @@ def start() -> QueryModel | None:
             _serve(requests_read, replies_write)
         finally:
             os._exit(1)
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:  # ended by it, the command still reaps
+        signal.signal(signal.SIGTERM, _terminated)
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     os.close(requests_read)
     os.close(replies_write)
@@ -287,6 +290,13 @@ def _receive(pipe: IO[bytes]) -> bytes | None:
 
 def _reason(exc: BaseException) -> bytes:
     return _FAILED + f"{type(exc).__name__}: {exc}".encode("utf-8", "replace")
+
+
+def _terminated(number: int, frame: Any) -> None:
+    """The command's ``SIGTERM`` once it has a helper (a ``timeout``, a container stopped): it
+    ends with the status a shell gives that signal (143), through the interpreter's exit, which
+    reaps the helper (:func:`reap_all`)."""
+    raise SystemExit(128 + number)
 
 
 def _stopped(number: int, frame: Any) -> None:

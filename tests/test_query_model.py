@@ -434,3 +434,57 @@ def test_a_query_leaves_no_process_behind(tmp_path: Path) -> None:
     assert run("query", "how are cache stamps used", "-a", "dev") == {"code": 0, "left": []}
     assert run("query", "how are cache stamps used", "-a", "nobody") == {"code": 0, "left": []}
     assert run("query") == {"code": 2, "left": []}  # no text: refused by the command line
+
+
+_TERMINATED = r"""
+import ctypes, json, os, subprocess, sys
+assert ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+stamp = sys.argv[1]  # a pipe: the helper's load opens it and waits there
+command = subprocess.Popen([sys.executable, "-m", "memstrata", *sys.argv[2:]], stderr=subprocess.PIPE)
+with open(stamp, "w"):  # opened once the helper has opened it: the command has its helper
+    command.terminate()
+    code = command.wait()
+left = []
+while True:
+    try:
+        left.append(os.waitpid(-1, 0)[0])
+    except ChildProcessError:
+        break
+print(json.dumps({"code": code, "left": left}))
+"""
+
+
+@pytest.mark.model
+def test_a_query_ended_by_sigterm_leaves_no_process_behind(tmp_path: Path) -> None:
+    """A ``timeout`` or a container stopped sends ``SIGTERM``: the command ends with the status
+    a shell gives it and reaps its helper (stopped in its load, which waits on a pipe here)."""
+    from memstrata.layers import KnowledgeStore
+    from memstrata.storage import load_embedder
+
+    data = tmp_path / "data"
+    with KnowledgeStore.open(KnowledgeStore.path_for(data, "dev"), load_embedder(None)) as store:
+        store.add_many([{"content": "Cache stamps are compared on read", "category": "pattern"}])
+    config = tmp_path / "memstrata.toml"
+    config.write_text("[actors]\nask_timeout_s = 600\nquery_embed_timeout_s = 300\n")  # waits for the model
+    stamp = tmp_path / "models" / _DEFAULT_MODEL_ID / "memstrata-model.json"
+    stamp.parent.mkdir(parents=True)
+    os.mkfifo(stamp)
+    args = [
+        "--config",
+        str(config),
+        "--data-dir",
+        str(data),
+        "query",
+        "how are cache stamps used",
+        "-a",
+        "dev",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-c", _TERMINATED, str(stamp), *args],
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT,
+        env={**cli_env(), "MEMSTRATA_MODEL_DIR": str(tmp_path / "models")},
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"code": 128 + signal.SIGTERM, "left": []}
