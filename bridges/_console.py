@@ -11,9 +11,13 @@ __all__ = ["main"]
 
 def main() -> None:
     """Console-script entry point."""
-    from ._query_model import start_early
+    try:
+        from ._query_model import start_early
 
-    start_early(sys.argv[1:])
-    from .cli import main as run
+        start_early(sys.argv[1:])
+        from .cli import main as run
 
-    run()
+        run()
+    except KeyboardInterrupt:  # Ctrl-C before the command line runs (its import: ~0.2 s of a query)
+        sys.stderr.write("\nmemstrata: interrupted\n")  # as the command line words it
+        sys.exit(130)

@@ -256,9 +256,9 @@ class QueryModel(ModelIdentity):
             self.close()
         if self._pidfd is not None:
             try:
-                if not select.select([self._pidfd], [], [], _STOP_S)[0]:
+                if not _ended(self._pidfd, _STOP_S):
                     self._signal(signal.SIGKILL)
-                    select.select([self._pidfd], [], [], _STOP_S)
+                    _ended(self._pidfd, _STOP_S)
             finally:
                 os.close(self._pidfd)
                 self._pidfd = None
@@ -273,6 +273,13 @@ class QueryModel(ModelIdentity):
     def _close_replies(self) -> None:
         with contextlib.suppress(OSError):
             self._replies.close()
+
+
+def _ended(pidfd: int, seconds: float) -> bool:
+    """Whether the process of ``pidfd`` ends within ``seconds`` (``poll``: any descriptor number)."""
+    waiting = select.poll()
+    waiting.register(pidfd, select.POLLIN)
+    return bool(waiting.poll(seconds * 1000))
 
 
 def _send(pipe: IO[bytes], payload: bytes) -> None:

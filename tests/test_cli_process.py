@@ -299,3 +299,28 @@ def test_ctrl_c_exits_130_saying_interrupted(monkeypatch: pytest.MonkeyPatch) ->
     result = CliRunner().invoke(cli, ["--data-dir", str(Path(tempfile.mkdtemp()) / "none"), "status"])
     # click first ends the terminal's "^C" echo with a newline
     assert (result.exit_code, result.stderr) == (130, "\nmemstrata: interrupted\n")
+
+
+def test_ctrl_c_before_the_command_line_runs_exits_130_saying_interrupted(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """While the console script imports the command line (~0.2 s of a query), Ctrl-C is its own
+    to word as the command line does, not a traceback."""
+    import types
+
+    from memstrata.bridges import _console
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(sys.modules, "memstrata.bridges.cli", types.SimpleNamespace(main=interrupted))
+    monkeypatch.setattr(sys, "argv", ["memstrata", "status"])
+    code: Any = None
+    try:
+        _console.main()
+    except KeyboardInterrupt:  # caught here, or pytest would take it for its own and stop the run
+        pytest.fail("the interrupt escaped the console script")
+    except SystemExit as ended:
+        code = ended.code
+    assert code == 130
+    assert capsys.readouterr().err == "\nmemstrata: interrupted\n"
