@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from memstrata.errors import InvalidInputError
 from memstrata.messages import (
     ClearNamespace,
     DeleteItem,
@@ -74,8 +75,13 @@ class Items:
     ) -> ItemsWritten:
         """Delete the ``(namespace, key)`` pairs, then apply the puts, in one transaction (one
         embedding request for their ``index`` fields); ``stored`` and ``deleted`` count them."""
-        gone = tuple(DeleteItem(_ns(ns), key) for ns, key in deletes)
-        return self._ask(WriteItems(tuple(puts), gone), timeout)  # type: ignore[no-any-return]
+        pairs = _tupled(deletes)
+        if not isinstance(pairs, tuple):
+            raise InvalidInputError(
+                f"WriteItems.deletes must be a list of (namespace, key) pairs, got {type(deletes).__name__}"
+            )
+        gone = tuple(DeleteItem(*_pair(pair, n)) for n, pair in enumerate(pairs))
+        return self._ask(WriteItems(_tupled(puts), gone), timeout)  # type: ignore[no-any-return]
 
     def get(
         self, namespace: Sequence[str], key: str, *, refresh_ttl: bool = False, timeout: float | None = None
@@ -101,8 +107,7 @@ class Items:
         first; ``filter`` narrows them first, exactly; ``refresh_ttl`` restarts the lifetimes
         of the items returned."""
         flt = dict(filter) if isinstance(filter, Mapping) else filter
-        vec = None if query_vector is None else tuple(query_vector)
-        message = SearchItems(_ns(prefix), query, flt, limit, offset, vec, refresh_ttl)
+        message = SearchItems(_ns(prefix), query, flt, limit, offset, _tupled(query_vector), refresh_ttl)
         reply = self._ask(message, timeout)
         return list(reply.items)
 
@@ -151,5 +156,20 @@ class Items:
 
 
 def _ns(value: Sequence[str]) -> tuple[str, ...]:
-    """A namespace as a tuple; a bare string is passed on for the message to refuse by name."""
-    return value if isinstance(value, str) else tuple(value)  # type: ignore[return-value]
+    """A namespace as a tuple (see :func:`_tupled`)."""
+    return _tupled(value)  # type: ignore[no-any-return]
+
+
+def _tupled(value: Any) -> Any:
+    """``value`` as a tuple when it is a collection (any iterable but text or a mapping); anything
+    else as it is (a bare string, a number, ``None``), for the message to refuse by name."""
+    if isinstance(value, Iterable) and not isinstance(value, str | bytes | Mapping):
+        return tuple(value)
+    return value
+
+
+def _pair(value: Any, n: int) -> tuple[tuple[str, ...], Any]:
+    """A ``(namespace, key)`` pair of ``deletes``, its namespace as :func:`_ns` makes it."""
+    if isinstance(value, list | tuple) and len(value) == 2:
+        return _ns(value[0]), value[1]
+    raise InvalidInputError(f"WriteItems.deletes[{n}] must be a (namespace, key) pair, got {value!r:.60}")

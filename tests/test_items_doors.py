@@ -102,6 +102,20 @@ def test_bad_input_is_one_clear_error_naming_the_field(data_dir: Path) -> None:
                 InvalidInputError, match=r"Item\.(key|namespace) must not contain lone surrogates"
             ):
                 call()
+        for call, field in (  # a namespace that is no list at all: the message names it too
+            (lambda: items.put(1.5, "k", {"v": 1}), r"PutItem\.namespace"),  # type: ignore[arg-type]
+            (lambda: items.get(Path("/tmp"), "k"), r"GetItem\.namespace"),  # type: ignore[arg-type]
+            (lambda: items.search({"users": 1}), r"SearchItems\.prefix"),  # type: ignore[arg-type]
+            (lambda: items.tail(7), r"TailItems\.namespace"),  # type: ignore[arg-type]
+            (lambda: items.sweep(None), r"SweepItems\.prefix"),  # type: ignore[arg-type]
+            (lambda: items.search(query_vector=1.5), r"SearchItems\.query_vector"),  # type: ignore[arg-type]
+            (lambda: items.write(0), r"WriteItems\.puts must be a list"),  # type: ignore[arg-type]
+            (lambda: items.write(deletes=3), r"WriteItems\.deletes must be a list"),  # type: ignore[arg-type]
+            (lambda: items.write(deletes=[("users",)]), r"deletes\[0\] must be a \(namespace, key\) pair"),
+            (lambda: items.write(deletes=[(1.5, "k")]), r"DeleteItem\.namespace"),  # type: ignore[list-item]
+        ):
+            with pytest.raises(InvalidInputError, match=field):
+                call()
         assert items.search() == []  # nothing was stored by the refused calls
 
 
