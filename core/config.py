@@ -26,7 +26,7 @@ from typing import Any
 
 from memstrata.core.constants import APPROXIMATE_FROM, MAX_TOP_K, MIN_LINE_BYTES, SYNCHRONOUS_MODES
 from memstrata.core.errors import ConfigError, InvalidInputError
-from memstrata.core.validation import check_agent_id, check_min_score, check_top_k, show
+from memstrata.core.validation import check_agent_id, check_min_score, check_path, check_top_k, show
 
 from ._cluster_rules import check_pins, check_placement, check_ray_address, check_ray_name
 from ._config_values import (
@@ -280,6 +280,25 @@ class ClusterConfig:
         return self.placement
 
 
+def _check_data_dir(value: object) -> None:
+    """``data_dir`` as every door needs it: a path (the one path check), not blank (``Path("")`` is
+    the working folder), usable by the file system, and not a file (said by every door, not only
+    by the one that writes first)."""
+    if isinstance(value, str) and not value.strip():
+        raise ConfigError(f"config key 'data_dir' must be a path, got {value!r}")
+    try:
+        check_path(value, "config key 'data_dir'")
+        is_file = Path(value).expanduser().is_file()  # type: ignore[arg-type]
+    except InvalidInputError as exc:
+        raise ConfigError(str(exc)) from None
+    except OSError as exc:  # a name too long for the file system, ...
+        raise ConfigError(
+            f"config key 'data_dir' cannot be used: {exc.strerror} ({show(str(value))})"
+        ) from None
+    if is_file:
+        raise ConfigError(f"config key 'data_dir' is a file, not a folder: {str(value)!r}")
+
+
 @dataclass(frozen=True)
 class Config:
     data_dir: Path = field(default_factory=default_data_dir)
@@ -302,10 +321,7 @@ class Config:
 
     def __post_init__(self) -> None:
         _check_sections(self)
-        if isinstance(self.data_dir, str) and not self.data_dir.strip():  # Path("") is the working dir
-            raise ConfigError(f"config key 'data_dir' must be a path, got {self.data_dir!r}")
-        if Path(self.data_dir).expanduser().is_file():  # every door says so, not only the one that writes
-            raise ConfigError(f"config key 'data_dir' is a file, not a folder: {str(self.data_dir)!r}")
+        _check_data_dir(self.data_dir)
         check_fields(self, "")
         lock, ask = self.storage.lock_timeout_s, self.actors.ask_timeout_s
         if lock >= ask:

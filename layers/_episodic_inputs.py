@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from memstrata.core.errors import InvalidInputError
+from memstrata.core.validation import check_path
 from memstrata.storage import FloatArray, identifier_words
 
 from ._episode_records import load_tags
@@ -132,4 +133,4 @@ def free_archive_path(folder: Path, stem: str, now: datetime) -> Path:
 def _path_arg(value: object, name: str) -> Path:
     if not isinstance(value, str | os.PathLike) or not os.fspath(value):
         raise InvalidInputError(f"{name} must be a file path, got {value!r}")
-    return Path(os.fspath(value)).expanduser().absolute()
+    return Path(check_path(value, name)).expanduser().absolute()

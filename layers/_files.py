@@ -32,7 +32,14 @@ from memstrata.core.errors import (
     MemstrataError,
     StorageError,
 )
-from memstrata.core.validation import check_int, check_language, check_min_score, check_mode, check_text
+from memstrata.core.validation import (
+    check_int,
+    check_language,
+    check_min_score,
+    check_mode,
+    check_path,
+    check_text,
+)
 from memstrata.storage import Embedder, load_embedder
 
 from ._chunk import split_lines
@@ -141,9 +148,14 @@ class _FileIndex(Closeable):
             raise InvalidInputError(f"config must be a memstrata Config, got {type(config).__name__}")
         if not isinstance(root, str | os.PathLike) or not os.fspath(root):
             raise InvalidInputError(f"root must be a directory path, got {root!r}")
-        resolved = Path(os.path.realpath(os.fspath(root)))
-        if not resolved.is_dir():
-            raise InvalidInputError(f"root {os.fspath(root)!r} is not a directory")
+        given = check_path(root, "root")
+        try:
+            resolved = Path(os.path.realpath(given))
+            is_dir = resolved.is_dir()
+        except OSError as exc:  # a name too long for the file system, ...
+            raise InvalidInputError(f"root {given!r} cannot be used: {exc.strerror}") from None
+        if not is_dir:
+            raise InvalidInputError(f"root {given!r} is not a directory")
         check_root_text(resolved)
         rules = cls._rules(resolved, config)
         path = Path(db_path) if db_path is not None else default_db_path(config, cls._kind, resolved)

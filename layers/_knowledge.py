@@ -24,6 +24,7 @@ from memstrata.core.closing import Closeable
 from memstrata.core.config import Config
 from memstrata.core.constants import SHARED
 from memstrata.core.errors import EmbedderUnavailableError, InvalidInputError
+from memstrata.core.validation import check_path
 from memstrata.storage import Embedder, get_meta, open_database
 
 from ._knowledge_schema import (
@@ -67,6 +68,7 @@ class KnowledgeStore(KnowledgeSearch, Closeable):
         """
         if not isinstance(path, str | Path):
             raise InvalidInputError(f"path must be a str or Path, got {type(path).__name__}")
+        check_path(path)
         config = config or Config.load()  # memstrata.toml and MEMSTRATA_* apply
         reason: str | None = None
         if embedder is None:

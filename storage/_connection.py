@@ -233,7 +233,11 @@ class Database(Closeable):
         # since ``PRAGMA data_version`` only changes for other connections' commits
         self._vector_generations: dict[str, int] = {}
         self.conn: Any = None
-        if not read_only and not writable(self.path):
+        try:
+            refused = not read_only and not writable(self.path)
+        except OSError as exc:  # a name too long for the file system, a folder it cannot search
+            raise StorageError(f"cannot open database {self.path}: {exc.strerror}") from exc
+        if refused:
             if not self.path.exists():
                 raise ReadOnlyError(f"cannot create database {self.path}: its folder is read-only")
             read_only = True

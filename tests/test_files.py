@@ -780,7 +780,9 @@ def test_a_memory_note_whose_name_is_not_utf8_is_skipped(mf: MemoryFiles, worksp
 def test_a_root_whose_path_is_not_utf8_is_refused_naming_it(tmp_path: Path, data_dir: Path):
     root = tmp_path / os.fsdecode(b"caf\xe9")
     write(root / "a.py", "x = 1\n")
-    with pytest.raises(InvalidInputError, match=r"^root '.*/caf\\xe9' is not valid UTF-8"):
+    with pytest.raises(
+        InvalidInputError, match=r"^root must be valid UTF-8 text \(no lone surrogates\), got '.*/caf\\xe9'"
+    ):
         Codebase.open(root, embedder=FakeEmbedder(), config=config(data_dir))
 
 
