@@ -95,8 +95,8 @@ class MemstrataMemoryConfig(BaseModel):
         default=None, description="a folder for the item database; None keeps it in memory"
     )
     k: int = Field(default=3, gt=0, le=MAX_TOP_K, description="how many memories a query returns at most")
-    score_threshold: float | None = Field(
-        default=None, description="lowest cosine similarity a returned memory may have"
+    score_threshold: float | None = Field(  # NaN would compare false and filter nothing
+        default=None, allow_inf_nan=False, description="lowest cosine similarity a returned memory may have"
     )
     allow_reset: bool = False
     embedding_model: str | None = Field(

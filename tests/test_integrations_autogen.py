@@ -150,6 +150,9 @@ def test_errors_name_the_field_at_fault_and_k_is_not_converted() -> None:
     asyncio.run(scenario())
     with pytest.raises(ValueError, match="k"):
         MemstrataMemoryConfig(k=1001)
+    for threshold in (float("nan"), float("inf"), float("-inf")):  # NaN would filter nothing
+        with pytest.raises(ValueError, match="score_threshold"):
+            MemstrataMemoryConfig(score_threshold=threshold)
 
 
 def test_top_k_is_k_a_blank_query_finds_nothing_and_a_wrong_type_is_a_type_error() -> None:
