@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from memstrata.core.validation import show
 from memstrata.errors import InvalidInputError
 from memstrata.messages import (
     ClearNamespace,
@@ -172,4 +173,4 @@ def _pair(value: Any, n: int) -> tuple[tuple[str, ...], Any]:
     """A ``(namespace, key)`` pair of ``deletes``, its namespace as :func:`_ns` makes it."""
     if isinstance(value, list | tuple) and len(value) == 2:
         return _ns(value[0]), value[1]
-    raise InvalidInputError(f"WriteItems.deletes[{n}] must be a (namespace, key) pair, got {value!r:.60}")
+    raise InvalidInputError(f"WriteItems.deletes[{n}] must be a (namespace, key) pair, got {show(value)}")
