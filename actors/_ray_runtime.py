@@ -154,6 +154,10 @@ class RayRuntime(Runtime):
     def _remote(self, kind: str, key: str) -> bool:
         return kind in _HOSTED and (kind, key) not in self._local
 
+    def hosted_here(self, kind: str, key: str) -> bool:
+        """False for an actor on a host of its own (another process, most likely)."""
+        return not self._remote(kind, key)
+
     def existing(self, kind: str, key: str) -> Any:
         if not self._remote(kind, key):
             return super().existing(kind, key)

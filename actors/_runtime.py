@@ -208,6 +208,10 @@ class Runtime(EmbeddingServices, Shutdown):
             ref = self._refs.get((kind, key))
         return ref if ref is not None and ref.is_alive() else None
 
+    def hosted_here(self, kind: str, key: str) -> bool:
+        """True: every actor of this engine runs in this process (and shares its GIL)."""
+        return True
+
     def ref(self, kind: str, key: str) -> pykka.ActorRef[Any]:
         """The actor for ``(kind, key)``, created by its supervisor on first use."""
         ref = self.existing(kind, key)

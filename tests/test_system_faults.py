@@ -21,6 +21,7 @@ from memstrata.config import ActorsConfig, AgentConfig, StorageConfig
 from memstrata.errors import ActorCrashedError, AgentDegradedError, DatabaseBusyError, StorageError
 from memstrata.messages import ListKnowledge, TaskAssigned, TaskPrompt
 from memstrata.storage import Embedder, open_database
+from memstrata.testing import ManualClock
 from tests._support import in_threads
 from tests.fakes import FakeEmbedder
 
@@ -35,6 +36,8 @@ class Faults:
         self.crash_searches = 0  # the next N searches raise RuntimeError
         self.raise_on_search: BaseException | None = None  # every search raises this
         self.gate: threading.Event | None = None  # searches wait for it
+        self.entered = threading.Event()  # set by the first search that met the gate
+        self.episodes_searched = threading.Event()  # set by every episode search
         self.fail_opens = 0  # the next N opens raise RuntimeError (a bug, not a storage error)
         self.opens = 0
         self.open_gate: threading.Event | None = None  # opens wait for it
@@ -53,6 +56,7 @@ class Faults:
         if self.raise_on_search is not None:
             raise self.raise_on_search
         if self.gate is not None:
+            self.entered.set()
             self.gate.wait(30)
 
 
@@ -89,7 +93,15 @@ class FaultyStores(LayerStores):
     def open_episodic(
         self, path: Path, embedder: Embedder | None, config: Config, clock: Callable[[], datetime]
     ) -> Any:
-        return super().open_episodic(path, embedder, config, clock)
+        layer = super().open_episodic(path, embedder, config, clock)
+        search, searched = layer.search, self.faults.episodes_searched
+
+        def noted(*args: Any, **kwargs: Any) -> Any:
+            searched.set()
+            return search(*args, **kwargs)
+
+        layer.search = noted
+        return layer
 
 
 @pytest.fixture
@@ -98,14 +110,22 @@ def faults() -> Faults:
 
 
 def start(
-    data_dir: Path, faults: Faults, *, embedder: Any = None, timeout_s: float = 5.0, **actors: Any
+    data_dir: Path,
+    faults: Faults,
+    *,
+    embedder: Any = None,
+    timeout_s: float = 5.0,
+    clock: ManualClock | None = None,
+    **actors: Any,
 ) -> MemorySystem:
     config = Config(
         data_dir=data_dir,
         agent=AgentConfig(retrieval_timeout_s=timeout_s),
         actors=dataclasses.replace(ActorsConfig(), **actors),
     )
-    return MemorySystem.start(config, embedder=embedder or FakeEmbedder(), stores=FaultyStores(faults))
+    return MemorySystem.start(
+        config, embedder=embedder or FakeEmbedder(), stores=FaultyStores(faults), clock=clock
+    )
 
 
 @pytest.fixture
@@ -394,6 +414,74 @@ def test_the_small_searches_start_once_the_agents_store_has_answered(data_dir: P
             "cache invalidation needs versioned keys",
             "cache keys carry the schema version",
         }
+        assert [e.episode.content for e in prompt.episodes] == ["invalidated the cache after the deploy"]
+    finally:
+        if faults.gate is not None:
+            faults.gate.set()
+        system.stop()
+
+
+def test_the_small_searches_run_one_after_another(data_dir: Path, faults: Faults) -> None:
+    """Searched side by side in one process they convoy on the GIL: the episode search waits for
+    the shared store's, and a stuck shared store leaves it not started at the deadline."""
+    faults.agent = "shared"  # only the shared store gets stuck
+    clock = ManualClock()
+    system = start(data_dir, faults, clock=clock)
+    try:
+        agent = system.agent("a1")
+        agent.store_knowledge("cache invalidation needs versioned keys", category="pattern")
+        agent.store_knowledge("cache keys carry the schema version", category="pattern", shared=True)
+        agent.remember("invalidated the cache after the deploy")
+        assert system.wait_idle(10)
+        faults.gate = threading.Event()
+        answers: list[TaskPrompt] = []
+        caller = threading.Thread(target=lambda: answers.append(agent.begin_task("t1", "cache invalidation")))
+        caller.start()
+        assert faults.entered.wait(10)  # the agent's store has answered; the shared one is stuck
+        clock.advance(5.1)  # past the retrieval budget
+        caller.join(10)
+        assert answers, "begin_task did not return"
+        prompt = answers[0]
+        assert not prompt.fallback
+        assert [h.entry.content for h in prompt.hits] == ["cache invalidation needs versioned keys"]
+        assert prompt.episodes == ()
+        assert prompt.reason == (
+            "partial: shared knowledge query timed out after 5 s; "
+            "episode search not started: the shared knowledge query had not answered"
+        )
+    finally:
+        if faults.gate is not None:
+            faults.gate.set()
+        system.stop()
+
+
+def test_a_search_hosted_in_another_process_goes_out_with_the_local_ones(
+    data_dir: Path, faults: Faults, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store on a host of its own (on Ray, with ``cluster.group = "layer"``) shares no GIL with
+    the agent: its search goes out at once, not after the local one in flight (here the runtime
+    is told the episodic store is remote, and the shared store's search is held)."""
+    faults.agent = "shared"
+    system = start(data_dir, faults)
+    try:
+        monkeypatch.setattr(system._runtime, "hosted_here", lambda kind, key: kind != "episodic")
+        agent = system.agent("a1")
+        agent.store_knowledge("cache invalidation needs versioned keys", category="pattern")
+        agent.store_knowledge("cache keys carry the schema version", category="pattern", shared=True)
+        agent.remember("invalidated the cache after the deploy")
+        assert system.wait_idle(10)
+        faults.gate = threading.Event()
+        faults.episodes_searched.clear()
+        answers: list[TaskPrompt] = []
+        caller = threading.Thread(target=lambda: answers.append(agent.begin_task("t1", "cache invalidation")))
+        caller.start()
+        assert faults.entered.wait(10)  # the shared store holds its search
+        assert faults.episodes_searched.wait(10)  # the remote episodic store was asked all the same
+        faults.gate.set()
+        caller.join(10)
+        assert answers, "begin_task did not return"
+        prompt = answers[0]
+        assert prompt.reason is None
         assert [e.episode.content for e in prompt.episodes] == ["invalidated the cache after the deploy"]
     finally:
         if faults.gate is not None:
