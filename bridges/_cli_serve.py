@@ -157,6 +157,7 @@ def serve(ctx: click.Context, workers: int | None, max_line_bytes: int | None, l
                 workers=workers or bridges.workers,
                 max_line_bytes=max_line_bytes or bridges.max_line_bytes,
                 debug=state.debug,
+                on_stop=registry.stop_syncs,  # an index in flight ends before its next file
             )
             startup.server = server
             if listener is not None:

@@ -120,6 +120,7 @@ class JsonLinesServer:
         debug: bool = False,
         log: IO[str] | None = None,
         stop_grace: float = STOP_GRACE_S,
+        on_stop: Callable[[], None] | None = None,
     ) -> None:
         if workers < 1:
             raise InvalidInputError(f"workers must be at least 1, got {workers}")
@@ -133,6 +134,7 @@ class JsonLinesServer:
         self.max_depth = max_depth
         self.debug = debug
         self.stop_grace = stop_grace
+        self._on_stop = on_stop  # told when a stop is first asked for (see _stopping)
         self._log = log
         self.stats = ServeStats()
         self._stats_lock = threading.Lock()
@@ -294,7 +296,7 @@ class JsonLinesServer:
             def _stop(signum: int, frame: Any) -> None:
                 if self._stop_requested:  # asked twice: stop waiting for requests in flight
                     raise KeyboardInterrupt
-                self._stop_requested = True
+                self._stopping()
                 if self._interruptible:  # interrupt a blocking read or accept, never a dispatch
                     raise _Shutdown
 
@@ -426,9 +428,20 @@ class JsonLinesServer:
             return None
         return thread
 
+    def _stopping(self) -> None:
+        """Mark the server stopping and tell ``on_stop`` the first time: long work in flight (an
+        index of a large tree) can then end early rather than keep the process."""
+        first = not self._stop_requested
+        self._stop_requested = True
+        if first and self._on_stop is not None:
+            try:
+                self._on_stop()
+            except Exception as exc:  # stopping goes on: the requests in flight are still answered
+                self.warn(f"stopping: {type(exc).__name__}: {exc}")
+
     def stop(self) -> None:
         """Stop accepting clients (from another thread); :meth:`serve_socket` then drains."""
-        self._stop_requested = True
+        self._stopping()
         with self._connections_lock:  # wakes a wait for room to accept
             self._connections_lock.notify_all()
         listener = self._listener

@@ -191,15 +191,21 @@ class _FileIndex(Closeable):
 
     # -- sync ----------------------------------------------------------------------------------
 
-    def sync(self, progress: ProgressCallback | None = None) -> SyncStats:
-        """Index new and changed files, prune deleted ones; ``progress(done, total, path)``."""
+    def sync(
+        self, progress: ProgressCallback | None = None, *, should_stop: Callable[[], bool] | None = None
+    ) -> SyncStats:
+        """Index new and changed files, prune deleted ones; ``progress(done, total, path)``.
+        Once ``should_stop()`` is true no file and no embedding batch is started: what was
+        indexed stays, the rest is left for the next sync (``complete`` is then False)."""
         if progress is not None and not callable(progress):
             raise InvalidInputError("progress must be a callable (done, total, path) or None")
+        if should_stop is not None and not callable(should_stop):
+            raise InvalidInputError("should_stop must be a callable () -> bool or None")
         store = self.store
         watcher = self._watcher
         with self._sync_lock:
             seen = watcher.generation if watcher is not None else 0
-            result = store.sync(progress=progress, clock=self._clock)
+            result = store.sync(progress=progress, should_stop=should_stop, clock=self._clock)
         if watcher is not None:
             watcher.clear_dirty(seen)  # a change seen during the sync is left for the watcher
         return self._record(result)

@@ -120,6 +120,7 @@ class Workspaces(Closeable):
         self._lock = threading.RLock()
         self._handles: dict[tuple[Path, Kind], _Handle] = {}
         self._closed = False
+        self._stopping = threading.Event()  # see stop_syncs
         with self._connections():
             self._db: Database = open_database(self.data_dir / "workspaces.sqlite", load_vec=False)
         try:
@@ -260,7 +261,8 @@ class Workspaces(Closeable):
     ) -> tuple[Workspace, Any]:
         """Register ``path`` (if new) and bring its index up to date; returns it and the SyncStats.
         A new root is registered once its index opened; when its first sync fails too, it is
-        unregistered and its index deleted: a failed ``index`` leaves nothing behind."""
+        unregistered and its index deleted: a failed ``index`` leaves nothing behind. After
+        :meth:`stop_syncs` the sync starts no file (``complete`` False)."""
         if kind not in ("auto", *KINDS):
             raise InvalidInputError(f"kind must be 'auto', 'memory' or 'code', got {kind!r}")
         root = _normalise_root(path)
@@ -272,7 +274,7 @@ class Workspaces(Closeable):
             with self._using(ws) as layer:
                 if known is None:
                     ws = self._register(ws)
-                stats = layer.sync(progress=progress)
+                stats = layer.sync(progress=progress, should_stop=self._stopping.is_set)
         except Exception:
             if known is None:  # the error that stopped it is the one to see, not a failed cleanup
                 with contextlib.suppress(StorageError):
@@ -466,6 +468,13 @@ class Workspaces(Closeable):
                 entry["error"] = f"{type(exc).__name__}: {exc}"
             out.append(entry)
         return out
+
+    def stop_syncs(self) -> None:
+        """Make each :meth:`index` in flight, and every later one, stop before its next file or
+        embedding batch: what it indexed stays, the rest waits for the next sync (its stats say
+        ``complete`` False). For a server that is stopping, where an index of a large tree could
+        otherwise keep the process for minutes after its client has gone."""
+        self._stopping.set()
 
     def close(self) -> None:
         """Stop watchers and close every layer and the registry; idempotent."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import sqlite3
 import stat
@@ -220,6 +221,16 @@ def test_progress_reports_each_file(mf: MemoryFiles):
     assert {s[2] for s in seen} == {"MEMORY.md", "memory/2024-05-01.md", "memory/projects/billing.md"}
     with pytest.raises(InvalidInputError, match="progress"):
         mf.sync(progress="yes")  # type: ignore[arg-type]
+
+
+def test_a_sync_told_to_stop_starts_no_further_file_and_the_next_one_finishes(mf: MemoryFiles):
+    asked = itertools.count()
+    stopped = mf.sync(should_stop=lambda: next(asked) > 0)  # stop once a file was started
+    assert not stopped.complete and stopped.files_processed < 3
+    rest = mf.sync()
+    assert rest.complete and stopped.files_processed + rest.files_processed == 3
+    with pytest.raises(InvalidInputError, match="should_stop"):
+        mf.sync(should_stop=True)  # type: ignore[arg-type]
 
 
 def test_chunker_version_change_purges_and_rebuilds(

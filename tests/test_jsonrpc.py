@@ -265,7 +265,7 @@ def socket_path() -> Iterator[str]:
 @pytest.fixture
 def served(system: MemorySystem, data_dir: Path, socket_path: str) -> Iterator[JsonLinesServer]:
     with Workspaces.open(data_dir, embedder=FakeEmbedder()) as workspaces:
-        server = JsonLinesServer(build_methods(system, workspaces), workers=4)
+        server = JsonLinesServer(build_methods(system, workspaces), workers=4, on_stop=workspaces.stop_syncs)
         listener = open_listener(f"unix:{socket_path}")
         thread = threading.Thread(target=server.serve_socket, args=(listener,), daemon=True)
         thread.start()
@@ -328,6 +328,51 @@ def test_a_client_dying_mid_subscription_never_stops_the_server(
 
 def _board_subscribers(system: MemorySystem, session: str) -> int:
     return int(system.status()["blackboards"][session]["subscribers"])
+
+
+class _HeldEmbedder(FakeEmbedder):
+    """A model whose document batches wait until the test lets them go."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def embed_documents(self, texts: Any) -> Any:
+        self.entered.set()
+        self.release.wait(WAIT)
+        return super().embed_documents(texts)
+
+
+def test_a_stopping_server_ends_an_index_in_flight_before_its_next_file(
+    system: MemorySystem, data_dir: Path, socket_path: str, tmp_path: Path
+) -> None:
+    """An index of a large tree could keep a stopped server for minutes: it ends after the files
+    it is embedding, and the rest is indexed by the next sync."""
+    tree = tmp_path / "notes"
+    (tree / "memory").mkdir(parents=True)
+    for n in range(300):  # more than one batch of chunks
+        (tree / "memory" / f"{n:03}.md").write_text(f"# step {n}\n\nthe deploy step {n} takes the lock\n")
+    held = _HeldEmbedder()
+    with Workspaces.open(data_dir, embedder=held) as workspaces:
+        server = JsonLinesServer(build_methods(system, workspaces), workers=4, on_stop=workspaces.stop_syncs)
+        thread = threading.Thread(
+            target=server.serve_socket, args=(open_listener(f"unix:{socket_path}"),), daemon=True
+        )
+        thread.start()
+        client = RpcClient(socket_path)
+        client.send(_rq(1, "index", path=str(tree), kind="memory"))
+        assert held.entered.wait(WAIT)  # the index is embedding its first batch
+        server.stop()
+        held.release.set()
+        answer = client.next(lambda m: m.get("id") == 1)
+        client.close()
+        thread.join(WAIT)
+        assert not thread.is_alive()
+    stats = answer["result"]["stats"]
+    assert stats["complete"] is False and stats["files_processed"] < 300, stats
+    with Workspaces.open(data_dir, embedder=FakeEmbedder()) as again:
+        _, rest = again.index(tree)
+    assert rest.complete and stats["files_processed"] + rest.files_processed == 300
 
 
 def test_listen_addresses_are_checked(socket_path: str) -> None:
