@@ -332,7 +332,9 @@ class Runtime(EmbeddingServices, Shutdown):
                 "knowledge", SHARED, BoundedSearch(dataclasses.replace(own_query, agent_id=SHARED), embed_s)
             )
         deadline = time.monotonic() + limit
-        own_found = self.wait(own, deadline - time.monotonic(), f"QueryKnowledge to {message.agent_id!r}")
+        own_found = self.wait(
+            own, max(0.0, deadline - time.monotonic()), f"QueryKnowledge to {message.agent_id!r}"
+        )
         own_result, degraded = own_found.result, own_found.degraded
         shared_hits: tuple[Any, ...] = ()
         if shared is not None:

@@ -22,6 +22,7 @@ import datetime as _dt
 import math
 import os
 import re
+import threading
 from collections.abc import Iterable, Mapping
 from typing import Literal, TypeGuard, overload
 
@@ -71,6 +72,7 @@ __all__ = [
     "check_tags",
     "check_task_id",
     "check_text",
+    "check_timeout",
     "check_top_k",
     "check_ttl",
     "clean_text",
@@ -379,6 +381,18 @@ def _as_float(value: object) -> float | None:
         return float(value)
     except OverflowError:
         return None
+
+
+def check_timeout(value: object, name: str = "timeout") -> float | None:
+    """``None`` (the default bound) or how many seconds to wait: a finite number from 0 up to
+    what a thread can wait for. Checked before anything is sent, so a bad bound never leaves a
+    request running that its caller was told had failed."""
+    if value is None:
+        return None
+    number = _as_float(value)
+    if number is None or not 0 <= number <= threading.TIMEOUT_MAX:  # NaN and inf fail too
+        raise fail(name, "must be a number of seconds, at least 0 and finite", value)
+    return number
 
 
 def check_ttl(value: object, name: str, *, unit: str = "seconds", high: float = math.inf) -> float | None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from memstrata.core.errors import InvalidInputError
-from memstrata.core.validation import check_bool, check_path
+from memstrata.core.validation import check_bool, check_path, check_timeout
 from memstrata.messages import (
     SHARED,
     ArchiveEpisodes,
@@ -54,8 +54,10 @@ class Hits(list[Any]):
         self.degraded = degraded
 
 
-def _timeout(system: MemorySystem, timeout: float | None) -> float:
-    return system.config.actors.ask_timeout_s if timeout is None else timeout
+def _timeout(system: MemorySystem, timeout: object) -> float:
+    """``timeout`` checked, or the system's ask bound for ``None``."""
+    checked = check_timeout(timeout)
+    return system.config.actors.ask_timeout_s if checked is None else checked
 
 
 def _absolute(path: object) -> str:

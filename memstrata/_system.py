@@ -31,6 +31,7 @@ from memstrata.actors import (
 )
 from memstrata.core.config import Config, EmbeddingConfig
 from memstrata.core.errors import ConfigError, EmbedderUnavailableError, InvalidInputError, StorageError
+from memstrata.core.validation import check_timeout
 from memstrata.messages import SHARED, Message, Signal, check_agent_id, check_session_id
 from memstrata.storage import Embedder, load_embedder
 
@@ -188,7 +189,7 @@ class MemorySystem:
         Idempotent. ``timeout`` (default ``actors.stop_timeout_s``) bounds the wait for a stuck
         actor; whatever it had not processed is still in the outbox and is replayed next start.
         """
-        report = self._runtime.stop(timeout)
+        report = self._runtime.stop(check_timeout(timeout))
         _RUNNING.discard(self)
         self._run_stop_hooks()
         return report
@@ -197,11 +198,12 @@ class MemorySystem:
         """:meth:`stop`, then, on the Ray engine, every host of the namespace for good (other
         drivers' agents too: files committed, boards kept only with ``blackboard_snapshot``).
         What did not stop cleanly, one line each; the same as :meth:`stop` on the local engine."""
+        limit = check_timeout(timeout)
         down = getattr(self._runtime, "stop_cluster", None)
         if down is None:
-            return list(self.stop(timeout).late)
+            return list(self.stop(limit).late)
         _RUNNING.discard(self)
-        late = list(down(timeout))
+        late = list(down(limit))
         self._run_stop_hooks()
         return late
 
@@ -232,7 +234,7 @@ class MemorySystem:
 
         True when idle; False if ``timeout`` passed first. Meant for tests and simulations.
         """
-        return self._runtime.wait_idle(timeout)
+        return self._runtime.wait_idle(check_timeout(timeout))
 
     @property
     def config(self) -> Config:
@@ -298,8 +300,9 @@ class MemorySystem:
         self._runtime.check_open()
         check_agent_id(agent_id)
         # its own write-backs land first; other agents' traffic does not hold it up
-        self._runtime.wait_idle(timeout or self.config.actors.stop_timeout_s, owner=agent_id)
-        self._runtime.retire(agent_id, timeout or self.config.actors.stop_timeout_s)
+        limit = check_timeout(timeout) or self.config.actors.stop_timeout_s
+        self._runtime.wait_idle(limit, owner=agent_id)
+        self._runtime.retire(agent_id, limit)
 
     def revive(self, agent_id: str) -> bool:
         """Clear a degraded agent's mark and restart budget; queued write-backs are replayed."""
@@ -363,17 +366,22 @@ class MemorySystem:
         needs ``callback``. Raises :class:`RequestTimeoutError` after ``timeout`` (default
         ``actors.ask_timeout_s``), :class:`ActorCrashedError` if the actor crashed on it.
         """
-        return self._runtime.ask(message, timeout=timeout, callback=callback)
+        return self._runtime.ask(message, timeout=check_timeout(timeout), callback=callback)
 
     # -- status --------------------------------------------------------------------------------
 
-    def status(self) -> dict[str, Any]:
+    def status(self, timeout: float = 2.0) -> dict[str, Any]:
         """What runs and what is stored: drivers, vectors, model, per-agent counts, degradation
-        (on the Ray engine, every host's actors and a ``cluster`` section: nodes and hosts)."""
-        report = system_status(self._runtime)
+        (on the Ray engine, every host's actors and a ``cluster`` section: nodes and hosts).
+        Each actor has ``timeout`` seconds to answer; one busy longer shows
+        ``{"error": "busy: ..."}`` in its place rather than hold up the report."""
+        limit = check_timeout(timeout)
+        if limit is None:
+            raise InvalidInputError("timeout must be a number of seconds, got None")
+        report = system_status(self._runtime, limit)
         cluster = getattr(self._runtime, "cluster_status", None)
         if cluster is not None and not self._runtime.stopped:
-            report["cluster"] = cluster()
+            report["cluster"] = cluster(limit)
             report["warnings"][:0] = host_model_warnings(report["cluster"])
         return report
 

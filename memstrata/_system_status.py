@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 __all__ = ["configured_embedding", "host_model_warnings", "offline_status", "system_status"]
 
 
-def system_status(runtime: Runtime) -> dict[str, Any]:
+def system_status(runtime: Runtime, timeout: float) -> dict[str, Any]:
     """What runs and what is stored: drivers, vectors, model, per-agent counts, degradation."""
     from memstrata.actors import BatchingEmbedder
     from memstrata.messages import SHARED
@@ -51,7 +51,7 @@ def system_status(runtime: Runtime) -> dict[str, Any]:
     items: dict[str, Any] = {}
     degraded = runtime.supervision.degraded()
     if not runtime.stopped:
-        for (kind, key), state in runtime.actor_status().items():
+        for (kind, key), state in runtime.actor_status(timeout).items():
             if kind == "blackboard":
                 boards[key] = state
                 continue

@@ -125,3 +125,28 @@ def test_shared_must_be_a_boolean_as_at_every_other_door(data_dir: Path) -> None
         with pytest.raises(InvalidInputError, match="shared must be true or false, got 1"):
             agent.list_knowledge(shared=1)  # type: ignore[arg-type]
         assert system.agent("b1").query_knowledge("private note", include_shared=True) == []
+
+
+@pytest.mark.parametrize("bad", [-1, float("nan"), float("inf"), 1e300, "2", True])
+def test_a_bad_timeout_is_refused_before_anything_is_sent(data_dir: Path, bad: object) -> None:
+    """A negative or NaN bound was a RequestTimeoutError for a write that then happened; a huge
+    one an OverflowError, text a TypeError. Each is now refused naming it, and nothing runs."""
+    with MemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder()) as system:
+        agent = system.agent("a1")
+        calls = [
+            lambda: agent.store_knowledge("a write that must not happen", category="fact", timeout=bad),
+            lambda: agent.complete_task("t1", "an outcome that must not be queued", timeout=bad),
+            lambda: agent.query_knowledge("anything", timeout=bad),
+            lambda: system.items.put(("users",), "u1", {"n": 1}, timeout=bad),
+            lambda: system.export(data_dir.parent / "out.jsonl", timeout=bad),
+            lambda: system.wait_idle(bad),  # type: ignore[arg-type]
+            lambda: system.status(bad),  # type: ignore[arg-type]
+            lambda: system.retire("a1", bad),  # type: ignore[arg-type]
+        ]
+        for call in calls:
+            with pytest.raises(InvalidInputError, match=r"^timeout must be a number of seconds"):
+                call()
+        assert system.wait_idle(10)
+        assert agent.list_knowledge() == [] and agent.list_episodes() == []
+        assert system.items.get(("users",), "u1") is None
+        assert not (data_dir.parent / "out.jsonl").exists()

@@ -147,7 +147,7 @@ def test_agents_on_two_nodes_share_memory_with_a_second_driver(cluster: Any, dat
         assert arrived.wait(120)
         assert [(s.key, s.value) for s in got] == [("build.status", "green")]
         assert subscription.unsubscribe()
-        assert system.status()["embedding"]["keyword_only"] is False  # status answers with Ray too
+        assert system.status(BOUND_S)["embedding"]["keyword_only"] is False  # status answers with Ray too
     finally:
         report = system.stop(30)
     assert report.drained
@@ -183,7 +183,7 @@ def test_items_and_status_reach_every_host_from_any_driver(cluster: Any, data_di
         assert items_pid != os.getpid()  # the store runs in its host, not in a driver
 
         first.agent("st0").store_knowledge("the status page lives at /health", category="fact")
-        status = second.status()  # the second driver never used st0
+        status = second.status(BOUND_S)  # the second driver never used st0
         state = status["agents"]["st0"]["knowledge"]
         node, pid = _where("agent:st0")
         assert (state["host"], state["node"], state["pid"]) == ("agent:st0", node, pid)
@@ -214,12 +214,12 @@ def test_degraded_marks_live_in_the_hosts_and_revive_clears_them(cluster: Any, d
     with MemorySystem.start(_config(data_dir, cluster.address), embedder=HashEmbedder()) as system:
         system.agent("dg0").store_knowledge("the runbook is in the wiki", category="fact")
         _degrade(ray.get_actor("agent:dg0", namespace=NAMESPACE), "dg0")
-        status = system.status()
+        status = system.status(BOUND_S)
         assert "knowledge actor crashed" in status["degraded"]["dg0"]
         assert any(w.startswith("dg0 is degraded") for w in status["warnings"])
         assert "dg0" in status["cluster"]["hosts"]["agent:dg0"]["degraded"]
         assert system.revive("dg0") is True  # cleared in the host that runs dg0
-        assert "dg0" not in system.status()["degraded"]
+        assert "dg0" not in system.status(BOUND_S)["degraded"]
         assert system.revive("dg0") is False
 
 

@@ -212,7 +212,7 @@ def test_a_failing_model_is_reported_in_one_line(cluster: Any, data_dir: Path) -
         assert "model exploded" in _one_line(hits.degraded)
         prompt = agent.begin_task("t1", "payment module")
         assert "model exploded" in _one_line(prompt.reason)
-        status = system.status()
+        status = system.status(BOUND_S)
         warnings = status["warnings"]
         assert any("model exploded" in _one_line(w) for w in warnings), warnings
         for warning in warnings:
@@ -244,7 +244,7 @@ def test_a_subscriber_that_raises_is_counted_as_on_the_local_engine(cluster: Any
         for thread in relay:  # it ends once the board has counted the error and unsubscribed
             thread.join(BOUND_S)
             assert not thread.is_alive()
-        status = system.status()
+        status = system.status(BOUND_S)
         assert status["blackboards"]["raising"]["subscriber_errors"] == 1
         assert "callback boom" in _one_line(status["blackboards"]["raising"]["last_subscriber_error"])
         assert status["blackboard_subscriber_errors"] == 1

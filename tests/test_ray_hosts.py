@@ -112,11 +112,11 @@ def test_a_killed_board_host_comes_back_with_values_versions_and_subscriptions(
         with changed:
             after = [(s.key, s.value, s.version) for s in got]
         assert ("plan.gone", "back", 3) in after
-        status = system.status()["blackboards"]["rs"]
+        status = system.status(BOUND_S)["blackboards"]["rs"]
         assert status["subscribers"] == 1 and status["keys"] == 2
         # the id the subscriber held from before the crash still unsubscribes
         assert subscription.unsubscribe()
-        assert system.status()["blackboards"]["rs"]["subscribers"] == 0
+        assert system.status(BOUND_S)["blackboards"]["rs"]["subscribers"] == 0
     finally:
         system.stop(30)
 
@@ -141,14 +141,14 @@ def test_each_restart_of_a_host_counts_against_its_agent_s_budget(cluster: Any, 
             restarted("agent:hr0", namespace, pid)
 
         kill()  # within the budget
-        status = system.status()
+        status = system.status(BOUND_S)
         assert status["restarts"] == {"host:agent:hr0": 1}
         assert status["cluster"]["hosts"]["agent:hr0"]["restarts"] == {"host:agent:hr0": 1}
         assert status["degraded"] == {}
         assert [e.content for e in agent.list_knowledge()] == stored
 
         kill()  # past it: a new process, which knows of the first restart
-        status = system.status()
+        status = system.status(BOUND_S)
         reason = status["degraded"]["hr0"]
         assert reason.startswith("host actor crashed 2 times since it started (last: ActorCrashedError: ")
         assert "the Ray host 'agent:hr0' died" in reason
@@ -159,7 +159,7 @@ def test_each_restart_of_a_host_counts_against_its_agent_s_budget(cluster: Any, 
         assert [e.content for e in agent.list_knowledge()] == stored
 
         kill()  # the revive holds in the next process: a whole budget again
-        status = system.status()
+        status = system.status(BOUND_S)
         assert status["restarts"] == {"host:agent:hr0": 2}
         assert status["degraded"] == {}
     finally:
@@ -176,7 +176,7 @@ def test_one_embedder_per_node_per_model_shared_by_the_nodes_hosts(cluster: Any,
         for agent_id in ("e0", "e1", "e2", "e3"):
             hits = system.agent(agent_id).query_knowledge("signing keys", include_shared=False)
             assert [h.entry.content for h in hits] == [f"{agent_id} rotates the signing keys"]
-        state = system.status()["agents"]
+        state = system.status(BOUND_S)["agents"]
         dims = {
             agent_id: state[agent_id]["knowledge"]["store"]["dim"] for agent_id in ("e0", "e1", "e2", "e3")
         }
