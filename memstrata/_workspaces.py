@@ -109,9 +109,15 @@ class Workspaces(Closeable):
         config: Config | None = None,
         embedder: Embedder | None = None,
     ) -> None:
-        from memstrata.storage import apply_migrations, open_database
+        from memstrata.storage import Embedder, apply_migrations, open_database
 
-        self.data_dir = Path(data_dir)
+        self.data_dir = Path(check_path(data_dir, "data_dir"))
+        if config is not None and not isinstance(config, Config):
+            raise InvalidInputError(f"config must be a Config or None, got {type(config).__name__}")
+        if embedder is not None and not isinstance(embedder, Embedder):  # a runtime-checkable protocol
+            raise InvalidInputError(
+                f"embedder must implement the Embedder protocol or be None, got {type(embedder).__name__}"
+            )
         if config is None:  # memstrata.toml and MEMSTRATA_* apply, with this data dir
             config = dataclasses.replace(Config.load(), data_dir=self.data_dir)
         self.config = config

@@ -65,3 +65,22 @@ def test_a_name_too_long_for_the_file_system_is_refused_with_its_reason(kind: st
 def test_the_data_folder_of_a_config_is_checked_as_every_path_is(data_dir: Any, words: str) -> None:
     with pytest.raises(ConfigError, match=rf"^config key 'data_dir' {words}"):
         Config(data_dir=data_dir)
+
+
+def test_the_registry_of_indexed_folders_checks_what_it_is_given(tmp_path: Path) -> None:
+    """``Workspaces`` (behind ``memstrata index``, the server's file methods and the tools)
+    refused nothing: a number as its folder was a ``TypeError``, a list as its config an
+    ``AttributeError`` at its first use."""
+    from memstrata._workspaces import Workspaces
+
+    with pytest.raises(InvalidInputError, match=r"^data_dir must be a path given as a string, got int"):
+        Workspaces(1)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match=r"^data_dir must not contain NUL characters"):
+        Workspaces("a\x00b")
+    with pytest.raises(InvalidInputError, match=r"^config must be a Config or None, got list"):
+        Workspaces(tmp_path, config=[])  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match=r"^embedder must implement the Embedder protocol"):
+        Workspaces(tmp_path, embedder="fake")  # type: ignore[arg-type]
+    assert not (tmp_path / "workspaces.sqlite").exists()  # refused before anything was made
+    with Workspaces(tmp_path, embedder=FakeEmbedder()) as registry:
+        assert registry.roots() == []
