@@ -392,14 +392,26 @@ def test_tasks_sequence_is_independent_of_sleeping(system: MemorySystem) -> None
     assert status["agent"]["written_back"] == 20
 
 
+def _own_shared_and_episode(agent: Any) -> None:
+    """An entry of the agent's, a shared one and an episode, all found by "cache invalidation"."""
+    agent.store_knowledge("cache invalidation needs versioned keys", category="pattern")
+    agent.store_knowledge("cache keys carry the schema version", category="pattern", shared=True)
+    agent.remember("invalidated the cache after the deploy")
+
+
+def _begin_in_thread(agent: Any, answers: list[TaskPrompt]) -> threading.Thread:
+    """``begin_task`` on a thread of its own, its prompt appended to ``answers``."""
+    caller = threading.Thread(target=lambda: answers.append(agent.begin_task("t1", "cache invalidation")))
+    caller.start()
+    return caller
+
+
 def test_the_small_searches_start_once_the_agents_store_has_answered(data_dir: Path, faults: Faults) -> None:
     faults.agent = "a1"  # only the agent's own store gets stuck; the shared one is fine
     system = start(data_dir, faults, timeout_s=0.5)
     try:
         agent = system.agent("a1")
-        agent.store_knowledge("cache invalidation needs versioned keys", category="pattern")
-        agent.store_knowledge("cache keys carry the schema version", category="pattern", shared=True)
-        agent.remember("invalidated the cache after the deploy")
+        _own_shared_and_episode(agent)
         faults.gate = threading.Event()
         prompt = agent.begin_task("t1", "cache invalidation")
         assert prompt.fallback and prompt.reason is not None and prompt.reason.startswith("timeout:")
@@ -429,14 +441,11 @@ def test_the_small_searches_run_one_after_another(data_dir: Path, faults: Faults
     system = start(data_dir, faults, clock=clock)
     try:
         agent = system.agent("a1")
-        agent.store_knowledge("cache invalidation needs versioned keys", category="pattern")
-        agent.store_knowledge("cache keys carry the schema version", category="pattern", shared=True)
-        agent.remember("invalidated the cache after the deploy")
+        _own_shared_and_episode(agent)
         assert system.wait_idle(10)
         faults.gate = threading.Event()
         answers: list[TaskPrompt] = []
-        caller = threading.Thread(target=lambda: answers.append(agent.begin_task("t1", "cache invalidation")))
-        caller.start()
+        caller = _begin_in_thread(agent, answers)
         assert faults.entered.wait(10)  # the agent's store has answered; the shared one is stuck
         clock.advance(5.1)  # past the retrieval budget
         caller.join(10)
@@ -466,15 +475,12 @@ def test_a_search_hosted_in_another_process_goes_out_with_the_local_ones(
     try:
         monkeypatch.setattr(system._runtime, "hosted_here", lambda kind, key: kind != "episodic")
         agent = system.agent("a1")
-        agent.store_knowledge("cache invalidation needs versioned keys", category="pattern")
-        agent.store_knowledge("cache keys carry the schema version", category="pattern", shared=True)
-        agent.remember("invalidated the cache after the deploy")
+        _own_shared_and_episode(agent)
         assert system.wait_idle(10)
         faults.gate = threading.Event()
         faults.episodes_searched.clear()
         answers: list[TaskPrompt] = []
-        caller = threading.Thread(target=lambda: answers.append(agent.begin_task("t1", "cache invalidation")))
-        caller.start()
+        caller = _begin_in_thread(agent, answers)
         assert faults.entered.wait(10)  # the shared store holds its search
         assert faults.episodes_searched.wait(10)  # the remote episodic store was asked all the same
         faults.gate.set()
