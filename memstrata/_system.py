@@ -38,7 +38,7 @@ from memstrata.storage import Embedder, load_embedder
 from ._agent_handle import Agent, _timeout
 from ._board_handle import Blackboard, Subscription
 from ._items import Items
-from ._system_status import host_model_warnings, system_status
+from ._system_status import STATUS_TIMEOUT_S, host_model_warnings, system_status
 
 __all__ = ["Agent", "Blackboard", "MemorySystem", "Subscription"]
 
@@ -370,14 +370,13 @@ class MemorySystem:
 
     # -- status --------------------------------------------------------------------------------
 
-    def status(self, timeout: float = 2.0) -> dict[str, Any]:
+    def status(self, timeout: float | None = None) -> dict[str, Any]:
         """What runs and what is stored: drivers, vectors, model, per-agent counts, degradation
         (on the Ray engine, every host's actors and a ``cluster`` section: nodes and hosts).
-        Each actor has ``timeout`` seconds to answer; one busy longer shows
+        Each actor has ``timeout`` seconds (default 2) to answer; one busy longer shows
         ``{"error": "busy: ..."}`` in its place rather than hold up the report."""
         limit = check_timeout(timeout)
-        if limit is None:
-            raise InvalidInputError("timeout must be a number of seconds, got None")
+        limit = STATUS_TIMEOUT_S if limit is None else limit
         report = system_status(self._runtime, limit)
         cluster = getattr(self._runtime, "cluster_status", None)
         if cluster is not None and not self._runtime.stopped:

@@ -18,7 +18,15 @@ if TYPE_CHECKING:
     from memstrata.core.config import Config, EmbeddingConfig
     from memstrata.storage import Embedder
 
-__all__ = ["configured_embedding", "host_model_warnings", "offline_status", "system_status"]
+__all__ = [
+    "STATUS_TIMEOUT_S",
+    "configured_embedding",
+    "host_model_warnings",
+    "offline_status",
+    "system_status",
+]
+
+STATUS_TIMEOUT_S = 2.0  # how long each actor has to report, unless the caller says otherwise
 
 
 def system_status(runtime: Runtime, timeout: float) -> dict[str, Any]:
