@@ -471,7 +471,7 @@ def test_a_search_hosted_in_another_process_goes_out_with_the_local_ones(
     the agent: its search goes out at once, not after the local one in flight (here the runtime
     is told the episodic store is remote, and the shared store's search is held)."""
     faults.agent = "shared"
-    system = start(data_dir, faults)
+    system = start(data_dir, faults, clock=ManualClock())  # no deadline unless the test moves it
     try:
         monkeypatch.setattr(system._runtime, "hosted_here", lambda kind, key: kind != "episodic")
         agent = system.agent("a1")
