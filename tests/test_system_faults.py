@@ -493,3 +493,31 @@ def test_a_search_hosted_in_another_process_goes_out_with_the_local_ones(
         if faults.gate is not None:
             faults.gate.set()
         system.stop()
+
+
+def test_status_waits_for_each_actor_as_long_as_it_is_told(data_dir: Path, faults: Faults) -> None:
+    """An actor busy past the bound shows as busy rather than hold up the report; with a bound
+    long enough the report waits for its own state."""
+    faults.agent = "a1"
+    system = start(data_dir, faults)
+    try:
+        agent = system.agent("a1")
+        agent.store_knowledge("the staging database is rebuilt nightly", category="fact")
+        assert system.wait_idle(10)
+        faults.gate = threading.Event()
+        searcher = threading.Thread(target=lambda: agent.query_knowledge("staging database"))
+        searcher.start()
+        assert faults.entered.wait(10)  # the knowledge actor is held inside the search
+        busy = system.status(timeout=0)["agents"]["a1"]["knowledge"]
+        assert busy == {"error": "busy: no answer within the status timeout"}
+        reports: list[dict[str, Any]] = []
+        asker = threading.Thread(target=lambda: reports.append(system.status(timeout=60)))
+        asker.start()
+        faults.gate.set()  # the search ends, then the actor answers the status asked meanwhile
+        asker.join(60)
+        searcher.join(60)
+        assert reports and reports[0]["agents"]["a1"]["knowledge"]["count"] == 1
+    finally:
+        if faults.gate is not None:
+            faults.gate.set()
+        system.stop()
