@@ -385,8 +385,8 @@ def _as_float(value: object) -> float | None:
 
 def check_timeout(value: object, name: str = "timeout") -> float | None:
     """``None`` (the default bound) or how many seconds to wait: a finite number from 0 up to
-    what a thread can wait for. Checked before anything is sent, so a bad bound never leaves a
-    request running that its caller was told had failed."""
+    what a thread can wait for. Checked before anything is sent: a bad bound is the caller's
+    mistake, named as such, not a timeout that never was (``no answer within nan s``)."""
     if value is None:
         return None
     number = _as_float(value)

@@ -129,8 +129,8 @@ def test_shared_must_be_a_boolean_as_at_every_other_door(data_dir: Path) -> None
 
 @pytest.mark.parametrize("bad", [-1, float("nan"), float("inf"), 1e300, "2", True])
 def test_a_bad_timeout_is_refused_before_anything_is_sent(data_dir: Path, bad: object) -> None:
-    """A negative or NaN bound was a RequestTimeoutError for a write that then happened; a huge
-    one an OverflowError, text a TypeError. Each is now refused naming it, and nothing runs."""
+    """A negative or NaN bound was a RequestTimeoutError that never was ("no answer within nan s"),
+    a huge one an OverflowError, text a TypeError. Each is now refused naming it; nothing runs."""
     with MemorySystem.start(Config(data_dir=data_dir), embedder=FakeEmbedder()) as system:
         agent = system.agent("a1")
         calls = [
