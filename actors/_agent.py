@@ -301,7 +301,7 @@ class AgentActor(AgentWriteBack):
     @staticmethod
     def _turn_of(retrieval: _Retrieval) -> str | None:
         """The part in flight whose turn it is, if any."""
-        return next((part for part in retrieval.parts if part in retrieval.turns & retrieval.waiting), None)
+        return next((p for p in retrieval.parts if p in retrieval.turns and p in retrieval.waiting), None)
 
     def _request(self, retrieval: _Retrieval, part: str, kind: str, key: str, message: Any) -> None:
         left = retrieval.timeout_s - (self.runtime.clock.monotonic() - retrieval.started)

@@ -304,7 +304,7 @@ class RayRuntime(Runtime):
 
     # -- status of the whole deployment ----------------------------------------------------------
 
-    def actor_status(self, timeout: float = 2.0) -> dict[tuple[str, str], dict[str, Any]]:
+    def actor_status(self, timeout: float) -> dict[tuple[str, str], dict[str, Any]]:
         """In a driver: this process's actors and every host's in the namespace, each with the
         host, node and process it runs in (other drivers' agents included)."""
         found = super().actor_status(timeout)
@@ -350,7 +350,7 @@ class RayRuntime(Runtime):
     def _round_trip_s(self) -> float:
         return round_trip_s(self.config)
 
-    def cluster_status(self, timeout: float = 2.0) -> dict[str, Any]:
+    def cluster_status(self, timeout: float) -> dict[str, Any]:
         """The nodes, each host (where it runs, what it holds, its restarts and degraded agents,
         from the last :meth:`actor_status`, else asked now) and the node embedders."""
         if not self._cluster_seen:

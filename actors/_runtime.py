@@ -431,7 +431,7 @@ class Runtime(EmbeddingServices, Shutdown):
         an engine whose actors run in other processes adds theirs."""
         return [(kind, key) for kind, key, _ in self.children()]
 
-    def actor_status(self, timeout: float = 2.0) -> dict[tuple[str, str], dict[str, Any]]:
+    def actor_status(self, timeout: float) -> dict[tuple[str, str], dict[str, Any]]:
         """Each live actor's status (``{"error": ...}`` for one that does not answer in time)."""
         pending = []
         for kind, key, ref in self.children():
