@@ -39,7 +39,16 @@ _OPS = OperationList()
     lane=files_lane,
 )
 def _index(ctx: Context, p: dict[str, Any]) -> Any:
-    ws, stats = ctx.workspaces.index(p["path"], **pick(p, "kind"))
+    # a client that has gone takes no answer: the index ends before its next file (the next
+    # sync does the rest)
+    connection = ctx.connection
+    gone = connection.client_gone if connection is not None else None
+    ws, stats = ctx.workspaces.index(p["path"], **pick(p, "kind"), should_stop=gone)
+    if gone is not None and not stats.complete and gone():
+        connection.server.warn(
+            f"{connection.name}: the client went away; its index of {ws.root} stopped after "
+            f"{stats.files_processed} file(s), the next sync indexes the rest"
+        )
     return {"root": str(ws.root), "kind": ws.kind, "stats": _convert.plain(stats)}
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import select
 import socket
 import threading
 import time
@@ -127,6 +128,25 @@ class Connection:
     @property
     def open(self) -> bool:
         return not (self._output_closed or self._write_failed)
+
+    def client_gone(self) -> bool:
+        """Whether nothing written to the client can reach it any more: a write to it failed, or
+        its end is closed (a unix socket it closed or shut, a TCP peer that reset, a pipe nobody
+        reads). Long work it asked for ends early on this (``index``). A TCP client that closed
+        cleanly is not seen until something is written to it: on TCP that looks the same as a
+        client that has only finished sending."""
+        if self._write_failed:
+            return True
+        if not hasattr(select, "poll"):  # not on Windows: the failed write is the only sign
+            return False
+        try:
+            fd = self.transport.fileno() if self.transport is not None else self.writer.fileno()
+            poller = select.poll()
+            poller.register(fd, 0)  # hang-ups and errors are reported whatever is asked for
+            events = poller.poll(0)
+        except (OSError, ValueError):  # no descriptor (a stream in memory), or closed already
+            return False
+        return any(mask & (select.POLLHUP | select.POLLERR) for _fd, mask in events)
 
     def send(self, message: Any) -> None:
         """Queue one response (or batch) line."""

@@ -264,13 +264,17 @@ class Workspaces(Closeable):
         *,
         kind: Kind | Literal["auto"] = "auto",
         progress: Callable[..., None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
     ) -> tuple[Workspace, Any]:
         """Register ``path`` (if new) and bring its index up to date; returns it and the SyncStats.
         A new root is registered once its index opened; when its first sync fails too, it is
         unregistered and its index deleted: a failed ``index`` leaves nothing behind. After
-        :meth:`stop_syncs` the sync starts no file (``complete`` False)."""
+        :meth:`stop_syncs`, or once ``should_stop()`` is true, the sync starts no file
+        (``complete`` False)."""
         if kind not in ("auto", *KINDS):
             raise InvalidInputError(f"kind must be 'auto', 'memory' or 'code', got {kind!r}")
+        if should_stop is not None and not callable(should_stop):
+            raise InvalidInputError("should_stop must be a callable () -> bool or None")
         root = _normalise_root(path)
         self._check_indexable(path, root)
         chosen: Kind = detect_kind(root, self.data_dir) if kind == "auto" else kind
@@ -280,13 +284,19 @@ class Workspaces(Closeable):
             with self._using(ws) as layer:
                 if known is None:
                     ws = self._register(ws)
-                stats = layer.sync(progress=progress, should_stop=self._stopping.is_set)
+                stats = layer.sync(progress=progress, should_stop=self._stop_check(should_stop))
         except Exception:
             if known is None:  # the error that stopped it is the one to see, not a failed cleanup
                 with contextlib.suppress(StorageError):
                     self._discard(ws)
             raise
         return self._record_sync(ws, stats), stats
+
+    def _stop_check(self, should_stop: Callable[[], bool] | None) -> Callable[[], bool]:
+        """True once :meth:`stop_syncs` was called or ``should_stop()`` says so."""
+        if should_stop is None:
+            return self._stopping.is_set
+        return lambda: self._stopping.is_set() or bool(should_stop())
 
     def _check_indexable(self, path: str | os.PathLike[str], root: Path) -> None:
         """The rule the config applies to its workspaces and codebases, and a path the registry

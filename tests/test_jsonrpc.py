@@ -8,6 +8,7 @@ import contextlib
 import io
 import os
 import queue
+import socket
 import stat
 import tempfile
 import threading
@@ -373,6 +374,68 @@ def test_a_stopping_server_ends_an_index_in_flight_before_its_next_file(
     with Workspaces.open(data_dir, embedder=FakeEmbedder()) as again:
         _, rest = again.index(tree)
     assert rest.complete and stats["files_processed"] + rest.files_processed == 300
+
+
+def _tree(root: Path, files: int) -> Path:
+    (root / "memory").mkdir(parents=True)
+    for n in range(files):  # more than one batch of chunks
+        (root / "memory" / f"{n:03}.md").write_text(f"# step {n}\n\nthe deploy step {n} takes the lock\n")
+    return root
+
+
+@pytest.mark.parametrize("leaves", ["closes", "shuts_writing"])
+def test_an_index_ends_early_only_when_its_client_has_gone(
+    system: MemorySystem, data_dir: Path, socket_path: str, tmp_path: Path, leaves: str
+) -> None:
+    """A client that closes its socket takes no answer: its index ends before its next file and
+    the server says so; one that only shut its sending side still reads, and gets the full index."""
+    tree = _tree(tmp_path / "notes", 300)
+    held, log = _HeldEmbedder(), io.StringIO()
+    with Workspaces.open(data_dir, embedder=held) as workspaces:
+        server = JsonLinesServer(build_methods(system, workspaces), workers=4, log=log)
+        thread = threading.Thread(
+            target=server.serve_socket, args=(open_listener(f"unix:{socket_path}"),), daemon=True
+        )
+        thread.start()
+        client = RpcClient(socket_path)
+        client.send(_rq(1, "index", path=str(tree), kind="memory"))
+        assert held.entered.wait(WAIT)  # the index is embedding its first batch
+        if leaves == "closes":
+            client.close()
+        else:
+            client.sock.shutdown(socket.SHUT_WR)
+        held.release.set()
+        if leaves == "shuts_writing":
+            stats = client.next(lambda m: m.get("id") == 1)["result"]["stats"]
+            assert stats["complete"] is True and stats["files_processed"] == 300, stats
+            client.close()
+        assert server.wait_connections(lambda n: n == 0, WAIT)
+        server.stop()
+        thread.join(WAIT)
+        assert not thread.is_alive()
+    with Workspaces.open(data_dir, embedder=FakeEmbedder()) as again:
+        _, rest = again.index(tree)
+    if leaves == "closes":
+        assert 0 < rest.files_processed < 300 and rest.complete, rest
+        assert "the client went away; its index of" in log.getvalue(), log.getvalue()
+    else:
+        assert rest.files_processed == 0 and "went away" not in log.getvalue()
+
+
+def test_a_stdio_client_that_reads_no_more_is_gone(system: MemorySystem, data_dir: Path) -> None:
+    """On stdin/stdout the client has gone when nobody reads the server's output any more."""
+    with Workspaces.open(data_dir, embedder=FakeEmbedder()) as workspaces:
+        server = JsonLinesServer(build_methods(system, workspaces))
+        read_end, write_end = os.pipe()
+        writer = os.fdopen(write_end, "wb")
+        connection = server._open(writer, "stdio")
+        try:
+            assert connection.client_gone() is False
+            os.close(read_end)
+            assert connection.client_gone() is True
+        finally:
+            server._close(connection)
+            writer.close()
 
 
 def test_listen_addresses_are_checked(socket_path: str) -> None:

@@ -324,6 +324,23 @@ def test_search_says_incomplete_while_the_sync_is_past_its_budget(data_dir: Path
         assert wire["hits"] and all("otter" in hit["snippet"] for hit in wire["hits"])
 
 
+def test_an_index_told_to_stop_starts_no_file_and_a_bad_stop_check_is_refused(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    tree = tmp_path / "notes"
+    (tree / "memory").mkdir(parents=True)
+    for n in range(5):
+        (tree / "memory" / f"{n}.md").write_text(f"note {n} about otters\n", encoding="utf-8")
+    with Workspaces(data_dir, embedder=FakeEmbedder()) as registry:
+        with pytest.raises(InvalidInputError, match="should_stop must be a callable"):
+            registry.index(tree, kind="memory", should_stop=True)  # type: ignore[arg-type]
+        assert registry.roots() == []  # refused before anything was registered
+        _, stopped = registry.index(tree, kind="memory", should_stop=lambda: True)
+        assert stopped.complete is False and stopped.files_processed == 0
+        _, rest = registry.index(tree, kind="memory", should_stop=lambda: False)
+        assert rest.complete is True and rest.files_processed == 5
+
+
 def test_python_entry_points_honour_config_load(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     elsewhere = tmp_path / "from-env"
     monkeypatch.setenv("MEMSTRATA_DATA_DIR", str(elsewhere))
