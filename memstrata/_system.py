@@ -300,7 +300,9 @@ class MemorySystem:
         self._runtime.check_open()
         check_agent_id(agent_id)
         # its own write-backs land first; other agents' traffic does not hold it up
-        limit = check_timeout(timeout) or self.config.actors.stop_timeout_s
+        limit = check_timeout(timeout)
+        if limit is None:  # 0 is a bound too: retire without waiting, as stop(0) stops
+            limit = self.config.actors.stop_timeout_s
         self._runtime.wait_idle(limit, owner=agent_id)
         self._runtime.retire(agent_id, limit)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -125,6 +126,28 @@ def test_shared_must_be_a_boolean_as_at_every_other_door(data_dir: Path) -> None
         with pytest.raises(InvalidInputError, match="shared must be true or false, got 1"):
             agent.list_knowledge(shared=1)  # type: ignore[arg-type]
         assert system.agent("b1").query_knowledge("private note", include_shared=True) == []
+
+
+def test_retire_takes_a_zero_timeout_as_given(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``timeout=0`` retires without waiting (as ``stop(0)`` stops); it was read as the default."""
+    config = Config(data_dir=data_dir)
+    with MemorySystem.start(config, embedder=FakeEmbedder()) as system:
+        system.agent("a1").store_knowledge("an entry", category="fact")
+        runtime = system._runtime
+        bounds: list[tuple[str, float]] = []
+        for name in ("wait_idle", "retire"):
+            real = getattr(runtime, name)
+
+            def spy(*args: Any, _real: Any = real, _name: str = name, **kwargs: Any) -> Any:
+                bounds.append((_name, args[1] if _name == "retire" else args[0]))
+                return _real(*args, **kwargs)
+
+            monkeypatch.setattr(runtime, name, spy)
+        system.retire("a1", 0)
+        system.retire("a1")
+        default = config.actors.stop_timeout_s
+        assert bounds == [("wait_idle", 0.0), ("retire", 0.0), ("wait_idle", default), ("retire", default)]
+        assert [e.content for e in system.agent("a1").list_knowledge()] == ["an entry"]  # nothing lost
 
 
 @pytest.mark.parametrize("bad", [-1, float("nan"), float("inf"), 1e300, "2", True])
