@@ -21,6 +21,7 @@ import click
 
 from ._cli_shared import PROG, echo_json, one_line, shown
 from ._json import dumps
+from ._progress import PROGRESS_SECONDS, Progress
 
 __all__ = [
     "PROGRESS_SECONDS",
@@ -33,9 +34,6 @@ __all__ = [
     "sync_summary",
     "text_shown",
 ]
-
-PROGRESS_SECONDS = 2.0
-"""At most this long between two progress lines while work goes on (when the work reports)."""
 
 
 def echo_hits(
@@ -155,12 +153,8 @@ def _echo_search(result: Mapping[str, Any], if_none: str) -> None:
 # -- progress on long work ------------------------------------------------------------------------
 
 
-class IndexProgress:
-    """The sync's ``progress(done, total, path)`` as lines on stderr.
-
-    A line every ``every`` files (deterministic: the same files give the same lines), and also
-    when ``seconds`` passed since the last one, so a slow file still shows the work goes on.
-    """
+class IndexProgress(Progress):
+    """The sync's ``progress(done, total, path)`` as lines on stderr, when :class:`Progress` says."""
 
     def __init__(
         self,
@@ -170,19 +164,10 @@ class IndexProgress:
         seconds: float = PROGRESS_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        super().__init__(self._line, every=every, seconds=seconds, clock=clock)
         self._stream = stream
-        self._every = max(1, every)
-        self._seconds = seconds
-        self._clock = clock
-        self._last = clock()
-        self.lines = 0
 
-    def __call__(self, done: int, total: int, path: str = "", *args: Any, **kwargs: Any) -> None:
-        now = self._clock()
-        if done % self._every and done != total and now - self._last < self._seconds:
-            return
-        self._last = now
-        self.lines += 1
+    def _line(self, done: int, total: int, path: str) -> None:
         where = f"  {one_line(path, 120)}" if path else ""
         self._stream.write(f"{PROG}: indexing: {done}/{total} files{where}\n")
         self._stream.flush()

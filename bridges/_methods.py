@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._operation import Operation
 from ._operations import OPERATIONS, Context, parse_time
-from ._rpc_connection import current_connection
+from ._rpc_connection import current_connection, current_request_id
 from ._rpc_protocol import ErrorCode, Method
 
 if TYPE_CHECKING:
@@ -59,11 +59,16 @@ def build_methods(
 
 
 def _runner(op: Operation, context: Context) -> Callable[[dict[str, Any]], Any]:
-    """Run ``op`` with the connection of the request being served (for pushed notifications)."""
+    """Run ``op`` with the connection and id of the request being served (for pushed
+    notifications)."""
 
     def run(params: dict[str, Any]) -> Any:
         connection = current_connection()
-        ctx = context if connection is None else dataclasses.replace(context, connection=connection)
+        ctx = (
+            context
+            if connection is None
+            else dataclasses.replace(context, connection=connection, request_id=current_request_id())
+        )
         return op.run(ctx, params)
 
     return run
@@ -79,7 +84,8 @@ def openrpc_document() -> dict[str, Any]:
             "title": "memstrata",
             "version": __version__,
             "description": "Memory for multi-agent systems, as JSON-RPC 2.0 over newline-delimited JSON "
-            "(stdin/stdout or a local socket). Blackboard subscriptions push 'signal' notifications.",
+            "(stdin/stdout or a local socket). Blackboard subscriptions push 'signal' notifications, "
+            "an index asked for its progress 'index_progress' ones.",
         },
         "methods": [_method_document(op) for op in OPERATIONS],
         "components": {"errors": {code.name: {"code": int(code), "message": text} for code, text in _ERRORS}},

@@ -132,8 +132,12 @@ class Context:
     workspaces: Workspaces
     extra_status: Callable[[], Any] | None = None
     connection: Any = None
-    """The client connection a request came on, for operations that push to it (``subscribe``);
-    ``None`` in doors without push (CLI, MCP, tools), where those operations say so."""
+    """The client connection a request came on, for operations that push to it (``subscribe``,
+    ``index`` with ``progress``); ``None`` in doors without push (CLI, MCP, tools), where those
+    operations say so."""
+    request_id: Any = None
+    """The id of that request (``None``: a notification, or a door without push), which a
+    pushed progress report names."""
 
     def agent(self, params: Mapping[str, Any]) -> Any:
         return self.system.agent(params["agent_id"])

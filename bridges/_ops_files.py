@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
+
+from memstrata.core.errors import InvalidInputError
 
 from . import _convert
 from ._operation import (
@@ -25,6 +28,7 @@ from ._operation import (
     search_result,
     string,
 )
+from ._progress import Progress
 
 _OPS = OperationList()
 
@@ -33,23 +37,51 @@ _OPS = OperationList()
     "index",
     "files",
     "Index (or re-sync) a folder of memory files or code; returns its root, kind and sync stats.",
-    (Param("path", path_string("The folder."), True), Param("kind", KIND)),
+    (
+        Param("path", path_string("The folder."), True),
+        Param("kind", KIND),
+        Param(
+            "progress",
+            {
+                "type": "boolean",
+                "description": "Push 'index_progress' notifications (request_id, files_done, files_total, "
+                "file) every 100 files and every 2 s while it runs (JSON-RPC only; default false).",
+            },
+        ),
+    ),
     returns(root="string", kind="string"),
     Effect.SETS,
     lane=files_lane,
 )
 def _index(ctx: Context, p: dict[str, Any]) -> Any:
+    connection = ctx.connection
+    progress = None
+    if p.get("progress"):
+        if connection is None:
+            raise InvalidInputError("progress notifications need a JSON-RPC connection (memstrata serve)")
+        if ctx.request_id is not None:  # a notification takes no answer, nor reports on it
+            progress = Progress(_reporter(connection, ctx.request_id))
     # a client that has gone takes no answer: the index ends before its next file (the next
     # sync does the rest)
-    connection = ctx.connection
     gone = connection.client_gone if connection is not None else None
-    ws, stats = ctx.workspaces.index(p["path"], **pick(p, "kind"), should_stop=gone)
+    ws, stats = ctx.workspaces.index(p["path"], **pick(p, "kind"), progress=progress, should_stop=gone)
     if gone is not None and not stats.complete and gone():
         connection.server.warn(
             f"{connection.name}: the client went away; its index of {ws.root} stopped after "
             f"{stats.files_processed} file(s), the next sync indexes the rest"
         )
     return {"root": str(ws.root), "kind": ws.kind, "stats": _convert.plain(stats)}
+
+
+def _reporter(connection: Any, request_id: Any) -> Callable[[int, int, str], None]:
+    """Each report as an ``index_progress`` notification to ``connection`` (dropped, as a
+    subscription's signals are, while the client leaves too many unread)."""
+
+    def report(done: int, total: int, path: str) -> None:
+        params = {"request_id": request_id, "files_done": done, "files_total": total, "file": path}
+        connection.notify("index_progress", params)
+
+    return report
 
 
 @_OPS.add(

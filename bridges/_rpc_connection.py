@@ -23,6 +23,7 @@ __all__ = [
     "Connection",
     "ServeStats",
     "current_connection",
+    "current_request_id",
 ]
 
 MAX_IN_FLIGHT = 1024
@@ -66,6 +67,12 @@ _local = threading.local()
 def current_connection() -> Connection | None:
     """The connection whose request this thread is running (``None`` outside a request)."""
     return getattr(_local, "connection", None)
+
+
+def current_request_id() -> Any:
+    """The id of the request this thread is running; ``None`` for a notification (which takes
+    no answer) and outside a request."""
+    return getattr(_local, "request_id", None)
 
 
 class Connection:

@@ -176,6 +176,7 @@ class JsonLinesServer:
     def _run(self, connection: Connection, call: RpcCall, batch: _Batch | None) -> None:
         after: list[Callable[[], None]] = []
         _local.connection = connection
+        _local.request_id = None if call.notification else call.request_id
         _local.after = after
         try:
             refused = None
@@ -192,6 +193,7 @@ class JsonLinesServer:
                 connection.send(response)
         finally:
             _local.connection = None
+            _local.request_id = None
             _local.after = None
             for action in after:
                 with contextlib.suppress(Exception):

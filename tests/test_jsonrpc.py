@@ -422,6 +422,53 @@ def test_an_index_ends_early_only_when_its_client_has_gone(
         assert rest.files_processed == 0 and "went away" not in log.getvalue()
 
 
+def test_an_index_asked_for_progress_reports_to_its_client(
+    system: MemorySystem, data_dir: Path, socket_path: str, tmp_path: Path
+) -> None:
+    tree = _tree(tmp_path / "notes", 250)
+    with Workspaces.open(data_dir, embedder=FakeEmbedder()) as workspaces:
+        server = JsonLinesServer(build_methods(system, workspaces), workers=2)
+        thread = threading.Thread(
+            target=server.serve_socket, args=(open_listener(f"unix:{socket_path}"),), daemon=True
+        )
+        thread.start()
+        client = RpcClient(socket_path)
+        client.send(_note("index", path=str(tree), kind="memory", progress=True))  # no id: no reports
+        client.send(_rq("first", "index", path=str(tree), kind="memory", progress=True))
+        first = client.next(lambda m: m.get("id") == "first")["result"]["stats"]
+        (tree / "memory" / "new.md").write_text("# one more\n\nthe last step\n")
+        client.send(_rq("again", "index", path=str(tree), kind="memory"))  # not asked: no reports
+        client.next(lambda m: m.get("id") == "again")
+        (tree / "memory" / "newer.md").write_text("# and one more\n\nafter the last step\n")
+        client.send(_rq("second", "index", path=str(tree), kind="memory", progress=True))
+        second = client.next(lambda m: m.get("id") == "second")["result"]["stats"]
+        reports = [m["params"] for m in client.seen if m.get("method") == "index_progress"]
+        client.close()
+        server.stop()
+        thread.join(WAIT)
+    assert first["files_unchanged"] == 250  # the notification's index ran first, on the same lane
+    assert second["files_processed"] == 1 and second["files_unchanged"] == 251
+    by_request: dict[str, list[tuple[int, int]]] = {}
+    for report in reports:
+        assert report["file"].startswith("memory/"), report
+        by_request.setdefault(report["request_id"], []).append((report["files_done"], report["files_total"]))
+    assert set(by_request) == {"first", "second"}, by_request
+    for request, total in (("first", 250), ("second", 252)):
+        assert {t for _, t in by_request[request]} == {total}, by_request
+        done = [d for d, _ in by_request[request]]
+        assert done == sorted(done) and {100, 200, total} <= set(done) and done[-1] == total, by_request
+
+
+def test_progress_is_refused_where_nothing_can_be_pushed(data_dir: Path, tmp_path: Path) -> None:
+    tree = _tree(tmp_path / "notes", 1)
+    with Workspaces.open(data_dir, embedder=FakeEmbedder()) as workspaces:
+        index = find("index")
+        with pytest.raises(InvalidInputError, match="progress notifications need a JSON-RPC connection"):
+            index.run(Context(None, workspaces), {"path": str(tree), "progress": True})
+        assert workspaces.roots() == []  # refused before anything was registered
+        assert index.run(Context(None, workspaces), {"path": str(tree), "progress": False})["stats"]
+
+
 def test_a_stdio_client_that_reads_no_more_is_gone(system: MemorySystem, data_dir: Path) -> None:
     """On stdin/stdout the client has gone when nobody reads the server's output any more."""
     with Workspaces.open(data_dir, embedder=FakeEmbedder()) as workspaces:
