@@ -344,22 +344,42 @@ class _HeldEmbedder(FakeEmbedder):
         return super().embed_documents(texts)
 
 
+def _tree(root: Path, files: int) -> Path:
+    (root / "memory").mkdir(parents=True)
+    for n in range(files):  # more than one batch of chunks
+        (root / "memory" / f"{n:03}.md").write_text(f"# step {n}\n\nthe deploy step {n} takes the lock\n")
+    return root
+
+
+@contextlib.contextmanager
+def _serving(
+    system: MemorySystem, workspaces: Workspaces, socket_path: str, **options: Any
+) -> Iterator[JsonLinesServer]:
+    """A socket server on ``socket_path`` for the block; stopped (and its thread joined) after it."""
+    server = JsonLinesServer(build_methods(system, workspaces), **options)
+    thread = threading.Thread(
+        target=server.serve_socket, args=(open_listener(f"unix:{socket_path}"),), daemon=True
+    )
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        thread.join(WAIT)
+    assert not thread.is_alive()
+
+
 def test_a_stopping_server_ends_an_index_in_flight_before_its_next_file(
     system: MemorySystem, data_dir: Path, socket_path: str, tmp_path: Path
 ) -> None:
     """An index of a large tree could keep a stopped server for minutes: it ends after the files
     it is embedding, and the rest is indexed by the next sync."""
-    tree = tmp_path / "notes"
-    (tree / "memory").mkdir(parents=True)
-    for n in range(300):  # more than one batch of chunks
-        (tree / "memory" / f"{n:03}.md").write_text(f"# step {n}\n\nthe deploy step {n} takes the lock\n")
+    tree = _tree(tmp_path / "notes", 300)
     held = _HeldEmbedder()
-    with Workspaces.open(data_dir, embedder=held) as workspaces:
-        server = JsonLinesServer(build_methods(system, workspaces), workers=4, on_stop=workspaces.stop_syncs)
-        thread = threading.Thread(
-            target=server.serve_socket, args=(open_listener(f"unix:{socket_path}"),), daemon=True
-        )
-        thread.start()
+    with (
+        Workspaces.open(data_dir, embedder=held) as workspaces,
+        _serving(system, workspaces, socket_path, workers=4, on_stop=workspaces.stop_syncs) as server,
+    ):
         client = RpcClient(socket_path)
         client.send(_rq(1, "index", path=str(tree), kind="memory"))
         assert held.entered.wait(WAIT)  # the index is embedding its first batch
@@ -367,20 +387,11 @@ def test_a_stopping_server_ends_an_index_in_flight_before_its_next_file(
         held.release.set()
         answer = client.next(lambda m: m.get("id") == 1)
         client.close()
-        thread.join(WAIT)
-        assert not thread.is_alive()
     stats = answer["result"]["stats"]
     assert stats["complete"] is False and stats["files_processed"] < 300, stats
     with Workspaces.open(data_dir, embedder=FakeEmbedder()) as again:
         _, rest = again.index(tree)
     assert rest.complete and stats["files_processed"] + rest.files_processed == 300
-
-
-def _tree(root: Path, files: int) -> Path:
-    (root / "memory").mkdir(parents=True)
-    for n in range(files):  # more than one batch of chunks
-        (root / "memory" / f"{n:03}.md").write_text(f"# step {n}\n\nthe deploy step {n} takes the lock\n")
-    return root
 
 
 @pytest.mark.parametrize("leaves", ["closes", "shuts_writing"])
@@ -391,12 +402,10 @@ def test_an_index_ends_early_only_when_its_client_has_gone(
     the server says so; one that only shut its sending side still reads, and gets the full index."""
     tree = _tree(tmp_path / "notes", 300)
     held, log = _HeldEmbedder(), io.StringIO()
-    with Workspaces.open(data_dir, embedder=held) as workspaces:
-        server = JsonLinesServer(build_methods(system, workspaces), workers=4, log=log)
-        thread = threading.Thread(
-            target=server.serve_socket, args=(open_listener(f"unix:{socket_path}"),), daemon=True
-        )
-        thread.start()
+    with (
+        Workspaces.open(data_dir, embedder=held) as workspaces,
+        _serving(system, workspaces, socket_path, workers=4, log=log) as server,
+    ):
         client = RpcClient(socket_path)
         client.send(_rq(1, "index", path=str(tree), kind="memory"))
         assert held.entered.wait(WAIT)  # the index is embedding its first batch
@@ -410,9 +419,6 @@ def test_an_index_ends_early_only_when_its_client_has_gone(
             assert stats["complete"] is True and stats["files_processed"] == 300, stats
             client.close()
         assert server.wait_connections(lambda n: n == 0, WAIT)
-        server.stop()
-        thread.join(WAIT)
-        assert not thread.is_alive()
     with Workspaces.open(data_dir, embedder=FakeEmbedder()) as again:
         _, rest = again.index(tree)
     if leaves == "closes":
@@ -426,12 +432,10 @@ def test_an_index_asked_for_progress_reports_to_its_client(
     system: MemorySystem, data_dir: Path, socket_path: str, tmp_path: Path
 ) -> None:
     tree = _tree(tmp_path / "notes", 250)
-    with Workspaces.open(data_dir, embedder=FakeEmbedder()) as workspaces:
-        server = JsonLinesServer(build_methods(system, workspaces), workers=2)
-        thread = threading.Thread(
-            target=server.serve_socket, args=(open_listener(f"unix:{socket_path}"),), daemon=True
-        )
-        thread.start()
+    with (
+        Workspaces.open(data_dir, embedder=FakeEmbedder()) as workspaces,
+        _serving(system, workspaces, socket_path, workers=2),
+    ):
         client = RpcClient(socket_path)
         client.send(_note("index", path=str(tree), kind="memory", progress=True))  # no id: no reports
         client.send(_rq("first", "index", path=str(tree), kind="memory", progress=True))
@@ -444,8 +448,6 @@ def test_an_index_asked_for_progress_reports_to_its_client(
         second = client.next(lambda m: m.get("id") == "second")["result"]["stats"]
         reports = [m["params"] for m in client.seen if m.get("method") == "index_progress"]
         client.close()
-        server.stop()
-        thread.join(WAIT)
     assert first["files_unchanged"] == 250  # the notification's index ran first, on the same lane
     assert second["files_processed"] == 1 and second["files_unchanged"] == 251
     by_request: dict[str, list[tuple[int, int]]] = {}
