@@ -45,7 +45,8 @@ _OPS = OperationList()
             {
                 "type": "boolean",
                 "description": "Push 'index_progress' notifications (request_id, files_done, files_total, "
-                "file) every 100 files and every 2 s while it runs (JSON-RPC only; default false).",
+                "file) every 100 files, after a 2 s pause and for the last file (JSON-RPC only; "
+                "default false).",
             },
         ),
     ),
