@@ -194,9 +194,10 @@ class _FileIndex(Closeable):
     def sync(
         self, progress: ProgressCallback | None = None, *, should_stop: Callable[[], bool] | None = None
     ) -> SyncStats:
-        """Index new and changed files, prune deleted ones; ``progress(done, total, path)``.
-        Once ``should_stop()`` is true no file and no embedding batch is started: what was
-        indexed stays, the rest is left for the next sync (``complete`` is then False)."""
+        """Index new and changed files, prune deleted ones; ``progress(done, total, path)`` once
+        the files to read are known (``done`` 0, ``path`` empty), then after each file. Once
+        ``should_stop()`` is true no file and no embedding batch is started: what was indexed
+        stays, the rest is left for the next sync (``complete`` is then False)."""
         if progress is not None and not callable(progress):
             raise InvalidInputError("progress must be a callable (done, total, path) or None")
         if should_stop is not None and not callable(should_stop):

@@ -239,6 +239,8 @@ class IndexDatabase:
             self.writes.prune(plan.deleted, result)
         todo = sorted(plan.todo, key=lambda e: (-e.mtime_ns, e.rel)) if newest_first else plan.todo
         total, done = len(todo), 0
+        if progress is not None and total:  # the size of the work, before its first (slow) batch
+            progress(0, total, "")
         pending: list[_Pending] = []
         touched: list[tuple[Any, ...]] = []
         pending_chunks = 0

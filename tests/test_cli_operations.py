@@ -431,7 +431,8 @@ def test_tags_given_as_an_empty_object_clear_an_entrys_tags(run: Callable[..., R
 def test_index_prints_progress_lines_and_a_summary_when_piped(run: Callable[..., Result]) -> None:
     result = cli_ok(run("index", "{ws}", "--progress-every", "1"))
     lines = result.stderr.splitlines()
-    assert lines[0].startswith("memstrata: indexing: 1/1 files"), lines
+    assert lines[0] == "memstrata: indexing: 0/1 files", lines  # how much there is, before the work
+    assert lines[1].startswith("memstrata: indexing: 1/1 files"), lines
     assert lines[-1].startswith("memstrata: indexed ") and "1 files indexed" in lines[-1], lines
     assert orjson.loads(result.stdout)["kind"] == "memory"
 

@@ -217,8 +217,12 @@ def test_a_rewrite_within_the_same_timestamp_tick_is_still_seen(mf: MemoryFiles,
 def test_progress_reports_each_file(mf: MemoryFiles):
     seen: list[tuple[int, int, str]] = []
     mf.sync(progress=lambda done, total, path: seen.append((done, total, path)))
-    assert [s[0] for s in seen] == [1, 2, 3] and all(s[1] == 3 for s in seen)
-    assert {s[2] for s in seen} == {"MEMORY.md", "memory/2024-05-01.md", "memory/projects/billing.md"}
+    assert [s[0] for s in seen] == [0, 1, 2, 3] and all(s[1] == 3 for s in seen)
+    assert seen[0][2] == ""  # the size of the work, before its first file
+    assert {s[2] for s in seen[1:]} == {"MEMORY.md", "memory/2024-05-01.md", "memory/projects/billing.md"}
+    seen.clear()
+    mf.sync(progress=lambda done, total, path: seen.append((done, total, path)))
+    assert seen == []  # nothing to read: no report at all
     with pytest.raises(InvalidInputError, match="progress"):
         mf.sync(progress="yes")  # type: ignore[arg-type]
 
