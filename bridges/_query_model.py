@@ -264,6 +264,7 @@ class QueryModel(ModelIdentity):
                 self._pidfd = None
         with contextlib.suppress(ChildProcessError):  # reaped already: SIGCHLD ignored by the starter
             os.waitpid(self.pid, os.WNOHANG)
+        _restore_sigterm()
 
     def _signal(self, number: int) -> None:
         if self._pidfd is not None:
@@ -297,6 +298,18 @@ def _receive(pipe: IO[bytes]) -> bytes | None:
 
 def _reason(exc: BaseException) -> bytes:
     return _FAILED + f"{type(exc).__name__}: {exc}".encode("utf-8", "replace")
+
+
+def _restore_sigterm() -> None:
+    """``SIGTERM`` back to its default once no helper is left to reap, if the handler is still
+    :func:`_terminated` (a program running the command line in its own process keeps none of
+    the command's handlers)."""
+    if (
+        not _unreaped
+        and threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGTERM) is _terminated
+    ):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _terminated(number: int, frame: Any) -> None:

@@ -161,6 +161,33 @@ print(json.dumps({"same": helped == [own.embed_query(t).tolist() for t in texts]
 """
 
 
+_HANDLER = r"""
+import signal
+def name():
+    handler = signal.getsignal(signal.SIGTERM)
+    return "default" if handler == signal.SIG_DFL else getattr(handler, "__name__", repr(handler))
+before = name()
+first, second = _query_model.start(), _query_model.start()
+during = name()
+first.reap()
+one_left = name()
+second.reap()
+print(json.dumps({"before": before, "during": during, "one_left": one_left, "after": name()}))
+"""
+
+
+def test_the_sigterm_handler_of_a_query_lasts_as_long_as_its_helpers() -> None:
+    """The handler that lets a command ended by ``SIGTERM`` reap its helper was left installed
+    after the helpers were reaped: a program running the command line in its own process kept it."""
+    found = _run(_HANDLER)
+    assert found == {
+        "before": "default",
+        "during": "_terminated",
+        "one_left": "_terminated",
+        "after": "default",
+    }, found
+
+
 @pytest.mark.model
 def test_the_helper_computes_what_the_process_would_and_ends_with_its_pipe() -> None:
     found = _run(_SAME)
