@@ -16,7 +16,6 @@ range, a checksum per word), so opening it touches only the document lengths.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -32,6 +31,7 @@ from ._bm25_fit import ascending_within, postings_fit
 from ._bm25_held import HeldPostings, held_postings
 from ._bm25_postings import _PHRASE, Bm25Postings, Postings, _varints, appended
 from ._bm25_stamp import vouch, vouched_stamp
+from ._bm25_stems import StemTable, stem_arrays
 from ._index_files import (
     DamagedFile,
     Pieces,
@@ -60,7 +60,7 @@ _COMPLETE_FROM = 200_000
 # complete file keeps it complete at its close. A process that found the file out of date keeps
 # the words it read instead (reading all again would be on every `memstrata query` after a write).
 _BULK_SHARE = 0.5
-_MAX_HEADER_STEMS = 48 << 20  # the words are listed in the file's header (at most 64 MB)
+_LAYOUT = 2  # the file's words are arrays (:mod:`._bm25_stems`); in layout 1 its header listed them
 
 log = logging.getLogger("memstrata.storage")
 
@@ -78,6 +78,7 @@ class Bm25Files(Bm25Postings):
     _file_stems = 0  # stems in that file
     _file_complete = False  # that file holds every posting
     _file_damaged = False  # a word of it failed its checks: rewritten at close
+    _complete_before = False  # a complete file of the earlier layout was refused: rewritten complete
     _hooked = False
     # a complete file's arrays: offsets by stem number, positions, tf, and each stem's checksums
     _map_arrays: tuple[npt.NDArray[Any], ...] = ()
@@ -109,9 +110,12 @@ class Bm25Files(Bm25Postings):
         }
 
     def _refuse(self, note: str, warn: bool) -> bool:
+        """Count a file not taken; one refused with a warning (damaged, or another table's) is
+        written again at close even where its header says it is current."""
         self.files_rejected += 1
         self.files_note = note
         if warn:
+            self._file_damaged = True
             log.warning("%s", note)
         return False
 
@@ -144,6 +148,9 @@ class Bm25Files(Bm25Postings):
             return self._refuse(f"index file {path} was written for another database", False)
         if meta.get("columns") != self._columns or meta.get("weights") != self._weights:
             return self._refuse(f"index file {path} was written with other column weights", False)
+        if meta.get("layout") != _LAYOUT:
+            self._complete_before = bool(meta.get("complete"))
+            return self._refuse(f"index file {path} has an earlier layout; rewritten at close", False)
         mark = self._index_mark()
         if mark is None or meta.get("mark") != mark:
             return self._refuse(f"index file {path} is older than the index", False)
@@ -151,17 +158,20 @@ class Bm25Files(Bm25Postings):
             why = "written in another history: a database restored from a backup?"
             why = why if "stamp" in meta else "written before the database kept stamps for its files"
             return self._refuse(f"index file {path} is not vouched for by the database ({why})", False)
+        table = StemTable.of(arrays)
+        if table is None:
+            return self._refuse(f"index file {path} is damaged (its words do not fit); rebuilding it", True)
         if meta.get("complete"):
-            return self._map_complete(path, meta, arrays, mark)
+            return self._map_complete(path, table, arrays, mark)
         try:
-            stems = [str(stem) for stem in meta["stems"]]
+            stems = table.stems()
             ids, sizes = arrays["ids"], arrays["sizes"]
             offsets, positions, tfs = arrays["offsets"], arrays["positions"], arrays["tf"]
-        except (KeyError, TypeError) as exc:
-            return self._refuse(f"index file {path} is damaged (missing {exc}); rebuilding it", True)
+        except (KeyError, UnicodeDecodeError) as exc:
+            return self._refuse(f"index file {path} is damaged ({exc}); rebuilding it", True)
         n = len(ids)
         if (
-            not postings_fit(stems, ids, sizes, offsets, positions, tfs, (np.float64,))
+            not postings_fit(len(stems), ids, sizes, offsets, positions, tfs, (np.float64,))
             or (len(positions) and (int(positions.min()) < 0 or int(positions.max()) >= n))
             or not ascending_within(positions, offsets)
         ):
@@ -178,25 +188,24 @@ class Bm25Files(Bm25Postings):
         self._cached = len(positions)
         return self._took(mark, len(stems), complete=False)
 
-    def _map_complete(self, path: Path, meta: dict[str, Any], arrays: dict[str, Any], mark: str) -> bool:
+    def _map_complete(self, path: Path, table: StemTable, arrays: dict[str, Any], mark: str) -> bool:
         """Take the document lengths of a complete file, and its words as a map (see the module
         docstring); only the small arrays are checked here."""
         try:
-            stems = [str(stem) for stem in meta["stems"]]
             ids, sizes = arrays["ids"], arrays["sizes"]
             offsets, positions, tfs = arrays["offsets"], arrays["positions"], arrays["tf"]
             pos_sums, tf_sums = arrays["pos_sums"], arrays["tf_sums"]
-        except (KeyError, TypeError) as exc:
+        except KeyError as exc:
             return self._refuse(f"index file {path} is damaged (missing {exc}); rebuilding it", True)
-        n = len(ids)
+        n, words = len(ids), len(table)
         # a sum is finite only when every length is: one pass over them instead of two
         total = float(sizes.sum()) if sizes.dtype == np.float64 else math.nan
         if (
-            not postings_fit(stems, ids, sizes, offsets, positions, tfs, (np.float32, np.float64))
+            not postings_fit(words, ids, sizes, offsets, positions, tfs, (np.float32, np.float64))
             or pos_sums.dtype != np.int64
             or tf_sums.dtype != np.uint64
-            or len(pos_sums) != len(stems)
-            or len(tf_sums) != len(stems)
+            or len(pos_sums) != words
+            or len(tf_sums) != words
             or not math.isfinite(total)
         ):
             return self._refuse(f"index file {path} is damaged (arrays do not fit); rebuilding it", True)
@@ -207,10 +216,10 @@ class Bm25Files(Bm25Postings):
         self._postings = {}
         self._cached = 0
         self._views = set()
-        self._mapped = {stem: i for i, stem in enumerate(stems)}
+        self._mapped = table
         self._map_arrays = (offsets, positions, tfs, pos_sums, tf_sums)
         self._map_path = path
-        return self._took(mark, len(stems), complete=True)
+        return self._took(mark, words, complete=True)
 
     def _took(self, mark: str, stems: int, *, complete: bool) -> bool:
         """The caches now hold the file's state of the index (``mark``, ``stems`` words)."""
@@ -282,9 +291,9 @@ class Bm25Files(Bm25Postings):
             if (
                 rows is not None
                 and rows >= _index_files.MIN_ROWS
-                and (rows >= _COMPLETE_FROM or bulk or self._file_complete)
-                and self._persist_complete(path, bulk=bulk)
+                and (rows >= _COMPLETE_FROM or bulk or self._file_complete or self._complete_before)
             ):
+                self._persist_complete(path, bulk=bulk)
                 return
             if not self._loaded or len(self._ids) < _index_files.MIN_ROWS:
                 return
@@ -317,8 +326,9 @@ class Bm25Files(Bm25Postings):
                 total += len(pos)
             offsets = np.zeros(len(stems) + 1, dtype=np.int64)
             offsets[1:] = np.cumsum([len(c) for c in chunks]) if chunks else []
-            meta = self._file_meta(vouched, mark, stems)
+            meta = self._file_meta(vouched, mark)
             arrays: dict[str, npt.NDArray[Any]] = {
+                **stem_arrays(stems),
                 "ids": np.ascontiguousarray(self._ids, dtype=np.int64),
                 "sizes": np.ascontiguousarray(self._sizes, dtype=np.float64),
                 "offsets": offsets,
@@ -332,9 +342,9 @@ class Bm25Files(Bm25Postings):
         except Exception as exc:  # a cache: the next process reads the database
             log.debug("index file %s not written: %s", path, exc)
 
-    def _file_meta(self, vouched: tuple[str, str], mark: str, stems: list[str]) -> dict[str, Any]:
+    def _file_meta(self, vouched: tuple[str, str], mark: str) -> dict[str, Any]:
         """The header of this index's file: the database (its token), table, state (the mark and
-        the database's stamp for it) and weights it reflects, and the words it holds."""
+        the database's stamp for it) and weights it reflects, and the layout of its arrays."""
         token, stamp = vouched
         return {
             "kind": "bm25",
@@ -344,7 +354,7 @@ class Bm25Files(Bm25Postings):
             "stamp": stamp,
             "columns": self._columns,
             "weights": self._weights,
-            "stems": stems,
+            "layout": _LAYOUT,
         }
 
     def _complete_file(self, path: Path) -> dict[str, Any] | None:
@@ -363,6 +373,7 @@ class Bm25Files(Bm25Postings):
             and meta.get("token") == database_token(self._db)
             and meta.get("columns") == self._columns
             and meta.get("weights") == self._weights
+            and meta.get("layout") == _LAYOUT
         )
         return meta if ours and meta.get("complete") and meta.get("mark") else None
 
@@ -400,10 +411,8 @@ class Bm25Files(Bm25Postings):
             return None
         if self._index_totals() != (self._live, self._total):
             return None
-        stems = list(self._mapped)
-        if any(number != i for i, number in enumerate(self._mapped.values())):
-            return None
         offsets, positions, tfs, pos_sums, tf_sums = self._map_arrays
+        stems = self._mapped.stems()
         found = held_postings(
             stems, offsets, positions, tfs, (pos_sums, tf_sums), self._alive, self._map_added, self._map_new
         )
@@ -411,24 +420,23 @@ class Bm25Files(Bm25Postings):
             return None
         return found, self._ids[self._alive], self._sizes[self._alive]
 
-    def _persist_complete(self, path: Path, *, bulk: bool = False) -> bool:
+    def _persist_complete(self, path: Path, *, bulk: bool = False) -> None:
         """Write every posting of the index (see the module docstring) unless the file on disk
         already holds them for the index as it is. A process that never searched rewrites a
         complete file of an earlier state only after a ``bulk`` load or when it has no other and
         wrote (a write-only process does not pay the full read for every few rows it adds; the
-        next one that searches rewrites it; one that only counted writes nothing). False: the
-        postings are too many words for a file header, keep the cached ones."""
+        next one that searches rewrites it; one that only counted writes nothing)."""
         db = self._db
         if not self._loaded and not self._wrote():
-            return True  # neither searched nor wrote (a status query): leaves the file as it is
+            return  # neither searched nor wrote (a status query): leaves the file as it is
         mark = self._index_mark()
         if mark is None or (self._file_complete and self._file_mark == mark):
-            return True
+            return
         on_disk = None if self._file_damaged else self._complete_file(path)
         if on_disk is not None and (
             (on_disk.get("mark") == mark and self._vouched(on_disk)) or (not self._loaded and not bulk)
         ):
-            return True  # current (another index of this table wrote it), or left to a searcher
+            return  # current (another index of this table wrote it), or left to a searcher
         held = self._postings_held()
         found: AllPostings | HeldPostings
         if held is not None:
@@ -440,17 +448,16 @@ class Bm25Files(Bm25Postings):
             )
             read = self._read_every_posting()
             if read is None or self._mark is None:
-                return True
+                return
             found, ids, sizes, mark = read, self._ids, self._sizes, self._mark
             seconds = time.perf_counter() - started
             log.info("%s: %d postings read in %.1f s", self._fts, len(found.positions), seconds)
-        if len(json.dumps(found.stems)) > _MAX_HEADER_STEMS:
-            return False
         vouched = vouch(db, self._fts, mark, self._index_mark)
         if vouched is None:
-            return True
-        meta = {**self._file_meta(vouched, mark, found.stems), "complete": True}
+            return
+        meta = {**self._file_meta(vouched, mark), "complete": True}
         arrays: dict[str, npt.NDArray[Any] | Pieces] = {
+            **stem_arrays(found.stems),
             "ids": np.ascontiguousarray(ids, dtype=np.int64),
             "sizes": np.ascontiguousarray(sizes, dtype=np.float64),
             "offsets": found.offsets,
@@ -465,7 +472,6 @@ class Bm25Files(Bm25Postings):
             self.files_from_memory += held is not None
             self._file_damaged = False
             self._file_mark, self._file_stems, self._file_complete = mark, len(found.stems), True
-        return True
 
     def _read_every_posting(self) -> AllPostings | None:
         """The lengths and every word's postings of one state of the index, read in one pass

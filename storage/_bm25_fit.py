@@ -12,7 +12,7 @@ __all__ = ["ascending_within", "postings_fit"]
 
 
 def postings_fit(
-    stems: list[str],
+    words: int,
     ids: npt.NDArray[Any],
     sizes: npt.NDArray[Any],
     offsets: npt.NDArray[Any],
@@ -20,8 +20,9 @@ def postings_fit(
     tfs: npt.NDArray[Any],
     tf_types: tuple[type[np.floating[Any]], ...],
 ) -> bool:
-    """Whether the arrays of a file's postings have their types and fit one another (ids
-    ascending, one offset per stem and one more, offsets ascending over the positions)."""
+    """Whether the arrays of a file's postings of ``words`` words have their types and fit one
+    another (ids ascending, one offset per word and one more, offsets ascending over the
+    positions)."""
     return not (
         ids.dtype != np.int64
         or sizes.dtype != np.float64
@@ -29,7 +30,7 @@ def postings_fit(
         or positions.dtype != np.int32
         or tfs.dtype not in [np.dtype(t) for t in tf_types]
         or len(sizes) != len(ids)
-        or len(offsets) != len(stems) + 1
+        or len(offsets) != words + 1
         or int(offsets[0]) != 0
         or int(offsets[-1]) != len(positions)
         or len(tfs) != len(positions)

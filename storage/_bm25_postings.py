@@ -21,6 +21,7 @@ from memstrata.core.errors import StorageError
 
 from ._array_types import Bm25Floats, BoolArray, IntArray
 from ._bm25_formula import idf_of, weighted_tf
+from ._bm25_stems import StemTable
 from ._connection import Database
 from ._vec0_chunks import snapshot
 
@@ -187,7 +188,7 @@ class Bm25Postings:
         self._read = 0  # postings read from FTS5 since the index file was last read or written
         self._df: dict[str, int] = {}  # documents holding a stem whose postings are not cached
         # stem -> its number in a complete index file: postings taken from the file when first used
-        self._mapped: dict[str, int] = {}
+        self._mapped = StemTable()
         # mapped stem -> its postings in documents this connection added after the file's state
         self._map_added: dict[str, Postings] = {}
         # a stem the file does not hold -> its postings in those documents (while the map is in
@@ -204,7 +205,7 @@ class Bm25Postings:
 
     def _drop_map(self) -> None:
         """Stop taking words from a complete index file (they are read from FTS5 again)."""
-        self._mapped.clear()
+        self._mapped = StemTable()
         self._map_added.clear()
         self._map_new.clear()
         self._map_added_count = 0

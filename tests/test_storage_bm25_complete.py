@@ -25,6 +25,7 @@ from memstrata.storage._bm25_formula import (
     length_norms_into,
     normed_contribution,
 )
+from memstrata.storage._bm25_stems import STEM_ARRAYS, StemTable
 from tests.fakes import FakeEmbedder
 from tests.test_storage_bm25_top import COLUMNS, COMMON, RARE, check, document, skip_whenever_allowed
 
@@ -173,8 +174,10 @@ def _rewrite(path: Path, change: str) -> None:
     found = _index_files.read_index(path)
     assert found is not None
     arrays = {name: np.array(array) for name, array in found.arrays.items()}
-    stems = found.meta["stems"]
-    word = stems.index("queue")
+    table = StemTable.of(found.arrays)
+    assert table is not None
+    word = table.get("queue")
+    assert word is not None
     start, end = int(arrays["offsets"][word]), int(arrays["offsets"][word + 1])
     assert end - start >= 2
     if change == "order":
@@ -348,14 +351,60 @@ def test_documents_are_counted_from_fts5s_averages_record(store: KnowledgeStore)
         store.add_many({"content": f"queue {i}"} for i in range(20))
 
 
-def test_too_many_words_for_a_header_keep_the_words_read(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_bm25_file, "_MAX_HEADER_STEMS", 10)
-    _file(path).unlink()
+def test_a_file_of_the_earlier_layout_is_refused_quietly_and_rewritten_complete_at_close(
+    path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Layout 1 listed the words in the header: such a file is not an error, only out of date,
+    and a complete one is written complete again (the index is below the size that keeps every
+    posting whatever happens, so a file of the words read would have replaced it)."""
+    monkeypatch.setattr(_bm25_file, "_COMPLETE_FROM", 10_000)
+    found = _index_files.read_index(_file(path))
+    assert found is not None and found.meta["layout"] == 2
+    table = StemTable.of(found.arrays)
+    assert table is not None
+    meta = {key: value for key, value in found.meta.items() if key != "layout"}
+    arrays = {name: np.array(a) for name, a in found.arrays.items() if name not in STEM_ARRAYS}
+    assert _index_files.write_index(_file(path), {**meta, "stems": table.stems()}, arrays)
+    with (
+        caplog.at_level(logging.WARNING, logger="memstrata.storage"),
+        KnowledgeStore.open(path, FakeEmbedder()) as store,
+    ):
+        check(store._bm25, store, ["queue", "kafka"], 10, (1.0, 1.0, 1.0))
+        status = store._bm25.files_status()
+        assert status["rejected"] == 1 and "earlier layout" in status["note"] and not store._bm25._mapped
+    assert not caplog.records
     with KnowledgeStore.open(path, FakeEmbedder()) as store:
-        store._bm25.search(["queue", "kafka"], 5)
-    with KnowledgeStore.open(path, FakeEmbedder()) as store:
-        check(store._bm25, store, ["queue", "kafka"], 5, (1.0, 1.0, 1.0))
-        assert store._bm25.files_loaded == 1 and not store._bm25.files_status()["complete"]
+        check(store._bm25, store, ["queue", "kafka"], 10, (1.0, 1.0, 1.0))
+        status = store._bm25.files_status()
+        assert status["loaded"] == 1 and status["complete"] and status["rejected"] == 0
+
+
+@pytest.mark.parametrize("change", ["keys", "ends", "order", "missing"])
+def test_words_that_do_not_fit_refuse_the_file_with_a_warning(
+    path: Path, caplog: pytest.LogCaptureFixture, change: str
+) -> None:
+    found = _index_files.read_index(_file(path))
+    assert found is not None
+    arrays = {name: np.array(a) for name, a in found.arrays.items()}
+    if change == "keys":  # no longer in order
+        arrays["stem_keys"][[0, -1]] = arrays["stem_keys"][[-1, 0]]
+    elif change == "ends":  # past the text
+        arrays["stem_ends"][-1] += 1
+    elif change == "order":  # a number no word has
+        arrays["stem_order"][0] = len(arrays["stem_order"])
+    else:
+        del arrays["stem_text"]
+    assert _index_files.write_index(_file(path), found.meta, arrays)
+    with (
+        caplog.at_level(logging.WARNING, logger="memstrata.storage"),
+        KnowledgeStore.open(path, FakeEmbedder()) as store,
+    ):
+        check(store._bm25, store, ["queue", "kafka"], 10, (1.0, 1.0, 1.0))
+        assert store._bm25.files_rejected == 1 and not store._bm25._mapped
+    assert any("words do not fit" in r.getMessage() for r in caplog.records)
+    with KnowledgeStore.open(path, FakeEmbedder()) as store:  # written again at that close
+        check(store._bm25, store, ["queue", "kafka"], 10, (1.0, 1.0, 1.0))
+        assert store._bm25.files_status()["complete"] and store._bm25.files_rejected == 0
 
 
 def test_two_indexes_of_a_table_write_its_file_once(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
