@@ -152,7 +152,8 @@ def test_query_words_are_tokenized_once_for_every_index_of_the_same_tokenizer(
 def test_a_full_cache_of_query_words_starts_again_and_ranks_the_same(store: KnowledgeStore) -> None:
     rng = random.Random(6)
     store.add_many({"content": sentence(rng) + " don't"} for _ in range(100))
-    with mock.patch.object(_bm25, "_MAX_CACHED_STEMS", 2):
+    # an empty cache: words other tests left in it would never be tokenized here, nor cleared
+    with mock.patch.object(_bm25, "_MAX_CACHED_STEMS", 2), mock.patch.object(_bm25, "_UNITS", {}):
         for _ in range(20):
             terms = list(dict.fromkeys([*rng.sample(WORDS, rng.randint(2, 5)), "don't"]))
             assert numpy_ranking(store, terms, 10) == fts5_ranking(store, terms, 10)
