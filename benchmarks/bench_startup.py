@@ -1,9 +1,13 @@
 """``memstrata status`` and ``memstrata query`` as processes, at 100k entries, and where the time goes.
 
-The store is :mod:`bench_peers`' 100k entries (10k quick) with their precomputed vectors, loaded
-with ``add_many`` (whose close writes the BM25 index file of every posting); a first ``memstrata
-query`` writes the vector index file beside it (as any first search does), then every figure is
-a fresh process:
+The stores are :mod:`bench_system`'s: the agent's 100k entries (10k quick), a 1k shared store
+and 500 episodes, loaded with ``add_many`` and the real model's vectors of the base sentences (the
+close writes the BM25 index file of every posting). Their case numbers and names give the agent's
+index ~200k distinct words, as real text does; the side-by-side's entries are combinations of a
+small pool of sentences, whose few words hid what a fresh process paid per word of the index
+(:mod:`bench_peers` still measures its command on them, with a long code snippet). A first
+``memstrata query`` writes the vector index file beside them (as any first search does), then
+every figure is a fresh process:
 
 - wall time of ``memstrata status --json`` and ``memstrata query TEXT --agent bench --json``
   (new text each run, so the real model embeds it), p50 of a few runs; baseline: ``python -c
@@ -32,7 +36,9 @@ import time
 from pathlib import Path
 
 from _harness import Context, Row, percentile
-from bench_peers import AGENT, build_memstrata, make_data
+from bench_system import AGENT, _queries, fill_from_bases
+
+from memstrata.storage import default_embedder
 
 GROUP = "startup"
 QUERY_RUNS = 5  # `memstrata query` and the floor, in turn
@@ -130,13 +136,13 @@ def _load() -> str:
 
 def run(ctx: Context) -> list[Row]:
     n = ctx.size(100_000, 10_000)
-    data = make_data(n, 20)
     work = ctx.workdir / "startup"
     shutil.rmtree(work, ignore_errors=True)
-    build_memstrata(work, data)
+    fill_from_bases(default_embedder(), work, n, ctx.shared)
+    queries = _queries(3, 57)
     store = work / "knowledge" / f"{AGENT}.sqlite"
     base = [*_command(), "--data-dir", str(work)]
-    _wall([*base, "query", data.queries[0], "--agent", AGENT, "--json"], 1)  # writes the vector index file
+    _wall([*base, "query", queries[0], "--agent", AGENT, "--json"], 1)  # writes the vector index file
     repeat = 3
     at = f"@{n // 1000}k"
     load = _load()
@@ -145,11 +151,11 @@ def run(ctx: Context) -> list[Row]:
     query: list[float] = []
     floor: list[float] = []
     for n in range(QUERY_RUNS):  # in turn with the floor: a busy spell slows both alike
-        query += _wall([*base, "query", f"{data.queries[1]} {n}", "--agent", AGENT, "--json"], 1)
+        query += _wall([*base, "query", f"{queries[1]} {n}", "--agent", AGENT, "--json"], 1)
         floor += _wall([sys.executable, "-c", _MODEL_ONLY], 1)
     model_only = percentile(floor, 50)
     done = subprocess.run(
-        [sys.executable, "-c", _PARTS, str(store), data.queries[2]],
+        [sys.executable, "-c", _PARTS, str(store), queries[2]],
         capture_output=True,
         text=True,
         timeout=300,
