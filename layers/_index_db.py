@@ -57,7 +57,7 @@ log = logging.getLogger("memstrata.files")
 
 __all__ = ["IndexDatabase", "SearchRow", "SearchRows"]
 
-BATCH_CHUNKS = 128  # chunks written per commit: files are batched together up to this many
+BATCH_CHUNKS = 128  # chunks written per commit at most: files are batched together (see batch_full)
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,17 +243,17 @@ class IndexDatabase:
             progress(0, total, "")
         pending: list[_Pending] = []
         touched: list[tuple[Any, ...]] = []
-        pending_chunks = 0
+        pending_chunks = pending_chars = 0
         batch = 1 if deadline is not None else BATCH_CHUNKS
 
         def flush() -> bool:
             """Write what is pending; False when the limit stopped its embedding."""
-            nonlocal pending, touched, pending_chunks, done
+            nonlocal pending, touched, pending_chunks, pending_chars, done
             if not pending and not touched:
                 return True
             files = pending
             written = self.writes.write(files, touched, result, limit)
-            pending, touched, pending_chunks = [], [], 0
+            pending, touched, pending_chunks, pending_chars = [], [], 0, 0
             if written and progress is not None:
                 for item in files:
                     done += 1
@@ -298,7 +298,9 @@ class IndexDatabase:
                 purged = row is not None and row.sha256 == sha and row.skipped is None
                 pending.append(_Pending(entry, st, sha, checked_ns, language, chunks, purged))
                 pending_chunks += len(chunks)
-                if (pending_chunks >= batch or deadline is not None) and not flush():
+                pending_chars += sum(len(chunk.text) for chunk in chunks)
+                full = pending_chunks >= batch or self.writes.batch_full(pending_chunks, pending_chars)
+                if (full or deadline is not None) and not flush():
                     result.complete = False
                     break
             if not flush():

@@ -30,7 +30,11 @@ from ._sync_plan import SyncResult, _Known
 __all__ = ["ChunkWriter", "SyncLimit"]
 
 EMBED_BATCH = 128  # most texts per model call
-PROBE_BATCH = 4  # the first call under a deadline, before the model's speed is known
+PROBE_BATCH = 4  # the first call, and a writer's first write batch, before the model's speed is known
+# a model call, and a write batch, is sized to about this much embedding at the model's last speed:
+# a stop is seen, and a sync's progress reported, at least this often (the default model took
+# 12-15 s for a batch of 128 code chunks)
+STEP_SECONDS = 2.0
 
 
 @dataclass(slots=True)
@@ -76,18 +80,29 @@ class ChunkWriter:
     embedder: Embedder | None
     signature: str
     seconds_per_char: float | None = None  # the model's speed in the last batch, sizes the next
+    probing: bool = True  # no batch written yet: the first is small, to learn the model's speed
 
     @property
     def semantic(self) -> bool:
         """Whether chunks get vectors (an embedder and a usable vector table)."""
         return self.embedder is not None and self.vectors is not None and self.vectors.available
 
+    def batch_full(self, chunks: int, chars: int) -> bool:
+        """Whether a write batch of ``chunks`` chunks of ``chars`` characters is as large as it
+        should get: about :data:`STEP_SECONDS` of embedding at the model's last speed, or
+        :data:`PROBE_BATCH` chunks for the first batch while the speed is unknown."""
+        if not self.semantic:
+            return False
+        if self.seconds_per_char:
+            return chars * self.seconds_per_char >= STEP_SECONDS
+        return self.probing and chunks >= PROBE_BATCH
+
     def _embed(
         self, texts: Sequence[str], result: SyncResult, limit: SyncLimit
     ) -> npt.NDArray[np.float32] | None:
         """Vectors for ``texts``: cached ones looked up, the rest embedded shortest first (less
-        padding per model batch), in batches sized to the time ``limit`` leaves; raises
-        :class:`_Stopped` when it is reached before a batch."""
+        padding per model batch), in batches of about :data:`STEP_SECONDS` or the time ``limit``
+        leaves if less; raises :class:`_Stopped` when it is reached before a batch."""
         if not self.semantic or not texts:
             return None
         assert self.embedder is not None
@@ -101,7 +116,9 @@ class ChunkWriter:
         while order:
             if limit.reached():
                 raise _Stopped
-            size = self._batch_size([missing[h] for h in order[:EMBED_BATCH]], limit.time_left())
+            left = limit.time_left()
+            step = STEP_SECONDS if left is None else min(left, STEP_SECONDS)
+            size = self._batch_size([missing[h] for h in order[:EMBED_BATCH]], step)
             part, order = order[:size], order[size:]
             texts_now = [missing[h] for h in part]
             started = limit.clock()
@@ -112,13 +129,11 @@ class ChunkWriter:
             result.chunks_embedded += len(part)
         return np.stack([known[h] for h in hashes]).astype(np.float32, copy=False)
 
-    def _batch_size(self, texts: Sequence[str], left: float | None) -> int:
+    def _batch_size(self, texts: Sequence[str], left: float) -> int:
         """How many of ``texts`` (the next ones in line, at most :data:`EMBED_BATCH`) to embed
-        now: without a deadline, all; with ``left`` seconds, as many as fit at the model's last
-        speed per character (at least one: each sync makes progress), or :data:`PROBE_BATCH`
-        while that speed is unknown."""
-        if left is None:
-            return len(texts)
+        now: as many as fit in ``left`` seconds at the model's last speed per character (at
+        least one: each sync makes progress), or :data:`PROBE_BATCH` while that speed is
+        unknown."""
         if not self.seconds_per_char:
             return min(len(texts), PROBE_BATCH)
         chars = 0
@@ -138,7 +153,7 @@ class ChunkWriter:
         """Write ``files`` (their chunks, vectors and rows) and the stat refreshes ``touched``.
         False when ``limit`` was reached while embedding: only ``touched`` was written."""
         texts = [chunk_embedding_text(p.entry.rel, p.language, c) for p in files for c in p.chunks]
-        stopped = False
+        stopped, self.probing = False, False
         try:
             vectors = self._embed(texts, result, limit or SyncLimit())
         except _Stopped:
