@@ -412,9 +412,15 @@ class Bm25Files(Bm25Postings):
         if self._index_totals() != (self._live, self._total):
             return None
         offsets, positions, tfs, pos_sums, tf_sums = self._map_arrays
-        stems = self._mapped.stems()
         found = held_postings(
-            stems, offsets, positions, tfs, (pos_sums, tf_sums), self._alive, self._map_added, self._map_new
+            self._mapped,
+            offsets,
+            positions,
+            tfs,
+            (pos_sums, tf_sums),
+            self._alive,
+            self._map_added,
+            self._map_new,
         )
         if found is None:
             return None

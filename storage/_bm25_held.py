@@ -24,6 +24,7 @@ import numpy.typing as npt
 
 from ._bm25_bulk import count_bits, run_sums, word_sums
 from ._bm25_postings import Postings
+from ._bm25_stems import StemTable
 from ._index_files import Pieces
 
 __all__ = ["HeldPostings", "held_postings"]
@@ -44,7 +45,7 @@ class HeldPostings:
 
 
 def held_postings(
-    stems: list[str],
+    stems: StemTable,
     offsets: npt.NDArray[np.int64],
     positions: npt.NDArray[np.int32],
     tf: npt.NDArray[Any],
@@ -53,8 +54,8 @@ def held_postings(
     added: Mapping[str, Postings],
     new: Mapping[str, Postings],
 ) -> HeldPostings | None:
-    """The postings of a complete file (``stems``, ``offsets``, ``positions``, ``tf`` and each
-    stem's checksums ``sums``) over the documents ``alive`` marks (positions are renumbered to
+    """The postings of a complete file (its words ``stems``, ``offsets``, ``positions``, ``tf``
+    and each stem's checksums ``sums``) over the documents ``alive`` marks (positions are renumbered to
     count only those), each stem followed by its ``added`` postings, and the stems of ``new``
     after all of them; stems left without a posting are dropped. ``None`` when the file's
     arrays do not fit, a word read fails its checksums, a position is out of range or an added
@@ -78,17 +79,16 @@ def held_postings(
             return None
         return renumber[pos[mask]], stored
 
-    number = {stem: i for i, stem in enumerate(stems)}
     extra: dict[int, Postings] = {}
     for stem, found in added.items():
-        part = live(found)
-        if stem not in number or part is None:
+        part, number = live(found), stems.get(stem)
+        if number is None or part is None:
             return None
-        extra[number[stem]] = part
+        extra[number] = part
     tail: list[Postings] = []
     for stem, found in new.items():
         part = live(found)
-        if stem in number or part is None:
+        if stem in stems or part is None:
             return None
         tail.append(part)
 
@@ -137,12 +137,12 @@ def held_postings(
         for part in tail:
             yield part[1 if tfs else 0]
 
-    names = list(stems) + list(new)
-    for pos, counted in tail:
-        more_pos, more_tf = word_sums(pos, counted)
-        counts = np.append(counts, len(pos))
-        out_pos_sums = np.append(out_pos_sums, np.int64(more_pos))
-        out_tf_sums = np.append(out_tf_sums, np.uint64(more_tf))
+    names = stems.stems() + list(new)
+    if tail:  # appended once (one append per word copied the arrays of every word each time)
+        tail_sums = [word_sums(pos, counted) for pos, counted in tail]
+        counts = np.concatenate([counts, np.array([len(pos) for pos, _ in tail], dtype=np.int64)])
+        out_pos_sums = np.concatenate([out_pos_sums, np.array([p for p, _ in tail_sums], dtype=np.int64)])
+        out_tf_sums = np.concatenate([out_tf_sums, np.array([t for _, t in tail_sums], dtype=np.uint64)])
     used = counts > 0
     if not used.all():
         names = [stem for stem, keep_it in zip(names, used.tolist(), strict=True) if keep_it]

@@ -29,6 +29,7 @@ STEM_ARRAYS = ("stem_text", "stem_ends", "stem_order", "stem_keys")
 _DTYPES = (np.dtype(np.uint8), np.dtype(np.int64), np.dtype(np.int64), np.dtype(np.uint64))
 _KEY_BYTES = 8
 _REMEMBERED = 1 << 14  # words looked up (found or not) remembered, then forgotten all at once
+_KEYS_BLOCK = 1 << 15  # words whose keys are gathered at once
 
 
 def _encoded(stem: str) -> bytes:
@@ -42,15 +43,35 @@ def _key(data: bytes) -> np.uint64:
 
 def stem_arrays(stems: Sequence[str]) -> dict[str, npt.NDArray[Any]]:
     """The arrays of ``stems`` (numbered in this order) for an index file."""
-    encoded = [_encoded(stem) for stem in stems]
-    order = sorted(range(len(encoded)), key=encoded.__getitem__)  # one pass when sorted already
-    keys = b"".join(encoded[number][:_KEY_BYTES].ljust(_KEY_BYTES, b"\0") for number in order)
+    n = len(stems)
+    data = "".join(stems).encode("utf-8", "surrogatepass")
+    sizes = np.fromiter(map(len, stems), np.int64, n)  # in bytes when each character is one byte
+    if len(data) != int(sizes.sum()):
+        sizes = np.fromiter((len(_encoded(stem)) for stem in stems), np.int64, n)
+    ends = np.cumsum(sizes, dtype=np.int64)
+    text = np.frombuffer(data, dtype=np.uint8)
+    # code point order is UTF-8's byte order (also for the surrogates surrogatepass lets through)
+    order = np.fromiter(sorted(range(n), key=stems.__getitem__), np.int64, n)  # one pass if sorted
     return {
-        "stem_text": np.frombuffer(b"".join(encoded), dtype=np.uint8),
-        "stem_ends": np.cumsum(np.fromiter(map(len, encoded), np.int64, len(encoded)), dtype=np.int64),
-        "stem_order": np.asarray(order, dtype=np.int64),
-        "stem_keys": np.frombuffer(keys, dtype=">u8").astype(np.uint64),
+        "stem_text": text,
+        "stem_ends": ends,
+        "stem_order": order,
+        "stem_keys": _keys(text, (ends - sizes)[order], sizes[order]),
     }
+
+
+def _keys(text: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]) -> Any:
+    """The first eight bytes of the words at ``starts`` (``sizes`` bytes long), zero-padded, as
+    big-endian numbers; a block of words at a time (the gather's temporaries: ~3 MB a block)."""
+    padded = np.concatenate([text, np.zeros(_KEY_BYTES, dtype=np.uint8)])
+    column = np.arange(_KEY_BYTES)
+    keys = np.empty(len(starts), dtype=np.uint64)
+    for at in range(0, len(starts), _KEYS_BLOCK):
+        block = slice(at, at + _KEYS_BLOCK)
+        window = padded[starts[block, None] + column]
+        window[column >= sizes[block, None]] = 0
+        keys[block] = window.view(">u8").ravel()
+    return keys
 
 
 class StemTable:
@@ -128,6 +149,9 @@ class StemTable:
 
     def stems(self) -> list[str]:
         """Every word, by number; :class:`UnicodeDecodeError` when the text is not UTF-8."""
-        text, ends = self._text.tobytes(), self._ends.tolist()
+        data, ends = self._text.tobytes(), self._ends.tolist()
         starts = [0, *ends][:-1]
-        return [text[a:b].decode("utf-8", "surrogatepass") for a, b in zip(starts, ends, strict=True)]
+        if data.isascii():  # a byte a character: slices of one decoded text
+            text = data.decode("ascii")
+            return [text[a:b] for a, b in zip(starts, ends, strict=True)]
+        return [data[a:b].decode("utf-8", "surrogatepass") for a, b in zip(starts, ends, strict=True)]

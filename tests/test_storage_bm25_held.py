@@ -19,6 +19,7 @@ from memstrata.storage import _bm25_file, _bm25_held, _index_files
 from memstrata.storage._bm25_bulk import AllPostings, run_sums
 from memstrata.storage._bm25_held import HeldPostings, held_postings
 from memstrata.storage._bm25_postings import Postings
+from memstrata.storage._bm25_stems import StemTable, stem_arrays
 from tests.fakes import FakeEmbedder
 from tests.test_storage_bm25_top import check, document
 
@@ -49,6 +50,12 @@ def _by_stem(found: AllPostings | HeldPostings) -> dict[str, tuple[list[int], li
         a, b = int(found.offsets[number]), int(found.offsets[number + 1])
         out[stem] = (positions[a:b].tolist(), tf[a:b].astype(np.float64).tolist())
     return out
+
+
+def _table(stems: list[str]) -> StemTable:
+    table = StemTable.of(stem_arrays(stems))
+    assert table is not None
+    return table
 
 
 def _sums(offsets: np.ndarray, positions: np.ndarray, tf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -88,7 +95,9 @@ def test_held_postings_equal_a_reference(data: st.DataObject) -> None:
     group = data.draw(st.integers(1, 8), label="postings laid out at a time")
 
     with mock.patch.object(_bm25_held, "_GROUP_POSTINGS", group):
-        found = held_postings(stems, offsets, positions, tf, _sums(offsets, positions, tf), alive, added, new)
+        found = held_postings(
+            _table(stems), offsets, positions, tf, _sums(offsets, positions, tf), alive, added, new
+        )
 
     assert found is not None
     renumber = {old: i for i, old in enumerate(np.flatnonzero(alive).tolist())}
@@ -124,7 +133,7 @@ def test_held_postings_refuse_what_does_not_fit() -> None:
         new: dict[str, Postings],
         live: np.ndarray = alive,
     ) -> HeldPostings | None:
-        return held_postings(stems, offsets, pos, counted, sums, live, added, new)
+        return held_postings(_table(stems), offsets, pos, counted, sums, live, added, new)
 
     assert held(positions, tf, {"a": later}, {}) is not None
     assert held(positions, tf, {"b": later}, {}) is None  # not in the file
@@ -146,7 +155,7 @@ def test_a_damaged_word_keeps_its_checksum_when_copied() -> None:
     sums = _sums(offsets, positions, tf)
     damaged = positions.copy()
     damaged[1] = 2
-    found = held_postings(stems, offsets, damaged, tf, sums, np.ones(3, dtype=bool), {}, {})
+    found = held_postings(_table(stems), offsets, damaged, tf, sums, np.ones(3, dtype=bool), {}, {})
     assert found is not None
     copied, counts = _whole(found)
     assert copied.tolist() == [0, 2, 1]

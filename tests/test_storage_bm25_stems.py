@@ -3,6 +3,7 @@ whatever their scripts, lengths and shared prefixes, and the arrays round-trip t
 
 from __future__ import annotations
 
+import string
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,11 @@ from memstrata.storage._bm25_stems import STEM_ARRAYS, StemTable, stem_arrays
 
 # words sharing their first eight bytes (and more) share a key: told apart by their bytes
 _PREFIXED = st.builds(lambda tail: "internationali" + tail, st.text(max_size=6))
-_WORDS = st.lists(st.one_of(st.text(max_size=20), _PREFIXED), unique=True, max_size=200)
+_ASCII = st.text(alphabet=string.ascii_lowercase + string.digits + "_", max_size=12)
+_WORDS = st.one_of(  # ASCII words alone take a shorter path
+    st.lists(st.one_of(st.text(max_size=20), _PREFIXED), unique=True, max_size=200),
+    st.lists(st.one_of(_ASCII, _PREFIXED.filter(str.isascii)), unique=True, max_size=200),
+)
 
 
 def _table(stems: list[str]) -> StemTable:
@@ -93,3 +98,13 @@ def test_words_looked_up_are_remembered_within_a_bound(monkeypatch: pytest.Monke
     for n in range(10):
         assert table.get(f"missing{n}") is None and len(table._looked_up) <= 4
     assert table.get("beta") == 1 and table._looked_up["beta"] == 1
+
+
+def test_keys_gathered_in_blocks_equal_the_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    from memstrata.storage import _bm25_stems
+
+    stems = [f"word{n:02d}" + "é" * (n % 3) for n in range(20)] + ["", "a", "internationalization"]
+    whole = stem_arrays(stems)["stem_keys"]
+    monkeypatch.setattr(_bm25_stems, "_KEYS_BLOCK", 3)
+    assert stem_arrays(stems)["stem_keys"].tolist() == whole.tolist()
+    assert [_table(stems).get(stem) for stem in stems] == list(range(len(stems)))
