@@ -55,9 +55,9 @@ def held_postings(
     new: Mapping[str, Postings],
 ) -> HeldPostings | None:
     """The postings of a complete file (its words ``stems``, ``offsets``, ``positions``, ``tf``
-    and each stem's checksums ``sums``) over the documents ``alive`` marks (positions are renumbered to
-    count only those), each stem followed by its ``added`` postings, and the stems of ``new``
-    after all of them; stems left without a posting are dropped. ``None`` when the file's
+    and each stem's checksums ``sums``) over the documents ``alive`` marks (positions are
+    renumbered to count only those), each stem followed by its ``added`` postings, and the stems
+    of ``new`` after all of them; stems left without a posting are dropped. ``None`` when the file's
     arrays do not fit, a word read fails its checksums, a position is out of range or an added
     count does not fit the file's type exactly."""
     n = len(alive)

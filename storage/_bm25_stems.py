@@ -60,7 +60,9 @@ def stem_arrays(stems: Sequence[str]) -> dict[str, npt.NDArray[Any]]:
     }
 
 
-def _keys(text: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]) -> Any:
+def _keys(
+    text: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]
+) -> npt.NDArray[np.uint64]:
     """The first eight bytes of the words at ``starts`` (``sizes`` bytes long), zero-padded, as
     big-endian numbers; a block of words at a time (the gather's temporaries: ~3 MB a block)."""
     padded = np.concatenate([text, np.zeros(_KEY_BYTES, dtype=np.uint8)])
