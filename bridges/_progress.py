@@ -19,7 +19,8 @@ PROGRESS_SECONDS = 2.0
 
 class Progress:
     """A sync's ``progress(done, total, path)`` passed on to ``report`` every ``every`` files, on
-    the last one, and when ``seconds`` passed since the last report."""
+    the last one, and when ``seconds`` passed since the last report (the only way a call with
+    the count of the last report passes: the sync repeats it while one file is embedded)."""
 
     def __init__(
         self,
@@ -34,12 +35,14 @@ class Progress:
         self._seconds = seconds
         self._clock = clock
         self._last = clock()
+        self._done = -1  # the count of the last report
         self.reports = 0
 
     def __call__(self, done: int, total: int, path: str = "", *args: Any, **kwargs: Any) -> None:
         now = self._clock()
-        if done % self._every and done != total and now - self._last < self._seconds:
+        counted = done != self._done and (done % self._every == 0 or done == total)
+        if not counted and now - self._last < self._seconds:
             return
-        self._last = now
+        self._last, self._done = now, done
         self.reports += 1
         self._report(done, total, path)

@@ -22,6 +22,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -252,7 +253,11 @@ class IndexDatabase:
             if not pending and not touched:
                 return True
             files = pending
-            written = self.writes.write(files, touched, result, limit)
+            # between the embedding steps of a batch: the file it ends with, none done yet
+            step = (
+                None if progress is None or not files else partial(progress, done, total, files[-1].entry.rel)
+            )
+            written = self.writes.write(files, touched, result, limit, step)
             pending, touched, pending_chunks, pending_chars = [], [], 0, 0
             if written and progress is not None:
                 for item in files:

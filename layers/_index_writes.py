@@ -98,11 +98,16 @@ class ChunkWriter:
         return self.probing and chunks >= PROBE_BATCH
 
     def _embed(
-        self, texts: Sequence[str], result: SyncResult, limit: SyncLimit
+        self,
+        texts: Sequence[str],
+        result: SyncResult,
+        limit: SyncLimit,
+        on_step: Callable[[], None] | None = None,
     ) -> npt.NDArray[np.float32] | None:
         """Vectors for ``texts``: cached ones looked up, the rest embedded shortest first (less
         padding per model batch), in batches of about :data:`STEP_SECONDS` or the time ``limit``
-        leaves if less; raises :class:`_Stopped` when it is reached before a batch."""
+        leaves if less, ``on_step()`` called between two; raises :class:`_Stopped` when the limit
+        is reached before a batch."""
         if not self.semantic or not texts:
             return None
         assert self.embedder is not None
@@ -127,6 +132,8 @@ class ChunkWriter:
             self.seconds_per_char = elapsed / max(1, sum(len(t) for t in texts_now))
             known.update(zip(part, vectors, strict=True))
             result.chunks_embedded += len(part)
+            if order and on_step is not None:
+                on_step()
         return np.stack([known[h] for h in hashes]).astype(np.float32, copy=False)
 
     def _batch_size(self, texts: Sequence[str], left: float) -> int:
@@ -149,13 +156,15 @@ class ChunkWriter:
         touched: list[tuple[Any, ...]],
         result: SyncResult,
         limit: SyncLimit | None = None,
+        on_step: Callable[[], None] | None = None,
     ) -> bool:
-        """Write ``files`` (their chunks, vectors and rows) and the stat refreshes ``touched``.
-        False when ``limit`` was reached while embedding: only ``touched`` was written."""
+        """Write ``files`` (their chunks, vectors and rows) and the stat refreshes ``touched``;
+        ``on_step()`` is called between two embedding steps of them. False when ``limit`` was
+        reached while embedding: only ``touched`` was written."""
         texts = [chunk_embedding_text(p.entry.rel, p.language, c) for p in files for c in p.chunks]
         stopped, self.probing = False, False
         try:
-            vectors = self._embed(texts, result, limit or SyncLimit())
+            vectors = self._embed(texts, result, limit or SyncLimit(), on_step)
         except _Stopped:
             files, vectors, stopped = [], None, True
         now = time.time()

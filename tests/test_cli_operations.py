@@ -463,6 +463,22 @@ def test_progress_lines_every_n_files_or_after_a_pause() -> None:
     assert [line.split()[2] for line in out.getvalue().splitlines()] == ["10/25", "14/25", "20/25", "25/25"]
 
 
+def test_a_count_reported_again_passes_only_after_a_pause() -> None:
+    """While one file is embedded the sync repeats the last count: a line per pause, not per call."""
+    now = [0.0]
+    out = io.StringIO()
+    progress = IndexProgress(out, every=10, seconds=2.0, clock=lambda: now[0])
+    progress(0, 25, "")
+    for at in (0.5, 1.0, 2.1, 2.2, 4.3):
+        now[0] = at
+        progress(0, 25, "big.py")
+    progress(10, 25, "f10.md")
+    progress(10, 25, "big2.py")
+    lines = out.getvalue().splitlines()
+    assert [line.split()[2] for line in lines] == ["0/25", "0/25", "0/25", "10/25"]
+    assert lines[1].endswith("big.py") and lines[3].endswith("f10.md")
+
+
 def test_cli_table_in_docs_is_generated_from_the_registry() -> None:
     text = (Path(__file__).resolve().parent.parent / "docs" / "bridges.md").read_text(encoding="utf-8")
     assert doc_tables.render(text, "cli-commands", command_table()) == text, (

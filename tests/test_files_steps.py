@@ -4,6 +4,7 @@ small, to learn the speed. Time is a fake clock the model advances (see test_fil
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -50,7 +51,7 @@ def test_progress_is_reported_every_step_of_embedding(tmp_path: Path, data_dir: 
     assert done[0][1] <= PROBE_BATCH * PER_TEXT_S
     # then about a step at a time (a batch ends at the file that fills it), never all at the end
     times = sorted({at for _, at in done})
-    gaps = [b - a for a, b in zip([0.0, *times], times, strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise([0.0, *times])]
     assert len(times) >= 80 * PER_TEXT_S / (2 * STEP_SECONDS)
     assert max(gaps) <= 1.5 * STEP_SECONDS
     assert model.texts_embedded == 80, "no text embedded twice"
@@ -68,6 +69,22 @@ def test_a_large_file_is_embedded_in_calls_of_about_a_step(tmp_path: Path, data_
     assert model.call_sizes[0] == PROBE_BATCH  # the speed is unknown until the first call
     assert len(model.call_sizes) >= chunks * PER_TEXT_S / (2 * STEP_SECONDS)
     assert max(model.call_sizes) * PER_TEXT_S <= STEP_SECONDS + PER_TEXT_S
+
+
+def test_a_large_file_is_reported_between_its_steps(tmp_path: Path, data_dir: Path) -> None:
+    """Its count stays until it is written; the reports between say which file is embedded."""
+    workspace = tmp_path / "ws"
+    write(workspace / "memory" / "journal.md", big_note(60))
+    clock = FakeClock()
+    reports: list[tuple[int, str, float]] = []
+    with MemoryFiles.open(workspace, embedder=CallsEmbedder(clock), clock=clock) as index:
+        start = clock.now
+        index.sync(progress=lambda done, total, path: reports.append((done, path, clock.now - start)))
+    working = [(at, path) for done, path, at in reports if done == 0 and path]
+    assert working and {path for _, path in working} == {"memory/journal.md"}
+    times = [0.0] + [at for at, _ in working] + [reports[-1][2]]
+    assert max(b - a for a, b in itertools.pairwise(times)) <= STEP_SECONDS + PER_TEXT_S
+    assert reports[-1][:2] == (1, "memory/journal.md")
 
 
 def test_a_stop_is_seen_within_a_step_of_a_large_file(tmp_path: Path, data_dir: Path) -> None:
