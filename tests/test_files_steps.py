@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
+import pytest
 
 from memstrata import MemoryFiles
 from memstrata.layers._index_writes import PROBE_BATCH, STEP_SECONDS
@@ -26,6 +27,18 @@ class CallsEmbedder(TimedEmbedder):
     def embed_documents(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
         self.call_sizes.append(len(texts))
         return super().embed_documents(texts)
+
+
+Journal = tuple[Path, FakeClock, CallsEmbedder]
+
+
+@pytest.fixture
+def journal(tmp_path: Path) -> Journal:
+    """A workspace holding one note of 60 sections (a chunk each), and a model on a fake clock."""
+    workspace = tmp_path / "ws"
+    write(workspace / "memory" / "journal.md", big_note(60))
+    clock = FakeClock()
+    return workspace, clock, CallsEmbedder(clock)
 
 
 def _notes(workspace: Path, count: int) -> None:
@@ -57,11 +70,8 @@ def test_progress_is_reported_every_step_of_embedding(tmp_path: Path, data_dir: 
     assert model.texts_embedded == 80, "no text embedded twice"
 
 
-def test_a_large_file_is_embedded_in_calls_of_about_a_step(tmp_path: Path, data_dir: Path) -> None:
-    workspace = tmp_path / "ws"
-    write(workspace / "memory" / "journal.md", big_note(60))
-    clock = FakeClock()
-    model = CallsEmbedder(clock)
+def test_a_large_file_is_embedded_in_calls_of_about_a_step(journal: Journal, data_dir: Path) -> None:
+    workspace, clock, model = journal
     with MemoryFiles.open(workspace, embedder=model, clock=clock) as index:
         stats = index.sync()
         chunks = int(index.store.db.scalar("SELECT count(*) FROM chunks"))
@@ -71,13 +81,11 @@ def test_a_large_file_is_embedded_in_calls_of_about_a_step(tmp_path: Path, data_
     assert max(model.call_sizes) * PER_TEXT_S <= STEP_SECONDS + PER_TEXT_S
 
 
-def test_a_large_file_is_reported_between_its_steps(tmp_path: Path, data_dir: Path) -> None:
+def test_a_large_file_is_reported_between_its_steps(journal: Journal, data_dir: Path) -> None:
     """Its count stays until it is written; the reports between say which file is embedded."""
-    workspace = tmp_path / "ws"
-    write(workspace / "memory" / "journal.md", big_note(60))
-    clock = FakeClock()
+    workspace, clock, model = journal
     reports: list[tuple[int, str, float]] = []
-    with MemoryFiles.open(workspace, embedder=CallsEmbedder(clock), clock=clock) as index:
+    with MemoryFiles.open(workspace, embedder=model, clock=clock) as index:
         start = clock.now
         index.sync(progress=lambda done, total, path: reports.append((done, path, clock.now - start)))
     working = [(at, path) for done, path, at in reports if done == 0 and path]
@@ -87,11 +95,8 @@ def test_a_large_file_is_reported_between_its_steps(tmp_path: Path, data_dir: Pa
     assert reports[-1][:2] == (1, "memory/journal.md")
 
 
-def test_a_stop_is_seen_within_a_step_of_a_large_file(tmp_path: Path, data_dir: Path) -> None:
-    workspace = tmp_path / "ws"
-    write(workspace / "memory" / "journal.md", big_note(60))
-    clock = FakeClock()
-    model = CallsEmbedder(clock)
+def test_a_stop_is_seen_within_a_step_of_a_large_file(journal: Journal, data_dir: Path) -> None:
+    workspace, clock, model = journal
     with MemoryFiles.open(workspace, embedder=model, clock=clock) as index:
         start = clock.now
         stats = index.sync(should_stop=lambda: clock.now - start >= 1.0)
