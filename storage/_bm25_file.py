@@ -65,6 +65,13 @@ _LAYOUT = 2  # the file's words are arrays (:mod:`._bm25_stems`); in layout 1 it
 log = logging.getLogger("memstrata.storage")
 
 
+def _listed_words(listed: Any) -> StemTable | None:
+    """The words a file of layout 1 listed in its header, as a table; ``None``: not a list of words."""
+    if not isinstance(listed, list) or not all(isinstance(stem, str) for stem in listed):
+        return None
+    return StemTable.of(stem_arrays(listed))
+
+
 class Bm25Files(Bm25Postings):
     """Loading the caches of :class:`Bm25Postings` from the index file, and saving them to it."""
 
@@ -78,7 +85,6 @@ class Bm25Files(Bm25Postings):
     _file_stems = 0  # stems in that file
     _file_complete = False  # that file holds every posting
     _file_damaged = False  # a word of it failed its checks: rewritten at close
-    _complete_before = False  # a complete file of the earlier layout was refused: rewritten complete
     _hooked = False
     # a complete file's arrays: offsets by stem number, positions, tf, and each stem's checksums
     _map_arrays: tuple[npt.NDArray[Any], ...] = ()
@@ -148,9 +154,6 @@ class Bm25Files(Bm25Postings):
             return self._refuse(f"index file {path} was written for another database", False)
         if meta.get("columns") != self._columns or meta.get("weights") != self._weights:
             return self._refuse(f"index file {path} was written with other column weights", False)
-        if meta.get("layout") != _LAYOUT:
-            self._complete_before = bool(meta.get("complete"))
-            return self._refuse(f"index file {path} has an earlier layout; rewritten at close", False)
         mark = self._index_mark()
         if mark is None or meta.get("mark") != mark:
             return self._refuse(f"index file {path} is older than the index", False)
@@ -158,11 +161,23 @@ class Bm25Files(Bm25Postings):
             why = "written in another history: a database restored from a backup?"
             why = why if "stamp" in meta else "written before the database kept stamps for its files"
             return self._refuse(f"index file {path} is not vouched for by the database ({why})", False)
-        table = StemTable.of(arrays)
+        layout = meta.get("layout", 1)
+        if layout not in (1, _LAYOUT):
+            note = f"index file {path} has layout {layout!r}, not {_LAYOUT}; rewritten at close"
+            return self._refuse(note, False)
+        table = StemTable.of(arrays) if layout == _LAYOUT else _listed_words(meta.get("stems"))
         if table is None:
             return self._refuse(f"index file {path} is damaged (its words do not fit); rebuilding it", True)
         if meta.get("complete"):
-            return self._map_complete(path, table, arrays, mark)
+            taken = self._map_complete(path, table, arrays, mark)
+        else:
+            taken = self._take_cached(path, table, arrays, mark)
+        if taken and layout != _LAYOUT:
+            self._file_mark = None  # used as it is, and written in this layout at close
+        return taken
+
+    def _take_cached(self, path: Path, table: StemTable, arrays: dict[str, Any], mark: str) -> bool:
+        """Take the document lengths and the postings of the words a file holds (not every word)."""
         try:
             stems = table.stems()
             ids, sizes = arrays["ids"], arrays["sizes"]
@@ -291,7 +306,7 @@ class Bm25Files(Bm25Postings):
             if (
                 rows is not None
                 and rows >= _index_files.MIN_ROWS
-                and (rows >= _COMPLETE_FROM or bulk or self._file_complete or self._complete_before)
+                and (rows >= _COMPLETE_FROM or bulk or self._file_complete)
             ):
                 self._persist_complete(path, bulk=bulk)
                 return

@@ -351,35 +351,51 @@ def test_documents_are_counted_from_fts5s_averages_record(store: KnowledgeStore)
         store.add_many({"content": f"queue {i}"} for i in range(20))
 
 
-def test_a_file_of_the_earlier_layout_is_refused_quietly_and_rewritten_complete_at_close(
-    path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Layout 1 listed the words in the header: such a file is not an error, only out of date,
-    and a complete one is written complete again (the index is below the size that keeps every
-    posting whatever happens, so a file of the words read would have replaced it)."""
-    monkeypatch.setattr(_bm25_file, "_COMPLETE_FROM", 10_000)
-    found = _index_files.read_index(_file(path))
+def _as_layout_1(file: Path, stems: object = None) -> None:
+    """The file as layout 1 wrote it: its words listed in the header (``stems``: instead of them)."""
+    found = _index_files.read_index(file)
     assert found is not None and found.meta["layout"] == 2
     table = StemTable.of(found.arrays)
     assert table is not None
     meta = {key: value for key, value in found.meta.items() if key != "layout"}
+    meta["stems"] = table.stems() if stems is None else stems
     arrays = {name: np.array(a) for name, a in found.arrays.items() if name not in STEM_ARRAYS}
-    assert _index_files.write_index(_file(path), {**meta, "stems": table.stems()}, arrays)
+    assert _index_files.write_index(file, meta, arrays)
+
+
+@pytest.mark.parametrize("complete", [True, False])
+def test_a_file_of_the_earlier_layout_is_used_and_written_in_this_layout_at_close(
+    path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, complete: bool
+) -> None:
+    """Layout 1 listed the words in the header: its words are taken from there, nothing is read
+    from FTS5 for them, and the close writes the file again in layout 2, of the same kind (the
+    index is below the size that keeps every posting whatever happens)."""
+    monkeypatch.setattr(_bm25_file, "_COMPLETE_FROM", 10_000)
+    words = ["queue", "kafka"]
+    if not complete:  # a file of the words one process read
+        _file(path).unlink()
+        with KnowledgeStore.open(path, FakeEmbedder()) as store:
+            store._bm25.search(words, 10)
+    _as_layout_1(_file(path))
     with (
         caplog.at_level(logging.WARNING, logger="memstrata.storage"),
         KnowledgeStore.open(path, FakeEmbedder()) as store,
     ):
-        check(store._bm25, store, ["queue", "kafka"], 10, (1.0, 1.0, 1.0))
+        check(store._bm25, store, words, 10, (1.0, 1.0, 1.0))
         status = store._bm25.files_status()
-        assert status["rejected"] == 1 and "earlier layout" in status["note"] and not store._bm25._mapped
+        assert status["loaded"] == 1 and status["rejected"] == 0 and status["complete"] == complete
+        assert store._bm25._read == 0 and bool(store._bm25._mapped) == complete
     assert not caplog.records
+    found = _index_files.read_index(_file(path))
+    assert found is not None and found.meta["layout"] == 2 and "stems" not in found.meta
     with KnowledgeStore.open(path, FakeEmbedder()) as store:
-        check(store._bm25, store, ["queue", "kafka"], 10, (1.0, 1.0, 1.0))
+        check(store._bm25, store, words, 10, (1.0, 1.0, 1.0))
         status = store._bm25.files_status()
-        assert status["loaded"] == 1 and status["complete"] and status["rejected"] == 0
+        assert status["loaded"] == 1 and status["complete"] == complete and status["rejected"] == 0
+        assert store._bm25._read == 0
 
 
-@pytest.mark.parametrize("change", ["keys", "ends", "order", "missing"])
+@pytest.mark.parametrize("change", ["keys", "ends", "order", "missing", "listed"])
 def test_words_that_do_not_fit_refuse_the_file_with_a_warning(
     path: Path, caplog: pytest.LogCaptureFixture, change: str
 ) -> None:
@@ -392,9 +408,12 @@ def test_words_that_do_not_fit_refuse_the_file_with_a_warning(
         arrays["stem_ends"][-1] += 1
     elif change == "order":  # a number no word has
         arrays["stem_order"][0] = len(arrays["stem_order"])
-    else:
+    elif change == "missing":
         del arrays["stem_text"]
-    assert _index_files.write_index(_file(path), found.meta, arrays)
+    if change == "listed":  # a file of layout 1 whose header lists no words
+        _as_layout_1(_file(path), stems=5)
+    else:
+        assert _index_files.write_index(_file(path), found.meta, arrays)
     with (
         caplog.at_level(logging.WARNING, logger="memstrata.storage"),
         KnowledgeStore.open(path, FakeEmbedder()) as store,
