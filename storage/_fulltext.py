@@ -8,6 +8,7 @@ of CJK characters go to a trigram index, where a quoted run matches as a substri
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from dataclasses import dataclass
@@ -29,6 +30,9 @@ __all__ = [
 MAX_QUERY_TERMS = 32
 MAX_QUERY_CHARS = 4_096
 MAX_CJK_PHRASE = 32
+# query texts whose analysis is kept: a pre-task retrieval asks three stores about the same text,
+# and each analysed it twice (its BM25 words, its MATCH expressions), ~0.1 ms a time
+_KEPT_QUERIES = 256
 TOKENIZER = "porter unicode61 remove_diacritics 2"
 FTS_TOKENIZER = TOKENIZER  # public name, for stores that declare their own FTS5 tables
 
@@ -201,6 +205,13 @@ def keyword_terms(text: str, *, keep_stop_words: bool = False) -> list[str]:
     its compatibility spelling ``api``, and an emoji its indexed term (see
     :func:`identifier_words`), so either spelling finds both, in old and new indexes alike.
     """
+    if len(text) > MAX_QUERY_CHARS:  # cut first (kept texts stay small)
+        text = _clean(text)[:MAX_QUERY_CHARS]
+    return list(_kept_terms(text, keep_stop_words))
+
+
+@functools.lru_cache(maxsize=_KEPT_QUERIES)
+def _kept_terms(text: str, keep_stop_words: bool) -> tuple[str, ...]:
     text = _clean(text)[:MAX_QUERY_CHARS]
     terms: list[str] = []
     seen: set[str] = set()
@@ -217,7 +228,7 @@ def keyword_terms(text: str, *, keep_stop_words: bool = False) -> list[str]:
         add(fold_letters(word))
     for part in identifier_words(text).split():
         add(part)
-    return terms
+    return tuple(terms)
 
 
 def _words(text: str) -> list[str]:
@@ -260,6 +271,13 @@ def build_keyword_query(text: str) -> KeywordQuery:
     """Turn any ``str`` into a :class:`KeywordQuery`; never raises, may be empty."""
     if not isinstance(text, str):
         return KeywordQuery(None, None, ())
+    if len(text) > MAX_QUERY_CHARS:  # cut first (kept texts stay small)
+        text = _clean(text)[:MAX_QUERY_CHARS]
+    return _kept_query(text)
+
+
+@functools.lru_cache(maxsize=_KEPT_QUERIES)
+def _kept_query(text: str) -> KeywordQuery:
     text = _clean(text)[:MAX_QUERY_CHARS]
     terms = keyword_terms(text)
     if not terms:  # a query made only of stop words still deserves an answer

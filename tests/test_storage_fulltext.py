@@ -157,6 +157,26 @@ def test_non_string_input_is_an_empty_query() -> None:
     assert build_keyword_query(b"bytes").empty  # type: ignore[arg-type]
 
 
+def test_a_query_analysed_again_gives_the_same_and_a_list_of_its_own() -> None:
+    """Three stores analyse each pre-task query: the analysis is kept, so what one caller does
+    with its list cannot change what the next gets, and a text past the query limit is cut as
+    it always was."""
+    first = keyword_terms("parseHttpRequest before the café")
+    first.append("poison")
+    assert keyword_terms("parseHttpRequest before the café") == [
+        "parsehttprequest",
+        "café",
+        "parse",
+        "http",
+        "request",
+    ]
+    long = "alpha " * 2000 + "omega"  # past MAX_QUERY_CHARS (4,096): omega is cut off
+    assert keyword_terms(long) == keyword_terms(long[:4096]) == ["alpha", "alph"]
+    assert build_keyword_query(long) == build_keyword_query(long[:4096])
+    assert keyword_terms("the and of", keep_stop_words=True) == ["the", "and", "of"]
+    assert keyword_terms("the and of") == []
+
+
 def test_empty_and_symbol_only_queries_are_empty() -> None:
     for text in ("", "   ", "*", "()", '""', "\x00", "\ud800"):
         assert build_keyword_query(text).empty, text
