@@ -261,6 +261,29 @@ def test_rows_are_read_from_the_file_that_was_opened(tmp_path: Path) -> None:
         os.fstat(fd)  # closed with its last holder
 
 
+def test_rows_read_again_come_from_the_last_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A search reads its best rows twice (refined, then reported): the second read of rows
+    the last one returned makes no system call, and any other row is read from the file."""
+    path = tmp_path / "rows.bin"
+    rows = np.arange(40, dtype=np.float32).reshape(10, 4)
+    path.write_bytes(b"\0" * 16 + rows.tobytes())
+    with open(path, "rb") as f:
+        reader = FileRows(OpenFile(f.fileno()), 16, np.float32, 4, 10)
+    calls = []
+    real = os.pread
+    monkeypatch.setattr(os, "pread", lambda *a: calls.append(a[2]) or real(*a))
+    assert np.array_equal(reader.read(np.array([9, 0, 3, 7])), rows[[9, 0, 3, 7]])
+    assert len(calls) == 4
+    again = reader.read(np.array([3, 9, 9]))
+    assert np.array_equal(again, rows[[3, 9, 9]]) and len(calls) == 4
+    again[:] = -1  # a copy of its own: the kept rows stay as read
+    assert np.array_equal(reader.read(np.array([7, 3])), rows[[7, 3]]) and len(calls) == 4
+    assert np.array_equal(reader.read(np.array([3, 5])), rows[[3, 5]]) and len(calls) == 6
+    assert np.array_equal(reader.read(np.array([5])), rows[[5]]) and len(calls) == 6
+    assert reader.read(np.zeros(0, dtype=np.int64)).shape == (0, 4)
+    assert np.array_equal(reader.read(np.array([5])), rows[[5]]) and len(calls) == 6
+
+
 def test_spare_rows_can_follow_any_array(tmp_path: Path) -> None:
     path = tmp_path / "spare"
     first = np.arange(12, dtype=np.int8).reshape(3, 4)
