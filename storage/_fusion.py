@@ -180,7 +180,8 @@ def rrf(
 ) -> list[Fused[K]]:
     """:func:`fuse` for any hashable keys, best first (the first ``limit``); ties keep the order
     of first appearance. The same sums in the same order as :func:`fuse`, so the same bits, in
-    plain Python: a search fuses a few dozen keys, where numpy's calls cost ~10x the arithmetic."""
+    plain Python: a search fuses a few dozen keys, where numpy's calls cost several times the
+    arithmetic."""
     weights = check_fusion(k, [1.0] * len(lists) if weights is None else list(weights), len(lists))
     best = best_score(weights, k)
     sums: dict[K, float] = {}  # in order of first appearance
