@@ -205,9 +205,12 @@ def keyword_terms(text: str, *, keep_stop_words: bool = False) -> list[str]:
     its compatibility spelling ``api``, and an emoji its indexed term (see
     :func:`identifier_words`), so either spelling finds both, in old and new indexes alike.
     """
-    if len(text) > MAX_QUERY_CHARS:  # cut first (kept texts stay small)
-        text = _clean(text)[:MAX_QUERY_CHARS]
-    return list(_kept_terms(text, keep_stop_words))
+    return list(_kept_terms(_short(text), keep_stop_words))
+
+
+def _short(text: str) -> str:
+    """``text`` cut to the query limit before its analysis is kept (kept texts stay small)."""
+    return _clean(text)[:MAX_QUERY_CHARS] if len(text) > MAX_QUERY_CHARS else text
 
 
 @functools.lru_cache(maxsize=_KEPT_QUERIES)
@@ -271,9 +274,7 @@ def build_keyword_query(text: str) -> KeywordQuery:
     """Turn any ``str`` into a :class:`KeywordQuery`; never raises, may be empty."""
     if not isinstance(text, str):
         return KeywordQuery(None, None, ())
-    if len(text) > MAX_QUERY_CHARS:  # cut first (kept texts stay small)
-        text = _clean(text)[:MAX_QUERY_CHARS]
-    return _kept_query(text)
+    return _kept_query(_short(text))
 
 
 @functools.lru_cache(maxsize=_KEPT_QUERIES)
